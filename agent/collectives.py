@@ -1,0 +1,315 @@
+"""Collective tracking: the wrappers that run on the training thread, and their summaries.
+
+Cost on the training thread is what matters here (goal: about +1 us per collective). A wrapper
+reads the group, dtype and byte count, bumps the group's sequence number, takes two clock
+readings and appends one tuple to a bounded deque. Everything else (latency histograms,
+per-interval summaries, completion of ``async_op=True`` works) happens on the agent's
+background thread.
+
+Both ``torch.distributed.X`` and ``torch.distributed.distributed_c10d.X`` are replaced, because
+code inside c10d calls the module globals (e.g. ``all_gather_into_tensor`` calls
+``all_gather_single``; ``all_gather_object`` calls ``all_gather`` twice). Only primitives that
+issue backend operations are wrapped, and a call made from inside a wrapped call is not
+recorded again (``send`` runs ``isend``): each user-visible primitive counts once. Object
+collectives are not wrapped, so ``all_gather_object`` shows up as the two ``all_gather`` calls
+it really makes.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from agent.wire import hist_bucket
+
+# op name -> (payload parameter, payload is a list of tensors, point-to-point, always async)
+OPS: dict[str, tuple[str | None, bool, bool, bool]] = {
+    "broadcast": ("tensor", False, False, False),
+    "all_reduce": ("tensor", False, False, False),
+    "all_reduce_coalesced": ("tensors", True, False, False),
+    "reduce": ("tensor", False, False, False),
+    "all_gather": ("tensor", False, False, False),
+    "all_gather_single": ("input_tensor", False, False, False),
+    "all_gather_coalesced": ("input_tensor_list", True, False, False),
+    "gather": ("tensor", False, False, False),
+    "scatter": ("tensor", False, False, False),
+    "reduce_scatter": ("input_list", True, False, False),
+    "reduce_scatter_single": ("input", False, False, False),
+    "all_to_all_single": ("input", False, False, False),
+    "all_to_all": ("input_tensor_list", True, False, False),
+    "barrier": (None, False, False, False),
+    "monitored_barrier": (None, False, False, False),
+    "send": ("tensor", False, True, False),
+    "recv": ("tensor", False, True, False),
+    "isend": ("tensor", False, True, True),
+    "irecv": ("tensor", False, True, True),
+}
+
+
+@dataclass(eq=False)
+class GroupTrack:
+    """Progress of one process group as seen from this rank (written by the training thread)."""
+
+    name: str
+    desc: str | None
+    backend: str | None
+    ranks: list[int]
+    entered: int = 0  # collectives entered (the group's sequence number)
+    completed: int = 0  # highest sequence number completed
+    p2p: int = 0  # point-to-point operations entered
+    inflight_op: str | None = None
+    inflight_since: float = 0.0  # perf_counter() at enter
+
+
+@dataclass
+class _Summary:
+    count: int = 0
+    bytes: int = 0
+    sum_us: float = 0.0
+    max_us: float = 0.0
+    hist: collections.Counter = field(default_factory=collections.Counter)
+
+
+def _list_bytes(tensors) -> tuple[Any, int]:
+    total = 0
+    dtype = None
+    for t in tensors:
+        dtype = t.dtype
+        total += t.nbytes
+    return dtype, total
+
+
+class CollectiveTracker:
+    """Installs the wrappers and turns their records into per-interval summaries.
+
+    Args:
+        describe_group: maps a ProcessGroup object to ``(name, desc, backend, ranks)``, or None
+            when the object is not a group this rank belongs to.
+        on_error: called with ``(track, op, seq, exc)`` when a wrapped call raises; must not
+            raise itself.
+        max_records: bound on collectives recorded but not yet summarised.
+        clock: the perf-counter clock (injected for tests).
+    """
+
+    def __init__(self, describe_group: Callable[[Any], tuple | None],
+                 on_error: Callable[[GroupTrack, str, int, BaseException], None],
+                 max_records: int, clock: Callable[[], float] = time.perf_counter):
+        self.describe_group = describe_group
+        self.on_error = on_error
+        self.max_records = max_records
+        self.clock = clock
+        self.enabled = True
+        self.tracks: dict[Any, GroupTrack] = {}  # ProcessGroup -> track
+        self.by_name: dict[str, GroupTrack] = {}
+        self.default_track: GroupTrack | None = None
+        self.new_tracks: collections.deque[GroupTrack] = collections.deque()
+        self.records: collections.deque = collections.deque()
+        self.pending: collections.deque = collections.deque()  # async works not yet completed
+        self.dropped_records = 0
+        self.internal_errors = 0
+        self._summary: dict[tuple[str, str], _Summary] = {}
+        self._originals: list[tuple[Any, str, Any]] = []
+        self._lock = threading.Lock()  # guards slow-path registration only
+        self._local = threading.local()  # per thread: inside a wrapped call already?
+
+    # -- groups ------------------------------------------------------------------------------
+
+    def track_for(self, pg: Any) -> GroupTrack | None:
+        """The track of a ProcessGroup object, registering it on first sight (slow path)."""
+        track = self.tracks.get(pg)
+        if track is not None:
+            return track
+        described = self.describe_group(pg)
+        if described is None:
+            return None
+        with self._lock:
+            name = described[0]
+            track = self.by_name.get(name)
+            if track is None or track.ranks != described[3]:
+                track = GroupTrack(*described)
+                self.by_name[name] = track
+                self.new_tracks.append(track)
+            self.tracks[pg] = track
+        return track
+
+    def set_default(self, pg: Any) -> None:
+        self.default_track = self.track_for(pg) if pg is not None else None
+
+    # -- wrappers ----------------------------------------------------------------------------
+
+    def install(self, modules: list[Any]) -> None:
+        """Replace each op in each module by a recording wrapper (same wrapper in all)."""
+        wrapped: dict[int, Any] = {}
+        for op in OPS:
+            for module in modules:
+                fn = getattr(module, op, None)
+                if fn is None or getattr(fn, "__pgdash_wrapped__", False):
+                    continue
+                wrapper = wrapped.get(id(fn))
+                if wrapper is None:
+                    wrapper = wrapped[id(fn)] = self._wrap(fn, op)
+                self._originals.append((module, op, fn))
+                setattr(module, op, wrapper)
+
+    def uninstall(self) -> None:
+        for module, op, fn in reversed(self._originals):
+            setattr(module, op, fn)
+        self._originals.clear()
+
+    def _wrap(self, fn: Callable, op: str) -> Callable:
+        payload_name, payload_is_list, p2p, always_async = OPS[op]
+        params = list(inspect.signature(fn).parameters)
+        g_pos = params.index("group")
+        a_pos = params.index("async_op") if "async_op" in params else None
+        t_pos = params.index(payload_name) if payload_name else None
+        tracker = self
+        tracks = self.tracks
+        records = self.records
+        pending = self.pending
+        clock = self.clock
+
+        local = self._local
+
+        def wrapper(*args, **kwargs):
+            if not tracker.enabled or local.__dict__.get("busy"):
+                return fn(*args, **kwargs)  # off, or nested (send runs isend): count once
+            n = len(args)
+            try:
+                group = args[g_pos] if n > g_pos else kwargs.get("group")
+                track = tracker.default_track if group is None else tracks.get(group)
+                if track is None:  # first sight of this group; None: not a member
+                    track = tracker.track_for(group if group is not None else _default_pg())
+            except Exception:
+                tracker.internal_errors += 1
+                track = None
+            if track is None:
+                return fn(*args, **kwargs)
+            try:
+                if t_pos is None:
+                    dtype, nbytes = None, 0
+                else:
+                    payload = args[t_pos] if n > t_pos else kwargs.get(payload_name)
+                    if payload_is_list:
+                        dtype, nbytes = _list_bytes(payload)
+                    else:
+                        dtype, nbytes = payload.dtype, payload.nbytes
+                is_async = always_async or (
+                    a_pos is not None and (args[a_pos] if n > a_pos else kwargs.get("async_op")))
+                if p2p:
+                    track.p2p += 1
+                    seq = track.p2p
+                else:
+                    track.entered += 1
+                    seq = track.entered
+                    track.inflight_op = op
+                t0 = track.inflight_since = clock()
+            except Exception:
+                tracker.internal_errors += 1
+                return fn(*args, **kwargs)
+            local.busy = True
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                tracker.on_error(track, op, seq, exc)
+                raise
+            finally:
+                local.busy = False
+            if is_async and result is not None:
+                if len(pending) < tracker.max_records:
+                    pending.append((result, track, op, p2p, seq, dtype, nbytes, t0))
+                else:
+                    tracker.dropped_records += 1
+                return result
+            if not p2p and seq > track.completed:
+                track.completed = seq
+                track.inflight_op = None
+            if len(records) < tracker.max_records:
+                records.append((track, op, dtype, nbytes, t0, clock()))
+            else:
+                tracker.dropped_records += 1
+            return result
+
+        wrapper.__pgdash_wrapped__ = True
+        wrapper.__wrapped__ = fn
+        wrapper.__name__ = fn.__name__
+        wrapper.__qualname__ = getattr(fn, "__qualname__", fn.__name__)
+        wrapper.__doc__ = fn.__doc__
+        wrapper.__module__ = fn.__module__
+        return wrapper
+
+    # -- background thread -------------------------------------------------------------------
+
+    def poll_async(self) -> None:
+        """Record completion of async works that finished since the last poll."""
+        now = self.clock()
+        still = []
+        while self.pending:
+            item = self.pending.popleft()
+            work, track, op, p2p, seq, dtype, nbytes, t0 = item
+            try:
+                done = work.is_completed()
+            except Exception:
+                done = True  # a failed work counts as ended; its error surfaces on wait()
+            if not done:
+                still.append(item)
+                continue
+            if not p2p and seq > track.completed:
+                track.completed = seq
+                if track.entered == seq:
+                    track.inflight_op = None
+            if len(self.records) < self.max_records:
+                self.records.append((track, op, dtype, nbytes, t0, now))
+            else:
+                self.dropped_records += 1
+        self.pending.extend(still)
+
+    def summarise(self) -> None:
+        """Fold pending records into the current interval's summaries."""
+        summary = self._summary
+        records = self.records
+        while records:
+            track, op, dtype, nbytes, t0, t1 = records.popleft()
+            key = (track.name, op)
+            s = summary.get(key)
+            if s is None:
+                s = summary[key] = _Summary()
+            us = (t1 - t0) * 1e6
+            s.count += 1
+            s.bytes += nbytes
+            s.sum_us += us
+            if us > s.max_us:
+                s.max_us = us
+            s.hist[hist_bucket(us)] += 1
+
+    def take_summary(self) -> list[dict[str, Any]]:
+        """The rows of the interval that just ended (empty if no collective ran)."""
+        self.summarise()
+        rows = [
+            {"group": g, "op": op, "count": s.count, "bytes": s.bytes,
+             "sum_us": round(s.sum_us, 3), "max_us": round(s.max_us, 3),
+             "hist": sorted([b, c] for b, c in s.hist.items())}
+            for (g, op), s in self._summary.items()
+        ]
+        self._summary = {}
+        return rows
+
+    def progress(self, perf_to_wall: Callable[[float], float]) -> list[dict[str, Any]]:
+        rows = []
+        for track in list(self.by_name.values()):
+            busy = track.entered > track.completed and track.inflight_op is not None
+            rows.append({
+                "group": track.name, "entered": track.entered, "completed": track.completed,
+                "inflight_op": track.inflight_op if busy else None,
+                "inflight_since": round(perf_to_wall(track.inflight_since), 6) if busy else None,
+            })
+        return rows
+
+
+def _default_pg():
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._world.default_pg

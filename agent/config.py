@@ -1,0 +1,70 @@
+"""Agent settings: every knob is an argument of ``attach()`` or a ``PGDASH_*`` environment variable."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping
+
+ENV_PREFIX = "PGDASH_"
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """What the agent needs to know; see README "Configuration" for each variable."""
+
+    server: str | None = None  # PGDASH_SERVER, e.g. http://127.0.0.1:8686; None disables sending
+    token: str | None = None  # PGDASH_TOKEN
+    job: str | None = None  # PGDASH_JOB; derived from the launch when unset
+    max_buffered_events: int = 20_000  # PGDASH_MAX_BUFFERED_EVENTS: outbox bound
+    max_records: int = 65_536  # PGDASH_MAX_RECORDS: collectives not yet summarised
+    max_batch_events: int = 200  # PGDASH_MAX_BATCH_EVENTS
+    max_inflight_batches: int = 4  # PGDASH_MAX_INFLIGHT_BATCHES: unacked batches on the wire
+    interval_s: float = 1.0  # PGDASH_INTERVAL_S: heartbeat and latency summary period
+    ack_timeout_s: float = 10.0  # PGDASH_ACK_TIMEOUT_S: no ack by then means a broken link
+    connect_timeout_s: float = 5.0  # PGDASH_CONNECT_TIMEOUT_S
+    flush_timeout_s: float = 3.0  # PGDASH_FLUSH_TIMEOUT_S: how long detach()/exit waits
+    reconnect_max_s: float = 10.0  # PGDASH_RECONNECT_MAX_S: backoff cap
+    async_poll_s: float = 0.002  # PGDASH_ASYNC_POLL_S: completion check for async_op works
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":
+        """Build from PGDASH_* variables, then explicit (non-None) overrides.
+
+        Raises:
+            ValueError: a variable or option has the wrong type; the message names it.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            var = ENV_PREFIX + field.name.upper()
+            if var in environ and environ[var] != "":
+                values[field.name] = _parse(field, environ[var], var)
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(
+                f"attach() got unknown option(s) {sorted(unknown)}; "
+                f"known: {sorted(f.name for f in dataclasses.fields(cls))}"
+            )
+        for name, value in overrides.items():
+            if value is not None:
+                field = next(f for f in dataclasses.fields(cls) if f.name == name)
+                values[name] = _parse(field, value, f"attach({name}=...)")
+        config = cls(**values)
+        for field in dataclasses.fields(cls):
+            value = getattr(config, field.name)
+            if isinstance(value, (int, float)) and value <= 0:
+                raise ValueError(f"{ENV_PREFIX}{field.name.upper()} must be positive, got {value}")
+        return config
+
+
+def _parse(field: dataclasses.Field, raw: Any, source: str) -> Any:
+    kind = field.type if isinstance(field.type, str) else field.type.__name__
+    try:
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source} must be a {kind.split(' ')[0]}, got {raw!r}") from None

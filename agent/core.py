@@ -1,0 +1,337 @@
+"""The in-process agent: hooks into torch.distributed, a background thread, and the sender.
+
+Threads: the training thread only runs the collective wrappers (see ``agent.collectives``) and
+appends rare events (init, errors) to the outbox. ``pgdash-agent`` polls async works, turns
+records into per-second summaries, sends heartbeats and notices new process groups.
+``pgdash-sender`` owns the network. Nothing here raises into the training code.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Callable, Mapping
+
+from agent import identity
+from agent.collectives import CollectiveTracker, GroupTrack
+from agent.config import AgentConfig
+from agent.outbox import Outbox
+from agent.sender import Sender
+from agent.wire import PROTOCOL_VERSION
+
+log = logging.getLogger("pgdash.agent")
+
+
+def _c10d():
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d
+
+
+def describe_group(pg: Any) -> tuple[str, str | None, str | None, list[int]] | None:
+    """``(name, desc, backend, global ranks)`` of a ProcessGroup from c10d's registry."""
+    world = _c10d()._world
+    name = world.pg_names.get(pg) if not isinstance(pg, int) else None
+    if name is None:
+        return None
+    backend = (world.pg_map.get(pg) or (None,))[0]
+    ranks = sorted(world.pg_group_ranks.get(pg, {}))
+    return str(name), getattr(pg, "group_desc", None), str(backend) if backend else None, ranks
+
+
+def _error_text(exc: BaseException) -> str:
+    return str(exc) or repr(exc)
+
+
+class Agent:
+    """One per process; made by :func:`agent.attach`.
+
+    Args:
+        config: settings (see :class:`~agent.config.AgentConfig`).
+        environ: the process environment (injected for tests).
+        client_factory: makes the Socket.IO client (injected for tests).
+    """
+
+    def __init__(self, config: AgentConfig, environ: Mapping[str, str] | None = None,
+                 client_factory: Callable[[], Any] | None = None):
+        self.config = config
+        self.environ = os.environ if environ is None else environ
+        self.session = uuid.uuid4().hex
+        self.job = config.job or identity.job_name(self.environ)
+        self.pid = os.getpid()
+        self.outbox = Outbox(config.max_buffered_events)
+        self.tracker = CollectiveTracker(describe_group, self._on_collective_error,
+                                         config.max_records)
+        kwargs = {"client_factory": client_factory} if client_factory else {}
+        self.sender = Sender(config, self.outbox, self._auth, **kwargs)
+        self._wall_offset = time.time() - time.perf_counter()
+        self._identity: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pgdash-agent", daemon=True)
+        self._failed = False
+        self._detached = False
+        self._patched: list[tuple[Any, str, Any]] = []
+        self._pending_stats: list[dict[str, Any]] = []
+        self._stats_start = time.time()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, pg: Any = None) -> "Agent":
+        self._send_hello()
+        c10d = _c10d()
+        import torch.distributed as dist
+
+        self.tracker.install([dist, c10d])
+        self._patch_init(dist, c10d)
+        if c10d.is_initialized():
+            self.tracker.set_default(c10d._world.default_pg)
+        if pg is not None:
+            self.tracker.track_for(pg)
+        self._scan_groups()
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        atexit.register(self._at_exit)
+        self.sender.start()
+        self._thread.start()
+        return self
+
+    def detach(self, timeout: float | None = None, *, reason: str = "detach") -> bool:
+        """Flush what is buffered, report a clean exit and stop. Never raises.
+
+        Returns True if everything was acknowledged by the server within ``timeout`` seconds
+        (default PGDASH_FLUSH_TIMEOUT_S).
+        """
+        if self._detached:
+            return True
+        self._detached = True
+        try:
+            self.tracker.enabled = False
+            self.tracker.uninstall()
+            for module, name, fn in self._patched:
+                setattr(module, name, fn)
+            self._stop.set()
+            self._thread.join(timeout=2.0)
+            self._flush_stats(force=True)
+            self._heartbeat(force=True)  # final progress, so the page shows where it ended
+            self.outbox.put(time.time(), "exit", {"clean": not self._failed, "reason": reason})
+            deadline = time.monotonic() + (self.config.flush_timeout_s if timeout is None
+                                           else timeout)
+            while not self.sender.idle() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            flushed = self.sender.idle()
+            self.sender.stop()
+            self.sender.join(timeout=2.0)
+            return flushed
+        except Exception as exc:  # pragma: no cover - defensive
+            log.warning("pgdash: detach failed: %s", exc)
+            return False
+
+    def stats(self) -> dict[str, Any]:
+        """Counters a user (or a test) can read: what was dropped, buffered, rejected."""
+        return {
+            "session": self.session, "job": self.job, "connected": self.sender.connected,
+            "buffered": len(self.outbox), "dropped": self._dropped(),
+            "rejected": self.sender.rejected, "last_error": self.sender.last_error,
+            "internal_errors": self.tracker.internal_errors,
+        }
+
+    # -- what is sent ------------------------------------------------------------------------
+
+    def _auth(self) -> dict[str, Any]:
+        return {"v": PROTOCOL_VERSION, "token": self.config.token, "session": self.session,
+                "job": self.job, "rank": self._identity.get("rank"),
+                "host": self._identity.get("host", ""), "pid": self.pid}
+
+    def _send_hello(self) -> None:
+        self._identity = identity.hello(self.job, self.environ)
+        self.outbox.put(time.time(), "hello", self._identity)
+
+    def _dropped(self) -> dict[str, int]:
+        dropped = dict(self.outbox.dropped)
+        if self.tracker.dropped_records:
+            dropped["collectives"] = self.tracker.dropped_records
+        return dropped
+
+    def _wall(self, perf: float) -> float:
+        return perf + self._wall_offset
+
+    def _scan_groups(self) -> None:
+        try:
+            for pg in list(_c10d()._world.pg_names):
+                self.tracker.track_for(pg)
+        except Exception:
+            pass  # the registry changed under us; next tick sees it
+        while self.tracker.new_tracks:
+            track: GroupTrack = self.tracker.new_tracks.popleft()
+            self.outbox.put(time.time(), "group", {"name": track.name, "desc": track.desc,
+                                                   "backend": track.backend,
+                                                   "ranks": track.ranks})
+
+    def _flush_stats(self, force: bool = False) -> None:
+        """Close the current latency interval; while offline, keep growing it instead."""
+        rows = self.tracker.take_summary()
+        if rows:
+            self._pending_stats = _merge_rows(self._pending_stats, rows)
+        if self._pending_stats and (self.sender.connected or force):
+            now = time.time()
+            self.outbox.put(now, "coll_stats", {"start": self._stats_start, "end": now,
+                                                "rows": self._pending_stats})
+            self._pending_stats = []
+            self._stats_start = now
+        elif not self._pending_stats:
+            self._stats_start = time.time()
+
+    def _heartbeat(self, force: bool = False) -> None:
+        if not (self.sender.connected or force):
+            return  # a stale heartbeat is worth nothing; the next live one says it all
+        self.outbox.put(time.time(), "heartbeat", {
+            "groups": self.tracker.progress(self._wall), "dropped": self._dropped(),
+            "buffered": len(self.outbox)})
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic() + self.config.interval_s
+        while not self._stop.is_set():
+            try:
+                self.tracker.poll_async()
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = now + self.config.interval_s
+                    self._scan_groups()
+                    self._flush_stats()
+                    self._heartbeat()
+                else:
+                    self.tracker.summarise()
+            except Exception as exc:
+                self.tracker.internal_errors += 1
+                log.debug("pgdash: agent loop: %s", exc)
+            wait = self.config.async_poll_s if self.tracker.pending else 0.1
+            self._stop.wait(min(wait, max(0.0, next_tick - time.monotonic())))
+        try:
+            self.tracker.poll_async()
+            self._scan_groups()
+        except Exception:
+            pass
+
+    # -- hooks -------------------------------------------------------------------------------
+
+    def _on_collective_error(self, track: GroupTrack, op: str, seq: int,
+                             exc: BaseException) -> None:
+        try:
+            self.outbox.put(time.time(), "error", {
+                "where": "collective", "error_type": type(exc).__name__,
+                "error": _error_text(exc), "group": track.name, "op": op, "seq": seq})
+        except Exception:
+            pass
+
+    def _patch_init(self, *modules: Any) -> None:
+        original = modules[0].init_process_group
+        if getattr(original, "__pgdash_wrapped__", False):
+            return
+        signature = inspect.signature(original)
+        agent = self
+
+        def init_process_group(*args, **kwargs):
+            started = time.time()
+            agent._init_start(signature, args, kwargs)
+            try:
+                result = original(*args, **kwargs)
+            except BaseException as exc:
+                agent._init_end(started, exc)
+                raise
+            agent._init_end(started, None)
+            return result
+
+        init_process_group.__pgdash_wrapped__ = True
+        init_process_group.__wrapped__ = original
+        init_process_group.__doc__ = original.__doc__
+        for module in modules:
+            self._patched.append((module, "init_process_group", module.init_process_group))
+            module.init_process_group = init_process_group
+
+    def _init_start(self, signature: inspect.Signature, args: tuple, kwargs: dict) -> None:
+        try:
+            bound = signature.bind_partial(*args, **kwargs).arguments
+            timeout = bound.get("timeout")
+            env = self.environ
+            self.outbox.put(time.time(), "init_start", {
+                "init_method": _str_or_none(bound.get("init_method")),
+                "backend": _str_or_none(bound.get("backend")),
+                "world_size": _int_or_none(bound.get("world_size", env.get("WORLD_SIZE"))),
+                "rank": _int_or_none(bound.get("rank", env.get("RANK"))),
+                "master_addr": env.get("MASTER_ADDR"), "master_port": env.get("MASTER_PORT"),
+                "timeout_s": timeout.total_seconds() if timeout is not None else None})
+        except Exception:
+            self.tracker.internal_errors += 1
+
+    def _init_end(self, started: float, exc: BaseException | None) -> None:
+        try:
+            now = time.time()
+            if exc is not None:
+                self.outbox.put(now, "init_failed", {"error_type": type(exc).__name__,
+                                                     "error": _error_text(exc),
+                                                     "duration_s": now - started})
+                return
+            c10d = _c10d()
+            self.tracker.set_default(c10d._world.default_pg)
+            self._send_hello()  # rank and world size are certain now
+            self.outbox.put(now, "init_done", {"rank": c10d.get_rank(),
+                                               "world_size": c10d.get_world_size(),
+                                               "backend": str(c10d.get_backend()),
+                                               "duration_s": now - started})
+            self._scan_groups()
+        except Exception:
+            self.tracker.internal_errors += 1
+
+    def _excepthook(self, exc_type, exc, tb) -> None:
+        try:
+            if os.getpid() == self.pid and not issubclass(exc_type, KeyboardInterrupt):
+                self._failed = True
+                self.outbox.put(time.time(), "error", {
+                    "where": "uncaught", "error_type": exc_type.__name__,
+                    "error": _error_text(exc)})
+            elif issubclass(exc_type, KeyboardInterrupt):
+                self._failed = True
+        finally:
+            self._previous_excepthook(exc_type, exc, tb)
+
+    def _at_exit(self) -> None:
+        if os.getpid() != self.pid:  # a forked child (e.g. a DataLoader worker)
+            return
+        self.detach(reason="uncaught exception" if self._failed else "exit")
+
+
+def _merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Merge two interval summaries (used while the server is unreachable)."""
+    if not old:
+        return new
+    merged = {(r["group"], r["op"]): dict(r, hist=dict(map(tuple, r["hist"]))) for r in old}
+    for r in new:
+        key = (r["group"], r["op"])
+        m = merged.get(key)
+        if m is None:
+            merged[key] = dict(r, hist=dict(map(tuple, r["hist"])))
+            continue
+        m["count"] += r["count"]
+        m["bytes"] += r["bytes"]
+        m["sum_us"] = round(m["sum_us"] + r["sum_us"], 3)
+        m["max_us"] = max(m["max_us"], r["max_us"])
+        for b, c in r["hist"]:
+            m["hist"][b] = m["hist"].get(b, 0) + c
+    return [dict(m, hist=sorted([b, c] for b, c in m["hist"].items())) for m in merged.values()]
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None

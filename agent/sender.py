@@ -1,0 +1,191 @@
+"""The sender thread: the only owner of the agent's Socket.IO client.
+
+python-socketio's ``emit`` is not thread-safe and does not buffer while disconnected, so one
+thread owns the client, sends batches from the :class:`~agent.outbox.Outbox`, keeps at most a
+few unacknowledged batches on the wire (Socket.IO has no backpressure of its own), and after any
+disconnect puts every unacknowledged event back in the outbox to be sent again. The server
+drops what it already stored, so delivery is exactly-once as far as the stored log is concerned.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from typing import Any, Callable
+
+from agent.config import AgentConfig
+from agent.outbox import Outbox
+from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, PROTOCOL_VERSION, Ack, Event
+
+log = logging.getLogger("pgdash.agent")
+
+
+def _default_client_factory():
+    import socketio  # imported here so that merely importing the agent stays cheap
+
+    return socketio.Client(reconnection=False, handle_sigint=False, logger=False,
+                           engineio_logger=False)
+
+
+class Sender(threading.Thread):
+    """Sends the outbox to the server; reconnects with backoff; never raises."""
+
+    def __init__(self, config: AgentConfig, outbox: Outbox, auth: Callable[[], dict[str, Any]],
+                 client_factory: Callable[[], Any] = _default_client_factory):
+        super().__init__(name="pgdash-sender", daemon=True)
+        self.config = config
+        self.outbox = outbox
+        self._auth = auth
+        self._client_factory = client_factory
+        self._client = None
+        self._acks: queue.Queue[tuple[int, Any]] = queue.Queue()
+        self._inflight: dict[int, tuple[float, list[Event]]] = {}
+        self._batch_id = 0
+        self._stop = threading.Event()
+        self._lost = threading.Event()  # set by the client's thread on disconnect
+        self.connected = False
+        self.rejected = 0  # events the server refused as invalid (never resent)
+        self.last_error: str | None = None
+        self._warned = False
+
+    # -- public, any thread ------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """True when everything put so far has been acknowledged."""
+        return not self._inflight and len(self.outbox) == 0 and self._acks.empty()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self.outbox.ready:
+            self.outbox.ready.notify_all()
+
+    # -- the thread --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        backoff = 0.25
+        while not self._stop.is_set():
+            try:
+                if not self.connected:
+                    if self._connect():
+                        backoff = 0.25
+                    else:
+                        self._stop.wait(backoff * (0.5 + random.random()))
+                        backoff = min(backoff * 2, self.config.reconnect_max_s)
+                    continue
+                self._pump()
+            except Exception as exc:  # never let the thread die: training must not notice
+                self._note_error(f"sender: {type(exc).__name__}: {exc}")
+                self._drop_connection()
+        self._drop_connection()
+
+    def _pump(self) -> None:
+        self._handle_acks()
+        if self._lost.is_set():
+            self._drop_connection()
+            return
+        now = time.monotonic()
+        if any(now - sent > self.config.ack_timeout_s for sent, _ in self._inflight.values()):
+            self._note_error(f"no acknowledgement within {self.config.ack_timeout_s}s "
+                             "(PGDASH_ACK_TIMEOUT_S); reconnecting")
+            self._drop_connection()
+            return
+        while len(self._inflight) < self.config.max_inflight_batches:
+            events = self.outbox.take(self.config.max_batch_events)
+            if not events:
+                break
+            self._send(events)
+        with self.outbox.ready:
+            if len(self.outbox) == 0 or len(self._inflight) >= self.config.max_inflight_batches:
+                self.outbox.ready.wait(0.05)
+
+    def _send(self, events: list[Event]) -> None:
+        self._batch_id += 1
+        batch_id = self._batch_id
+        self._inflight[batch_id] = (time.monotonic(), events)
+        self._client.emit(BATCH_EVENT, {"v": PROTOCOL_VERSION, "events": events},
+                          namespace=AGENT_NAMESPACE,
+                          callback=lambda ack=None, _id=batch_id: self._on_ack(_id, ack))
+
+    def _on_ack(self, batch_id: int, ack: Any) -> None:  # runs on the client's thread
+        self._acks.put((batch_id, ack))
+        with self.outbox.ready:
+            self.outbox.ready.notify_all()
+
+    def _handle_acks(self) -> None:
+        while True:
+            try:
+                batch_id, ack = self._acks.get_nowait()
+            except queue.Empty:
+                return
+            entry = self._inflight.pop(batch_id, None)
+            if entry is None:
+                continue  # ack of a batch already requeued after a disconnect
+            self._apply_ack(entry[1], ack)
+
+    def _apply_ack(self, events: list[Event], ack: Ack | Any) -> None:
+        if not isinstance(ack, dict):
+            self.outbox.requeue(events)
+            return
+        if ack.get("ok"):
+            rejected = ack.get("rejected") or []
+            if rejected:
+                self.rejected += len(rejected)
+                self._note_error(f"server rejected {len(rejected)} event(s): {rejected[0]}")
+            return
+        if ack.get("retry"):
+            self.outbox.requeue(events)
+            self._note_error(f"server asked to retry: {ack.get('error')}")
+        else:
+            self.rejected += len(events)
+            self._note_error(f"server refused a batch: {ack.get('error')}")
+
+    def _connect(self) -> bool:
+        self._lost.clear()
+        client = self._client_factory()
+
+        @client.on("disconnect", namespace=AGENT_NAMESPACE)
+        def _on_disconnect(*_args):
+            self._lost.set()
+            with self.outbox.ready:
+                self.outbox.ready.notify_all()
+
+        try:
+            client.connect(self.config.server, namespaces=[AGENT_NAMESPACE],
+                           auth=self._auth(), transports=["websocket"],
+                           wait_timeout=self.config.connect_timeout_s)
+        except Exception as exc:
+            self._note_error(f"cannot connect to {self.config.server} (PGDASH_SERVER): "
+                             f"{type(exc).__name__}: {exc}")
+            try:
+                client.disconnect()
+            except Exception:
+                pass
+            return False
+        self._client = client
+        self.connected = True
+        self._warned = False
+        log.info("pgdash: connected to %s", self.config.server)
+        return True
+
+    def _drop_connection(self) -> None:
+        """Forget the connection; everything unacknowledged goes back to the outbox."""
+        self._handle_acks()
+        pending = [ev for _id in sorted(self._inflight) for ev in self._inflight[_id][1]]
+        self._inflight.clear()
+        self.outbox.requeue(pending)
+        client, self._client = self._client, None
+        self.connected = False
+        if client is not None:
+            try:
+                client.disconnect()
+            except Exception:
+                pass
+
+    def _note_error(self, message: str) -> None:
+        self.last_error = message
+        if not self._warned:  # one line per outage, not one per retry
+            log.warning("pgdash: %s", message)
+            self._warned = True

@@ -1,0 +1,1 @@
+"""pgdash server: ingest, storage, diagnosis and the web page (``pgdash serve``)."""

@@ -1,0 +1,3 @@
+from dashboard.cli import main
+
+main()

@@ -1,0 +1,152 @@
+"""The ``pgdash`` command line: serve, demo, db upgrade."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import sys
+import threading
+
+import click
+
+DEFAULT_DB = "sqlite:///pgdash.db"
+DEFAULT_PORT = 8686
+
+
+def _db_option(f):
+    return click.option(
+        "--db", "db", default=lambda: os.environ.get("PGDASH_DB") or DEFAULT_DB,
+        show_default="PGDASH_DB, else sqlite:///pgdash.db in the working directory",
+        help="SQLAlchemy database URL.")(f)
+
+
+@click.group()
+@click.version_option(package_name="pgdash")
+def cli() -> None:
+    """pgdash: live diagnosis of PyTorch distributed training jobs."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    werkzeug = logging.getLogger("werkzeug")
+    werkzeug.setLevel(logging.WARNING)
+    werkzeug.addFilter(_quiet_websocket_close)
+
+
+def _quiet_websocket_close(record: logging.LogRecord) -> bool:
+    """Werkzeug logs the bytes left on a closed websocket as a '400 Bad request'; harmless."""
+    return "code 400, message Bad request" not in record.getMessage()
+
+
+class Server:
+    """A pgdash server on a real port, in a background thread (used by serve, demo, tests)."""
+
+    def __init__(self, app, host: str, port: int):
+        from werkzeug.serving import make_server
+
+        self.app = app
+        try:
+            self._server = make_server(host, port, app, threaded=True)
+        except OSError as exc:
+            raise click.ClickException(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}. "
+                "Pick another --port (0 picks a free one).") from None
+        self.host = host
+        self.port = self._server.server_port
+        self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="pgdash-http",
+                                        daemon=True)
+
+    def start(self) -> "Server":
+        self.app.extensions["pgdash_pusher"].start()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.app.extensions["pgdash_pusher"].stop()
+        self._server.shutdown()
+        self.app.extensions["pgdash"].store.close()
+
+
+def make_server(db: str, host: str, port: int, token: str | None = None,
+                hang_after: float | None = None) -> Server:
+    from dashboard.app import create_app
+
+    config = {"DB": db, "TOKEN": token}
+    if hang_after is not None:
+        config["HANG_AFTER"] = hang_after
+    try:
+        app = create_app(config)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    return Server(app, host, port)
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind. Only loopback is safe without --token.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on; 0 picks a free one.")
+@_db_option
+@click.option("--token", default=lambda: os.environ.get("PGDASH_TOKEN"),
+              help="Agents must present this token (PGDASH_TOKEN on the training hosts).")
+@click.option("--hang-after", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="Seconds a collective may wait before it counts as hung.")
+def serve(host: str, port: int, db: str, token: str | None, hang_after: float) -> None:
+    """Run the server: agents report to it, browsers watch it."""
+    try:
+        if not ipaddress.ip_address(host).is_loopback and not token:
+            click.echo(f"pgdash: warning: listening on {host} without --token: anyone who can "
+                       "reach this port can send data", err=True)
+    except ValueError:
+        pass  # a host name; let the bind decide
+    server = make_server(db, host, port, token, hang_after).start()
+    click.echo(f"pgdash: serving on {server.url}/  (database {db}; Ctrl-C stops)")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        click.echo("pgdash: stopping")
+    finally:
+        server.stop()
+
+
+@cli.command()
+@click.option("--ranks", default=4, show_default=True, type=click.IntRange(1, 64),
+              help="Number of training processes (gloo on CPU).")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
+              help="Port of the dashboard; 0 picks a free one.")
+@click.option("--scenario", default="healthy", show_default=True,
+              type=click.Choice(["healthy"]), help="The fault to inject.")
+@click.option("--steps", default=0, show_default=True, type=click.IntRange(0),
+              help="Training steps per rank; 0 runs until Ctrl-C.")
+@_db_option
+def demo(ranks: int, port: int, scenario: str, steps: int, db: str) -> None:
+    """Start a server and a real CPU training job with the agent attached."""
+    from dashboard.demo import run_demo
+
+    sys.exit(run_demo(ranks=ranks, port=port, scenario=scenario, steps=steps, db=db))
+
+
+@cli.group()
+def db() -> None:
+    """Database maintenance."""
+
+
+@db.command("upgrade")
+@_db_option
+def db_upgrade(db: str) -> None:
+    """Create or migrate the database schema to the latest version."""
+    from dashboard.storage import upgrade
+
+    try:
+        upgrade(db)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"pgdash: database {db} is up to date")
+
+
+def main() -> None:
+    cli(prog_name="pgdash")
+
+
+if __name__ == "__main__":
+    main()

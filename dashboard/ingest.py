@@ -1,0 +1,207 @@
+"""Ingest: turns what agents send into stored events and live JobState, without Flask.
+
+The Socket.IO handlers in ``dashboard.app`` are thin calls into :class:`Ingest`. All writes run
+as tasks on the store's writer thread, so job assignment, de-duplication and the fold into
+JobState happen in one serial order: the order of the log.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Callable
+
+from agent.wire import Ack, Auth, WireError, validate_auth, validate_batch
+from dashboard.state import JobState, StoredEvent
+from dashboard.storage import Store
+
+
+class Refused(Exception):
+    """An agent may not connect; the text tells its user what to do."""
+
+
+class Ingest:
+    """Job states in memory, kept in step with the event log.
+
+    Args:
+        store: the database.
+        token: when set, agents must present it (``PGDASH_TOKEN``).
+        clock: wall clock for server-observed events (injected for tests).
+        max_cached_jobs: finished jobs kept folded in memory; live ones always are.
+    """
+
+    def __init__(self, store: Store, token: str | None = None,
+                 clock: Callable[[], float] = time.time, max_cached_jobs: int = 32):
+        self.store = store
+        self.token = token
+        self.clock = clock
+        self.max_cached_jobs = max_cached_jobs
+        self._states: collections.OrderedDict[int, JobState] = collections.OrderedDict()
+        self._states_lock = threading.RLock()
+        self._max_seq: dict[str, int] = {}
+        self._session_jobs: dict[str, int] = {}
+        self.dirty: set[int] = set()  # jobs changed since the UI last looked
+        self.jobs_dirty = threading.Event()
+        self.counters: collections.Counter[str] = collections.Counter()
+
+    def start(self) -> "Ingest":
+        self._max_seq = self.store.max_seqs()
+        self.store.on_write_failure = self._resync
+        return self
+
+    def _resync(self) -> None:
+        """After a failed write: forget what memory holds and trust the log again."""
+        with self._states_lock:
+            self._states.clear()
+            self._session_jobs.clear()
+            self._max_seq = self.store.max_seqs()
+
+    def read(self, job_id: int, view: Callable[[JobState], Any]) -> Any:
+        """Run ``view(state)`` while no event is being applied; None if the job is unknown."""
+        with self._states_lock:
+            state = self.state(job_id)
+            return None if state is None else view(state)
+
+    # -- job states --------------------------------------------------------------------------
+
+    def state(self, job_id: int) -> JobState | None:
+        """The folded state of a job (loaded from the log on first use)."""
+        with self._states_lock:
+            state = self._states.get(job_id)
+            if state is not None:
+                self._states.move_to_end(job_id)
+                return state
+        job = self.store.get_job(job_id)
+        if job is None:
+            return None
+        with self._states_lock:
+            state = self._states.get(job_id)
+            if state is None:
+                state = JobState(job_id, job["name"]).apply_all(self.store.job_events(job_id))
+                self._states[job_id] = state
+                self._evict()
+            return state
+
+    def _evict(self) -> None:
+        for job_id in list(self._states):
+            if len(self._states) <= self.max_cached_jobs:
+                return
+            if self._states[job_id].status in ("finished", "failed"):
+                del self._states[job_id]
+
+    def take_dirty(self) -> set[int]:
+        """Jobs changed since the last call (for the throttled UI push)."""
+        with self._states_lock:
+            dirty, self.dirty = self.dirty, set()
+            return dirty
+
+    # -- agent connections -------------------------------------------------------------------
+
+    def connect(self, auth: Any) -> tuple[str, int]:
+        """Admit an agent; returns ``(session, job_id)``.
+
+        Raises:
+            Refused: bad token or malformed auth (the message says what to fix).
+        """
+        try:
+            auth = validate_auth(auth)
+        except WireError as exc:
+            self.counters["refused_connections"] += 1
+            raise Refused(f"pgdash refused the agent: {exc}") from None
+        if self.token and auth.get("token") != self.token:
+            self.counters["refused_connections"] += 1
+            raise Refused("pgdash refused the agent: wrong or missing token; set PGDASH_TOKEN "
+                          "on the training hosts to the server's --token")
+        session = auth["session"]
+        job_id = self.store.submit(lambda conn: self._assign(conn, auth))
+        self._record_server_event(session, job_id, "connect", {})
+        return session, job_id
+
+    def disconnect(self, session: str) -> None:
+        job_id = self._session_jobs.get(session)
+        if job_id is not None:
+            self._record_server_event(session, job_id, "disconnect", {})
+
+    def _assign(self, conn, auth: Auth) -> int:
+        """Writer thread: the job this session belongs to, creating it if needed."""
+        session = auth["session"]
+        known = self._session_jobs.get(session)
+        if known is None:
+            row = self.store.find_session(conn, session)
+            known = row["job_id"] if row else None
+        if known is None:
+            now = self.clock()
+            latest = self.store.latest_job(conn, auth["job"])
+            state = self.state(latest["id"]) if latest else None
+            if state is not None and state.status not in ("finished", "failed") and not \
+                    state.claims(auth.get("rank"), session):
+                known = latest["id"]
+            else:  # first launch under this name, or a new launch reusing it
+                known = self.store.create_job(conn, auth["job"], now)
+                with self._states_lock:
+                    self._states[known] = JobState(known, auth["job"])
+                self.jobs_dirty.set()
+            self.store.create_session(conn, session, known, auth.get("rank"),
+                                      auth.get("host"), auth.get("pid"), now)
+        self._session_jobs[session] = known
+        return known
+
+    # -- events ------------------------------------------------------------------------------
+
+    def batch(self, session: str, job_id: int, payload: Any) -> Ack:
+        """Validate and store one batch; returns the acknowledgement for the agent."""
+        try:
+            good, rejected = validate_batch(payload)
+        except WireError as exc:
+            self.counters["rejected_batches"] += 1
+            return {"ok": False, "error": str(exc), "retry": False}
+        self.counters["rejected_events"] += len(rejected)
+        if not good:
+            return {"ok": True, "stored": 0, "rejected": rejected}
+        try:
+            stored = self.store.submit(lambda conn: self._store(conn, session, job_id, good))
+        except Exception as exc:
+            self.counters["failed_writes"] += 1
+            return {"ok": False, "error": f"server could not store the batch: {exc}",
+                    "retry": True}
+        return {"ok": True, "stored": stored, "rejected": rejected}
+
+    def _record_server_event(self, session: str, job_id: int, kind: str,
+                             body: dict[str, Any]) -> None:
+        event = {"seq": None, "t": self.clock(), "kind": kind, "body": body}
+        self.store.submit(lambda conn: self._store(conn, session, job_id, [event]))
+
+    def _store(self, conn, session: str, job_id: int, evs: list[dict[str, Any]]) -> int:
+        """Writer thread: drop what is already stored, insert the rest, fold it into state."""
+        last = self._max_seq.get(session, 0)
+        fresh = []
+        for ev in evs:
+            seq = ev.get("seq")
+            if seq is None:
+                fresh.append(ev)
+            elif seq > last:
+                fresh.append(ev)
+                last = seq
+        if not fresh:
+            self.counters["duplicate_events"] += len(evs)
+            return 0
+        now = self.clock()
+        ids = self.store.insert_events(conn, job_id, session, fresh, now)
+        with self._states_lock:
+            state = self.state(job_id)
+            before = state.summary()
+            for event_id, ev in zip(ids, fresh):
+                stored: StoredEvent = {"id": event_id, "session": session,
+                                       "seq": ev.get("seq"), "t": ev["t"], "received_at": now,
+                                       "kind": ev["kind"], "body": ev["body"]}
+                state.apply(stored)
+            after = state.summary()
+        if after != before:
+            self.store.update_job(conn, job_id, after)
+            self.jobs_dirty.set()
+        self._max_seq[session] = last
+        self.counters["duplicate_events"] += len(evs) - len(fresh)
+        self.counters["stored_events"] += len(fresh)
+        self.dirty.add(job_id)
+        return len(fresh)

@@ -1,0 +1,284 @@
+"""Storage: the only module that imports SQLAlchemy.
+
+Tables (created by the Alembic migrations in ``migrations/``):
+
+- ``jobs``: one row per job, with a cached summary (status, world size, ...) for fast listing;
+- ``sessions``: one row per agent process, mapping it to its job;
+- ``events``: the event log, the source of truth. ``(session, seq)`` is unique.
+
+Writes go through one writer thread fed by a queue (one thread protects the single write
+connection, as SQLite wants), which groups whatever is queued into one transaction. Reads use
+their own pooled connections; SQLite runs in WAL mode so they never block the writer.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import queue
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import sqlalchemy as sa
+from sqlalchemy import event as sa_event
+
+log = logging.getLogger("pgdash.storage")
+
+metadata = sa.MetaData(naming_convention={
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+})
+
+jobs = sa.Table(
+    "jobs", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(256), nullable=False, index=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("world_size", sa.Integer),
+    sa.Column("backend", sa.String(64)),
+    sa.Column("started_at", sa.Float),
+    sa.Column("ended_at", sa.Float),
+)
+
+sessions = sa.Table(
+    "sessions", metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), nullable=False, index=True),
+    sa.Column("rank", sa.Integer),
+    sa.Column("host", sa.String(256)),
+    sa.Column("pid", sa.Integer),
+    sa.Column("first_seen", sa.Float, nullable=False),
+)
+
+events = sa.Table(
+    "events", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), nullable=False),
+    sa.Column("session", sa.String(64), nullable=False),
+    sa.Column("seq", sa.Integer),
+    sa.Column("t", sa.Float, nullable=False),
+    sa.Column("received_at", sa.Float, nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.UniqueConstraint("session", "seq", name="uq_events_session_seq"),
+    sa.Index("ix_events_job_id_id", "job_id", "id"),
+)
+
+JOB_FIELDS = ("status", "world_size", "backend", "started_at", "ended_at")
+
+
+def migrations_dir() -> Path:
+    """``migrations/`` of a source checkout, else the copy inside the installed wheel."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "migrations", here / "_migrations"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise FileNotFoundError(f"pgdash migrations not found next to {here}; reinstall pgdash")
+
+
+def make_engine(url: str) -> sa.Engine:
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign keys."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise ValueError(f"--db / PGDASH_DB {url!r} is not a database URL "
+                         f"(e.g. sqlite:///pgdash.db, postgresql://user@host/db): {exc}") from None
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            folder = Path(parsed.database).expanduser().resolve().parent
+            if not folder.is_dir():
+                raise ValueError(f"--db / PGDASH_DB: folder {folder} does not exist")
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @sa_event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+def upgrade(url_or_engine: str | sa.Engine, revision: str = "head") -> None:
+    """Bring the schema up to ``revision`` with Alembic (``pgdash db upgrade``)."""
+    from alembic import command
+    from alembic.config import Config
+
+    engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+class Store:
+    """The database: reads from any thread, writes through :meth:`submit` on one thread."""
+
+    def __init__(self, url: str, *, batch_limit: int = 2000, queue_limit: int = 10_000):
+        self.url = url
+        self.engine = make_engine(url)
+        self.batch_limit = batch_limit
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_limit)
+        self._thread = threading.Thread(target=self._write_loop, name="pgdash-writer",
+                                        daemon=True)
+        self._stopping = False
+        self.commits = 0
+        self.write_errors = 0
+        # Called on the writer thread after a failed transaction, so that whoever keeps
+        # derived state in memory can drop it and re-read what was really stored.
+        self.on_write_failure: Callable[[], None] | None = None
+
+    def start(self) -> "Store":
+        upgrade(self.engine)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._stopping = True
+            self._queue.put(None)
+            self._thread.join(timeout=10)
+        self.engine.dispose()
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def submit(self, task: Callable[[sa.Connection], Any],
+               timeout: float | None = 30.0) -> Any:
+        """Run ``task(conn)`` on the writer thread inside a transaction; return its result.
+
+        Tasks queued together share one transaction (group commit). If the transaction fails,
+        every task in it gets the exception.
+        """
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((task, future), timeout=timeout)
+        return future.result(timeout=timeout)
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < self.batch_limit:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._stopping = True
+                    break
+                batch.append(nxt)
+            self._run(batch)
+            if self._stopping:
+                return
+
+    def _run(self, batch: list[tuple[Callable, concurrent.futures.Future]]) -> None:
+        results = []
+        try:
+            with self.engine.begin() as conn:
+                if self.engine.dialect.name == "sqlite":
+                    conn.exec_driver_sql("SELECT 1")  # take the connection now
+                for task, _ in batch:
+                    results.append(task(conn))
+            self.commits += 1
+        except Exception as exc:
+            self.write_errors += 1
+            log.exception("pgdash: write failed; %d task(s) not stored", len(batch))
+            if self.on_write_failure is not None:
+                self.on_write_failure()
+            for _, future in batch:
+                future.set_exception(exc)
+            return
+        for (_, future), result in zip(batch, results):
+            future.set_result(result)
+
+    # -- statements used by the writer tasks -------------------------------------------------
+
+    @staticmethod
+    def find_session(conn: sa.Connection, session: str) -> dict[str, Any] | None:
+        row = conn.execute(sa.select(sessions).where(sessions.c.id == session)).mappings().first()
+        return dict(row) if row else None
+
+    @staticmethod
+    def latest_job(conn: sa.Connection, name: str) -> dict[str, Any] | None:
+        row = conn.execute(sa.select(jobs).where(jobs.c.name == name)
+                           .order_by(jobs.c.id.desc()).limit(1)).mappings().first()
+        return dict(row) if row else None
+
+    @staticmethod
+    def create_job(conn: sa.Connection, name: str, now: float) -> int:
+        return conn.execute(sa.insert(jobs).values(name=name, created_at=now,
+                                                   status="initializing")).inserted_primary_key[0]
+
+    @staticmethod
+    def create_session(conn: sa.Connection, session: str, job_id: int, rank: int | None,
+                       host: str | None, pid: int | None, now: float) -> None:
+        conn.execute(sa.insert(sessions).values(id=session, job_id=job_id, rank=rank,
+                                                host=host, pid=pid, first_seen=now))
+
+    @staticmethod
+    def insert_events(conn: sa.Connection, job_id: int, session: str,
+                      rows: list[dict[str, Any]], now: float) -> list[int]:
+        """Insert events in one executemany; returns their ids in order."""
+        if not rows:
+            return []
+        params = [{"job_id": job_id, "session": session, "seq": row.get("seq"), "t": row["t"],
+                   "received_at": now, "kind": row["kind"], "body": json.dumps(row["body"])}
+                  for row in rows]
+        result = conn.execute(
+            sa.insert(events).returning(events.c.id, sort_by_parameter_order=True), params)
+        return [r[0] for r in result]
+
+    @staticmethod
+    def update_job(conn: sa.Connection, job_id: int, summary: dict[str, Any]) -> None:
+        conn.execute(sa.update(jobs).where(jobs.c.id == job_id)
+                     .values(**{k: summary[k] for k in JOB_FIELDS}))
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def max_seqs(self) -> dict[str, int]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(events.c.session, sa.func.max(events.c.seq))
+                                .where(events.c.seq.is_not(None))
+                                .group_by(events.c.session))
+            return {s: m for s, m in rows}
+
+    def list_jobs(self, limit: int = 500) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(jobs).order_by(jobs.c.id.desc()).limit(limit))
+            return [dict(r) for r in rows.mappings()]
+
+    def get_job(self, job_id: int) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
+            return dict(row) if row else None
+
+    def job_events(self, job_id: int, chunk: int = 5000) -> Iterator[dict[str, Any]]:
+        """The job's events in log order, as StoredEvent dicts."""
+        last = 0
+        while True:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    sa.select(events).where(events.c.job_id == job_id, events.c.id > last)
+                    .order_by(events.c.id).limit(chunk)).mappings().all()
+            for r in rows:
+                yield {"id": r["id"], "session": r["session"], "seq": r["seq"], "t": r["t"],
+                       "received_at": r["received_at"], "kind": r["kind"],
+                       "body": json.loads(r["body"])}
+            if len(rows) < chunk:
+                return
+            last = rows[-1]["id"]
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Block until everything queued so far is committed (tests, shutdown)."""
+        self.submit(lambda conn: None, timeout=timeout)

@@ -1,0 +1,131 @@
+"""Shared fixtures: a real pgdash server in a subprocess on a free port, and real gloo jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = Path(__file__).resolve().parent / "jobs"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    """Poll ``predicate`` until it returns something truthy; fail with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
+            last_exc = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last error: {last_exc}")
+
+
+class ServerProcess:
+    """``pgdash serve`` in a subprocess; stopped by PID."""
+
+    def __init__(self, db_url: str, port: int | None = None, extra: list[str] | None = None,
+                 log_path: Path | None = None):
+        self.db_url = db_url
+        self.port = port or free_port()
+        self.extra = extra or []
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ServerProcess":
+        with open(self.log_path or os.devnull, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dashboard", "serve", "--port", str(self.port),
+                 "--db", self.db_url, *self.extra],
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        wait_for(lambda: self.proc.poll() is None and get_json(self.url + "/api/jobs") is not None,
+                 30, f"pgdash server on {self.url}")
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def api(self, path: str):
+        return get_json(self.url + path)
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'pgdash.db'}",
+                        log_path=tmp_path / "server.log").start()
+    yield srv
+    srv.stop()
+
+
+def launch_job(script: str, ranks: int, server_url: str, job: str, tmp_path: Path,
+               env: dict[str, str] | None = None, args: list[str] | None = None):
+    """Start a real gloo job: one process per rank, torchrun-style environment."""
+    master_port = str(free_port())
+    procs = []
+    for rank in range(ranks):
+        penv = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port,
+                    PGDASH_SERVER=server_url, PGDASH_JOB=job, OMP_NUM_THREADS="1",
+                    PYTHONPATH=str(ROOT), **(env or {}))
+        with open(tmp_path / f"{job}-rank{rank}.log", "wb") as out:
+            procs.append(subprocess.Popen([sys.executable, str(JOBS / script), *(args or [])],
+                                          env=penv, stdout=out, stderr=subprocess.STDOUT,
+                                          cwd=ROOT))
+    return procs
+
+
+def wait_job(procs, timeout: float, tmp_path: Path | None = None) -> list[int]:
+    """Wait for every rank; kill all of them on timeout. Returns exit codes."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        logs = ""
+        if tmp_path:
+            logs = "\n".join(f.read_text(errors="replace")[-2000:]
+                             for f in sorted(tmp_path.glob("*rank*.log")))
+        raise AssertionError(f"job did not finish within {timeout}s\n{logs}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def job_by_name(server: ServerProcess, name: str):
+    return next((j for j in server.api("/api/jobs")["jobs"] if j["name"] == name), None)
