@@ -9,8 +9,9 @@ background thread.
 Both ``torch.distributed.X`` and ``torch.distributed.distributed_c10d.X`` are replaced, because
 code inside c10d calls the module globals (e.g. ``all_gather_into_tensor`` calls
 ``all_gather_single``; ``all_gather_object`` calls ``all_gather`` twice). Only primitives that
-issue backend operations are wrapped, and a call made from inside a wrapped call is not
-recorded again (``send`` runs ``isend``): each user-visible primitive counts once. Object
+issue backend operations are wrapped, and the two that run another wrapped op (``send`` runs
+``isend``, ``recv`` runs ``irecv``) mark the thread so that the inner call is not recorded
+again: each user-visible primitive counts once. Object
 collectives are not wrapped, so ``all_gather_object`` shows up as the two ``all_gather`` calls
 it really makes.
 """
@@ -49,8 +50,25 @@ OPS: dict[str, tuple[str | None, bool, bool, bool]] = {
     "irecv": ("tensor", False, True, True),
 }
 
+# Wrapped ops that call other wrapped ops (torch 2.13: send -> isend, recv -> irecv).
+NESTING_OPS = frozenset({"send", "recv"})
+NESTED_OPS = frozenset({"isend", "irecv"})
 
-@dataclass(eq=False)
+
+def _marking(fn: Callable, local: threading.local) -> Callable:
+    """``fn`` with the thread marked busy while it runs (see NESTING_OPS)."""
+
+    def marked(*args, **kwargs):
+        local.busy = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            local.busy = False
+
+    return marked
+
+
+@dataclass(eq=False, slots=True)
 class GroupTrack:
     """Progress of one process group as seen from this rank (written by the training thread)."""
 
@@ -171,12 +189,16 @@ class CollectiveTracker:
         records = self.records
         pending = self.pending
         clock = self.clock
-
+        cap = self.max_records
         local = self._local
+        # send/recv run isend/irecv inside: the outer call marks the thread, the inner one
+        # sees the mark and is not counted again. Other ops nest nothing, so they skip both.
+        nested_check = op in NESTED_OPS
+        call = _marking(fn, local) if op in NESTING_OPS else fn
 
         def wrapper(*args, **kwargs):
-            if not tracker.enabled or local.__dict__.get("busy"):
-                return fn(*args, **kwargs)  # off, or nested (send runs isend): count once
+            if not tracker.enabled or (nested_check and local.__dict__.get("busy")):
+                return fn(*args, **kwargs)
             n = len(args)
             try:
                 group = args[g_pos] if n > g_pos else kwargs.get("group")
@@ -210,16 +232,13 @@ class CollectiveTracker:
             except Exception:
                 tracker.internal_errors += 1
                 return fn(*args, **kwargs)
-            local.busy = True
             try:
-                result = fn(*args, **kwargs)
+                result = call(*args, **kwargs)
             except BaseException as exc:
                 tracker.on_error(track, op, seq, exc)
                 raise
-            finally:
-                local.busy = False
             if is_async and result is not None:
-                if len(pending) < tracker.max_records:
+                if len(pending) < cap:
                     pending.append((result, track, op, p2p, seq, dtype, nbytes, t0))
                 else:
                     tracker.dropped_records += 1
@@ -227,7 +246,7 @@ class CollectiveTracker:
             if not p2p and seq > track.completed:
                 track.completed = seq
                 track.inflight_op = None
-            if len(records) < tracker.max_records:
+            if len(records) < cap:
                 records.append((track, op, dtype, nbytes, t0, clock()))
             else:
                 tracker.dropped_records += 1

@@ -23,7 +23,7 @@ class AgentConfig:
     interval_s: float = 1.0  # PGDASH_INTERVAL_S: heartbeat and latency summary period
     ack_timeout_s: float = 10.0  # PGDASH_ACK_TIMEOUT_S: no ack by then means a broken link
     connect_timeout_s: float = 5.0  # PGDASH_CONNECT_TIMEOUT_S
-    flush_timeout_s: float = 3.0  # PGDASH_FLUSH_TIMEOUT_S: how long detach()/exit waits
+    flush_timeout_s: float = 5.0  # PGDASH_FLUSH_TIMEOUT_S: how long detach()/exit waits
     reconnect_max_s: float = 10.0  # PGDASH_RECONNECT_MAX_S: backoff cap
     async_poll_s: float = 0.002  # PGDASH_ASYNC_POLL_S: completion check for async_op works
 

@@ -44,7 +44,7 @@ class Sender(threading.Thread):
         self._acks: queue.Queue[tuple[int, Any]] = queue.Queue()
         self._inflight: dict[int, tuple[float, list[Event]]] = {}
         self._batch_id = 0
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._lost = threading.Event()  # set by the client's thread on disconnect
         self.connected = False
         self.rejected = 0  # events the server refused as invalid (never resent)
@@ -58,7 +58,7 @@ class Sender(threading.Thread):
         return not self._inflight and len(self.outbox) == 0 and self._acks.empty()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         with self.outbox.ready:
             self.outbox.ready.notify_all()
 
@@ -66,13 +66,13 @@ class Sender(threading.Thread):
 
     def run(self) -> None:
         backoff = 0.25
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 if not self.connected:
                     if self._connect():
                         backoff = 0.25
                     else:
-                        self._stop.wait(backoff * (0.5 + random.random()))
+                        self._stopping.wait(backoff * (0.5 + random.random()))
                         backoff = min(backoff * 2, self.config.reconnect_max_s)
                     continue
                 self._pump()
@@ -152,13 +152,18 @@ class Sender(threading.Thread):
             with self.outbox.ready:
                 self.outbox.ready.notify_all()
 
+        refusals: list[Any] = []  # the server's reason, when it refuses us
+        client.on("connect_error", refusals.append, namespace=AGENT_NAMESPACE)
         try:
             client.connect(self.config.server, namespaces=[AGENT_NAMESPACE],
                            auth=self._auth(), transports=["websocket"],
                            wait_timeout=self.config.connect_timeout_s)
         except Exception as exc:
+            reason = refusals[-1] if refusals else f"{type(exc).__name__}: {exc}"
+            if isinstance(reason, dict):
+                reason = reason.get("message", reason)
             self._note_error(f"cannot connect to {self.config.server} (PGDASH_SERVER): "
-                             f"{type(exc).__name__}: {exc}")
+                             f"{reason}")
             try:
                 client.disconnect()
             except Exception:

@@ -33,10 +33,15 @@ def launch_ranks(ranks: int, server_url: str, job: str, args: list[str],
     return procs
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def stop_ranks(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
+    """SIGTERM (demo_train turns it into a clean stop), then SIGKILL after ``grace``."""
     for p in procs:
         if p.poll() is None:
-            p.send_signal(signal.SIGINT)
+            p.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace
     for p in procs:
         try:
@@ -55,6 +60,7 @@ def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str) -> int:
             "pip install torch") from None
     from dashboard.cli import make_server
 
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the demo as Ctrl-C does
     server = make_server(db, "127.0.0.1", port).start()
     job = f"demo-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
     click.echo(f"pgdash demo: {ranks} ranks, scenario {scenario!r}, job {job}")

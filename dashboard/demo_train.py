@@ -5,9 +5,14 @@ all-reduce every few steps. Run by ``dashboard.demo``, one process per rank."""
 from __future__ import annotations
 
 import argparse
+import signal
 import time
 
 from agent import attach
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt
 
 
 def main() -> None:
@@ -17,6 +22,7 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.1)
     args = parser.parse_args()
 
+    signal.signal(signal.SIGTERM, _stop)  # the demo stops its ranks with SIGTERM
     attach()  # before init_process_group: the rendezvous is reported as it happens
 
     import torch

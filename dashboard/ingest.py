@@ -115,7 +115,8 @@ class Ingest:
                           "on the training hosts to the server's --token")
         session = auth["session"]
         job_id = self.store.submit(lambda conn: self._assign(conn, auth))
-        self._record_server_event(session, job_id, "connect", {})
+        self._record_server_event(session, job_id, "connect",
+                                  {"rank": auth.get("rank"), "host": auth.get("host")})
         return session, job_id
 
     def disconnect(self, session: str) -> None:
@@ -134,8 +135,7 @@ class Ingest:
             now = self.clock()
             latest = self.store.latest_job(conn, auth["job"])
             state = self.state(latest["id"]) if latest else None
-            if state is not None and state.status not in ("finished", "failed") and not \
-                    state.claims(auth.get("rank"), session):
+            if state is not None and _joins(state, auth.get("rank"), session):
                 known = latest["id"]
             else:  # first launch under this name, or a new launch reusing it
                 known = self.store.create_job(conn, auth["job"], now)
@@ -205,3 +205,15 @@ class Ingest:
         self.counters["stored_events"] += len(fresh)
         self.dirty.add(job_id)
         return len(fresh)
+
+
+def _joins(state: JobState, rank: int | None, session: str) -> bool:
+    """Whether a new agent session with this rank belongs to the job's current launch.
+
+    A rank number already held by another session means a new launch reusing the name. A
+    known rank joins even an ended job: a rank whose agent connects late (a fast job, a slow
+    link) must not split the launch in two. An unknown rank joins only a job still going.
+    """
+    if state.claims(rank, session):
+        return False
+    return rank is not None or state.status not in ("finished", "failed")

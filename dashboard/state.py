@@ -184,6 +184,9 @@ class JobState:
                 row["inflight_op"] = row["inflight_since"] = None
 
     def _on_connect(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if r.rank is None and body.get("rank") is not None:
+            r.rank = body["rank"]  # what the agent knew when it connected; hello may refine
+            r.host = body.get("host") or r.host
         if r.status == "lost":
             r.status = "running"
 
@@ -274,7 +277,7 @@ class JobState:
                                            key=lambda kv: (_group_order(kv[0][0]), kv[0][1]))]
 
     def claims(self, rank: int | None, session: str) -> bool:
-        """Whether another, live session already holds ``rank`` in this job."""
+        """Whether another session already holds ``rank`` in this job."""
         if rank is None:
             return False
         return any(r.rank == rank and s != session for s, r in self.sessions.items())

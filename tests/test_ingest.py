@@ -1,0 +1,84 @@
+"""Ingest without sockets: job assignment, de-duplication and the fold, on a real SQLite file."""
+
+import pytest
+
+from agent.wire import PROTOCOL_VERSION
+from dashboard.ingest import Ingest, Refused
+from dashboard.storage import Store
+
+
+@pytest.fixture
+def ingest(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}").start()
+    clock = iter(range(1000, 100000)).__next__
+    yield Ingest(store, token=None, clock=lambda: float(clock())).start()
+    store.close()
+
+
+def auth(session, rank, job="j"):
+    return {"v": PROTOCOL_VERSION, "session": session, "job": job, "rank": rank,
+            "host": "h", "pid": 1}
+
+
+def batch(*events):
+    return {"v": PROTOCOL_VERSION, "events": list(events)}
+
+
+def ev(seq, kind, body, t=1.0):
+    return {"seq": seq, "t": t, "kind": kind, "body": body}
+
+
+def lifecycle(rank, world=2):
+    return batch(ev(1, "hello", {"job": "j", "rank": rank, "world_size": world, "host": "h",
+                                 "pid": 1, "backend": "gloo"}),
+                 ev(2, "exit", {"clean": True}, t=2.0))
+
+
+def test_a_late_rank_joins_its_launch_even_after_the_others_exited(ingest):
+    s0, job = ingest.connect(auth("a", 0))
+    ingest.batch(s0, job, lifecycle(0))
+    ingest.disconnect(s0)
+    assert ingest.read(job, lambda s: s.status) == "failed"  # 1 of 2 ranks so far
+    s1, job1 = ingest.connect(auth("b", 1))
+    assert job1 == job
+    ingest.batch(s1, job1, lifecycle(1))
+    assert ingest.read(job, lambda s: s.status) == "finished"
+    assert [j["status"] for j in ingest.store.list_jobs()] == ["finished"]
+
+
+def test_a_rank_number_taken_again_starts_a_new_job(ingest):
+    _, first = ingest.connect(auth("a", 0))
+    _, second = ingest.connect(auth("c", 0))
+    assert second != first
+    _, reconnect = ingest.connect(auth("a", 0))
+    assert reconnect == first, "the same session reconnecting stays in its job"
+
+
+def test_resent_events_are_stored_once(ingest):
+    session, job = ingest.connect(auth("a", 0))
+    first = lifecycle(0)
+    assert ingest.batch(session, job, first)["stored"] == 2
+    assert ingest.batch(session, job, first)["stored"] == 0
+    kinds = [e["kind"] for e in ingest.store.job_events(job)]
+    assert kinds == ["connect", "hello", "exit"]
+    assert ingest.counters["duplicate_events"] == 2
+
+
+def test_state_is_rebuilt_from_the_log_after_a_restart(ingest, tmp_path):
+    session, job = ingest.connect(auth("a", 0))
+    ingest.batch(session, job, lifecycle(0, world=1))
+    live = ingest.read(job, lambda s: s.detail())
+    fresh = Ingest(ingest.store).start()
+    assert fresh.read(job, lambda s: s.detail()) == live
+    assert fresh.batch(session, job, lifecycle(0, world=1))["stored"] == 0
+
+
+def test_wrong_token_is_refused(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}").start()
+    try:
+        guarded = Ingest(store, token="t").start()
+        with pytest.raises(Refused, match="wrong or missing token"):
+            guarded.connect(auth("a", 0))
+        assert guarded.connect({**auth("a", 0), "token": "t"})[1] == 1
+    finally:
+        store.close()

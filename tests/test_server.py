@@ -1,0 +1,136 @@
+"""The server's edges over real websockets: bad input is refused with a reason, nothing stored
+is lost, tokens are enforced, and browsers get live pushes."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import time
+
+import pytest
+import socketio
+
+from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION, UI_NAMESPACE
+from conftest import ROOT, ServerProcess, get_json, job_by_name, wait_for
+
+
+def agent_client(url, session="s1", job="edge", rank=0, token=None, auth=None):
+    client = socketio.Client(reconnection=False)
+    reasons = []
+    client.on("connect_error", reasons.append, namespace=AGENT_NAMESPACE)
+    try:
+        client.connect(url, namespaces=[AGENT_NAMESPACE], transports=["websocket"],
+                       auth=auth or {"v": PROTOCOL_VERSION, "session": session, "job": job,
+                                     "rank": rank, "host": "h", "pid": 1, "token": token})
+    except socketio.exceptions.ConnectionError:
+        client.disconnect()
+        raise AssertionError(f"refused: {reasons}") from None
+    return client
+
+
+def send(client, events, v=PROTOCOL_VERSION):
+    return client.call("batch", {"v": v, "events": events}, namespace=AGENT_NAMESPACE,
+                       timeout=10)
+
+
+def ev(seq, kind, body, t=100.0):
+    return {"seq": seq, "t": t, "kind": kind, "body": body}
+
+
+HELLO = {"job": "edge", "rank": 0, "world_size": 1, "host": "h", "pid": 1, "backend": "gloo"}
+
+
+def test_bad_batches_are_refused_with_reasons_and_lose_nothing(server):
+    client = agent_client(server.url)
+    try:
+        assert send(client, [ev(1, "hello", HELLO)]) == {"ok": True, "stored": 1, "rejected": []}
+        ack = client.call("batch", "garbage", namespace=AGENT_NAMESPACE, timeout=10)
+        assert ack == {"ok": False, "error": "batch must be an object, got str", "retry": False}
+        assert send(client, "garbage")["error"] == "batch.events must be a list"
+        ack = send(client, [ev(2, "group", {"name": "0", "ranks": "all"}),
+                            ev(3, "group", {"name": "0", "ranks": [0]})])
+        assert ack["ok"] and ack["stored"] == 1
+        assert ack["rejected"] == [{"seq": 2, "error": "events[0].body.ranks must be a list, "
+                                                       "got str"}]
+        assert send(client, [ev(1, "hello", HELLO)])["stored"] == 0  # a resend: ignored
+        assert send(client, [], v=7)["error"] == "batch.v must be 1, got 7"
+        huge = [ev(10 + i, "exit", {"clean": True}) for i in range(501)]
+        assert "limit is 500" in send(client, huge)["error"]
+    finally:
+        client.disconnect()
+    job = wait_for(lambda: job_by_name(server, "edge"), 10, "the job")
+    detail = server.api(f"/api/jobs/{job['id']}")
+    assert detail["groups"] == [{"id": "0", "name": "0", "desc": None, "backend": None,
+                                 "ranks": [0]}]
+    assert detail["ranks"][0]["status"] in ("running", "lost")
+
+
+def test_malformed_connect_is_refused_with_the_reason(server):
+    with pytest.raises(AssertionError, match="auth.session is missing"):
+        agent_client(server.url, auth={"v": PROTOCOL_VERSION, "job": "x"})
+
+
+def test_token_is_enforced(tmp_path):
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'db.sqlite'}", extra=["--token", "s3cret"]).start()
+    try:
+        with pytest.raises(AssertionError, match="wrong or missing token; set PGDASH_TOKEN"):
+            agent_client(srv.url, token="wrong")
+        client = agent_client(srv.url, token="s3cret")
+        assert send(client, [ev(1, "hello", HELLO)])["ok"]
+        client.disconnect()
+    finally:
+        srv.stop()
+
+
+def test_browser_gets_live_updates_over_socketio(server):
+    agent = agent_client(server.url, session="live", job="live")
+    ui = socketio.Client(reconnection=False)
+    inbox: queue.Queue = queue.Queue()
+    ui.on("job", lambda payload: inbox.put(payload), namespace=UI_NAMESPACE)
+    try:
+        assert send(agent, [ev(1, "hello", {**HELLO, "job": "live"}),
+                            ev(2, "group", {"name": "0", "ranks": [0]})])["stored"] == 2
+        job = wait_for(lambda: job_by_name(server, "live"), 10, "the job")
+        ui.connect(server.url, namespaces=[UI_NAMESPACE], transports=["websocket"])
+        assert ui.call("watch", {"job": job["id"]}, namespace=UI_NAMESPACE) == {"ok": True}
+        first = inbox.get(timeout=5)
+        assert first["job"]["id"] == job["id"] and first["collectives"] == []
+        stats = {"start": 100, "end": 101, "rows": [
+            {"group": "0", "op": "all_reduce", "count": 3, "bytes": 12, "sum_us": 30.0,
+             "max_us": 12.0, "hist": [[26, 3]]}]}
+        sent_at = time.monotonic()
+        assert send(agent, [ev(3, "coll_stats", stats)])["stored"] == 1
+        pushed = inbox.get(timeout=5)
+        assert time.monotonic() - sent_at < 5
+        assert pushed["collectives"][0]["count"] == 3
+        assert ui.call("watch", {"job": 999}, namespace=UI_NAMESPACE)["error"] == \
+            "no job with id 999"
+        assert "job must be an integer" in ui.call("watch", {"job": "1; drop"},
+                                                   namespace=UI_NAMESPACE)["error"]
+    finally:
+        ui.disconnect()
+        agent.disconnect()
+
+
+def test_api_errors_are_json(server):
+    import urllib.error
+
+    with pytest.raises(urllib.error.HTTPError) as info:
+        get_json(server.url + "/api/jobs/12345")
+    assert info.value.code == 404
+    assert b"no job with id 12345" in info.value.read()
+
+
+def test_db_upgrade_and_bad_db_url(tmp_path):
+    db = tmp_path / "fresh.db"
+    out = subprocess.run([sys.executable, "-m", "dashboard", "db", "upgrade", "--db",
+                          f"sqlite:///{db}"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and "is up to date" in out.stdout and db.exists()
+    bad = subprocess.run([sys.executable, "-m", "dashboard", "db", "upgrade", "--db",
+                          "not a url"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode != 0 and "is not a database URL" in bad.stderr
+    missing = subprocess.run([sys.executable, "-m", "dashboard", "serve", "--db",
+                              f"sqlite:///{tmp_path}/no/such/dir/x.db"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert missing.returncode != 0 and "does not exist" in missing.stderr

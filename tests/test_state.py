@@ -1,0 +1,140 @@
+"""JobState as a pure fold over hand-made events: no server, no database, no clock."""
+
+from dashboard.state import JobState
+
+
+class Log:
+    """Builds StoredEvent dicts in log order."""
+
+    def __init__(self):
+        self.events = []
+
+    def add(self, session, kind, body, t, seq=None):
+        self.events.append({"id": len(self.events) + 1, "session": session, "seq": seq, "t": t,
+                            "received_at": t, "kind": kind, "body": body})
+        return self
+
+    def state(self):
+        return JobState(1, "job").apply_all(self.events)
+
+
+def hello(rank, world=2, host="node0", backend=None):
+    return {"job": "job", "rank": rank, "world_size": world, "host": host, "pid": 100 + rank,
+            "local_rank": rank, "device": "cpu", "backend": backend}
+
+
+def stats(group, op, count, us, nbytes=4):
+    from agent.wire import hist_bucket
+
+    return {"start": 0, "end": 1, "rows": [{"group": group, "op": op, "count": count,
+                                            "bytes": nbytes * count, "sum_us": us * count,
+                                            "max_us": us, "hist": [[hist_bucket(us), count]]}]}
+
+
+def two_running_ranks():
+    log = Log()
+    for r in (0, 1):
+        log.add(f"s{r}", "hello", hello(r), t=10)
+        log.add(f"s{r}", "init_start", {"rank": r, "world_size": 2}, t=10)
+        log.add(f"s{r}", "init_done", {"rank": r, "world_size": 2, "backend": "gloo",
+                                       "duration_s": 0.5}, t=10.5)
+        log.add(f"s{r}", "group", {"name": "0", "desc": "default_pg", "ranks": [0, 1]}, t=10.5)
+    return log
+
+
+def test_job_moves_from_initializing_to_running_to_finished():
+    log = Log().add("s0", "hello", hello(0), t=1).add("s0", "init_start", {}, t=1)
+    assert log.state().status == "initializing"
+    log = two_running_ranks()
+    state = log.state()
+    assert state.status == "running" and state.world_size == 2 and state.backend == "gloo"
+    log.add("s0", "exit", {"clean": True}, t=20)
+    assert log.state().status == "running"  # rank 1 still works
+    log.add("s1", "exit", {"clean": True}, t=21)
+    state = log.state()
+    assert state.status == "finished" and state.ended_at == 21
+    assert [r.status for r in state.ranks()] == ["exited", "exited"]
+
+
+def test_missing_rank_means_not_finished():
+    log = Log().add("s0", "hello", hello(0, world=3), t=1)
+    log.add("s0", "init_done", {"rank": 0, "world_size": 3, "duration_s": 0}, t=2)
+    log.add("s0", "exit", {"clean": True}, t=3)
+    assert log.state().status == "failed"  # 1 of 3 ranks ever ran
+
+
+def test_disconnect_without_exit_is_lost_and_reconnect_revives():
+    log = two_running_ranks().add("s1", "disconnect", {}, t=30)
+    state = log.state()
+    assert {r.rank: r.status for r in state.ranks()} == {0: "running", 1: "lost"}
+    log.add("s1", "connect", {}, t=31)
+    assert log.state().ranks()[1].status == "running"
+    log.add("s0", "exit", {"clean": True}, t=40).add("s1", "disconnect", {}, t=41)
+    assert log.state().status == "failed"
+
+
+def test_uncaught_error_fails_the_rank_and_keeps_the_text():
+    log = two_running_ranks().add("s1", "error", {
+        "where": "uncaught", "error_type": "RuntimeError", "error": "<b>boom</b>"}, t=12)
+    state = log.state()
+    assert state.ranks()[1].status == "failed"
+    assert state.errors[-1] == {"rank": 1, "t": 12, "where": "uncaught",
+                                "error_type": "RuntimeError", "error": "<b>boom</b>"}
+
+
+def test_init_failure_is_recorded_on_the_rendezvous_timeline():
+    log = Log().add("s0", "hello", hello(0), t=1).add("s0", "init_start", {"rank": 0}, t=1)
+    log.add("s0", "init_failed", {"error_type": "DistStoreError", "duration_s": 5,
+                                  "error": "Timed out after 5 seconds waiting for clients. "
+                                           "1/2 clients joined."}, t=6)
+    state = log.state()
+    assert state.ranks()[0].status == "failed"
+    assert state.init["s0"]["arrived_at"] == 1
+    assert "1/2 clients joined" in state.init["s0"]["error"]["error"]
+
+
+def test_collective_summaries_add_up_per_group_op_rank():
+    log = two_running_ranks()
+    log.add("s0", "coll_stats", stats("0", "all_reduce", 10, 100.0), t=11, seq=5)
+    log.add("s0", "coll_stats", stats("0", "all_reduce", 5, 1000.0), t=12, seq=6)
+    log.add("s1", "coll_stats", stats("0", "all_reduce", 15, 100.0), t=12, seq=5)
+    rows = {(r["group"], r["op"], r["rank"]): r for r in log.state().collective_rows()}
+    r0 = rows[("0", "all_reduce", 0)]
+    assert r0["count"] == 15 and r0["bytes"] == 60 and r0["max_us"] == 1000.0
+    assert 90 <= r0["p50_us"] <= 110  # 10 of 15 calls took ~100 us
+    assert 950 <= r0["p99_us"] <= 1000.0  # the slow calls' bucket, never above the max
+    assert rows[("0", "all_reduce", 1)]["count"] == 15
+    assert log.state().collective_rows(rank=1) == [rows[("0", "all_reduce", 1)]]
+
+
+def test_stats_before_the_rank_is_known_are_not_misattributed():
+    log = Log().add("s0", "hello", {"job": "j", "host": "h", "pid": 1}, t=1)
+    log.add("s0", "coll_stats", stats("0", "all_reduce", 3, 10.0), t=2)
+    assert log.state().collective_rows() == []
+
+
+def test_heartbeat_progress_and_exit_clears_in_flight():
+    log = two_running_ranks()
+    log.add("s0", "heartbeat", {"groups": [{"group": "0", "entered": 7, "completed": 6,
+                                            "inflight_op": "all_reduce",
+                                            "inflight_since": 11.0}]}, t=12)
+    row = log.state().progress_rows()[0]
+    assert row == {"group": "0", "rank": 0, "entered": 7, "completed": 6,
+                   "inflight_op": "all_reduce", "inflight_since": 11.0}
+    log.add("s0", "exit", {"clean": False}, t=13)
+    row = log.state().progress_rows()[0]
+    assert row["inflight_op"] is None and log.state().ranks()[0].status == "failed"
+
+
+def test_a_rank_claimed_by_another_session_is_a_new_launch():
+    state = two_running_ranks().state()
+    assert state.claims(0, "someone-else") and not state.claims(0, "s0")
+    assert not state.claims(None, "x") and not state.claims(5, "x")
+
+
+def test_fold_is_deterministic_replay_equals_live():
+    log = two_running_ranks()
+    log.add("s0", "coll_stats", stats("0", "broadcast", 3, 50.0), t=11, seq=5)
+    log.add("s1", "disconnect", {}, t=15)
+    a, b = log.state(), log.state()
+    assert a.detail() == b.detail() and a.collective_rows() == b.collective_rows()

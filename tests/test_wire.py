@@ -1,0 +1,106 @@
+"""The wire format: every malformed message gets a reason that names the field."""
+
+import math
+
+import pytest
+
+from agent.wire import (MAX_BATCH_EVENTS, PROTOCOL_VERSION, WireError, hist_bucket,
+                        hist_bucket_value, validate_auth, validate_batch, validate_event)
+
+
+def ev(kind, body, seq=1, t=1.0):
+    return {"seq": seq, "t": t, "kind": kind, "body": body}
+
+
+AUTH = {"v": PROTOCOL_VERSION, "session": "abc", "job": "j", "rank": 0, "host": "h", "pid": 1}
+
+
+def test_good_auth_passes():
+    assert validate_auth(dict(AUTH)) == AUTH
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"v": 99}, "protocol v99"),
+    ({"session": ""}, "must not be empty"),
+    ({"rank": -1}, "auth.rank must be in"),
+    ({"rank": True}, "auth.rank must be an integer"),
+    ({"job": 5}, "auth.job must be a string"),
+    ({"job": "x" * 300}, "limit is 256"),
+])
+def test_bad_auth_names_the_field(change, message):
+    with pytest.raises(WireError, match=message):
+        validate_auth({**AUTH, **change})
+
+
+def test_auth_missing_field():
+    bad = dict(AUTH)
+    del bad["session"]
+    with pytest.raises(WireError, match="auth.session is missing"):
+        validate_auth(bad)
+
+
+def test_events_of_every_kind_validate():
+    events = [
+        ev("hello", {"job": "j", "host": "h", "pid": 3, "rank": None, "env": {"RANK": "0"},
+                     "versions": {"torch": "2.13.0", "cuda": None}}),
+        ev("init_start", {"init_method": "env://", "rank": -1, "world_size": -1}),
+        ev("init_done", {"rank": 0, "world_size": 2, "duration_s": 0.5}),
+        ev("init_failed", {"error_type": "DistStoreError", "error": "x", "duration_s": 1}),
+        ev("group", {"name": "0", "ranks": [0, 1]}),
+        ev("coll_stats", {"start": 1, "end": 2, "rows": [
+            {"group": "0", "op": "all_reduce", "count": 2, "bytes": 8, "sum_us": 3.0,
+             "max_us": 2.0, "hist": [[8, 2]]}]}),
+        ev("heartbeat", {"groups": [{"group": "0", "entered": 3, "completed": 2,
+                                     "inflight_op": "all_reduce", "inflight_since": 1.5}],
+                         "dropped": {"coll_stats": 2}}),
+        ev("error", {"where": "collective", "error_type": "RuntimeError", "error": "boom"}),
+        ev("exit", {"clean": True}),
+    ]
+    for e in events:
+        assert validate_event(e) is e
+
+
+@pytest.mark.parametrize("event, message", [
+    (ev("nonsense", {}), "kind 'nonsense' is not one of"),
+    (ev("exit", {"clean": "yes"}), "body.clean must be true or false"),
+    (ev("group", {"name": "0", "ranks": [0, "1"]}), r"ranks\[1\] must be an integer"),
+    (ev("group", {"name": "0"}), "body.ranks is missing"),
+    (ev("exit", {"clean": True}, seq=0), "seq must be in"),
+    (ev("exit", {"clean": True}, t=math.inf), "t must be a finite number"),
+    (ev("error", {"where": "x", "error_type": "E", "error": "x" * 70_000}), "limit is 65536"),
+    (ev("coll_stats", {"start": 1, "end": 2, "rows": [
+        {"group": "0", "op": "a", "count": 1, "bytes": 0, "sum_us": 1, "max_us": 1,
+         "hist": [[5]]}]}), "bucket, count"),
+    (ev("heartbeat", {"groups": [], "dropped": {"x": -1}}), r"dropped\[x\] must be in"),
+    ("not an object", "must be an object"),
+])
+def test_bad_events_name_the_field(event, message):
+    with pytest.raises(WireError, match=message):
+        validate_event(event)
+
+
+def test_batch_keeps_good_events_and_reports_bad_ones():
+    good, rejected = validate_batch({"v": PROTOCOL_VERSION, "events": [
+        ev("exit", {"clean": True}, seq=1), ev("exit", {}, seq=2), 7]})
+    assert [e["seq"] for e in good] == [1]
+    assert rejected[0]["seq"] == 2 and "clean is missing" in rejected[0]["error"]
+    assert rejected[1]["seq"] is None and "must be an object" in rejected[1]["error"]
+
+
+@pytest.mark.parametrize("batch, message", [
+    ([], "batch must be an object"),
+    ({"v": 2, "events": []}, "batch.v must be 1"),
+    ({"v": PROTOCOL_VERSION}, "batch.events must be a list"),
+    ({"v": PROTOCOL_VERSION, "events": [{}] * (MAX_BATCH_EVENTS + 1)}, "the limit is 500"),
+])
+def test_bad_batch_envelope_is_refused_whole(batch, message):
+    with pytest.raises(WireError, match=message):
+        validate_batch(batch)
+
+
+def test_histogram_buckets_are_about_nine_percent_wide():
+    for us in (1.5, 10, 333, 12_345, 9_876_543):
+        value = hist_bucket_value(hist_bucket(us))
+        assert abs(value - us) / us < 0.05
+    assert hist_bucket(0) == 0 and hist_bucket(-3) == 0
+    assert hist_bucket(1e300) == 320
