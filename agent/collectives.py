@@ -79,7 +79,7 @@ class GroupTrack:
     entered: int = 0  # collectives entered (the group's sequence number)
     completed: int = 0  # highest sequence number completed
     p2p: int = 0  # point-to-point operations entered
-    inflight_op: str | None = None
+    inflight: tuple | None = None  # (op, dtype, bytes) of the collective entered last
     inflight_since: float = 0.0  # perf_counter() at enter
 
 
@@ -131,6 +131,7 @@ class CollectiveTracker:
         self.internal_errors = 0
         self._summary: dict[tuple[str, str], _Summary] = {}
         self._originals: list[tuple[Any, str, Any]] = []
+        self.wrapper_code = None
         self._lock = threading.Lock()  # guards slow-path registration only
         self._local = threading.local()  # per thread: inside a wrapped call already?
 
@@ -227,7 +228,7 @@ class CollectiveTracker:
                 else:
                     track.entered += 1
                     seq = track.entered
-                    track.inflight_op = op
+                    track.inflight = (op, dtype, nbytes)
                 t0 = track.inflight_since = clock()
             except Exception:
                 tracker.internal_errors += 1
@@ -245,13 +246,14 @@ class CollectiveTracker:
                 return result
             if not p2p and seq > track.completed:
                 track.completed = seq
-                track.inflight_op = None
+                track.inflight = None
             if len(records) < cap:
                 records.append((track, op, dtype, nbytes, t0, clock()))
             else:
                 tracker.dropped_records += 1
             return result
 
+        self.wrapper_code = wrapper.__code__  # the same for every op: finds stuck threads
         wrapper.__pgdash_wrapped__ = True
         wrapper.__wrapped__ = fn
         wrapper.__name__ = fn.__name__
@@ -279,7 +281,7 @@ class CollectiveTracker:
             if not p2p and seq > track.completed:
                 track.completed = seq
                 if track.entered == seq:
-                    track.inflight_op = None
+                    track.inflight = None
             if len(self.records) < self.max_records:
                 self.records.append((track, op, dtype, nbytes, t0, now))
             else:
@@ -317,15 +319,31 @@ class CollectiveTracker:
         return rows
 
     def progress(self, perf_to_wall: Callable[[float], float]) -> list[dict[str, Any]]:
+        """Per group: sequence numbers and the collective in flight (what a hang looks like)."""
         rows = []
         for track in list(self.by_name.values()):
-            busy = track.entered > track.completed and track.inflight_op is not None
-            rows.append({
-                "group": track.name, "entered": track.entered, "completed": track.completed,
-                "inflight_op": track.inflight_op if busy else None,
-                "inflight_since": round(perf_to_wall(track.inflight_since), 6) if busy else None,
-            })
+            inflight = track.inflight
+            busy = track.entered > track.completed and inflight is not None
+            row = {"group": track.name, "entered": track.entered, "completed": track.completed,
+                   "inflight_op": inflight[0] if busy else None,
+                   "inflight_since": round(perf_to_wall(track.inflight_since), 6) if busy
+                   else None}
+            if busy:  # the signature ranks must agree on at this sequence number (desync)
+                row["inflight_dtype"] = _dtype_name(inflight[1])
+                row["inflight_bytes"] = inflight[2]
+            rows.append(row)
         return rows
+
+    def stuck(self, older_than: float) -> list[GroupTrack]:
+        """Groups whose collective in flight entered more than ``older_than`` seconds ago."""
+        now = self.clock()
+        return [t for t in list(self.by_name.values())
+                if t.inflight is not None and t.entered > t.completed
+                and now - t.inflight_since > older_than]
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def _default_pg():

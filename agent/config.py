@@ -26,6 +26,7 @@ class AgentConfig:
     flush_timeout_s: float = 5.0  # PGDASH_FLUSH_TIMEOUT_S: how long detach()/exit waits
     reconnect_max_s: float = 10.0  # PGDASH_RECONNECT_MAX_S: backoff cap
     async_poll_s: float = 0.002  # PGDASH_ASYNC_POLL_S: completion check for async_op works
+    stack_after_s: float = 2.0  # PGDASH_STACK_AFTER_S: capture the stack of a collective this old
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":

@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 import uuid
 from typing import Any, Callable, Mapping
 
@@ -78,6 +79,7 @@ class Agent:
         self._detached = False
         self._patched: list[tuple[Any, str, Any]] = []
         self._pending_stats: list[dict[str, Any]] = []
+        self._stacks_sent: set[tuple[str, int]] = set()
         self._stats_start = time.time()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -205,6 +207,7 @@ class Agent:
                     self._scan_groups()
                     self._flush_stats()
                     self._heartbeat()
+                    self._capture_stuck_stacks()
                 else:
                     self.tracker.summarise()
             except Exception as exc:
@@ -217,6 +220,34 @@ class Agent:
             self._scan_groups()
         except Exception:
             pass
+
+    def _capture_stuck_stacks(self) -> None:
+        """Send the Python stack of each thread sitting in one collective for long (once each).
+
+        A blocking collective releases the GIL, so this thread can read the stuck thread's
+        frames; the stuck thread is the one with a pgdash wrapper frame on its stack.
+        """
+        stuck = self.tracker.stuck(self.config.stack_after_s)
+        if not stuck:
+            return
+        code = self.tracker.wrapper_code
+        frames: dict[int, Any] = {}  # id(track) -> the wrapper frame waiting on it
+        for frame in sys._current_frames().values():
+            while frame is not None and frame.f_code is not code:
+                frame = frame.f_back
+            if frame is not None:
+                frames[id(frame.f_locals.get("track"))] = frame
+        for track in stuck:
+            key = (track.name, track.entered)
+            frame = frames.get(id(track))
+            inflight = track.inflight
+            if key in self._stacks_sent or frame is None or inflight is None:
+                continue
+            self._stacks_sent.add(key)
+            text = "".join(traceback.format_stack(frame.f_back, limit=40))
+            self.outbox.put(time.time(), "stack", {
+                "group": track.name, "seq": track.entered, "op": inflight[0],
+                "since": self._wall(track.inflight_since), "stack": text[-60_000:]})
 
     # -- hooks -------------------------------------------------------------------------------
 

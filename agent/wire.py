@@ -204,6 +204,8 @@ _GROUP_PROGRESS = {
     "completed": (_count, True),
     "inflight_op": (_opt(_str), False),
     "inflight_since": (_opt(_num), False),
+    "inflight_dtype": (_opt(_str), False),
+    "inflight_bytes": (_opt(_count), False),
 }
 
 _COLL_ROW = {
@@ -275,6 +277,14 @@ EVENT_KINDS: dict[str, dict] = {
         "group": (_opt(_str), False),
         "op": (_opt(_str), False),
         "seq": (_opt(_count), False),
+    },
+    # The training thread's Python stack while it sits in one collective for long.
+    "stack": {
+        "group": (_str, True),
+        "seq": (_count, True),
+        "op": (_str, True),
+        "since": (_num, True),
+        "stack": (_text, True),
     },
     "exit": {
         "clean": (_bool, True),

@@ -15,6 +15,7 @@ from flask import Flask, abort, jsonify, render_template, request
 from flask_socketio import SocketIO, join_room, leave_room, rooms
 
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
+from dashboard.diagnosis import Settings
 from dashboard.ingest import Ingest, Refused
 from dashboard.storage import Store
 
@@ -48,7 +49,8 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.json.sort_keys = False
 
     store = Store(app.config["DB"]).start()
-    ingest = Ingest(store, token=app.config["TOKEN"]).start()
+    ingest = Ingest(store, token=app.config["TOKEN"],
+                    settings=Settings(hang_after=float(app.config["HANG_AFTER"]))).start()
     socketio = SocketIO(app, async_mode="threading", async_handlers=False,
                         max_http_buffer_size=app.config["MAX_MESSAGE_BYTES"],
                         cors_allowed_origins=[], logger=False, engineio_logger=False)
@@ -104,8 +106,10 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
 
     @app.get("/api/jobs/<int:job_id>/findings")
     def api_findings(job_id: int):
-        # Diagnosis rules arrive with the diagnosis issue; the route and shape are stable now.
-        return _job_or_404(ingest, job_id, lambda s: {"findings": []})
+        found = ingest.findings(job_id)
+        if found is None:
+            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
+        return {"findings": found}
 
 
 def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
@@ -137,9 +141,12 @@ def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
 
 def job_payload(ingest: Ingest, job_id: int) -> dict[str, Any] | None:
     """Everything the live job page shows, in one message."""
-    return ingest.read(job_id, lambda s: {
-        "job": s.detail(), "collectives": s.collective_rows(), "progress": s.progress_rows(),
-        "findings": []})
+    payload = ingest.read(job_id, lambda s: {
+        "job": s.detail(), "collectives": s.collective_rows(), "progress": s.progress_rows()})
+    if payload is not None:
+        payload["findings"] = ingest.findings(job_id) or []
+        payload["server_time"] = ingest.clock()
+    return payload
 
 
 JOB_FIELDS = ("id", "name", "status", "world_size", "backend", "started_at", "ended_at")
@@ -194,6 +201,7 @@ class LivePush:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
+                self.ingest.diagnose_live()
                 if self.ingest.jobs_dirty.is_set():
                     self.ingest.jobs_dirty.clear()
                     self.socketio.emit("jobs", jobs_payload(self.ingest), to="jobs",

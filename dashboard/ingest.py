@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from agent.wire import Ack, Auth, WireError, validate_auth, validate_batch
+from dashboard.diagnosis import Finding, Settings, diagnose
 from dashboard.state import JobState, StoredEvent
 from dashboard.storage import Store
 
@@ -32,8 +33,14 @@ class Ingest:
     """
 
     def __init__(self, store: Store, token: str | None = None,
-                 clock: Callable[[], float] = time.time, max_cached_jobs: int = 32):
+                 clock: Callable[[], float] = time.time, max_cached_jobs: int = 32,
+                 settings: Settings = Settings()):
         self.store = store
+        self.settings = settings
+        # job id -> finding id -> finding, every finding seen since the state was loaded;
+        # those no longer reported by diagnose() stay, marked inactive.
+        self._findings: dict[int, dict[str, Finding]] = {}
+        self._diagnosed: dict[int, int] = {}  # job id -> state.applied at the last diagnosis
         self.token = token
         self.clock = clock
         self.max_cached_jobs = max_cached_jobs
@@ -54,6 +61,8 @@ class Ingest:
         """After a failed write: forget what memory holds and trust the log again."""
         with self._states_lock:
             self._states.clear()
+            self._findings.clear()
+            self._diagnosed.clear()
             self._session_jobs.clear()
             self._max_seq = self.store.max_seqs()
 
@@ -89,6 +98,45 @@ class Ingest:
                 return
             if self._states[job_id].status in ("finished", "failed"):
                 del self._states[job_id]
+                self._findings.pop(job_id, None)
+                self._diagnosed.pop(job_id, None)
+
+    # -- diagnosis ---------------------------------------------------------------------------
+
+    def diagnose_live(self) -> None:
+        """Re-diagnose jobs that are running or changed, at the current time; mark changes."""
+        now = self.clock()
+        with self._states_lock:
+            for job_id, state in list(self._states.items()):
+                if state.status in ("finished", "failed") and \
+                        self._diagnosed.get(job_id) == state.applied:
+                    continue
+                if self._update_findings(job_id, state, now):
+                    self.dirty.add(job_id)
+
+    def findings(self, job_id: int) -> list[Finding] | None:
+        """Every finding of the job, newest first (None if the job is unknown)."""
+        def view(state: JobState) -> list[Finding]:
+            if job_id not in self._findings:
+                self._update_findings(job_id, state, self.clock())
+            return sorted(self._findings[job_id].values(), key=lambda f: -f["first_seen"])
+
+        return self.read(job_id, view)
+
+    def _update_findings(self, job_id: int, state: JobState, now: float) -> bool:
+        book = self._findings.setdefault(job_id, {})
+        before = {fid: (f["active"], f["summary"], f["ranks"]) for fid, f in book.items()}
+        current = {f["id"]: f for f in diagnose(state, now, self.settings)}
+        for fid, f in current.items():
+            old = book.get(fid)
+            if old is not None:
+                f["first_seen"] = min(f["first_seen"], old["first_seen"])
+            book[fid] = f
+        for fid, f in book.items():
+            if fid not in current:
+                f["active"] = False
+        self._diagnosed[job_id] = state.applied
+        return before != {fid: (f["active"], f["summary"], f["ranks"]) for fid, f in book.items()}
 
     def take_dirty(self) -> set[int]:
         """Jobs changed since the last call (for the throttled UI push)."""

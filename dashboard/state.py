@@ -14,6 +14,7 @@ from typing import Any, Iterable, TypedDict
 from agent.wire import hist_bucket_value
 
 TERMINAL_RANK = ("exited", "failed", "lost")
+RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
 MAX_ERRORS = 200  # verbatim error texts kept per job (the log keeps them all)
 
 
@@ -41,6 +42,7 @@ class RankState:
     world_size: int | None = None
     status: str = "initializing"
     last_seen: float = 0.0
+    hello_at: float | None = None
     exit_at: float | None = None
     versions: dict[str, Any] = dataclasses.field(default_factory=dict)
     env: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -89,6 +91,9 @@ class JobState:
         self.progress: dict[tuple[str, int], dict[str, Any]] = {}
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
+        self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
+        # (group, rank) -> recent (t, count, sum_us) summaries, for straggler/slow rules
+        self.recent: dict[tuple[str, int], collections.deque] = {}
         self.started_at: float | None = None
         self.last_event_at: float | None = None
         self.last_event_id = 0
@@ -118,6 +123,8 @@ class JobState:
         return self
 
     def _on_hello(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if r.hello_at is None:
+            r.hello_at = t
         for key in ("rank", "host", "local_rank", "pid", "device", "backend", "world_size",
                     "versions", "env"):
             if body.get(key) is not None:
@@ -127,8 +134,9 @@ class JobState:
 
     def _on_init_start(self, r: RankState, body: dict[str, Any], t: float) -> None:
         self.init[r.session] = {"arrived_at": t, "done_at": None, "error": None,
-                                **{k: body.get(k) for k in ("init_method", "backend",
-                                                            "master_addr", "master_port")}}
+                                **{k: body.get(k) for k in ("init_method", "backend", "rank",
+                                                            "world_size", "master_addr",
+                                                            "master_port", "timeout_s")}}
         if r.rank is None and body.get("rank") not in (None, -1):
             r.rank = body["rank"]
         r.status = "initializing"
@@ -161,6 +169,11 @@ class JobState:
             if stats is None:
                 stats = self.collectives[key] = LatencyStats()
             stats.add(row)
+            window = self.recent.get((row["group"], r.rank))
+            if window is None:
+                window = self.recent[(row["group"], r.rank)] = collections.deque(
+                    maxlen=RECENT_INTERVALS)
+            window.append((body["end"], row["count"], row["sum_us"]))
 
     def _on_heartbeat(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.status == "lost":
@@ -170,6 +183,10 @@ class JobState:
             return
         for row in body["groups"]:
             self.progress[(row["group"], r.rank)] = dict(row, t=t)
+
+    def _on_stack(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if r.rank is not None:
+            self.stacks[(body["group"], r.rank)] = dict(body, t=t)
 
     def _on_error(self, r: RankState, body: dict[str, Any], t: float) -> None:
         self._record_error(r, body, t)

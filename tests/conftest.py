@@ -93,15 +93,21 @@ def server(tmp_path):
 
 
 def launch_job(script: str, ranks: int, server_url: str, job: str, tmp_path: Path,
-               env: dict[str, str] | None = None, args: list[str] | None = None):
-    """Start a real gloo job: one process per rank, torchrun-style environment."""
+               env: dict[str, str] | None = None, args: list[str] | None = None,
+               only: list[int] | None = None, rank_env: dict[int, dict[str, str]] | None = None):
+    """Start a real gloo job: one process per rank, torchrun-style environment.
+
+    ``only`` starts just those ranks (the others never arrive); ``rank_env`` adds variables
+    to single ranks.
+    """
     master_port = str(free_port())
     procs = []
-    for rank in range(ranks):
+    for rank in (range(ranks) if only is None else only):
         penv = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
                     MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port,
                     PGDASH_SERVER=server_url, PGDASH_JOB=job, OMP_NUM_THREADS="1",
-                    PYTHONPATH=str(ROOT), **{"PGDASH_FLUSH_TIMEOUT_S": "30", **(env or {})})
+                    PYTHONPATH=str(ROOT), **{"PGDASH_FLUSH_TIMEOUT_S": "30", **(env or {}),
+                                             **(rank_env or {}).get(rank, {})})
         with open(tmp_path / f"{job}-rank{rank}.log", "wb") as out:
             procs.append(subprocess.Popen([sys.executable, str(JOBS / script), *(args or [])],
                                           env=penv, stdout=out, stderr=subprocess.STDOUT,

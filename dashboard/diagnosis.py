@@ -1,0 +1,374 @@
+"""Diagnosis: findings that name the rank at fault, as a pure function of JobState and time.
+
+``diagnose(state, now)`` returns the findings active at event time ``now``. Each rule is one
+function; each finding's ``first_seen`` is derived from the state (when the evidence became
+conclusive), so replaying a stored log up to ``t`` gives the findings live mode showed at ``t``.
+No Flask, no SQL, no clock: ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable, Iterable
+
+from dashboard.errors import classify
+from dashboard.state import TERMINAL_RANK, JobState, RankState
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    hang_after: float = 60.0  # --hang-after: a collective waiting this long is a hang
+    lost_after: float = 15.0  # a running rank silent this long (no heartbeat) is lost
+    init_grace: float = 3.0  # after the latest arrival, missing ranks are named
+
+
+Finding = dict[str, Any]
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def finding(kind: str, severity: str, ranks: Iterable[int], group: str | None, summary: str,
+            hint: str, evidence: dict[str, Any], first_seen: float, key: str = "") -> Finding:
+    return {"id": f"{kind}:{group or '-'}:{key}", "kind": kind, "severity": severity,
+            "ranks": sorted(set(ranks)), "group": group, "summary": summary, "hint": hint,
+            "evidence": evidence, "first_seen": first_seen, "last_seen": first_seen,
+            "active": True}
+
+
+def diagnose(state: JobState, now: float, settings: Settings = Settings()) -> list[Finding]:
+    """Findings active at ``now``, most severe first."""
+    found: list[Finding] = []
+    for rule in RULES:
+        found.extend(f for f in rule(state, now, settings) if f["first_seen"] <= now)
+    desyncs = {(f["group"], f["evidence"]["seq"]) for f in found if f["kind"] == "desync"}
+    # A mismatched collective usually hangs every rank on gloo: say desync, not hang.
+    found = [f for f in found if not (f["kind"] == "hang" and
+                                      (f["group"], f["evidence"]["seq"]) in desyncs)]
+    for f in found:
+        f["last_seen"] = now
+    return sorted(found, key=lambda f: (SEVERITY_ORDER[f["severity"]], -f["first_seen"]))
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+def _ranks_label(ranks: Iterable[int]) -> str:
+    ranks = sorted(set(ranks))
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _group_label(state: JobState, name: str) -> str:
+    desc = (state.groups.get(name) or {}).get("desc")
+    return f"group {name} ({desc})" if desc else f"group {name}"
+
+
+def _where(r: RankState | None) -> str:
+    if r is None:
+        return ""
+    return f" (pid {r.pid} on {r.host})" if r.pid else ""
+
+
+def _by_rank(state: JobState) -> dict[int, RankState]:
+    return {r.rank: r for r in state.ranks()}
+
+
+def _last_error(state: JobState, rank: int) -> dict[str, Any] | None:
+    return next((e for e in reversed(state.errors) if e.get("rank") == rank), None)
+
+
+def _is_init_failure(state: JobState, r: RankState) -> bool:
+    return bool((state.init.get(r.session) or {}).get("error"))
+
+
+# -- rules ------------------------------------------------------------------------------------
+
+def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
+    out = []
+    for r in state.ranks():
+        if r.status == "lost":
+            since, how = r.exit_at or r.last_seen, "its connection closed without a clean exit"
+        elif r.status in ("running", "initializing") and now - r.last_seen > s.lost_after:
+            since = r.last_seen + s.lost_after
+            how = f"nothing heard from it for {now - r.last_seen:.0f} s (heartbeats stopped)"
+        else:
+            continue
+        victims = {v.rank: _last_error(state, v.rank) for v in state.ranks()
+                   if v.status == "failed" and v.rank != r.rank}
+        out.append(finding(
+            "rank_lost", "critical", [r.rank], None,
+            f"Rank {r.rank} vanished{_where(r)}: {how}.",
+            f"Look for why process {r.pid} on {r.host} died: `dmesg -T | grep -iE "
+            f"'killed process|out of memory'` on {r.host} (OOM killer), the launcher's exit "
+            f"code for rank {r.rank} (-9 is SIGKILL), and the end of that rank's own log. "
+            "Errors on other ranks after this moment are consequences.",
+            {"last_seen": r.last_seen, "host": r.host, "pid": r.pid,
+             "victims": {str(k): v for k, v in victims.items()}},
+            since, key=f"r{r.rank}"))
+    return out
+
+
+def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
+    failed = [r for r in state.ranks() if r.status == "failed" and not _is_init_failure(state, r)]
+    if not failed:
+        return []
+    causes = {}
+    for r in failed:
+        err = _last_error(state, r.rank)
+        cause = classify(err["error"], err.get("error_type")) if err else None
+        causes[r.rank] = (err, cause)
+    lost = [r.rank for r in state.ranks() if r.status == "lost"]
+    culprits = [r for r in failed if causes[r.rank][1] is None or not causes[r.rank][1].victim]
+    victims = [r for r in failed if r not in culprits]
+    if not culprits and not lost:
+        # Everyone who failed was waiting on a peer: blame the first to fail, say so.
+        culprits = [min(victims, key=lambda r: (causes[r.rank][0] or {}).get("t", r.exit_at or 0))]
+        victims = [r for r in victims if r is not culprits[0]]
+    out = []
+    for r in culprits:
+        err, cause = causes[r.rank]
+        text = err["error"] if err else "the process exited unsuccessfully"
+        title = cause.title if cause else "exited with an error"
+        out.append(finding(
+            "rank_failed", "critical", [r.rank], err.get("group") if err else None,
+            f"Rank {r.rank} failed{_where(r)}: {title}.",
+            (cause.hint if cause else "Read the end of this rank's log.") +
+            (" The other failures are consequences of this one." if victims else ""),
+            {"error": text, "error_type": err.get("error_type") if err else None,
+             "where": err.get("where") if err else None, "op": err.get("op") if err else None,
+             "seq": err.get("seq") if err else None,
+             "cause": cause.cause if cause else None, "details": cause.details if cause else {},
+             "victims": {str(v.rank): (causes[v.rank][0] or {}).get("error") for v in victims}},
+            (err or {}).get("t") or r.exit_at or r.last_seen, key=f"r{r.rank}"))
+    return out
+
+
+def _waiting_rows(state: JobState, group: str) -> dict[int, dict[str, Any]]:
+    return {rank: row for (g, rank), row in state.progress.items() if g == group}
+
+
+def _behind(state: JobState, group: str, seq: int, waiting: set[int]) -> list[int]:
+    rows = _waiting_rows(state, group)
+    members = (state.groups.get(group) or {}).get("ranks") or sorted(rows)
+    return [m for m in members if m not in waiting and (rows.get(m) or {}).get("entered", 0) < seq]
+
+
+def hang(state: JobState, now: float, s: Settings) -> list[Finding]:
+    out = []
+    ranks = _by_rank(state)
+    for group in sorted(state.groups, key=str):
+        rows = _waiting_rows(state, group)
+        stuck = {rank: row for rank, row in rows.items()
+                 if row.get("inflight_op") and row.get("inflight_since") is not None
+                 and now - row["inflight_since"] >= s.hang_after
+                 and (ranks.get(rank) is None or ranks[rank].status == "running")}
+        if not stuck:
+            continue
+        seq = max(row["entered"] for row in stuck.values())
+        waiting = {rank for rank, row in stuck.items() if row["entered"] == seq}
+        op = stuck[min(waiting)]["inflight_op"]
+        since = min(stuck[r]["inflight_since"] for r in waiting)
+        behind = _behind(state, group, seq, waiting)
+        chain, roots = _follow(state, group, behind)
+        if not roots:  # every member is inside the collective: nobody to wait for
+            roots = sorted(waiting)
+            summary = (f"{_ranks_label(waiting)} have been inside {op} #{seq} on "
+                       f"{_group_label(state, group)} for {now - since:.0f} s, and no rank is "
+                       "missing from it.")
+            hint = ("All ranks entered the same collective and none completes: suspect the "
+                    "transport (network, NCCL/gloo), a mismatched collective, or a GIL "
+                    "deadlock. Rerun with NCCL_DEBUG=INFO (or TORCH_DISTRIBUTED_DEBUG=DETAIL "
+                    "on gloo) and compare the stacks in the evidence.")
+        else:
+            first = ranks.get(roots[0])
+            summary = (f"{_ranks_label(waiting)} have waited {now - since:.0f} s in {op} #{seq} "
+                       f"on {_group_label(state, group)} for {_ranks_label(roots)}.")
+            hint = (f"{_ranks_label(roots).capitalize()} never reached that collective. See "
+                    f"where it is: `py-spy dump --pid {first.pid if first else '<pid>'}` on "
+                    f"{first.host if first else 'its host'} (its last collectives and stack are "
+                    "in the evidence): data loading, a rank-dependent branch that skips a "
+                    "collective, or compute that never ends. Without pgdash the NCCL watchdog "
+                    "would report this only after its timeout (TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+                    "keeps a Flight Recorder dump).")
+        involved = set(waiting) | set(roots) | {c["rank"] for c in chain}
+        stacks = {str(rank): state.stacks[(g, rank)]["stack"]
+                  for (g, rank) in state.stacks if rank in involved
+                  and (g != group or state.stacks[(g, rank)]["seq"] == seq)}
+        out.append(finding(
+            "hang", "critical", roots, group, summary, hint,
+            {"seq": seq, "op": op, "waiting": sorted(waiting), "since": since,
+             "behind": {str(b): {k: (rows.get(b) or {}).get(k) for k in
+                                 ("entered", "completed", "inflight_op")} for b in behind},
+             "chain": chain, "stacks": stacks},
+            since + s.hang_after, key=f"{seq}"))
+    return out
+
+
+def _follow(state: JobState, group: str, behind: list[int]) -> tuple[list[dict], list[int]]:
+    """Follow ranks that are behind to where they wait themselves, across groups."""
+    chain: list[dict[str, Any]] = []
+    roots: list[int] = []
+    seen: set[tuple[str, int]] = set()
+    todo = [(group, b) for b in behind]
+    while todo:
+        g, rank = todo.pop(0)
+        if (g, rank) in seen:
+            continue
+        seen.add((g, rank))
+        elsewhere = [(og, row) for (og, r), row in state.progress.items()
+                     if r == rank and og != g and row.get("inflight_op")]
+        if not elsewhere:
+            roots.append(rank)
+            continue
+        og, row = elsewhere[0]
+        next_behind = _behind(state, og, row["entered"], {rank})
+        chain.append({"rank": rank, "waits_in": og, "seq": row["entered"],
+                      "op": row["inflight_op"], "for": next_behind})
+        if not next_behind:
+            roots.append(rank)
+        todo.extend((og, b) for b in next_behind)
+    return chain, sorted(set(roots))
+
+
+def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
+    out = []
+    for group in sorted(state.groups, key=str):
+        by_seq: dict[int, dict[int, tuple]] = collections.defaultdict(dict)
+        since: dict[int, float] = {}
+        for rank, row in _waiting_rows(state, group).items():
+            if row.get("inflight_op"):
+                sig = (row["inflight_op"], row.get("inflight_dtype"), row.get("inflight_bytes"))
+                by_seq[row["entered"]][rank] = sig
+                since[row["entered"]] = max(since.get(row["entered"], 0),
+                                            row.get("inflight_since") or 0)
+        for seq, sigs in by_seq.items():
+            if len(set(sigs.values())) < 2:
+                continue
+            counts = collections.Counter(sigs.values())
+            top = max(counts.values())
+            majority = min((sig for sig, n in counts.items() if n == top),
+                           key=lambda sig: min(r for r, v in sigs.items() if v == sig))
+            odd = sorted(r for r, sig in sigs.items() if sig != majority)
+            described = {str(r): {"op": sig[0], "dtype": sig[1], "bytes": sig[2]}
+                         for r, sig in sorted(sigs.items())}
+            odd_sig = sigs[odd[0]]
+            out.append(finding(
+                "desync", "critical", odd, group,
+                f"{_ranks_label(odd).capitalize()} called {odd_sig[0]} ({odd_sig[1]}, "
+                f"{odd_sig[2]} bytes) as collective #{seq} on {_group_label(state, group)}, "
+                f"where the others called {majority[0]} ({majority[1]}, {majority[2]} bytes).",
+                "Ranks must issue the same collectives in the same order with the same shapes. "
+                f"Look for a rank-dependent branch before collective #{seq} on "
+                f"{_ranks_label(odd)} (an `if rank == ...`, uneven data, a skipped step). "
+                "TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective (slowly).",
+                {"seq": seq, "signatures": described, "expected": {
+                    "op": majority[0], "dtype": majority[1], "bytes": majority[2]}},
+                since[seq], key=f"{seq}"))
+    return out
+
+
+def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
+    arrivals = [(sess, entry) for sess, entry in state.init.items()]
+    if not arrivals:
+        return []
+    sizes = collections.Counter(e.get("world_size") for _, e in arrivals
+                                if e.get("world_size") not in (None, -1))
+    world = state.world_size or (sizes.most_common(1)[0][0] if sizes else None)
+    if not world:
+        return []
+    arrived = {state.sessions[sess].rank for sess, _ in arrivals
+               if state.sessions[sess].rank is not None}
+    waiting = [e for _, e in arrivals if not e.get("done_at") and not e.get("error")]
+    missing = sorted(set(range(world)) - arrived)
+    if not waiting or not missing:
+        return []
+    last_arrival = max(e["arrived_at"] for _, e in arrivals)
+    addr = next((e.get("master_addr") for _, e in arrivals if e.get("master_addr")), None)
+    port = next((e.get("master_port") for _, e in arrivals if e.get("master_port")), None)
+    target = f"{addr}:{port}" if addr and port else "MASTER_ADDR:MASTER_PORT"
+    return [finding(
+        "init_incomplete", "critical", missing, None,
+        f"Rendezvous is waiting: {len(arrived)} of {world} ranks arrived; "
+        f"{_ranks_label(missing)} never did.",
+        f"Check that {_ranks_label(missing)} were launched at all (the launcher's log, "
+        f"`squeue`/`kubectl get pods`), that they use WORLD_SIZE={world} and reach {target} "
+        f"(`nc -zv {addr or '<MASTER_ADDR>'} {port or '<MASTER_PORT>'}` from their hosts).",
+        {"world_size": world, "arrived": sorted(arrived), "missing": missing,
+         "waiting_since": min(e["arrived_at"] for e in waiting), "master": target},
+        last_arrival + s.init_grace)]
+
+
+def init_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
+    out = []
+    for sess, entry in state.init.items():
+        err = entry.get("error")
+        if not err:
+            continue
+        r = state.sessions[sess]
+        cause = classify(err["error"], err.get("error_type"))
+        rank = r.rank if r.rank is not None else entry.get("rank")
+        out.append(finding(
+            "init_failed", "critical", [rank] if rank is not None and rank >= 0 else [], None,
+            f"init_process_group raised on rank {rank}{_where(r)}: {cause.title}.",
+            cause.hint,
+            {"error": err["error"], "error_type": err.get("error_type"), "cause": cause.cause,
+             "details": cause.details, "init_method": entry.get("init_method"),
+             "master_addr": entry.get("master_addr"), "master_port": entry.get("master_port"),
+             "after_s": err.get("duration_s")},
+            entry["arrived_at"] + (err.get("duration_s") or 0), key=sess[:12]))
+    return out
+
+
+# Settings every rank of a job must agree on. Per-rank ones (RANK, LOCAL_RANK,
+# CUDA_VISIBLE_DEVICES, TORCHELASTIC_ERROR_FILE, ...) are deliberately absent.
+_CRITICAL_KEYS = ("world_size", "backend", "MASTER_ADDR", "MASTER_PORT")
+_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
+
+
+def _settings_of(r: RankState) -> dict[str, Any]:
+    values: dict[str, Any] = {"world_size": r.world_size, "backend": r.backend}
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        values[key] = r.env.get(key)
+    for name in ("torch", "cuda", "nccl"):
+        values[f"{name} version"] = r.versions.get(name)
+    for key, value in r.env.items():
+        if key.startswith(_ENV_PREFIXES):
+            values[key] = value
+    return values
+
+
+def config_mismatch(state: JobState, now: float, s: Settings) -> list[Finding]:
+    ranks = [r for r in state.ranks() if r.hello_at is not None]
+    if len(ranks) < 2:
+        return []
+    per_rank = {r.rank: _settings_of(r) for r in ranks}
+    keys = sorted({k for v in per_rank.values() for k in v})
+    out = []
+    for key in keys:
+        values = {rank: v.get(key) for rank, v in per_rank.items()}
+        if key in ("world_size", "backend") and None in values.values():
+            values = {rank: v for rank, v in values.items() if v is not None}
+        if len(set(map(str, values.values()))) < 2:
+            continue
+        counts = collections.Counter(map(str, values.values()))
+        top = max(counts.values())
+        majority = min((v for v, n in counts.items() if n == top),
+                       key=lambda v: min(r for r, x in values.items() if str(x) == v))
+        odd = sorted(r for r, v in values.items() if str(v) != majority)
+        shown = {str(r): v if v is not None else "(unset)" for r, v in sorted(values.items())}
+        odd_values = ", ".join(f"{shown[str(r)]} on rank {r}" for r in odd[:4])
+        severity = "critical" if key in _CRITICAL_KEYS else "warning"
+        by = {r.rank: r for r in ranks}
+        out.append(finding(
+            "config_mismatch", severity, odd, None,
+            f"Ranks disagree on {key}: {odd_values}; the others have "
+            f"{majority if majority != 'None' else '(unset)'}.",
+            f"Set {key} the same on every rank (the launcher's environment, the job script); "
+            f"compare `env | grep -E 'NCCL|GLOO|MASTER|WORLD'` on "
+            f"{', '.join(sorted({by[r].host for r in odd if by[r].host}))[:200] or 'their hosts'}.",
+            {"key": key, "values": shown, "majority": majority},
+            max(by[r].hello_at for r in values), key=key))
+    return out
+
+
+RULES: list[Callable[[JobState, float, Settings], list[Finding]]] = [
+    init_incomplete, init_failed, config_mismatch, rank_lost, rank_failed, hang, desync,
+]

@@ -1,0 +1,78 @@
+"""A gloo job with one injected fault (argv[1]); used by tests/test_faults.py and bench/detect.py.
+
+Every rank runs 5 all_reduces, then the fault:
+  hang      the last rank sleeps before its 6th all_reduce (the others wait in it)
+  chain     groups A=[0..n-1], B=[n-2, n-1]; rank n-1 sleeps; rank n-2 waits for it in B while
+            the others wait for rank n-2 in A
+  desync    the last rank calls broadcast where the others call all_reduce
+  crash     rank 1 raises an exception
+  kill      rank 1 kills itself with SIGKILL
+  healthy   no fault
+Prints "FAULT <unix time>" when the fault is injected, for detection-latency measurements.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from agent import attach
+
+scenario = sys.argv[1]
+steps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+attach()
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+last = world - 1
+pair = dist.new_group([world - 2, world - 1]) if scenario == "chain" else None
+t = torch.ones(4)
+
+
+def fault(message):
+    print(f"FAULT {time.time():.6f} {message}", flush=True)
+
+
+def busy_step():
+    dist.all_reduce(t)
+    time.sleep(0.05)
+
+
+for _ in range(steps):
+    busy_step()
+
+if scenario == "hang":
+    if rank == last:
+        fault("rank sleeps instead of entering all_reduce")
+        time.sleep(3600)
+    dist.all_reduce(t)
+elif scenario == "chain":
+    if rank == last:
+        fault("rank sleeps; its pair partner waits in group B, the rest in the world group")
+        time.sleep(3600)
+    if rank >= world - 2:
+        dist.all_reduce(t, group=pair)
+    dist.all_reduce(t)
+elif scenario == "desync":
+    if rank == last:
+        fault("rank calls broadcast instead of all_reduce")
+        dist.broadcast(t, src=0)
+    else:
+        dist.all_reduce(t)
+elif scenario == "crash":
+    if rank == 1:
+        fault("rank raises")
+        raise RuntimeError("injected failure on rank 1")
+    dist.all_reduce(t)
+elif scenario == "kill":
+    if rank == 1:
+        fault("rank is killed")
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(t)
+elif scenario == "healthy":
+    pass
+else:
+    raise SystemExit(f"unknown scenario {scenario!r}")
+dist.destroy_process_group()

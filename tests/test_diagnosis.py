@@ -1,0 +1,189 @@
+"""Diagnosis rules on hand-made event logs: who is blamed, when, and silence when healthy."""
+
+from dashboard.diagnosis import Settings, diagnose
+from test_state import Log, hello
+
+S = Settings(hang_after=10.0, lost_after=15.0, init_grace=3.0)
+
+
+def running(world, groups=(("0", None),), t=100.0, host="node0"):
+    """``world`` ranks initialised at ``t``, members of ``groups`` [(name, ranks or None)]."""
+    log = Log()
+    for r in range(world):
+        s = f"s{r}"
+        log.add(s, "hello", hello(r, world=world, host=host), t=t)
+        log.add(s, "init_start", {"rank": r, "world_size": world}, t=t)
+        log.add(s, "init_done", {"rank": r, "world_size": world, "backend": "gloo",
+                                 "duration_s": 0.1}, t=t)
+        for name, members in groups:
+            members = list(range(world)) if members is None else members
+            if r in members:
+                log.add(s, "group", {"name": name, "ranks": members}, t=t)
+    return log
+
+
+def progress(log, rank, t, *rows):
+    """rows: (group, entered, completed, inflight_op, since[, dtype, bytes])."""
+    groups = []
+    for row in rows:
+        g, entered, completed, op, since = row[:5]
+        entry = {"group": g, "entered": entered, "completed": completed, "inflight_op": op,
+                 "inflight_since": since}
+        if op:
+            entry["inflight_dtype"], entry["inflight_bytes"] = (row[5:7] or ("float32", 16))
+        groups.append(entry)
+    log.add(f"s{rank}", "heartbeat", {"groups": groups}, t=t)
+
+
+def kinds(found):
+    return [(f["kind"], f["ranks"]) for f in found]
+
+
+def test_healthy_job_is_silent():
+    log = running(4)
+    for now in (101, 105, 110):
+        for r in range(4):
+            progress(log, r, now, ("0", 50, 50, None, None))
+        assert diagnose(log.state(), now + 0.5, S) == []
+
+
+def test_hang_blames_the_rank_that_never_arrived_only_after_the_threshold():
+    log = running(3)
+    for r in (0, 1):
+        progress(log, r, 112, ("0", 5, 4, "all_reduce", 101.0))
+    progress(log, 2, 112, ("0", 4, 4, None, None))
+    assert diagnose(log.state(), 110.9, S) == []
+    (f,) = diagnose(log.state(), 112.0, S)
+    assert f["kind"] == "hang" and f["ranks"] == [2] and f["group"] == "0"
+    assert f["evidence"]["waiting"] == [0, 1] and f["evidence"]["seq"] == 5
+    assert f["first_seen"] == 111.0 and "rank 2" in f["summary"]
+    assert "py-spy dump --pid 102" in f["hint"]
+
+
+def test_hang_follows_the_chain_across_groups_to_the_root():
+    # Ranks 0 and 1 wait in group 0 for rank 2, which waits in group 1 for rank 3.
+    log = running(4, groups=(("0", None), ("1", [2, 3])))
+    for r in (0, 1):
+        progress(log, r, 112, ("0", 5, 4, "all_reduce", 100.0))
+    progress(log, 2, 112, ("0", 4, 4, None, None), ("1", 3, 2, "broadcast", 100.5))
+    progress(log, 3, 112, ("0", 4, 4, None, None), ("1", 2, 2, None, None))
+    log.add("s2", "stack", {"group": "1", "seq": 3, "op": "broadcast", "since": 100.5,
+                            "stack": 'File "train.py", line 7, in step'}, t=103)
+    found = diagnose(log.state(), 112.0, S)
+    hangs = {f["group"]: f for f in found if f["kind"] == "hang"}
+    assert hangs["0"]["ranks"] == [3]
+    assert hangs["0"]["evidence"]["chain"] == [
+        {"rank": 2, "waits_in": "1", "seq": 3, "op": "broadcast", "for": [3]}]
+    assert hangs["0"]["evidence"]["stacks"] == {"2": 'File "train.py", line 7, in step'}
+    assert hangs["1"]["ranks"] == [3]
+
+
+def test_desync_blames_the_minority_and_replaces_the_hang():
+    log = running(3)
+    progress(log, 0, 101, ("0", 5, 4, "all_reduce", 100.0, "float32", 16))
+    progress(log, 1, 101, ("0", 5, 4, "all_reduce", 100.1, "float32", 16))
+    progress(log, 2, 101, ("0", 5, 4, "broadcast", 100.2, "float32", 16))
+    (f,) = diagnose(log.state(), 101.0, S)
+    assert f["kind"] == "desync" and f["ranks"] == [2] and f["first_seen"] == 100.2
+    assert f["evidence"]["signatures"]["2"] == {"op": "broadcast", "dtype": "float32",
+                                                "bytes": 16}
+    assert kinds(diagnose(log.state(), 112.0, S)) == [("desync", [2])]  # past hang_after: no hang
+
+
+def test_desync_on_shape_alone():
+    log = running(2)
+    progress(log, 0, 101, ("0", 9, 8, "all_reduce", 100.0, "float32", 16))
+    progress(log, 1, 101, ("0", 9, 8, "all_reduce", 100.0, "float32", 32))
+    (f,) = diagnose(log.state(), 101.0, S)
+    assert f["kind"] == "desync" and f["ranks"] == [1]  # tie: the lowest rank's call wins
+
+
+def test_killed_rank_is_lost_and_its_peers_errors_are_evidence():
+    log = running(2)
+    log.add("s1", "disconnect", {}, t=105)
+    log.add("s0", "error", {"where": "uncaught", "error_type": "RuntimeError", "error":
+                            "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+                            "Connection closed by peer [127.0.0.1]:13221"}, t=105.2)
+    log.add("s0", "exit", {"clean": False}, t=105.3)
+    found = diagnose(log.state(), 106, S)
+    assert kinds(found) == [("rank_lost", [1])]
+    assert "Connection closed by peer" in found[0]["evidence"]["victims"]["0"]["error"]
+    assert found[0]["first_seen"] == 105
+
+
+def test_failed_rank_is_blamed_not_its_victims():
+    log = running(3)
+    log.add("s2", "error", {"where": "uncaught", "error_type": "RuntimeError",
+                            "error": "CUDA out of memory"}, t=105)
+    log.add("s2", "exit", {"clean": False}, t=105.1)
+    for r in (0, 1):
+        log.add(f"s{r}", "error", {"where": "collective", "error_type": "RuntimeError",
+                                   "error": "[../gloo/transport/tcp/pair.cc:537] Read error "
+                                            "[127.0.0.1]:17549: Connection reset by peer"},
+                t=105.5)
+        log.add(f"s{r}", "error", {"where": "uncaught", "error_type": "RuntimeError",
+                                   "error": "Connection reset by peer"}, t=105.6)
+        log.add(f"s{r}", "exit", {"clean": False}, t=105.7)
+    found = diagnose(log.state(), 106, S)
+    assert kinds(found) == [("rank_failed", [2])]
+    assert found[0]["evidence"]["error"] == "CUDA out of memory"
+    assert set(found[0]["evidence"]["victims"]) == {"0", "1"}
+
+
+def test_silent_rank_becomes_lost_after_the_threshold():
+    log = running(2)
+    progress(log, 0, 130, ("0", 5, 5, None, None))
+    progress(log, 1, 110, ("0", 5, 5, None, None))
+    assert diagnose(log.state(), 124.9, S) == []
+    assert kinds(diagnose(log.state(), 125.1, S)) == [("rank_lost", [1])]
+
+
+def test_init_incomplete_names_the_missing_rank_after_the_grace():
+    log = Log()
+    for r, t in ((0, 10.0), (2, 11.0)):
+        log.add(f"s{r}", "hello", hello(r, world=3), t=t)
+        log.add(f"s{r}", "init_start", {"rank": r, "world_size": 3, "master_addr": "10.1.2.3",
+                                        "master_port": "29500"}, t=t)
+    assert diagnose(log.state(), 13.9, S) == []
+    (f,) = diagnose(log.state(), 14.0, S)
+    assert f["kind"] == "init_incomplete" and f["ranks"] == [1]
+    assert "nc -zv 10.1.2.3 29500" in f["hint"] and f["evidence"]["arrived"] == [0, 2]
+    log.add("s1", "hello", hello(1, world=3), t=20)
+    log.add("s1", "init_start", {"rank": 1, "world_size": 3}, t=20)
+    assert diagnose(log.state(), 21, S) == []
+
+
+def test_init_failure_is_classified():
+    log = Log().add("s1", "hello", hello(1), t=10).add("s1", "init_start", {"rank": 1}, t=10)
+    log.add("s1", "init_failed", {"error_type": "DistNetworkError", "duration_s": 4.0, "error":
+                                  "The client socket has timed out after 4000ms while trying "
+                                  "to connect to (127.0.0.1, 29602)."}, t=14)
+    (f,) = diagnose(log.state(), 15, S)
+    assert f["kind"] == "init_failed" and f["ranks"] == [1]
+    assert f["evidence"]["cause"] == "connect_timeout" and "29602" in f["hint"]
+
+
+def test_config_mismatch_blames_the_minority():
+    log = Log()
+    for r in range(3):
+        h = hello(r, world=3)
+        h["env"] = {"MASTER_PORT": "29500", **({"NCCL_IB_DISABLE": "1"} if r == 1 else {})}
+        h["versions"] = {"torch": "2.13.0"}
+        log.add(f"s{r}", "hello", h, t=10 + r)
+    (f,) = diagnose(log.state(), 20, S)
+    assert f["kind"] == "config_mismatch" and f["ranks"] == [1]
+    assert f["evidence"]["key"] == "NCCL_IB_DISABLE" and f["first_seen"] == 12
+    assert f["severity"] == "warning"
+    log.add("s2", "hello", {**hello(2, world=4), "env": {"MASTER_PORT": "29500"},
+                            "versions": {"torch": "2.13.0"}}, t=20)
+    found = {f["evidence"]["key"]: f for f in diagnose(log.state(), 21, S)}
+    assert found["world_size"]["ranks"] == [2] and found["world_size"]["severity"] == "critical"
+
+
+def test_replay_gives_the_same_findings_at_the_same_moment():
+    log = running(3)
+    for r in (0, 1):
+        progress(log, r, 112, ("0", 5, 4, "all_reduce", 101.0))
+    a = diagnose(log.state(), 115, S)
+    b = diagnose(log.state(), 115, S)
+    assert a == b and a

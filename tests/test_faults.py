@@ -1,0 +1,128 @@
+"""Each finding kind on a real fault-injected gloo job, with the blame checked exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ServerProcess, job_by_name, launch_job, wait_for, wait_job
+
+HANG_AFTER = 3
+
+
+@pytest.fixture
+def diag_server(tmp_path):
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'pgdash.db'}", log_path=tmp_path / "server.log",
+                        extra=["--hang-after", str(HANG_AFTER)]).start()
+    yield srv
+    srv.stop()
+
+
+def findings(server, name):
+    job = job_by_name(server, name)
+    return server.api(f"/api/jobs/{job['id']}/findings")["findings"] if job else []
+
+
+def wait_finding(server, name, kind, group=None, timeout=30):
+    return wait_for(lambda: next((f for f in findings(server, name)
+                                  if f["kind"] == kind and f["active"]
+                                  and (group is None or f["group"] == group)), None),
+                    timeout, f"a {kind} finding for {name}")
+
+
+def run_fault(server, tmp_path, scenario, world, name=None, **kw):
+    name = name or scenario
+    procs = launch_job("fault_job.py", world, server.url, name, tmp_path, args=[scenario], **kw)
+    return name, procs
+
+
+def stop(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("scenario, kind, blamed", [
+    ("hang", "hang", [2]),
+    ("chain", "hang", [2]),
+    ("desync", "desync", [2]),
+])
+def test_stuck_collectives_are_blamed_on_the_right_rank(diag_server, tmp_path, scenario, kind,
+                                                        blamed):
+    name, procs = run_fault(diag_server, tmp_path, scenario, 3)
+    try:
+        f = wait_finding(diag_server, name, kind, group="0")
+        assert f["ranks"] == blamed
+        kinds = {x["kind"] for x in findings(diag_server, name) if x["active"]}
+        if kind == "desync":
+            assert "hang" not in kinds, "a desync that hangs is a desync, not a hang"
+            assert f["evidence"]["signatures"]["2"]["op"] == "broadcast"
+        else:
+            f = wait_for(lambda: next((x for x in findings(diag_server, name)
+                                      if x["kind"] == "hang" and x["group"] == "0"
+                                      and x["evidence"]["stacks"]), None),
+                         15, "the stuck ranks' stacks")
+            assert "fault_job.py" in next(iter(f["evidence"]["stacks"].values()))
+        if scenario == "chain":
+            assert f["evidence"]["chain"][0]["rank"] == 1
+            assert f["evidence"]["chain"][0]["for"] == [2]
+    finally:
+        stop(procs)
+
+
+def test_crash_blames_the_rank_that_raised_not_its_victims(diag_server, tmp_path):
+    name, procs = run_fault(diag_server, tmp_path, "crash", 3)
+    try:
+        f = wait_finding(diag_server, name, "rank_failed")
+        assert f["ranks"] == [1]
+        assert "injected failure on rank 1" in f["evidence"]["error"]
+        wait_job(procs, 60)
+        active = [x for x in findings(diag_server, name) if x["active"]]
+        blamed = {r for x in active if x["severity"] != "info" for r in x["ranks"]}
+        assert blamed == {1}, active
+    finally:
+        stop(procs)
+
+
+def test_killed_rank_is_lost(diag_server, tmp_path):
+    name, procs = run_fault(diag_server, tmp_path, "kill", 3)
+    try:
+        f = wait_finding(diag_server, name, "rank_lost")
+        assert f["ranks"] == [1]
+        wait_job(procs, 60)
+        blamed = {r for x in findings(diag_server, name) if x["active"] for r in x["ranks"]}
+        assert blamed == {1}
+    finally:
+        stop(procs)
+
+
+def test_missing_rank_at_rendezvous_is_named(diag_server, tmp_path):
+    name, procs = run_fault(diag_server, tmp_path, "healthy", 3, name="init",
+                            only=[0, 1])
+    try:
+        f = wait_finding(diag_server, name, "init_incomplete")
+        assert f["ranks"] == [2] and f["evidence"]["arrived"] == [0, 1]
+    finally:
+        stop(procs)
+
+
+def test_mismatched_setting_is_flagged(diag_server, tmp_path):
+    name, procs = run_fault(diag_server, tmp_path, "healthy", 3, name="config",
+                            rank_env={2: {"NCCL_ALGO": "Tree"}})
+    try:
+        f = wait_finding(diag_server, name, "config_mismatch")
+        assert f["ranks"] == [2] and f["evidence"]["key"] == "NCCL_ALGO"
+        assert wait_job(procs, 60) == [0, 0, 0]
+    finally:
+        stop(procs)
+
+
+def test_healthy_job_has_no_findings(diag_server, tmp_path):
+    name, procs = run_fault(diag_server, tmp_path, "healthy", 3, name="fine")
+    try:
+        assert wait_job(procs, 90) == [0, 0, 0]
+        wait_for(lambda: job_by_name(diag_server, name)["status"] == "finished", 20,
+                 "the job to finish")
+        assert findings(diag_server, name) == []
+    finally:
+        stop(procs)
