@@ -142,7 +142,9 @@ def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
 def job_payload(ingest: Ingest, job_id: int) -> dict[str, Any] | None:
     """Everything the live job page shows, in one message."""
     payload = ingest.read(job_id, lambda s: {
-        "job": s.detail(), "collectives": s.collective_rows(), "progress": s.progress_rows()})
+        "job": s.detail(), "collectives": s.collective_rows(), "progress": s.progress_rows(),
+        "timeline": s.timeline_rows(), "rendezvous": s.rendezvous_rows(),
+        "errors": s.error_rows(), "gpus": []})
     if payload is not None:
         payload["findings"] = ingest.findings(job_id) or []
         payload["server_time"] = ingest.clock()

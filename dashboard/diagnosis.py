@@ -21,6 +21,12 @@ class Settings:
     hang_after: float = 60.0  # --hang-after: a collective waiting this long is a hang
     lost_after: float = 15.0  # a running rank silent this long (no heartbeat) is lost
     init_grace: float = 3.0  # after the latest arrival, missing ranks are named
+    straggler_intervals: int = 4  # recent summaries (about seconds) a straggler must persist
+    straggler_ratio: float = 3.0  # the others wait this many times longer than the straggler
+    straggler_min_wait_us: float = 2000.0  # ... and at least this much longer per collective
+    slow_history: int = 10  # intervals of history before slow_collective can judge
+    slow_ratio: float = 10.0  # a collective this many times slower than its own history
+    slow_min_us: float = 5000.0  # ... and at least this much slower per call
 
 
 Finding = dict[str, Any]
@@ -369,6 +375,94 @@ def config_mismatch(state: JobState, now: float, s: Settings) -> list[Finding]:
     return out
 
 
+def _windows(state: JobState, group: str, now: float) -> dict[int, list[tuple]]:
+    """Recent (end, count, sum_us) summaries per rank of a group, up to ``now``."""
+    return {rank: [p for p in window if p[0] <= now and p[1] > 0]
+            for (g, rank), window in state.recent.items() if g == group}
+
+
+def _mean_us(points: list[tuple]) -> float:
+    return sum(p[2] for p in points) / max(1, sum(p[1] for p in points))
+
+
+def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
+    """A rank the others keep waiting for: it spends the least time inside collectives.
+
+    Needs no synchronised clocks: each rank's own in-collective time is compared. The rank
+    that arrives last waits least; when the same rank waits least interval after interval,
+    and the others wait much longer, it is the straggler. A healthy job's waits are short
+    and spread over every rank, so the ratio and the absolute floor keep it silent.
+    """
+    out = []
+    running = {r.rank for r in state.ranks() if r.status == "running"}
+    for group in sorted(state.groups, key=str):
+        windows = {rank: pts[-s.straggler_intervals:]
+                   for rank, pts in _windows(state, group, now).items() if rank in running}
+        if len(windows) < 2 or any(len(p) < s.straggler_intervals for p in windows.values()):
+            continue
+        means = {rank: _mean_us(pts) for rank, pts in windows.items()}
+        slow = min(means, key=means.get)
+        others = sorted(v for r, v in means.items() if r != slow)
+        typical = others[len(others) // 2]
+        if typical < s.straggler_ratio * means[slow] or \
+                typical - means[slow] < s.straggler_min_wait_us:
+            continue
+        # It must also be the least-waiting rank in every one of those intervals.
+        per_interval = [{r: pts[i][2] / pts[i][1] for r, pts in windows.items()}
+                        for i in range(s.straggler_intervals)]
+        if any(min(m, key=m.get) != slow for m in per_interval):
+            continue
+        r = _by_rank(state).get(slow)
+        out.append(finding(
+            "straggler", "warning", [slow], group,
+            f"The other ranks of {_group_label(state, group)} keep waiting for rank {slow}: "
+            f"{typical / 1000:.1f} ms per collective, against {means[slow] / 1000:.1f} ms for "
+            f"rank {slow} itself.",
+            f"Rank {slow} arrives last at every collective. Look at what it does between "
+            f"collectives{_where(r)}: data loading (DataLoader num_workers, slow storage), "
+            "uneven batch or sequence lengths, extra work on that rank (logging, "
+            "checkpointing), or a slower device (GPU clocks throttled: see GPU health).",
+            {"mean_wait_us": {str(k): round(v, 1) for k, v in sorted(means.items())},
+             "intervals": s.straggler_intervals},
+            max(pts[-1][0] for pts in windows.values()), key=f"r{slow}"))
+    return out
+
+
+def slow_collective(state: JobState, now: float, s: Settings) -> list[Finding]:
+    """A group's collectives far slower than their own history in this job.
+
+    Per interval, the fastest rank's time inside collectives is the transfer itself (nobody
+    waits for a straggler there), so that is what is compared with its own past.
+    """
+    out = []
+    for group in sorted(state.groups, key=str):
+        windows = _windows(state, group, now)
+        if not windows or min(len(p) for p in windows.values()) < s.slow_history + 1:
+            continue
+        depth = min(len(p) for p in windows.values())
+        fastest = [min(pts[i][2] / pts[i][1] for pts in windows.values())
+                   for i in range(-depth, 0)]
+        history = sorted(fastest[:-1])
+        baseline = history[len(history) // 2]
+        current = fastest[-1]
+        if current < s.slow_ratio * baseline or current - baseline < s.slow_min_us:
+            continue
+        members = sorted(windows)
+        out.append(finding(
+            "slow_collective", "warning", members, group,
+            f"Collectives on {_group_label(state, group)} take {current / 1000:.1f} ms, "
+            f"{current / baseline:.0f}x their usual {baseline / 1000:.2f} ms in this job.",
+            "The transfer itself slowed down on every rank (not one late rank): check the "
+            "links between these ranks' hosts (NCCL_DEBUG=INFO shows the transport; "
+            "`ibstat`, NVLink/PCIe errors in GPU health), other jobs sharing the network, "
+            "and a sudden growth in message size.",
+            {"current_us": round(current, 1), "baseline_us": round(baseline, 1),
+             "ranks": members},
+            max(pts[-1][0] for pts in windows.values()), key="latest"))
+    return out
+
+
 RULES: list[Callable[[JobState, float, Settings], list[Finding]]] = [
     init_incomplete, init_failed, config_mismatch, rank_lost, rank_failed, hang, desync,
+    straggler, slow_collective,
 ]

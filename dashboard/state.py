@@ -293,6 +293,28 @@ class JobState:
                 for (g, rk), row in sorted(self.progress.items(),
                                            key=lambda kv: (_group_order(kv[0][0]), kv[0][1]))]
 
+    def error_rows(self) -> list[dict[str, Any]]:
+        """Verbatim error texts with rank and time, newest first."""
+        return [dict(e) for e in reversed(self.errors)]
+
+    def rendezvous_rows(self) -> list[dict[str, Any]]:
+        """When each rank arrived at init_process_group and when it finished (or failed)."""
+        rows = []
+        for session, entry in self.init.items():
+            r = self.sessions[session]
+            error = entry.get("error")
+            rows.append({"rank": r.rank, "host": r.host, "arrived_at": entry.get("arrived_at"),
+                         "done_at": entry.get("done_at"),
+                         "error": error.get("error") if error else None})
+        return sorted(rows, key=lambda row: (row["rank"] is None, row["rank"] or 0))
+
+    def timeline_rows(self) -> list[dict[str, Any]]:
+        """Per group and rank, recent intervals: [end time, collectives, microseconds inside]."""
+        return [{"group": g, "rank": rank, "points": [list(p) for p in window]}
+                for (g, rank), window in sorted(self.recent.items(),
+                                                key=lambda kv: (_group_order(kv[0][0]),
+                                                                kv[0][1]))]
+
     def claims(self, rank: int | None, session: str) -> bool:
         """Whether another session already holds ``rank`` in this job."""
         if rank is None:

@@ -187,3 +187,53 @@ def test_replay_gives_the_same_findings_at_the_same_moment():
     a = diagnose(log.state(), 115, S)
     b = diagnose(log.state(), 115, S)
     assert a == b and a
+
+
+def intervals(log, rank, group, waits_ms, start=101.0, per=20):
+    """One coll_stats per second for ``rank``: ``per`` collectives waiting ``waits_ms`` each."""
+    from agent.wire import hist_bucket
+
+    for i, ms in enumerate(waits_ms):
+        us = ms * 1000
+        log.add(f"s{rank}", "coll_stats", {"start": start + i - 1, "end": start + i, "rows": [
+            {"group": group, "op": "all_reduce", "count": per, "bytes": 16 * per,
+             "sum_us": us * per, "max_us": us, "hist": [[hist_bucket(us), per]]}]},
+            t=start + i)
+
+
+def test_straggler_is_the_rank_that_waits_least_interval_after_interval():
+    log = running(4)
+    for r in range(3):
+        intervals(log, r, "0", [12, 11, 13, 12, 12])
+    intervals(log, 3, "0", [0.3, 0.4, 0.3, 0.3, 0.2])
+    (f,) = diagnose(log.state(), 106, S)
+    assert f["kind"] == "straggler" and f["ranks"] == [3] and f["severity"] == "warning"
+    assert f["evidence"]["mean_wait_us"]["3"] < 500
+
+
+def test_no_straggler_when_waits_are_short_or_spread():
+    log = running(4)
+    # Short waits: a rank that is consistently fastest by a fraction of a millisecond.
+    for r in range(3):
+        intervals(log, r, "0", [1.2, 1.1, 1.3, 1.2, 1.2])
+    intervals(log, 3, "0", [0.2, 0.2, 0.2, 0.2, 0.2])
+    assert diagnose(log.state(), 106, S) == []
+    # Long waits, but a different rank arrives last each second (noise, not a straggler).
+    log = running(3)
+    intervals(log, 0, "0", [0.3, 12, 12, 0.3, 12])
+    intervals(log, 1, "0", [12, 0.3, 12, 12, 0.3])
+    intervals(log, 2, "0", [12, 12, 0.3, 12, 12])
+    assert diagnose(log.state(), 106, S) == []
+
+
+def test_slow_collective_against_its_own_history():
+    log = running(2)
+    for r in range(2):
+        intervals(log, r, "0", [0.5] * 11 + [40])
+    (f,) = diagnose(log.state(), 113, S)
+    assert f["kind"] == "slow_collective" and f["ranks"] == [0, 1]
+    assert f["evidence"]["baseline_us"] == 500.0
+    log = running(2)
+    for r in range(2):
+        intervals(log, r, "0", [0.5] * 11 + [2])  # 4x: within normal variation
+    assert diagnose(log.state(), 113, S) == []

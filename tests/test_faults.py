@@ -126,3 +126,32 @@ def test_healthy_job_has_no_findings(diag_server, tmp_path):
         assert findings(diag_server, name) == []
     finally:
         stop(procs)
+
+
+def test_straggler_is_named(diag_server, tmp_path):
+    name = "straggler"
+    procs = launch_job("fault_job.py", 3, diag_server.url, name, tmp_path,
+                       args=["straggler", "3", "150"])
+    try:
+        f = wait_finding(diag_server, name, "straggler", timeout=40)
+        assert f["ranks"] == [2] and f["group"] == "0"
+        others = [v for r, v in f["evidence"]["mean_wait_us"].items() if r != "2"]
+        assert min(others) > 3 * f["evidence"]["mean_wait_us"]["2"]
+    finally:
+        stop(procs)
+
+
+def test_healthy_four_rank_training_stays_silent(diag_server, tmp_path):
+    """DDP plus a 2x2 mesh, four ranks on this small machine, for 300 steps (~40 s): no
+    warning and no critical finding, although the oversubscribed cores make waits noisy."""
+    procs = launch_job("train_job.py", 4, diag_server.url, "healthy-train", tmp_path,
+                       args=["--steps", "300", "--step-time", "0.05"])
+    try:
+        assert wait_job(procs, 240, tmp_path) == [0, 0, 0, 0]
+        job = wait_for(lambda: (j := job_by_name(diag_server, "healthy-train"))
+                       and j["status"] == "finished" and j, 20, "the job to finish")
+        assert job["world_size"] == 4
+        loud = [f for f in findings(diag_server, "healthy-train") if f["severity"] != "info"]
+        assert loud == []
+    finally:
+        stop(procs)

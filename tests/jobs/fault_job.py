@@ -5,6 +5,7 @@ Every rank runs 5 all_reduces, then the fault:
   chain     groups A=[0..n-1], B=[n-2, n-1]; rank n-1 sleeps; rank n-2 waits for it in B while
             the others wait for rank n-2 in A
   desync    the last rank calls broadcast where the others call all_reduce
+  straggler after the first steps the last rank's step takes 20% longer (argv[3] steps more)
   crash     rank 1 raises an exception
   kill      rank 1 kills itself with SIGKILL
   healthy   no fault
@@ -71,6 +72,13 @@ elif scenario == "kill":
         fault("rank is killed")
         os.kill(os.getpid(), signal.SIGKILL)
     dist.all_reduce(t)
+elif scenario == "straggler":
+    more = int(sys.argv[3]) if len(sys.argv) > 3 else 60
+    if rank == last:
+        fault("rank's steps take 20% longer")
+    for _ in range(more):
+        time.sleep(0.06 if rank == last else 0.05)
+        dist.all_reduce(t)
 elif scenario == "healthy":
     pass
 else:
