@@ -10,6 +10,8 @@ import threading
 
 import click
 
+from dashboard.demo import SCENARIOS
+
 DEFAULT_DB = "sqlite:///pgdash.db"
 DEFAULT_PORT = 8686
 
@@ -115,15 +117,19 @@ def serve(host: str, port: int, db: str, token: str | None, hang_after: float) -
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
               help="Port of the dashboard; 0 picks a free one.")
 @click.option("--scenario", default="healthy", show_default=True,
-              type=click.Choice(["healthy"]), help="The fault to inject.")
+              type=click.Choice(list(SCENARIOS)),
+              help="The fault to inject, about 5 s into training.")
+@click.option("--hang-after", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="Seconds a collective may wait before it counts as hung.")
 @click.option("--steps", default=0, show_default=True, type=click.IntRange(0),
               help="Training steps per rank; 0 runs until Ctrl-C.")
 @_db_option
-def demo(ranks: int, port: int, scenario: str, steps: int, db: str) -> None:
+def demo(ranks: int, port: int, scenario: str, hang_after: float, steps: int, db: str) -> None:
     """Start a server and a real CPU training job with the agent attached."""
     from dashboard.demo import run_demo
 
-    sys.exit(run_demo(ranks=ranks, port=port, scenario=scenario, steps=steps, db=db))
+    sys.exit(run_demo(ranks=ranks, port=port, scenario=scenario, steps=steps, db=db,
+                      hang_after=hang_after))
 
 
 @cli.group()

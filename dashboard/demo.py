@@ -12,6 +12,18 @@ import time
 import click
 
 
+SCENARIOS = {
+    "healthy": "no fault",
+    "straggler": "the last rank's steps take 30% longer",
+    "hang": "the last rank stops before its tensor-parallel all_reduce",
+    "crash": "rank 1 raises an exception",
+    "kill": "rank 1 is killed (SIGKILL), like the OOM killer would",
+    "desync": "the last rank calls broadcast where the others call all_reduce",
+    "init-timeout": "the last rank is never started",
+    "config-mismatch": "the last rank runs with a different NCCL_IB_DISABLE",
+}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -19,15 +31,24 @@ def free_port() -> int:
 
 
 def launch_ranks(ranks: int, server_url: str, job: str, args: list[str],
-                 extra_env: dict[str, str] | None = None) -> list[subprocess.Popen]:
-    """Start ``ranks`` processes of ``dashboard.demo_train`` the way torchrun would."""
+                 scenario: str = "healthy") -> list[subprocess.Popen]:
+    """Start the processes of ``dashboard.demo_train`` the way torchrun would.
+
+    The launcher's part of a scenario happens here: ``init-timeout`` never starts the last
+    rank, ``config-mismatch`` gives it a different setting.
+    """
     master_port = str(free_port())
+    last = ranks - 1
     procs = []
     for rank in range(ranks):
+        if scenario == "init-timeout" and rank == last:
+            continue
+        mismatch = {"NCCL_IB_DISABLE": "1"} if scenario == "config-mismatch" and rank == last \
+            else {}
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
                    LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=master_port, PGDASH_SERVER=server_url, PGDASH_JOB=job,
-                   OMP_NUM_THREADS="1", **(extra_env or {}))
+                   OMP_NUM_THREADS="1", **mismatch)
         procs.append(subprocess.Popen([sys.executable, "-m", "dashboard.demo_train", *args],
                                       env=env))
     return procs
@@ -51,7 +72,20 @@ def stop_ranks(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
             p.wait()
 
 
-def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str) -> int:
+def _tell_findings(findings: list[dict], told: set[str]) -> set[str]:
+    """Print findings not printed yet; returns their ids."""
+    new = set()
+    for f in reversed(findings):  # oldest first
+        if f["id"] in told or not f["active"]:
+            continue
+        new.add(f["id"])
+        click.echo(f"pgdash demo: {f['severity'].upper()} {f['kind']}: {f['summary']}\n"
+                   f"             hint: {f['hint']}")
+    return new
+
+
+def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str,
+             hang_after: float = 10.0) -> int:
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -61,20 +95,26 @@ def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str) -> int:
     from dashboard.cli import make_server
 
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the demo as Ctrl-C does
-    server = make_server(db, "127.0.0.1", port).start()
+    server = make_server(db, "127.0.0.1", port, hang_after=hang_after).start()
     job = f"demo-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
-    click.echo(f"pgdash demo: {ranks} ranks, scenario {scenario!r}, job {job}")
+    click.echo(f"pgdash demo: {ranks} ranks, scenario {scenario!r} ({SCENARIOS[scenario]}), "
+               f"job {job}")
     click.echo(f"pgdash demo: open {server.url}/  (Ctrl-C stops)")
-    procs = launch_ranks(ranks, server.url, job, ["--scenario", scenario, "--steps", str(steps)])
-    shown = False
+    procs = launch_ranks(ranks, server.url, job, ["--scenario", scenario, "--steps", str(steps)],
+                         scenario)
+    ingest = server.app.extensions["pgdash"]
+    job_id = None
+    told: set[str] = set()
     try:
         while True:
-            if not shown:
-                jobs = server.app.extensions["pgdash"].store.list_jobs(limit=5)
-                match = next((j for j in jobs if j["name"] == job), None)
+            if job_id is None:
+                match = next((j for j in ingest.store.list_jobs(limit=5) if j["name"] == job),
+                             None)
                 if match:
-                    click.echo(f"pgdash demo: live job page: {server.url}/jobs/{match['id']}")
-                    shown = True
+                    job_id = match["id"]
+                    click.echo(f"pgdash demo: live job page: {server.url}/jobs/{job_id}")
+            else:
+                told |= _tell_findings(ingest.findings(job_id) or [], told)
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 failed = [i for i, c in enumerate(codes) if c != 0]
@@ -82,6 +122,8 @@ def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str) -> int:
                            (f"; ranks {failed} failed" if failed else " cleanly"))
                 if steps:
                     time.sleep(1.5)  # let the last updates reach the page
+                    if job_id is not None:
+                        _tell_findings(ingest.findings(job_id) or [], told)
                     return 1 if failed else 0
                 click.echo("pgdash demo: the dashboard stays up; Ctrl-C stops it")
                 while True:

@@ -1,18 +1,38 @@
 """The training job ``pgdash demo`` runs on each rank: DDP over data-parallel groups, a
 tensor-parallel all-reduce per step on a 2-wide mesh dimension, and a world-wide loss
-all-reduce every few steps. Run by ``dashboard.demo``, one process per rank."""
+all-reduce every few steps. Run by ``dashboard.demo``, one process per rank.
+
+Scenarios (``dashboard.demo.SCENARIOS``) inject one fault at ``--fault-step``;
+``init-timeout`` and ``config-mismatch`` are the launcher's (a rank never started, a
+different setting).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import time
 
 from agent import attach
 
 
+
+
 def _stop(signum, frame):
     raise KeyboardInterrupt
+
+
+def inject(scenario: str, rank: int, last: int) -> None:
+    """Faults that happen at one moment, on the rank they concern."""
+    if scenario == "hang" and rank == last:
+        print(f"rank {rank}: injected hang", flush=True)
+        while True:
+            time.sleep(3600)
+    if scenario == "crash" and rank == 1:
+        raise RuntimeError("demo: injected failure on rank 1")
+    if scenario == "kill" and rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:
@@ -20,6 +40,7 @@ def main() -> None:
     parser.add_argument("--scenario", default="healthy")
     parser.add_argument("--steps", type=int, default=0, help="0: until interrupted")
     parser.add_argument("--step-time", type=float, default=0.1)
+    parser.add_argument("--fault-step", type=int, default=50)
     args = parser.parse_args()
 
     signal.signal(signal.SIGTERM, _stop)  # the demo stops its ranks with SIGTERM
@@ -44,9 +65,14 @@ def main() -> None:
     ddp = DDP(model, process_group=dp_group)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     step = 0
+    last = world - 1
+    faulty = False
     try:
         while args.steps == 0 or step < args.steps:
             step += 1
+            if step == args.fault_step:
+                faulty = True
+                inject(args.scenario, rank, last)
             x = torch.randn(32, 64)
             loss = ddp(x).pow(2).mean()
             opt.zero_grad()
@@ -57,10 +83,14 @@ def main() -> None:
                 dist.all_reduce(activations, group=tp_group)
             if step % 10 == 0:
                 logged = loss.detach().clone()
-                dist.all_reduce(logged)
+                if faulty and args.scenario == "desync" and rank == last and step % 20 == 0:
+                    dist.broadcast(logged, src=0)
+                else:
+                    dist.all_reduce(logged)
                 if rank == 0:
                     print(f"step {step}: loss {logged.item() / world:.4f}", flush=True)
-            time.sleep(args.step_time)
+            slow = faulty and args.scenario == "straggler" and rank == last
+            time.sleep(args.step_time * (1.3 if slow else 1.0))
         dist.barrier()
     except KeyboardInterrupt:
         pass

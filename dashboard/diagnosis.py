@@ -132,7 +132,13 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
     for r in culprits:
         err, cause = causes[r.rank]
         text = err["error"] if err else "the process exited unsuccessfully"
-        title = cause.title if cause else "exited with an error"
+        if cause is None:
+            title = "exited with an error"
+        elif cause.cause == "unknown":  # the error's own words say more than "unrecognised"
+            first = text.strip().splitlines()[0] if text.strip() else ""
+            title = f"{err.get('error_type') or 'error'}: {first[:160]}"
+        else:
+            title = cause.title
         out.append(finding(
             "rank_failed", "critical", [r.rank], err.get("group") if err else None,
             f"Rank {r.rank} failed{_where(r)}: {title}.",

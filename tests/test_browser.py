@@ -1,0 +1,388 @@
+"""The pages in a real browser: Playwright driving Debian's Chromium against `pgdash serve`.
+
+Every test runs a real server subprocess (the ``server`` fixture) and plays agents over real
+websockets, then checks what a person would see: live updates without a reload, the jobs
+list and its filter, data shown as text and never as HTML, a page that works with no network
+beyond the server, and a clear not-found state. Any uncaught page error, console error or
+dialog fails the test.
+
+The browser is ``chromium`` from the system (``apt-get install chromium``; ``tools/test``
+installs it when run as root). ``playwright install`` is never needed: Playwright only drives
+the installed binary. Without the binary, or without the ``playwright`` package, these tests
+are skipped with a reason saying what to install.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import socketio
+
+from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
+from conftest import job_by_name, wait_for
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # pragma: no cover - depends on the environment
+    sync_playwright = None
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+LIVE_MS = 5_000  # the server pushes within ~0.5 s; this leaves room for a loaded CI machine
+
+
+def chromium_path() -> str | None:
+    candidate = os.environ.get("PGDASH_CHROMIUM") or shutil.which("chromium") or \
+        "/usr/bin/chromium"
+    return candidate if Path(candidate).is_file() and os.access(candidate, os.X_OK) else None
+
+
+# ------------------------------------------------------------------------------ fixtures --
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the whole session (each test gets its own context)."""
+    if sync_playwright is None:
+        pytest.skip("the playwright package is missing: pip install -c constraints.txt "
+                    "-e '.[test]' (never `playwright install`; the system chromium is used)")
+    path = chromium_path()
+    if path is None:
+        pytest.skip("chromium is not installed: apt-get install chromium (tools/test does this "
+                    "when run as root), or point PGDASH_CHROMIUM at a Chromium binary")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@dataclass
+class Watched:
+    """A page plus everything that went wrong on it: page errors, console errors, dialogs."""
+
+    page: object
+    errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+    allowed: list[re.Pattern] = field(default_factory=list)
+
+    def allow_console(self, pattern: str) -> None:
+        """Tolerate console errors matching ``pattern`` (text or the resource's URL)."""
+        self.allowed.append(re.compile(pattern))
+
+    def on_console(self, msg) -> None:
+        if msg.type != "error":
+            return
+        where = (msg.location or {}).get("url", "")
+        text = f"console error: {msg.text} ({where})"
+        if not any(p.search(text) for p in self.allowed):
+            self.errors.append(text)
+
+    def on_dialog(self, dialog) -> None:
+        self.dialogs.append(f"{dialog.type}: {dialog.message}")
+        dialog.dismiss()
+
+    def assert_clean(self) -> None:
+        assert self.errors == [], "errors on the page:\n" + "\n".join(self.errors)
+        assert self.dialogs == [], f"dialogs opened: {self.dialogs}"
+
+
+@pytest.fixture
+def watched(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    w = Watched(page)
+    page.on("pageerror", lambda exc: w.errors.append(f"page error: {exc}"))
+    page.on("console", w.on_console)
+    page.on("dialog", w.on_dialog)
+    try:
+        yield w
+        w.assert_clean()
+    finally:
+        context.close()
+
+
+# --------------------------------------------------------------------------- fake agent --
+
+class FakeAgent:
+    """One rank's agent, played over a real websocket with the real wire format."""
+
+    def __init__(self, url: str, job: str, rank: int, host: str = "node-a",
+                 world_size: int = 2, device: str | None = "cpu"):
+        self.job, self.rank, self.host = job, rank, host
+        self.seq = 0
+        self.client = socketio.Client(reconnection=False)
+        self.client.connect(url, namespaces=[AGENT_NAMESPACE], transports=["websocket"],
+                            auth={"v": PROTOCOL_VERSION, "session": uuid.uuid4().hex,
+                                  "job": job, "rank": rank, "host": host, "pid": 1000 + rank})
+        self.send("hello", {"job": job, "rank": rank, "world_size": world_size,
+                            "local_rank": rank, "host": host, "pid": 1000 + rank,
+                            "backend": "gloo", "device": device})
+
+    def send(self, kind: str, body: dict, *more: tuple[str, dict]) -> None:
+        events = []
+        for k, b in ((kind, body), *more):
+            self.seq += 1
+            events.append({"seq": self.seq, "t": time.time(), "kind": k, "body": b})
+        ack = self.client.call("batch", {"v": PROTOCOL_VERSION, "events": events},
+                               namespace=AGENT_NAMESPACE, timeout=10)
+        assert ack.get("ok") and not ack.get("rejected"), ack
+
+    def collectives(self, count: int, op: str = "all_reduce", group: str = "0") -> None:
+        now = time.time()
+        self.send("coll_stats", {"start": now - 1, "end": now, "rows": [
+            {"group": group, "op": op, "count": count, "bytes": 4 * count,
+             "sum_us": 50.0 * count, "max_us": 80.0, "hist": [[45, count]]}]})
+
+    def close(self) -> None:
+        self.client.disconnect()
+
+
+@pytest.fixture
+def agents(server):
+    """Make FakeAgents against ``server``; all are disconnected afterwards."""
+    made: list[FakeAgent] = []
+
+    def make(job: str, rank: int = 0, **kw) -> FakeAgent:
+        made.append(FakeAgent(server.url, job, rank, **kw))
+        return made[-1]
+
+    yield make
+    # A websocket close waits up to ~3 s for the server's close frame: close them together.
+    closers = [threading.Thread(target=agent.close, daemon=True) for agent in made]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(timeout=15)
+
+
+def job_id(server, name: str) -> int:
+    return wait_for(lambda: job_by_name(server, name), 10, f"job {name!r}")["id"]
+
+
+def rank_row(page, rank: int):
+    return page.locator("#ranks-body tr").filter(
+        has=page.locator("td:first-child", has_text=re.compile(rf"^{rank}$")))
+
+
+# Columns of the ranks table (job.html).
+HOST, DEVICE, STATUS, COLLECTIVES = 1, 4, 5, 7
+
+
+# -------------------------------------------------------------------------------- tests --
+
+def test_job_page_updates_live_without_reload(server, agents, watched):
+    page = watched.page
+    r0 = agents("live", 0, host="node-a")
+    r0.send("group", {"name": "0", "desc": "world", "backend": "gloo", "ranks": [0, 1]})
+    r0.collectives(3)
+    jid = job_id(server, "live")
+
+    page.goto(f"{server.url}/jobs/{jid}")
+    expect(page.locator("#live-text")).to_have_text("Live")
+    expect(page.locator("#job-name")).to_have_text("live")
+    expect(rank_row(page, 0).locator("td").nth(COLLECTIVES)).to_have_text("3")
+    expect(rank_row(page, 0).locator("td").nth(STATUS)).to_have_text("running")
+    expect(page.locator("#groups-body")).to_contain_text("world")
+    page.evaluate("window.__sameDocument = true")  # gone if anything reloads the page
+
+    r0.collectives(4)
+    expect(rank_row(page, 0).locator("td").nth(COLLECTIVES)).to_have_text("7", timeout=LIVE_MS)
+    expect(page.locator("#coll-body tr").first).to_contain_text("all_reduce")
+
+    r1 = agents("live", 1, host="node-b")
+    expect(page.locator("#ranks-body tr")).to_have_count(2, timeout=LIVE_MS)
+    expect(rank_row(page, 1).locator("td").nth(HOST)).to_have_text("node-b")
+    expect(page.locator("#ranks-summary")).to_have_text("2 ranks on 2 hosts · 2 running")
+
+    r1.send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 4,
+                                      "inflight_op": "all_reduce",
+                                      "inflight_since": time.time()}]})
+    expect(page.locator("#progress")).to_contain_text("r1", timeout=LIVE_MS)
+    expect(rank_row(page, 1).locator("td").nth(9)).to_contain_text("all_reduce")
+
+    r0.send("exit", {"clean": True, "exitcode": 0})
+    expect(rank_row(page, 0).locator("td").nth(STATUS)).to_have_text("exited", timeout=LIVE_MS)
+    r1.send("exit", {"clean": False, "reason": "SIGTERM", "exitcode": -15})
+    expect(rank_row(page, 1).locator("td").nth(STATUS)).to_have_text("failed", timeout=LIVE_MS)
+    expect(page.locator("#job-status")).to_have_text("failed", timeout=LIVE_MS)
+    expect(page.locator("#job-meta")).to_contain_text("Ended")
+
+    assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
+    watched.assert_clean()
+
+
+def test_jobs_list_updates_live_and_filters_by_name(server, agents, watched):
+    page = watched.page
+    agents("alpha-train")
+    job_id(server, "alpha-train")
+
+    page.goto(server.url + "/")
+    rows = page.locator("#jobs-body tr")
+    expect(page.locator("#live-text")).to_have_text("Live")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("alpha-train")
+    expect(page.locator("#jobs-count")).to_have_text("1 job")
+    page.evaluate("window.__sameDocument = true")
+
+    agents("beta-eval")
+    expect(rows).to_have_count(2, timeout=LIVE_MS)
+    expect(rows.first).to_contain_text("beta-eval")  # newest first
+    expect(page.locator("#jobs-count")).to_have_text("2 jobs")
+
+    search = page.locator("#jobs-search")
+    search.fill("BETA")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("beta-eval")
+    expect(page.locator("#jobs-count")).to_have_text("1 of 2 jobs")
+    assert page.evaluate("location.search") == "?q=BETA"
+
+    agents("beta-2")  # a new job that matches the filter shows up, filtered, live
+    expect(rows).to_have_count(2, timeout=LIVE_MS)
+    expect(page.locator("#jobs-count")).to_have_text("2 of 3 jobs")
+    expect(page.locator("#jobs-body")).not_to_contain_text("alpha-train")
+
+    search.fill("no-such-job")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_text("No jobs match “no-such-job”")
+    search.press("Escape")
+    expect(rows).to_have_count(3)
+    assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
+
+    page.get_by_role("link", name="alpha-train").click()
+    expect(page).to_have_url(re.compile(r"/jobs/\d+$"))
+    expect(page.locator("#job-name")).to_have_text("alpha-train")
+    watched.assert_clean()
+
+
+HOSTILE_HOST = "<img src=x onerror=alert(1)>"
+HOSTILE_ERROR = "boom <script>alert(2)</script> after"
+HOSTILE_JOB = "esc<script>alert(3)</script>"
+HOSTILE_OP = "<svg onload=alert(4)>"
+HOSTILE_DESC = '"><img src=x onerror=alert(5)>'
+
+
+def test_server_data_is_shown_as_text_never_as_html(server, agents, watched):
+    page = watched.page
+    agent = agents(HOSTILE_JOB, 0, host=HOSTILE_HOST, device=HOSTILE_HOST)
+    agent.send("group", {"name": "0", "desc": HOSTILE_DESC, "ranks": [0, 1]},
+               ("heartbeat", {"groups": [{"group": "0", "entered": 2, "completed": 1,
+                                          "inflight_op": HOSTILE_OP,
+                                          "inflight_since": time.time()}]}))
+    agent.collectives(2, op=HOSTILE_OP)
+    jid = job_id(server, HOSTILE_JOB)
+
+    page.goto(f"{server.url}/jobs/{jid}")
+    expect(page.locator("#live-text")).to_have_text("Live")
+    expect(page.locator("#job-name")).to_have_text(HOSTILE_JOB)
+    expect(rank_row(page, 0).locator("td").nth(HOST)).to_have_text(HOSTILE_HOST)
+    expect(rank_row(page, 0).locator("td").nth(DEVICE)).to_have_text(HOSTILE_HOST)
+    expect(page.locator("#groups-body")).to_contain_text(HOSTILE_DESC)
+    expect(page.locator("#coll-body")).to_contain_text(HOSTILE_OP)
+    expect(page.locator("#progress")).to_contain_text(HOSTILE_OP, timeout=LIVE_MS)
+
+    # An uncaught error marks the rank failed: once the badge says so, the page has had it.
+    agent.send("error", {"where": "uncaught", "error_type": "RuntimeError",
+                         "error": HOSTILE_ERROR, "op": HOSTILE_OP})
+    expect(rank_row(page, 0).locator("td").nth(STATUS)).to_have_text("failed", timeout=LIVE_MS)
+    assert_no_markup_from_data(page)
+
+    page.goto(server.url + "/")
+    expect(page.locator("#jobs-body")).to_contain_text(HOSTILE_JOB)
+    assert_no_markup_from_data(page)
+    watched.assert_clean()
+
+
+def assert_no_markup_from_data(page) -> None:
+    """Nothing from the hostile strings became an element or an attribute."""
+    assert page.locator("img[src='x']").count() == 0, "an <img src=x> was created from data"
+    handlers = page.evaluate("""Array.from(document.querySelectorAll('*')).flatMap(e =>
+        Array.from(e.attributes).filter(a => /^on/i.test(a.name))
+             .map(a => e.tagName + ' ' + a.name))""")
+    assert handlers == [], f"inline event handlers in the DOM: {handlers}"
+    inline = page.evaluate("Array.from(document.scripts).filter(s => !s.src).length")
+    assert inline == 0, "a <script> element without src exists: data was parsed as HTML"
+    html = page.content()
+    assert "<img src=x" not in html and "<script>alert" not in html and "<svg" not in html
+    text = page.locator("body").inner_text()
+    if "boom" in text:  # where the page shows error texts, they are shown verbatim
+        assert HOSTILE_ERROR in text
+
+
+def test_job_page_needs_no_network_beyond_the_server(server, agents, watched):
+    page = watched.page
+    aborted: list[str] = []
+    failed: list[str] = []
+    seen: list[str] = []
+
+    def gate(route):
+        url = route.request.url
+        seen.append(url)
+        if urlsplit(url).hostname == "127.0.0.1":
+            route.fallback()
+        else:
+            aborted.append(url)
+            route.abort("internetdisconnected")
+
+    page.context.route("**/*", gate)
+    page.on("requestfailed", lambda req: failed.append(f"{req.url}: {req.failure}"))
+
+    agent = agents("offline", 0)
+    agent.send("group", {"name": "0", "ranks": [0, 1]})
+    agent.collectives(5)
+    jid = job_id(server, "offline")
+
+    page.goto(f"{server.url}/jobs/{jid}")
+    expect(page.locator("#live-text")).to_have_text("Live")
+    expect(rank_row(page, 0).locator("td").nth(COLLECTIVES)).to_have_text("5")
+    agent.collectives(1)
+    expect(rank_row(page, 0).locator("td").nth(COLLECTIVES)).to_have_text("6", timeout=LIVE_MS)
+    page.wait_for_load_state("networkidle")
+    # The rule really was in force: the page's own requests went through it.
+    assert any("/static/vendor/socket.io-" in u for u in seen), seen
+    assert any("/static/css/pgdash.css" in u for u in seen), seen
+    assert aborted == [], f"the page tried to reach outside the server: {aborted}"
+    assert failed == [], f"requests failed: {failed}"
+    watched.assert_clean()
+
+
+def test_unknown_job_shows_a_clear_not_found_state(server, watched):
+    page = watched.page
+    # The failed /api/jobs/9999 fetch is the expected outcome; Chromium logs it as an error.
+    watched.allow_console(r"status of 404 .*/api/jobs/9999")
+    page.goto(server.url + "/jobs/9999")
+    error = page.locator("#job-error")
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("Job 9999 was not found")
+    expect(page.locator("#job-page")).to_have_class(re.compile(r"\bnot-found\b"))
+    expect(page.locator("#ranks-body")).to_be_hidden()
+    expect(page.locator("#live-text")).to_have_text("Live")
+    watched.assert_clean()
+
+
+def test_job_page_opened_before_the_job_exists_shows_it_when_it_appears(server, agents,
+                                                                          watched):
+    page = watched.page
+    watched.allow_console(r"status of 404 .*/api/jobs/1\b")
+    page.goto(server.url + "/jobs/1")
+    expect(page.locator("#job-error")).to_contain_text("Job 1 was not found")
+    expect(page.locator("#live-text")).to_have_text("Live")
+
+    agent = agents("late", 0)
+    agent.collectives(2)
+    assert job_id(server, "late") == 1
+    # The page re-asks to watch every 5 s while the server has no such job.
+    expect(page.locator("#job-name")).to_have_text("late", timeout=12_000)
+    expect(page.locator("#job-error")).to_be_hidden()
+    expect(rank_row(page, 0).locator("td").nth(COLLECTIVES)).to_have_text("2", timeout=LIVE_MS)
+    watched.assert_clean()
