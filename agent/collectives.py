@@ -318,8 +318,12 @@ class CollectiveTracker:
         self._summary = {}
         return rows
 
-    def progress(self, perf_to_wall: Callable[[float], float]) -> list[dict[str, Any]]:
-        """Per group: sequence numbers and the collective in flight (what a hang looks like)."""
+    def progress(self, perf_to_wall: Callable[[float], float],
+                 flight: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Per group: sequence numbers and the collective in flight (what a hang looks like).
+
+        ``flight`` adds the Flight Recorder's counters per group name (see agent.flight).
+        """
         rows = []
         for track in list(self.by_name.values()):
             inflight = track.inflight
@@ -331,6 +335,8 @@ class CollectiveTracker:
             if busy:  # the signature ranks must agree on at this sequence number (desync)
                 row["inflight_dtype"] = _dtype_name(inflight[1])
                 row["inflight_bytes"] = inflight[2]
+            if flight and track.name in flight:
+                row.update(flight[track.name])
             rows.append(row)
         return rows
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 from agent import identity
 from agent.collectives import CollectiveTracker, GroupTrack
 from agent.config import AgentConfig
+from agent.flight import FlightRecorderProbe
 from agent.outbox import Outbox
 from agent.sender import Sender
 from agent.wire import PROTOCOL_VERSION
@@ -72,6 +73,8 @@ class Agent:
         kwargs = {"client_factory": client_factory} if client_factory else {}
         self.sender = Sender(config, self.outbox, self._auth, **kwargs)
         self._wall_offset = time.time() - time.perf_counter()
+        self.flight = FlightRecorderProbe(time.time)
+        self._flight: dict[str, dict[str, Any]] = {}  # the last Flight Recorder reading
         self._identity: dict[str, Any] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pgdash-agent", daemon=True)
@@ -192,9 +195,10 @@ class Agent:
     def _heartbeat(self, force: bool = False) -> None:
         if not (self.sender.connected or force):
             return  # a stale heartbeat is worth nothing; the next live one says it all
+        self._flight = self.flight.read()
         self.outbox.put(time.time(), "heartbeat", {
-            "groups": self.tracker.progress(self._wall), "dropped": self._dropped(),
-            "buffered": len(self.outbox)})
+            "groups": self.tracker.progress(self._wall, self._flight),
+            "dropped": self._dropped(), "buffered": len(self.outbox)})
 
     def _loop(self) -> None:
         next_tick = time.monotonic() + self.config.interval_s
@@ -228,26 +232,36 @@ class Agent:
         frames; the stuck thread is the one with a pgdash wrapper frame on its stack.
         """
         stuck = self.tracker.stuck(self.config.stack_after_s)
-        if not stuck:
-            return
         code = self.tracker.wrapper_code
         frames: dict[int, Any] = {}  # id(track) -> the wrapper frame waiting on it
-        for frame in sys._current_frames().values():
+        threads = sys._current_frames()
+        for frame in threads.values():
             while frame is not None and frame.f_code is not code:
                 frame = frame.f_back
             if frame is not None:
                 frames[id(frame.f_locals.get("track"))] = frame
         for track in stuck:
-            key = (track.name, track.entered)
             frame = frames.get(id(track))
             inflight = track.inflight
-            if key in self._stacks_sent or frame is None or inflight is None:
-                continue
-            self._stacks_sent.add(key)
-            text = "".join(traceback.format_stack(frame.f_back, limit=40))
-            self.outbox.put(time.time(), "stack", {
-                "group": track.name, "seq": track.entered, "op": inflight[0],
-                "since": self._wall(track.inflight_since), "stack": text[-60_000:]})
+            if frame is not None and inflight is not None:
+                self._send_stack(track.name, track.entered, inflight[0],
+                                 self._wall(track.inflight_since), frame.f_back)
+        # Collectives issued from C++ (DDP) show only in the Flight Recorder: the training
+        # thread is then blocked in C++ under its last Python frame, on the main thread.
+        main = threads.get(threading.main_thread().ident)
+        now = time.time()
+        for name, fr in self._flight.items():
+            since = fr.get("fr_inflight_since")
+            if main is not None and since is not None and now - since > self.config.stack_after_s:
+                self._send_stack(name, fr["fr_enqueued"], "c++ collective", since, main)
+
+    def _send_stack(self, group: str, seq: int, op: str, since: float, frame: Any) -> None:
+        if (group, seq, op) in self._stacks_sent:
+            return
+        self._stacks_sent.add((group, seq, op))
+        text = "".join(traceback.format_stack(frame, limit=40))
+        self.outbox.put(time.time(), "stack", {"group": group, "seq": seq, "op": op,
+                                               "since": since, "stack": text[-60_000:]})
 
     # -- hooks -------------------------------------------------------------------------------
 

@@ -206,6 +206,10 @@ _GROUP_PROGRESS = {
     "inflight_since": (_opt(_num), False),
     "inflight_dtype": (_opt(_str), False),
     "inflight_bytes": (_opt(_count), False),
+    # The Flight Recorder's view, which also counts collectives issued from C++ (DDP).
+    "fr_enqueued": (_count, False),
+    "fr_completed": (_count, False),
+    "fr_inflight_since": (_opt(_num), False),
 }
 
 _COLL_ROW = {

@@ -157,29 +157,63 @@ def _waiting_rows(state: JobState, group: str) -> dict[int, dict[str, Any]]:
     return {rank: row for (g, rank), row in state.progress.items() if g == group}
 
 
-def _behind(state: JobState, group: str, seq: int, waiting: set[int]) -> list[int]:
+@dataclasses.dataclass(frozen=True)
+class _View:
+    """One way of reading progress rows: the agent's wrappers, or the Flight Recorder."""
+
+    seq: str  # the row's sequence-number field
+    since: str  # its in-flight-since field
+    source: str
+
+    def busy(self, row: dict[str, Any]) -> bool:
+        return row.get(self.since) is not None and (
+            self.source != "python" or bool(row.get("inflight_op")))
+
+    def op(self, row: dict[str, Any]) -> str:
+        return row.get("inflight_op") if self.source == "python" else \
+            "a collective issued from C++ (DDP's all-reduce, functional collectives)"
+
+
+PYTHON = _View("entered", "inflight_since", "python")
+FLIGHT = _View("fr_enqueued", "fr_inflight_since", "flight_recorder")
+
+
+def _behind(state: JobState, group: str, seq: int, waiting: set[int],
+            view: _View = PYTHON) -> list[int]:
     rows = _waiting_rows(state, group)
     members = (state.groups.get(group) or {}).get("ranks") or sorted(rows)
-    return [m for m in members if m not in waiting and (rows.get(m) or {}).get("entered", 0) < seq]
+    return [m for m in members
+            if m not in waiting and (rows.get(m) or {}).get(view.seq, 0) < seq]
+
+
+def _stuck(state: JobState, group: str, now: float, s: Settings, view: _View):
+    """(seq, waiting ranks, rows) of the collective stuck past hang_after, or None."""
+    ranks = _by_rank(state)
+    rows = _waiting_rows(state, group)
+    stuck = {rank: row for rank, row in rows.items()
+             if view.busy(row) and now - row[view.since] >= s.hang_after
+             and (ranks.get(rank) is None or ranks[rank].status == "running")}
+    if not stuck:
+        return None
+    seq = max(row[view.seq] for row in stuck.values())
+    return seq, {rank for rank, row in stuck.items() if row[view.seq] == seq}, rows
 
 
 def hang(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
     ranks = _by_rank(state)
     for group in sorted(state.groups, key=str):
-        rows = _waiting_rows(state, group)
-        stuck = {rank: row for rank, row in rows.items()
-                 if row.get("inflight_op") and row.get("inflight_since") is not None
-                 and now - row["inflight_since"] >= s.hang_after
-                 and (ranks.get(rank) is None or ranks[rank].status == "running")}
-        if not stuck:
+        # The wrappers' view names the op; the Flight Recorder's also sees C++ collectives.
+        view, found = PYTHON, _stuck(state, group, now, s, PYTHON)
+        if found is None:
+            view, found = FLIGHT, _stuck(state, group, now, s, FLIGHT)
+        if found is None:
             continue
-        seq = max(row["entered"] for row in stuck.values())
-        waiting = {rank for rank, row in stuck.items() if row["entered"] == seq}
-        op = stuck[min(waiting)]["inflight_op"]
-        since = min(stuck[r]["inflight_since"] for r in waiting)
-        behind = _behind(state, group, seq, waiting)
-        chain, roots = _follow(state, group, behind)
+        seq, waiting, rows = found
+        op = view.op(rows[min(waiting)])
+        since = min(rows[r][view.since] for r in waiting)
+        behind = _behind(state, group, seq, waiting, view)
+        chain, roots = _follow(state, group, behind, view)
         if not roots:  # every member is inside the collective: nobody to wait for
             roots = sorted(waiting)
             summary = (f"{_ranks_label(waiting)} have been inside {op} #{seq} on "
@@ -203,18 +237,21 @@ def hang(state: JobState, now: float, s: Settings) -> list[Finding]:
         involved = set(waiting) | set(roots) | {c["rank"] for c in chain}
         stacks = {str(rank): state.stacks[(g, rank)]["stack"]
                   for (g, rank) in state.stacks if rank in involved
-                  and (g != group or state.stacks[(g, rank)]["seq"] == seq)}
+                  and (g != group or state.stacks[(g, rank)]["seq"] == seq
+                       or view is FLIGHT)}
         out.append(finding(
             "hang", "critical", roots, group, summary, hint,
-            {"seq": seq, "op": op, "waiting": sorted(waiting), "since": since,
+            {"seq": seq, "op": op, "source": view.source, "waiting": sorted(waiting),
+             "since": since,
              "behind": {str(b): {k: (rows.get(b) or {}).get(k) for k in
-                                 ("entered", "completed", "inflight_op")} for b in behind},
+                                 (view.seq, "completed", "inflight_op")} for b in behind},
              "chain": chain, "stacks": stacks},
-            since + s.hang_after, key=f"{seq}"))
+            since + s.hang_after, key=f"{seq}" if view is PYTHON else f"fr{seq}"))
     return out
 
 
-def _follow(state: JobState, group: str, behind: list[int]) -> tuple[list[dict], list[int]]:
+def _follow(state: JobState, group: str, behind: list[int],
+            view: _View = PYTHON) -> tuple[list[dict], list[int]]:
     """Follow ranks that are behind to where they wait themselves, across groups."""
     chain: list[dict[str, Any]] = []
     roots: list[int] = []
@@ -226,14 +263,14 @@ def _follow(state: JobState, group: str, behind: list[int]) -> tuple[list[dict],
             continue
         seen.add((g, rank))
         elsewhere = [(og, row) for (og, r), row in state.progress.items()
-                     if r == rank and og != g and row.get("inflight_op")]
+                     if r == rank and og != g and view.busy(row)]
         if not elsewhere:
             roots.append(rank)
             continue
         og, row = elsewhere[0]
-        next_behind = _behind(state, og, row["entered"], {rank})
-        chain.append({"rank": rank, "waits_in": og, "seq": row["entered"],
-                      "op": row["inflight_op"], "for": next_behind})
+        next_behind = _behind(state, og, row[view.seq], {rank}, view)
+        chain.append({"rank": rank, "waits_in": og, "seq": row[view.seq],
+                      "op": view.op(row), "for": next_behind})
         if not next_behind:
             roots.append(rank)
         todo.extend((og, b) for b in next_behind)

@@ -70,6 +70,20 @@ def test_stuck_collectives_are_blamed_on_the_right_rank(diag_server, tmp_path, s
         stop(procs)
 
 
+def test_hang_inside_ddp_is_seen_through_the_flight_recorder(diag_server, tmp_path):
+    name, procs = run_fault(diag_server, tmp_path, "ddp-hang", 3)
+    try:
+        f = wait_finding(diag_server, name, "hang", group="0")
+        assert f["ranks"] == [2] and f["evidence"]["source"] == "flight_recorder"
+        assert f["evidence"]["waiting"] == [0, 1]
+        f = wait_for(lambda: next((x for x in findings(diag_server, name)
+                                   if x["kind"] == "hang" and x["evidence"]["stacks"]), None),
+                     15, "the waiting ranks' stacks")
+        assert "backward" in f["evidence"]["stacks"]["0"]
+    finally:
+        stop(procs)
+
+
 def test_crash_blames_the_rank_that_raised_not_its_victims(diag_server, tmp_path):
     name, procs = run_fault(diag_server, tmp_path, "crash", 3)
     try:

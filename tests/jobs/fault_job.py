@@ -5,6 +5,8 @@ Every rank runs 5 all_reduces, then the fault:
   chain     groups A=[0..n-1], B=[n-2, n-1]; rank n-1 sleeps; rank n-2 waits for it in B while
             the others wait for rank n-2 in A
   desync    the last rank calls broadcast where the others call all_reduce
+  ddp-hang  DDP training; the last rank sleeps before a backward, so the others wait inside
+            DDP's C++ all-reduce, which only the Flight Recorder sees
   straggler after the first steps the last rank's step takes 20% longer (argv[3] steps more)
   crash     rank 1 raises an exception
   kill      rank 1 kills itself with SIGKILL
@@ -79,6 +81,15 @@ elif scenario == "straggler":
     for _ in range(more):
         time.sleep(0.06 if rank == last else 0.05)
         dist.all_reduce(t)
+elif scenario == "ddp-hang":
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(8, 8))
+    for step in range(1000):
+        if step == 3 and rank == last:
+            fault("rank sleeps instead of running backward")
+            time.sleep(3600)
+        model(torch.randn(4, 8)).sum().backward()
 elif scenario == "healthy":
     pass
 else:

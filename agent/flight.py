@@ -1,0 +1,89 @@
+"""Progress of collectives Python never sees, from PyTorch's Flight Recorder.
+
+DDP's gradient all-reduce and functional collectives are issued from C++, so no Python wrapper
+sees them. The Flight Recorder (on by default for gloo and NCCL in torch 2.13) keeps, per
+process group, the last enqueued and last completed collective sequence number. Reading just
+that status (``includeCollectives=False``) costs about 0.2 ms, so the agent's background thread
+reads it once per interval. A rank whose ``enqueued`` stays ahead of ``completed`` sits in a
+collective; a rank whose ``enqueued`` is lower than its peers' never reached it.
+
+The status is keyed by the backend's process-group id; the group's name comes from the
+entries of one full dump, taken only when an id without a name shows up.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+
+LEARN_EVERY_S = 10.0
+
+
+def _default_dump(include_collectives: bool) -> bytes:
+    from torch._C import _distributed_c10d
+
+    return _distributed_c10d._dump_fr_trace_json(includeCollectives=include_collectives)
+
+
+class FlightRecorderProbe:
+    """Per group: FR's enqueued/completed counters and since when one is in flight.
+
+    Args:
+        dump: returns the Flight Recorder JSON; injected for tests.
+        clock: wall clock (Unix seconds).
+    """
+
+    def __init__(self, clock: Callable[[], float],
+                 dump: Callable[[bool], bytes | str] = _default_dump):
+        self.clock = clock
+        self.dump = dump
+        self.names: dict[str, str] = {}  # FR pg id -> process group name
+        self.errors = 0
+        self.disabled = False
+        self._since: dict[str, tuple[int, int, float]] = {}  # pg id -> (enq, done, since)
+        self._learned_at = float("-inf")
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """Group name -> {"fr_enqueued", "fr_completed", "fr_inflight_since"}; {} if off."""
+        if self.disabled:
+            return {}
+        now = self.clock()
+        try:
+            status = json.loads(self.dump(False)).get("pg_status") or {}
+            unnamed = [pg_id for pg_id, entry in status.items() if pg_id not in self.names
+                       and int(entry.get("last_enqueued_collective", -1)) >= 0]
+            # A full dump costs up to tens of ms (2000 entries): only for a new active group,
+            # and at most every LEARN_EVERY_S.
+            if unnamed and now - self._learned_at >= LEARN_EVERY_S:
+                self._learned_at = now
+                self._learn_names()
+        except Exception:
+            self.errors += 1
+            if self.errors >= 3:  # this torch has no usable Flight Recorder: stop trying
+                self.disabled = True
+            return {}
+        out = {}
+        for pg_id, entry in status.items():
+            name = self.names.get(pg_id)
+            if name is None:
+                continue
+            enqueued = int(entry.get("last_enqueued_collective", -1))
+            completed = int(entry.get("last_completed_collective", -1))
+            since = None
+            if enqueued > completed:
+                previous = self._since.get(pg_id)
+                if previous and previous[:2] == (enqueued, completed):
+                    since = previous[2]
+                else:
+                    since = now
+                    self._since[pg_id] = (enqueued, completed, now)
+            out[name] = {"fr_enqueued": max(enqueued, 0), "fr_completed": max(completed, 0),
+                         "fr_inflight_since": since}
+        return out
+
+    def _learn_names(self) -> None:
+        for entry in json.loads(self.dump(True)).get("entries") or []:
+            group = entry.get("process_group") or ()
+            if group and group[0] != "":
+                self.names[str(entry.get("pg_id"))] = str(group[0])
