@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
 from typing import Any
 
 from flask import Flask, abort, jsonify, render_template, request
@@ -17,6 +16,7 @@ from flask_socketio import SocketIO, join_room, leave_room, rooms
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
 from dashboard.diagnosis import Settings
 from dashboard.ingest import Ingest, Refused
+from dashboard.resources import resource_dir
 from dashboard.storage import Store
 
 log = logging.getLogger("pgdash.server")
@@ -30,18 +30,10 @@ DEFAULTS = {
 }
 
 
-def static_dir() -> Path:
-    """``static/`` of a source checkout, else the copy inside the installed wheel."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "static", here / "_static"):
-        if (candidate / "vendor").is_dir():
-            return candidate
-    raise FileNotFoundError(f"pgdash static files not found next to {here}; reinstall pgdash")
-
-
 def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     """Build the server. Config: defaults, then ``PGDASH_*`` variables, then ``test_config``."""
-    app = Flask(__name__, static_folder=str(static_dir()), static_url_path="/static")
+    app = Flask(__name__, static_folder=str(resource_dir("static", "vendor")),
+                static_url_path="/static")
     app.config.from_mapping(DEFAULTS)
     app.config.from_prefixed_env("PGDASH")
     if test_config:

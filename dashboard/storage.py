@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterator
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 
+from dashboard.resources import resource_dir
+
 log = logging.getLogger("pgdash.storage")
 
 metadata = sa.MetaData(naming_convention={
@@ -73,15 +75,6 @@ events = sa.Table(
 JOB_FIELDS = ("status", "world_size", "backend", "started_at", "ended_at")
 
 
-def migrations_dir() -> Path:
-    """``migrations/`` of a source checkout, else the copy inside the installed wheel."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "migrations", here / "_migrations"):
-        if (candidate / "env.py").is_file():
-            return candidate
-    raise FileNotFoundError(f"pgdash migrations not found next to {here}; reinstall pgdash")
-
-
 def make_engine(url: str) -> sa.Engine:
     """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign keys."""
     try:
@@ -115,7 +108,7 @@ def upgrade(url_or_engine: str | sa.Engine, revision: str = "head") -> None:
 
     engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
     cfg = Config()
-    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.set_main_option("script_location", str(resource_dir("migrations", "env.py")))
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
