@@ -62,6 +62,10 @@ def _ranks_label(ranks: Iterable[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
+def _have(ranks: Iterable[int]) -> str:
+    return "has" if len(set(ranks)) == 1 else "have"
+
+
 def _group_label(state: JobState, name: str) -> str:
     desc = (state.groups.get(name) or {}).get("desc")
     return f"group {name} ({desc})" if desc else f"group {name}"
@@ -170,8 +174,7 @@ class _View:
             self.source != "python" or bool(row.get("inflight_op")))
 
     def op(self, row: dict[str, Any]) -> str:
-        return row.get("inflight_op") if self.source == "python" else \
-            "a collective issued from C++ (DDP's all-reduce, functional collectives)"
+        return row.get("inflight_op") if self.source == "python" else "a C++ collective (DDP)"
 
 
 PYTHON = _View("entered", "inflight_since", "python")
@@ -216,7 +219,8 @@ def hang(state: JobState, now: float, s: Settings) -> list[Finding]:
         chain, roots = _follow(state, group, behind, view)
         if not roots:  # every member is inside the collective: nobody to wait for
             roots = sorted(waiting)
-            summary = (f"{_ranks_label(waiting)} have been inside {op} #{seq} on "
+            summary = (f"{_ranks_label(waiting).capitalize()} {_have(waiting)} been inside "
+                       f"{op} #{seq} on "
                        f"{_group_label(state, group)} for {now - since:.0f} s, and no rank is "
                        "missing from it.")
             hint = ("All ranks entered the same collective and none completes: suspect the "
@@ -225,8 +229,9 @@ def hang(state: JobState, now: float, s: Settings) -> list[Finding]:
                     "on gloo) and compare the stacks in the evidence.")
         else:
             first = ranks.get(roots[0])
-            summary = (f"{_ranks_label(waiting)} have waited {now - since:.0f} s in {op} #{seq} "
-                       f"on {_group_label(state, group)} for {_ranks_label(roots)}.")
+            summary = (f"{_ranks_label(waiting).capitalize()} {_have(waiting)} waited "
+                       f"{now - since:.0f} s in {op} #{seq} on {_group_label(state, group)} "
+                       f"for {_ranks_label(roots)}.")
             hint = (f"{_ranks_label(roots).capitalize()} never reached that collective. See "
                     f"where it is: `py-spy dump --pid {first.pid if first else '<pid>'}` on "
                     f"{first.host if first else 'its host'} (its last collectives and stack are "
@@ -262,15 +267,18 @@ def _follow(state: JobState, group: str, behind: list[int],
         if (g, rank) in seen:
             continue
         seen.add((g, rank))
-        elsewhere = [(og, row) for (og, r), row in state.progress.items()
-                     if r == rank and og != g and view.busy(row)]
+        # Where it waits itself: a collective Python saw, else one only the Flight
+        # Recorder saw (a rank stuck in DDP's C++ all-reduce).
+        elsewhere = [(og, row, v) for v in (PYTHON, FLIGHT)
+                     for (og, r), row in sorted(state.progress.items())
+                     if r == rank and og != g and v.busy(row)]
         if not elsewhere:
             roots.append(rank)
             continue
-        og, row = elsewhere[0]
-        next_behind = _behind(state, og, row[view.seq], {rank}, view)
-        chain.append({"rank": rank, "waits_in": og, "seq": row[view.seq],
-                      "op": view.op(row), "for": next_behind})
+        og, row, v = elsewhere[0]
+        next_behind = _behind(state, og, row[v.seq], {rank}, v)
+        chain.append({"rank": rank, "waits_in": og, "seq": row[v.seq],
+                      "op": v.op(row), "for": next_behind})
         if not next_behind:
             roots.append(rank)
         todo.extend((og, b) for b in next_behind)

@@ -237,3 +237,25 @@ def test_slow_collective_against_its_own_history():
     for r in range(2):
         intervals(log, r, "0", [0.5] * 11 + [2])  # 4x: within normal variation
     assert diagnose(log.state(), 113, S) == []
+
+
+def test_chain_continues_through_a_rank_stuck_in_ddp():
+    # Rank 0 waits in tp group "3" for rank 1; rank 1 sits in DDP's C++ all-reduce on dp
+    # group "2" (only the Flight Recorder sees it) waiting for rank 3, which hangs.
+    log = running(4, groups=(("0", None), ("2", [1, 3]), ("3", [0, 1])))
+    log.add("s0", "heartbeat", {"groups": [
+        {"group": "3", "entered": 50, "completed": 49, "inflight_op": "all_reduce",
+         "inflight_since": 100.0, "inflight_dtype": "float32", "inflight_bytes": 64}]}, t=112)
+    log.add("s1", "heartbeat", {"groups": [
+        {"group": "3", "entered": 49, "completed": 49, "inflight_op": None},
+        {"group": "2", "entered": 0, "completed": 0, "inflight_op": None,
+         "fr_enqueued": 55, "fr_completed": 54, "fr_inflight_since": 100.2}]}, t=112)
+    log.add("s3", "heartbeat", {"groups": [
+        {"group": "2", "entered": 0, "completed": 0, "inflight_op": None,
+         "fr_enqueued": 54, "fr_completed": 54, "fr_inflight_since": None}]}, t=112)
+    found = {f["group"]: f for f in diagnose(log.state(), 112.0, S) if f["kind"] == "hang"}
+    assert found["3"]["ranks"] == [3]
+    assert found["3"]["evidence"]["chain"] == [
+        {"rank": 1, "waits_in": "2", "seq": 55, "op": "a C++ collective (DDP)", "for": [3]}]
+    assert found["3"]["summary"].startswith("Rank 0 has waited")
+    assert found["2"]["ranks"] == [3] and found["2"]["evidence"]["source"] == "flight_recorder"
