@@ -27,6 +27,7 @@ class AgentConfig:
     reconnect_max_s: float = 10.0  # PGDASH_RECONNECT_MAX_S: backoff cap
     async_poll_s: float = 0.002  # PGDASH_ASYNC_POLL_S: completion check for async_op works
     stack_after_s: float = 2.0  # PGDASH_STACK_AFTER_S: capture the stack of a collective this old
+    gpu: bool = True  # PGDASH_GPU: 0 turns GPU sampling (NVML) off
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":
@@ -54,7 +55,7 @@ class AgentConfig:
         config = cls(**values)
         for field in dataclasses.fields(cls):
             value = getattr(config, field.name)
-            if isinstance(value, (int, float)) and value <= 0:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
                 raise ValueError(f"{ENV_PREFIX}{field.name.upper()} must be positive, got {value}")
         return config
 
@@ -62,6 +63,11 @@ class AgentConfig:
 def _parse(field: dataclasses.Field, raw: Any, source: str) -> Any:
     kind = field.type if isinstance(field.type, str) else field.type.__name__
     try:
+        if kind == "bool":
+            text = str(raw).strip().lower()
+            if text not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(text)
+            return text in ("1", "true", "yes", "on")
         if kind.startswith("int"):
             return int(raw)
         if kind.startswith("float"):

@@ -23,6 +23,7 @@ from agent import identity
 from agent.collectives import CollectiveTracker, GroupTrack
 from agent.config import AgentConfig
 from agent.flight import FlightRecorderProbe
+from agent.gpu import GpuSampler
 from agent.outbox import Outbox
 from agent.sender import Sender
 from agent.wire import PROTOCOL_VERSION
@@ -58,10 +59,14 @@ class Agent:
         config: settings (see :class:`~agent.config.AgentConfig`).
         environ: the process environment (injected for tests).
         client_factory: makes the Socket.IO client (injected for tests).
+        nvml: the ``pynvml`` module or a stand-in (tests: there is no GPU here).
+        gpu_locator: returns this rank's GPU UUID, None while CUDA is not up yet, or False
+            without CUDA (tests pretend a GPU with it).
     """
 
     def __init__(self, config: AgentConfig, environ: Mapping[str, str] | None = None,
-                 client_factory: Callable[[], Any] | None = None):
+                 client_factory: Callable[[], Any] | None = None, nvml: Any = None,
+                 gpu_locator: Callable[[], str | None | bool] | None = None):
         self.config = config
         self.environ = os.environ if environ is None else environ
         self.session = uuid.uuid4().hex
@@ -75,6 +80,11 @@ class Agent:
         self._wall_offset = time.time() - time.perf_counter()
         self.flight = FlightRecorderProbe(time.time)
         self._flight: dict[str, dict[str, Any]] = {}  # the last Flight Recorder reading
+        self._nvml = nvml
+        self._gpu_locator = gpu_locator or _current_gpu_uuid
+        self.gpu: GpuSampler | None = None
+        self._gpu_checked = not config.gpu  # True once we know whether there is a GPU
+        self._xids: list[int] = []  # XIDs not sent yet (kept across disconnects)
         self._identity: dict[str, Any] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pgdash-agent", daemon=True)
@@ -122,6 +132,8 @@ class Agent:
                 setattr(module, name, fn)
             self._stop.set()
             self._thread.join(timeout=2.0)
+            if self.gpu is not None:
+                self.gpu.close()
             self._flush_stats(force=True)
             self._heartbeat(force=True)  # final progress, so the page shows where it ended
             self.outbox.put(time.time(), "exit", {"clean": not self._failed, "reason": reason})
@@ -211,6 +223,7 @@ class Agent:
                     self._scan_groups()
                     self._flush_stats()
                     self._heartbeat()
+                    self._sample_gpu()
                     self._capture_stuck_stacks()
                 else:
                     self.tracker.summarise()
@@ -224,6 +237,30 @@ class Agent:
             self._scan_groups()
         except Exception:
             pass
+
+    def _sample_gpu(self) -> None:
+        """Find this rank's GPU once CUDA is up, then send one reading per interval."""
+        if not self._gpu_checked:
+            uuid = self._gpu_locator()
+            if uuid is False:
+                self._gpu_checked = True  # no CUDA in this process: nothing to sample
+            elif uuid is not None:
+                self._gpu_checked = True
+                sampler = GpuSampler(uuid, self._nvml)
+                if sampler.start():
+                    self.gpu = sampler
+                else:
+                    log.info("pgdash: no GPU health: %s", sampler.error)
+        if self.gpu is None:
+            return
+        reading = self.gpu.sample()
+        if reading is None:
+            return
+        self._xids.extend(reading["xids"])
+        if not self.sender.connected and not self._xids:
+            return  # like heartbeats, plain readings are worth sending only live
+        reading["xids"], self._xids = self._xids[:64], self._xids[64:]
+        self.outbox.put(time.time(), "gpu", reading)
 
     def _capture_stuck_stacks(self) -> None:
         """Send the Python stack of each thread sitting in one collective for long (once each).
@@ -349,6 +386,21 @@ class Agent:
         if os.getpid() != self.pid:  # a forked child (e.g. a DataLoader worker)
             return
         self.detach(reason="uncaught exception" if self._failed else "exit")
+
+
+def _current_gpu_uuid() -> str | None | bool:
+    """The UUID of the current CUDA device; None while CUDA is not initialised yet (we must
+    not initialise it ourselves), False when this process has no CUDA at all."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        if not torch.cuda.is_initialized():
+            return None
+        return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    except Exception:
+        return False
 
 
 def _merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:

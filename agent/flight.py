@@ -8,7 +8,9 @@ reads it once per interval. A rank whose ``enqueued`` stays ahead of ``completed
 collective; a rank whose ``enqueued`` is lower than its peers' never reached it.
 
 The status is keyed by the backend's process-group id; the group's name comes from the
-entries of one full dump, taken only when an id without a name shows up.
+entries of one full dump, taken only when an id without a name shows up. CUDA builds keep
+NCCL groups in a recorder of their own (``_dump_nccl_trace_json``; seen on torch 2.11 + NCCL
+2.28 on an H200, where ``_dump_fr_trace_json`` listed no NCCL group), so both are read.
 """
 
 from __future__ import annotations
@@ -20,25 +22,32 @@ from typing import Any, Callable
 LEARN_EVERY_S = 10.0
 
 
-def _default_dump(include_collectives: bool) -> bytes:
+def default_dumps() -> list[Callable[[bool], bytes]]:
+    """The Flight Recorder dumps this torch has: gloo (and others), and NCCL's own."""
     from torch._C import _distributed_c10d
 
-    return _distributed_c10d._dump_fr_trace_json(includeCollectives=include_collectives)
+    dumps = []
+    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+        fn = getattr(_distributed_c10d, name, None)
+        if fn is not None:
+            dumps.append(lambda include, fn=fn: fn(includeCollectives=include))
+    return dumps
 
 
 class FlightRecorderProbe:
     """Per group: FR's enqueued/completed counters and since when one is in flight.
 
     Args:
-        dump: returns the Flight Recorder JSON; injected for tests.
         clock: wall clock (Unix seconds).
+        dumps: functions returning Flight Recorder JSON (argument: include the entries);
+            default: every recorder this torch has. Injected for tests.
     """
 
     def __init__(self, clock: Callable[[], float],
-                 dump: Callable[[bool], bytes | str] = _default_dump):
+                 dumps: list[Callable[[bool], bytes | str]] | None = None):
         self.clock = clock
-        self.dump = dump
-        self.names: dict[str, str] = {}  # FR pg id -> process group name
+        self.dumps = dumps
+        self.names: dict[str, str] = {}  # "<recorder>:<pg id>" -> process group name
         self.errors = 0
         self.disabled = False
         self._since: dict[str, tuple[int, int, float]] = {}  # pg id -> (enq, done, since)
@@ -49,41 +58,48 @@ class FlightRecorderProbe:
         if self.disabled:
             return {}
         now = self.clock()
+        status: dict[str, dict[str, Any]] = {}
         try:
-            status = json.loads(self.dump(False)).get("pg_status") or {}
-            unnamed = [pg_id for pg_id, entry in status.items() if pg_id not in self.names
+            if self.dumps is None:
+                self.dumps = default_dumps()
+            for index, dump in enumerate(self.dumps):
+                for pg_id, entry in (json.loads(dump(False)).get("pg_status") or {}).items():
+                    status[f"{index}:{pg_id}"] = entry
+            unnamed = [key for key, entry in status.items() if key not in self.names
                        and int(entry.get("last_enqueued_collective", -1)) >= 0]
             # A full dump costs up to tens of ms (2000 entries): only for a new active group,
             # and at most every LEARN_EVERY_S.
             if unnamed and now - self._learned_at >= LEARN_EVERY_S:
                 self._learned_at = now
-                self._learn_names()
+                self._learn_names({key.split(":")[0] for key in unnamed})
         except Exception:
             self.errors += 1
             if self.errors >= 3:  # this torch has no usable Flight Recorder: stop trying
                 self.disabled = True
             return {}
         out = {}
-        for pg_id, entry in status.items():
-            name = self.names.get(pg_id)
+        for key, entry in status.items():
+            name = self.names.get(key)
             if name is None:
                 continue
             enqueued = int(entry.get("last_enqueued_collective", -1))
             completed = int(entry.get("last_completed_collective", -1))
             since = None
             if enqueued > completed:
-                previous = self._since.get(pg_id)
+                previous = self._since.get(key)
                 if previous and previous[:2] == (enqueued, completed):
                     since = previous[2]
                 else:
                     since = now
-                    self._since[pg_id] = (enqueued, completed, now)
+                    self._since[key] = (enqueued, completed, now)
             out[name] = {"fr_enqueued": max(enqueued, 0), "fr_completed": max(completed, 0),
                          "fr_inflight_since": since}
         return out
 
-    def _learn_names(self) -> None:
-        for entry in json.loads(self.dump(True)).get("entries") or []:
-            group = entry.get("process_group") or ()
-            if group and group[0] != "":
-                self.names[str(entry.get("pg_id"))] = str(group[0])
+    def _learn_names(self, recorders: set[str]) -> None:
+        for index in sorted(recorders):
+            dump = self.dumps[int(index)]
+            for entry in json.loads(dump(True)).get("entries") or []:
+                group = entry.get("process_group") or ()
+                if group and group[0] != "":
+                    self.names[f"{index}:{entry.get('pg_id')}"] = str(group[0])

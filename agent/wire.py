@@ -198,6 +198,15 @@ def _count_map(value, name):
     return value
 
 
+def _num_map(value, name):
+    if not isinstance(value, dict) or len(value) > 64:
+        raise WireError(f"{name} must be an object of at most 64 numbers")
+    for k, v in value.items():
+        _str(k, f"{name} key")
+        _opt(_num)(v, f"{name}[{k}]")
+    return value
+
+
 _GROUP_PROGRESS = {
     "group": (_str, True),
     "entered": (_count, True),
@@ -289,6 +298,15 @@ EVENT_KINDS: dict[str, dict] = {
         "op": (_str, True),
         "since": (_num, True),
         "stack": (_text, True),
+    },
+    # One reading of this rank's GPU (agent.gpu): numbers are None where NVML can't tell.
+    "gpu": {
+        "uuid": (_str, True),
+        "name": (_opt(_str), False),
+        "lost": (_bool, True),
+        "values": (_num_map, True),
+        "reasons": (_list(_str, 16), True),
+        "xids": (_list(_count, 64), True),
     },
     "exit": {
         "clean": (_bool, True),

@@ -21,12 +21,19 @@ class Settings:
     hang_after: float = 60.0  # --hang-after: a collective waiting this long is a hang
     lost_after: float = 15.0  # a running rank silent this long (no heartbeat) is lost
     init_grace: float = 3.0  # after the latest arrival, missing ranks are named
-    straggler_intervals: int = 4  # recent summaries (about seconds) a straggler must persist
+    straggler_min_intervals: int = 2  # recent summaries (about seconds) a straggler must span
+    straggler_min_calls: int = 20  # ... holding at least this many collectives on every rank
+    straggler_consistency: float = 0.75  # ... the same rank waiting least in this share of them
+    straggler_persist: int = 2  # ... judged so on this many consecutive windows (a CPU stall
+    # of a second or two on a crowded host makes a short-lived "straggler"; a real one stays)
     straggler_ratio: float = 3.0  # the others wait this many times longer than the straggler
     straggler_min_wait_us: float = 2000.0  # ... and at least this much longer per collective
     slow_history: int = 10  # intervals of history before slow_collective can judge
+    slow_persist: int = 3  # consecutive slow intervals before it is a finding
+    slow_min_calls: int = 3  # intervals with fewer collectives on the fastest rank don't count
     slow_ratio: float = 10.0  # a collective this many times slower than its own history
     slow_min_us: float = 5000.0  # ... and at least this much slower per call
+    throttle_after: float = 5.0  # thermal/power slowdown active this long is a finding
 
 
 Finding = dict[str, Any]
@@ -68,7 +75,8 @@ def _have(ranks: Iterable[int]) -> str:
 
 def _group_label(state: JobState, name: str) -> str:
     desc = (state.groups.get(name) or {}).get("desc")
-    return f"group {name} ({desc})" if desc else f"group {name}"
+    # torch names groups made without a description "undefined"
+    return f"group {name} ({desc})" if desc and desc != "undefined" else f"group {name}"
 
 
 def _where(r: RankState | None) -> str:
@@ -441,28 +449,22 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
 
     Needs no synchronised clocks: each rank's own in-collective time is compared. The rank
     that arrives last waits least; when the same rank waits least interval after interval,
-    and the others wait much longer, it is the straggler. A healthy job's waits are short
-    and spread over every rank, so the ratio and the absolute floor keep it silent.
+    and the others wait much longer, it is the straggler. The window grows until every rank
+    has seen ``straggler_min_calls`` collectives, so a group that runs one collective a
+    second is judged on as many samples as a busy one; short, scattered waits of a healthy
+    job fail the ratio, the floor or the consistency test.
     """
     out = []
     running = {r.rank for r in state.ranks() if r.status == "running"}
     for group in sorted(state.groups, key=str):
-        windows = {rank: pts[-s.straggler_intervals:]
-                   for rank, pts in _windows(state, group, now).items() if rank in running}
-        if len(windows) < 2 or any(len(p) < s.straggler_intervals for p in windows.values()):
+        windows = {rank: pts for rank, pts in _windows(state, group, now).items()
+                   if rank in running}
+        if len(windows) < 2:
             continue
-        means = {rank: _mean_us(pts) for rank, pts in windows.items()}
-        slow = min(means, key=means.get)
-        others = sorted(v for r, v in means.items() if r != slow)
-        typical = others[len(others) // 2]
-        if typical < s.straggler_ratio * means[slow] or \
-                typical - means[slow] < s.straggler_min_wait_us:
+        verdicts = [_straggler_in(windows, back, s) for back in range(s.straggler_persist)]
+        if any(v is None for v in verdicts) or len({v[0] for v in verdicts}) != 1:
             continue
-        # It must also be the least-waiting rank in every one of those intervals.
-        per_interval = [{r: pts[i][2] / pts[i][1] for r, pts in windows.items()}
-                        for i in range(s.straggler_intervals)]
-        if any(min(m, key=m.get) != slow for m in per_interval):
-            continue
+        slow, means, typical, n, recent = verdicts[0]
         r = _by_rank(state).get(slow)
         out.append(finding(
             "straggler", "warning", [slow], group,
@@ -474,46 +476,160 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
             "uneven batch or sequence lengths, extra work on that rank (logging, "
             "checkpointing), or a slower device (GPU clocks throttled: see GPU health).",
             {"mean_wait_us": {str(k): round(v, 1) for k, v in sorted(means.items())},
-             "intervals": s.straggler_intervals},
-            max(pts[-1][0] for pts in windows.values()), key=f"r{slow}"))
+             "intervals": n, "collectives": sum(p[1] for p in recent[slow])},
+            max(pts[-1][0] for pts in recent.values()), key=f"r{slow}"))
     return out
+
+
+def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):
+    """The straggler of the window ending ``back`` intervals ago, or None.
+
+    Returns ``(rank, mean wait per rank, the others' typical wait, intervals, points)``.
+    """
+    windows = {rank: pts[:len(pts) - back] for rank, pts in windows.items()}
+    depth = min(len(p) for p in windows.values())
+    n = s.straggler_min_intervals
+    while n <= depth and any(sum(p[1] for p in pts[-n:]) < s.straggler_min_calls
+                             for pts in windows.values()):
+        n += 1
+    if n > depth:
+        return None
+    recent = {rank: pts[-n:] for rank, pts in windows.items()}
+    means = {rank: _mean_us(pts) for rank, pts in recent.items()}
+    slow = min(means, key=means.get)
+    others = sorted(v for r, v in means.items() if r != slow)
+    typical = others[len(others) // 2]
+    if typical < s.straggler_ratio * means[slow] or \
+            typical - means[slow] < s.straggler_min_wait_us:
+        return None
+    least = [min(recent, key=lambda r: recent[r][i][2] / recent[r][i][1]) for i in range(n)]
+    if least.count(slow) < s.straggler_consistency * n:
+        return None
+    return slow, means, typical, n, recent
 
 
 def slow_collective(state: JobState, now: float, s: Settings) -> list[Finding]:
     """A group's collectives far slower than their own history in this job.
 
     Per interval, the fastest rank's time inside collectives is the transfer itself (nobody
-    waits for a straggler there), so that is what is compared with its own past.
+    waits for a straggler there), so that is what is compared with its own past; it must
+    stay slow for ``slow_persist`` intervals (a one-second stall of a busy machine is not a
+    finding), and only while the ranks run.
     """
     out = []
+    running = {r.rank for r in state.ranks() if r.status == "running"}
     for group in sorted(state.groups, key=str):
-        windows = _windows(state, group, now)
-        if not windows or min(len(p) for p in windows.values()) < s.slow_history + 1:
+        windows = {rank: pts for rank, pts in _windows(state, group, now).items()
+                   if rank in running}
+        if not windows:
             continue
         depth = min(len(p) for p in windows.values())
-        fastest = [min(pts[i][2] / pts[i][1] for pts in windows.values())
-                   for i in range(-depth, 0)]
-        history = sorted(fastest[:-1])
-        baseline = history[len(history) // 2]
-        current = fastest[-1]
-        if current < s.slow_ratio * baseline or current - baseline < s.slow_min_us:
+        fastest = []
+        for i in range(-depth, 0):
+            points = [pts[i] for pts in windows.values()]
+            best = min(points, key=lambda p: p[2] / p[1])
+            fastest.append(best[2] / best[1] if best[1] >= s.slow_min_calls else None)
+        history = sorted(v for v in fastest[:-s.slow_persist] if v is not None)
+        current = fastest[-s.slow_persist:]
+        if len(history) < s.slow_history or len(current) < s.slow_persist or None in current:
             continue
+        baseline = history[len(history) // 2]
+        if any(v < s.slow_ratio * baseline or v - baseline < s.slow_min_us for v in current):
+            continue
+        latest = current[-1]
         members = sorted(windows)
         out.append(finding(
             "slow_collective", "warning", members, group,
-            f"Collectives on {_group_label(state, group)} take {current / 1000:.1f} ms, "
-            f"{current / baseline:.0f}x their usual {baseline / 1000:.2f} ms in this job.",
+            f"Collectives on {_group_label(state, group)} take {latest / 1000:.1f} ms, "
+            f"{latest / baseline:.0f}x their usual {baseline / 1000:.2f} ms in this job.",
             "The transfer itself slowed down on every rank (not one late rank): check the "
             "links between these ranks' hosts (NCCL_DEBUG=INFO shows the transport; "
             "`ibstat`, NVLink/PCIe errors in GPU health), other jobs sharing the network, "
             "and a sudden growth in message size.",
-            {"current_us": round(current, 1), "baseline_us": round(baseline, 1),
-             "ranks": members},
+            {"current_us": round(latest, 1), "baseline_us": round(baseline, 1),
+             "ranks": members, "intervals": s.slow_persist},
             max(pts[-1][0] for pts in windows.values()), key="latest"))
+    return out
+
+
+# XIDs that mean the hardware (not the program) failed; others are usually the program's
+# own fault (13, 31, 43: an illegal access or a crashed kernel) and are reported as warnings.
+HARDWARE_XIDS = {
+    48: "double-bit ECC error", 61: "internal micro-controller breakpoint/warning",
+    62: "internal micro-controller halt", 63: "ECC page retirement or row remapping recorded",
+    64: "ECC row remapping failure", 74: "NVLink error", 79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate", 94: "contained ECC error",
+    95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error",
+    140: "unrecovered ECC error",
+}
+APP_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault",
+            43: "GPU stopped processing", 45: "preemptive cleanup after an earlier error"}
+_GPU_FAULTS = {"lost": "the GPU fell off the bus (NVML: GPU is lost)",
+               "ecc": "uncorrectable ECC errors since the driver loaded",
+               "remap_failure": "a memory row remapping failed",
+               "remap_pending": "a memory row remapping is pending (needs a GPU reset)"}
+
+
+def _fault_text(key: str) -> tuple[str, bool]:
+    """(description, is hardware) of a GPU fault key."""
+    if key.startswith("xid:"):
+        xid = int(key[4:])
+        if xid in HARDWARE_XIDS:
+            return f"XID {xid} ({HARDWARE_XIDS[xid]})", True
+        return f"XID {xid} ({APP_XIDS.get(xid, 'see the NVIDIA XID catalogue')})", False
+    return _GPU_FAULTS[key], key != "remap_pending"
+
+
+def gpu_fault(state: JobState, now: float, s: Settings) -> list[Finding]:
+    out = []
+    ranks = _by_rank(state)
+    for rank, faults in sorted(state.gpu_faults.items()):
+        if not faults:
+            continue
+        described = {key: _fault_text(key) for key in faults}
+        hardware = any(hw for _, hw in described.values())
+        gpu = state.gpus.get(rank, {})
+        host = (ranks.get(rank).host if ranks.get(rank) else None) or "its host"
+        text = "; ".join(d for d, _ in described.values())
+        out.append(finding(
+            "gpu_fault", "critical" if hardware else "warning", [rank], None,
+            f"GPU of rank {rank} ({gpu.get('name') or 'GPU'} {gpu.get('uuid', '')}) on {host}: "
+            f"{text}.",
+            (f"Take {host} out of the pool and check it: `nvidia-smi -q -d ECC,ROW_REMAPPER` "
+             f"and `dmesg -T | grep -i xid` on {host}; XID 79, 95 or a remap failure need a GPU "
+             "reset or an RMA. Restart the job without that GPU."
+             if hardware else
+             "These XIDs usually come from the program itself (an illegal memory access, a "
+             "kernel that crashed): rerun that rank with CUDA_LAUNCH_BLOCKING=1 or under "
+             "compute-sanitizer to find the kernel."),
+            {"faults": {k: {"first_seen": t, "meaning": described[k][0]}
+                        for k, t in sorted(faults.items())},
+             "uuid": gpu.get("uuid"), "host": host},
+            min(faults.values()), key=f"r{rank}"))
+    return out
+
+
+def gpu_throttle(state: JobState, now: float, s: Settings) -> list[Finding]:
+    out = []
+    for rank, since in sorted(state.throttled_since.items()):
+        gpu = state.gpus.get(rank, {})
+        reasons = [r for r in gpu.get("reasons", []) if r != "gpu_idle"]
+        out.append(finding(
+            "gpu_throttle", "warning", [rank], None,
+            f"GPU of rank {rank} is slowed down ({', '.join(reasons)}): SM clock "
+            f"{gpu.get('sm_clock_mhz') or '?'} of {gpu.get('sm_clock_max_mhz') or '?'} MHz, "
+            f"{gpu.get('temp_c') or '?'} °C, {gpu.get('power_w') or '?'} W.",
+            "A throttled GPU makes its rank a straggler for the whole job. Check cooling and "
+            "power on that host (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`), fans, "
+            "airflow and the power supply; a hardware slowdown that persists needs the host "
+            "looked at.",
+            {"reasons": reasons, "since": since, "temp_c": gpu.get("temp_c"),
+             "power_w": gpu.get("power_w"), "sm_clock_mhz": gpu.get("sm_clock_mhz")},
+            since + s.throttle_after, key=f"r{rank}"))
     return out
 
 
 RULES: list[Callable[[JobState, float, Settings], list[Finding]]] = [
     init_incomplete, init_failed, config_mismatch, rank_lost, rank_failed, hang, desync,
-    straggler, slow_collective,
+    straggler, slow_collective, gpu_fault, gpu_throttle,
 ]

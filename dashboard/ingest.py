@@ -104,15 +104,21 @@ class Ingest:
     # -- diagnosis ---------------------------------------------------------------------------
 
     def diagnose_live(self) -> None:
-        """Re-diagnose jobs that are running or changed, at the current time; mark changes."""
+        """Re-diagnose jobs that are running or changed, at the current time; store and mark
+        what changed."""
         now = self.clock()
+        changed: dict[int, list[Finding]] = {}
         with self._states_lock:
             for job_id, state in list(self._states.items()):
                 if state.status in ("finished", "failed") and \
                         self._diagnosed.get(job_id) == state.applied:
                     continue
-                if self._update_findings(job_id, state, now):
+                rows = self._update_findings(job_id, state, now)
+                if rows:
+                    changed[job_id] = rows
                     self.dirty.add(job_id)
+        for job_id, rows in changed.items():  # outside the lock: the writer takes it too
+            self.store.submit(lambda conn, j=job_id, r=rows: self.store.save_findings(conn, j, r))
 
     def findings(self, job_id: int) -> list[Finding] | None:
         """Every finding of the job, newest first (None if the job is unknown)."""
@@ -123,9 +129,12 @@ class Ingest:
 
         return self.read(job_id, view)
 
-    def _update_findings(self, job_id: int, state: JobState, now: float) -> bool:
-        book = self._findings.setdefault(job_id, {})
-        before = {fid: (f["active"], f["summary"], f["ranks"]) for fid, f in book.items()}
+    def _update_findings(self, job_id: int, state: JobState, now: float) -> list[Finding]:
+        """Fold a fresh diagnosis into the job's findings; returns those that changed."""
+        book = self._findings.get(job_id)
+        if book is None:  # first look since start: what earlier runs concluded, then today's
+            book = self._findings[job_id] = {f["id"]: f for f in self.store.job_findings(job_id)}
+        before = {fid: _gist(f) for fid, f in book.items()}
         current = {f["id"]: f for f in diagnose(state, now, self.settings)}
         for fid, f in current.items():
             old = book.get(fid)
@@ -136,7 +145,7 @@ class Ingest:
             if fid not in current:
                 f["active"] = False
         self._diagnosed[job_id] = state.applied
-        return before != {fid: (f["active"], f["summary"], f["ranks"]) for fid, f in book.items()}
+        return [f for fid, f in book.items() if before.get(fid) != _gist(f)]
 
     def take_dirty(self) -> set[int]:
         """Jobs changed since the last call (for the throttled UI push)."""
@@ -253,6 +262,11 @@ class Ingest:
         self.counters["stored_events"] += len(fresh)
         self.dirty.add(job_id)
         return len(fresh)
+
+
+def _gist(finding: Finding) -> tuple:
+    """What makes a finding worth pushing and storing again (not its last_seen)."""
+    return (finding["active"], finding["severity"], finding["summary"], finding["ranks"])
 
 
 def _joins(state: JobState, rank: int | None, session: str) -> bool:

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 from typing import Any, Iterable, TypedDict
 
 from agent.wire import hist_bucket_value
 
 TERMINAL_RANK = ("exited", "failed", "lost")
 RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
+GPU_HISTORY = 120  # GPU readings kept per rank (about two minutes)
+# Clock-event reasons that mean the GPU is slowed by heat or power trouble (not just busy).
+THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
+                    "hw_power_brake_slowdown")
 MAX_ERRORS = 200  # verbatim error texts kept per job (the log keeps them all)
 
 
@@ -94,10 +99,16 @@ class JobState:
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
         # (group, rank) -> recent (t, count, sum_us) summaries, for straggler/slow rules
         self.recent: dict[tuple[str, int], collections.deque] = {}
+        self.gpus: dict[int, dict[str, Any]] = {}  # rank -> latest GPU reading
+        self.gpu_history: dict[int, collections.deque] = {}  # rank -> [t, util, mem, temp, W]
+        # rank -> fault key ("xid:79", "ecc", "remap_failure", "lost", ...) -> first seen
+        self.gpu_faults: dict[int, dict[str, float]] = {}
+        self.throttled_since: dict[int, float] = {}  # rank -> start of the current throttling
         self.started_at: float | None = None
         self.last_event_at: float | None = None
         self.last_event_id = 0
         self.applied = 0
+        self._summary_memo: tuple[int, dict[str, Any]] | None = None
 
     # -- the fold ----------------------------------------------------------------------------
 
@@ -163,17 +174,22 @@ class JobState:
     def _on_coll_stats(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is None:
             return
+        per_group: dict[str, list] = {}  # one point per group and interval, all ops together
         for row in body["rows"]:
             key = (row["group"], row["op"], r.rank)
             stats = self.collectives.get(key)
             if stats is None:
                 stats = self.collectives[key] = LatencyStats()
             stats.add(row)
-            window = self.recent.get((row["group"], r.rank))
+            point = per_group.setdefault(row["group"], [body["end"], 0, 0.0])
+            point[1] += row["count"]
+            point[2] += row["sum_us"]
+        for group, point in per_group.items():
+            window = self.recent.get((group, r.rank))
             if window is None:
-                window = self.recent[(row["group"], r.rank)] = collections.deque(
+                window = self.recent[(group, r.rank)] = collections.deque(
                     maxlen=RECENT_INTERVALS)
-            window.append((body["end"], row["count"], row["sum_us"]))
+            window.append(tuple(point))
 
     def _on_heartbeat(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.status == "lost":
@@ -187,6 +203,30 @@ class JobState:
     def _on_stack(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is not None:
             self.stacks[(body["group"], r.rank)] = dict(body, t=t)
+
+    def _on_gpu(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if r.rank is None:
+            return
+        v = body["values"]
+        self.gpus[r.rank] = {"t": t, "uuid": body["uuid"], "name": body.get("name"),
+                             "lost": body["lost"], "reasons": body["reasons"], **v}
+        history = self.gpu_history.get(r.rank)
+        if history is None:
+            history = self.gpu_history[r.rank] = collections.deque(maxlen=GPU_HISTORY)
+        history.append([t, v.get("util_gpu"), v.get("mem_used"), v.get("temp_c"),
+                        v.get("power_w")])
+        faults = self.gpu_faults.setdefault(r.rank, {})
+        keys = [f"xid:{x}" for x in body["xids"]]
+        keys += [k for k, on in (("lost", body["lost"]),
+                                 ("ecc", (v.get("ecc_uncorrected") or 0) > 0),
+                                 ("remap_failure", (v.get("remap_failure") or 0) > 0),
+                                 ("remap_pending", (v.get("remap_pending") or 0) > 0)) if on]
+        for key in keys:
+            faults.setdefault(key, t)
+        if any(reason in THROTTLE_REASONS for reason in body["reasons"]):
+            self.throttled_since.setdefault(r.rank, t)
+        else:
+            self.throttled_since.pop(r.rank, None)
 
     def _on_error(self, r: RankState, body: dict[str, Any], t: float) -> None:
         self._record_error(r, body, t)
@@ -227,39 +267,61 @@ class JobState:
 
     @property
     def world_size(self) -> int | None:
-        sizes = collections.Counter(r.world_size for r in self.sessions.values() if r.world_size)
-        return sizes.most_common(1)[0][0] if sizes else None
+        return self.summary()["world_size"]
 
     @property
     def backend(self) -> str | None:
-        names = collections.Counter(r.backend for r in self.sessions.values() if r.backend)
-        return names.most_common(1)[0][0] if names else None
+        return self.summary()["backend"]
 
     @property
     def status(self) -> str:
-        ranks = self.ranks()
-        if not ranks:
-            return "initializing"
-        if all(r.status in TERMINAL_RANK for r in ranks):
-            complete = self.world_size is None or len(ranks) >= self.world_size
-            clean = all(r.status == "exited" for r in ranks)
-            return "finished" if clean and complete else "failed"
-        if any(r.status in ("running", "exited") for r in ranks):
-            return "running"
-        return "initializing"
+        return self.summary()["status"]
 
     @property
     def ended_at(self) -> float | None:
-        if self.status not in ("finished", "failed"):
-            return None
-        ends = [r.exit_at for r in self.ranks() if r.exit_at is not None]
-        return max(ends) if ends else self.last_event_at
+        return self.summary()["ended_at"]
 
     def summary(self) -> dict[str, Any]:
-        """The job as /api/jobs lists it."""
-        return {"id": self.job_id, "name": self.name, "status": self.status,
-                "world_size": self.world_size, "backend": self.backend,
-                "started_at": self.started_at, "ended_at": self.ended_at}
+        """The job as /api/jobs lists it; the properties above read it.
+
+        World size and backend are what most ranks say. Ingest asks before and after every
+        batch, so at 1,024 ranks it is one pass over the sessions, remembered until the next
+        event is applied.
+        """
+        memo = self._summary_memo
+        if memo is not None and memo[0] == self.applied:
+            return dict(memo[1])
+        by_rank: dict[int, RankState] = {}
+        sizes: dict[int, int] = {}
+        backends: dict[str, int] = {}
+        for r in self.sessions.values():
+            if r.rank is not None:
+                by_rank[r.rank] = r
+            if r.world_size:
+                sizes[r.world_size] = sizes.get(r.world_size, 0) + 1
+            if r.backend:
+                backends[r.backend] = backends.get(r.backend, 0) + 1
+        world_size = max(sizes, key=sizes.get) if sizes else None  # first of the most common
+        backend = max(backends, key=backends.get) if backends else None
+        statuses = collections.Counter(r.status for r in by_rank.values())
+        if not by_rank:
+            status = "initializing"
+        elif sum(statuses[k] for k in TERMINAL_RANK) == len(by_rank):
+            complete = world_size is None or len(by_rank) >= world_size
+            status = "finished" if statuses["exited"] == len(by_rank) and complete else "failed"
+        elif statuses["running"] or statuses["exited"]:
+            status = "running"
+        else:
+            status = "initializing"
+        ended_at = None
+        if status in ("finished", "failed"):
+            ends = [r.exit_at for r in by_rank.values() if r.exit_at is not None]
+            ended_at = max(ends) if ends else self.last_event_at
+        summary = {"id": self.job_id, "name": self.name, "status": status,
+                   "world_size": world_size, "backend": backend,
+                   "started_at": self.started_at, "ended_at": ended_at}
+        self._summary_memo = (self.applied, summary)
+        return dict(summary)
 
     def detail(self) -> dict[str, Any]:
         """The job as /api/jobs/<id> returns it."""
@@ -293,6 +355,14 @@ class JobState:
                 for (g, rk), row in sorted(self.progress.items(),
                                            key=lambda kv: (_group_order(kv[0][0]), kv[0][1]))]
 
+    def gpu_rows(self) -> list[dict[str, Any]]:
+        """Latest GPU reading per rank, its faults and recent history."""
+        hosts = {r.rank: r.host for r in self.ranks()}
+        return [{"rank": rank, "host": hosts.get(rank), **reading,
+                 "faults": dict(self.gpu_faults.get(rank, {})),
+                 "history": [list(p) for p in self.gpu_history.get(rank, ())]}
+                for rank, reading in sorted(self.gpus.items())]
+
     def error_rows(self) -> list[dict[str, Any]]:
         """Verbatim error texts with rank and time, newest first."""
         return [dict(e) for e in reversed(self.errors)]
@@ -308,18 +378,136 @@ class JobState:
                          "error": error.get("error") if error else None})
         return sorted(rows, key=lambda row: (row["rank"] is None, row["rank"] or 0))
 
-    def timeline_rows(self) -> list[dict[str, Any]]:
-        """Per group and rank, recent intervals: [end time, collectives, microseconds inside]."""
-        return [{"group": g, "rank": rank, "points": [list(p) for p in window]}
+    def timeline_rows(self, max_points: int | None = None) -> list[dict[str, Any]]:
+        """Per group and rank, recent intervals: [end time, collectives, microseconds inside].
+
+        ``max_points`` bounds the points in all (the newest of each series are kept, at least
+        one each): a 1,024-rank job holds ~250,000 of them, megabytes of JSON.
+        """
+        keep = RECENT_INTERVALS
+        if max_points is not None and self.recent:
+            keep = max(1, max_points // len(self.recent))
+        return [{"group": g, "rank": rank,
+                 "points": [list(p) for p in itertools.islice(window, max(0, len(window) - keep),
+                                                              None)]}
                 for (g, rank), window in sorted(self.recent.items(),
                                                 key=lambda kv: (_group_order(kv[0][0]),
                                                                 kv[0][1]))]
+
+    def op_rows(self) -> list[dict[str, Any]]:
+        """Per group family and op, merged over its ranks: counts, bytes and latency.
+
+        A family is the groups that share a description (``mesh_tp`` is every tensor-parallel
+        group of a mesh), so a 1,024-rank job gives a handful of rows. Percentiles come from
+        the merged histograms, so they are exact to the bucket width like the per-rank rows.
+        """
+        families = self.families()
+        merged: dict[tuple[str, str], tuple[LatencyStats, set[str], set[int]]] = {}
+        for (g, o, rk), s in self.collectives.items():
+            key = (families.get(g, g), o)
+            entry = merged.get(key)
+            if entry is None:
+                entry = merged[key] = (LatencyStats(), set(), set())
+            total, groups, ranks = entry
+            total.count += s.count
+            total.bytes += s.bytes
+            total.sum_us += s.sum_us
+            total.max_us = max(total.max_us, s.max_us)
+            total.hist.update(s.hist)
+            groups.add(g)
+            ranks.add(rk)
+        order = {f: i for i, f in enumerate(dict.fromkeys(
+            families[name] for name in sorted(self.groups, key=_group_order)))}
+        rows = []
+        for (family, op), (s, groups, ranks) in sorted(
+                merged.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
+            rows.append({"family": family, "groups": sorted(groups, key=_group_order),
+                         "op": op, "ranks": len(ranks), "count": s.count, "bytes": s.bytes,
+                         "mean_us": round(s.sum_us / s.count, 3) if s.count else None,
+                         "p50_us": s.percentile(0.5), "p99_us": s.percentile(0.99),
+                         "max_us": round(s.max_us, 3)})
+        return rows
+
+    def families(self) -> dict[str, str]:
+        """Group name -> its family: the description it shares with others, else its name."""
+        return {name: family_of(g) for name, g in self.groups.items()}
+
+    def timeline_grid(self, bins: int = 30) -> dict[str, Any]:
+        """Recent collective time on a common one-second grid, per group family.
+
+        The page draws a heat map rank x time from ``busy`` (percent of each second a rank
+        spent inside the family's collectives; None where it reported nothing) and latency
+        lines from ``p50_us``/``p99_us`` (across the family's ranks, of each rank's mean time
+        per collective in that second). Compact on purpose: 1,024 ranks in four families
+        are about 120,000 small integers, where the raw ``timeline_rows`` are megabytes.
+        Bins are whole seconds of the agents' own clocks (``end`` of each summary).
+        """
+        families = self.families()
+        ends = [w[-1][0] for w in self.recent.values() if w]
+        if not ends:
+            return {"end": None, "step": 1, "bins": bins, "families": []}
+        last = int(max(ends))
+        first = last - bins + 1
+        # family -> rank -> [busy percent per bin], and family -> per bin [mean us per rank]
+        busy_of: dict[str, dict[int, list]] = {}
+        means_of: dict[str, list[list[float]]] = {}
+        counts_of: dict[str, list[int]] = {}
+        for (g, rank), window in self.recent.items():
+            family = families.get(g, g)
+            rows = busy_of.get(family)
+            if rows is None:
+                rows = busy_of[family] = {}
+                means_of[family] = [[] for _ in range(bins)]
+                counts_of[family] = [0] * bins
+            means, counts = means_of[family], counts_of[family]
+            row = rows.get(rank)
+            n = len(window)
+            prev_end = None
+            for end, count, sum_us in itertools.islice(window, max(0, n - bins - 1), None):
+                b = int(end) - first
+                dt = end - prev_end if prev_end is not None else 1.0
+                prev_end = end
+                if b < 0:
+                    continue
+                if row is None:
+                    row = rows[rank] = [None] * bins
+                pct = round(sum_us / 1e4 / (dt if 0.2 < dt < 10 else 1.0))
+                row[b] = min(100, pct if row[b] is None else row[b] + pct)
+                if count:
+                    counts[b] += count
+                    means[b].append(sum_us / count)
+        order = list(dict.fromkeys(families[name] for name in sorted(self.groups,
+                                                                     key=_group_order)))
+        order += sorted(f for f in busy_of if f not in order)
+        out = []
+        for family in order:
+            rows = busy_of.get(family)
+            if not rows:
+                continue
+            ranks = sorted(rows)
+            p50, p99 = [], []
+            for values in means_of[family]:
+                values.sort()
+                n = len(values)
+                p50.append(round(values[n // 2], 1) if n else None)
+                p99.append(round(values[min(n - 1, int(0.99 * n))], 1) if n else None)
+            out.append({"family": family, "groups": sorted(
+                (g for g, f in families.items() if f == family), key=_group_order),
+                "ranks": ranks, "busy": [rows[r] for r in ranks], "count": counts_of[family],
+                "p50_us": p50, "p99_us": p99})
+        return {"end": last, "step": 1, "bins": bins, "families": out}
 
     def claims(self, rank: int | None, session: str) -> bool:
         """Whether another session already holds ``rank`` in this job."""
         if rank is None:
             return False
         return any(r.rank == rank and s != session for s, r in self.sessions.items())
+
+
+def family_of(group: dict[str, Any]) -> str:
+    """The family a group belongs to: its description unless torch left it generic."""
+    desc = group.get("desc")
+    return desc if desc and desc != "undefined" else group["name"]
 
 
 def _group_order(name: str) -> tuple[int, Any]:

@@ -72,6 +72,18 @@ events = sa.Table(
     sa.Index("ix_events_job_id_id", "job_id", "id"),
 )
 
+findings = sa.Table(
+    "findings", metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("id", sa.String(160), primary_key=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("severity", sa.String(16), nullable=False),
+    sa.Column("active", sa.Boolean, nullable=False),
+    sa.Column("first_seen", sa.Float, nullable=False),
+    sa.Column("last_seen", sa.Float, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+)
+
 JOB_FIELDS = ("status", "world_size", "backend", "started_at", "ended_at")
 
 
@@ -237,7 +249,24 @@ class Store:
         conn.execute(sa.update(jobs).where(jobs.c.id == job_id)
                      .values(**{k: summary[k] for k in JOB_FIELDS}))
 
+    @staticmethod
+    def save_findings(conn: sa.Connection, job_id: int, rows: list[dict[str, Any]]) -> None:
+        """Insert or replace findings (portable: delete then insert, in one transaction)."""
+        if not rows:
+            return
+        conn.execute(sa.delete(findings).where(findings.c.job_id == job_id,
+                                               findings.c.id.in_([f["id"] for f in rows])))
+        conn.execute(sa.insert(findings), [
+            {"job_id": job_id, "id": f["id"], "kind": f["kind"], "severity": f["severity"],
+             "active": f["active"], "first_seen": f["first_seen"], "last_seen": f["last_seen"],
+             "body": json.dumps(f)} for f in rows])
+
     # -- reading -----------------------------------------------------------------------------
+
+    def job_findings(self, job_id: int) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(findings.c.body).where(findings.c.job_id == job_id))
+            return [json.loads(body) for (body,) in rows]
 
     def max_seqs(self) -> dict[str, int]:
         with self.engine.connect() as conn:

@@ -28,7 +28,7 @@ import pytest
 import socketio
 
 from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
-from conftest import job_by_name, wait_for
+from conftest import ServerProcess, job_by_name, wait_for
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -353,6 +353,133 @@ def test_job_page_needs_no_network_beyond_the_server(server, agents, watched):
     assert any("/static/css/pgdash.css" in u for u in seen), seen
     assert aborted == [], f"the page tried to reach outside the server: {aborted}"
     assert failed == [], f"requests failed: {failed}"
+    watched.assert_clean()
+
+
+@pytest.fixture
+def hang_server(tmp_path):
+    """A server that calls a collective hung after one second (``--hang-after 1``)."""
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'hang.db'}", extra=["--hang-after", "1"],
+                        log_path=tmp_path / "hang-server.log").start()
+    yield srv
+    srv.stop()
+
+
+def test_hang_finding_shows_its_hint_and_highlights_the_rank_at_fault(hang_server, watched):
+    page = watched.page
+    agents = [FakeAgent(hang_server.url, "hung", rank, host="node-a" if rank < 2 else "node-b",
+                        world_size=3) for rank in range(3)]
+    try:
+        agents[0].send("group", {"name": "0", "desc": "default_pg", "backend": "gloo",
+                                 "ranks": [0, 1, 2]})
+        stuck_since = time.time() - 5  # longer than --hang-after 1
+        for agent in agents[:2]:  # ranks 0 and 1 wait inside all_reduce #5 ...
+            agent.send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 4,
+                                                 "inflight_op": "all_reduce",
+                                                 "inflight_since": stuck_since}]})
+        agents[2].send("heartbeat", {"groups": [{"group": "0", "entered": 4,  # ... rank 2 is
+                                                 "completed": 4}]})  # still at #4
+        jid = job_id(hang_server, "hung")
+        wait_for(lambda: any(f["kind"] == "hang" for f in
+                             hang_server.api(f"/api/jobs/{jid}/findings")["findings"]),
+                 10, "the hang finding")
+
+        page.goto(f"{hang_server.url}/jobs/{jid}")
+        expect(page.locator("#live-text")).to_have_text("Live")
+        finding = page.locator("#findings li.finding[data-kind='hang']")
+        expect(finding).to_have_count(1, timeout=LIVE_MS)
+        expect(finding.locator(".finding-summary")).to_contain_text("for rank 2")
+        expect(finding.locator(".blamed")).to_have_text("rank 2")
+        expect(finding.locator(".finding-hint")).to_contain_text(
+            "Rank 2 never reached that collective")
+        expect(page.locator("#job-verdict")).to_have_text("1 critical finding")
+        # The rank states are on the topology before anything is selected.
+        topology = page.locator("#topology")
+        expect(topology.locator(".rk[data-rank='2']")).to_have_attribute("data-state", "hung")
+        expect(topology.locator(".rk[data-rank='0']")).to_have_attribute("data-state", "hung")
+        expect(topology).to_have_attribute("data-highlight", "")
+
+        finding.locator(".finding-head").click()
+        expect(finding).to_have_class(re.compile(r"\bselected\b"))
+        expect(topology).to_have_attribute("data-highlight", "2")
+        expect(topology.locator(".rk[data-rank='2']")).to_have_class(re.compile(r"\bhl\b"))
+        expect(topology.locator(".rk.hl")).to_have_count(1)
+        expect(page.locator("#ranks-body tr.hl")).to_have_count(1)
+        expect(page.locator("#ranks-body tr.hl td").first).to_have_text("2")
+        expect(page.locator("#progress .pg-cell.hl")).to_have_attribute("data-rank", "2")
+        assert page.evaluate("window.pgdashJob.highlighted()") == [2]
+
+        # The evidence opens and names the waiting ranks; the selection survives live updates.
+        finding.locator("summary").click()
+        expect(finding.locator(".ev-fields")).to_contain_text("0, 1")
+        agents[2].send("heartbeat", {"groups": [{"group": "0", "entered": 4, "completed": 4}]})
+        page.wait_for_timeout(1200)  # at least two live pushes
+        expect(finding.locator("details")).to_have_attribute("open", "")
+        expect(topology).to_have_attribute("data-highlight", "2")
+
+        finding.locator(".finding-head").click()  # a second click clears it
+        expect(topology).to_have_attribute("data-highlight", "")
+        expect(topology.locator(".rk.hl")).to_have_count(0)
+    finally:
+        closers = [threading.Thread(target=a.close, daemon=True) for a in agents]
+        for t in closers:
+            t.start()
+        for t in closers:
+            t.join(timeout=15)
+    watched.assert_clean()
+
+
+def test_errors_are_shown_verbatim_as_text_and_gpus_say_why_they_are_empty(server, agents,
+                                                                          watched):
+    page = watched.page
+    agent = agents("errs", 0, host="node-a")
+    agent.send("group", {"name": "0", "ranks": [0, 1]})
+    hostile = "Connection reset by peer\n  <img src=x onerror=alert(1)> & <b>bold</b>"
+    agent.send("error", {"where": "collective", "error_type": "DistBackendError",
+                         "error": hostile, "group": "0", "op": "all_reduce", "seq": 7})
+    jid = job_id(server, "errs")
+
+    page.goto(f"{server.url}/jobs/{jid}")
+    expect(page.locator("#live-text")).to_have_text("Live")
+    item = page.locator("#errors li.error-item")
+    expect(item).to_have_count(1, timeout=LIVE_MS)
+    expect(item).to_have_attribute("data-rank", "0")
+    expect(item.locator(".error-head")).to_contain_text("rank 0")
+    expect(item.locator(".error-head")).to_contain_text("DistBackendError")
+    expect(item.locator(".error-head")).to_contain_text("all_reduce #7")
+    assert item.locator("pre.error-text").text_content() == hostile  # verbatim, newline too
+    assert page.locator("#errors img, #errors b").count() == 0
+    expect(page.locator("#errors-count")).to_have_text("1 error")
+    expect(page.locator("#gpus")).to_have_text(
+        "No GPU data: this job runs on CPU, or the agent has no NVML")
+    assert_no_markup_from_data(page)
+    watched.assert_clean()
+
+
+def test_gpu_health_shows_each_ranks_reading_and_its_faults(server, agents, watched):
+    page = watched.page
+    agent = agents("gpu", 0, host="node-a", device="cuda:0")
+    agent.send("gpu", {"uuid": "GPU-1234", "name": "NVIDIA H200", "lost": False,
+                       "values": {"util_gpu": 87.0, "mem_used": 40e9, "mem_total": 80e9,
+                                  "temp_c": 71.0, "power_w": 350.0, "power_limit_w": 400.0,
+                                  "sm_clock_mhz": 1410.0, "sm_clock_max_mhz": 1980.0,
+                                  "ecc_uncorrected": 0.0},
+                       "reasons": ["sw_thermal_slowdown"], "xids": [79]})
+    jid = job_id(server, "gpu")
+
+    page.goto(f"{server.url}/jobs/{jid}")
+    expect(page.locator("#live-text")).to_have_text("Live")
+    row = page.locator("#gpus tbody tr[data-rank='0']")
+    expect(row).to_have_count(1, timeout=LIVE_MS)
+    cells = row.locator("td")
+    expect(cells.nth(1)).to_have_text("NVIDIA H200")
+    expect(cells.nth(2)).to_have_text("87%")
+    expect(cells.nth(4)).to_have_text("71 °C")
+    expect(cells.nth(5)).to_have_text("350 / 400 W")
+    expect(cells.nth(7)).to_have_text("sw_thermal_slowdown")
+    expect(cells.nth(7)).to_have_class("bad")
+    expect(cells.nth(8)).to_contain_text("xid:79")
+    expect(page.locator("#gpus-count")).to_have_text("1 GPU")
     watched.assert_clean()
 
 

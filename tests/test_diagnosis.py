@@ -229,14 +229,35 @@ def test_no_straggler_when_waits_are_short_or_spread():
 def test_slow_collective_against_its_own_history():
     log = running(2)
     for r in range(2):
-        intervals(log, r, "0", [0.5] * 11 + [40])
-    (f,) = diagnose(log.state(), 113, S)
+        intervals(log, r, "0", [0.5] * 11 + [40, 38, 41])
+    (f,) = diagnose(log.state(), 115, S)
     assert f["kind"] == "slow_collective" and f["ranks"] == [0, 1]
     assert f["evidence"]["baseline_us"] == 500.0
+    for tail in ([2, 2, 2], [0.5, 0.5, 40]):  # 4x: normal variation; one stalled second
+        log = running(2)
+        for r in range(2):
+            intervals(log, r, "0", [0.5] * 11 + tail)
+        assert diagnose(log.state(), 115, S) == []
     log = running(2)
     for r in range(2):
-        intervals(log, r, "0", [0.5] * 11 + [2])  # 4x: within normal variation
-    assert diagnose(log.state(), 113, S) == []
+        intervals(log, r, "0", [0.5] * 11 + [40, 38, 41])
+    log.add("s0", "exit", {"clean": True}, t=116)
+    log.add("s1", "exit", {"clean": True}, t=116)
+    assert diagnose(log.state(), 117, S) == []  # a finished job's last barrier is no finding
+
+
+def test_straggler_needs_enough_collectives_in_a_quiet_group():
+    log = running(3)
+    # One collective a second; rank 2 happens to arrive last in the two latest seconds.
+    for r, waits in ((0, [1, 4, 4]), (1, [4, 1, 4]), (2, [4, 0.5, 0.5])):
+        intervals(log, r, "0", waits, per=1)
+    assert diagnose(log.state(), 104, S) == []
+    # 25 seconds of rank 2 arriving last at every one: now it is named.
+    log = running(3)
+    for r in range(3):
+        intervals(log, r, "0", [0.3] * 25 if r == 2 else [9] * 25, per=1)
+    (f,) = diagnose(log.state(), 127, S)
+    assert f["kind"] == "straggler" and f["ranks"] == [2] and f["evidence"]["intervals"] == 20
 
 
 def test_chain_continues_through_a_rank_stuck_in_ddp():
@@ -259,3 +280,16 @@ def test_chain_continues_through_a_rank_stuck_in_ddp():
         {"rank": 1, "waits_in": "2", "seq": 55, "op": "a C++ collective (DDP)", "for": [3]}]
     assert found["3"]["summary"].startswith("Rank 0 has waited")
     assert found["2"]["ranks"] == [3] and found["2"]["evidence"]["source"] == "flight_recorder"
+
+
+def test_a_short_stall_of_one_rank_is_not_a_straggler():
+    # Healthy seconds (waits spread over the ranks), then rank 0 is held up for two seconds,
+    # as a crowded host's scheduler does; a straggler must outlast that.
+    healthy = {0: [1, 3, 2, 3, 1, 2], 1: [3, 1, 3, 2, 3, 1], 2: [2, 2, 1, 1, 2, 3]}
+    for burst, named in ((2, False), (4, True)):
+        log = running(3)
+        for r in range(3):
+            intervals(log, r, "0", healthy[r] + ([0.5] * burst if r == 0 else [60] * burst))
+        found = diagnose(log.state(), 101 + 6 + burst, S)
+        assert [(f["kind"], f["ranks"]) for f in found] == ([("straggler", [0])] if named
+                                                            else [])

@@ -75,7 +75,10 @@ def test_hang_inside_ddp_is_seen_through_the_flight_recorder(diag_server, tmp_pa
     try:
         f = wait_finding(diag_server, name, "hang", group="0")
         assert f["ranks"] == [2] and f["evidence"]["source"] == "flight_recorder"
-        assert f["evidence"]["waiting"] == [0, 1]
+        # Ranks pass --hang-after one by one; soon both are listed as waiting.
+        wait_for(lambda: next((x for x in findings(diag_server, name) if x["kind"] == "hang"
+                               and x["evidence"]["waiting"] == [0, 1]), None),
+                 15, "both waiting ranks")
         f = wait_for(lambda: next((x for x in findings(diag_server, name)
                                    if x["kind"] == "hang" and x["evidence"]["stacks"]), None),
                      15, "the waiting ranks' stacks")

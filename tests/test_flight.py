@@ -6,8 +6,10 @@ from agent.flight import FlightRecorderProbe
 
 
 class FakeRecorder:
-    def __init__(self):
+    def __init__(self, entries=None):
         self.status = {"0": ("4", "4"), "1": ("-1", "-1")}
+        self.entries = entries or [{"pg_id": 0, "process_group": ["0", "default_pg"]},
+                                   {"pg_id": 1, "process_group": ["", ""]}]
         self.full_dumps = 0
 
     def __call__(self, include_collectives):
@@ -17,15 +19,14 @@ class FakeRecorder:
                              for k, (e, c) in self.status.items()}}
         if include_collectives:
             self.full_dumps += 1
-            doc["entries"] = [{"pg_id": 0, "process_group": ["0", "default_pg"]},
-                              {"pg_id": 1, "process_group": ["", ""]}]
+            doc["entries"] = self.entries
         return json.dumps(doc).encode()
 
 
 def test_in_flight_since_is_kept_until_progress():
     clock = iter([100.0, 101.0, 102.0, 103.0]).__next__
     dump = FakeRecorder()
-    probe = FlightRecorderProbe(clock, dump)
+    probe = FlightRecorderProbe(clock, [dump])
     assert probe.read() == {"0": {"fr_enqueued": 4, "fr_completed": 4,
                                   "fr_inflight_since": None}}
     assert dump.full_dumps == 1  # learned group 0's name once; group 1 never ran anything
@@ -41,6 +42,17 @@ def test_no_flight_recorder_disables_the_probe():
     def broken(_):
         raise RuntimeError("no such function")
 
-    probe = FlightRecorderProbe(lambda: 1.0, broken)
+    probe = FlightRecorderProbe(lambda: 1.0, [broken])
     assert [probe.read() for _ in range(4)] == [{}] * 4
     assert probe.disabled and probe.errors == 3
+
+
+def test_nccl_groups_come_from_their_own_recorder():
+    gloo = FakeRecorder()
+    nccl = FakeRecorder(entries=[{"pg_id": 0, "process_group": ["1", "tp"]}])
+    gloo.status = {"0": ("7", "7")}
+    nccl.status = {"0": ("130", "123")}  # NCCL's completion is noticed later by its watchdog
+    probe = FlightRecorderProbe(lambda: 5.0, [gloo, nccl])
+    assert probe.read() == {
+        "0": {"fr_enqueued": 7, "fr_completed": 7, "fr_inflight_since": None},
+        "1": {"fr_enqueued": 130, "fr_completed": 123, "fr_inflight_since": 5.0}}

@@ -82,3 +82,39 @@ def test_wrong_token_is_refused(tmp_path):
         assert guarded.connect({**auth("a", 0), "token": "t"})[1] == 1
     finally:
         store.close()
+
+
+def test_findings_are_stored_and_survive_a_restart_resolved_ones_included(ingest):
+    from dashboard.diagnosis import Settings
+
+    ingest.settings = Settings(hang_after=5.0, lost_after=1e9)
+    sessions = {}
+    for r in range(3):
+        sessions[r] = ingest.connect(auth(f"s{r}", r))
+        hello = {"job": "j", "rank": r, "world_size": 3, "host": "h", "pid": r,
+                 "backend": "gloo"}
+        ingest.batch(*sessions[r], batch(ev(1, "hello", hello), ev(2, "group", {
+            "name": "0", "ranks": [0, 1, 2]})))
+
+    def heartbeat(r, seq, entered, inflight_since):
+        row = {"group": "0", "entered": entered, "completed": entered - 1 if inflight_since
+               else entered, "inflight_op": "all_reduce" if inflight_since else None,
+               "inflight_since": inflight_since}
+        ingest.batch(*sessions[r], batch(ev(seq, "heartbeat", {"groups": [row]}, t=50.0)))
+
+    for r in (0, 1):
+        heartbeat(r, 3, 5, 10.0)
+    heartbeat(2, 3, 4, None)
+    ingest.clock = lambda: 20.0
+    ingest.diagnose_live()
+    (hang,) = ingest.findings(sessions[0][1])
+    assert hang["kind"] == "hang" and hang["ranks"] == [2] and hang["active"]
+    for r in range(3):  # rank 2 arrives: the hang is over
+        heartbeat(r, 4, 5, None)
+    ingest.diagnose_live()
+    (resolved,) = ingest.findings(sessions[0][1])
+    assert not resolved["active"]
+
+    restarted = Ingest(ingest.store, clock=lambda: 30.0).start()
+    (kept,) = restarted.findings(sessions[0][1])
+    assert kept["id"] == hang["id"] and not kept["active"] and kept["ranks"] == [2]

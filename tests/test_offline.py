@@ -53,7 +53,8 @@ def test_the_scan_covers_the_pages():
     names = {p.relative_to(ROOT).as_posix() for p in page_files()}
     assert {"dashboard/templates/base.html", "dashboard/templates/job.html",
             "dashboard/templates/jobs.html", "static/js/common.js", "static/js/job.js",
-            "static/js/jobs.js", "static/css/pgdash.css"} <= names, names
+            "static/js/jobs.js", "static/js/topology.js", "static/js/charts.js",
+            "static/css/pgdash.css"} <= names, names
     assert not any(n.startswith("static/vendor/") for n in names)
 
 
@@ -109,12 +110,14 @@ def test_templates_load_only_static_files_that_exist():
 
 
 VERSIONED = re.compile(r"^(?P<name>.+?)-(?P<version>\d+(?:\.\d+)+(?:[-+][0-9A-Za-z.]+?)?)"
-                       r"(?:\.min)?\.m?js$")
+                       r"(?:\.min)?\.(?:m?js|css)$")
 
 
 def vendor_problems(vendor: Path) -> list[str]:
-    """What is wrong with the vendored scripts in ``vendor`` (empty when all is well)."""
-    scripts = sorted(vendor.glob("*.js")) + sorted(vendor.glob("*.mjs"))
+    """What is wrong with the vendored scripts and styles in ``vendor`` (empty when all is
+    well)."""
+    scripts = sorted(vendor.glob("*.js")) + sorted(vendor.glob("*.mjs")) + \
+        sorted(vendor.glob("*.css"))
     if not scripts:
         return [f"nothing vendored under {vendor}?"]
     problems = []
@@ -149,9 +152,12 @@ def test_the_vendor_check_catches_missing_or_stale_licences(tmp_path):
     (tmp_path / "chart-4.4.1.min.js").write_text("/*! Chart.js v4.4.0 */")
     (tmp_path / "LICENSE-chart-4.4.1.txt").write_text("MIT")
     (tmp_path / "helper.js").write_text("")
+    (tmp_path / "uPlot-1.6.33.min.css").write_text(".uplot{}")
     assert vendor_problems(tmp_path) == [
         "chart-4.4.1.min.js: its banner says v4.4.0",
         "helper.js: no version in the file name (name-1.2.3.min.js)",
         "socket.io-4.8.5.min.js: no LICENSE file with version 4.8.5 in its name next to it "
+        "(tools/vendor_js.py copies both)",
+        "uPlot-1.6.33.min.css: no LICENSE file with version 1.6.33 in its name next to it "
         "(tools/vendor_js.py copies both)",
     ]

@@ -118,7 +118,7 @@
       v /= 1024;
       i += 1;
     }
-    return (i === 0 ? String(Math.round(v)) : sig3(v)) + " " + units[i];
+    return (i === 0 && Math.abs(v) >= 10 ? String(Math.round(v)) : sig3(v)) + " " + units[i];
   }
 
   /** Seconds as a compact duration: 42 s, 3 m 05 s, 2 h 07 m, 3 d 04 h. */

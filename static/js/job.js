@@ -3,14 +3,18 @@
  *
  * Data in:
  *   on load  GET /api/jobs/<id>, /collectives, /findings (no progress over REST)
- *   live     Socket.IO event "job" after emitting watch {"job": <id>}:
- *            {job, collectives, progress, findings}, a full snapshot each time.
+ *   live     Socket.IO event "job" after emitting watch {"job": <id>}: a full snapshot,
+ *            {job, collectives, progress, findings, ops, timeline_grid, rendezvous, errors,
+ *            gpus, server_time}, at most twice a second.
  * State:     `state` below; handlers replace parts of it and call render().
- * Render:    one function per section, each rebuilding only its own container,
- *            and only when its inputs changed (PG.changed) so that text
- *            selections survive no-op updates.
- * Derived:   small pure helpers (indexGroups, rankStats, inflightByRank,
- *            groupProgress) turn API rows into what the sections show.
+ * Render:    one function per section, each rebuilding only its own container. Small
+ *            sections rebuild only when their inputs changed (PG.changed), so text
+ *            selections and open <details> survive; the big ones (topology, progress,
+ *            heat map, ranks) update in place and stay cheap at 1,024 ranks.
+ * Selection: clicking a finding (or a rank in the topology) highlights its ranks in every
+ *            section: topology cells, progress, heat map, rendezvous, the ranks table.
+ * Derived:   rankStates() turns ranks, progress and findings into one state per rank:
+ *            failed, lost, hung, straggling, exited, waiting, initializing, running.
  */
 (function () {
   "use strict";
@@ -23,14 +27,34 @@
   // An in-flight collective older than this is flagged (and the ranks its
   // group is waiting for turn from "behind" to "stuck").
   const INFLIGHT_WARN_S = 10;
+  // Ranks of a moving job are routinely a few collectives apart (heartbeats are snapshots
+  // taken at different moments): "behind" is only worth a colour once the others have
+  // waited in a collective this long.
+  const STALL_S = 2;
+  const RANK_ROWS = 200; // ranks table rows drawn at once (the filter finds the others)
+  const PROGRESS_DETAIL_ROWS = 256; // above this many (group, rank) rows: one strip per family
+  const ERRORS_SHOWN = 50;
+  const BYTES_HISTORY = 240;
 
   const state = {
     job: null, // GET /api/jobs/<id> object (with ranks, groups)
-    collectives: null, // rows
+    collectives: null, // rows per group, op, rank
     progress: null, // rows; only arrives over the socket
     findings: null, // rows
+    ops: null, // rows per group family and op (socket)
+    grid: null, // timeline_grid (socket)
+    rendezvous: null,
+    errors: null,
+    gpus: null,
+    serverTime: null,
     live: false, // a socket snapshot arrived: later REST answers are stale
-    collSort: { key: "group", dir: "asc" },
+    collSort: { key: "family", dir: "asc" },
+    selection: null, // {kind: "finding", id} | {kind: "rank", rank}
+    view: "hosts",
+    heatFamily: null,
+    openEvidence: new Set(),
+    bytes: new Map(), // family -> [[t, cumulative bytes]]
+    ranksFilter: "",
   };
 
   // ----------------------------------------------------------- derived --
@@ -70,6 +94,65 @@
     return out;
   }
 
+  const STATES = ["failed", "lost", "hung", "straggling", "waiting", "running", "initializing", "exited", "unknown"];
+  const STATE_TEXT = {
+    failed: "failed",
+    lost: "lost",
+    hung: "hung",
+    straggling: "straggling",
+    waiting: "in a collective",
+    running: "running",
+    initializing: "initializing",
+    exited: "exited",
+    unknown: "not reported",
+  };
+
+  /** One display state per rank, most serious first (see STATES). */
+  function rankStates(ranks, progress, findings) {
+    const hung = new Set();
+    const straggling = new Set();
+    const blamedBy = new Map();
+    for (const f of findings || []) {
+      if (!f.active) continue;
+      for (const r of f.ranks || []) {
+        if (!blamedBy.has(r)) blamedBy.set(r, []);
+        blamedBy.get(r).push(f.kind);
+      }
+      if (f.kind === "hang") {
+        for (const r of f.ranks || []) hung.add(r);
+        const ev = f.evidence || {};
+        for (const r of Array.isArray(ev.waiting) ? ev.waiting : []) hung.add(r);
+      } else if (f.kind === "straggler") {
+        for (const r of f.ranks || []) straggling.add(r);
+      }
+    }
+    const waiting = new Set();
+    for (const row of progress || []) if (row.inflight_op != null) waiting.add(row.rank);
+    const out = new Map();
+    for (const r of ranks || []) {
+      let s;
+      if (r.status === "failed" || r.status === "lost") s = r.status;
+      else if (hung.has(r.rank)) s = "hung";
+      else if (straggling.has(r.rank)) s = "straggling";
+      else if (r.status === "exited") s = "exited";
+      else if (waiting.has(r.rank)) s = "waiting";
+      else if (r.status === "initializing") s = "initializing";
+      else if (r.status === "running") s = "running";
+      else s = "unknown";
+      out.set(r.rank, s);
+    }
+    return { states: out, blamedBy: blamedBy };
+  }
+
+  /** The ranks the current selection highlights. */
+  function highlighted() {
+    const sel = state.selection;
+    if (!sel) return new Set();
+    if (sel.kind === "rank") return new Set([sel.rank]);
+    const f = (state.findings || []).find((x) => x.id === sel.id);
+    return new Set(f && Array.isArray(f.ranks) ? f.ranks : []);
+  }
+
   /**
    * One group's progress: the member ranks (group.ranks plus any rank that
    * reported), each with its progress row or null, and which ranks are furthest
@@ -83,14 +166,22 @@
     for (const r of byRank.keys()) members.add(r);
     const ranks = Array.from(members).sort((a, b) => a - b);
 
-    const seen = rows.filter((r) => PG.isNum(r.entered) && PG.isNum(r.completed));
-    const maxE = Math.max(...seen.map((r) => r.entered));
-    const maxC = Math.max(...seen.map((r) => r.completed));
-    const minE = Math.min(...seen.map((r) => r.entered));
-    const minCAtMinE = Math.min(...seen.filter((r) => r.entered === minE).map((r) => r.completed));
+    let maxE = -Infinity;
+    let maxC = -Infinity;
+    let minE = Infinity;
+    let n = 0;
+    for (const r of rows) {
+      if (!PG.isNum(r.entered) || !PG.isNum(r.completed)) continue;
+      n += 1;
+      if (r.entered > maxE) maxE = r.entered;
+      if (r.completed > maxC) maxC = r.completed;
+      if (r.entered < minE) minE = r.entered;
+    }
+    let minCAtMinE = Infinity;
+    for (const r of rows) if (r.entered === minE && PG.isNum(r.completed)) minCAtMinE = Math.min(minCAtMinE, r.completed);
     const behind = new Map(); // rank -> how far behind (in collectives)
-    if (seen.length > 1 && (minE < maxE || minCAtMinE < maxC)) {
-      for (const r of seen) {
+    if (n > 1 && (minE < maxE || minCAtMinE < maxC)) {
+      for (const r of rows) {
         if (r.entered === minE && r.completed === minCAtMinE) {
           behind.set(r.rank, minE < maxE ? maxE - minE : maxC - minCAtMinE);
         }
@@ -104,7 +195,7 @@
         oldestWait = oldestWait === null ? r.inflight_since : Math.min(oldestWait, r.inflight_since);
       }
     }
-    return { ranks, byRank, behind, oldestWait };
+    return { ranks, byRank, behind, oldestWait, maxE: n ? maxE : null };
   }
 
   function sortGroups(groups) {
@@ -137,6 +228,28 @@
     return value === null || value === undefined || value === "" ? DASH : String(value);
   }
 
+  function rankDescriber(ranks, derived, progress) {
+    const info = new Map((ranks || []).map((r) => [r.rank, r]));
+    const flights = inflightByRank(progress);
+    return (rank) => {
+      const r = info.get(rank);
+      const parts = ["rank " + rank];
+      if (r) {
+        if (r.host) parts.push(String(r.host));
+        if (r.device) parts.push(String(r.device));
+      }
+      const st = derived.states.get(rank) || "unknown";
+      parts.push(STATE_TEXT[st] + (r && r.status && r.status !== st ? " (" + r.status + ")" : ""));
+      let out = parts.join(" \u00b7 ");
+      for (const f of flights.get(rank) || []) {
+        out += "\nin " + f.op + " on group " + f.group + (PG.isNum(f.since) ? " for " + PG.fmtDuration(PG.now() - f.since) : "");
+      }
+      const blamed = derived.blamedBy.get(rank);
+      if (blamed) out += "\nblamed by: " + blamed.join(", ");
+      return out;
+    };
+  }
+
   // ---------------------------------------------------------- sections --
 
   function renderHeader(job) {
@@ -153,16 +266,34 @@
     else if (PG.isNum(started) && (job.status === "running" || job.status === "initializing")) duration = PG.since(started);
     else duration = DASH;
 
+    const ranks = Array.isArray(job.ranks) ? job.ranks : [];
+    const hosts = new Set(ranks.map((r) => r.host)).size;
     const item = (label, value) => el("div", null, el("dt", { text: label }), el("dd", null, value));
     clear(
       $("job-meta"),
       item("Job ID", String(job.id == null ? JOB_ID : job.id)),
       item("World size", PG.fmtNum(job.world_size)),
+      item("Hosts", ranks.length ? PG.fmtNum(hosts) : DASH),
       item("Backend", text(job.backend)),
       item("Started", PG.timeCell(started)),
       PG.isNum(ended) ? item("Ended", PG.timeCell(ended)) : null,
       item("Duration", duration)
     );
+  }
+
+  function renderVerdict(findings) {
+    const active = (findings || []).filter((f) => f.active);
+    const box = $("job-verdict");
+    const crit = active.filter((f) => severityOf(f)[1] === 0).length;
+    const warn = active.filter((f) => severityOf(f)[1] === 1).length;
+    box.className = "verdict " + (crit ? "v-crit" : warn ? "v-warn" : "v-ok");
+    box.textContent = crit
+      ? crit + (crit === 1 ? " critical finding" : " critical findings") + (warn ? ", " + warn + " warning" + (warn === 1 ? "" : "s") : "")
+      : warn
+      ? warn + (warn === 1 ? " warning" : " warnings")
+      : findings === null
+      ? ""
+      : "no active findings";
   }
 
   const SEVERITY = {
@@ -177,21 +308,111 @@
   };
   const severityOf = (f) => SEVERITY[String(f.severity).toLowerCase()] || ["sev-other", 3];
 
+  function selectFinding(id) {
+    const same = state.selection && state.selection.kind === "finding" && state.selection.id === id;
+    state.selection = same ? null : { kind: "finding", id: id };
+    render();
+  }
+
+  function selectRank(rank) {
+    const same = state.selection && state.selection.kind === "rank" && state.selection.rank === rank;
+    state.selection = same ? null : { kind: "rank", rank: rank };
+    render();
+  }
+
+  /** Evidence as readable blocks: stacks and error texts preformatted, the rest as fields. */
+  function evidenceNode(f, findGroup) {
+    const ev = f.evidence;
+    if (ev === null || ev === undefined) return null;
+    if (typeof ev !== "object") return el("pre", { class: "ev-text", text: String(ev) });
+    const keys = Object.keys(ev);
+    if (!keys.length) return null;
+    const fields = [];
+    const blocks = [];
+    const rankList = (v) => (Array.isArray(v) ? PG.fmtRanks(v) : text(v));
+    for (const key of keys) {
+      const v = ev[key];
+      if (v === null || v === undefined || (typeof v === "object" && !Array.isArray(v) && !Object.keys(v).length) || (Array.isArray(v) && !v.length)) continue;
+      if (key === "stacks" && typeof v === "object") {
+        for (const [rank, stack] of Object.entries(v)) {
+          blocks.push(el("div", { class: "ev-block" }, el("div", { class: "ev-label", text: "Python stack of rank " + rank }), el("pre", { class: "ev-text", text: String(stack) })));
+        }
+      } else if ((key === "error" || key === "stack") && typeof v === "string") {
+        blocks.push(el("div", { class: "ev-block" }, el("div", { class: "ev-label", text: key === "error" ? "Error text (verbatim)" : "Stack" }), el("pre", { class: "ev-text", text: v })));
+      } else if (key === "chain" && Array.isArray(v)) {
+        fields.push([
+          "chain",
+          v.map((c) => "rank " + c.rank + " waits in " + c.op + " #" + c.seq + " on group " + c.waits_in + (Array.isArray(c.for) && c.for.length ? " for " + PG.fmtRanks(c.for) : "")).join("; "),
+        ]);
+      } else if (key === "signatures" && typeof v === "object") {
+        blocks.push(
+          el(
+            "div",
+            { class: "ev-block" },
+            el("div", { class: "ev-label", text: "What each rank called" }),
+            el(
+              "table",
+              { class: "data ev-table" },
+              el("thead", null, el("tr", null, ["rank", "op", "dtype", "bytes"].map((h) => el("th", { scope: "col", text: h })))),
+              el(
+                "tbody",
+                null,
+                Object.entries(v).map(([rank, sig]) =>
+                  el(
+                    "tr",
+                    { class: (f.ranks || []).includes(Number(rank)) ? "row-bad" : null },
+                    el("td", { class: "num", text: rank }),
+                    el("td", { class: "mono", text: text(sig && sig.op) }),
+                    el("td", { class: "mono", text: text(sig && sig.dtype) }),
+                    el("td", { class: "num", text: sig && PG.isNum(sig.bytes) ? PG.fmtNum(sig.bytes) : DASH })
+                  )
+                )
+              )
+            )
+          )
+        );
+      } else if (key === "waiting" || key === "missing" || key === "arrived" || key === "ranks") {
+        fields.push([key, rankList(v)]);
+      } else if (key === "victims" && typeof v === "object") {
+        for (const [rank, err] of Object.entries(v)) {
+          blocks.push(el("div", { class: "ev-block" }, el("div", { class: "ev-label", text: "Rank " + rank + " (a consequence)" }), el("pre", { class: "ev-text", text: err == null ? "(no error text)" : String(err) })));
+        }
+      } else if (/(_at|since|last_seen)$/.test(key) && PG.isNum(v)) {
+        fields.push([key, PG.fmtTime(v) + " (" + PG.fmtAgo(v) + ")"]);
+      } else if (key === "group" || key === "waits_in") {
+        fields.push([key, groupLabel(findGroup, v)]);
+      } else if (typeof v === "object") {
+        fields.push([key, el("code", { class: "ev-json", text: JSON.stringify(v) })]);
+      } else {
+        fields.push([key, String(v)]);
+      }
+    }
+    return el(
+      "div",
+      { class: "ev" },
+      fields.length ? el("dl", { class: "ev-fields" }, fields.map(([k, v]) => el("div", null, el("dt", { text: k.replace(/_/g, " ") }), el("dd", null, v)))) : null,
+      blocks
+    );
+  }
+
   function renderFindings(findings, findGroup) {
     const box = $("findings");
     const list = Array.isArray(findings) ? findings.slice() : [];
     const active = list.filter((f) => f.active).length;
     $("findings-count").textContent = list.length ? active + " active, " + (list.length - active) + " resolved" : "";
     if (list.length === 0) {
-      clear(box, PG.empty("No findings"));
+      const n = state.job && Array.isArray(state.job.ranks) ? state.job.ranks.length : 0;
+      clear(box, el("p", { class: "empty all-clear", text: n ? "No findings: nothing wrong seen on " + n + (n === 1 ? " rank." : " ranks.") : "No findings" }));
       return;
     }
     list.sort(
       (a, b) =>
         (b.active ? 1 : 0) - (a.active ? 1 : 0) ||
         severityOf(a)[1] - severityOf(b)[1] ||
-        (b.last_seen || 0) - (a.last_seen || 0)
+        (b.first_seen || 0) - (a.first_seen || 0)
     );
+    const selected = state.selection && state.selection.kind === "finding" ? state.selection.id : null;
+    const hintsShown = new Set(); // a hint already shown above is not repeated in full
     clear(
       box,
       el(
@@ -199,47 +420,114 @@
         { class: "findings" },
         list.map((f) => {
           const ranks = Array.isArray(f.ranks) ? f.ranks : f.ranks == null ? [] : [f.ranks];
-          const hasEvidence = f.evidence !== null && f.evidence !== undefined && !(typeof f.evidence === "object" && Object.keys(f.evidence).length === 0);
+          const isSel = selected !== null && f.id === selected;
+          const repeated = Boolean(f.hint) && hintsShown.has(String(f.hint));
+          if (f.hint) hintsShown.add(String(f.hint));
+          const evidence = evidenceNode(f, findGroup);
+          const details = evidence
+            ? el(
+                "details",
+                {
+                  class: "evidence",
+                  open: state.openEvidence.has(f.id),
+                  on: {
+                    toggle: (ev) => {
+                      if (ev.target.open) state.openEvidence.add(f.id);
+                      else state.openEvidence.delete(f.id);
+                    },
+                  },
+                },
+                el("summary", { text: "Evidence" }),
+                evidence
+              )
+            : null;
           return el(
             "li",
-            { class: "finding " + severityOf(f)[0] + (f.active ? "" : " resolved") },
+            {
+              class: "finding " + severityOf(f)[0] + (f.active ? "" : " resolved") + (isSel ? " selected" : "") + (repeated ? " compact" : ""),
+              dataset: { finding: String(f.id), kind: String(f.kind) },
+            },
             el(
-              "div",
-              { class: "finding-head" },
+              "button",
+              {
+                type: "button",
+                class: "finding-head",
+                "aria-pressed": isSel ? "true" : "false",
+                title: isSel ? "Click to clear the highlight" : "Click to highlight these ranks everywhere on the page",
+                on: { click: () => selectFinding(f.id) },
+              },
               el("span", { class: "sev", text: text(f.severity) }),
               el("span", { class: "finding-summary", text: text(f.summary) }),
+              ranks.length ? el("span", { class: "blamed", text: (ranks.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(ranks) }) : null,
               el("span", { class: "finding-state", text: f.active ? "active" : "resolved" })
             ),
+            f.hint && !repeated ? el("p", { class: "finding-hint" }, el("span", { class: "hint-label", text: "Next step" }), el("span", { class: "hint-text", text: String(f.hint) })) : null,
             el(
               "div",
               { class: "finding-meta" },
+              repeated ? el("span", { class: "same-hint", title: String(f.hint), text: "same next step as above" }) : null,
               f.kind != null ? el("span", { class: "mono", text: String(f.kind) }) : null,
-              ranks.length ? el("span", null, (ranks.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(ranks)) : null,
               f.group != null ? el("span", null, "group ", groupLabel(findGroup, f.group)) : null,
               el("span", null, "first seen ", PG.ago(f.first_seen)),
-              el("span", null, "last seen ", PG.ago(f.last_seen))
+              f.active ? null : el("span", null, "last seen ", PG.ago(f.last_seen))
             ),
-            f.hint ? el("p", { class: "finding-hint", text: String(f.hint) }) : null,
-            hasEvidence
-              ? el(
-                  "details",
-                  { class: "evidence" },
-                  el("summary", { text: "Evidence" }),
-                  el("pre", { text: typeof f.evidence === "string" ? f.evidence : JSON.stringify(f.evidence, null, 2) })
-                )
-              : null
+            details
           );
         })
       )
     );
   }
 
-  function renderRanks(ranks, collectives, progress, findGroup) {
+  function renderTopology(job, derived, hl, describe) {
+    const ranks = Array.isArray(job.ranks) ? job.ranks : [];
+    const groups = Array.isArray(job.groups) ? job.groups : [];
+    const select = $("topology-view");
+    const views = PGTopology.views(groups, ranks);
+    if (!views.some((v) => v.value === state.view)) state.view = "hosts";
+    if (PG.changed("topology-views", views)) {
+      const plain = [];
+      const byOpt = new Map();
+      for (const v of views) {
+        const opt = el("option", { value: v.value, text: v.label });
+        if (v.optgroup) {
+          if (!byOpt.has(v.optgroup)) byOpt.set(v.optgroup, el("optgroup", { label: v.optgroup }));
+          byOpt.get(v.optgroup).appendChild(opt);
+        } else plain.push(opt);
+      }
+      clear(select, plain, Array.from(byOpt.values()));
+    }
+    select.value = state.view;
+    const counts = new Map();
+    for (const s of derived.states.values()) counts.set(s, (counts.get(s) || 0) + 1);
+    if (PG.changed("topology-legend", Array.from(counts.entries()))) {
+      clear(
+        $("topology-legend"),
+        STATES.filter((s) => counts.get(s)).map((s) =>
+          el("span", { class: "legend-item", dataset: { state: s } }, el("span", { class: "swatch", dataset: { state: s } }), STATE_TEXT[s] + " ", el("b", { text: PG.fmtNum(counts.get(s)) }))
+        )
+      );
+    }
+    const hosts = new Set(ranks.map((r) => r.host)).size;
+    $("topology-summary").textContent = ranks.length ? ranks.length + (ranks.length === 1 ? " rank on " : " ranks on ") + hosts + (hosts === 1 ? " host, " : " hosts, ") + groups.length + (groups.length === 1 ? " group" : " groups") : "";
+    PGTopology.render($("topology"), {
+      ranks: ranks,
+      groups: groups,
+      view: state.view,
+      highlight: hl,
+      stateOf: (r) => derived.states.get(r) || "unknown",
+      blamed: (r) => derived.blamedBy.has(r),
+      describe: describe,
+      onSelectRank: selectRank,
+    });
+  }
+
+  function renderRanks(ranks, collectives, progress, findGroup, derived, hl) {
     const body = $("ranks-body");
     const list = PG.sortBy(Array.isArray(ranks) ? ranks : [], "rank", "asc");
     if (list.length === 0) {
       clear(body, PG.emptyRow(10, "No ranks have reported yet."));
       $("ranks-summary").textContent = "";
+      $("ranks-shown").textContent = "";
       return;
     }
     const stats = rankStats(collectives);
@@ -252,53 +540,71 @@
       list.length + (list.length === 1 ? " rank on " : " ranks on ") + hosts.size + (hosts.size === 1 ? " host \u00b7 " : " hosts \u00b7 ") +
       Object.entries(byStatus).map(([s, n]) => n + " " + s).join(", ");
 
+    // Filter ("517", "node003", "hung"); highlighted and troubled ranks come first when
+    // there are more ranks than rows.
+    const needle = state.ranksFilter.trim().toLowerCase();
+    let shown = list;
+    if (needle) {
+      shown = list.filter((r) => String(r.rank) === needle || String(r.host || "").toLowerCase().includes(needle) || (derived.states.get(r.rank) || "").startsWith(needle) || String(r.status || "").startsWith(needle));
+    }
+    if (shown.length > RANK_ROWS) {
+      const first = shown.filter((r) => hl.has(r.rank) || !["running", "waiting", "exited"].includes(derived.states.get(r.rank)));
+      const firstSet = new Set(first.map((r) => r.rank));
+      shown = first.concat(shown.filter((r) => !firstSet.has(r.rank))).slice(0, RANK_ROWS);
+    }
+    $("ranks-shown").textContent = shown.length < list.length ? "showing " + shown.length + " of " + list.length : "";
+
     clear(
       body,
-      list.map((r) => {
-        const s = stats.get(r.rank);
-        const top = s && s.top;
-        const flights = inflight.get(r.rank) || [];
-        const bad = r.status === "failed" || r.status === "lost";
-        return el(
-          "tr",
-          { class: bad ? "row-bad" : null },
-          el("td", { class: "num strong", text: text(r.rank) }),
-          el("td", { class: "mono", text: text(r.host) }),
-          el("td", { class: "num", text: text(r.local_rank) }),
-          el("td", { class: "num mono", text: text(r.pid) }),
-          el("td", { class: "mono", text: text(r.device) }),
-          el("td", null, PG.badge(r.status)),
-          el("td", null, PG.ago(r.last_seen)),
-          el("td", { class: "num", text: s ? PG.fmtNum(s.total) : DASH }),
-          el(
-            "td",
-            { class: "num" },
-            top
-              ? [el("span", { text: PG.fmtUs(top.p50_us) }), el("span", { class: "sub" }, " ", String(top.op), " ", groupLabel(findGroup, top.group))]
-              : DASH
-          ),
-          el(
-            "td",
-            null,
-            flights.length
-              ? flights.map((f) => el("div", null, inflightNode(findGroup, f, true)))
-              : el("span", { class: "muted", text: progress !== null && (r.status === "running" || r.status === "initializing") ? "idle" : DASH })
-          )
-        );
-      })
+      shown.length
+        ? shown.map((r) => {
+            const s = stats.get(r.rank);
+            const top = s && s.top;
+            const flights = inflight.get(r.rank) || [];
+            const bad = r.status === "failed" || r.status === "lost";
+            return el(
+              "tr",
+              { class: (bad ? "row-bad" : "") + (hl.has(r.rank) ? " hl" : "") || null, dataset: { rank: String(r.rank), state: derived.states.get(r.rank) || "unknown" } },
+              el("td", { class: "num strong", text: text(r.rank) }),
+              el("td", { class: "mono", text: text(r.host) }),
+              el("td", { class: "num", text: text(r.local_rank) }),
+              el("td", { class: "num mono", text: text(r.pid) }),
+              el("td", { class: "mono", text: text(r.device) }),
+              el("td", null, PG.badge(r.status)),
+              el("td", null, PG.ago(r.last_seen)),
+              el("td", { class: "num", text: s ? PG.fmtNum(s.total) : DASH }),
+              el(
+                "td",
+                { class: "num" },
+                top
+                  ? [el("span", { text: PG.fmtUs(top.p50_us) }), el("span", { class: "sub" }, " ", String(top.op), " ", groupLabel(findGroup, top.group))]
+                  : DASH
+              ),
+              el(
+                "td",
+                null,
+                flights.length
+                  ? flights.map((f) => el("div", null, inflightNode(findGroup, f, true)))
+                  : el("span", { class: "muted", text: progress !== null && (r.status === "running" || r.status === "initializing") ? "idle" : DASH })
+              )
+            );
+          })
+        : PG.emptyRow(10, "No rank matches \u201c" + state.ranksFilter.trim() + "\u201d")
     );
   }
 
   function renderGroups(groups) {
     const body = $("groups-body");
     const list = sortGroups(groups);
+    $("groups-count").textContent = list.length ? list.length + (list.length === 1 ? " group" : " groups") : "";
     if (list.length === 0) {
       clear(body, PG.emptyRow(4, "No process groups reported yet."));
       return;
     }
+    const LIMIT = 64;
     clear(
       body,
-      list.map((g) => {
+      list.slice(0, LIMIT).map((g) => {
         const ranks = Array.isArray(g.ranks) ? g.ranks : [];
         return el(
           "tr",
@@ -308,16 +614,17 @@
           el("td", { text: text(g.backend) }),
           el(
             "td",
-            { title: ranks.join(", ") },
+            { title: ranks.length <= 256 ? ranks.join(", ") : null },
             PG.fmtRanks(ranks),
             el("span", { class: "sub", text: " (" + ranks.length + ")" })
           )
         );
-      })
+      }),
+      list.length > LIMIT ? PG.emptyRow(4, (list.length - LIMIT) + " more groups; the Topology view lists every one.") : null
     );
   }
 
-  function renderProgress(groups, progress, findGroup) {
+  function renderProgress(groups, progress, findGroup, hl, describe) {
     const box = $("progress");
     if (progress === null) {
       clear(box, PG.empty("Waiting for live data\u2026"));
@@ -332,36 +639,50 @@
       rowsByGroup.get(key).push(row);
     }
     const keys = sortGroups(groups).map((g) => String(g.name));
+    const known = new Set(keys);
     for (const key of PG.sortBy(Array.from(rowsByGroup.keys()).map((k) => ({ k })), "k", "asc").map((x) => x.k)) {
-      if (!keys.includes(key)) keys.push(key);
+      if (!known.has(key)) keys.push(key);
     }
     if (keys.length === 0) {
       clear(box, PG.empty("No progress reported yet."));
       return;
     }
-
+    if (progress.length > PROGRESS_DETAIL_ROWS) {
+      renderProgressStrips(box, keys, rowsByGroup, findGroup, hl, describe);
+      return;
+    }
+    box.__strips = null;
     clear(
       box,
       keys.map((key) => {
         const g = findGroup(key);
         const gp = groupProgress(g, rowsByGroup.get(key) || []);
+        const stalled = gp.oldestWait !== null && PG.now() - gp.oldestWait >= STALL_S;
         return el(
           "div",
           { class: "pg-group" },
-          el("div", { class: "pg-label" }, groupLabel(findGroup, key), g && g.backend ? el("span", { class: "sub", text: String(g.backend) }) : null),
+          el(
+            "div",
+            { class: "pg-label" },
+            groupLabel(findGroup, key),
+            g && g.backend ? el("span", { class: "sub", text: String(g.backend) }) : null,
+            gp.maxE !== null ? el("span", { class: "sub pg-max", dataset: { maxSeq: String(gp.maxE) }, text: "seq " + PG.fmtNum(gp.maxE) }) : null
+          ),
           el(
             "div",
             { class: "pg-ranks" },
             gp.ranks.map((rank) => {
               const row = gp.byRank.get(rank);
+              const hlc = hl.has(rank) ? " hl" : "";
               if (!row) {
-                return el("div", { class: "pg-cell nodata", title: "rank " + rank + ": no progress reported" }, el("span", { class: "pg-rank", text: "r" + rank }), el("span", { class: "pg-seq", text: DASH }));
+                return el("div", { class: "pg-cell nodata" + hlc, dataset: { rank: String(rank) }, title: "rank " + rank + ": no progress reported" }, el("span", { class: "pg-rank", text: "r" + rank }), el("span", { class: "pg-seq", text: DASH }));
               }
-              const lag = gp.behind.get(rank);
+              const lag = stalled ? gp.behind.get(rank) : undefined;
               const cell = el(
                 "div",
                 {
-                  class: "pg-cell" + (lag !== undefined ? " behind" : "") + (row.inflight_op != null ? " busy" : ""),
+                  class: "pg-cell" + (lag !== undefined ? " behind" : "") + (row.inflight_op != null ? " busy" : "") + hlc,
+                  dataset: { rank: String(rank) },
                   title: "rank " + rank + ": entered " + text(row.entered) + ", completed " + text(row.completed) + (lag !== undefined ? " \u2014 furthest behind" : ""),
                 },
                 el("span", { class: "pg-rank", text: "r" + rank }),
@@ -379,18 +700,149 @@
     );
   }
 
+  /**
+   * Many ranks: one row per group family, a canvas strip with a column per rank coloured
+   * by how far it is behind its own group (grey: in step, amber: behind, red: behind while
+   * the others have waited more than INFLIGHT_WARN_S), and the ranks behind named in text.
+   */
+  function renderProgressStrips(box, keys, rowsByGroup, findGroup, hl, describe) {
+    const fams = new Map();
+    for (const key of keys) {
+      const g = findGroup(key);
+      const fam = g ? PGTopology.familyOf(g) : String(key);
+      if (!fams.has(fam)) fams.set(fam, []);
+      fams.get(fam).push(key);
+    }
+    const now = PG.now();
+    const model = [];
+    for (const [fam, gkeys] of fams) {
+      const cells = []; // [rank, lag, overdue, entered]
+      let maxSeq = null;
+      const behind = [];
+      for (const key of gkeys) {
+        const gp = groupProgress(findGroup(key), rowsByGroup.get(key) || []);
+        if (gp.maxE !== null && (maxSeq === null || gp.maxE > maxSeq)) maxSeq = gp.maxE;
+        const overdue = gp.oldestWait !== null && now - gp.oldestWait > INFLIGHT_WARN_S;
+        const stalled = gp.oldestWait !== null && now - gp.oldestWait >= STALL_S;
+        for (const rank of gp.ranks) {
+          const row = gp.byRank.get(rank);
+          const lag = gp.behind.get(rank);
+          const notable = lag !== undefined && stalled; // see STALL_S
+          cells.push([rank, row ? (notable ? lag : 0) : -1, overdue && lag !== undefined, row ? row.entered : null, key]);
+          if (notable) behind.push({ rank, lag, overdue, group: key });
+        }
+      }
+      cells.sort((a, b) => a[0] - b[0]);
+      model.push({ fam, gkeys, cells, maxSeq, behind });
+    }
+    const sig = model.map((m) => m.fam + ":" + m.cells.length).join("|");
+    if (!box.__strips || box.__strips.sig !== sig) {
+      const rows = model.map((m) => {
+        const canvas = el("canvas", { class: "pg-strip", height: "14" });
+        const head = el("div", { class: "pg-strip-head" });
+        const row = el("div", { class: "pg-family" }, head, el("div", { class: "pg-strip-box" }, canvas, el("div", { class: "chart-tip", hidden: true })));
+        canvas.addEventListener("mousemove", (ev) => {
+          const cur = row.__model;
+          if (!cur) return;
+          const rect = canvas.getBoundingClientRect();
+          const i = Math.floor(((ev.clientX - rect.left) / rect.width) * cur.cells.length);
+          const c = cur.cells[i];
+          const tipNode = row.querySelector(".chart-tip");
+          if (!c) {
+            tipNode.hidden = true;
+            return;
+          }
+          clear(tipNode, el("div", { class: "strong", text: describe(c[0]).split("\n")[0] }), el("div", { text: "group " + c[4] + ": entered " + text(c[3]) + (c[1] > 0 ? ", " + c[1] + " behind" : c[1] === 0 ? ", in step" : "") }));
+          tipNode.hidden = false;
+          tipNode.style.left = Math.min(ev.clientX - rect.left + 12, rect.width - 240) + "px";
+          tipNode.style.top = "18px";
+        });
+        canvas.addEventListener("mouseleave", () => (row.querySelector(".chart-tip").hidden = true));
+        return row;
+      });
+      clear(box, el("p", { class: "muted small", text: "One strip per group family, one column per rank: grey while the group moves, amber behind while the others have waited " + STALL_S + " s, red after " + INFLIGHT_WARN_S + " s." }), rows);
+      box.__strips = { sig, rows };
+    }
+    model.forEach((m, idx) => {
+      const row = box.__strips.rows[idx];
+      row.__model = m;
+      const head = row.querySelector(".pg-strip-head");
+      const label = m.gkeys.length > 1 ? m.fam + " \u00b7 " + m.gkeys.length + " groups" : null;
+      m.behind.sort((a, b) => b.lag - a.lag || a.rank - b.rank);
+      const named = m.behind.slice(0, 6).map((b) => "r" + b.rank + " (" + b.lag + ")");
+      clear(
+        head,
+        label ? el("span", { class: "group strong", text: label }) : groupLabel(findGroup, m.gkeys[0]),
+        el("span", { class: "sub pg-max", dataset: { maxSeq: m.maxSeq === null ? "" : String(m.maxSeq) }, text: m.maxSeq === null ? "" : "seq " + PG.fmtNum(m.maxSeq) }),
+        el(
+          "span",
+          { class: "pg-behind" + (m.behind.some((b) => b.overdue) ? " overdue" : m.behind.length ? " some" : "") },
+          m.behind.length ? m.behind.length + " behind: " + named.join(", ") + (m.behind.length > named.length ? ", \u2026" : "") : "moving: nobody waits for a rank"
+        )
+      );
+      const canvas = row.querySelector("canvas");
+      const width = Math.max(200, canvas.parentNode.clientWidth || 600);
+      const dpr = window.devicePixelRatio || 1;
+      if (canvas.width !== Math.round(width * dpr)) {
+        canvas.width = Math.round(width * dpr);
+        canvas.height = Math.round(14 * dpr);
+        canvas.style.width = width + "px";
+        canvas.style.height = "14px";
+      }
+      const ctx = canvas.getContext("2d");
+      ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+      const n = m.cells.length;
+      const w = width / Math.max(1, n);
+      ctx.clearRect(0, 0, width, 14);
+      for (let i = 0; i < n; i++) {
+        const c = m.cells[i];
+        ctx.fillStyle = c[1] < 0 ? "#ffffff" : c[2] ? "#c4231e" : c[1] > 0 ? "#d4a72c" : "#d0d7de";
+        ctx.fillRect(i * w, 2, Math.max(w - (w > 3 ? 1 : 0), 0.6), 10);
+        if (hl.has(c[0])) {
+          ctx.fillStyle = "#1f2328";
+          ctx.fillRect(i * w + w / 2 - 1, 0, 2, 14);
+        }
+      }
+    });
+  }
+
   const COLL_COLUMNS = [
-    { key: "group", label: "Group" },
+    { key: "family", label: "Group" },
     { key: "op", label: "Op" },
-    { key: "rank", label: "Rank", num: true },
+    { key: "ranks", label: "Ranks", num: true },
     { key: "count", label: "Count", num: true },
     { key: "p50_us", label: "p50", num: true },
     { key: "p99_us", label: "p99", num: true },
     { key: "max_us", label: "max", num: true },
     { key: "bytes", label: "Bytes", num: true },
+    { key: "rate", label: "Bytes/s", num: true },
   ];
 
-  function renderCollectives(collectives, findGroup) {
+  /** Rows per family and op: from `ops` when live, else summed from the per-rank rows. */
+  function opRows(ops, collectives, findGroup) {
+    if (Array.isArray(ops)) return ops;
+    const out = new Map();
+    for (const r of collectives || []) {
+      const g = findGroup(r.group);
+      const fam = g ? PGTopology.familyOf(g) : String(r.group);
+      const k = fam + "\u0000" + r.op;
+      let row = out.get(k);
+      if (!row) out.set(k, (row = { family: fam, groups: [String(r.group)], op: r.op, ranks: 0, count: 0, bytes: 0, p50_us: null, p99_us: null, max_us: 0 }));
+      row.ranks += 1;
+      row.count += r.count || 0;
+      row.bytes += r.bytes || 0;
+      row.max_us = Math.max(row.max_us, r.max_us || 0);
+    }
+    return Array.from(out.values());
+  }
+
+  function familyLabel(findGroup, row) {
+    const groups = Array.isArray(row.groups) ? row.groups : [];
+    if (groups.length === 1) return groupLabel(findGroup, groups[0]);
+    return el("span", { class: "group", text: String(row.family) }, el("span", { class: "group-name", text: groups.length + " groups" }));
+  }
+
+  function renderCollectives(rows, findGroup) {
     const sort = state.collSort;
     clear(
       $("coll-head"),
@@ -400,20 +852,22 @@
         COLL_COLUMNS.map((c) =>
           PG.sortHeader(c.label, c.key, sort, (next) => {
             state.collSort = next;
-            renderCollectives(state.collectives, findGroup);
+            PG.changed("collectives", null);
+            render();
           }, c.num)
         )
       )
     );
-    const rows = Array.isArray(collectives) ? collectives : [];
-    $("coll-count").textContent = rows.length ? rows.length + (rows.length === 1 ? " row" : " rows") : "";
+    const rates = bytesRates();
+    const list = (rows || []).map((r) => Object.assign({}, r, { rate: rates.get(String(r.family)) == null ? null : rates.get(String(r.family)).get(r.op) }));
+    const total = list.reduce((n, r) => n + (r.count || 0), 0);
+    $("coll-count").textContent = list.length ? PG.fmtNum(total) + " collectives in " + list.length + (list.length === 1 ? " kind" : " kinds") : "";
     const body = $("coll-body");
-    if (rows.length === 0) {
-      clear(body, PG.emptyRow(COLL_COLUMNS.length, collectives === null ? "Loading\u2026" : "No collectives recorded yet."));
+    if (list.length === 0) {
+      clear(body, PG.emptyRow(COLL_COLUMNS.length, rows === null ? "Loading\u2026" : "No collectives recorded yet."));
       return;
     }
-    // Stable sorts: the clicked column first, ties by group, op, rank.
-    let sorted = PG.sortBy(PG.sortBy(PG.sortBy(rows, "rank", "asc"), "op", "asc"), "group", "asc");
+    let sorted = PG.sortBy(PG.sortBy(list, "op", "asc"), "family", "asc");
     sorted = PG.sortBy(sorted, sort.key, sort.dir);
     clear(
       body,
@@ -421,14 +875,252 @@
         el(
           "tr",
           null,
-          el("td", null, groupLabel(findGroup, r.group)),
+          el("td", null, familyLabel(findGroup, r)),
           el("td", { class: "mono", text: text(r.op) }),
-          el("td", { class: "num", text: text(r.rank) }),
+          el("td", { class: "num", text: PG.fmtNum(r.ranks) }),
           el("td", { class: "num", text: PG.fmtNum(r.count) }),
           el("td", { class: "num", text: PG.fmtUs(r.p50_us) }),
           el("td", { class: "num", text: PG.fmtUs(r.p99_us) }),
           el("td", { class: "num", text: PG.fmtUs(r.max_us) }),
-          el("td", { class: "num", title: PG.isNum(r.bytes) ? PG.fmtNum(r.bytes) + " bytes" : null, text: PG.fmtBytes(r.bytes) })
+          el("td", { class: "num", title: PG.isNum(r.bytes) ? PG.fmtNum(r.bytes) + " bytes" : null, text: PG.fmtBytes(r.bytes) }),
+          el("td", { class: "num", text: PG.isNum(r.rate) ? PG.fmtBytes(r.rate) + "/s" : DASH })
+        )
+      )
+    );
+  }
+
+  /** Remember cumulative bytes per family and op, to chart bytes per second. */
+  function noteBytes(ops, t) {
+    if (!Array.isArray(ops) || !PG.isNum(t)) return;
+    const now = new Map();
+    for (const r of ops) {
+      const fam = String(r.family);
+      if (!now.has(fam)) now.set(fam, new Map());
+      now.get(fam).set(r.op, (now.get(fam).get(r.op) || 0) + (r.bytes || 0));
+    }
+    for (const [fam, byOp] of now) {
+      if (!state.bytes.has(fam)) state.bytes.set(fam, []);
+      const hist = state.bytes.get(fam);
+      if (hist.length && t - hist[hist.length - 1][0] < 0.9) continue; // about one point a second
+      hist.push([t, byOp]);
+      if (hist.length > BYTES_HISTORY) hist.shift();
+    }
+  }
+
+  /** family -> op -> bytes per second over the last few seconds. */
+  function bytesRates() {
+    const out = new Map();
+    for (const [fam, hist] of state.bytes) {
+      if (hist.length < 2) continue;
+      const a = hist[Math.max(0, hist.length - 6)];
+      const b = hist[hist.length - 1];
+      const dt = b[0] - a[0];
+      if (dt <= 0) continue;
+      const rates = new Map();
+      for (const [op, v] of b[1]) rates.set(op, Math.max(0, (v - (a[1].get(op) || 0)) / dt));
+      out.set(fam, rates);
+    }
+    return out;
+  }
+
+  function renderCharts(grid, hl, describe) {
+    const lat = $("latency-chart");
+    const fams = grid && Array.isArray(grid.families) ? grid.families : [];
+    if (!grid || grid.end == null || !fams.length) {
+      if (lat.__plot) {
+        lat.__plot.destroy();
+        lat.__plot = null;
+      }
+      clear(lat, PG.empty(grid ? "No collectives yet." : "Waiting for live data\u2026"));
+    } else {
+      const x = Array.from({ length: grid.bins }, (_, i) => grid.end - grid.bins + 1 + i + 0.5);
+      const series = [];
+      fams.forEach((f, i) => {
+        series.push({ label: f.family + " p50", values: f.p50_us, color: PGCharts.color(i) });
+        series.push({ label: f.family + " p99", values: f.p99_us, color: PGCharts.color(i), dash: true });
+      });
+      PGCharts.lines(lat, { x: x, series: series, yFormat: (v) => PG.fmtUs(v) });
+    }
+
+    // Bytes per second per family, from the cumulative bytes of successive payloads.
+    const bytesBox = $("bytes-chart");
+    const famNames = Array.from(state.bytes.keys()).filter((f) => state.bytes.get(f).length >= 3);
+    if (!famNames.length) {
+      if (bytesBox.__plot) {
+        bytesBox.__plot.destroy();
+        bytesBox.__plot = null;
+      }
+      clear(bytesBox, PG.empty(state.ops === null ? "Waiting for live data\u2026" : "Collecting: bytes per second appear after a few live updates."));
+    } else {
+      const times = new Set();
+      for (const f of famNames) for (const p of state.bytes.get(f).slice(1)) times.add(Math.round(p[0]));
+      const x = Array.from(times).sort((a, b) => a - b);
+      const series = famNames.map((f, i) => {
+        const hist = state.bytes.get(f);
+        const at = new Map();
+        for (let k = 1; k < hist.length; k++) {
+          const dt = hist[k][0] - hist[k - 1][0];
+          let sum = 0;
+          for (const [op, v] of hist[k][1]) sum += v - (hist[k - 1][1].get(op) || 0);
+          at.set(Math.round(hist[k][0]), dt > 0 ? Math.max(0, sum / dt) : null);
+        }
+        return { label: f, values: x.map((t) => (at.has(t) ? at.get(t) : null)), color: PGCharts.color(i) };
+      });
+      PGCharts.lines(bytesBox, { x: x, series: series, yFormat: (v) => PG.fmtBytes(v) + "/s" });
+    }
+
+    // Heat map of the chosen family.
+    const select = $("heat-family");
+    const names = fams.map((f) => String(f.family));
+    if (PG.changed("heat-families", names)) {
+      clear(select, fams.map((f) => el("option", { value: String(f.family), text: f.family + (f.groups && f.groups.length > 1 ? " (" + f.groups.length + " groups)" : "") })));
+    }
+    if (!names.includes(state.heatFamily)) state.heatFamily = names.length ? names[0] : null;
+    select.value = state.heatFamily || "";
+    select.hidden = !names.length;
+    const fam = fams.find((f) => String(f.family) === state.heatFamily);
+    const heat = $("heatmap");
+    if (!grid) clear(heat, PG.empty("Waiting for live data\u2026"));
+    else if (!fam) clear(heat, PG.empty("No collectives in the last " + grid.bins + " s."));
+    else PGCharts.heatmap(heat, { ranks: fam.ranks, busy: fam.busy, end: grid.end, bins: grid.bins, highlight: hl, describe: (r) => describe(r).split("\n")[0] });
+    const legend = $("heat-legend");
+    if (!legend.firstChild) {
+      clear(
+        legend,
+        "0%",
+        [0, 25, 50, 75, 100].map((p) => el("span", { class: "heat-swatch", style: "background:" + PGCharts.heatColor(p), title: p + "%" })),
+        "100% of each second"
+      );
+    }
+  }
+
+  function renderRendezvous(rows, job, hl) {
+    const box = $("rendezvous");
+    const summary = $("rdzv-summary");
+    if (rows === null) {
+      summary.textContent = "";
+      clear(box, PG.empty("Waiting for live data\u2026"));
+      return;
+    }
+    const list = PG.sortBy(rows, "rank", "asc");
+    const world = job && PG.isNum(job.world_size) ? job.world_size : null;
+    const arrived = list.filter((r) => PG.isNum(r.arrived_at));
+    const done = list.filter((r) => PG.isNum(r.done_at));
+    const failed = list.filter((r) => r.error);
+    if (arrived.length) {
+      const t0 = Math.min(...arrived.map((r) => r.arrived_at));
+      const last = arrived.reduce((a, b) => (b.arrived_at > a.arrived_at ? b : a));
+      const parts = [arrived.length + (world ? " of " + world : "") + " arrived"];
+      if (done.length) parts.push(done.length + " done, the last +" + PGCharts.fmtSeconds(Math.max(...done.map((r) => r.done_at)) - t0));
+      if (arrived.length > 1) parts.push("last to arrive: rank " + last.rank + " (+" + PGCharts.fmtSeconds(last.arrived_at - t0) + ")");
+      if (failed.length) parts.push(failed.length + " failed");
+      if (world && arrived.length < world) {
+        const have = new Set(arrived.map((r) => r.rank));
+        const missing = [];
+        for (let r = 0; r < world; r++) if (!have.has(r)) missing.push(r);
+        parts.push("never arrived: " + (missing.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(missing));
+      }
+      summary.textContent = parts.join(" \u00b7 ");
+    } else summary.textContent = "";
+    PGCharts.rendezvous(box, { rows: list, highlight: hl, now: state.serverTime || PG.now() });
+  }
+
+  function renderErrors(errors) {
+    const box = $("errors");
+    const count = $("errors-count");
+    if (errors === null) {
+      count.textContent = "";
+      clear(box, PG.empty("Waiting for live data\u2026"));
+      return;
+    }
+    count.textContent = errors.length ? errors.length + (errors.length === 1 ? " error" : " errors") : "";
+    if (!errors.length) {
+      clear(box, PG.empty("No errors reported by any rank."));
+      return;
+    }
+    clear(
+      box,
+      el(
+        "ul",
+        { class: "errors" },
+        errors.slice(0, ERRORS_SHOWN).map((e) =>
+          el(
+            "li",
+            { class: "error-item", dataset: { rank: e.rank == null ? "" : String(e.rank) } },
+            el(
+              "div",
+              { class: "error-head" },
+              el("span", { class: "strong", text: e.rank == null ? "rank ?" : "rank " + e.rank }),
+              el("span", { class: "mono", text: text(e.error_type) }),
+              e.where ? el("span", { class: "muted", text: String(e.where) }) : null,
+              e.op ? el("span", { class: "muted" }, "in ", el("span", { class: "op", text: String(e.op) }), e.seq != null ? " #" + e.seq : "") : null,
+              el("span", { class: "error-time" }, PG.timeCell(e.t))
+            ),
+            el("pre", { class: "error-text", text: e.error == null ? "" : String(e.error) })
+          )
+        ),
+        errors.length > ERRORS_SHOWN ? el("li", { class: "muted", text: errors.length - ERRORS_SHOWN + " older errors not shown (GET /api/jobs/" + JOB_ID + "/export has them all)." }) : null
+      )
+    );
+  }
+
+  const pct = (v) => (PG.isNum(v) ? Math.round(v) + "%" : DASH);
+  const GPU_FIELDS = [
+    ["GPU", (g) => text(g.name)],
+    ["Util", (g) => pct(g.util_gpu)],
+    ["Memory", (g) => (PG.isNum(g.mem_used) ? PG.fmtBytes(g.mem_used) + (PG.isNum(g.mem_total) ? " / " + PG.fmtBytes(g.mem_total) : "") : DASH)],
+    ["Temp", (g) => (PG.isNum(g.temp_c) ? Math.round(g.temp_c) + " \u00b0C" : DASH)],
+    ["Power", (g) => (PG.isNum(g.power_w) ? Math.round(g.power_w) + (PG.isNum(g.power_limit_w) ? " / " + Math.round(g.power_limit_w) : "") + " W" : DASH)],
+    ["SM clock", (g) => (PG.isNum(g.sm_clock_mhz) ? Math.round(g.sm_clock_mhz) + (PG.isNum(g.sm_clock_max_mhz) ? " / " + Math.round(g.sm_clock_max_mhz) : "") + " MHz" : DASH)],
+    ["Clock events", (g) => (Array.isArray(g.reasons) ? (g.reasons.length ? g.reasons.join(", ") : "none") : DASH)],
+    ["Errors", (g) => gpuErrors(g)],
+  ];
+
+  /** Faults and error counters of one GPU reading, "none" when clean. */
+  function gpuErrors(g) {
+    const out = [];
+    if (g.lost) out.push("fell off the bus");
+    for (const key of Object.keys(g.faults || {})) if (!(key === "lost" && g.lost)) out.push(key);
+    for (const [key, label] of [["ecc_uncorrected", "ECC uncorrected"], ["ecc_corrected", "ECC corrected"], ["remap_pending", "remap pending"], ["remap_failure", "remap failure"], ["pcie_replay", "PCIe replays"]]) {
+      if (PG.isNum(g[key]) && g[key] > 0) out.push(label + " " + PG.fmtNum(g[key]));
+    }
+    return out.length ? out.join(", ") : "none";
+  }
+
+  function renderGpus(gpus, hl) {
+    const box = $("gpus");
+    $("gpus-count").textContent = gpus && gpus.length ? gpus.length + (gpus.length === 1 ? " GPU" : " GPUs") : "";
+    if (gpus === null) {
+      clear(box, PG.empty("Waiting for live data\u2026"));
+      return;
+    }
+    if (!gpus.length) {
+      clear(box, el("p", { class: "empty gpu-empty", text: "No GPU data: this job runs on CPU, or the agent has no NVML" }));
+      return;
+    }
+    clear(
+      box,
+      el(
+        "div",
+        { class: "table-wrap scroll-box" },
+        el(
+          "table",
+          { class: "data gpu-table" },
+          el("thead", null, el("tr", null, el("th", { scope: "col", class: "num", text: "Rank" }), GPU_FIELDS.map(([label]) => el("th", { scope: "col", text: label })))),
+          el(
+            "tbody",
+            null,
+            PG.sortBy(gpus, "rank", "asc").slice(0, RANK_ROWS).map((g) => {
+              const errs = gpuErrors(g);
+              const throttled = Array.isArray(g.reasons) && g.reasons.some((r) => /slowdown|brake/.test(String(r)));
+              return el(
+                "tr",
+                { class: (errs !== "none" ? "row-bad" : "") + (hl.has(g.rank) ? " hl" : "") || null, dataset: { rank: String(g.rank) } },
+                el("td", { class: "num strong", text: text(g.rank) }),
+                GPU_FIELDS.map(([label, fmt]) => el("td", { class: (label === "Clock events" && throttled) || (label === "Errors" && errs !== "none") ? "bad" : null, text: fmt(g) }))
+              );
+            })
+          )
         )
       )
     );
@@ -436,21 +1128,49 @@
 
   // ------------------------------------------------------------ render --
 
+  let firstCompleteRender = false;
+  const renderTimes = []; // ms per render of a live payload (the last 200), for bench/page.py
+
   function render() {
+    const t0 = performance.now();
+    renderSections();
+    if (state.live) {
+      renderTimes.push(performance.now() - t0);
+      if (renderTimes.length > 200) renderTimes.shift();
+    }
+  }
+
+  function renderSections() {
     const job = state.job;
     const groups = job && Array.isArray(job.groups) ? job.groups : [];
     const findGroup = indexGroups(groups);
-    const jobHead = job ? Object.assign({}, job, { ranks: undefined, groups: undefined }) : null;
+    const jobHead = job ? Object.assign({}, job, { ranks: undefined, groups: undefined, hosts: job.ranks ? new Set(job.ranks.map((r) => r.host)).size : 0 }) : null;
+    const hl = highlighted();
+    const derived = rankStates(job ? job.ranks : [], state.progress, state.findings);
+    const describe = rankDescriber(job ? job.ranks : [], derived, state.progress);
+    const selKey = [state.selection, Array.from(hl)];
 
     if (job && PG.changed("header", jobHead)) renderHeader(job);
-    if (state.findings !== null && PG.changed("findings", [state.findings, groups])) renderFindings(state.findings, findGroup);
-    if (job && PG.changed("ranks", [job.ranks, state.collectives, state.progress, groups])) {
-      renderRanks(job.ranks, state.collectives, state.progress, findGroup);
+    if (state.findings !== null) {
+      renderVerdict(state.findings);
+      const stable = state.findings.map((f) => Object.assign({}, f, { last_seen: f.active ? null : f.last_seen }));
+      if (PG.changed("findings", [stable, groups.length, selKey, job ? job.ranks.length : 0])) renderFindings(state.findings, findGroup);
     }
+    if (job) renderTopology(job, derived, hl, describe);
+    if (job) renderRanks(job.ranks, state.collectives, state.progress, findGroup, derived, hl);
     if (job && PG.changed("groups", groups)) renderGroups(groups);
-    if (job && PG.changed("progress", [state.progress, groups])) renderProgress(groups, state.progress, findGroup);
-    if (state.collectives !== null && PG.changed("collectives", [state.collectives, groups])) {
-      renderCollectives(state.collectives, findGroup);
+    if (job) renderProgress(groups, state.progress, findGroup, hl, describe);
+    const rows = state.ops !== null || state.collectives !== null ? opRows(state.ops, state.collectives, findGroup) : null;
+    renderCollectives(rows, findGroup);
+    if (state.live) renderCharts(state.grid, hl, describe);
+    if (PG.changed("rendezvous", [state.rendezvous, job && job.world_size, selKey])) renderRendezvous(state.rendezvous, job, hl);
+    if (PG.changed("errors", state.errors)) renderErrors(state.errors);
+    if (PG.changed("gpus", [state.gpus, selKey])) renderGpus(state.gpus, hl);
+
+    if (state.live && job && !firstCompleteRender) {
+      firstCompleteRender = true;
+      performance.mark("pgdash:first-render"); // bench/page.py reads this
+      page.dataset.rendered = "1";
     }
   }
 
@@ -469,21 +1189,34 @@
 
   function onLive(payload) {
     if (!payload || !payload.job) return;
+    if (!state.live) performance.mark("pgdash:first-payload");
     if (payload.job.id != null && Number(payload.job.id) !== JOB_ID) return;
     state.live = true;
     state.job = payload.job;
     state.collectives = Array.isArray(payload.collectives) ? payload.collectives : [];
     state.progress = Array.isArray(payload.progress) ? payload.progress : [];
     state.findings = Array.isArray(payload.findings) ? payload.findings : [];
+    state.ops = Array.isArray(payload.ops) ? payload.ops : null;
+    state.grid = payload.timeline_grid && typeof payload.timeline_grid === "object" ? payload.timeline_grid : null;
+    state.rendezvous = Array.isArray(payload.rendezvous) ? payload.rendezvous : [];
+    state.errors = Array.isArray(payload.errors) ? payload.errors : [];
+    state.gpus = Array.isArray(payload.gpus) ? payload.gpus : [];
+    state.serverTime = PG.isNum(payload.server_time) ? payload.server_time : null;
+    noteBytes(state.ops, state.serverTime || PG.now());
     setNotFound(false);
     showError("");
     render();
   }
 
-  async function refresh() {
+  /**
+   * REST snapshot: on load (the live payload usually follows within a second) and while the
+   * socket is down. The per-rank collectives rows are large at 1,024 ranks and the live
+   * payload carries them, so the first load leaves them to it.
+   */
+  async function refresh(withCollectives) {
     const [job, coll, findings] = await Promise.allSettled([
       PG.fetchJSON("/api/jobs/" + JOB_ID),
-      PG.fetchJSON("/api/jobs/" + JOB_ID + "/collectives"),
+      withCollectives ? PG.fetchJSON("/api/jobs/" + JOB_ID + "/collectives") : Promise.resolve({ collectives: state.collectives }),
       PG.fetchJSON("/api/jobs/" + JOB_ID + "/findings"),
     ]);
     if (state.live) return; // a live snapshot got here first and is newer
@@ -495,7 +1228,7 @@
     setNotFound(false);
     const errors = [];
     state.job = job.value;
-    if (coll.status === "fulfilled") state.collectives = coll.value.collectives || [];
+    if (coll.status === "fulfilled") state.collectives = coll.value.collectives || (withCollectives ? [] : null);
     else errors.push("collectives: " + coll.reason.message);
     if (findings.status === "fulfilled") state.findings = findings.value.findings || [];
     else errors.push("findings: " + findings.reason.message);
@@ -503,13 +1236,50 @@
     render();
   }
 
-  refresh().catch((err) => showError("Could not load job: " + err.message));
+  // ------------------------------------------------------------ wiring --
+
+  $("topology-view").addEventListener("change", (ev) => {
+    state.view = ev.target.value;
+    render();
+  });
+  $("heat-family").addEventListener("change", (ev) => {
+    state.heatFamily = ev.target.value;
+    render();
+  });
+  $("ranks-filter").addEventListener("input", (ev) => {
+    state.ranksFilter = ev.target.value;
+    render();
+  });
+  document.addEventListener("keydown", (ev) => {
+    if (ev.key === "Escape" && state.selection && document.activeElement !== $("ranks-filter")) {
+      state.selection = null;
+      render();
+    }
+  });
+  let resizeTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => {
+      for (const id of ["heatmap", "rendezvous"]) PG.changed(id, null);
+      PG.changed("rendezvous", null);
+      if (state.job) render();
+    }, 150);
+  });
+
+  // For tests and tools: what the page derived (read-only copies).
+  window.pgdashJob = Object.freeze({
+    highlighted: () => Array.from(highlighted()).sort((a, b) => a - b),
+    renderTimes: () => renderTimes.slice(),
+    rankState: (rank) => rankStates(state.job ? state.job.ranks : [], state.progress, state.findings).states.get(rank) || null,
+  });
+
+  refresh(false).catch((err) => showError("Could not load job: " + err.message));
   PG.connectLive({
     watch: { job: JOB_ID },
     events: { job: onLive },
     refresh: () => {
       state.live = false; // polling fallback while the socket is down
-      return refresh();
+      return refresh(true);
     },
   });
 })();
