@@ -240,7 +240,7 @@ class CollectiveTracker:
                 raise
             if is_async and result is not None:
                 if len(pending) < cap:
-                    pending.append((result, track, op, p2p, seq, dtype, nbytes, t0))
+                    pending.append((result, track, op, p2p, seq, nbytes, t0))
                 else:
                     tracker.dropped_records += 1
                 return result
@@ -248,7 +248,7 @@ class CollectiveTracker:
                 track.completed = seq
                 track.inflight = None
             if len(records) < cap:
-                records.append((track, op, dtype, nbytes, t0, clock()))
+                records.append((track, op, nbytes, t0, clock()))
             else:
                 tracker.dropped_records += 1
             return result
@@ -270,7 +270,7 @@ class CollectiveTracker:
         still = []
         while self.pending:
             item = self.pending.popleft()
-            work, track, op, p2p, seq, dtype, nbytes, t0 = item
+            work, track, op, p2p, seq, nbytes, t0 = item
             try:
                 done = work.is_completed()
             except Exception:
@@ -283,7 +283,7 @@ class CollectiveTracker:
                 if track.entered == seq:
                     track.inflight = None
             if len(self.records) < self.max_records:
-                self.records.append((track, op, dtype, nbytes, t0, now))
+                self.records.append((track, op, nbytes, t0, now))
             else:
                 self.dropped_records += 1
         self.pending.extend(still)
@@ -293,7 +293,7 @@ class CollectiveTracker:
         summary = self._summary
         records = self.records
         while records:
-            track, op, dtype, nbytes, t0, t1 = records.popleft()
+            track, op, nbytes, t0, t1 = records.popleft()
             key = (track.name, op)
             s = summary.get(key)
             if s is None:
