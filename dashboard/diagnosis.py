@@ -166,7 +166,7 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
 
 
 def _waiting_rows(state: JobState, group: str) -> dict[int, dict[str, Any]]:
-    return {rank: row for (g, rank), row in state.progress.items() if g == group}
+    return state.progress_of(group)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -437,7 +437,7 @@ def config_mismatch(state: JobState, now: float, s: Settings) -> list[Finding]:
 def _windows(state: JobState, group: str, now: float) -> dict[int, list[tuple]]:
     """Recent (end, count, sum_us) summaries per rank of a group, up to ``now``."""
     return {rank: [p for p in window if p[0] <= now and p[1] > 0]
-            for (g, rank), window in state.recent.items() if g == group}
+            for rank, window in state.recent_of(group).items()}
 
 
 def _mean_us(points: list[tuple]) -> float:

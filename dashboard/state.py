@@ -109,6 +109,7 @@ class JobState:
         self.last_event_id = 0
         self.applied = 0
         self._summary_memo: tuple[int, dict[str, Any]] | None = None
+        self._grouped_memo: dict[str, tuple[int, dict]] = {}
 
     # -- the fold ----------------------------------------------------------------------------
 
@@ -496,6 +497,26 @@ class JobState:
                 "ranks": ranks, "busy": [rows[r] for r in ranks], "count": counts_of[family],
                 "p50_us": p50, "p99_us": p99})
         return {"end": last, "step": 1, "bins": bins, "families": out}
+
+    def progress_of(self, group: str) -> dict[int, dict[str, Any]]:
+        """Progress rows of one group by rank (read-only; indexed once per state version)."""
+        return self._grouped("progress").get(group, {})
+
+    def recent_of(self, group: str) -> dict[int, collections.deque]:
+        """Recent latency summaries of one group by rank (read-only, indexed likewise)."""
+        return self._grouped("recent").get(group, {})
+
+    def _grouped(self, table: str) -> dict[str, dict[int, Any]]:
+        # Diagnosis asks per group for hundreds of groups at 1,024 ranks: one pass, not one
+        # per group.
+        memo = self._grouped_memo.get(table)
+        if memo is not None and memo[0] == self.applied:
+            return memo[1]
+        grouped: dict[str, dict[int, Any]] = collections.defaultdict(dict)
+        for (group, rank), value in getattr(self, table).items():
+            grouped[group][rank] = value
+        self._grouped_memo[table] = (self.applied, grouped)
+        return grouped
 
     def claims(self, rank: int | None, session: str) -> bool:
         """Whether another session already holds ``rank`` in this job."""
