@@ -17,6 +17,7 @@ from flask_socketio import SocketIO, join_room, leave_room, rooms
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
 from dashboard.diagnosis import Settings
 from dashboard.ingest import Ingest, Refused
+from dashboard.metrics import exposition
 from dashboard.resources import resource_dir
 from dashboard.storage import Store
 
@@ -96,6 +97,13 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         return _job_or_404(ingest, job_id, lambda s: {"collectives": s.collective_rows(
             group=request.args.get("group"), op=request.args.get("op"),
             rank=int(rank) if rank is not None else None)})
+
+    @app.get("/metrics")
+    def metrics():
+        body = exposition(ingest.store.list_jobs(limit=10_000), ingest.live_views(),
+                          dict(ingest.counters), ingest.store.commits,
+                          ingest.store.write_errors)
+        return body, 200, {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
 
     @app.get("/api/jobs/<int:job_id>/gpus")
     def api_gpus(job_id: int):

@@ -147,6 +147,13 @@ class Ingest:
         self._diagnosed[job_id] = state.applied
         return [f for fid, f in book.items() if before.get(fid) != _gist(f)]
 
+    def live_views(self) -> list[tuple[dict[str, Any], list, list[Finding]]]:
+        """(summary, ranks, findings) of every job held in memory (for /metrics)."""
+        with self._states_lock:
+            return [(state.summary(), state.detail()["ranks"],
+                     list(self._findings.get(job_id, {}).values()))
+                    for job_id, state in self._states.items()]
+
     def take_dirty(self) -> set[int]:
         """Jobs changed since the last call (for the throttled UI push)."""
         with self._states_lock:

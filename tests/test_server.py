@@ -134,3 +134,28 @@ def test_db_upgrade_and_bad_db_url(tmp_path):
                               f"sqlite:///{tmp_path}/no/such/dir/x.db"],
                              capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert missing.returncode != 0 and "does not exist" in missing.stderr
+
+
+def test_metrics_expose_jobs_ranks_and_ingest_counters(server):
+    import urllib.request
+
+    agent = agent_client(server.url, session="m", job='quote"job')
+    try:
+        assert send(agent, [ev(1, "hello", {**HELLO, "job": 'quote"job'}),
+                            ev(2, "exit", {"clean": "no"})])["stored"] == 1
+        wait_for(lambda: job_by_name(server, 'quote"job'), 10, "the job")
+        with urllib.request.urlopen(server.url + "/metrics", timeout=5) as resp:
+            assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            text = resp.read().decode()
+    finally:
+        agent.disconnect()
+    lines = text.splitlines()
+    assert 'pgdash_jobs{status="running"} 1' in lines
+    assert 'pgdash_ingest_events_total{result="stored"} 2' in lines  # connect + hello
+    assert 'pgdash_ingest_events_total{result="rejected"} 1' in lines
+    (seen,) = [l for l in lines if l.startswith("pgdash_rank_last_seen_timestamp_seconds{")]
+    series, value = seen.rsplit(" ", 1)
+    assert series == 'pgdash_rank_last_seen_timestamp_seconds{job="quote\\"job",rank="0"}'
+    assert float(value) > 1e9 and "e+" not in value  # a Unix time, at full precision
+    for line in lines:  # every sample line is "name{labels} number" or a comment
+        assert line.startswith("#") or float(line.rsplit(" ", 1)[1]) >= 0
