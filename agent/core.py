@@ -81,7 +81,7 @@ class Agent:
         self.flight = FlightRecorderProbe(time.time)
         self._flight: dict[str, dict[str, Any]] = {}  # the last Flight Recorder reading
         self._nvml = nvml
-        self._gpu_locator = gpu_locator or _current_gpu_uuid
+        self._gpu_locator = gpu_locator or identity.current_gpu_uuid
         self.gpu: GpuSampler | None = None
         self._gpu_checked = not config.gpu  # True once we know whether there is a GPU
         self._xids: list[int] = []  # XIDs not sent yet (kept across disconnects)
@@ -92,7 +92,9 @@ class Agent:
         self._detached = False
         self._patched: list[tuple[Any, str, Any]] = []
         self._pending_stats: list[dict[str, Any]] = []
-        self._stacks_sent: set[tuple[str, int]] = set()
+        # (group, op) -> the last sequence number whose stack was sent: one entry per group,
+        # however long the job runs.
+        self._stacks_sent: dict[tuple[str, str], int] = {}
         self._stats_start = time.time()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -269,6 +271,12 @@ class Agent:
         frames; the stuck thread is the one with a pgdash wrapper frame on its stack.
         """
         stuck = self.tracker.stuck(self.config.stack_after_s)
+        now = time.time()
+        stuck_fr = [(name, fr) for name, fr in self._flight.items()
+                    if fr.get("fr_inflight_since") is not None
+                    and now - fr["fr_inflight_since"] > self.config.stack_after_s]
+        if not stuck and not stuck_fr:
+            return  # the usual case: no frames to walk
         code = self.tracker.wrapper_code
         frames: dict[int, Any] = {}  # id(track) -> the wrapper frame waiting on it
         threads = sys._current_frames()
@@ -286,16 +294,15 @@ class Agent:
         # Collectives issued from C++ (DDP) show only in the Flight Recorder: the training
         # thread is then blocked in C++ under its last Python frame, on the main thread.
         main = threads.get(threading.main_thread().ident)
-        now = time.time()
-        for name, fr in self._flight.items():
-            since = fr.get("fr_inflight_since")
-            if main is not None and since is not None and now - since > self.config.stack_after_s:
-                self._send_stack(name, fr["fr_enqueued"], "c++ collective", since, main)
+        if main is not None:
+            for name, fr in stuck_fr:
+                self._send_stack(name, fr["fr_enqueued"], "c++ collective",
+                                 fr["fr_inflight_since"], main)
 
     def _send_stack(self, group: str, seq: int, op: str, since: float, frame: Any) -> None:
-        if (group, seq, op) in self._stacks_sent:
+        if self._stacks_sent.get((group, op)) == seq:
             return
-        self._stacks_sent.add((group, seq, op))
+        self._stacks_sent[(group, op)] = seq
         text = "".join(traceback.format_stack(frame, limit=40))
         self.outbox.put(time.time(), "stack", {"group": group, "seq": seq, "op": op,
                                                "since": since, "stack": text[-60_000:]})
@@ -386,21 +393,6 @@ class Agent:
         if os.getpid() != self.pid:  # a forked child (e.g. a DataLoader worker)
             return
         self.detach(reason="uncaught exception" if self._failed else "exit")
-
-
-def _current_gpu_uuid() -> str | None | bool:
-    """The UUID of the current CUDA device; None while CUDA is not initialised yet (we must
-    not initialise it ourselves), False when this process has no CUDA at all."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return False
-        if not torch.cuda.is_initialized():
-            return None
-        return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-    except Exception:
-        return False
 
 
 def _merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -58,6 +58,25 @@ def versions() -> dict[str, str | None]:
     return found
 
 
+def current_gpu_uuid() -> str | None | bool:
+    """The UUID of the current CUDA device; None while CUDA is not initialised yet, False
+    when this process has no CUDA at all.
+
+    Only a CUDA the program already initialised is looked at: initialising it ourselves
+    would create a context on the wrong device.
+    """
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        if not torch.cuda.is_initialized():
+            return None
+        return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    except Exception:
+        return False
+
+
 def hello(job: str, environ: Mapping[str, str]) -> dict[str, Any]:
     """The identity event body, from what is known now (before or after init)."""
     rank = _int_env(environ, "RANK")
@@ -70,12 +89,9 @@ def hello(job: str, environ: Mapping[str, str]) -> dict[str, Any]:
         if dist.is_available() and dist.is_initialized():
             rank, world_size = dist.get_rank(), dist.get_world_size()
             backend = str(dist.get_backend())
-        # Only look at the GPU if the program already initialised CUDA: doing it ourselves
-        # would create a context on the wrong device.
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            index = torch.cuda.current_device()
-            device = f"cuda:{index}"
-            gpu_uuid = str(torch.cuda.get_device_properties(index).uuid)
+        uuid = current_gpu_uuid()
+        if isinstance(uuid, str):
+            device, gpu_uuid = f"cuda:{torch.cuda.current_device()}", uuid
         else:
             device = "cpu"
     except Exception:
