@@ -165,10 +165,6 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
     return out
 
 
-def _waiting_rows(state: JobState, group: str) -> dict[int, dict[str, Any]]:
-    return state.progress_of(group)
-
-
 @dataclasses.dataclass(frozen=True)
 class _View:
     """One way of reading progress rows: the agent's wrappers, or the Flight Recorder."""
@@ -191,7 +187,7 @@ FLIGHT = _View("fr_enqueued", "fr_inflight_since", "flight_recorder")
 
 def _behind(state: JobState, group: str, seq: int, waiting: set[int],
             view: _View = PYTHON) -> list[int]:
-    rows = _waiting_rows(state, group)
+    rows = state.progress_of(group)
     members = (state.groups.get(group) or {}).get("ranks") or sorted(rows)
     return [m for m in members
             if m not in waiting and (rows.get(m) or {}).get(view.seq, 0) < seq]
@@ -200,7 +196,7 @@ def _behind(state: JobState, group: str, seq: int, waiting: set[int],
 def _stuck(state: JobState, group: str, now: float, s: Settings, view: _View):
     """(seq, waiting ranks, rows) of the collective stuck past hang_after, or None."""
     ranks = _by_rank(state)
-    rows = _waiting_rows(state, group)
+    rows = state.progress_of(group)
     stuck = {rank: row for rank, row in rows.items()
              if view.busy(row) and now - row[view.since] >= s.hang_after
              and (ranks.get(rank) is None or ranks[rank].status == "running")}
@@ -298,7 +294,7 @@ def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
     for group in sorted(state.groups, key=str):
         by_seq: dict[int, dict[int, tuple]] = collections.defaultdict(dict)
         since: dict[int, float] = {}
-        for rank, row in _waiting_rows(state, group).items():
+        for rank, row in state.progress_of(group).items():
             if row.get("inflight_op"):
                 sig = (row["inflight_op"], row.get("inflight_dtype"), row.get("inflight_bytes"))
                 by_seq[row["entered"]][rank] = sig

@@ -117,17 +117,26 @@ class Ingest:
                 if rows:
                     changed[job_id] = rows
                     self.dirty.add(job_id)
-        for job_id, rows in changed.items():  # outside the lock: the writer takes it too
-            self.store.submit(lambda conn, j=job_id, r=rows: self.store.save_findings(conn, j, r))
+        for job_id, rows in changed.items():
+            self._save_findings(job_id, rows)
 
     def findings(self, job_id: int) -> list[Finding] | None:
         """Every finding of the job, newest first (None if the job is unknown)."""
-        def view(state: JobState) -> list[Finding]:
-            if job_id not in self._findings:
-                self._update_findings(job_id, state, self.clock())
-            return sorted(self._findings[job_id].values(), key=lambda f: -f["first_seen"])
+        rows: list[Finding] = []
+        with self._states_lock:
+            state = self.state(job_id)
+            if state is None:
+                return None
+            if job_id not in self._findings:  # e.g. an old job first opened after a restart
+                rows = self._update_findings(job_id, state, self.clock())
+            found = sorted(self._findings[job_id].values(), key=lambda f: -f["first_seen"])
+        self._save_findings(job_id, rows)
+        return found
 
-        return self.read(job_id, view)
+    def _save_findings(self, job_id: int, rows: list[Finding]) -> None:
+        """Store changed findings; never under the states lock (the writer takes it too)."""
+        if rows:
+            self.store.submit(lambda conn: self.store.save_findings(conn, job_id, rows))
 
     def _update_findings(self, job_id: int, state: JobState, now: float) -> list[Finding]:
         """Fold a fresh diagnosis into the job's findings; returns those that changed."""
