@@ -15,6 +15,10 @@ from typing import Any, Iterable, TypedDict
 from agent.wire import hist_bucket_value
 
 TERMINAL_RANK = ("exited", "failed", "lost")
+# Events that leave the job summary (status, world size, backend, start) as it was, unless
+# the rank was lost (a heartbeat revives it), the event starts the job earlier, or the job
+# has ended (its end time then follows the last event).
+ROUTINE_KINDS = frozenset({"heartbeat", "coll_stats", "stack", "gpu", "group"})
 RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
 GPU_HISTORY = 120  # GPU readings kept per rank (about two minutes)
 # Clock-event reasons that mean the GPU is slowed by heat or power trouble (not just busy).
@@ -108,6 +112,7 @@ class JobState:
         self.last_event_at: float | None = None
         self.last_event_id = 0
         self.applied = 0
+        self._summary_version = 0  # bumped by every event that may change summary()
         self._summary_memo: tuple[int, dict[str, Any]] | None = None
         self._grouped_memo: dict[str, tuple[int, dict]] = {}
 
@@ -117,10 +122,15 @@ class JobState:
         self.applied += 1
         self.last_event_id = max(self.last_event_id, ev["id"])
         t = ev["t"]
+        rank = self.sessions.get(ev["session"])
+        memo = self._summary_memo
+        if (ev["kind"] not in ROUTINE_KINDS or rank is None or rank.status == "lost"
+                or self.started_at is None or t < self.started_at
+                or memo is None or memo[1]["ended_at"] is not None):
+            self._summary_version += 1
         if self.started_at is None or t < self.started_at:
             self.started_at = t
         self.last_event_at = t if self.last_event_at is None else max(self.last_event_at, t)
-        rank = self.sessions.get(ev["session"])
         if rank is None:
             rank = self.sessions[ev["session"]] = RankState(rank=None, session=ev["session"])
         if ev["kind"] not in ("disconnect",):
@@ -194,7 +204,7 @@ class JobState:
 
     def _on_heartbeat(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.status == "lost":
-            r.status = "running"
+            r.status, r.exit_at = "running", None
         r.dropped = dict(body.get("dropped") or {})
         if r.rank is None:
             return
@@ -246,7 +256,7 @@ class JobState:
             r.rank = body["rank"]  # what the agent knew when it connected; hello may refine
             r.host = body.get("host") or r.host
         if r.status == "lost":
-            r.status = "running"
+            r.status, r.exit_at = "running", None
 
     def _on_disconnect(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.status not in TERMINAL_RANK:
@@ -286,11 +296,12 @@ class JobState:
         """The job as /api/jobs lists it; the properties above read it.
 
         World size and backend are what most ranks say. Ingest asks before and after every
-        batch, so at 1,024 ranks it is one pass over the sessions, remembered until the next
-        event is applied.
+        batch, so at 1,024 ranks it is one pass over the sessions, remembered until an event
+        that may change it is applied (not the routine heartbeats and summaries of a running
+        job: see ROUTINE_KINDS).
         """
         memo = self._summary_memo
-        if memo is not None and memo[0] == self.applied:
+        if memo is not None and memo[0] == self._summary_version:
             return dict(memo[1])
         by_rank: dict[int, RankState] = {}
         sizes: dict[int, int] = {}
@@ -321,7 +332,7 @@ class JobState:
         summary = {"id": self.job_id, "name": self.name, "status": status,
                    "world_size": world_size, "backend": backend,
                    "started_at": self.started_at, "ended_at": ended_at}
-        self._summary_memo = (self.applied, summary)
+        self._summary_memo = (self._summary_version, summary)
         return dict(summary)
 
     def detail(self) -> dict[str, Any]:

@@ -138,3 +138,23 @@ def test_fold_is_deterministic_replay_equals_live():
     log.add("s1", "disconnect", {}, t=15)
     a, b = log.state(), log.state()
     assert a.detail() == b.detail() and a.collective_rows() == b.collective_rows()
+
+
+def test_summary_asked_after_every_event_matches_a_fresh_fold():
+    """Ingest asks for the summary around every batch, and it is remembered across routine
+    events; it must still equal what a fresh fold of the same log says, at every step."""
+    log = two_running_ranks()
+    log.add("s0", "heartbeat", {"groups": []}, t=11).add("s1", "disconnect", {}, t=12)
+    log.add("s1", "heartbeat", {"groups": []}, t=13)  # the lost rank is back
+    log.add("s0", "coll_stats", stats("0", "all_reduce", 3, 100.0), t=14)
+    log.add("s0", "error", {"where": "uncaught", "error_type": "E", "error": "x"}, t=15)
+    log.add("s1", "error", {"where": "uncaught", "error_type": "E", "error": "y"}, t=16)
+    log.add("s1", "heartbeat", {"groups": []}, t=17)  # after the end: moves ended_at
+    log.add("s0", "group", {"name": "1", "desc": "x", "ranks": [0, 1]}, t=5)  # earlier start
+    live = JobState(1, "job")
+    for i, ev in enumerate(log.events):
+        live.apply(ev)
+        fresh = JobState(1, "job").apply_all(log.events[:i + 1])
+        assert live.summary() == fresh.summary(), f"after event {i}: {ev['kind']}"
+    final = live.summary()
+    assert final["status"] == "failed" and final["ended_at"] == 17 and final["started_at"] == 5
