@@ -85,10 +85,6 @@ def _where(r: RankState | None) -> str:
     return f" (pid {r.pid} on {r.host})" if r.pid else ""
 
 
-def _by_rank(state: JobState) -> dict[int, RankState]:
-    return {r.rank: r for r in state.ranks()}
-
-
 def _last_error(state: JobState, rank: int) -> dict[str, Any] | None:
     return next((e for e in reversed(state.errors) if e.get("rank") == rank), None)
 
@@ -195,7 +191,7 @@ def _behind(state: JobState, group: str, seq: int, waiting: set[int],
 
 def _stuck(state: JobState, group: str, now: float, s: Settings, view: _View):
     """(seq, waiting ranks, rows) of the collective stuck past hang_after, or None."""
-    ranks = _by_rank(state)
+    ranks = state.rank_index()
     rows = state.progress_of(group)
     stuck = {rank: row for rank, row in rows.items()
              if view.busy(row) and now - row[view.since] >= s.hang_after
@@ -208,7 +204,7 @@ def _stuck(state: JobState, group: str, now: float, s: Settings, view: _View):
 
 def hang(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
-    ranks = _by_rank(state)
+    ranks = state.rank_index()
     for group in sorted(state.groups, key=str):
         # The wrappers' view names the op; the Flight Recorder's also sees C++ collectives.
         view, found = PYTHON, _stuck(state, group, now, s, PYTHON)
@@ -431,9 +427,22 @@ def config_mismatch(state: JobState, now: float, s: Settings) -> list[Finding]:
 
 
 def _windows(state: JobState, group: str, now: float) -> dict[int, list[tuple]]:
-    """Recent (end, count, sum_us) summaries per rank of a group, up to ``now``."""
-    return {rank: [p for p in window if p[0] <= now and p[1] > 0]
-            for rank, window in state.recent_of(group).items()}
+    """Recent (end, count, sum_us) summaries with calls, per running rank of a group, up to
+    ``now``. Straggler and slow_collective both ask, per group: built once per state version
+    and time for all groups."""
+    return state.memo(("windows", now), lambda: _all_windows(state, now)).get(group, {})
+
+
+def _all_windows(state: JobState, now: float) -> dict[str, dict[int, list[tuple]]]:
+    running = {r.rank for r in state.ranks() if r.status == "running"}
+    out: dict[str, dict[int, list[tuple]]] = {}
+    for group in state.groups:
+        windows = {}
+        for rank, window in state.recent_of(group).items():
+            if rank in running:
+                windows[rank] = [p for p in window if p[0] <= now and p[1] > 0]
+        out[group] = windows
+    return out
 
 
 def _mean_us(points: list[tuple]) -> float:
@@ -451,17 +460,15 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
     job fail the ratio, the floor or the consistency test.
     """
     out = []
-    running = {r.rank for r in state.ranks() if r.status == "running"}
     for group in sorted(state.groups, key=str):
-        windows = {rank: pts for rank, pts in _windows(state, group, now).items()
-                   if rank in running}
+        windows = _windows(state, group, now)
         if len(windows) < 2:
             continue
         verdicts = [_straggler_in(windows, back, s) for back in range(s.straggler_persist)]
         if any(v is None for v in verdicts) or len({v[0] for v in verdicts}) != 1:
             continue
         slow, means, typical, n, recent = verdicts[0]
-        r = _by_rank(state).get(slow)
+        r = state.rank_index().get(slow)
         out.append(finding(
             "straggler", "warning", [slow], group,
             f"The other ranks of {_group_label(state, group)} keep waiting for rank {slow}: "
@@ -513,18 +520,16 @@ def slow_collective(state: JobState, now: float, s: Settings) -> list[Finding]:
     finding), and only while the ranks run.
     """
     out = []
-    running = {r.rank for r in state.ranks() if r.status == "running"}
     for group in sorted(state.groups, key=str):
-        windows = {rank: pts for rank, pts in _windows(state, group, now).items()
-                   if rank in running}
+        windows = _windows(state, group, now)
         if not windows:
             continue
         depth = min(len(p) for p in windows.values())
-        fastest = []
-        for i in range(-depth, 0):
-            points = [pts[i] for pts in windows.values()]
-            best = min(points, key=lambda p: p[2] / p[1])
-            fastest.append(best[2] / best[1] if best[1] >= s.slow_min_calls else None)
+        # Per interval, the fastest rank's (mean time, calls): one column per interval.
+        columns = zip(*[[(p[2] / p[1], p[1]) for p in pts[-depth:]]
+                        for pts in windows.values()])
+        fastest = [mean if calls >= s.slow_min_calls else None
+                   for mean, calls in map(min, columns)]
         history = sorted(v for v in fastest[:-s.slow_persist] if v is not None)
         current = fastest[-s.slow_persist:]
         if len(history) < s.slow_history or len(current) < s.slow_persist or None in current:
@@ -578,7 +583,7 @@ def _fault_text(key: str) -> tuple[str, bool]:
 
 def gpu_fault(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
-    ranks = _by_rank(state)
+    ranks = state.rank_index()
     for rank, faults in sorted(state.gpu_faults.items()):
         if not faults:
             continue

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from typing import Any, Iterable, TypedDict
+from typing import Any, Callable, Hashable, Iterable, TypedDict
 
 from agent.wire import hist_bucket_value
 
@@ -19,6 +19,7 @@ TERMINAL_RANK = ("exited", "failed", "lost")
 # the rank was lost (a heartbeat revives it), the event starts the job earlier, or the job
 # has ended (its end time then follows the last event).
 ROUTINE_KINDS = frozenset({"heartbeat", "coll_stats", "stack", "gpu", "group"})
+MEMO_ENTRIES = 16  # JobState.memo(): a quiet job is diagnosed at ever new times
 RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
 GPU_HISTORY = 120  # GPU readings kept per rank (about two minutes)
 # Clock-event reasons that mean the GPU is slowed by heat or power trouble (not just busy).
@@ -114,7 +115,9 @@ class JobState:
         self.applied = 0
         self._summary_version = 0  # bumped by every event that may change summary()
         self._summary_memo: tuple[int, dict[str, Any]] | None = None
-        self._grouped_memo: dict[str, tuple[int, dict]] = {}
+        self._ranks_memo: tuple[int, dict[int, RankState]] | None = None
+        self._memo: dict[Hashable, Any] = {}  # see memo()
+        self._memo_applied = 0
 
     # -- the fold ----------------------------------------------------------------------------
 
@@ -269,12 +272,25 @@ class JobState:
     # -- derived views -----------------------------------------------------------------------
 
     def ranks(self) -> list[RankState]:
-        """One entry per rank: the latest session that claimed it."""
+        """One entry per rank: the latest session that claimed it, in rank order."""
+        return list(self.rank_index().values())
+
+    def rank_index(self) -> dict[int, RankState]:
+        """Rank -> the latest session that claimed it, in rank order (read-only).
+
+        Which session holds a rank changes only with the events that may change the summary,
+        so it is remembered likewise: diagnosis asks once per group, hundreds of times.
+        """
+        memo = self._ranks_memo
+        if memo is not None and memo[0] == self._summary_version:
+            return memo[1]
         by_rank: dict[int, RankState] = {}
         for r in self.sessions.values():
             if r.rank is not None:
                 by_rank[r.rank] = r
-        return [by_rank[k] for k in sorted(by_rank)]
+        index = {k: by_rank[k] for k in sorted(by_rank)}
+        self._ranks_memo = (self._summary_version, index)
+        return index
 
     @property
     def world_size(self) -> int | None:
@@ -303,12 +319,10 @@ class JobState:
         memo = self._summary_memo
         if memo is not None and memo[0] == self._summary_version:
             return dict(memo[1])
-        by_rank: dict[int, RankState] = {}
+        by_rank = self.rank_index()
         sizes: dict[int, int] = {}
         backends: dict[str, int] = {}
         for r in self.sessions.values():
-            if r.rank is not None:
-                by_rank[r.rank] = r
             if r.world_size:
                 sizes[r.world_size] = sizes.get(r.world_size, 0) + 1
             if r.backend:
@@ -361,11 +375,13 @@ class JobState:
         return rows
 
     def progress_rows(self) -> list[dict[str, Any]]:
+        """Per group (in group order) and rank: sequence numbers reached, op in flight."""
+        grouped = self._grouped("progress")
         return [{"group": g, "rank": rk, "entered": row["entered"],
                  "completed": row["completed"], "inflight_op": row.get("inflight_op"),
                  "inflight_since": row.get("inflight_since")}
-                for (g, rk), row in sorted(self.progress.items(),
-                                           key=lambda kv: (_group_order(kv[0][0]), kv[0][1]))]
+                for g in sorted(grouped, key=_group_order)
+                for rk, row in sorted(grouped[g].items())]
 
     def gpu_rows(self) -> list[dict[str, Any]]:
         """Latest GPU reading per rank, its faults and recent history."""
@@ -520,14 +536,23 @@ class JobState:
     def _grouped(self, table: str) -> dict[str, dict[int, Any]]:
         # Diagnosis asks per group for hundreds of groups at 1,024 ranks: one pass, not one
         # per group.
-        memo = self._grouped_memo.get(table)
-        if memo is not None and memo[0] == self.applied:
-            return memo[1]
-        grouped: dict[str, dict[int, Any]] = collections.defaultdict(dict)
-        for (group, rank), value in getattr(self, table).items():
-            grouped[group][rank] = value
-        self._grouped_memo[table] = (self.applied, grouped)
-        return grouped
+        def build() -> dict[str, dict[int, Any]]:
+            grouped: dict[str, dict[int, Any]] = collections.defaultdict(dict)
+            for (group, rank), value in getattr(self, table).items():
+                grouped[group][rank] = value
+            return grouped
+
+        return self.memo(("grouped", table), build)
+
+    def memo(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """``build()``, remembered until the next event is applied (for read-only indexes
+        that views and diagnosis would otherwise rebuild per group)."""
+        if self._memo_applied != self.applied or len(self._memo) >= MEMO_ENTRIES:
+            self._memo.clear()
+            self._memo_applied = self.applied
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
     def claims(self, rank: int | None, session: str) -> bool:
         """Whether another session already holds ``rank`` in this job."""
