@@ -28,8 +28,9 @@ Measured in headless Chromium (Playwright, the system ``chromium``):
 
 Reference in the same run: the same two figures for a small job (``--ref-ranks``, 8 ranks on
 one host) measured first, on the same server and browser, so a slow or busy machine shows up
-as a slow reference. Also printed: the live payload's size and what the server spent building
-it, and the rate the feeders achieved (if ingest cannot keep 1 Hz for every rank, it says so).
+as a slow reference. Also printed: the snapshot a new watcher gets and what the server spent
+building it, the deltas that followed (as the page received them), and the
+rate the feeders achieved (if ingest cannot keep 1 Hz for every rank, it says so).
 
 A measurement, not a test: exit status 0 whatever the figures (non-zero only when the bench
 itself broke). Run from the repository root::
@@ -57,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.wire import PROTOCOL_VERSION  # noqa: E402
-from dashboard.app import job_payload  # noqa: E402
+from dashboard.live import sections  # noqa: E402
 from dashboard.cli import make_server  # noqa: E402
 
 
@@ -217,6 +218,7 @@ def measure(browser, server, job: SyntheticJob, seconds: int, threads: int,
     first = page.evaluate(
         "performance.getEntriesByName('pgdash:first-render')[0].startTime") / 1000
     page.evaluate(MARKER_JS)
+    before = len(page.evaluate("window.pgdashJob.received()"))  # the snapshot, at least
     sent: dict[int, float] = {}
     feed_times = []
     next_tick = time.monotonic()
@@ -231,14 +233,15 @@ def measure(browser, server, job: SyntheticJob, seconds: int, threads: int,
     render_ms = sorted(page.evaluate("window.pgdashJob.renderTimes()"))
     latencies = sorted(seen[s] - t for s, t in sent.items() if s in seen)
     missed = sum(1 for s in sent if s not in seen)
-    raw = json.dumps(job_payload(server.app.extensions["pgdash"], job.job_id),
-                     separators=(",", ":"))
+    received = page.evaluate("window.pgdashJob.received()")
+    ingest = server.app.extensions["pgdash"]
     t0 = time.perf_counter()
-    job_payload(server.app.extensions["pgdash"], job.job_id)
+    ingest.read(job.job_id, sections)
     build = time.perf_counter() - t0
     context.close()
     return {"ranks": job.world, "first_render_s": first, "latencies": latencies,
-            "missed": missed, "feed_s": feed_times, "payload_bytes": len(raw),
+            "missed": missed, "feed_s": feed_times, "snapshot_bytes": max(received[:before], default=0),
+            "delta_bytes": sorted(received[before:]), "seconds": seconds,
             "payload_build_s": build, "render_ms": render_ms, "page_errors": errors}
 
 
@@ -254,8 +257,10 @@ def report(label: str, r: dict) -> None:
     print(f"{label:>10}: {r['ranks']:5d} ranks | first render {r['first_render_s']:.2f} s | "
           f"event->DOM p50 {pct(lat, 0.5):.2f} s, p95 {pct(lat, 0.95):.2f} s, "
           f"max {max(lat) if lat else float('nan'):.2f} s ({len(lat)} samples, "
-          f"{r['missed']} never shown) | payload {r['payload_bytes'] / 1e6:.2f} MB, "
-          f"built in {r['payload_build_s'] * 1000:.0f} ms | page render median "
+          f"{r['missed']} never shown) | snapshot {r['snapshot_bytes'] / 1e6:.2f} MB, "
+          f"built in {r['payload_build_s'] * 1000:.0f} ms; {len(r['delta_bytes'])} deltas "
+          f"in {r['seconds']} s, median {pct(r['delta_bytes'], 0.5) / 1e3:.0f} KB "
+          f"(max {max(r['delta_bytes'], default=0) / 1e3:.0f} KB) | page render median "
           f"{pct(r['render_ms'], 0.5):.0f} ms | one 1 Hz round of all ranks "
           f"took median {statistics.median(feed):.2f} s (max {max(feed):.2f} s)")
     if max(feed) > 1.0:

@@ -17,6 +17,7 @@ from flask_socketio import SocketIO, join_room, leave_room, rooms
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
 from dashboard.diagnosis import Settings
 from dashboard.ingest import Ingest, Refused
+from dashboard.live import Feed, ViewCache, sections
 from dashboard.metrics import exposition
 from dashboard.resources import resource_dir
 from dashboard.storage import Store
@@ -144,75 +145,6 @@ def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
             ingest.disconnect(known[0])
 
 
-# The live page's history of collectives: seconds on its grid, and the raw points kept in
-# all (the newest of each group and rank) for clients that read ``timeline``.
-TIMELINE_BINS = 30
-TIMELINE_MAX_POINTS = 1024
-
-
-def job_payload(ingest: Ingest, job_id: int,
-                cache: "ViewCache | None" = None) -> dict[str, Any] | None:
-    """Everything the live job page shows, in one message.
-
-    ``ops`` (per group family and op) and ``timeline_grid`` (rank x second) are what the
-    page draws; they stay small at 1,024 ranks. ``timeline`` keeps its shape for other
-    clients, bounded to TIMELINE_MAX_POINTS points. With a ``cache`` (the live push has
-    one), the expensive history views of a big job are reused for a while (see ViewCache);
-    ranks, progress and findings are always fresh.
-    """
-    def views(s):
-        def part(name, build):
-            return build() if cache is None else cache.get((job_id, name), s.applied, build)
-
-        return {
-            "job": s.detail(),
-            "collectives": part("collectives", s.collective_rows),
-            "progress": s.progress_rows(),
-            "timeline": part("timeline",
-                             lambda: s.timeline_rows(max_points=TIMELINE_MAX_POINTS)),
-            "rendezvous": part("rendezvous", s.rendezvous_rows),
-            "errors": s.error_rows(), "gpus": part("gpus", s.gpu_rows),
-            "ops": part("ops", s.op_rows),
-            "timeline_grid": part("timeline_grid", lambda: s.timeline_grid(TIMELINE_BINS))}
-
-    payload = ingest.read(job_id, views)
-    if payload is not None:
-        payload["findings"] = ingest.findings(job_id) or []
-        payload["server_time"] = ingest.clock()
-    return payload
-
-
-class ViewCache:
-    """Reuses a view that is expensive to build, for a time in proportion to its cost.
-
-    A view that took C seconds is rebuilt at most every ``factor`` x C seconds (never later
-    than ``max_age``), and is reused as long as nothing was applied to the job. Views that
-    cost under ``min_cost`` (a small job's) are always fresh; a 1,024-rank job's history
-    views (~100 ms) then cost about a tenth of the push thread instead of most of it, and
-    they hold the state lock (which ingest needs to fold events) that much less.
-    """
-
-    def __init__(self, factor: float = 10.0, max_age: float = 1.0, min_cost: float = 0.005,
-                 max_entries: int = 512):
-        self.factor, self.max_age, self.min_cost = factor, max_age, min_cost
-        self.max_entries = max_entries
-        self._entries: dict[tuple, tuple[float, float, int, Any]] = {}
-
-    def get(self, key: tuple, version: int, build) -> Any:
-        now = time.monotonic()
-        entry = self._entries.get(key)
-        if entry is not None:
-            built_at, cost, built_version, value = entry
-            if built_version == version or (cost >= self.min_cost and now - built_at < min(
-                    self.max_age, self.factor * cost)):
-                return value
-        value = build()
-        if len(self._entries) >= self.max_entries:
-            self._entries.clear()
-        self._entries[key] = (now, time.monotonic() - now, version, value)
-        return value
-
-
 JOB_FIELDS = ("id", "name", "status", "world_size", "backend", "started_at", "ended_at")
 
 
@@ -236,19 +168,20 @@ def _register_ui_namespace(socketio: SocketIO, ingest: Ingest) -> None:
         job_id = what.get("job")
         if isinstance(job_id, bool) or not isinstance(job_id, int):
             return {"ok": False, "error": f"job must be an integer id, got {job_id!r:.40}"}
-        pusher = current_app.extensions.get("pgdash_pusher")
-        payload = job_payload(ingest, job_id, pusher.cache if pusher is not None else None)
-        if payload is None:
+        pusher: LivePush = current_app.extensions["pgdash_pusher"]
+        if not pusher.watch(job_id, request.sid):
             return {"ok": False, "error": f"no job with id {job_id}"}
-        join_room(f"job:{job_id}", namespace=UI_NAMESPACE)
-        socketio.emit("job", payload, to=request.sid, namespace=UI_NAMESPACE)
-        if pusher is not None:  # this watcher is up to date: the next push waits its interval
-            pusher.sent(job_id)
         return {"ok": True}
 
 
 class LivePush:
-    """Pushes changed jobs to watching browsers, at most once per interval per job."""
+    """Sends watching browsers a snapshot of their job, then throttled deltas of it.
+
+    At most one message per job per ``interval`` goes to its room, whatever the rank count;
+    the message format is in :mod:`dashboard.live`. A lock keeps the push thread and a new
+    watcher's snapshot in one order, so every delta a room gets applies to what each of its
+    members has.
+    """
 
     def __init__(self, socketio: SocketIO, ingest: Ingest, interval: float):
         self.socketio = socketio
@@ -256,12 +189,10 @@ class LivePush:
         self.interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._feeds: dict[int, Feed] = {}  # watched jobs: what their rooms were sent last
         self._pushed_at: dict[int, float] = {}  # job id -> when it was last sent (monotonic)
-        self.cache = ViewCache()  # shared with the first payload a new watcher gets
-
-    def sent(self, job_id: int) -> None:
-        """A full payload of ``job_id`` just went out (a new watcher got one)."""
-        self._pushed_at[job_id] = time.monotonic()
+        self.cache = ViewCache()
 
     def start(self) -> None:
         if self._thread is None:
@@ -271,27 +202,65 @@ class LivePush:
     def stop(self) -> None:
         self._stop.set()
 
-    def _watched(self, room: str) -> bool:
-        """Whether any browser watches ``room`` (an unwatched job costs no payload)."""
+    def _sections(self, job_id: int) -> dict[str, Any] | None:
+        found = self.ingest.read(job_id, lambda s: sections(s, self.cache))
+        if found is not None:
+            found["findings"] = self.ingest.findings(job_id) or []
+        return found
+
+    def watch(self, job_id: int, sid: str) -> bool:
+        """Bring the job's room up to date, then add ``sid`` with a snapshot; False if there
+        is no such job."""
+        with self._lock:
+            if not self._push(job_id):
+                return False
+            join_room(self._room(job_id), sid=sid, namespace=UI_NAMESPACE)
+            self.socketio.emit("job", {**self._feeds[job_id].snapshot(job_id),
+                                       "server_time": self.ingest.clock()},
+                               to=sid, namespace=UI_NAMESPACE)
+            return True
+
+    @staticmethod
+    def _room(job_id: int) -> str:
+        return f"job:{job_id}"
+
+    def _push(self, job_id: int) -> bool:
+        """Under the lock: send the job's room what changed since it was last sent."""
+        fresh = self._sections(job_id)
+        if fresh is None:
+            return False
+        self._pushed_at[job_id] = time.monotonic()
+        feed = self._feeds.get(job_id)
+        if feed is None:
+            self._feeds[job_id] = Feed(fresh)
+            return True
+        message = feed.advance(job_id, fresh)
+        if message is not None:
+            message["server_time"] = self.ingest.clock()
+            self.socketio.emit("job_delta", message, to=self._room(job_id),
+                               namespace=UI_NAMESPACE)
+        return True
+
+    def _watched(self, job_id: int) -> bool:
+        """Whether any browser watches the job (an unwatched job costs nothing)."""
         try:
-            participants = self.socketio.server.manager.get_participants(UI_NAMESPACE, room)
+            participants = self.socketio.server.manager.get_participants(
+                UI_NAMESPACE, self._room(job_id))
             return next(iter(participants), None) is not None
         except (AttributeError, KeyError):
             return True  # a manager without that API: push as before
 
     def _run(self) -> None:
         next_diagnosis = 0.0
-        pushed_at = self._pushed_at
         jobs_pushed_at = 0.0  # the jobs list, likewise
         waiting: set[int] = set()  # changed jobs not pushed yet (throttled)
-        cache = self.cache
         # Wake often, push each changed job as soon as its own interval allows: an update
         # waits ~0.05 s for the loop instead of half an interval on average.
         tick = min(self.interval, 0.05)
         while not self._stop.wait(tick):
             try:
-                # Diagnosis of a 1,024-rank job takes a few hundred ms of a GIL it shares with
-                # ingest: run it at most every interval and at most a quarter of the time.
+                # Diagnosis of a 1,024-rank job takes ~0.1 s of a GIL it shares with ingest:
+                # run it at most every interval and at most a quarter of the time.
                 started = time.monotonic()
                 if started >= next_diagnosis:
                     self.ingest.diagnose_live()
@@ -304,16 +273,13 @@ class LivePush:
                                        namespace=UI_NAMESPACE)
                 waiting |= self.ingest.take_dirty()
                 for job_id in sorted(waiting):
-                    now = time.monotonic()
-                    if now - pushed_at.get(job_id, 0.0) < self.interval:
+                    if time.monotonic() - self._pushed_at.get(job_id, 0.0) < self.interval:
                         continue
                     waiting.discard(job_id)
-                    room = f"job:{job_id}"
-                    if not self._watched(room):
-                        continue
-                    pushed_at[job_id] = now
-                    payload = job_payload(self.ingest, job_id, cache)
-                    if payload is not None:
-                        self.socketio.emit("job", payload, to=room, namespace=UI_NAMESPACE)
+                    with self._lock:
+                        if self._watched(job_id):
+                            self._push(job_id)
+                        else:  # nobody left to send deltas to: the next watcher starts anew
+                            self._feeds.pop(job_id, None)
             except Exception:
                 log.exception("pgdash: live push failed; retrying next interval")

@@ -374,6 +374,20 @@ class JobState:
                          "max_us": round(s.max_us, 3), "bytes": s.bytes})
         return rows
 
+    def rank_stat_rows(self) -> list[dict[str, Any]]:
+        """Per rank: collectives over the whole job, and the (group, op) it ran most with
+        that row's median latency (one row per rank where collective_rows has one per
+        group and op)."""
+        totals: dict[int, int] = {}
+        top: dict[int, tuple[str, str, LatencyStats]] = {}
+        for (g, o, rk), s in self.collectives.items():
+            totals[rk] = totals.get(rk, 0) + s.count
+            best = top.get(rk)
+            if best is None or s.count > best[2].count:
+                top[rk] = (g, o, s)
+        return [{"rank": rk, "count": totals[rk], "group": g, "op": o,
+                 "p50_us": s.percentile(0.5)} for rk, (g, o, s) in sorted(top.items())]
+
     def progress_rows(self) -> list[dict[str, Any]]:
         """Per group (in group order) and rank: sequence numbers reached, op in flight."""
         grouped = self._grouped("progress")

@@ -12,6 +12,7 @@ import pytest
 import socketio
 
 from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION, UI_NAMESPACE
+from dashboard.live import apply
 from conftest import ROOT, ServerProcess, get_json, job_by_name, wait_for
 
 
@@ -83,27 +84,53 @@ def test_token_is_enforced(tmp_path):
         srv.stop()
 
 
-def test_browser_gets_live_updates_over_socketio(server):
+def test_browser_gets_a_snapshot_then_deltas_over_socketio(server):
     agent = agent_client(server.url, session="live", job="live")
     ui = socketio.Client(reconnection=False)
     inbox: queue.Queue = queue.Queue()
-    ui.on("job", lambda payload: inbox.put(payload), namespace=UI_NAMESPACE)
+    ui.on("job", lambda payload: inbox.put(("job", payload)), namespace=UI_NAMESPACE)
+    ui.on("job_delta", lambda payload: inbox.put(("job_delta", payload)),
+          namespace=UI_NAMESPACE)
     try:
         assert send(agent, [ev(1, "hello", {**HELLO, "job": "live"}),
                             ev(2, "group", {"name": "0", "ranks": [0]})])["stored"] == 2
         job = wait_for(lambda: job_by_name(server, "live"), 10, "the job")
         ui.connect(server.url, namespaces=[UI_NAMESPACE], transports=["websocket"])
         assert ui.call("watch", {"job": job["id"]}, namespace=UI_NAMESPACE) == {"ok": True}
-        first = inbox.get(timeout=5)
-        assert first["job"]["id"] == job["id"] and first["collectives"] == []
+        kind, first = inbox.get(timeout=5)
+        assert kind == "job" and first["job_id"] == job["id"]
+        held = first["sections"]
+        assert held["job"]["id"] == job["id"] and held["rank_stats"] == []
+        assert [g["ranks"] for g in held["groups"]] == [[0]]
         stats = {"start": 100, "end": 101, "rows": [
             {"group": "0", "op": "all_reduce", "count": 3, "bytes": 12, "sum_us": 30.0,
              "max_us": 12.0, "hist": [[26, 3]]}]}
         sent_at = time.monotonic()
         assert send(agent, [ev(3, "coll_stats", stats)])["stored"] == 1
-        pushed = inbox.get(timeout=5)
+        version = first["v"]
+        while True:  # deltas until the summary shows (diagnosis may push one first)
+            kind, d = inbox.get(timeout=5)
+            assert kind == "job_delta" and d["base"] == version and d["v"] == version + 1
+            version = d["v"]
+            assert "job" not in d["sections"] and "groups" not in d["sections"]  # unchanged
+            held = apply(held, d)
+            if held["rank_stats"]:
+                break
         assert time.monotonic() - sent_at < 5
-        assert pushed["collectives"][0]["count"] == 3
+        assert held["rank_stats"] == [{"rank": 0, "count": 3, "group": "0",
+                                       "op": "all_reduce", "p50_us": held["rank_stats"][0][
+                                           "p50_us"]}]
+        assert held["ops"][0]["count"] == 3
+        # What the deltas built is what a new watcher's snapshot says.
+        ui.call("watch", {"job": job["id"]}, namespace=UI_NAMESPACE)
+        while True:
+            kind, again = inbox.get(timeout=5)
+            if kind == "job":
+                break
+            held = apply(held, again)
+        assert again["v"] >= version
+        stable = lambda secs: {k: v for k, v in secs.items() if k != "findings"}  # noqa: E731
+        assert stable(held) == stable(again["sections"])
         assert ui.call("watch", {"job": 999}, namespace=UI_NAMESPACE)["error"] == \
             "no job with id 999"
         assert "job must be an integer" in ui.call("watch", {"job": "1; drop"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from dashboard.app import ViewCache
+from dashboard.live import ViewCache
 from dashboard.state import JobState
 
 _ids = itertools.count(1)

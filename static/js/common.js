@@ -415,6 +415,10 @@
     const handle = {
       socket: null,
       connected: () => Boolean(socket && socket.connected),
+      // Ask again for what opts.watch names (the server answers with a fresh snapshot).
+      rewatch: () => {
+        if (socket && socket.connected) sendWatch();
+      },
     };
 
     if (opts.refresh) {
@@ -432,6 +436,16 @@
     const root = (document.body.dataset.root || "").replace(/\/+$/, "");
     socket = window.io("/ui", { path: root + "/socket.io" });
     handle.socket = socket;
+    // Sizes of the last messages received (characters of each Engine.IO text packet), for
+    // bench/page.py; counting costs nothing next to parsing them.
+    handle.received = [];
+    socket.io.on("open", () => {
+      socket.io.engine.on("packet", (packet) => {
+        if (packet.type !== "message" || typeof packet.data !== "string") return;
+        handle.received.push(packet.data.length);
+        if (handle.received.length > 1000) handle.received.splice(0, 500);
+      });
+    });
     setLiveState("connecting");
 
     // "connect" fires on the first connection and again after each reconnect,

@@ -3,9 +3,12 @@
  *
  * Data in:
  *   on load  GET /api/jobs/<id>, /collectives, /findings (no progress over REST)
- *   live     Socket.IO event "job" after emitting watch {"job": <id>}: a full snapshot,
- *            {job, collectives, progress, findings, ops, timeline_grid, rendezvous, errors,
- *            gpus, server_time}, at most twice a second.
+ *   live     after emitting watch {"job": <id>}, Socket.IO event "job": a snapshot
+ *            {job_id, v, sections: {job, ranks, groups, progress, rank_stats, findings,
+ *            ops, timeline_grid, rendezvous, errors, gpus}, server_time}; then "job_delta"
+ *            {job_id, v, base, sections: {name: whole value}, rows: {name: [[i, row]]},
+ *            server_time} at most twice a second (dashboard/live.py). A delta whose base
+ *            is not the version held means one was missed: watch again for a snapshot.
  * State:     `state` below; handlers replace parts of it and call render().
  * Render:    one function per section, each rebuilding only its own container. Small
  *            sections rebuild only when their inputs changed (PG.changed), so text
@@ -38,7 +41,8 @@
 
   const state = {
     job: null, // GET /api/jobs/<id> object (with ranks, groups)
-    collectives: null, // rows per group, op, rank
+    collectives: null, // rows per group, op, rank (REST only: large at 1,024 ranks)
+    rankStats: null, // per rank: count and the (group, op) it runs most (live)
     progress: null, // rows; only arrives over the socket
     findings: null, // rows
     ops: null, // rows per group family and op (socket)
@@ -71,8 +75,12 @@
   }
 
   /** Per rank: total collective count, and the (group, op) row it runs most. */
-  function rankStats(collectives) {
+  function rankStats(rankRows, collectives) {
     const stats = new Map();
+    if (Array.isArray(rankRows)) {
+      for (const row of rankRows) stats.set(row.rank, { total: PG.isNum(row.count) ? row.count : 0, top: row });
+      return stats;
+    }
     for (const row of collectives || []) {
       let s = stats.get(row.rank);
       if (!s) stats.set(row.rank, (s = { total: 0, top: null }));
@@ -521,7 +529,7 @@
     });
   }
 
-  function renderRanks(ranks, collectives, progress, findGroup, derived, hl) {
+  function renderRanks(ranks, progress, findGroup, derived, hl) {
     const body = $("ranks-body");
     const list = PG.sortBy(Array.isArray(ranks) ? ranks : [], "rank", "asc");
     if (list.length === 0) {
@@ -530,7 +538,7 @@
       $("ranks-shown").textContent = "";
       return;
     }
-    const stats = rankStats(collectives);
+    const stats = rankStats(state.rankStats, state.collectives);
     const inflight = inflightByRank(progress);
 
     const hosts = new Set(list.map((r) => r.host));
@@ -1157,7 +1165,7 @@
       if (PG.changed("findings", [stable, groups.length, selKey, job ? job.ranks.length : 0])) renderFindings(state.findings, findGroup);
     }
     if (job) renderTopology(job, derived, hl, describe);
-    if (job) renderRanks(job.ranks, state.collectives, state.progress, findGroup, derived, hl);
+    if (job) renderRanks(job.ranks, state.progress, findGroup, derived, hl);
     if (job && PG.changed("groups", groups)) renderGroups(groups);
     if (job) renderProgress(groups, state.progress, findGroup, hl, describe);
     const rows = state.ops !== null || state.collectives !== null ? opRows(state.ops, state.collectives, findGroup) : null;
@@ -1187,21 +1195,57 @@
 
   // -------------------------------------------------------------- data --
 
-  function onLive(payload) {
-    if (!payload || !payload.job) return;
+  // What the live feed sent, by section, and its version (null until a snapshot came).
+  let live = null;
+  let liveVersion = null;
+  let rewatching = false;
+
+  function onSnapshot(message) {
+    if (!message || !message.sections || Number(message.job_id) !== JOB_ID) return;
     if (!state.live) performance.mark("pgdash:first-payload");
-    if (payload.job.id != null && Number(payload.job.id) !== JOB_ID) return;
+    live = Object.assign({}, message.sections);
+    liveVersion = message.v;
+    rewatching = false;
+    showLive(message.server_time);
+  }
+
+  function onDelta(message) {
+    if (!message || Number(message.job_id) !== JOB_ID) return;
+    if (liveVersion === null || message.base !== liveVersion) {
+      // Missed one (or the snapshot is yet to come): only a new snapshot can catch up.
+      if (liveVersion !== null && !rewatching && liveHandle.rewatch) {
+        rewatching = true;
+        liveHandle.rewatch();
+      }
+      return;
+    }
+    for (const [name, value] of Object.entries(message.sections || {})) {
+      if (value === null) delete live[name];
+      else live[name] = value;
+    }
+    for (const [name, patch] of Object.entries(message.rows || {})) {
+      const rows = Array.isArray(live[name]) ? live[name].slice() : [];
+      for (const [i, row] of patch) rows[i] = row;
+      live[name] = rows;
+    }
+    liveVersion = message.v;
+    showLive(message.server_time);
+  }
+
+  function showLive(serverTime) {
+    if (!live.job) return;
+    const list = (name) => (Array.isArray(live[name]) ? live[name] : []);
     state.live = true;
-    state.job = payload.job;
-    state.collectives = Array.isArray(payload.collectives) ? payload.collectives : [];
-    state.progress = Array.isArray(payload.progress) ? payload.progress : [];
-    state.findings = Array.isArray(payload.findings) ? payload.findings : [];
-    state.ops = Array.isArray(payload.ops) ? payload.ops : null;
-    state.grid = payload.timeline_grid && typeof payload.timeline_grid === "object" ? payload.timeline_grid : null;
-    state.rendezvous = Array.isArray(payload.rendezvous) ? payload.rendezvous : [];
-    state.errors = Array.isArray(payload.errors) ? payload.errors : [];
-    state.gpus = Array.isArray(payload.gpus) ? payload.gpus : [];
-    state.serverTime = PG.isNum(payload.server_time) ? payload.server_time : null;
+    state.job = Object.assign({}, live.job, { ranks: list("ranks"), groups: list("groups") });
+    state.rankStats = list("rank_stats");
+    state.progress = list("progress");
+    state.findings = list("findings");
+    state.ops = Array.isArray(live.ops) ? live.ops : null;
+    state.grid = live.timeline_grid && typeof live.timeline_grid === "object" ? live.timeline_grid : null;
+    state.rendezvous = list("rendezvous");
+    state.errors = list("errors");
+    state.gpus = list("gpus");
+    state.serverTime = PG.isNum(serverTime) ? serverTime : null;
     noteBytes(state.ops, state.serverTime || PG.now());
     setNotFound(false);
     showError("");
@@ -1270,15 +1314,17 @@
   window.pgdashJob = Object.freeze({
     highlighted: () => Array.from(highlighted()).sort((a, b) => a - b),
     renderTimes: () => renderTimes.slice(),
+    received: () => (liveHandle.received || []).slice(),
     rankState: (rank) => rankStates(state.job ? state.job.ranks : [], state.progress, state.findings).states.get(rank) || null,
   });
 
   refresh(false).catch((err) => showError("Could not load job: " + err.message));
-  PG.connectLive({
+  const liveHandle = PG.connectLive({
     watch: { job: JOB_ID },
-    events: { job: onLive },
+    events: { job: onSnapshot, job_delta: onDelta },
     refresh: () => {
       state.live = false; // polling fallback while the socket is down
+      state.rankStats = null;
       return refresh(true);
     },
   });

@@ -1,0 +1,168 @@
+"""The live page's feed, without Flask: what a job looks like to the page, and deltas of it.
+
+A watcher of job J gets one full snapshot (the Socket.IO event ``job``), then deltas
+(``job_delta``) against what the room was sent last, at most once per push interval:
+
+    job        {"job_id": J, "v": N, "sections": {name: value, ...}}          every section
+    job_delta  {"job_id": J, "v": N, "base": N - 1,
+                "sections": {name: value},         sections replaced whole
+                "rows": {name: [[index, row], ...]}}  rows replaced in place
+
+A client applies a delta only on top of version ``base``; otherwise it missed one and asks
+for a snapshot again (``watch``). Sections are the names of :data:`SECTIONS`. A keyed
+section (:data:`ROW_KEYS`) whose rows keep their keys and order is patched row by row; when
+rows come or go, or most of them changed, the section is sent whole. So a job where one rank
+moves sends that rank's rows, and a 1,024-rank job at rest sends next to nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from dashboard.state import JobState
+
+# Rows of these sections are identified by these fields (in this order on the page).
+ROW_KEYS: dict[str, tuple[str, ...]] = {
+    "ranks": ("rank",),
+    "groups": ("id",),
+    "progress": ("group", "rank"),
+    "rank_stats": ("rank",),
+    "rendezvous": ("rank", "host"),
+    "gpus": ("rank",),
+    "findings": ("id",),
+}
+
+# The live page's history of collectives: seconds on its heat map grid.
+TIMELINE_BINS = 30
+
+
+def sections(state: JobState, cache: "ViewCache | None" = None) -> dict[str, Any]:
+    """Everything the live job page shows of ``state``, by section (findings excepted: they
+    live in Ingest).
+
+    ``ops`` (per group family and op) and ``timeline_grid`` (rank x second) are what the
+    page draws of the collectives; they stay small at 1,024 ranks, where the per-rank rows
+    of ``GET /collectives`` are half a megabyte (``rank_stats`` keeps one row per rank).
+    With a ``cache`` (the live push has one) the expensive history views of a big job are
+    reused for a while (see ViewCache); ranks and progress are always fresh.
+    """
+    def part(name: str, build: Callable[[], Any]) -> Any:
+        return build() if cache is None else cache.get((state.job_id, name), state.applied,
+                                                       build)
+
+    detail = state.detail()
+    return {
+        "job": {k: v for k, v in detail.items() if k not in ("ranks", "groups")},
+        "ranks": detail["ranks"],
+        "groups": detail["groups"],
+        "progress": state.progress_rows(),
+        "rank_stats": part("rank_stats", state.rank_stat_rows),
+        "ops": part("ops", state.op_rows),
+        "timeline_grid": part("timeline_grid", lambda: state.timeline_grid(TIMELINE_BINS)),
+        "rendezvous": part("rendezvous", state.rendezvous_rows),
+        "errors": state.error_rows(),
+        "gpus": part("gpus", state.gpu_rows),
+    }
+
+
+def delta(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+    """What turns ``old`` sections into ``new``: ``{"sections", "rows"}``, or None if equal."""
+    whole: dict[str, Any] = {}
+    rows: dict[str, list] = {}
+    for name, value in new.items():
+        before = old.get(name)
+        if name in old and before == value:
+            continue
+        keys = ROW_KEYS.get(name)
+        patch = _row_patch(before, value, keys) if keys else None
+        if patch is None:
+            whole[name] = value
+        else:
+            rows[name] = patch
+    for name in old.keys() - new.keys():
+        whole[name] = None
+    return {"sections": whole, "rows": rows} if whole or rows else None
+
+
+def _row_patch(before: Any, after: Any, keys: tuple[str, ...]) -> list | None:
+    """``[[index, row], ...]`` for the rows that changed, or None to send the whole list
+    (rows came, went or moved, or patching would not be smaller)."""
+    if not isinstance(before, list) or not isinstance(after, list) or \
+            len(before) != len(after):
+        return None
+    patch = []
+    for i, (a, b) in enumerate(zip(before, after)):
+        if a == b:
+            continue
+        if any(a.get(k) != b.get(k) for k in keys):
+            return None
+        patch.append([i, b])
+    return patch if 2 * len(patch) <= len(after) else None
+
+
+def apply(old: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
+    """``old`` with the delta ``d`` applied (what the page does; for tests and tools)."""
+    new = dict(old)
+    for name, value in d["sections"].items():
+        if value is None:
+            new.pop(name, None)
+        else:
+            new[name] = value
+    for name, patch in d["rows"].items():
+        rows = list(new[name])
+        for i, row in patch:
+            rows[i] = row
+        new[name] = rows
+    return new
+
+
+class Feed:
+    """What one job's watchers were sent last, and its version."""
+
+    def __init__(self, sections: dict[str, Any]):
+        self.version = 1
+        self.sections = sections
+
+    def snapshot(self, job_id: int) -> dict[str, Any]:
+        return {"job_id": job_id, "v": self.version, "sections": self.sections}
+
+    def advance(self, job_id: int, sections: dict[str, Any]) -> dict[str, Any] | None:
+        """The delta from what was sent to ``sections`` (None if nothing changed)."""
+        d = delta(self.sections, sections)
+        if d is None:
+            return None
+        self.version += 1
+        self.sections = sections
+        return {"job_id": job_id, "v": self.version, "base": self.version - 1, **d}
+
+
+class ViewCache:
+    """Reuses a view that is expensive to build, for a time in proportion to its cost.
+
+    A view that took C seconds is rebuilt at most every ``factor`` x C seconds (never later
+    than ``max_age``), and is reused as long as nothing was applied to the job. Views that
+    cost under ``min_cost`` (a small job's) are always fresh; a 1,024-rank job's history
+    views (~100 ms) then cost about a tenth of the push thread instead of most of it, and
+    they hold the state lock (which ingest needs to fold events) that much less.
+    """
+
+    def __init__(self, factor: float = 10.0, max_age: float = 1.0, min_cost: float = 0.005,
+                 max_entries: int = 512):
+        self.factor, self.max_age, self.min_cost = factor, max_age, min_cost
+        self.max_entries = max_entries
+        self._entries: dict[tuple, tuple[float, float, int, Any]] = {}
+
+    def get(self, key: tuple, version: int, build: Callable[[], Any]) -> Any:
+        now = time.monotonic()
+        entry = self._entries.get(key)
+        if entry is not None:
+            built_at, cost, built_version, value = entry
+            if built_version == version or (cost >= self.min_cost and now - built_at < min(
+                    self.max_age, self.factor * cost)):
+                return value
+        value = build()
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()
+        self._entries[key] = (now, time.monotonic() - now, version, value)
+        return value
