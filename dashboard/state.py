@@ -21,6 +21,7 @@ TERMINAL_RANK = ("exited", "failed", "lost")
 ROUTINE_KINDS = frozenset({"heartbeat", "coll_stats", "stack", "gpu", "group"})
 MEMO_ENTRIES = 16  # JobState.memo(): a quiet job is diagnosed at ever new times
 RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
+OP_SECONDS = 60  # seconds of merged summaries kept per (group, op) for the latency chart
 GPU_HISTORY = 120  # GPU readings kept per rank (about two minutes)
 # Clock-event reasons that mean the GPU is slowed by heat or power trouble (not just busy).
 THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
@@ -75,6 +76,13 @@ class LatencyStats:
         for bucket, n in row["hist"]:
             self.hist[bucket] += n
 
+    def merge(self, other: "LatencyStats") -> None:
+        self.count += other.count
+        self.bytes += other.bytes
+        self.sum_us += other.sum_us
+        self.max_us = max(self.max_us, other.max_us)
+        self.hist.update(other.hist)
+
     def percentile(self, q: float) -> float | None:
         """Latency (us) at quantile q from the histogram, never above the true maximum."""
         total = sum(self.hist.values())
@@ -104,6 +112,8 @@ class JobState:
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
         # (group, rank) -> recent (t, count, sum_us) summaries, for straggler/slow rules
         self.recent: dict[tuple[str, int], collections.deque] = {}
+        # (group, op) -> whole second of the agents' clocks -> every rank's summaries merged
+        self.op_seconds: dict[tuple[str, str], dict[int, LatencyStats]] = {}
         self.gpus: dict[int, dict[str, Any]] = {}  # rank -> latest GPU reading
         self.gpu_history: dict[int, collections.deque] = {}  # rank -> [t, util, mem, temp, W]
         # rank -> fault key ("xid:79", "ecc", "remap_failure", "lost", ...) -> first seen
@@ -189,12 +199,22 @@ class JobState:
         if r.rank is None:
             return
         per_group: dict[str, list] = {}  # one point per group and interval, all ops together
+        second = int(body["end"])
         for row in body["rows"]:
             key = (row["group"], row["op"], r.rank)
             stats = self.collectives.get(key)
             if stats is None:
                 stats = self.collectives[key] = LatencyStats()
             stats.add(row)
+            series = self.op_seconds.get(key[:2])
+            if series is None:
+                series = self.op_seconds[key[:2]] = {}
+            merged = series.get(second)
+            if merged is None:
+                merged = series[second] = LatencyStats()
+                if len(series) > OP_SECONDS:
+                    del series[min(series)]
+            merged.add(row)
             point = per_group.setdefault(row["group"], [body["end"], 0, 0.0])
             point[1] += row["count"]
             point[2] += row["sum_us"]
@@ -420,22 +440,6 @@ class JobState:
                          "error": error.get("error") if error else None})
         return sorted(rows, key=lambda row: (row["rank"] is None, row["rank"] or 0))
 
-    def timeline_rows(self, max_points: int | None = None) -> list[dict[str, Any]]:
-        """Per group and rank, recent intervals: [end time, collectives, microseconds inside].
-
-        ``max_points`` bounds the points in all (the newest of each series are kept, at least
-        one each): a 1,024-rank job holds ~250,000 of them, megabytes of JSON.
-        """
-        keep = RECENT_INTERVALS
-        if max_points is not None and self.recent:
-            keep = max(1, max_points // len(self.recent))
-        return [{"group": g, "rank": rank,
-                 "points": [list(p) for p in itertools.islice(window, max(0, len(window) - keep),
-                                                              None)]}
-                for (g, rank), window in sorted(self.recent.items(),
-                                                key=lambda kv: (_group_order(kv[0][0]),
-                                                                kv[0][1]))]
-
     def op_rows(self) -> list[dict[str, Any]]:
         """Per group family and op, merged over its ranks: counts, bytes and latency.
 
@@ -451,11 +455,7 @@ class JobState:
             if entry is None:
                 entry = merged[key] = (LatencyStats(), set(), set())
             total, groups, ranks = entry
-            total.count += s.count
-            total.bytes += s.bytes
-            total.sum_us += s.sum_us
-            total.max_us = max(total.max_us, s.max_us)
-            total.hist.update(s.hist)
+            total.merge(s)
             groups.add(g)
             ranks.add(rk)
         order = {f: i for i, f in enumerate(dict.fromkeys(
@@ -475,37 +475,28 @@ class JobState:
         return {name: family_of(g) for name, g in self.groups.items()}
 
     def timeline_grid(self, bins: int = 30) -> dict[str, Any]:
-        """Recent collective time on a common one-second grid, per group family.
+        """Recent collectives on a common one-second grid, per group family.
 
-        The page draws a heat map rank x time from ``busy`` (percent of each second a rank
-        spent inside the family's collectives; None where it reported nothing) and latency
-        lines from ``p50_us``/``p99_us`` (across the family's ranks, of each rank's mean time
-        per collective in that second). Compact on purpose: 1,024 ranks in four families
-        are about 120,000 small integers, where the raw ``timeline_rows`` are megabytes.
-        Bins are whole seconds of the agents' own clocks (``end`` of each summary).
+        ``families``: per family, a heat map rank x time in ``busy`` (percent of each second
+        a rank spent inside the family's collectives; None where it reported nothing).
+        ``ops``: per family and op, per second, the collectives of all its ranks: ``count``,
+        ``bytes`` and latency ``p50_us``/``p99_us`` from their merged histograms (None where
+        none ran). Compact on purpose: 1,024 ranks in four families are about 120,000 small
+        integers. Bins are whole seconds of the agents' own clocks (``end`` of a summary).
         """
         families = self.families()
         ends = [w[-1][0] for w in self.recent.values() if w]
         if not ends:
-            return {"end": None, "step": 1, "bins": bins, "families": []}
+            return {"end": None, "step": 1, "bins": bins, "families": [], "ops": []}
         last = int(max(ends))
         first = last - bins + 1
-        # family -> rank -> [busy percent per bin], and family -> per bin [mean us per rank]
-        busy_of: dict[str, dict[int, list]] = {}
-        means_of: dict[str, list[list[float]]] = {}
-        counts_of: dict[str, list[int]] = {}
+        busy_of: dict[str, dict[int, list]] = {}  # family -> rank -> busy percent per bin
         for (g, rank), window in self.recent.items():
-            family = families.get(g, g)
-            rows = busy_of.get(family)
-            if rows is None:
-                rows = busy_of[family] = {}
-                means_of[family] = [[] for _ in range(bins)]
-                counts_of[family] = [0] * bins
-            means, counts = means_of[family], counts_of[family]
+            rows = busy_of.setdefault(families.get(g, g), {})
             row = rows.get(rank)
             n = len(window)
             prev_end = None
-            for end, count, sum_us in itertools.islice(window, max(0, n - bins - 1), None):
+            for end, _count, sum_us in itertools.islice(window, max(0, n - bins - 1), None):
                 b = int(end) - first
                 dt = end - prev_end if prev_end is not None else 1.0
                 prev_end = end
@@ -515,9 +506,6 @@ class JobState:
                     row = rows[rank] = [None] * bins
                 pct = round(sum_us / 1e4 / (dt if 0.2 < dt < 10 else 1.0))
                 row[b] = min(100, pct if row[b] is None else row[b] + pct)
-                if count:
-                    counts[b] += count
-                    means[b].append(sum_us / count)
         order = list(dict.fromkeys(families[name] for name in sorted(self.groups,
                                                                      key=_group_order)))
         order += sorted(f for f in busy_of if f not in order)
@@ -527,17 +515,36 @@ class JobState:
             if not rows:
                 continue
             ranks = sorted(rows)
-            p50, p99 = [], []
-            for values in means_of[family]:
-                values.sort()
-                n = len(values)
-                p50.append(round(values[n // 2], 1) if n else None)
-                p99.append(round(values[min(n - 1, int(0.99 * n))], 1) if n else None)
             out.append({"family": family, "groups": sorted(
                 (g for g, f in families.items() if f == family), key=_group_order),
-                "ranks": ranks, "busy": [rows[r] for r in ranks], "count": counts_of[family],
-                "p50_us": p50, "p99_us": p99})
-        return {"end": last, "step": 1, "bins": bins, "families": out}
+                "ranks": ranks, "busy": [rows[r] for r in ranks]})
+        return {"end": last, "step": 1, "bins": bins, "families": out,
+                "ops": self._op_series(families, order, first, bins)}
+
+    def _op_series(self, families: dict[str, str], order: list[str], first: int,
+                   bins: int) -> list[dict[str, Any]]:
+        merged: dict[tuple[str, str], list[LatencyStats | None]] = {}
+        for (g, op), series in self.op_seconds.items():
+            cells = merged.setdefault((families.get(g, g), op), [None] * bins)
+            for second, stats in series.items():
+                b = second - first
+                if 0 <= b < bins:
+                    cell = cells[b]
+                    if cell is None:
+                        cell = cells[b] = LatencyStats()
+                    cell.merge(stats)
+        rank_of = {f: i for i, f in enumerate(order)}
+        out = []
+        for (family, op), cells in sorted(merged.items(), key=lambda kv: (
+                rank_of.get(kv[0][0], len(rank_of)), kv[0])):
+            if all(c is None for c in cells):
+                continue
+            out.append({"family": family, "op": op,
+                        "count": [c.count if c else 0 for c in cells],
+                        "bytes": [c.bytes if c else 0 for c in cells],
+                        "p50_us": [c.percentile(0.5) if c else None for c in cells],
+                        "p99_us": [c.percentile(0.99) if c else None for c in cells]})
+        return out
 
     def progress_of(self, group: str) -> dict[int, dict[str, Any]]:
         """Progress rows of one group by rank (read-only; indexed once per state version)."""

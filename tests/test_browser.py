@@ -199,6 +199,9 @@ def test_job_page_updates_live_without_reload(server, agents, watched):
     r0.collectives(4)
     expect(rank_row(page, 0).locator("td").nth(COLLECTIVES)).to_have_text("7", timeout=LIVE_MS)
     expect(page.locator("#coll-body tr").first).to_contain_text("all_reduce")
+    # Latency per op over time: the op's p50 and p99 lines, named in the chart's legend.
+    expect(page.locator("#latency-chart")).to_contain_text("world all_reduce p99")
+    expect(page.locator("#bytes-chart")).to_contain_text("world")
 
     r1 = agents("live", 1, host="node-b")
     expect(page.locator("#ranks-body tr")).to_have_count(2, timeout=LIVE_MS)

@@ -58,22 +58,30 @@ def test_timeline_grid_is_one_row_per_rank_and_second_per_family():
     assert tp["ranks"] == [0, 1, 2, 3] and tp["groups"] == ["3", "4"]
     # Rank 1 spends 2 x 10 ms of each second in group 3's collectives: 2 %.
     assert tp["busy"][1] == [2, 2, 2, 2]
-    assert tp["count"] == [40, 40, 40, 40]
-    # Mean us per collective, ranks 0-3: 1000, 2000, 300, 400.
-    assert tp["p50_us"][-1] == 1000.0 and tp["p99_us"][-1] == 2000.0
     assert families["default_pg"]["busy"][0] == [0, 0, 0, 0]  # 10 ms of a second rounds to 1 %
     empty = JobState(2, "new").timeline_grid()
-    assert empty == {"end": None, "step": 1, "bins": 30, "families": []}
+    assert empty == {"end": None, "step": 1, "bins": 30, "families": [], "ops": []}
 
 
-def test_timeline_rows_keep_their_shape_within_a_point_budget():
-    s = mesh_job(seconds=5)
-    full = s.timeline_rows()
-    assert len(full) == 12 and all(len(row["points"]) == 5 for row in full)
-    bounded = s.timeline_rows(max_points=24)
-    assert [len(row["points"]) for row in bounded] == [2] * 12
-    assert bounded[0]["points"] == full[0]["points"][-2:]
-    assert all(len(row["points"]) == 1 for row in s.timeline_rows(max_points=3))
+def test_timeline_grid_has_latency_and_bytes_per_op_and_second():
+    from agent.wire import hist_bucket_value
+
+    grid = mesh_job(seconds=5).timeline_grid(bins=4)
+    ops = {(o["family"], o["op"]): o for o in grid["ops"]}
+    assert list(ops) == [("default_pg", "all_reduce"), ("mesh_dp", "all_reduce"),
+                         ("mesh_tp", "all_reduce")]
+    tp = ops[("mesh_tp", "all_reduce")]
+    # Each second, 4 ranks x 10 collectives of 40 bytes, ranks' histograms in buckets 60-63.
+    assert tp["count"] == [40] * 4 and tp["bytes"] == [160] * 4
+    assert tp["p50_us"] == [round(hist_bucket_value(61), 3)] * 4
+    assert tp["p99_us"] == [round(min(hist_bucket_value(63), 400.0), 3)] * 4
+    # A second nobody reported stays empty, not zero latency.
+    s = mesh_job(seconds=2)
+    s.apply(ev("s0", "coll_stats", {"start": 104, "end": 105.0, "rows": [
+        {"group": "3", "op": "broadcast", "count": 1, "bytes": 8, "sum_us": 5.0,
+         "max_us": 5.0, "hist": [[9, 1]]}]}, 105.0))
+    bcast = next(o for o in s.timeline_grid(bins=4)["ops"] if o["op"] == "broadcast")
+    assert bcast["count"] == [0, 0, 0, 1] and bcast["p50_us"][:3] == [None] * 3
 
 
 def test_summary_is_what_the_properties_say_and_follows_every_event():

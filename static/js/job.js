@@ -37,7 +37,7 @@
   const RANK_ROWS = 200; // ranks table rows drawn at once (the filter finds the others)
   const PROGRESS_DETAIL_ROWS = 256; // above this many (group, rank) rows: one strip per family
   const ERRORS_SHOWN = 50;
-  const BYTES_HISTORY = 240;
+  const RATE_SECONDS = 5; // the collectives table's bytes/s: mean of the last full seconds
 
   const state = {
     job: null, // GET /api/jobs/<id> object (with ranks, groups)
@@ -57,7 +57,6 @@
     view: "hosts",
     heatFamily: null,
     openEvidence: new Set(),
-    bytes: new Map(), // family -> [[t, cumulative bytes]]
     ranksFilter: "",
   };
 
@@ -898,84 +897,45 @@
   }
 
   /** Remember cumulative bytes per family and op, to chart bytes per second. */
-  function noteBytes(ops, t) {
-    if (!Array.isArray(ops) || !PG.isNum(t)) return;
-    const now = new Map();
-    for (const r of ops) {
-      const fam = String(r.family);
-      if (!now.has(fam)) now.set(fam, new Map());
-      now.get(fam).set(r.op, (now.get(fam).get(r.op) || 0) + (r.bytes || 0));
-    }
-    for (const [fam, byOp] of now) {
-      if (!state.bytes.has(fam)) state.bytes.set(fam, []);
-      const hist = state.bytes.get(fam);
-      if (hist.length && t - hist[hist.length - 1][0] < 0.9) continue; // about one point a second
-      hist.push([t, byOp]);
-      if (hist.length > BYTES_HISTORY) hist.shift();
-    }
-  }
-
-  /** family -> op -> bytes per second over the last few seconds. */
+  /** family -> op -> bytes per second over the last full seconds of the live grid. */
   function bytesRates() {
     const out = new Map();
-    for (const [fam, hist] of state.bytes) {
-      if (hist.length < 2) continue;
-      const a = hist[Math.max(0, hist.length - 6)];
-      const b = hist[hist.length - 1];
-      const dt = b[0] - a[0];
-      if (dt <= 0) continue;
-      const rates = new Map();
-      for (const [op, v] of b[1]) rates.set(op, Math.max(0, (v - (a[1].get(op) || 0)) / dt));
-      out.set(fam, rates);
+    const grid = state.grid;
+    for (const o of grid && Array.isArray(grid.ops) ? grid.ops : []) {
+      const full = (o.bytes || []).slice(0, -1).slice(-RATE_SECONDS); // the last is still filling
+      if (!full.length) continue;
+      const fam = String(o.family);
+      if (!out.has(fam)) out.set(fam, new Map());
+      out.get(fam).set(o.op, full.reduce((a, b) => a + b, 0) / full.length);
     }
     return out;
   }
 
   function renderCharts(grid, hl, describe) {
-    const lat = $("latency-chart");
     const fams = grid && Array.isArray(grid.families) ? grid.families : [];
-    if (!grid || grid.end == null || !fams.length) {
-      if (lat.__plot) {
-        lat.__plot.destroy();
-        lat.__plot = null;
-      }
-      clear(lat, PG.empty(grid ? "No collectives yet." : "Waiting for live data\u2026"));
-    } else {
-      const x = Array.from({ length: grid.bins }, (_, i) => grid.end - grid.bins + 1 + i + 0.5);
-      const series = [];
-      fams.forEach((f, i) => {
-        series.push({ label: f.family + " p50", values: f.p50_us, color: PGCharts.color(i) });
-        series.push({ label: f.family + " p99", values: f.p99_us, color: PGCharts.color(i), dash: true });
-      });
-      PGCharts.lines(lat, { x: x, series: series, yFormat: (v) => PG.fmtUs(v) });
-    }
+    const ops = grid && Array.isArray(grid.ops) ? grid.ops : [];
+    const x = grid && grid.end != null ? Array.from({ length: grid.bins }, (_, i) => grid.end - grid.bins + 1 + i + 0.5) : null;
+    const waiting = grid ? "No collectives yet." : "Waiting for live data\u2026";
 
-    // Bytes per second per family, from the cumulative bytes of successive payloads.
-    const bytesBox = $("bytes-chart");
-    const famNames = Array.from(state.bytes.keys()).filter((f) => state.bytes.get(f).length >= 3);
-    if (!famNames.length) {
-      if (bytesBox.__plot) {
-        bytesBox.__plot.destroy();
-        bytesBox.__plot = null;
-      }
-      clear(bytesBox, PG.empty(state.ops === null ? "Waiting for live data\u2026" : "Collecting: bytes per second appear after a few live updates."));
-    } else {
-      const times = new Set();
-      for (const f of famNames) for (const p of state.bytes.get(f).slice(1)) times.add(Math.round(p[0]));
-      const x = Array.from(times).sort((a, b) => a - b);
-      const series = famNames.map((f, i) => {
-        const hist = state.bytes.get(f);
-        const at = new Map();
-        for (let k = 1; k < hist.length; k++) {
-          const dt = hist[k][0] - hist[k - 1][0];
-          let sum = 0;
-          for (const [op, v] of hist[k][1]) sum += v - (hist[k - 1][1].get(op) || 0);
-          at.set(Math.round(hist[k][0]), dt > 0 ? Math.max(0, sum / dt) : null);
-        }
-        return { label: f, values: x.map((t) => (at.has(t) ? at.get(t) : null)), color: PGCharts.color(i) };
+    // Latency per family and op: p50 solid, p99 dashed, from every rank's merged histograms.
+    const latSeries = [];
+    ops.forEach((o, i) => {
+      latSeries.push({ label: o.family + " " + o.op + " p50", values: o.p50_us, color: PGCharts.color(i) });
+      latSeries.push({ label: o.family + " " + o.op + " p99", values: o.p99_us, color: PGCharts.color(i), dash: true });
+    });
+    chartOrEmpty($("latency-chart"), x && latSeries.length ? { x: x, series: latSeries, yFormat: (v) => PG.fmtUs(v) } : null, waiting);
+
+    // Bytes per second per family (every op), from the same grid.
+    const perFamily = new Map();
+    for (const o of ops) {
+      const sum = perFamily.get(String(o.family)) || new Array(grid.bins).fill(null);
+      (o.bytes || []).forEach((v, i) => {
+        if (o.count && o.count[i]) sum[i] = (sum[i] || 0) + v;
       });
-      PGCharts.lines(bytesBox, { x: x, series: series, yFormat: (v) => PG.fmtBytes(v) + "/s" });
+      perFamily.set(String(o.family), sum);
     }
+    const bytesSeries = Array.from(perFamily, ([fam, values], i) => ({ label: fam, values: values, color: PGCharts.color(i) }));
+    chartOrEmpty($("bytes-chart"), x && bytesSeries.length ? { x: x, series: bytesSeries, yFormat: (v) => PG.fmtBytes(v) + "/s" } : null, waiting);
 
     // Heat map of the chosen family.
     const select = $("heat-family");
@@ -1000,6 +960,18 @@
         "100% of each second"
       );
     }
+  }
+
+  function chartOrEmpty(box, spec, emptyText) {
+    if (spec) {
+      PGCharts.lines(box, spec);
+      return;
+    }
+    if (box.__plot) {
+      box.__plot.destroy();
+      box.__plot = null;
+    }
+    clear(box, PG.empty(emptyText));
   }
 
   function renderRendezvous(rows, job, hl) {
@@ -1246,7 +1218,6 @@
     state.errors = list("errors");
     state.gpus = list("gpus");
     state.serverTime = PG.isNum(serverTime) ? serverTime : null;
-    noteBytes(state.ops, state.serverTime || PG.now());
     setNotFound(false);
     showError("");
     render();
