@@ -12,6 +12,7 @@ import atexit
 import inspect
 import logging
 import os
+import random
 import sys
 import threading
 import time
@@ -22,7 +23,7 @@ from typing import Any, Callable, Mapping
 from agent import identity
 from agent.collectives import CollectiveTracker, GroupTrack
 from agent.config import AgentConfig
-from agent.flight import FlightRecorderProbe
+from agent.flight import SAMPLE_EVERY_S, FlightRecorderProbe
 from agent.gpu import GpuSampler
 from agent.outbox import Outbox
 from agent.sender import Sender
@@ -80,6 +81,7 @@ class Agent:
         self._wall_offset = time.time() - time.perf_counter()
         self.flight = FlightRecorderProbe(time.time)
         self._flight: dict[str, dict[str, Any]] = {}  # the last Flight Recorder reading
+        self._flight_sample_at = 0.0  # monotonic time of the next sample
         self._nvml = nvml
         self._gpu_locator = gpu_locator or identity.current_gpu_uuid
         self.gpu: GpuSampler | None = None
@@ -214,6 +216,21 @@ class Agent:
             "groups": self.tracker.progress(self._wall, self._flight),
             "dropped": self._dropped(), "buffered": len(self.outbox)})
 
+    def _sample_flight(self, now: float) -> None:
+        """Between heartbeats, while a group runs collectives Python never sees (DDP's), count
+        how often the Flight Recorder finds one in flight: how long this rank waits there.
+
+        Sampled at random moments (SAMPLE_EVERY_S apart on average): at a fixed period a
+        training step of a commensurate length would be seen at the same phase every time.
+        """
+        if now < self._flight_sample_at:
+            return
+        self._flight_sample_at = now + random.uniform(0.5, 1.5) * SAMPLE_EVERY_S
+        tracks = self.tracker.by_name
+        if any(fr["fr_enqueued"] and (name not in tracks or not tracks[name].entered)
+               for name, fr in self._flight.items()):
+            self.flight.sample()
+
     def _loop(self) -> None:
         next_tick = time.monotonic() + self.config.interval_s
         while not self._stop.is_set():
@@ -229,10 +246,13 @@ class Agent:
                     self._capture_stuck_stacks()
                 else:
                     self.tracker.summarise()
+                    self._sample_flight(now)
             except Exception as exc:
                 self.tracker.internal_errors += 1
                 log.debug("pgdash: agent loop: %s", exc)
             wait = self.config.async_poll_s if self.tracker.pending else 0.1
+            if self._flight:  # wake for the next sample, not on a fixed 0.1 s grid
+                wait = min(wait, max(0.01, self._flight_sample_at - time.monotonic()))
             self._stop.wait(min(wait, max(0.0, next_tick - time.monotonic())))
         try:
             self.tracker.poll_async()

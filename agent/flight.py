@@ -20,6 +20,9 @@ from typing import Any, Callable
 
 
 LEARN_EVERY_S = 10.0
+# Between heartbeats the agent samples the status this often while a group's collectives are
+# C++-only (DDP): the share of samples that find a rank inside one says how long it waits there.
+SAMPLE_EVERY_S = 0.2
 
 
 def default_dumps() -> list[Callable[[bool], bytes]]:
@@ -52,12 +55,55 @@ class FlightRecorderProbe:
         self.disabled = False
         self._since: dict[str, tuple[int, int, float]] = {}  # pg id -> (enq, done, since)
         self._learned_at = float("-inf")
+        self._busy: dict[str, list[int]] = {}  # pg id -> [samples in flight, samples]
+
+    def sample(self) -> None:
+        """Count, per group, whether a collective is in flight now (see SAMPLE_EVERY_S)."""
+        status = self._status(self.clock())
+        if status is not None:
+            self._count(status)
+
+    def _count(self, status: dict[str, dict[str, Any]]) -> None:
+        for key, entry in status.items():
+            tally = self._busy.setdefault(key, [0, 0])
+            tally[0] += int(entry.get("last_enqueued_collective", -1)) > int(
+                entry.get("last_completed_collective", -1))
+            tally[1] += 1
 
     def read(self) -> dict[str, dict[str, Any]]:
-        """Group name -> {"fr_enqueued", "fr_completed", "fr_inflight_since"}; {} if off."""
-        if self.disabled:
-            return {}
+        """Group name -> {"fr_enqueued", "fr_completed", "fr_inflight_since", "fr_busy",
+        "fr_samples"}; {} if off. ``fr_busy`` of ``fr_samples`` samples since the last read
+        found a collective in flight (a read is no sample: heartbeats come at a fixed period)."""
         now = self.clock()
+        status = self._status(now)
+        if status is None:
+            return {}
+        busy, self._busy = self._busy, {}
+        out = {}
+        for key, entry in status.items():
+            name = self.names.get(key)
+            if name is None:
+                continue
+            enqueued = int(entry.get("last_enqueued_collective", -1))
+            completed = int(entry.get("last_completed_collective", -1))
+            since = None
+            if enqueued > completed:
+                previous = self._since.get(key)
+                if previous and previous[:2] == (enqueued, completed):
+                    since = previous[2]
+                else:
+                    since = now
+                    self._since[key] = (enqueued, completed, now)
+            in_flight, samples = busy.get(key, (0, 0))
+            out[name] = {"fr_enqueued": max(enqueued, 0), "fr_completed": max(completed, 0),
+                         "fr_inflight_since": since, "fr_busy": in_flight,
+                         "fr_samples": samples}
+        return out
+
+    def _status(self, now: float) -> dict[str, dict[str, Any]] | None:
+        """The recorders' per-group status by "<recorder>:<pg id>"; None if off or broken."""
+        if self.disabled:
+            return None
         status: dict[str, dict[str, Any]] = {}
         try:
             if self.dumps is None:
@@ -76,25 +122,8 @@ class FlightRecorderProbe:
             self.errors += 1
             if self.errors >= 3:  # this torch has no usable Flight Recorder: stop trying
                 self.disabled = True
-            return {}
-        out = {}
-        for key, entry in status.items():
-            name = self.names.get(key)
-            if name is None:
-                continue
-            enqueued = int(entry.get("last_enqueued_collective", -1))
-            completed = int(entry.get("last_completed_collective", -1))
-            since = None
-            if enqueued > completed:
-                previous = self._since.get(key)
-                if previous and previous[:2] == (enqueued, completed):
-                    since = previous[2]
-                else:
-                    since = now
-                    self._since[key] = (enqueued, completed, now)
-            out[name] = {"fr_enqueued": max(enqueued, 0), "fr_completed": max(completed, 0),
-                         "fr_inflight_since": since}
-        return out
+            return None
+        return status
 
     def _learn_names(self, recorders: set[str]) -> None:
         for index in sorted(recorders):

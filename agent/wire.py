@@ -219,6 +219,9 @@ _GROUP_PROGRESS = {
     "fr_enqueued": (_count, False),
     "fr_completed": (_count, False),
     "fr_inflight_since": (_opt(_num), False),
+    # Of the recorder's samples since the last heartbeat, how many found one in flight.
+    "fr_busy": (_count, False),
+    "fr_samples": (_count, False),
 }
 
 _COLL_ROW = {

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from typing import Any, Callable, Iterable
 
 from dashboard.errors import classify
-from dashboard.state import TERMINAL_RANK, JobState, RankState
+from dashboard.state import FR_TALLIES, TERMINAL_RANK, JobState, RankState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,11 @@ class Settings:
     slow_ratio: float = 10.0  # a collective this many times slower than its own history
     slow_min_us: float = 5000.0  # ... and at least this much slower per call
     throttle_after: float = 5.0  # thermal/power slowdown active this long is a finding
+    # A straggler's own waits inside C++-only collectives (DDP's), from the Flight Recorder's
+    # samples (5 a second): judged on at least this many samples per rank...
+    hidden_min_samples: int = 25
+    hidden_wait_gap: float = 0.05  # ... it waits if found in flight this much more often
+    hidden_min_busy: int = 3  # ... (at least this many times, and two standard errors)
 
 
 Finding = dict[str, Any]
@@ -468,20 +474,104 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
         if any(v is None for v in verdicts) or len({v[0] for v in verdicts}) != 1:
             continue
         slow, means, typical, n, recent = verdicts[0]
-        r = state.rank_index().get(slow)
+        checked: list[dict[str, Any]] = []
+        chain = _hidden_chain(state, slow, group, s, checked)
+        if chain is None:
+            continue  # whether it waits inside DDP's collectives is not known yet
+        root = chain[-1]["rank"] if chain else slow
+        r = state.rank_index().get(root)
+        summary = (f"The other ranks of {_group_label(state, group)} keep waiting for rank "
+                   f"{slow}: {typical / 1000:.1f} ms per collective, against "
+                   f"{means[slow] / 1000:.1f} ms for rank {slow} itself")
+        for hop in chain:
+            summary += (f"; rank {hop['waits']} waits for rank {hop['rank']} inside "
+                        f"{_group_label(state, hop['group'])}'s C++ collectives (DDP)")
+        evidence = {"mean_wait_us": {str(k): round(v, 1) for k, v in sorted(means.items())},
+                    "intervals": n, "collectives": sum(p[1] for p in recent[slow])}
+        if chain:
+            evidence["waits_in_cpp"] = chain
+        if checked:
+            evidence["cpp_groups_checked"] = checked
         out.append(finding(
-            "straggler", "warning", [slow], group,
-            f"The other ranks of {_group_label(state, group)} keep waiting for rank {slow}: "
-            f"{typical / 1000:.1f} ms per collective, against {means[slow] / 1000:.1f} ms for "
-            f"rank {slow} itself.",
-            f"Rank {slow} arrives last at every collective. Look at what it does between "
-            f"collectives{_where(r)}: data loading (DataLoader num_workers, slow storage), "
-            "uneven batch or sequence lengths, extra work on that rank (logging, "
-            "checkpointing), or a slower device (GPU clocks throttled: see GPU health).",
-            {"mean_wait_us": {str(k): round(v, 1) for k, v in sorted(means.items())},
-             "intervals": n, "collectives": sum(p[1] for p in recent[slow])},
-            max(pts[-1][0] for pts in recent.values()), key=f"r{slow}"))
+            "straggler", "warning", [root], group, summary + ".",
+            f"Rank {root} arrives last{' at every collective' if not chain else ''}. Look at "
+            f"what it does between collectives{_where(r)}: data loading (DataLoader "
+            "num_workers, slow storage), uneven batch or sequence lengths, extra work on that "
+            "rank (logging, checkpointing), or a slower device (GPU clocks throttled: see GPU "
+            "health).",
+            evidence, max(pts[-1][0] for pts in recent.values()), key=f"r{root}"))
     return out
+
+
+def _hidden_chain(state: JobState, rank: int, group: str, s: Settings,
+                  checked: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Who ``rank``, the straggler of ``group``, itself waits for inside C++ collectives.
+
+    A rank that arrives last in one group may only be late because it sat in DDP's gradient
+    all-reduce (C++, unseen by the wrappers) waiting for a peer there; the Flight Recorder's
+    samples then find it in flight there much more often than that peer. Followed from group
+    to group. Returns the hops (``[{"waits", "rank", "group", "busy_share"}]``; empty when
+    ``rank`` waits for nobody), or None while the samples cannot tell yet. Appends to
+    ``checked`` each group where the last rank of the chain was found not to wait.
+    """
+    chain: list[dict[str, Any]] = []
+    seen = {group}
+    while len(chain) < 4:
+        hop = None
+        for other in sorted(state.groups, key=str):
+            if other in seen or rank not in state.groups[other]["ranks"] or \
+                    not state.flight_only(other):
+                continue
+            verdict = _waits_for(state.fr_tallies_of(other), rank, s)
+            if verdict is None:
+                return None
+            peer, shares = verdict
+            if peer is not None:
+                hop = {"waits": rank, "rank": peer, "group": other, "busy_share": shares}
+                break
+            if shares:
+                checked.append({"rank": rank, "group": other, "busy_share": shares})
+        if hop is None:
+            return chain
+        chain.append(hop)
+        seen.add(hop["group"])
+        rank = hop["rank"]
+    return chain
+
+
+def _waits_for(tallies: dict[int, Any], rank: int, s: Settings):
+    """Whether ``rank`` waits for a peer inside a group's C++ collectives, from the latest
+    heartbeats' Flight Recorder tallies: ``(peer, shares)`` if it is found in flight much
+    more often than the peer found least, ``(None, shares)`` if about as rarely (shares {}:
+    no samples to judge by), None while the samples cannot tell. The window grows from the
+    newest heartbeat until it holds ``hidden_min_samples`` per rank and the difference of
+    the two shares is clear either way (two standard errors); a window as deep as the
+    tallies kept that still cannot tell counts as not waiting."""
+    if rank not in tallies or len(tallies) < 2:
+        return None, {}
+    newest_first = {m: list(reversed(t)) for m, t in tallies.items()}
+    depth = min(len(t) for t in newest_first.values())
+    sums = {m: [0, 0] for m in tallies}
+    for k in range(depth):
+        for m, t in newest_first.items():
+            sums[m][0] += t[k][0]
+            sums[m][1] += t[k][1]
+        if min(n for _, n in sums.values()) < s.hidden_min_samples:
+            continue
+        share = {m: b / n for m, (b, n) in sums.items()}
+        peer = min(share, key=share.get)
+        shown = {str(m): round(v, 2) for m, v in sorted(share.items())}
+        if peer == rank:
+            return None, shown  # it waits least here: nobody it waits for
+        (b1, n1), (b2, n2) = sums[rank], sums[peer]
+        pooled = (b1 + b2) / (n1 + n2)
+        error = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))  # of the difference
+        gap = share[rank] - share[peer]
+        if gap >= max(s.hidden_wait_gap, 2 * error) and b1 >= s.hidden_min_busy:
+            return peer, shown
+        if gap + 2 * error < s.hidden_wait_gap:
+            return None, shown
+    return (None, {}) if depth >= FR_TALLIES else None
 
 
 def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):

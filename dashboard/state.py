@@ -19,8 +19,10 @@ TERMINAL_RANK = ("exited", "failed", "lost")
 # the rank was lost (a heartbeat revives it), the event starts the job earlier, or the job
 # has ended (its end time then follows the last event).
 ROUTINE_KINDS = frozenset({"heartbeat", "coll_stats", "stack", "gpu", "group"})
+FLIGHT_OP = "C++ collective"  # what progress_rows calls a collective only the Flight Recorder saw
 MEMO_ENTRIES = 16  # JobState.memo(): a quiet job is diagnosed at ever new times
 RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
+FR_TALLIES = 30  # heartbeats of Flight Recorder busy tallies kept per (group, rank)
 OP_SECONDS = 60  # seconds of merged summaries kept per (group, op) for the latency chart
 GPU_HISTORY = 120  # GPU readings kept per rank (about two minutes)
 # Clock-event reasons that mean the GPU is slowed by heat or power trouble (not just busy).
@@ -112,6 +114,9 @@ class JobState:
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
         # (group, rank) -> recent (t, count, sum_us) summaries, for straggler/slow rules
         self.recent: dict[tuple[str, int], collections.deque] = {}
+        # (group, rank) -> per heartbeat (samples in flight, samples) of the Flight Recorder,
+        # for groups whose collectives run in C++ (how long a rank waits inside DDP's)
+        self.fr_tallies: dict[tuple[str, int], collections.deque] = {}
         # (group, op) -> whole second of the agents' clocks -> every rank's summaries merged
         self.op_seconds: dict[tuple[str, str], dict[int, LatencyStats]] = {}
         self.gpus: dict[int, dict[str, Any]] = {}  # rank -> latest GPU reading
@@ -232,7 +237,13 @@ class JobState:
         if r.rank is None:
             return
         for row in body["groups"]:
-            self.progress[(row["group"], r.rank)] = dict(row, t=t)
+            key = (row["group"], r.rank)
+            self.progress[key] = dict(row, t=t)
+            if row.get("fr_samples"):
+                tallies = self.fr_tallies.get(key)
+                if tallies is None:
+                    tallies = self.fr_tallies[key] = collections.deque(maxlen=FR_TALLIES)
+                tallies.append((row.get("fr_busy", 0), row["fr_samples"]))
 
     def _on_stack(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is not None:
@@ -409,13 +420,30 @@ class JobState:
                  "p50_us": s.percentile(0.5)} for rk, (g, o, s) in sorted(top.items())]
 
     def progress_rows(self) -> list[dict[str, Any]]:
-        """Per group (in group order) and rank: sequence numbers reached, op in flight."""
+        """Per group (in group order) and rank: sequence numbers reached, op in flight.
+
+        A group whose collectives Python never saw (DDP's gradient all-reduce runs in C++)
+        shows the Flight Recorder's counters instead, with ``"source": "flight_recorder"``
+        and ``"C++ collective"`` in flight; otherwise ``"source": "python"``.
+        """
         grouped = self._grouped("progress")
-        return [{"group": g, "rank": rk, "entered": row["entered"],
-                 "completed": row["completed"], "inflight_op": row.get("inflight_op"),
-                 "inflight_since": row.get("inflight_since")}
-                for g in sorted(grouped, key=_group_order)
-                for rk, row in sorted(grouped[g].items())]
+        rows = []
+        for g in sorted(grouped, key=_group_order):
+            flight = self.flight_only(g)
+            for rk, row in sorted(grouped[g].items()):
+                if flight:
+                    since = row.get("fr_inflight_since")
+                    rows.append({"group": g, "rank": rk, "entered": row.get("fr_enqueued", 0),
+                                 "completed": row.get("fr_completed", 0),
+                                 "inflight_op": FLIGHT_OP if since is not None else None,
+                                 "inflight_since": since, "source": "flight_recorder"})
+                else:
+                    rows.append({"group": g, "rank": rk, "entered": row["entered"],
+                                 "completed": row["completed"],
+                                 "inflight_op": row.get("inflight_op"),
+                                 "inflight_since": row.get("inflight_since"),
+                                 "source": "python"})
+        return rows
 
     def gpu_rows(self) -> list[dict[str, Any]]:
         """Latest GPU reading per rank, its faults and recent history."""
@@ -549,6 +577,17 @@ class JobState:
     def progress_of(self, group: str) -> dict[int, dict[str, Any]]:
         """Progress rows of one group by rank (read-only; indexed once per state version)."""
         return self._grouped("progress").get(group, {})
+
+    def fr_tallies_of(self, group: str) -> dict[int, collections.deque]:
+        """Flight Recorder busy tallies of one group by rank (read-only, indexed likewise)."""
+        return self._grouped("fr_tallies").get(group, {})
+
+    def flight_only(self, group: str) -> bool:
+        """Whether the group's collectives were seen only by the Flight Recorder (DDP's, in
+        C++), not by the agent's Python wrappers."""
+        rows = self.progress_of(group).values()
+        return not any(row["entered"] for row in rows) and any(
+            row.get("fr_enqueued") for row in rows)
 
     def recent_of(self, group: str) -> dict[int, collections.deque]:
         """Recent latency summaries of one group by rank (read-only, indexed likewise)."""

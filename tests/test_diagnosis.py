@@ -293,3 +293,60 @@ def test_a_short_stall_of_one_rank_is_not_a_straggler():
         found = diagnose(log.state(), 101 + 6 + burst, S)
         assert [(f["kind"], f["ranks"]) for f in found] == ([("straggler", [0])] if named
                                                             else [])
+
+
+def ddp_tallies(log, rank, group, busy, seconds, t=101.0, samples=5):
+    """``seconds`` heartbeats of ``rank``: the Flight Recorder found it inside DDP's C++
+    collectives on ``group`` in ``busy`` of each second's ``samples`` samples."""
+    for i in range(seconds):
+        log.add(f"s{rank}", "heartbeat", {"groups": [
+            {"group": group, "entered": 0, "completed": 0, "inflight_op": None,
+             "fr_enqueued": 10 * (i + 1), "fr_completed": 10 * (i + 1),
+             "fr_inflight_since": None, "fr_busy": busy, "fr_samples": samples}]}, t=t + i)
+
+
+def demo_layout(slow_tallies, busy=((0, 1), (2, 1), (1, 2), (3, 0))):
+    """pgdash demo's 4 ranks: DDP (C++) on dp groups "1" = {0, 2} and "2" = {1, 3}, Python
+    all-reduces on tp groups "3" = {0, 1} and "4" = {2, 3}. Rank 3 is slow: in tp group 4,
+    rank 2 waits for it; rank 1 waits for it inside DDP, so in tp group 3 rank 0 waits for
+    rank 1, which looks like a straggler there."""
+    log = running(4, groups=(("1", [0, 2]), ("2", [1, 3]), ("3", [0, 1]), ("4", [2, 3])))
+    for r, waits in ((0, [12] * 5), (1, [0.3] * 5), (2, [12] * 5), (3, [0.3] * 5)):
+        intervals(log, r, "3" if r < 2 else "4", waits)
+    if slow_tallies:
+        for r, n in busy:
+            ddp_tallies(log, r, "1" if r % 2 == 0 else "2", n, slow_tallies)
+    return log
+
+
+def test_a_rank_late_because_it_waits_inside_ddp_is_not_the_straggler():
+    (f4, f3) = sorted(diagnose(demo_layout(slow_tallies=5).state(), 106, S),
+                      key=lambda f: f["group"], reverse=True)
+    assert (f4["group"], f4["ranks"], "waits_in_cpp" in f4["evidence"]) == ("4", [3], False)
+    # Group 3 waits for rank 1, but rank 1 sat in DDP's all-reduce waiting for rank 3.
+    assert (f3["group"], f3["ranks"]) == ("3", [3])
+    assert f3["evidence"]["waits_in_cpp"] == [
+        {"waits": 1, "rank": 3, "group": "2", "busy_share": {"1": 0.4, "3": 0.0}}]
+    assert "rank 1 waits for rank 3 inside group 2" in f3["summary"]
+
+
+def test_a_straggler_in_a_ddp_job_waits_for_enough_recorder_samples():
+    # Two seconds of samples (10 per rank) cannot tell whether rank 1 waits inside DDP.
+    found = diagnose(demo_layout(slow_tallies=2).state(), 106, S)
+    assert [(f["group"], f["ranks"]) for f in found] == []
+    # An agent that takes no samples: the rule judges on the Python collectives alone.
+    found = diagnose(demo_layout(slow_tallies=0).state(), 106, S)
+    assert sorted((f["group"], f["ranks"]) for f in found) == [("3", [1]), ("4", [3])]
+
+
+def test_shares_too_close_to_call_hold_the_finding_rather_than_guess():
+    # Rank 1 found in flight 3 times in 30 samples, rank 3 twice: neither "waits" nor
+    # "does not wait" is clear yet, so group 3's straggler is not named (rank 3 is, in 4).
+    busy = ((0, 0), (2, 0), (1, 1), (3, 0))
+    log = demo_layout(slow_tallies=0)
+    for r, n in busy:
+        ddp_tallies(log, r, "1" if r % 2 == 0 else "2", n, 3)
+        ddp_tallies(log, r, "1" if r % 2 == 0 else "2", 0 if r != 3 else 1, 2, t=104.0)
+    found = diagnose(log.state(), 106, S)
+    assert [(f["group"], f["ranks"]) for f in found] == [("4", [3])]
+    assert found[0]["evidence"]["cpp_groups_checked"][0]["rank"] == 3

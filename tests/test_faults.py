@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from conftest import ServerProcess, job_by_name, launch_job, wait_for, wait_job
@@ -146,6 +148,32 @@ def test_straggler_is_named(diag_server, tmp_path):
         assert f["ranks"] == [2] and f["group"] == "0"
         others = [v for r, v in f["evidence"]["mean_wait_us"].items() if r != "2"]
         assert min(others) > 3 * f["evidence"]["mean_wait_us"]["2"]
+    finally:
+        stop(procs)
+
+
+def test_a_straggler_behind_ddp_is_named_not_the_peer_waiting_for_it(diag_server, tmp_path):
+    """The demo's layout: DDP on dp groups {0, 2} and {1, 3}, Python all-reduces on tp groups
+    {0, 1} and {2, 3}; rank 3's steps take 30 % longer. Rank 1 waits for it inside DDP's C++
+    all-reduce, so in tp group {0, 1} rank 0 waits for rank 1: every straggler finding must
+    still name rank 3."""
+    name = "ddp-straggler"
+    procs = launch_job("train_job.py", 4, diag_server.url, name, tmp_path,
+                       args=["--scenario", "straggler", "--fault-step", "20",
+                             "--step-time", "0.05"])
+    try:
+        def stragglers():
+            return [f for f in findings(diag_server, name) if f["kind"] == "straggler"]
+
+        # Both tp groups wait: {2, 3} for rank 3 directly, {0, 1} for rank 1, then for 3.
+        wait_for(lambda: len({f["group"] for f in stragglers()}) >= 2 or None, 60,
+                 "straggler findings in both tensor-parallel groups")
+        time.sleep(3)
+        found = stragglers()
+        assert [f["ranks"] for f in found] == [[3]] * len(found), [
+            (f["group"], f["ranks"], f["first_seen"], f["evidence"]) for f in found]
+        via = [f["evidence"]["waits_in_cpp"] for f in found if "waits_in_cpp" in f["evidence"]]
+        assert via and all(chain[0]["waits"] == 1 and chain[0]["rank"] == 3 for chain in via)
     finally:
         stop(procs)
 

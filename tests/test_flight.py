@@ -28,7 +28,7 @@ def test_in_flight_since_is_kept_until_progress():
     dump = FakeRecorder()
     probe = FlightRecorderProbe(clock, [dump])
     assert probe.read() == {"0": {"fr_enqueued": 4, "fr_completed": 4,
-                                  "fr_inflight_since": None}}
+                                  "fr_inflight_since": None, "fr_busy": 0, "fr_samples": 0}}
     assert dump.full_dumps == 1  # learned group 0's name once; group 1 never ran anything
     dump.status["0"] = ("5", "4")
     assert probe.read()["0"]["fr_inflight_since"] == 101.0
@@ -54,5 +54,22 @@ def test_nccl_groups_come_from_their_own_recorder():
     nccl.status = {"0": ("130", "123")}  # NCCL's completion is noticed later by its watchdog
     probe = FlightRecorderProbe(lambda: 5.0, [gloo, nccl])
     assert probe.read() == {
-        "0": {"fr_enqueued": 7, "fr_completed": 7, "fr_inflight_since": None},
-        "1": {"fr_enqueued": 130, "fr_completed": 123, "fr_inflight_since": 5.0}}
+        "0": {"fr_enqueued": 7, "fr_completed": 7, "fr_inflight_since": None,
+              "fr_busy": 0, "fr_samples": 0},
+        "1": {"fr_enqueued": 130, "fr_completed": 123, "fr_inflight_since": 5.0,
+              "fr_busy": 0, "fr_samples": 0}}
+
+
+def test_samples_between_reads_count_how_often_a_collective_is_in_flight():
+    dump = FakeRecorder()
+    probe = FlightRecorderProbe(lambda: 1.0, [dump])
+    probe.read()
+    for state in [("5", "4"), ("5", "5"), ("6", "5"), ("6", "6")]:  # in flight 2 of 4 times
+        dump.status["0"] = state
+        probe.sample()
+    dump.status["0"] = ("7", "6")
+    got = probe.read()["0"]  # a read is no sample
+    assert (got["fr_busy"], got["fr_samples"]) == (2, 4)
+    probe.sample()
+    got = probe.read()["0"]  # a fresh tally after each read
+    assert (got["fr_busy"], got["fr_samples"]) == (1, 1)

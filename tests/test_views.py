@@ -119,3 +119,26 @@ def test_view_cache_reuses_only_what_is_expensive_or_unchanged():
     assert cache.get(("job", "slow"), 1, build("x", 0.02)) == "x"
     assert cache.get(("job", "slow"), 2, build("y")) == "x"  # 20 ms view: reused ~200 ms
     assert built == ["a", "c", "x"]
+
+
+def test_progress_of_a_group_python_never_saw_comes_from_the_flight_recorder():
+    s = mesh_job(seconds=1)
+    t = 110.0
+    for r, (enq, done, since) in enumerate([(40, 40, None), (41, 40, t - 3)]):
+        s.apply(ev(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 7, "completed": 7, "inflight_op": None,
+             "inflight_since": None, "fr_enqueued": 90, "fr_completed": 90,
+             "fr_inflight_since": None},
+            {"group": "1" if r == 0 else "2", "entered": 0, "completed": 0,
+             "inflight_op": None, "inflight_since": None, "fr_enqueued": enq,
+             "fr_completed": done, "fr_inflight_since": since}]}, t))
+    rows = {(row["group"], row["rank"]): row for row in s.progress_rows()}
+    # The world group had Python collectives: their counters, not the recorder's.
+    assert rows[("0", 0)]["entered"] == 7 and rows[("0", 0)]["source"] == "python"
+    # DDP's data-parallel groups: only the recorder saw them.
+    assert rows[("1", 0)] == {"group": "1", "rank": 0, "entered": 40, "completed": 40,
+                              "inflight_op": None, "inflight_since": None,
+                              "source": "flight_recorder"}
+    assert rows[("2", 1)]["entered"] == 41 and rows[("2", 1)]["completed"] == 40
+    assert rows[("2", 1)]["inflight_op"] == "C++ collective"
+    assert rows[("2", 1)]["inflight_since"] == t - 3

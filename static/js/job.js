@@ -673,6 +673,7 @@
             { class: "pg-label" },
             groupLabel(findGroup, key),
             g && g.backend ? el("span", { class: "sub", text: String(g.backend) }) : null,
+            (rowsByGroup.get(key) || []).some((r) => r.source === "flight_recorder") ? el("span", { class: "sub", title: "Python never saw this group's collectives (DDP runs them in C++): sequence numbers from PyTorch's Flight Recorder", text: "C++ (Flight Recorder)" }) : null,
             gp.maxE !== null ? el("span", { class: "sub pg-max", dataset: { maxSeq: String(gp.maxE) }, text: "seq " + PG.fmtNum(gp.maxE) }) : null
           ),
           el(
