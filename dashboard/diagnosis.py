@@ -522,7 +522,9 @@ def _hidden_chain(state: JobState, rank: int, group: str, s: Settings,
             if other in seen or rank not in state.groups[other]["ranks"] or \
                     not state.flight_only(other):
                 continue
-            verdict = _waits_for(state.fr_tallies_of(other), rank, s)
+            # Agents that sample send the tally even when it is 0; older ones never do.
+            sampled = any("fr_samples" in row for row in state.progress_of(other).values())
+            verdict = _waits_for(state.fr_tallies_of(other), rank, s, sampled)
             if verdict is None:
                 return None
             peer, shares = verdict
@@ -539,16 +541,16 @@ def _hidden_chain(state: JobState, rank: int, group: str, s: Settings,
     return chain
 
 
-def _waits_for(tallies: dict[int, Any], rank: int, s: Settings):
+def _waits_for(tallies: dict[int, Any], rank: int, s: Settings, sampled: bool):
     """Whether ``rank`` waits for a peer inside a group's C++ collectives, from the latest
     heartbeats' Flight Recorder tallies: ``(peer, shares)`` if it is found in flight much
     more often than the peer found least, ``(None, shares)`` if about as rarely (shares {}:
-    no samples to judge by), None while the samples cannot tell. The window grows from the
+    agents that take no samples, ``sampled`` False), None while the samples cannot tell. The window grows from the
     newest heartbeat until it holds ``hidden_min_samples`` per rank and the difference of
     the two shares is clear either way (two standard errors); a window as deep as the
     tallies kept that still cannot tell counts as not waiting."""
     if rank not in tallies or len(tallies) < 2:
-        return None, {}
+        return None if sampled else (None, {})
     newest_first = {m: list(reversed(t)) for m, t in tallies.items()}
     depth = min(len(t) for t in newest_first.values())
     sums = {m: [0, 0] for m in tallies}

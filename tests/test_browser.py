@@ -399,7 +399,9 @@ def test_hang_finding_shows_its_hint_and_highlights_the_rank_at_fault(hang_serve
         # The rank states are on the topology before anything is selected.
         topology = page.locator("#topology")
         expect(topology.locator(".rk[data-rank='2']")).to_have_attribute("data-state", "hung")
-        expect(topology.locator(".rk[data-rank='0']")).to_have_attribute("data-state", "hung")
+        # Its victims wait in the collective: another colour than the rank at fault.
+        expect(topology.locator(".rk[data-rank='0']")).to_have_attribute("data-state", "stuck")
+        expect(page.locator("#topology-legend")).to_contain_text("hung (at fault) 1")
         expect(topology).to_have_attribute("data-highlight", "")
 
         finding.locator(".finding-head").click()

@@ -335,7 +335,16 @@ def test_a_straggler_in_a_ddp_job_waits_for_enough_recorder_samples():
     found = diagnose(demo_layout(slow_tallies=2).state(), 106, S)
     assert [(f["group"], f["ranks"]) for f in found] == []
     # An agent that takes no samples: the rule judges on the Python collectives alone.
-    found = diagnose(demo_layout(slow_tallies=0).state(), 106, S)
+    log = demo_layout(slow_tallies=0)
+    ddp_tallies(log, 1, "2", 0, 1, samples=0)  # (an agent that samples sends 0 of 0)
+    found = diagnose(log.state(), 106, S)
+    assert [(f["group"], f["ranks"]) for f in found] == []
+    log = demo_layout(slow_tallies=0)
+    for r in range(4):
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "1" if r % 2 == 0 else "2", "entered": 0, "completed": 0,
+             "inflight_op": None, "fr_enqueued": 9, "fr_completed": 9}]}, t=105.0)
+    found = diagnose(log.state(), 106, S)
     assert sorted((f["group"], f["ranks"]) for f in found) == [("3", [1]), ("4", [3])]
 
 

@@ -101,11 +101,12 @@
     return out;
   }
 
-  const STATES = ["failed", "lost", "hung", "straggling", "waiting", "running", "initializing", "exited", "unknown"];
+  const STATES = ["failed", "lost", "hung", "stuck", "straggling", "waiting", "running", "initializing", "exited", "unknown"];
   const STATE_TEXT = {
     failed: "failed",
     lost: "lost",
-    hung: "hung",
+    hung: "hung (at fault)",
+    stuck: "waiting on a hang",
     straggling: "straggling",
     waiting: "in a collective",
     running: "running",
@@ -116,7 +117,8 @@
 
   /** One display state per rank, most serious first (see STATES). */
   function rankStates(ranks, progress, findings) {
-    const hung = new Set();
+    const hung = new Set(); // blamed by a hang finding
+    const stuck = new Set(); // waiting in the collective that hangs
     const straggling = new Set();
     const blamedBy = new Map();
     for (const f of findings || []) {
@@ -128,7 +130,7 @@
       if (f.kind === "hang") {
         for (const r of f.ranks || []) hung.add(r);
         const ev = f.evidence || {};
-        for (const r of Array.isArray(ev.waiting) ? ev.waiting : []) hung.add(r);
+        for (const r of Array.isArray(ev.waiting) ? ev.waiting : []) stuck.add(r);
       } else if (f.kind === "straggler") {
         for (const r of f.ranks || []) straggling.add(r);
       }
@@ -140,6 +142,7 @@
       let s;
       if (r.status === "failed" || r.status === "lost") s = r.status;
       else if (hung.has(r.rank)) s = "hung";
+      else if (stuck.has(r.rank)) s = "stuck";
       else if (straggling.has(r.rank)) s = "straggling";
       else if (r.status === "exited") s = "exited";
       else if (waiting.has(r.rank)) s = "waiting";
@@ -673,7 +676,7 @@
             { class: "pg-label" },
             groupLabel(findGroup, key),
             g && g.backend ? el("span", { class: "sub", text: String(g.backend) }) : null,
-            (rowsByGroup.get(key) || []).some((r) => r.source === "flight_recorder") ? el("span", { class: "sub", title: "Python never saw this group's collectives (DDP runs them in C++): sequence numbers from PyTorch's Flight Recorder", text: "C++ (Flight Recorder)" }) : null,
+            (rowsByGroup.get(key) || []).some((r) => r.source === "flight_recorder") ? el("span", { class: "sub", title: "Python never saw this group's collectives (DDP runs them in C++): sequence numbers from PyTorch's Flight Recorder", text: "C++ collectives" }) : null,
             gp.maxE !== null ? el("span", { class: "sub pg-max", dataset: { maxSeq: String(gp.maxE) }, text: "seq " + PG.fmtNum(gp.maxE) }) : null
           ),
           el(
