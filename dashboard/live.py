@@ -26,7 +26,7 @@ from dashboard.state import JobState
 ROW_KEYS: dict[str, tuple[str, ...]] = {
     "ranks": ("rank",),
     "groups": ("id",),
-    "progress": ("group", "rank"),
+    "progress": ("group",),
     "rank_stats": ("rank",),
     "rendezvous": ("rank", "host"),
     "gpus": ("rank",),
@@ -56,14 +56,49 @@ def sections(state: JobState, cache: "ViewCache | None" = None) -> dict[str, Any
         "job": {k: v for k, v in detail.items() if k not in ("ranks", "groups")},
         "ranks": detail["ranks"],
         "groups": detail["groups"],
-        "progress": state.progress_rows(),
+        "progress": progress_columns(state.progress_rows()),
         "rank_stats": part("rank_stats", state.rank_stat_rows),
         "ops": part("ops", state.op_rows),
-        "timeline_grid": part("timeline_grid", lambda: state.timeline_grid(TIMELINE_BINS)),
+        "timeline_grid": part("timeline_grid",
+                              lambda: compact_grid(state.timeline_grid(TIMELINE_BINS))),
         "rendezvous": part("rendezvous", state.rendezvous_rows),
         "errors": state.error_rows(),
         "gpus": part("gpus", state.gpu_rows),
     }
+
+
+def progress_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Progress rows as one row per group with a column per field: ``{"group", "source",
+    "ranks", "entered", "completed", "inflight": [[rank, op, since], ...]}`` (a sixth of the
+    JSON of a row per rank, and one moving rank sends its group's row)."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if not out or out[-1]["group"] != row["group"]:
+            out.append({"group": row["group"], "source": row["source"], "ranks": [],
+                        "entered": [], "completed": [], "inflight": []})
+        col = out[-1]
+        col["ranks"].append(row["rank"])
+        col["entered"].append(row["entered"])
+        col["completed"].append(row["completed"])
+        if row["inflight_op"] is not None:
+            col["inflight"].append([row["rank"], row["inflight_op"], row["inflight_since"]])
+    return out
+
+
+# The heat map's cells travel as one character each: percent / 2 as a digit of this
+# alphabet (0-9, a-z, A-O: 0 %, 2 %, ..., 100 %), "-" where the rank reported nothing. A
+# 1,024-rank job's four families are then ~125 KB of JSON instead of ~660 KB.
+BUSY_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNO"
+NO_REPORT = "-"
+
+
+def compact_grid(grid: dict[str, Any]) -> dict[str, Any]:
+    """``timeline_grid`` with each rank's busy row as a string (see BUSY_DIGITS)."""
+    digits = [BUSY_DIGITS[(pct + 1) // 2] for pct in range(101)]
+    return {**grid, "busy_digits": BUSY_DIGITS, "families": [
+        {**fam, "busy": ["".join(NO_REPORT if v is None else digits[v] for v in row)
+                         for row in fam["busy"]]}
+        for fam in grid["families"]]}
 
 
 def delta(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:

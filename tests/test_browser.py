@@ -202,6 +202,13 @@ def test_job_page_updates_live_without_reload(server, agents, watched):
     # Latency per op over time: the op's p50 and p99 lines, named in the chart's legend.
     expect(page.locator("#latency-chart")).to_contain_text("world all_reduce p99")
     expect(page.locator("#bytes-chart")).to_contain_text("world")
+    # The heat map's newest second for rank 0 (cells travel as characters: decoded here).
+    heat = page.locator("#heatmap canvas")
+    expect(heat).to_have_count(1)
+    size = heat.bounding_box()
+    heat.hover(position={"x": size["width"] - 8, "y": 5})
+    expect(page.locator("#heatmap .chart-tip")).to_contain_text(
+        re.compile(r"\d+% of the second inside collectives"))
 
     r1 = agents("live", 1, host="node-b")
     expect(page.locator("#ranks-body tr")).to_have_count(2, timeout=LIVE_MS)

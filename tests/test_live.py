@@ -67,3 +67,33 @@ def test_feed_versions_chain_and_rebuild_the_latest_state():
         have, version = apply(have, message), message["v"]
         assert have == new
     assert version == 4 and feed.snapshot(1)["sections"] == states[-1]
+
+
+def test_heat_map_rows_travel_as_one_character_per_second():
+    from dashboard.live import BUSY_DIGITS, compact_grid
+
+    grid = {"end": 10, "step": 1, "bins": 4, "ops": [], "families": [
+        {"family": "tp", "ranks": [0, 1], "busy": [[0, 1, 50, 100], [None, 99, None, 2]]}]}
+    small = compact_grid(grid)
+    assert small["families"][0]["busy"] == ["01pO", "-O-1"]
+    # What the page reads back: percent to the nearest 2, "-" for no report.
+    back = [[None if c == "-" else 2 * small["busy_digits"].index(c) for c in row]
+            for row in small["families"][0]["busy"]]
+    assert back == [[0, 2, 50, 100], [None, 100, None, 2]]
+    assert len(BUSY_DIGITS) == 51 and '"' not in BUSY_DIGITS and "\\" not in BUSY_DIGITS
+    assert grid["families"][0]["busy"][0] == [0, 1, 50, 100]  # the view itself is untouched
+
+
+def test_progress_travels_as_a_row_per_group_with_columns():
+    from dashboard.live import progress_columns
+
+    rows = [{"group": "0", "rank": r, "entered": 5 + r, "completed": 5,
+             "inflight_op": "all_reduce" if r else None, "inflight_since": 9.5 if r else None,
+             "source": "python"} for r in range(2)]
+    rows.append({"group": "1", "rank": 1, "entered": 40, "completed": 40,
+                 "inflight_op": None, "inflight_since": None, "source": "flight_recorder"})
+    assert progress_columns(rows) == [
+        {"group": "0", "source": "python", "ranks": [0, 1], "entered": [5, 6],
+         "completed": [5, 5], "inflight": [[1, "all_reduce", 9.5]]},
+        {"group": "1", "source": "flight_recorder", "ranks": [1], "entered": [40],
+         "completed": [40], "inflight": []}]

@@ -4,7 +4,8 @@
  * Data in:
  *   on load  GET /api/jobs/<id>, /collectives, /findings (no progress over REST)
  *   live     after emitting watch {"job": <id>}, Socket.IO event "job": a snapshot
- *            {job_id, v, sections: {job, ranks, groups, progress, rank_stats, findings,
+ *            {job_id, v, sections: {job, ranks, groups, progress (a row per group, a
+ *            column per field: expandProgress), rank_stats, findings,
  *            ops, timeline_grid, rendezvous, errors, gpus}, server_time}; then "job_delta"
  *            {job_id, v, base, sections: {name: whole value}, rows: {name: [[i, row]]},
  *            server_time} at most twice a second (dashboard/live.py). A delta whose base
@@ -1208,16 +1209,48 @@
     showLive(message.server_time);
   }
 
+  let liveGridIn = null; // the timeline_grid last expanded into state.grid
+  let liveProgressIn = null; // likewise the progress columns
+
+  /** Live progress comes as a row per group with a column per field: back to a row per rank. */
+  function expandProgress(groups) {
+    const rows = [];
+    for (const g of groups) {
+      const inflight = new Map((g.inflight || []).map((x) => [x[0], x]));
+      (g.ranks || []).forEach((rank, i) => {
+        const f = inflight.get(rank);
+        rows.push({ group: g.group, rank: rank, entered: g.entered[i], completed: g.completed[i], inflight_op: f ? f[1] : null, inflight_since: f ? f[2] : null, source: g.source });
+      });
+    }
+    return rows;
+  }
+
+  /** The live grid's busy rows come as strings, a character per second (dashboard/live.py). */
+  function expandGrid(grid) {
+    const digits = typeof grid.busy_digits === "string" ? grid.busy_digits : "";
+    const value = new Map(Array.from(digits, (c, i) => [c, Math.min(100, i * 2)]));
+    const expand = (row) => (typeof row === "string" ? Array.from(row, (c) => (value.has(c) ? value.get(c) : null)) : row);
+    return Object.assign({}, grid, {
+      families: (Array.isArray(grid.families) ? grid.families : []).map((f) => Object.assign({}, f, { busy: (f.busy || []).map(expand) })),
+    });
+  }
+
   function showLive(serverTime) {
     if (!live.job) return;
     const list = (name) => (Array.isArray(live[name]) ? live[name] : []);
     state.live = true;
     state.job = Object.assign({}, live.job, { ranks: list("ranks"), groups: list("groups") });
     state.rankStats = list("rank_stats");
-    state.progress = list("progress");
+    if (live.progress !== liveProgressIn) {
+      liveProgressIn = live.progress;
+      state.progress = expandProgress(list("progress"));
+    }
     state.findings = list("findings");
     state.ops = Array.isArray(live.ops) ? live.ops : null;
-    state.grid = live.timeline_grid && typeof live.timeline_grid === "object" ? live.timeline_grid : null;
+    if (live.timeline_grid !== liveGridIn) {
+      liveGridIn = live.timeline_grid;
+      state.grid = liveGridIn && typeof liveGridIn === "object" ? expandGrid(liveGridIn) : null;
+    }
     state.rendezvous = list("rendezvous");
     state.errors = list("errors");
     state.gpus = list("gpus");
