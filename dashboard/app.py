@@ -7,6 +7,7 @@ or read a :class:`dashboard.state.JobState` view.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -109,6 +110,21 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
     @app.get("/api/jobs/<int:job_id>/gpus")
     def api_gpus(job_id: int):
         return _job_or_404(ingest, job_id, lambda s: {"gpus": s.gpu_rows()})
+
+    @app.get("/api/jobs/<int:job_id>/state")
+    def api_state(job_id: int):
+        raw = request.args.get("at")
+        try:
+            at = float(raw) if raw is not None else None
+        except ValueError:
+            at = None
+        if at is None or not math.isfinite(at):
+            return jsonify(error=f"at must be a time in Unix seconds, e.g. ?at=1764000000.5; "
+                                 f"got {raw!r:.40}"), 400
+        found = ingest.state_at(job_id, at)
+        if found is None:
+            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
+        return found
 
     @app.get("/api/jobs/<int:job_id>/findings")
     def api_findings(job_id: int):

@@ -156,6 +156,23 @@ class Ingest:
         self._diagnosed[job_id] = state.applied
         return [f for fid, f in book.items() if before.get(fid) != _gist(f)]
 
+    def state_at(self, job_id: int, at: float) -> dict[str, Any] | None:
+        """The job as the server saw it at ``at`` (Unix seconds): every event received by
+        then folded, and diagnosed at that moment (None if the job is unknown).
+
+        The same fold and the same rules as live, so the findings are those that were
+        active then. Folds the log from its start on each call.
+        """
+        job = self.store.get_job(job_id)
+        if job is None:
+            return None
+        state = JobState(job_id, job["name"]).apply_all(
+            ev for ev in self.store.job_events(job_id) if ev["received_at"] <= at)
+        detail = state.detail()
+        return {"at": at, "job": {k: v for k, v in detail.items() if k not in ("ranks", "groups")},
+                "ranks": detail["ranks"], "groups": detail["groups"],
+                "progress": state.progress_rows(), "findings": diagnose(state, at, self.settings)}
+
     def live_views(self) -> list[tuple[dict[str, Any], list, list[Finding]]]:
         """(summary, ranks, findings) of every job held in memory (for /metrics)."""
         with self._states_lock:

@@ -186,3 +186,30 @@ def test_metrics_expose_jobs_ranks_and_ingest_counters(server):
     assert float(value) > 1e9 and "e+" not in value  # a Unix time, at full precision
     for line in lines:  # every sample line is "name{labels} number" or a comment
         assert line.startswith("#") or float(line.rsplit(" ", 1)[1]) >= 0
+
+
+def test_state_at_a_moment_over_http(server):
+    import urllib.error
+
+    agent = agent_client(server.url, session="past", job="past")
+    try:
+        assert send(agent, [ev(1, "hello", {**HELLO, "job": "past"}),
+                            ev(2, "group", {"name": "0", "ranks": [0]})])["stored"] == 2
+        job = wait_for(lambda: job_by_name(server, "past"), 10, "the job")
+        now = get_json(f"{server.url}/api/jobs/{job['id']}/state?at={time.time() + 1}")
+        assert set(now) == {"at", "job", "ranks", "groups", "progress", "findings"}
+        assert [r["rank"] for r in now["ranks"]] == [0]
+        assert [g["ranks"] for g in now["groups"]] == [[0]]
+        assert get_json(f"{server.url}/api/jobs/{job['id']}/state?at=1000")["ranks"] == []
+        for bad in ("", "?at=soon", "?at=nan", "?at=inf"):
+            with pytest.raises(urllib.error.HTTPError) as info:
+                get_json(f"{server.url}/api/jobs/{job['id']}/state{bad}")
+            assert info.value.code == 400
+            assert b"at must be a time in Unix seconds" in info.value.read()
+            info.value.close()
+        with pytest.raises(urllib.error.HTTPError) as info:
+            get_json(f"{server.url}/api/jobs/4242/state?at=1")
+        assert info.value.code == 404
+        info.value.close()
+    finally:
+        agent.disconnect()
