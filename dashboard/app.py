@@ -16,6 +16,7 @@ from flask import Flask, abort, current_app, jsonify, render_template, request
 from flask_socketio import SocketIO, join_room, leave_room, rooms
 
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
+from dashboard.archive import export_lines
 from dashboard.diagnosis import Settings
 from dashboard.ingest import Ingest, Refused
 from dashboard.live import Feed, ViewCache, sections
@@ -110,6 +111,14 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
     @app.get("/api/jobs/<int:job_id>/gpus")
     def api_gpus(job_id: int):
         return _job_or_404(ingest, job_id, lambda s: {"gpus": s.gpu_rows()})
+
+    @app.get("/api/jobs/<int:job_id>/export")
+    def api_export(job_id: int):
+        lines = export_lines(ingest.store, job_id)
+        if lines is None:
+            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
+        return app.response_class(lines, mimetype="application/x-ndjson", headers={
+            "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}.jsonl"'})
 
     @app.get("/api/jobs/<int:job_id>/state")
     def api_state(job_id: int):

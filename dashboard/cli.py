@@ -1,4 +1,4 @@
-"""The ``pgdash`` command line: serve, demo, db upgrade."""
+"""The ``pgdash`` command line: serve, demo, export, import, replay, db upgrade."""
 
 from __future__ import annotations
 
@@ -130,6 +130,119 @@ def demo(ranks: int, port: int, scenario: str, hang_after: float, steps: int, db
 
     sys.exit(run_demo(ranks=ranks, port=port, scenario=scenario, steps=steps, db=db,
                       hang_after=hang_after))
+
+
+def _open_store(db: str):
+    from dashboard.storage import Store
+
+    try:
+        return Store(db).start()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _read_archive(path: str):
+    from dashboard.archive import Archive, ArchiveError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Archive.read(f, source=path)
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise click.ClickException(f"{path} is not a text file: expected a pgdash session "
+                                   "file (made by `pgdash export`)") from None
+    except ArchiveError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@cli.command("export")
+@click.argument("job_id", type=click.IntRange(1))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
+              help="The session file to write (JSON Lines); - writes to standard output.")
+@_db_option
+def export_cmd(job_id: int, output: str, db: str) -> None:
+    """Write a stored job (its whole event log) to one portable file."""
+    from dashboard.archive import export_lines
+
+    store = _open_store(db)
+    try:
+        lines = export_lines(store, job_id)
+        if lines is None:
+            raise click.ClickException(f"no job with id {job_id} in {db}; the jobs list at / "
+                                       "or GET /api/jobs shows their ids")
+        count = 0
+        with click.open_file(output, "w", encoding="utf-8", atomic=output != "-") as out:
+            for line in lines:
+                out.write(line)
+                count += 1
+    finally:
+        store.close()
+    if output != "-":
+        click.echo(f"pgdash: wrote job {job_id} to {output} ({count} lines)")
+
+
+@cli.command("import")
+@click.argument("path", type=click.Path(dir_okay=False))
+@_db_option
+def import_cmd(path: str, db: str) -> None:
+    """Store a session file (from `pgdash export`) as a new job."""
+    import time
+
+    from dashboard.archive import import_archive
+
+    archive = _read_archive(path)
+    store = _open_store(db)
+    try:
+        job_id = import_archive(store, archive, time.time())
+    finally:
+        store.close()
+    click.echo(f"pgdash: imported {path} as job {job_id} ({archive.job['name']}, "
+               f"{len(archive.events)} events); `pgdash serve --db {db}` shows it at "
+               f"/jobs/{job_id}")
+
+
+@cli.command("replay")
+@click.argument("job")
+@click.option("--step", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Seconds between diagnoses of the replayed log.")
+@click.option("--hang-after", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="Seconds a collective may wait before it counts as hung "
+              "(as the live server's --hang-after).")
+@_db_option
+def replay_cmd(job: str, step: float, hang_after: float, db: str) -> None:
+    """Replay a stored job (an id) or a session file: the findings as they came and went."""
+    from dashboard.archive import Archive, export_lines, replay
+    from dashboard.diagnosis import Settings
+
+    if job.isdigit() and not os.path.exists(job):
+        store = _open_store(db)
+        try:
+            lines = export_lines(store, int(job))
+            if lines is None:
+                raise click.ClickException(f"no job with id {job} in {db}; pass a job id or "
+                                           "a session file")
+            archive = Archive.read(list(lines), source=f"job {job}")
+        finally:
+            store.close()
+    else:
+        archive = _read_archive(job)
+    if not archive.events:
+        click.echo(f"pgdash replay: {archive.job['name']} has no events")
+        return
+    start = archive.events[0]["received_at"]
+    click.echo(f"pgdash replay: {archive.job['name']}, {len(archive.events)} events over "
+               f"{archive.events[-1]['received_at'] - start:.1f} s (--hang-after {hang_after:g})")
+    seen = 0
+    for moment, change, f in replay(archive, Settings(hang_after=hang_after), step):
+        seen += 1
+        word = {"new": f["severity"].upper(), "changed": "changed", "resolved": "resolved"}
+        click.echo(f"+{moment - start:8.1f} s  {word[change]:<8} {f['kind']}: {f['summary']}")
+        if change == "new":
+            click.echo(f"{'':13}hint: {f['hint']}")
+    state = archive.state()
+    click.echo(f"pgdash replay: {seen} change(s); job {state.status} with "
+               f"{len(state.ranks())} rank(s)")
 
 
 @cli.group()

@@ -245,6 +245,16 @@ class Store:
         return [r[0] for r in result]
 
     @staticmethod
+    def insert_archived_events(conn: sa.Connection, job_id: int,
+                               rows: list[dict[str, Any]]) -> None:
+        """Insert events that carry their own arrival time (an imported session file)."""
+        if rows:
+            conn.execute(sa.insert(events), [
+                {"job_id": job_id, "session": r["session"], "seq": r["seq"], "t": r["t"],
+                 "received_at": r["received_at"], "kind": r["kind"],
+                 "body": json.dumps(r["body"])} for r in rows])
+
+    @staticmethod
     def update_job(conn: sa.Connection, job_id: int, summary: dict[str, Any]) -> None:
         conn.execute(sa.update(jobs).where(jobs.c.id == job_id)
                      .values(**{k: summary[k] for k in JOB_FIELDS}))
@@ -284,6 +294,16 @@ class Store:
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
             return dict(row) if row else None
+
+    def job_sessions(self, job_id: int) -> list[dict[str, Any]]:
+        """The job's agent sessions (id, rank, host, pid, first_seen), oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(sessions.c.id, sessions.c.rank, sessions.c.host, sessions.c.pid,
+                          sessions.c.first_seen)
+                .where(sessions.c.job_id == job_id)
+                .order_by(sessions.c.first_seen, sessions.c.id)).mappings().all()
+        return [dict(r) for r in rows]
 
     def job_events(self, job_id: int, chunk: int = 5000) -> Iterator[dict[str, Any]]:
         """The job's events in log order, as StoredEvent dicts."""

@@ -6,12 +6,16 @@ import sys
 from conftest import ROOT
 
 
-def demo(tmp_path, *args, timeout=180):
-    out = subprocess.run([sys.executable, "-m", "dashboard", "demo", "--port", "0", "--db",
-                          f"sqlite:///{tmp_path / 'demo.db'}", *args],
+def pgdash(tmp_path, *args, timeout=60):
+    out = subprocess.run([sys.executable, "-m", "dashboard", *args],
                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     return out.returncode, out.stdout + out.stderr
+
+
+def demo(tmp_path, *args, timeout=180):
+    return pgdash(tmp_path, "demo", "--port", "0", "--db", f"sqlite:///{tmp_path / 'demo.db'}",
+                  *args, timeout=timeout)
 
 
 def test_healthy_demo_shows_a_live_job_and_ends_cleanly(tmp_path):
@@ -28,3 +32,17 @@ def test_crash_scenario_prints_the_culprit(tmp_path):
     assert "CRITICAL rank_failed: Rank 1 failed" in out, out
     assert "injected failure on rank 1" in out
     assert "rank_failed: Rank 0" not in out and "rank_failed: Rank 2" not in out
+
+    # After the job: export it, replay the file, import it elsewhere, replay that.
+    code, out = pgdash(tmp_path, "export", "1", "-o", "crash.jsonl", "--db",
+                       f"sqlite:///{tmp_path / 'demo.db'}")
+    assert code == 0 and "wrote job 1 to crash.jsonl" in out, out
+    code, replayed = pgdash(tmp_path, "replay", "crash.jsonl", "--hang-after", "10")
+    assert code == 0, replayed
+    assert "CRITICAL rank_failed: Rank 1 failed" in replayed, replayed
+    assert "job failed with 3 rank(s)" in replayed
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    code, out = pgdash(tmp_path, "import", "crash.jsonl", "--db", other)
+    assert code == 0 and "as job 1" in out, out
+    code, again = pgdash(tmp_path, "replay", "1", "--hang-after", "10", "--db", other)
+    assert code == 0 and again.splitlines()[1:] == replayed.splitlines()[1:], again

@@ -211,5 +211,17 @@ def test_state_at_a_moment_over_http(server):
             get_json(f"{server.url}/api/jobs/4242/state?at=1")
         assert info.value.code == 404
         info.value.close()
+        # The same job as a session file (what `pgdash import` reads).
+        import urllib.request
+
+        with urllib.request.urlopen(f"{server.url}/api/jobs/{job['id']}/export") as resp:
+            assert resp.headers["Content-Type"] == "application/x-ndjson"
+            assert "pgdash-job-" in resp.headers["Content-Disposition"]
+            lines = resp.read().decode().splitlines()
+        from dashboard.archive import Archive
+
+        archive = Archive.read(lines)
+        assert archive.job["name"] == "past" and len(archive.sessions) == 1
+        assert [e["kind"] for e in archive.events] == ["connect", "hello", "group"]
     finally:
         agent.disconnect()

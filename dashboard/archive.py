@@ -1,0 +1,211 @@
+"""A stored session as one portable file, and the replay of its findings over time.
+
+The file is JSON Lines (``pgdash export``, ``GET /api/jobs/<id>/export``)::
+
+    {"format": "pgdash-session", "version": 1, "job": {"name", "status", ...}}
+    {"session": {"id", "rank", "host", "pid", "first_seen"}}      one per agent session
+    {"event": {"session", "seq", "t", "received_at", "kind", "body"}}   the log, in order
+
+``pgdash import`` validates every line (the event bodies as the server validates an agent's)
+and stores the job anew, or nothing. ``pgdash replay`` folds the log with the same JobState
+and diagnoses it at each moment with the same rules as live, so it prints the findings the
+live page showed, when it showed them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from typing import Any, Iterable, Iterator
+
+from agent.wire import SERVER_KINDS, WireError, validate_event
+from dashboard.diagnosis import Finding, Settings, diagnose
+from dashboard.state import JobState, StoredEvent
+from dashboard.storage import JOB_FIELDS, Store
+
+FORMAT = "pgdash-session"
+VERSION = 1
+MAX_LINE = 4_000_000  # characters; an agent's batch is at most MAX_MESSAGE_BYTES too
+
+
+class ArchiveError(ValueError):
+    """A session file that cannot be read; the message names the line and what is wrong."""
+
+
+def export_lines(store: Store, job_id: int) -> Iterator[str] | None:
+    """The job as lines of the session file (None if there is no such job)."""
+    job = store.get_job(job_id)
+    if job is None:
+        return None
+
+    def lines() -> Iterator[str]:
+        yield _line({"format": FORMAT, "version": VERSION,
+                     "job": {"name": job["name"], **{k: job[k] for k in JOB_FIELDS}}})
+        for session in store.job_sessions(job_id):
+            yield _line({"session": session})
+        for ev in store.job_events(job_id):
+            yield _line({"event": {k: ev[k] for k in ("session", "seq", "t", "received_at",
+                                                      "kind", "body")}})
+
+    return lines()
+
+
+def _line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+class Archive:
+    """A session file read and validated: ``job``, ``sessions``, ``events`` (log order)."""
+
+    def __init__(self, job: dict[str, Any], sessions: list[dict[str, Any]],
+                 events: list[dict[str, Any]]):
+        self.job, self.sessions, self.events = job, sessions, events
+
+    @classmethod
+    def read(cls, lines: Iterable[str], source: str = "the file") -> "Archive":
+        """Parse and check every line; raises ArchiveError naming the first bad one."""
+        job = None
+        sessions: dict[str, dict[str, Any]] = {}
+        events: list[dict[str, Any]] = []
+        for number, text in enumerate(lines, 1):
+            where = f"{source}, line {number}"
+            if len(text) > MAX_LINE:
+                raise ArchiveError(f"{where}: longer than {MAX_LINE} characters")
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except ValueError as exc:
+                raise ArchiveError(f"{where}: not JSON ({exc})") from None
+            if not isinstance(obj, dict):
+                raise ArchiveError(f"{where}: expected a JSON object")
+            if job is None:
+                job = _header(obj, where)
+            elif "session" in obj:
+                session = _session(obj["session"], where)
+                sessions[session["id"]] = session
+            elif "event" in obj:
+                events.append(_event(obj["event"], sessions, where))
+            else:
+                raise ArchiveError(f"{where}: expected a \"session\" or an \"event\" object")
+        if job is None:
+            raise ArchiveError(f"{source} is empty: expected a pgdash session file "
+                               "(made by `pgdash export`)")
+        return cls(job, list(sessions.values()), events)
+
+    def state(self) -> JobState:
+        return JobState(0, self.job["name"]).apply_all(self.stored_events())
+
+    def stored_events(self) -> Iterator[StoredEvent]:
+        for i, ev in enumerate(self.events, 1):
+            yield {"id": i, **ev}  # type: ignore[misc]
+
+
+def _header(obj: dict[str, Any], where: str) -> dict[str, Any]:
+    if obj.get("format") != FORMAT:
+        raise ArchiveError(f"{where}: not a pgdash session file (its first line must have "
+                           f"\"format\": \"{FORMAT}\"; make one with `pgdash export`)")
+    if obj.get("version") != VERSION:
+        raise ArchiveError(f"{where}: session file version {obj.get('version')!r:.20}; this "
+                           f"pgdash reads version {VERSION}: use the pgdash that exported it")
+    job = obj.get("job")
+    if not isinstance(job, dict) or not isinstance(job.get("name"), str) or \
+            not job["name"] or len(job["name"]) > 256:
+        raise ArchiveError(f"{where}: job.name must be a non-empty string of at most 256")
+    return job
+
+
+def _session(session: Any, where: str) -> dict[str, Any]:
+    if not isinstance(session, dict) or not isinstance(session.get("id"), str) or \
+            not 0 < len(session["id"]) <= 64:
+        raise ArchiveError(f"{where}: session.id must be a string of 1 to 64 characters")
+    for key in ("rank", "pid"):
+        value = session.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ArchiveError(f"{where}: session.{key} must be an integer or null")
+    if not isinstance(session.get("host") or "", str) or not _finite(session.get("first_seen")):
+        raise ArchiveError(f"{where}: session.host must be a string and session.first_seen a "
+                           "time in Unix seconds")
+    return {k: session.get(k) for k in ("id", "rank", "host", "pid", "first_seen")}
+
+
+def _event(ev: Any, sessions: dict[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(ev, dict):
+        raise ArchiveError(f"{where}: event must be an object")
+    if ev.get("session") not in sessions:
+        raise ArchiveError(f"{where}: event.session {ev.get('session')!r:.70} is not a "
+                           "session listed before it")
+    if not _finite(ev.get("received_at")):
+        raise ArchiveError(f"{where}: event.received_at must be a time in Unix seconds")
+    try:
+        if ev.get("kind") in SERVER_KINDS:  # recorded by the server itself: no seq
+            if ev.get("seq") is not None or not _finite(ev.get("t")) or \
+                    not isinstance(ev.get("body"), dict):
+                raise WireError("a connect/disconnect event has seq null, a time t and a body")
+        else:
+            validate_event({k: ev.get(k) for k in ("seq", "t", "kind", "body")}, "event")
+    except WireError as exc:
+        raise ArchiveError(f"{where}: {exc}") from None
+    return {k: ev.get(k) for k in ("session", "seq", "t", "received_at", "kind", "body")}
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
+def import_archive(store: Store, archive: Archive, now: float) -> int:
+    """Store the archive as a new job, in one transaction; returns its id.
+
+    Session ids get a fresh prefix, so a file imported twice (or next to the job it came
+    from) stays a job of its own.
+    """
+    prefix = uuid.uuid4().hex[:8] + ":"
+    state = archive.state()
+
+    def write(conn) -> int:
+        job_id = store.create_job(conn, archive.job["name"], now)
+        for s in archive.sessions:
+            store.create_session(conn, (prefix + s["id"])[:64], job_id, s["rank"], s["host"],
+                                 s["pid"], s["first_seen"])
+        store.insert_archived_events(conn, job_id, [
+            {**ev, "session": (prefix + ev["session"])[:64]} for ev in archive.events])
+        store.update_job(conn, job_id, state.summary())
+        return job_id
+
+    return store.submit(write)
+
+
+def replay(archive: Archive, settings: Settings, step: float = 1.0,
+           until: float | None = None) -> Iterator[tuple[float, str, Finding]]:
+    """``(moment, change, finding)`` as the live server would have seen them: the log folded
+    in the order it arrived, diagnosed every ``step`` seconds of its arrival times (and once
+    more ``until`` after the last event, default 2 x the hang threshold). ``change`` is
+    "new", "changed" (severity or blamed ranks) or "resolved"."""
+    events = list(archive.stored_events())
+    if not events:
+        return
+    state = JobState(0, archive.job["name"])
+    start = events[0]["received_at"]
+    end = max(ev["received_at"] for ev in events) + (
+        2 * settings.hang_after if until is None else until)
+    active: dict[str, Finding] = {}
+    i = 0
+    moment = start
+    while moment <= end:
+        while i < len(events) and events[i]["received_at"] <= moment:
+            state.apply(events[i])
+            i += 1
+        now = {f["id"]: f for f in diagnose(state, moment, settings)}
+        for fid, f in now.items():
+            old = active.get(fid)
+            if old is None:
+                yield moment, "new", f
+            elif (old["severity"], old["ranks"]) != (f["severity"], f["ranks"]):
+                yield moment, "changed", f  # (not the text: a hang's says how long)
+        for fid, f in active.items():
+            if fid not in now:
+                yield moment, "resolved", f
+        active = now
+        moment += step
