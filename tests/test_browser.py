@@ -525,3 +525,67 @@ def test_job_page_opened_before_the_job_exists_shows_it_when_it_appears(server, 
     expect(page.locator("#job-error")).to_be_hidden()
     expect(rank_row(page, 0).locator("td").nth(COLLECTIVES)).to_have_text("2", timeout=LIVE_MS)
     watched.assert_clean()
+
+
+def test_replay_slider_shows_the_hang_after_it_was_resolved(hang_server, watched):
+    """Rank 1 waits in all_reduce #5 that rank 0 has not entered; then rank 0 catches up.
+    Live, the hang is resolved; dragged back to the middle of it, the page shows it again,
+    with the rank states of that moment, and "Back to live" returns."""
+    page = watched.page
+    agents = [FakeAgent(hang_server.url, "scrub", rank) for rank in range(2)]
+    try:
+        for agent in agents:
+            agent.send("group", {"name": "0", "desc": "world", "backend": "gloo",
+                                 "ranks": [0, 1]})
+        agents[1].send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 4,
+                                                 "inflight_op": "all_reduce",
+                                                 "inflight_since": time.time()}]})
+        agents[0].send("heartbeat", {"groups": [{"group": "0", "entered": 4, "completed": 4}]})
+        jid = job_id(hang_server, "scrub")
+
+        def hang_findings():
+            return [f for f in hang_server.api(f"/api/jobs/{jid}/findings")["findings"]
+                    if f["kind"] == "hang"]
+
+        wait_for(hang_findings, 10, "the hang finding")
+        for agent in agents:  # rank 0 arrives; both complete #5
+            agent.send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 5}]})
+        wait_for(lambda: not hang_findings()[0]["active"] or None, 10, "the hang to resolve")
+        for agent in agents:
+            agent.send("exit", {"clean": True, "exitcode": 0})
+        wait_for(lambda: job_by_name(hang_server, "scrub")["status"] == "finished" or None, 10,
+                 "the job to finish")
+
+        page.goto(f"{hang_server.url}/jobs/{jid}")
+        expect(page.locator("#job-status")).to_have_text("finished", timeout=LIVE_MS)
+        live_hang = page.locator("#findings li.finding[data-kind='hang']")
+        expect(live_hang).to_have_class(re.compile(r"\bresolved\b"))
+        slider = page.locator("#replay-at")
+        expect(page.locator("#replay")).to_be_visible()
+
+        # The moment the hang was active, as a slider position over the job's span.
+        job = hang_server.api(f"/api/jobs/{jid}")
+        hang = hang_findings()[0]
+        moment = (hang["first_seen"] + hang["last_seen"]) / 2
+        position = round(1000 * (moment - job["started_at"]) /
+                         max(1.0, job["ended_at"] - job["started_at"]))
+        slider.evaluate("(el, v) => { el.value = String(v); "
+                        "el.dispatchEvent(new Event('input')); }", position)
+        expect(page.locator("#job-page")).to_have_class(re.compile(r"\breplaying\b"))
+        expect(page.locator("#job-status")).to_have_text("running")
+        replayed = page.locator("#findings li.finding[data-kind='hang']")
+        expect(replayed).not_to_have_class(re.compile(r"\bresolved\b"))
+        expect(replayed.locator(".blamed")).to_have_text("rank 0")
+        expect(page.locator("#topology .rk[data-rank='0']")).to_have_attribute(
+            "data-state", "hung")
+        expect(page.locator("#topology .rk[data-rank='1']")).to_have_attribute(
+            "data-state", "stuck")
+
+        page.locator("#replay-live").click()
+        expect(page.locator("#job-page")).not_to_have_class(re.compile(r"\breplaying\b"))
+        expect(page.locator("#job-status")).to_have_text("finished")
+        expect(live_hang).to_have_class(re.compile(r"\bresolved\b"))
+        watched.assert_clean()
+    finally:
+        for agent in agents:
+            agent.close()

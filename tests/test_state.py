@@ -120,7 +120,7 @@ def test_heartbeat_progress_and_exit_clears_in_flight():
                                             "inflight_since": 11.0}]}, t=12)
     row = log.state().progress_rows()[0]
     assert row == {"group": "0", "rank": 0, "entered": 7, "completed": 6,
-                   "inflight_op": "all_reduce", "inflight_since": 11.0}
+                   "inflight_op": "all_reduce", "inflight_since": 11.0, "source": "python"}
     log.add("s0", "exit", {"clean": False}, t=13)
     row = log.state().progress_rows()[0]
     assert row["inflight_op"] is None and log.state().ranks()[0].status == "failed"

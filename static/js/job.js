@@ -59,6 +59,7 @@
     heatFamily: null,
     openEvidence: new Set(),
     ranksFilter: "",
+    replay: null, // {at} while the page shows a past moment (GET /api/jobs/<id>/state?at=)
   };
 
   // ----------------------------------------------------------- derived --
@@ -274,6 +275,7 @@
     const ended = job.ended_at;
     let duration;
     if (PG.isNum(started) && PG.isNum(ended)) duration = PG.fmtDuration(ended - started);
+    else if (PG.isNum(started) && state.replay) duration = PG.fmtDuration(state.replay.at - started);
     else if (PG.isNum(started) && (job.status === "running" || job.status === "initializing")) duration = PG.since(started);
     else duration = DASH;
 
@@ -1135,7 +1137,8 @@
     const describe = rankDescriber(job ? job.ranks : [], derived, state.progress);
     const selKey = [state.selection, Array.from(hl)];
 
-    if (job && PG.changed("header", jobHead)) renderHeader(job);
+    if (job && PG.changed("header", [jobHead, state.replay && state.replay.at])) renderHeader(job);
+    if (job) showReplayBar();
     if (state.findings !== null) {
       renderVerdict(state.findings);
       const stable = state.findings.map((f) => Object.assign({}, f, { last_seen: f.active ? null : f.last_seen }));
@@ -1236,7 +1239,7 @@
   }
 
   function showLive(serverTime) {
-    if (!live.job) return;
+    if (!live.job || state.replay) return; // a replayed moment stays on screen
     const list = (name) => (Array.isArray(live[name]) ? live[name] : []);
     state.live = true;
     state.job = Object.assign({}, live.job, { ranks: list("ranks"), groups: list("groups") });
@@ -1271,7 +1274,7 @@
       withCollectives ? PG.fetchJSON("/api/jobs/" + JOB_ID + "/collectives") : Promise.resolve({ collectives: state.collectives }),
       PG.fetchJSON("/api/jobs/" + JOB_ID + "/findings"),
     ]);
-    if (state.live) return; // a live snapshot got here first and is newer
+    if (state.live || state.replay) return; // a live snapshot got here first and is newer
     if (job.status === "rejected") {
       if (job.reason.status === 404) setNotFound(true);
       else showError("Could not load job: " + job.reason.message);
@@ -1287,6 +1290,70 @@
     showError(errors.length ? "Could not load " + errors.join("; ") : "");
     render();
   }
+
+  // ------------------------------------------------------------ replay --
+  // The slider maps 0..1000 onto the job's start..end (or now). Findings, ranks, progress
+  // and the header show the server's state at that moment; the charts stay live.
+
+  const REPLAY_STEPS = 1000;
+  let replayRequest = 0; // answers to older requests are dropped
+  let replayTimer = null;
+
+  function replayBounds() {
+    const job = state.job;
+    if (!job || !PG.isNum(job.started_at)) return null;
+    const end = PG.isNum(job.ended_at) ? job.ended_at : state.serverTime || PG.now();
+    return [job.started_at, Math.max(end, job.started_at + 1)];
+  }
+
+  function showReplayBar() {
+    const bar = $("replay");
+    if (bar.hidden && replayBounds()) bar.hidden = false;
+  }
+
+  $("replay-at").addEventListener("input", (ev) => {
+    const bounds = replayBounds();
+    if (!bounds) return;
+    const at = bounds[0] + ((bounds[1] - bounds[0]) * Number(ev.target.value)) / REPLAY_STEPS;
+    $("replay-when").textContent = PG.fmtTime(at) + " (+" + PG.fmtDuration(at - bounds[0]) + ")";
+    $("replay-when").classList.add("replaying");
+    clearTimeout(replayTimer);
+    replayTimer = setTimeout(() => loadReplay(at), 120);
+  });
+
+  async function loadReplay(at) {
+    const ticket = ++replayRequest;
+    let data;
+    try {
+      data = await PG.fetchJSON("/api/jobs/" + JOB_ID + "/state?at=" + at);
+    } catch (err) {
+      if (ticket === replayRequest) showError("Could not load the job at that moment: " + err.message);
+      return;
+    }
+    if (ticket !== replayRequest) return;
+    state.replay = { at: at };
+    state.job = Object.assign({}, state.job, data.job, { ranks: data.ranks || [], groups: data.groups || [] });
+    state.progress = data.progress || [];
+    state.findings = data.findings || [];
+    page.classList.add("replaying");
+    $("replay-live").hidden = false;
+    showError("");
+    render();
+  }
+
+  $("replay-live").addEventListener("click", () => {
+    replayRequest++;
+    clearTimeout(replayTimer);
+    state.replay = null;
+    page.classList.remove("replaying");
+    $("replay-live").hidden = true;
+    $("replay-at").value = String(REPLAY_STEPS);
+    $("replay-when").textContent = "drag to see findings, ranks and progress as they were";
+    $("replay-when").classList.remove("replaying");
+    liveProgressIn = null; // the replay replaced state.progress: expand the live one again
+    if (live) showLive(state.serverTime);
+    else refresh(true).catch((err) => showError("Could not load job: " + err.message));
+  });
 
   // ------------------------------------------------------------ wiring --
 
