@@ -9,41 +9,16 @@ import pytest
 
 from dashboard.archive import Archive, ArchiveError, export_lines, import_archive, replay
 from dashboard.diagnosis import Settings
-from dashboard.ingest import Ingest
 from dashboard.storage import Store
-from test_ingest import auth, batch, ev
-
-
-@pytest.fixture
-def hang_job(tmp_path):
-    """Rank 1 waits from t=104 in an all_reduce rank 0 never enters; at 130 both exit."""
-    store = Store(f"sqlite:///{tmp_path / 'a.sqlite'}").start()
-    now = [100.0]
-    ingest = Ingest(store, clock=lambda: now[0]).start()
-    sessions = {}
-    for r in (0, 1):
-        sessions[r], job = ingest.connect(auth(f"s{r}", r))
-        ingest.batch(sessions[r], job, batch(
-            ev(1, "hello", {"job": "j", "rank": r, "world_size": 2, "host": "h", "pid": 1,
-                            "backend": "gloo"}, t=100.0),
-            ev(2, "group", {"name": "0", "ranks": [0, 1]}, t=100.0)))
-    now[0] = 105.0
-    ingest.batch(sessions[1], job, batch(ev(3, "heartbeat", {"groups": [
-        {"group": "0", "entered": 8, "completed": 7, "inflight_op": "all_reduce",
-         "inflight_since": 104.0}]}, t=105.0)))
-    now[0] = 130.0
-    for r in (0, 1):
-        ingest.batch(sessions[r], job, batch(ev(4, "exit", {"clean": True}, t=130.0)))
-    yield store, job
-    store.close()
+from test_ingest import hang_job  # noqa: F401  (the fixture)
 
 
 def test_a_job_goes_to_a_file_and_into_another_database(hang_job, tmp_path):
-    store, job = hang_job
+    store, _, job = hang_job
     lines = list(export_lines(store, job))
     assert json.loads(lines[0])["job"]["status"] == "finished"
-    assert len(lines) == 1 + 2 + 2 + 4 + 1 + 2  # header, sessions, connects, hello/group,
-    # the heartbeat, the exits
+    assert len(lines) == 1 + 2 + 2 + 4 + 2 + 2  # header, sessions, connects, hello/group,
+    # heartbeats, exits
     archive = Archive.read(lines)
     other = Store(f"sqlite:///{tmp_path / 'b.sqlite'}").start()
     try:
@@ -61,7 +36,7 @@ def test_a_job_goes_to_a_file_and_into_another_database(hang_job, tmp_path):
 
 
 def test_replay_shows_when_the_hang_came_and_went(hang_job):
-    store, job = hang_job
+    store, _, job = hang_job
     archive = Archive.read(export_lines(store, job))
     timeline = [(round(m - 100.0), change, f["kind"], f["ranks"])
                 for m, change, f in replay(archive, Settings(hang_after=10.0), step=1.0)
@@ -85,7 +60,7 @@ def test_replay_shows_when_the_hang_came_and_went(hang_job):
 ])
 def test_a_bad_file_is_refused_naming_the_line_and_what_is_wrong(hang_job, tmp_path,
                                                                    mutate, message):
-    store, job = hang_job
+    store, _, job = hang_job
     lines = mutate(list(export_lines(store, job)))
     with pytest.raises(ArchiveError, match=message):
         Archive.read(lines, source="f.jsonl")

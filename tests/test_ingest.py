@@ -120,44 +120,48 @@ def test_findings_are_stored_and_survive_a_restart_resolved_ones_included(ingest
     assert kept["id"] == hang["id"] and not kept["active"] and kept["ranks"] == [2]
 
 
-def test_state_at_a_past_moment_is_what_was_known_then(tmp_path):
-    """Two ranks; rank 1 sits in an all_reduce rank 0 never enters, then both exit. The
-    state at each moment holds only what had arrived, with the findings active then."""
+@pytest.fixture
+def hang_job(tmp_path):
+    """(store, ingest, job id): rank 1 waits from t=104 in an all_reduce rank 0 never
+    entered (rank 0 reports #7 done); at 130 both exit. Events arrive when they say."""
     from dashboard.diagnosis import Settings
 
-    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}").start()
+    store = Store(f"sqlite:///{tmp_path / 'hang.sqlite'}").start()
     now = [100.0]
     ingest = Ingest(store, clock=lambda: now[0], settings=Settings(hang_after=10.0)).start()
-    try:
-        sessions = {}
-        for r in (0, 1):
-            sessions[r], job = ingest.connect(auth(f"s{r}", r))
-            ingest.batch(sessions[r], job, batch(
-                ev(1, "hello", {"job": "j", "rank": r, "world_size": 2, "host": "h", "pid": 1,
-                                "backend": "gloo"}, t=100.0),
-                ev(2, "group", {"name": "0", "ranks": [0, 1]}, t=100.0)))
-        now[0] = 105.0
-        ingest.batch(sessions[1], job, batch(ev(3, "heartbeat", {"groups": [
-            {"group": "0", "entered": 8, "completed": 7, "inflight_op": "all_reduce",
-             "inflight_since": 104.0, "inflight_dtype": "float32", "inflight_bytes": 4}]},
-            t=105.0)))
-        ingest.batch(sessions[0], job, batch(ev(3, "heartbeat", {"groups": [
-            {"group": "0", "entered": 7, "completed": 7, "inflight_op": None}]}, t=105.0)))
-        now[0] = 130.0
-        for r in (0, 1):
-            ingest.batch(sessions[r], job, batch(ev(4, "exit", {"clean": True}, t=130.0)))
+    sessions = {}
+    for r in (0, 1):
+        sessions[r], job = ingest.connect(auth(f"s{r}", r))
+        ingest.batch(sessions[r], job, batch(
+            ev(1, "hello", {"job": "j", "rank": r, "world_size": 2, "host": "h", "pid": 1,
+                            "backend": "gloo"}, t=100.0),
+            ev(2, "group", {"name": "0", "ranks": [0, 1]}, t=100.0)))
+    now[0] = 105.0
+    ingest.batch(sessions[1], job, batch(ev(3, "heartbeat", {"groups": [
+        {"group": "0", "entered": 8, "completed": 7, "inflight_op": "all_reduce",
+         "inflight_since": 104.0, "inflight_dtype": "float32", "inflight_bytes": 4}]},
+        t=105.0)))
+    ingest.batch(sessions[0], job, batch(ev(3, "heartbeat", {"groups": [
+        {"group": "0", "entered": 7, "completed": 7, "inflight_op": None}]}, t=105.0)))
+    now[0] = 130.0
+    for r in (0, 1):
+        ingest.batch(sessions[r], job, batch(ev(4, "exit", {"clean": True}, t=130.0)))
+    yield store, ingest, job
+    store.close()
 
-        before = ingest.state_at(job, 99.0)
-        assert before["ranks"] == [] and before["findings"] == []
-        early = ingest.state_at(job, 106.0)  # waiting, not long enough to be a hang
-        assert [r["status"] for r in early["ranks"]] == ["running", "running"]
-        assert {p["rank"]: p["entered"] for p in early["progress"]} == {0: 7, 1: 8}
-        assert early["findings"] == []
-        hung = ingest.state_at(job, 120.0)
-        assert [(f["kind"], f["ranks"]) for f in hung["findings"]] == [("hang", [0])]
-        assert hung["findings"][0]["evidence"]["waiting"] == [1]
-        done = ingest.state_at(job, 131.0)
-        assert done["job"]["status"] == "finished" and done["findings"] == []
-        assert ingest.state_at(12345, 131.0) is None
-    finally:
-        store.close()
+
+def test_state_at_a_past_moment_is_what_was_known_then(hang_job):
+    """The state at each moment holds only what had arrived, with the findings active then."""
+    _, ingest, job = hang_job
+    before = ingest.state_at(job, 99.0)
+    assert before["ranks"] == [] and before["findings"] == []
+    early = ingest.state_at(job, 106.0)  # waiting, not long enough to be a hang
+    assert [r["status"] for r in early["ranks"]] == ["running", "running"]
+    assert {p["rank"]: p["entered"] for p in early["progress"]} == {0: 7, 1: 8}
+    assert early["findings"] == []
+    hung = ingest.state_at(job, 120.0)
+    assert [(f["kind"], f["ranks"]) for f in hung["findings"]] == [("hang", [0])]
+    assert hung["findings"][0]["evidence"]["waiting"] == [1]
+    done = ingest.state_at(job, 131.0)
+    assert done["job"]["status"] == "finished" and done["findings"] == []
+    assert ingest.state_at(12345, 131.0) is None
