@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from agent.wire import Ack, Auth, WireError, validate_auth, validate_batch
 from dashboard.diagnosis import Finding, Settings, diagnose
+from dashboard.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
 from dashboard.storage import Store
 
@@ -51,6 +52,7 @@ class Ingest:
         self.dirty: set[int] = set()  # jobs changed since the UI last looked
         self.jobs_dirty = threading.Event()
         self.counters: collections.Counter[str] = collections.Counter()
+        self.rewind = Rewind(store)
 
     def start(self) -> "Ingest":
         self._max_seq = self.store.max_seqs()
@@ -161,17 +163,21 @@ class Ingest:
         then folded, and diagnosed at that moment (None if the job is unknown).
 
         The same fold and the same rules as live, so the findings are those that were
-        active then. Folds the log from its start on each call.
+        active then. Scrubbing forward continues the last fold; see dashboard.rewind.
         """
         job = self.store.get_job(job_id)
         if job is None:
             return None
-        state = JobState(job_id, job["name"]).apply_all(
-            ev for ev in self.store.job_events(job_id) if ev["received_at"] <= at)
-        detail = state.detail()
-        return {"at": at, "job": {k: v for k, v in detail.items() if k not in ("ranks", "groups")},
-                "ranks": detail["ranks"], "groups": detail["groups"],
-                "progress": state.progress_rows(), "findings": diagnose(state, at, self.settings)}
+
+        def read(state: JobState) -> dict[str, Any]:
+            detail = state.detail()
+            return {"at": at, "job": {k: v for k, v in detail.items()
+                                      if k not in ("ranks", "groups")},
+                    "ranks": detail["ranks"], "groups": detail["groups"],
+                    "progress": state.progress_rows(),
+                    "findings": diagnose(state, at, self.settings)}
+
+        return self.rewind.view(job_id, job["name"], at, read)
 
     def live_views(self) -> list[tuple[dict[str, Any], list, list[Finding]]]:
         """(summary, ranks, findings) of every job held in memory (for /metrics)."""

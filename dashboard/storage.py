@@ -305,9 +305,11 @@ class Store:
                 .order_by(sessions.c.first_seen, sessions.c.id)).mappings().all()
         return [dict(r) for r in rows]
 
-    def job_events(self, job_id: int, chunk: int = 5000) -> Iterator[dict[str, Any]]:
-        """The job's events in log order, as StoredEvent dicts."""
-        last = 0
+    def job_events(self, job_id: int, chunk: int = 5000,
+                   after: int = 0) -> Iterator[dict[str, Any]]:
+        """The job's events in log order (those with an id above ``after``), as StoredEvent
+        dicts."""
+        last = after
         while True:
             with self.engine.connect() as conn:
                 rows = conn.execute(

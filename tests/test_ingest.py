@@ -165,3 +165,56 @@ def test_state_at_a_past_moment_is_what_was_known_then(hang_job):
     done = ingest.state_at(job, 131.0)
     assert done["job"]["status"] == "finished" and done["findings"] == []
     assert ingest.state_at(12345, 131.0) is None
+
+
+def test_scrubbing_gives_a_fresh_fold_at_every_moment_and_reads_only_what_it_must(tmp_path):
+    """Rewind (behind state_at) against folding from scratch, moving forward, back and to
+    random moments over a job of a few thousand events."""
+    import random
+
+    from dashboard.rewind import Rewind
+    from dashboard.state import JobState
+
+    store = Store(f"sqlite:///{tmp_path / 'long.sqlite'}").start()
+    now = [100.0]
+    ingest = Ingest(store, clock=lambda: now[0]).start()
+    try:
+        sessions = {}
+        for r in range(3):
+            sessions[r], job = ingest.connect(auth(f"s{r}", r, job="long"))
+            ingest.batch(sessions[r], job, batch(ev(1, "hello", {
+                "job": "long", "rank": r, "world_size": 3, "host": "h", "pid": 1,
+                "backend": "gloo"}, t=100.0)))
+        for i in range(1, 600):
+            now[0] = 100.0 + i
+            for r in range(3):
+                ingest.batch(sessions[r], job, batch(ev(1 + i, "heartbeat", {"groups": [
+                    {"group": "0", "entered": i + (r == 1), "completed": i,
+                     "inflight_op": "all_reduce" if r == 1 else None,
+                     "inflight_since": now[0] if r == 1 else None}]}, t=now[0])))
+        events = list(store.job_events(job))
+        rewind = Rewind(store, spacing=300, checkpoints=4)
+
+        def fresh(at):
+            return JobState(job, "long").apply_all(e for e in events if e["received_at"] <= at)
+
+        def seen(state):
+            return (state.applied, state.summary(), state.progress_rows())
+
+        moments = [150.5, 400.0, 650.0, 120.0, 399.0] + [
+            random.Random(7).uniform(90, 720) for _ in range(5)]
+        for at in moments:
+            assert rewind.view(job, "long", at, seen) == seen(fresh(at)), at
+        # Forward from the cursor reads the events in between (and the one after them).
+        rewind.view(job, "long", 600.5, seen)
+        before = rewind.events_read
+        assert rewind.view(job, "long", 610.5, seen) == seen(fresh(610.5))
+        assert rewind.events_read - before == 1 + sum(600.5 < e["received_at"] <= 610.5
+                                                     for e in events)
+        # Back in time: from a checkpoint, not from the first event.
+        before = rewind.events_read
+        assert rewind.view(job, "long", 500.0, seen) == seen(fresh(500.0))
+        assert rewind.events_read - before < sum(e["received_at"] <= 500.0 for e in events) // 2
+        assert len(rewind._checkpoints[job]) <= 4
+    finally:
+        store.close()
