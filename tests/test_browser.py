@@ -402,7 +402,7 @@ def test_hang_finding_shows_its_hint_and_highlights_the_rank_at_fault(hang_serve
         expect(finding.locator(".blamed")).to_have_text("rank 2")
         expect(finding.locator(".finding-hint")).to_contain_text(
             "Rank 2 never reached that collective")
-        expect(page.locator("#job-verdict")).to_have_text("1 critical finding")
+        expect(page.locator("#job-verdict")).to_have_text("1 critical finding · at fault: rank 2")
         # The rank states are on the topology before anything is selected.
         topology = page.locator("#topology")
         expect(topology.locator(".rk[data-rank='2']")).to_have_attribute("data-state", "hung")

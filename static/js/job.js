@@ -300,10 +300,14 @@
     const crit = active.filter((f) => severityOf(f)[1] === 0).length;
     const warn = active.filter((f) => severityOf(f)[1] === 1).length;
     box.className = "verdict " + (crit ? "v-crit" : warn ? "v-warn" : "v-ok");
+    // Who the most severe findings blame, in one phrase: five hangs of one cause name one rank.
+    const worst = active.filter((f) => severityOf(f)[1] === (crit ? 0 : 1));
+    const blamed = Array.from(new Set(worst.flatMap((f) => (Array.isArray(f.ranks) ? f.ranks : []))));
+    const who = blamed.length ? " \u00b7 at fault: " + (blamed.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(blamed) : "";
     box.textContent = crit
-      ? crit + (crit === 1 ? " critical finding" : " critical findings") + (warn ? ", " + warn + " warning" + (warn === 1 ? "" : "s") : "")
+      ? crit + (crit === 1 ? " critical finding" : " critical findings") + (warn ? ", " + warn + " warning" + (warn === 1 ? "" : "s") : "") + who
       : warn
-      ? warn + (warn === 1 ? " warning" : " warnings")
+      ? warn + (warn === 1 ? " warning" : " warnings") + who
       : findings === null
       ? ""
       : "no active findings";
