@@ -589,3 +589,24 @@ def test_replay_slider_shows_the_hang_after_it_was_resolved(hang_server, watched
     finally:
         for agent in agents:
             agent.close()
+
+
+def test_a_desync_colours_the_rank_that_called_another_collective(server, agents, watched):
+    page = watched.page
+    ranks = [agents("mismatch", r, world_size=3) for r in range(3)]
+    for r, agent in enumerate(ranks):
+        agent.send("group", {"name": "0", "desc": "world", "backend": "gloo",
+                             "ranks": [0, 1, 2]})
+        agent.send("heartbeat", {"groups": [{
+            "group": "0", "entered": 6, "completed": 5, "inflight_since": time.time(),
+            "inflight_op": "broadcast" if r == 2 else "all_reduce",
+            "inflight_dtype": "float32", "inflight_bytes": 4}]})
+    jid = job_id(server, "mismatch")
+    page.goto(f"{server.url}/jobs/{jid}")
+    expect(page.locator("#findings li.finding[data-kind='desync']")).to_have_count(
+        1, timeout=LIVE_MS)
+    expect(page.locator("#job-verdict")).to_contain_text("at fault: rank 2")
+    topology = page.locator("#topology")
+    expect(topology.locator(".rk[data-rank='2']")).to_have_attribute("data-state", "mismatch")
+    expect(topology.locator(".rk[data-rank='0']")).to_have_attribute("data-state", "waiting")
+    expect(page.locator("#topology-legend")).to_contain_text("called another collective 1")

@@ -103,12 +103,13 @@
     return out;
   }
 
-  const STATES = ["failed", "lost", "hung", "stuck", "straggling", "waiting", "running", "initializing", "exited", "unknown"];
+  const STATES = ["failed", "lost", "hung", "mismatch", "stuck", "straggling", "waiting", "running", "initializing", "exited", "unknown"];
   const STATE_TEXT = {
     failed: "failed",
     lost: "lost",
     hung: "hung (at fault)",
     stuck: "waiting on a hang",
+    mismatch: "called another collective",
     straggling: "straggling",
     waiting: "in a collective",
     running: "running",
@@ -122,6 +123,7 @@
     const hung = new Set(); // blamed by a hang finding
     const stuck = new Set(); // waiting in the collective that hangs
     const straggling = new Set();
+    const mismatch = new Set(); // blamed by a desync finding
     const blamedBy = new Map();
     for (const f of findings || []) {
       if (!f.active) continue;
@@ -135,6 +137,8 @@
         for (const r of Array.isArray(ev.waiting) ? ev.waiting : []) stuck.add(r);
       } else if (f.kind === "straggler") {
         for (const r of f.ranks || []) straggling.add(r);
+      } else if (f.kind === "desync") {
+        for (const r of f.ranks || []) mismatch.add(r);
       }
     }
     const waiting = new Set();
@@ -144,6 +148,7 @@
       let s;
       if (r.status === "failed" || r.status === "lost") s = r.status;
       else if (hung.has(r.rank)) s = "hung";
+      else if (mismatch.has(r.rank)) s = "mismatch";
       else if (stuck.has(r.rank)) s = "stuck";
       else if (straggling.has(r.rank)) s = "straggling";
       else if (r.status === "exited") s = "exited";
