@@ -22,6 +22,7 @@ from dashboard.ingest import Ingest, Refused
 from dashboard.live import Feed, ViewCache, sections
 from dashboard.metrics import exposition
 from dashboard.resources import resource_dir
+from dashboard.storage import JOB_FIELDS as STORED_JOB_FIELDS
 from dashboard.storage import Store
 
 log = logging.getLogger("pgdash.server")
@@ -170,7 +171,7 @@ def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
             ingest.disconnect(known[0])
 
 
-JOB_FIELDS = ("id", "name", "status", "world_size", "backend", "started_at", "ended_at")
+JOB_FIELDS = ("id", "name", *STORED_JOB_FIELDS)  # what GET /api/jobs lists per job
 
 
 def jobs_payload(ingest: Ingest) -> dict[str, Any]:

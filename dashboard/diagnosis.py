@@ -14,7 +14,7 @@ import math
 from typing import Any, Callable, Iterable
 
 from dashboard.errors import classify
-from dashboard.state import FR_TALLIES, TERMINAL_RANK, JobState, RankState
+from dashboard.state import FR_TALLIES, JobState, RankState
 
 
 @dataclasses.dataclass(frozen=True)

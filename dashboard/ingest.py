@@ -170,10 +170,8 @@ class Ingest:
             return None
 
         def read(state: JobState) -> dict[str, Any]:
-            detail = state.detail()
-            return {"at": at, "job": {k: v for k, v in detail.items()
-                                      if k not in ("ranks", "groups")},
-                    "ranks": detail["ranks"], "groups": detail["groups"],
+            return {"at": at, "job": state.summary(), "ranks": state.rank_rows(),
+                    "groups": state.group_rows(),
                     "progress": state.progress_rows(),
                     "findings": diagnose(state, at, self.settings)}
 
@@ -182,7 +180,7 @@ class Ingest:
     def live_views(self) -> list[tuple[dict[str, Any], list, list[Finding]]]:
         """(summary, ranks, findings) of every job held in memory (for /metrics)."""
         with self._states_lock:
-            return [(state.summary(), state.detail()["ranks"],
+            return [(state.summary(), state.rank_rows(),
                      list(self._findings.get(job_id, {}).values()))
                     for job_id, state in self._states.items()]
 

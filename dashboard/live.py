@@ -51,11 +51,10 @@ def sections(state: JobState, cache: "ViewCache | None" = None) -> dict[str, Any
         return build() if cache is None else cache.get((state.job_id, name), state.applied,
                                                        build)
 
-    detail = state.detail()
     return {
-        "job": {k: v for k, v in detail.items() if k not in ("ranks", "groups")},
-        "ranks": detail["ranks"],
-        "groups": detail["groups"],
+        "job": state.summary(),
+        "ranks": state.rank_rows(),
+        "groups": state.group_rows(),
         "progress": progress_columns(state.progress_rows()),
         "rank_stats": part("rank_stats", state.rank_stat_rows),
         "ops": part("ops", state.op_rows),

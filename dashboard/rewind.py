@@ -19,7 +19,7 @@ import collections
 import copy
 import dataclasses
 import threading
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 from dashboard.state import JobState
 from dashboard.storage import Store

@@ -382,15 +382,16 @@ class JobState:
 
     def detail(self) -> dict[str, Any]:
         """The job as /api/jobs/<id> returns it."""
-        return {
-            **self.summary(),
-            "ranks": [{"rank": r.rank, "host": r.host, "local_rank": r.local_rank,
-                       "pid": r.pid, "device": r.device, "status": r.status,
-                       "last_seen": r.last_seen, "dropped": r.dropped}
-                      for r in self.ranks()],
-            "groups": [{"id": g["name"], **g} for g in
-                       sorted(self.groups.values(), key=lambda g: _group_order(g["name"]))],
-        }
+        return {**self.summary(), "ranks": self.rank_rows(), "groups": self.group_rows()}
+
+    def rank_rows(self) -> list[dict[str, Any]]:
+        return [{"rank": r.rank, "host": r.host, "local_rank": r.local_rank, "pid": r.pid,
+                 "device": r.device, "status": r.status, "last_seen": r.last_seen,
+                 "dropped": r.dropped} for r in self.ranks()]
+
+    def group_rows(self) -> list[dict[str, Any]]:
+        return [{"id": g["name"], **g} for g in
+                sorted(self.groups.values(), key=lambda g: _group_order(g["name"]))]
 
     def collective_rows(self, group: str | None = None, op: str | None = None,
                         rank: int | None = None) -> list[dict[str, Any]]:

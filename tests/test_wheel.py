@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 from conftest import ROOT, free_port, wait_for
 

@@ -2,7 +2,8 @@
  * pgdash: the job page's charts, drawn on <canvas> (heat map, rendezvous) or with the
  * vendored uPlot (latency and bytes over time). Plain ES2018, no build step.
  *
- *   PGCharts.lines(box, {x, series: [{label, values, color, dash}], yFormat})
+ *   PGCharts.lines(box, {x, series: [{label, values, color, dash}], yFormat, empty})
+ *            (no series, or fewer than two x values: the text `empty` instead)
  *   PGCharts.heatmap(box, {ranks, busy, end, bins, highlight, describe})
  *   PGCharts.rendezvous(box, {rows, highlight, now})
  *
@@ -68,7 +69,7 @@
   // ------------------------------------------------------------- lines --
 
   function lines(box, spec) {
-    if (spec.x.length < 2) {
+    if (spec.x.length < 2 || !spec.series.length) {
       if (box.__plot) box.__plot.destroy();
       box.__plot = null;
       clear(box, PG.empty(spec.empty || "Collecting\u2026"));

@@ -930,7 +930,7 @@
   function renderCharts(grid, hl, describe) {
     const fams = grid && Array.isArray(grid.families) ? grid.families : [];
     const ops = grid && Array.isArray(grid.ops) ? grid.ops : [];
-    const x = grid && grid.end != null ? Array.from({ length: grid.bins }, (_, i) => grid.end - grid.bins + 1 + i + 0.5) : null;
+    const x = grid && grid.end != null ? Array.from({ length: grid.bins }, (_, i) => grid.end - grid.bins + 1 + i + 0.5) : [];
     const waiting = grid ? "No collectives yet." : "Waiting for live data\u2026";
 
     // Latency per family and op: p50 solid, p99 dashed, from every rank's merged histograms.
@@ -939,7 +939,7 @@
       latSeries.push({ label: o.family + " " + o.op + " p50", values: o.p50_us, color: PGCharts.color(i) });
       latSeries.push({ label: o.family + " " + o.op + " p99", values: o.p99_us, color: PGCharts.color(i), dash: true });
     });
-    chartOrEmpty($("latency-chart"), x && latSeries.length ? { x: x, series: latSeries, yFormat: (v) => PG.fmtUs(v) } : null, waiting);
+    PGCharts.lines($("latency-chart"), { x: x, series: latSeries, yFormat: (v) => PG.fmtUs(v), empty: waiting });
 
     // Bytes per second per family (every op), from the same grid.
     const perFamily = new Map();
@@ -951,7 +951,7 @@
       perFamily.set(String(o.family), sum);
     }
     const bytesSeries = Array.from(perFamily, ([fam, values], i) => ({ label: fam, values: values, color: PGCharts.color(i) }));
-    chartOrEmpty($("bytes-chart"), x && bytesSeries.length ? { x: x, series: bytesSeries, yFormat: (v) => PG.fmtBytes(v) + "/s" } : null, waiting);
+    PGCharts.lines($("bytes-chart"), { x: x, series: bytesSeries, yFormat: (v) => PG.fmtBytes(v) + "/s", empty: waiting });
 
     // Heat map of the chosen family.
     const select = $("heat-family");
@@ -976,18 +976,6 @@
         "100% of each second"
       );
     }
-  }
-
-  function chartOrEmpty(box, spec, emptyText) {
-    if (spec) {
-      PGCharts.lines(box, spec);
-      return;
-    }
-    if (box.__plot) {
-      box.__plot.destroy();
-      box.__plot = null;
-    }
-    clear(box, PG.empty(emptyText));
   }
 
   function renderRendezvous(rows, job, hl) {
