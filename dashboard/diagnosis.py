@@ -14,7 +14,7 @@ import math
 from typing import Any, Callable, Iterable
 
 from dashboard.errors import classify
-from dashboard.state import FR_TALLIES, JobState, RankState
+from dashboard.state import JobState, RankState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +40,8 @@ class Settings:
     hidden_min_samples: int = 25
     hidden_wait_gap: float = 0.05  # ... it waits if found in flight this much more often
     hidden_min_busy: int = 3  # ... (at least this many times, and two standard errors)
+    hidden_horizon: float = 10.0  # ... over at most this many seconds of heartbeats (older
+    # ones describe the job before it slowed down)
 
 
 Finding = dict[str, Any]
@@ -475,7 +477,7 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
             continue
         slow, means, typical, n, recent = verdicts[0]
         checked: list[dict[str, Any]] = []
-        chain = _hidden_chain(state, slow, group, s, checked)
+        chain = _hidden_chain(state, slow, group, now, s, checked)
         if chain is None:
             continue  # whether it waits inside DDP's collectives is not known yet
         root = chain[-1]["rank"] if chain else slow
@@ -503,7 +505,7 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
     return out
 
 
-def _hidden_chain(state: JobState, rank: int, group: str, s: Settings,
+def _hidden_chain(state: JobState, rank: int, group: str, now: float, s: Settings,
                   checked: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     """Who ``rank``, the straggler of ``group``, itself waits for inside C++ collectives.
 
@@ -524,7 +526,7 @@ def _hidden_chain(state: JobState, rank: int, group: str, s: Settings,
                 continue
             # Agents that sample send the tally even when it is 0; older ones never do.
             sampled = any("fr_samples" in row for row in state.progress_of(other).values())
-            verdict = _waits_for(state.fr_tallies_of(other), rank, s, sampled)
+            verdict = _waits_for(state.fr_tallies_of(other), rank, now, s, sampled)
             if verdict is None:
                 return None
             peer, shares = verdict
@@ -541,39 +543,46 @@ def _hidden_chain(state: JobState, rank: int, group: str, s: Settings,
     return chain
 
 
-def _waits_for(tallies: dict[int, Any], rank: int, s: Settings, sampled: bool):
+def _waits_for(tallies: dict[int, Any], rank: int, now: float, s: Settings, sampled: bool):
     """Whether ``rank`` waits for a peer inside a group's C++ collectives, from the latest
-    heartbeats' Flight Recorder tallies: ``(peer, shares)`` if it is found in flight much
-    more often than the peer found least, ``(None, shares)`` if about as rarely (shares {}:
-    agents that take no samples, ``sampled`` False), None while the samples cannot tell. The window grows from the
-    newest heartbeat until it holds ``hidden_min_samples`` per rank and the difference of
-    the two shares is clear either way (two standard errors); a window as deep as the
-    tallies kept that still cannot tell counts as not waiting."""
+    heartbeats' Flight Recorder tallies: ``(peer, shares)`` if it is found in flight more
+    often than the peer found least, ``(None, shares)`` if not (shares {}: agents that take
+    no samples, ``sampled`` False), None while the samples are too few.
+
+    The window grows from the newest heartbeat, back at most ``hidden_horizon`` seconds. Once
+    it holds ``hidden_min_samples`` per rank, a difference clear either way (two standard
+    errors, counted with one sample more in and out of flight, so that no samples in flight
+    is no certainty) decides; at the horizon, the shares as they are decide. Before the
+    tallies reach back that far, an unclear difference waits."""
     if rank not in tallies or len(tallies) < 2:
         return None if sampled else (None, {})
-    newest_first = {m: list(reversed(t)) for m, t in tallies.items()}
-    depth = min(len(t) for t in newest_first.values())
+    recent = {m: [x for x in reversed(t) if now - s.hidden_horizon <= x[0] <= now]
+              for m, t in tallies.items()}
+    depth = min(len(t) for t in recent.values())
+    # Whether the window can reach the horizon (or all that is kept): else a young group
+    # that cannot tell yet must wait, not guess.
+    spans = all(len(recent[m]) < len(t) or len(t) == t.maxlen for m, t in tallies.items())
     sums = {m: [0, 0] for m in tallies}
     for k in range(depth):
-        for m, t in newest_first.items():
-            sums[m][0] += t[k][0]
-            sums[m][1] += t[k][1]
+        for m, t in recent.items():
+            sums[m][0] += t[k][1]
+            sums[m][1] += t[k][2]
         if min(n for _, n in sums.values()) < s.hidden_min_samples:
             continue
         share = {m: b / n for m, (b, n) in sums.items()}
-        peer = min(share, key=share.get)
+        peer = min((m for m in share if m != rank), key=share.get)
         shown = {str(m): round(v, 2) for m, v in sorted(share.items())}
-        if peer == rank:
+        if share[rank] < share[peer]:
             return None, shown  # it waits least here: nobody it waits for
         (b1, n1), (b2, n2) = sums[rank], sums[peer]
-        pooled = (b1 + b2) / (n1 + n2)
+        pooled = (b1 + b2 + 1) / (n1 + n2 + 2)
         error = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))  # of the difference
         gap = share[rank] - share[peer]
-        if gap >= max(s.hidden_wait_gap, 2 * error) and b1 >= s.hidden_min_busy:
-            return peer, shown
-        if gap + 2 * error < s.hidden_wait_gap:
-            return None, shown
-    return (None, {}) if depth >= FR_TALLIES else None
+        waits = gap >= s.hidden_wait_gap and b1 >= s.hidden_min_busy
+        if (spans and k == depth - 1) or (waits and gap >= 2 * error) or \
+                gap + 2 * error < s.hidden_wait_gap:
+            return (peer if waits else None), shown
+    return None
 
 
 def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):

@@ -114,7 +114,7 @@ class JobState:
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
         # (group, rank) -> recent (t, count, sum_us) summaries, for straggler/slow rules
         self.recent: dict[tuple[str, int], collections.deque] = {}
-        # (group, rank) -> per heartbeat (samples in flight, samples) of the Flight Recorder,
+        # (group, rank) -> per heartbeat (t, samples in flight, samples) of the Flight Recorder,
         # for groups whose collectives run in C++ (how long a rank waits inside DDP's)
         self.fr_tallies: dict[tuple[str, int], collections.deque] = {}
         # (group, op) -> whole second of the agents' clocks -> every rank's summaries merged
@@ -243,7 +243,7 @@ class JobState:
                 tallies = self.fr_tallies.get(key)
                 if tallies is None:
                     tallies = self.fr_tallies[key] = collections.deque(maxlen=FR_TALLIES)
-                tallies.append((row.get("fr_busy", 0), row["fr_samples"]))
+                tallies.append((t, row.get("fr_busy", 0), row["fr_samples"]))
 
     def _on_stack(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is not None:

@@ -359,3 +359,18 @@ def test_shares_too_close_to_call_hold_the_finding_rather_than_guess():
     found = diagnose(log.state(), 106, S)
     assert [(f["group"], f["ranks"]) for f in found] == [("4", [3])]
     assert found[0]["evidence"]["cpp_groups_checked"][0]["rank"] == 3
+
+
+def test_no_sample_in_flight_yet_is_no_proof_of_not_waiting():
+    # Five seconds after DDP started, neither rank 1 nor rank 3 was ever found in flight:
+    # that cannot yet tell which of them waits for the other (a wait may have just begun),
+    # so both groups wait; once ten seconds of samples still show nothing, each tp group's
+    # own straggler is named.
+    busy = ((0, 0), (2, 0), (1, 0), (3, 0))
+    found = diagnose(demo_layout(slow_tallies=5, busy=busy).state(), 106, S)
+    assert found == []
+    log = demo_layout(slow_tallies=0)
+    for r, n in busy:
+        ddp_tallies(log, r, "1" if r % 2 == 0 else "2", n, 12, t=95.0)
+    found = diagnose(log.state(), 106, S)
+    assert sorted((f["group"], f["ranks"]) for f in found) == [("3", [1]), ("4", [3])]
