@@ -27,6 +27,8 @@ from dashboard.storage import Store
 
 log = logging.getLogger("pgdash.server")
 
+PAUSE_NOTICED_S = 1.0  # the push loop overslept by this much: the server itself was paused
+
 DEFAULTS = {
     "DB": "sqlite:///pgdash.db",
     "TOKEN": None,
@@ -106,7 +108,8 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
     def metrics():
         body = exposition(ingest.store.list_jobs(limit=10_000), ingest.live_views(),
                           dict(ingest.counters), ingest.store.commits,
-                          ingest.store.write_errors)
+                          ingest.store.write_errors, ingest.lag.current(),
+                          ingest.agent_connections)
         return body, 200, {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
 
     @app.get("/api/jobs/<int:job_id>/gpus")
@@ -283,7 +286,11 @@ class LivePush:
         # Wake often, push each changed job as soon as its own interval allows: an update
         # waits ~0.05 s for the loop instead of half an interval on average.
         tick = min(self.interval, 0.05)
+        woke = time.monotonic()
         while not self._stop.wait(tick):
+            slept = time.monotonic() - woke
+            if slept > tick + PAUSE_NOTICED_S:  # this process was not running: say so first
+                self.ingest.lag.paused(slept - tick)
             try:
                 # Diagnosis of a 1,024-rank job takes ~0.1 s of a GIL it shares with ingest:
                 # run it at most every interval and at most a quarter of the time.
@@ -309,3 +316,4 @@ class LivePush:
                             self._feeds.pop(job_id, None)
             except Exception:
                 log.exception("pgdash: live push failed; retrying next interval")
+            woke = time.monotonic()  # the loop's own work is not a pause
