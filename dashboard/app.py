@@ -27,6 +27,7 @@ from dashboard.storage import Store
 
 log = logging.getLogger("pgdash.server")
 
+DIAGNOSE_EVERY_S = 1.0  # live diagnosis of every job held in memory
 PAUSE_NOTICED_S = 1.0  # the push loop overslept by this much: the server itself was paused
 
 DEFAULTS = {
@@ -292,13 +293,14 @@ class LivePush:
             if slept > tick + PAUSE_NOTICED_S:  # this process was not running: say so first
                 self.ingest.lag.paused(slept - tick)
             try:
-                # Diagnosis of a 1,024-rank job takes ~0.1 s of a GIL it shares with ingest:
-                # run it at most every interval and at most a quarter of the time.
+                # Diagnosis of a 1,024-rank job takes ~45 ms of a GIL it shares with ingest:
+                # run it once a second (verdicts are seconds apart anyway) and at most a
+                # tenth of the time.
                 started = time.monotonic()
                 if started >= next_diagnosis:
                     self.ingest.diagnose_live()
-                    next_diagnosis = started + max(self.interval,
-                                                   3 * (time.monotonic() - started))
+                    next_diagnosis = started + max(DIAGNOSE_EVERY_S,
+                                                   10 * (time.monotonic() - started))
                 if self.ingest.jobs_dirty.is_set() and started - jobs_pushed_at >= self.interval:
                     self.ingest.jobs_dirty.clear()
                     jobs_pushed_at = started

@@ -4,13 +4,16 @@ errors for bad frames, and agents that fall back to v1 on an older server."""
 from __future__ import annotations
 
 import json
-import threading
+import os
+import subprocess
+import sys
 
 import pytest
 import websocket
 
 from agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
-from conftest import free_port, job_by_name, launch_job, wait_for, wait_job
+from conftest import (JOBS, ROOT, ServerProcess, job_by_name, launch_job, wait_for,
+                      wait_job)
 from test_server import HELLO, ev
 
 
@@ -73,8 +76,6 @@ def test_bad_frames_get_reasons_and_the_connection_carries_on(server):
 
 
 def test_a_refused_agent_is_told_why(tmp_path):
-    from conftest import ServerProcess
-
     srv = ServerProcess(f"sqlite:///{tmp_path / 'db.sqlite'}", extra=["--token", "s3cret"],
                         log_path=tmp_path / "server.log").start()
     try:
@@ -92,27 +93,27 @@ def test_a_refused_agent_is_told_why(tmp_path):
 
 def test_an_agent_falls_back_to_v1_on_a_server_without_v2(tmp_path):
     """An older server has no /agent/v2: the agent's upgrade gets a 404 and it speaks v1."""
-    from werkzeug.serving import make_server
-
-    from dashboard.app import create_app
-
-    app = create_app({"DB": f"sqlite:///{tmp_path / 'old.db'}"})
-    http = make_server("127.0.0.1", free_port(), app, threaded=True)
-    thread = threading.Thread(target=http.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{http.server_port}"
+    old = ServerProcess(f"sqlite:///{tmp_path / 'old.db'}", log_path=tmp_path / "old.log")
+    port = old.port
+    with open(tmp_path / "old.log", "ab") as log:
+        old.proc = subprocess.Popen([sys.executable, str(JOBS / "old_server.py"), str(port),
+                                     old.db_url], stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     try:
-        procs = launch_job("loop_job.py", 2, url, "old-server", tmp_path, args=["10", "0.01"])
+        wait_for(lambda: old.api("/api/jobs") is not None, 30, "the old server")
+        with pytest.raises(websocket.WebSocketBadStatusException):  # it really has no v2
+            v2_connect(old.url)
+        procs = launch_job("loop_job.py", 2, old.url, "old-server", tmp_path,
+                           args=["10", "0.01"])
         assert wait_job(procs, 120, tmp_path) == [0, 0]
-        ingest = app.extensions["pgdash"]
-        ingest.store.wait_idle()
-        job = next(j for j in ingest.store.list_jobs() if j["name"] == "old-server")
-        rows = ingest.read(job["id"], lambda s: s.collective_rows(group="0", op="all_reduce"))
+        job = wait_for(lambda: (j := job_by_name(old, "old-server")) and
+                       j["status"] == "finished" and j, 30, "the job to finish")
+        rows = old.api(f"/api/jobs/{job['id']}/collectives?group=0&op=all_reduce")
         # This server serves Socket.IO only: what arrived came over v1, after the 404.
-        assert sorted((r["rank"], r["count"]) for r in rows) == [(0, 10), (1, 10)]
+        assert sorted((r["rank"], r["count"]) for r in rows["collectives"]) == [(0, 10),
+                                                                                  (1, 10)]
     finally:
-        http.shutdown()
-        ingest.store.close()
+        old.stop()
 
 
 def test_v2_frames_round_trip_what_v1_sends():

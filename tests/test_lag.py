@@ -9,7 +9,7 @@ import time
 from dashboard.diagnosis import Settings, diagnose
 from dashboard.lag import IngestLag
 from dashboard.state import JobState
-from conftest import job_by_name, launch_job, wait_for, wait_job
+from conftest import get_body, job_by_name, launch_job, wait_for, wait_job
 
 
 class Clock:
@@ -127,10 +127,7 @@ def test_a_server_stopped_for_longer_than_lost_after_blames_no_rank(server, tmp_
 
 
 def _metric(server, name: str) -> float | None:
-    import urllib.request
-
-    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
+    for line in get_body(server.url + "/metrics", timeout=10).decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
     return None
