@@ -33,12 +33,13 @@ What the agent sends, and what it becomes here (``agent/core.py``, ``agent/colle
   stuck group.
 - ``coll_stats`` (per interval, per group and op: count, bytes, latency histogram): counters
   per group: "busy %" (time inside the group's collectives per interval, a call counted in the
-  interval it completed in, at most 100), "collectives/s" per
-  op and "latency (us)" p50/p99 per op; set back to 0 where an interval with none follows.
+  interval it completed in, at most 100), "collectives/s" per op and "latency (us)" p50/p99
+  per op; set back to 0 where an interval with none follows.
 - ``init_start``/``init_done``/``init_failed``: ``X`` "init_process_group" on the lifecycle
   thread from arrival to success or failure (to the session's last event if neither came).
-- ``error``, ``stack``, ``exit``, ``connect``/``disconnect``, GPU XIDs and a GPU falling off
-  the bus: instants (``ph: "i"``; errors and stacks on their group's thread when they name one).
+- ``error``, ``stack``, ``exit``, ``connect``/``disconnect`` (but not the one that follows an
+  exit), GPU XIDs and a GPU falling off the bus: instants (``ph: "i"``; errors and stacks on
+  their group's thread when they name one).
 - ``gpu``: counters "GPU utilisation %", "GPU memory used (MiB)", "GPU temperature (C)",
   "GPU power (W)".
 - Findings and incidents (passed in; see :func:`build_trace`): an instant at ``first_seen`` on
@@ -154,6 +155,7 @@ class _Session:
     pid: int | None = None
     host: str | None = None
     os_pid: int | None = None
+    first_t: float | None = None
     last_t: float | None = None
     init: dict[str, Any] | None = None  # init_start body and arrival time, until it ends
     open: dict[str, _Sighting] = dataclasses.field(default_factory=dict)  # group -> sighting
@@ -164,6 +166,7 @@ class _Session:
     ops: dict[str, set[str]] = dataclasses.field(default_factory=dict)  # group -> ops seen
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
     gpu_lost: bool = False
+    exited: bool = False
     pending: list[StoredEvent] = dataclasses.field(default_factory=list)
 
 
@@ -297,6 +300,7 @@ class TraceBuilder:
     def _apply(self, s: _Session, ev: StoredEvent) -> None:
         t, body = ev["t"], ev["body"]
         s.last_t = t if s.last_t is None else max(s.last_t, t)
+        s.first_t = t if s.first_t is None else min(s.first_t, t)
         handler = getattr(self, "_on_" + ev["kind"], None)
         if handler is not None:
             handler(s, body, t)
@@ -308,6 +312,7 @@ class TraceBuilder:
         self.processes[s.pid]["os_pid"] = s.os_pid
 
     def _on_connect(self, s: _Session, body: dict[str, Any], t: float) -> None:
+        s.exited = False
         if body.get("host"):
             s.host = body["host"]
             self.processes[s.pid]["host"] = self.processes[s.pid]["host"] or s.host
@@ -315,6 +320,8 @@ class TraceBuilder:
                       {"session": s.id})
 
     def _on_disconnect(self, s: _Session, body: dict[str, Any], t: float) -> None:
+        if s.exited:
+            return  # the usual end of a session after its exit: nothing to show
         self._end_session(s, "its connection closed while this was in flight")
         self._instant("instants", s.pid, self._tid(s.pid, "lifecycle"), t,
                       "agent disconnected", {"session": s.id})
@@ -343,7 +350,11 @@ class TraceBuilder:
             self._tid(s.pid, "group:" + body["name"])
 
     def _on_coll_stats(self, s: _Session, body: dict[str, Any], t: float) -> None:
-        start, end = body["start"], body["end"]
+        # The agent's first interval opens as it is made, just before its hello; nothing it
+        # recorded began before the hello (the wrappers go in after it), so the counters
+        # start there rather than before the job's first event.
+        start = max(body["start"], s.first_t) if s.first_t is not None else body["start"]
+        end = body["end"]
         seconds = max(end - start, 1e-3)
         per_group: dict[str, list[dict[str, Any]]] = {}
         for row in body["rows"]:
@@ -494,6 +505,7 @@ class TraceBuilder:
         s.gpu_lost = body["lost"]
 
     def _on_exit(self, s: _Session, body: dict[str, Any], t: float) -> None:
+        s.exited = True
         self._end_session(s, "the rank exited while this was in flight")
         clean = body["clean"]
         self._instant("instants", s.pid, self._tid(s.pid, "lifecycle"), t,
