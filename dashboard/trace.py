@@ -62,8 +62,8 @@ import json
 import math
 from typing import Any, Iterable, Iterator, Mapping
 
-from agent.wire import MAX_RANKS
-from dashboard.state import LatencyStats, StoredEvent
+from agent.wire import MAX_RANKS, hist_bucket_value
+from dashboard.state import StoredEvent
 
 DEFAULT_MAX_EVENTS = 1_000_000  # PGDASH_TRACE_MAX_EVENTS / --max-events
 TEXT_LIMIT = 4_096  # characters of an error text, stack or finding evidence kept in args
@@ -180,12 +180,15 @@ class _Thinned:
         self.stride = 1
         self.dropped = 0
 
-    def add(self, event: dict[str, Any]) -> None:
-        if self.stride and self.seen % self.stride == 0:
+    def add(self, event: dict[str, Any]) -> bool:
+        """Keep the event if its turn has come; returns whether it was kept."""
+        kept = bool(self.stride) and self.seen % self.stride == 0
+        if kept:
             self.items.append((self.seen, event))
         else:
             self.dropped += 1
         self.seen += 1
+        return kept
 
     def shed(self) -> None:
         """Keep one in twice as many as before (all gone once one is left)."""
@@ -374,11 +377,9 @@ class TraceBuilder:
                 latency[f"{op} p50"] = latency[f"{op} p99"] = 0.0
             busy = 0.0
             for r in rows:
-                stats = LatencyStats()
-                stats.add(r)
                 rates[r["op"]] = round(r["count"] / seconds, 3)
-                latency[f"{r['op']} p50"] = stats.percentile(0.5) or 0.0
-                latency[f"{r['op']} p99"] = stats.percentile(0.99) or 0.0
+                p50, p99 = _percentiles(r["hist"], r["max_us"])
+                latency[f"{r['op']} p50"], latency[f"{r['op']} p99"] = p50, p99
                 busy += r["sum_us"]
             # A call counts whole in the interval it completed in (that is all a summary
             # says), so one long wait would read as several hundred percent: capped, as the
@@ -594,8 +595,9 @@ class TraceBuilder:
         return (self.start is None or t1 >= self.start) and (self.end is None or t0 <= self.end)
 
     def _add(self, kind: str, event: dict[str, Any]) -> None:
-        self.kinds[kind].add(event)
-        self.kept = sum(len(k.items) for k in self.kinds.values())
+        if not self.kinds[kind].add(event):
+            return
+        self.kept += 1
         while self.kept > self.max_events:
             victim = next(k for k in self.kinds.values() if k.items)
             self.kept -= len(victim.items)
@@ -670,6 +672,25 @@ def _meta(pid: int, tid: int, name: str, args: dict[str, Any]) -> dict[str, Any]
 
 def _us(t: float) -> int:
     return round(t * 1e6)
+
+
+def _percentiles(hist: list[list[int]], max_us: float) -> tuple[float, float]:
+    """p50 and p99 (us) of one summary row's histogram, as ``LatencyStats.percentile`` gives
+    them (never above the row's maximum), in one pass: this runs for every row of the log."""
+    total = sum(n for _, n in hist)
+    if not total:
+        return 0.0, 0.0
+    found: list[float] = []
+    seen = 0
+    targets = [0.5 * total, 0.99 * total]
+    for bucket, n in sorted(hist):
+        seen += n
+        while targets and seen >= targets[0]:
+            targets.pop(0)
+            found.append(round(min(hist_bucket_value(bucket), max_us), 3))
+    while len(found) < 2:
+        found.append(round(max_us, 3))
+    return found[0], found[1]
 
 
 def _rank_of(ev: StoredEvent) -> int | None:

@@ -338,3 +338,25 @@ def test_bad_parameters_are_named():
         trace_query({"max_events": "11"}, 10)
     with pytest.raises(TraceError, match="max_events must be a positive integer"):
         build_trace([], max_events=0)
+
+
+def test_counter_percentiles_agree_with_the_server_s_own():
+    import random
+
+    from dashboard.state import LatencyStats
+    from dashboard.trace import _percentiles
+
+    rng = random.Random(8)
+    for _ in range(500):
+        hist = [[b, rng.randint(1, 50)] for b in sorted(rng.sample(range(320), rng.randint(1, 8)))]
+        longest = rng.uniform(1, 1e7)
+        stats = LatencyStats()
+        stats.add({"count": 0, "bytes": 0, "sum_us": 0.0, "max_us": longest, "hist": hist})
+        assert _percentiles(hist, longest) == (stats.percentile(0.5), stats.percentile(0.99))
+
+
+def test_a_bad_server_cap_stops_the_start_naming_the_variable():
+    from dashboard.app import create_app
+
+    with pytest.raises(ValueError, match="PGDASH_TRACE_MAX_EVENTS must be a positive integer"):
+        create_app({"TRACE_MAX_EVENTS": "lots"})
