@@ -79,7 +79,8 @@ def main() -> None:
     print(f"reference, JobState fold of the log: {fold_s:.2f} s")
     print(f"trace build: {build_s:.2f} s ({build_s / fold_s:.1f}x the fold); "
           f"JSON out: {write_s:.2f} s, {size / 2**20:.1f} MiB")
-    print(f"trace: {meta['events']:,} events + {meta['names']:,} names; cut: {meta['cut'] or 'none'}")
+    print(f"trace: {meta['events']:,} events + {meta['names']:,} names; "
+          f"cut: {meta['cut'] or 'none'}")
 
 
 if __name__ == "__main__":
