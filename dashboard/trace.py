@@ -27,8 +27,11 @@ What the agent sends, and what it becomes here (``agent/core.py``, ``agent/colle
   run longer than the interval; otherwise it is an estimate inside the known bounds). ``args``
   say which end was used, the sequence number, dtype and bytes. A collective that never
   completed (the rank exited, its connection dropped, or the log ends) keeps the lower bound
-  and says so. Groups whose collectives run in C++ (DDP's reducer) are seen through the Flight
-  Recorder's counters instead: "C++ collective" events, same rules, no refinement.
+  and says so in its name: "(never completed)" when the rank exited or its connection closed,
+  "(still in flight)" at the end of the log, "(end unknown)" when an ``async_op`` call was
+  overtaken by the next one before a heartbeat saw it complete. Groups whose collectives run
+  in C++ (DDP's reducer) are seen through the Flight Recorder's counters instead: "C++
+  collective" events, same rules, no refinement.
   The sequence numbers become a counter "group G seq" (entered, completed): a flat line is a
   stuck group.
 - ``coll_stats`` (per interval, per group and op: count, bytes, latency histogram): counters
@@ -230,8 +233,6 @@ class TraceBuilder:
         self.processes: dict[int, dict[str, Any]] = {}  # pid -> {"rank", "host", "sort"}
         self.threads: dict[tuple[int, str], int] = {}  # (pid, track) -> tid
         self.unranked = 0
-        self.first_t: float | None = None
-        self.last_t: float | None = None
 
     # -- input -------------------------------------------------------------------------------
 
@@ -241,9 +242,6 @@ class TraceBuilder:
         return self
 
     def add_event(self, ev: StoredEvent) -> None:
-        t = ev["t"]
-        self.first_t = t if self.first_t is None else min(self.first_t, t)
-        self.last_t = t if self.last_t is None else max(self.last_t, t)
         s = self.sessions.get(ev["session"])
         if s is None:
             s = self.sessions[ev["session"]] = _Session(ev["session"])
@@ -430,7 +428,7 @@ class TraceBuilder:
                 else:
                     end = "it left the heartbeats without completing"
                 self._close(s, seen, t if since is None else min(t, since), end,
-                            completed=done >= seen.seq)
+                            completed=done >= seen.seq, unfinished="end unknown")
             if op is not None and since is not None:
                 s.open[group] = _Sighting(group, seq, op, since, t, t,
                                           "flight_recorder" if flight else "python",
@@ -441,7 +439,7 @@ class TraceBuilder:
             self._counter("counters", s.pid, t, "agent dropped events", dict(dropped) or {"all": 0})
 
     def _close(self, s: _Session, seen: _Sighting, completed_by: float, end: str,
-               completed: bool) -> None:
+               completed: bool, unfinished: str) -> None:
         """Emit a sighting as an X event; see the module docstring for how its end is chosen."""
         del s.open[seen.group]
         finish = seen.last_seen
@@ -458,13 +456,13 @@ class TraceBuilder:
                 "dtype": seen.dtype, "bytes": seen.nbytes, "end": end,
                 "end_from": how, "seen_in_flight": [seen.first_seen, seen.last_seen],
                 "completed_by": completed_by if completed else None}
-        name = seen.op if completed else f"{seen.op} (never completed)"
+        name = seen.op if completed else f"{seen.op} ({unfinished})"
         self._complete("collectives", s.pid, self._tid(s.pid, "group:" + seen.group),
                        seen.since, finish, name, args, cat="collective")
 
-    def _end_session(self, s: _Session, end: str) -> None:
+    def _end_session(self, s: _Session, end: str, unfinished: str = "never completed") -> None:
         for seen in list(s.open.values()):
-            self._close(s, seen, seen.last_seen, end, completed=False)
+            self._close(s, seen, seen.last_seen, end, completed=False, unfinished=unfinished)
         for group, last_end in list(s.stats_end.items()):
             self._zero_counters(s, group, last_end)
         s.stats_end.clear()
@@ -528,7 +526,7 @@ class TraceBuilder:
                                {**s.init, "result": "no init_done or init_failed by the "
                                 "session's last event"}, cat="init")
                 s.init = None
-            self._end_session(s, "still in flight when the log ends")
+            self._end_session(s, "still in flight when the log ends", "still in flight")
         events = [e for kind in self.kinds.values() for _, e in kind.items]
         events.sort(key=lambda e: e["ts"])
         meta = self._names(job)
@@ -563,6 +561,8 @@ class TraceBuilder:
                 name, sort = f"rank {p['rank']}{host}", p["sort"]
             meta.append(_meta(pid, 0, "process_name", {"name": name}))
             meta.append(_meta(pid, 0, "process_sort_index", {"sort_index": sort}))
+            if p.get("os_pid"):  # to match the rank with its own logs
+                meta.append(_meta(pid, 0, "process_labels", {"labels": f"pid {p['os_pid']}"}))
         for (pid, track), tid in sorted(self.threads.items(), key=lambda kv: kv[1]):
             if track.startswith("group:"):
                 group = track[6:]
@@ -717,7 +717,11 @@ def _cut(text: str, keep_end: bool = False) -> str:
 
 
 def _evidence(evidence: Any) -> Any:
-    text = _dump(evidence)
+    try:
+        text = _dump(evidence)
+    except ValueError:  # NaN or infinity somewhere in it: JSON cannot carry them
+        return {"cut": "evidence holds a value JSON cannot carry (NaN or infinity); GET "
+                       "/api/jobs/<id>/findings has it", "start": repr(evidence)[:TEXT_LIMIT]}
     if len(text) <= TEXT_LIMIT:
         return evidence
     return {"cut": f"evidence is {len(text)} characters of JSON; GET /api/jobs/<id>/findings "

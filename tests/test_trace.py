@@ -237,6 +237,9 @@ def test_plain_events_map_to_processes_threads_and_events():
                                                        job={"name": "j"}), 7)))
     assert names(trace) == {1: "rank 0 (h0)", 2: "rank 1 (h1)",
                             JOB_PID: "job j: findings and incidents"}
+    labels = {e["pid"]: e["args"]["labels"] for e in trace["traceEvents"]
+              if e["name"] == "process_labels"}
+    assert labels == {1: "pid 10", 2: "pid 11"}
     tids = {(e["pid"], e["args"]["name"]): e["tid"] for e in trace["traceEvents"]
             if e["name"] == "thread_name"}
     assert set(tids) == {(1, "lifecycle"), (1, "group 0 · default_pg"), (2, "lifecycle"),
@@ -282,6 +285,31 @@ def test_a_wait_that_never_ends_says_so():
     assert (wait["ts"], wait["dur"]) == (104_000_000, 2_000_000)  # until last seen in flight
     assert "connection closed" in wait["args"]["end"]
     assert by_name(trace, "agent disconnected")
+
+
+def test_a_wait_open_when_the_log_ends_is_still_in_flight():
+    trace = build_trace([e for e in plain_job() if e["t"] < 106.5])
+    (wait,) = by_name(trace, "all_reduce (still in flight)")
+    assert (wait["ts"], wait["dur"]) == (104_000_000, 2_000_000)
+
+
+def test_collectives_only_the_flight_recorder_saw():
+    """DDP's all-reduce runs in C++: its progress comes in the Flight Recorder's counters."""
+    def beat(t, enqueued, completed, since):
+        return {"id": int(t), "session": "s", "seq": int(t), "t": t, "received_at": t,
+                "kind": "heartbeat", "body": {"groups": [{
+                    "group": "0", "entered": 0, "completed": 0, "fr_enqueued": enqueued,
+                    "fr_completed": completed, "fr_inflight_since": since}]}}
+
+    events = [{"id": 1, "session": "s", "seq": 1, "t": 10.0, "received_at": 10.0,
+               "kind": "connect", "body": {"rank": 0}},
+              beat(11.0, 40, 39, 10.5), beat(12.0, 40, 39, 10.5), beat(13.0, 41, 41, None)]
+    trace = build_trace(events)
+    (wait,) = by_name(trace, "C++ collective")
+    assert (wait["ts"], wait["dur"]) == (10_500_000, 1_500_000)  # until last seen in flight
+    assert wait["args"]["source"] == "flight_recorder" and wait["args"]["seq"] == 40
+    assert [e["args"] for e in by_name(trace, "group 0 seq")][-1] == \
+        {"enqueued": 41, "completed": 41}
 
 
 def test_a_rank_learnt_at_init_done_keeps_its_earlier_events():
