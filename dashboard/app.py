@@ -135,9 +135,7 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         findings = ingest.findings(job_id) if job is not None else None
         if job is None or findings is None:
             abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
-        trace = build_trace(ingest.store.job_events(job_id), findings=findings,
-                            job={"id": job_id, "name": job["name"],
-                                 **{k: job[k] for k in STORED_JOB_FIELDS}},
+        trace = build_trace(ingest.store.job_events(job_id), findings=findings, job=job,
                             start=start, end=end, max_events=max_events)
         return app.response_class(json_chunks(trace), mimetype="application/json", headers={
             "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}-trace.json"'})

@@ -204,7 +204,6 @@ def export_cmd(job_id: int, output: str, as_trace: bool, start: float | None,
 def _export_trace(job_id: int, output: str, start: float | None, end: float | None,
                   max_events: int | None, db: str) -> None:
     """``pgdash export --trace``: the stored events and findings as a trace file."""
-    from dashboard.storage import JOB_FIELDS
     from dashboard.trace import DEFAULT_MAX_EVENTS, TraceError, build_trace, json_chunks
 
     if max_events is None:
@@ -221,9 +220,7 @@ def _export_trace(job_id: int, output: str, start: float | None, end: float | No
                                        "or GET /api/jobs shows their ids")
         try:
             trace = build_trace(store.job_events(job_id), findings=store.job_findings(job_id),
-                                job={"id": job_id, "name": job["name"],
-                                     **{k: job[k] for k in JOB_FIELDS}},
-                                start=start, end=end, max_events=max_events)
+                                job=job, start=start, end=end, max_events=max_events)
         except TraceError as exc:
             raise click.UsageError(str(exc)) from None
         with click.open_file(output, "w", encoding="utf-8", atomic=output != "-") as out:
