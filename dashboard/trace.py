@@ -50,8 +50,9 @@ What the agent sends, and what it becomes here (``agent/core.py``, ``agent/colle
   no longer active gets a "last seen" instant at ``last_seen`` too.
 
 Bounds. At most ``max_events`` events besides the process and thread names, which are always
-kept. Over it, whole kinds are thinned evenly over time (one kept in 2, 4, 8, ...), cheapest
-first: counters, then collectives, then instants, findings and incidents last; the file's
+kept. Over it, whole kinds are thinned evenly over time (one kept in 2, 4, 8, ... of every
+counter and every thread), cheapest first: counters, then collectives, then instants,
+findings and incidents last; the file's
 ``metadata.cut`` says what was dropped and how many. Memory stays within the cap too:
 thinning happens while the log is read. Texts (errors, stacks, evidence) are cut to
 :data:`TEXT_LIMIT` characters, saying so; the session file (``pgdash export``) keeps them
@@ -63,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Hashable, Iterable, Iterator, Mapping
 
 from agent.wire import MAX_RANKS, hist_bucket_value
 from dashboard.state import StoredEvent
@@ -174,33 +175,40 @@ class _Session:
 
 
 class _Thinned:
-    """One kind of event, thinned evenly over time when the file would grow past its cap."""
+    """One kind of event, thinned evenly over time when the file would grow past its cap.
+
+    Thinning counts per series (one counter of one rank, one thread), so every series keeps
+    the same share spread over its time: a stride over the mixed stream would keep one counter
+    of each interval's few and drop the others whole.
+    """
 
     def __init__(self, name: str):
         self.name = name
-        self.items: list[tuple[int, dict[str, Any]]] = []
-        self.seen = 0
-        self.stride = 1
+        self.items: list[tuple[int, dict[str, Any]]] = []  # (index in its series, event)
+        self.series: dict[Hashable, int] = {}  # series -> its events seen so far
+        self.stride = 1  # keep the events whose index in their series is a multiple of it
         self.dropped = 0
 
-    def add(self, event: dict[str, Any]) -> bool:
-        """Keep the event if its turn has come; returns whether it was kept."""
-        kept = bool(self.stride) and self.seen % self.stride == 0
-        if kept:
-            self.items.append((self.seen, event))
-        else:
-            self.dropped += 1
-        self.seen += 1
-        return kept
+    def turn(self, series: Hashable) -> int | None:
+        """The next event's index in its series if it is to be kept, else None (counted)."""
+        index = self.series.get(series, 0)
+        self.series[series] = index + 1
+        if self.stride and index % self.stride == 0:
+            return index
+        self.dropped += 1
+        return None
 
     def shed(self) -> None:
-        """Keep one in twice as many as before (all gone once one is left)."""
+        """Keep one in twice as many of each series as before. When that frees nothing (each
+        series is down to its first event), keep every other event; once one is left, none."""
         if len(self.items) <= 1:
             self.stride = 0  # none of this kind fits any more
             keep: list[tuple[int, dict[str, Any]]] = []
         else:
             self.stride *= 2
-            keep = [(i, e) for i, e in self.items if i % self.stride == 0]
+            keep = [item for item in self.items if item[0] % self.stride == 0]
+            if len(keep) == len(self.items):
+                keep = self.items[::2]
         self.dropped += len(self.items) - len(keep)
         self.items = keep
 
@@ -594,9 +602,8 @@ class TraceBuilder:
     def _within(self, t0: float, t1: float) -> bool:
         return (self.start is None or t1 >= self.start) and (self.end is None or t0 <= self.end)
 
-    def _add(self, kind: str, event: dict[str, Any]) -> None:
-        if not self.kinds[kind].add(event):
-            return
+    def _keep(self, kind: _Thinned, index: int, event: dict[str, Any]) -> None:
+        kind.items.append((index, event))
         self.kept += 1
         while self.kept > self.max_events:
             victim = next(k for k in self.kinds.values() if k.items)
@@ -606,21 +613,35 @@ class TraceBuilder:
 
     def _instant(self, kind: str, pid: int, tid: int, t: float, name: str,
                  args: dict[str, Any], scope: str = "t", cat: str = "event") -> None:
-        if self._within(t, t):
-            self._add(kind, {"name": name, "cat": cat, "ph": "i", "s": scope, "pid": pid,
-                             "tid": tid, "ts": _us(t), "args": args})
+        if not self._within(t, t):
+            return
+        thinned = self.kinds[kind]
+        index = thinned.turn((pid, tid))
+        if index is not None:
+            self._keep(thinned, index, {"name": name, "cat": cat, "ph": "i", "s": scope,
+                                        "pid": pid, "tid": tid, "ts": _us(t), "args": args})
 
     def _complete(self, kind: str, pid: int, tid: int, t0: float, t1: float, name: str,
                   args: dict[str, Any], cat: str) -> None:
-        if self._within(t0, t1):
-            self._add(kind, {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid,
-                             "ts": _us(t0), "dur": round(max(0.0, t1 - t0) * 1e6, 3),
-                             "args": args})
+        if not self._within(t0, t1):
+            return
+        thinned = self.kinds[kind]
+        index = thinned.turn((pid, tid))
+        if index is not None:
+            self._keep(thinned, index, {"name": name, "cat": cat, "ph": "X", "pid": pid,
+                                        "tid": tid, "ts": _us(t0),
+                                        "dur": round(max(0.0, t1 - t0) * 1e6, 3),
+                                        "args": args})
 
     def _counter(self, kind: str, pid: int, t: float, name: str, args: dict[str, Any]) -> None:
-        if args and self._within(t, t):
-            self._add(kind, {"name": name, "cat": "counter", "ph": "C", "pid": pid,
-                             "tid": self._tid(pid, "lifecycle"), "ts": _us(t), "args": args})
+        if not args or not self._within(t, t):
+            return
+        thinned = self.kinds[kind]
+        index = thinned.turn(("C", pid, name))
+        if index is not None:
+            self._keep(thinned, index, {"name": name, "cat": "counter", "ph": "C", "pid": pid,
+                                        "tid": self._tid(pid, "lifecycle"), "ts": _us(t),
+                                        "args": args})
 
 
 def build_trace(events: Iterable[StoredEvent], *, findings: Iterable[dict[str, Any]] = (),

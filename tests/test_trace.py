@@ -360,6 +360,38 @@ def test_the_cap_on_plain_events_keeps_an_even_share():
     assert {e["cat"] for e in timeline(trace)} == {"finding"}
 
 
+def test_the_cap_thins_every_counter_evenly():
+    """Four counters a rank and second: each keeps its share, evenly spaced in time."""
+    events = []
+    for r in (0, 1):
+        events.append({"id": len(events) + 1, "session": f"s{r}", "seq": None, "t": 0.0,
+                       "received_at": 0.0, "kind": "connect", "body": {"rank": r}})
+    for sec in range(1, 101):
+        for r in (0, 1):
+            for kind, body in (
+                    ("coll_stats", {"start": sec - 1.0, "end": float(sec), "rows": [
+                        {"group": "0", "op": "all_reduce", "count": 5, "bytes": 20,
+                         "sum_us": 500.0, "max_us": 200.0, "hist": [[60, 5]]}]}),
+                    ("heartbeat", {"groups": [{"group": "0", "entered": 5 * sec,
+                                               "completed": 5 * sec}]})):
+                events.append({"id": len(events) + 1, "session": f"s{r}", "seq": None,
+                               "t": float(sec), "received_at": float(sec), "kind": kind,
+                               "body": body})
+    whole = timeline(build_trace(events))
+    # connects, 4 counters per rank and second, and 3 set back to 0 as each log ends
+    assert len(whole) == 2 + 2 * 100 * 4 + 2 * 3
+    trace = build_trace(events, max_events=300)
+    assert trace["metadata"]["cut"]["counters"]["kept_one_in"] == 4
+    series: dict = {}
+    for e in timeline(trace):
+        if e["ph"] == "C":
+            series.setdefault((e["pid"], e["name"]), []).append(e["ts"] / 1e6)
+    assert len(series) == 2 * 4, "every counter of every rank keeps its share"
+    for times in series.values():
+        gaps = {round(b - a, 6) for a, b in zip(times, times[1:])}
+        assert gaps == {4.0} and len(times) >= 25, times  # (+ the final 0 of a summary)
+
+
 def test_bad_parameters_are_named():
     assert trace_query({}, 10) == (None, None, 10)
     assert trace_query({"start": "1.5", "end": "2", "max_events": "3"}, 10) == (1.5, 2.0, 3)
