@@ -372,8 +372,10 @@ class TraceBuilder:
         for group, rows in per_group.items():
             label = self._group_label(group)
             last_end = s.stats_end.get(group)
-            if last_end is not None and start > last_end + 1e-6:
-                self._zero_counters(s, group, last_end)  # nothing ran in between
+            # Back-to-back intervals share their boundary exactly; a gap is at least one of
+            # the agent's ticks, and nothing ran in it.
+            if last_end is not None and start > last_end + 1e-3:
+                self._zero_counters(s, group, last_end)
             s.stats_end[group] = end
             ops = s.ops.setdefault(group, set())
             ops.update(r["op"] for r in rows)
