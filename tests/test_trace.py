@@ -63,7 +63,7 @@ def test_a_real_job_becomes_a_trace_with_a_process_per_rank(late_job):
     assert status == 200 and trace["displayTimeUnit"] == "ms"
     events = trace["traceEvents"]
     for e in events:
-        assert {"ph", "pid", "ts"} <= set(e), e
+        assert {"ph", "pid", "tid", "ts"} <= set(e), e
         if e["ph"] == "X":
             assert e["dur"] >= 0, e
     procs = names(trace)
