@@ -24,6 +24,8 @@ from dashboard.metrics import exposition
 from dashboard.resources import resource_dir
 from dashboard.storage import JOB_FIELDS as STORED_JOB_FIELDS
 from dashboard.storage import Store
+from dashboard.trace import DEFAULT_MAX_EVENTS as DEFAULT_TRACE_MAX_EVENTS
+from dashboard.trace import TraceError, build_trace, json_chunks, trace_query
 
 log = logging.getLogger("pgdash.server")
 
@@ -36,6 +38,7 @@ DEFAULTS = {
     "HANG_AFTER": 60.0,
     "PUSH_INTERVAL": 0.5,  # seconds between live updates of one job (throttle)
     "MAX_MESSAGE_BYTES": 4_000_000,
+    "TRACE_MAX_EVENTS": DEFAULT_TRACE_MAX_EVENTS,  # GET /api/jobs/<id>/trace: the most events
 }
 
 
@@ -48,6 +51,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     if test_config:
         app.config.update(test_config)
     app.json.sort_keys = False
+    _trace_cap(app)  # a bad PGDASH_TRACE_MAX_EVENTS stops the start, named
 
     store = Store(app.config["DB"]).start()
     ingest = Ingest(store, token=app.config["TOKEN"],
@@ -125,6 +129,21 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         return app.response_class(lines, mimetype="application/x-ndjson", headers={
             "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}.jsonl"'})
 
+    @app.get("/api/jobs/<int:job_id>/trace")
+    def api_trace(job_id: int):
+        try:
+            start, end, max_events = trace_query(request.args, _trace_cap(app))
+        except TraceError as exc:
+            return jsonify(error=str(exc)), 400
+        job = ingest.store.get_job(job_id)
+        findings = ingest.findings(job_id) if job is not None else None
+        if job is None or findings is None:
+            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
+        trace = build_trace(ingest.store.job_events(job_id), findings=findings, job=job,
+                            start=start, end=end, max_events=max_events)
+        return app.response_class(json_chunks(trace), mimetype="application/json", headers={
+            "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}-trace.json"'})
+
     @app.get("/api/jobs/<int:job_id>/state")
     def api_state(job_id: int):
         raw = request.args.get("at")
@@ -146,6 +165,13 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         if found is None:
             abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
         return {"findings": found}
+
+
+def _trace_cap(app: Flask) -> int:
+    raw = app.config["TRACE_MAX_EVENTS"]
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ValueError(f"PGDASH_TRACE_MAX_EVENTS must be a positive integer, got {raw!r:.40}")
+    return raw
 
 
 def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
