@@ -56,6 +56,7 @@ class Auth(TypedDict, total=False):
     rank: int | None
     host: str
     pid: int
+    attempt: int  # optional: which restart of the job this process is (0 = first launch)
 
 
 class Event(TypedDict):
@@ -249,6 +250,8 @@ EVENT_KINDS: dict[str, dict] = {
         "gpu_uuid": (_opt(_str), False),
         "versions": (_str_map(64), False),
         "env": (_str_map(), False),
+        # Optional (older agents omit it): 0 for the first launch, n after n restarts.
+        "attempt": (_opt(_count), False),
     },
     "init_start": {
         "init_method": (_opt(_text), False),
@@ -335,6 +338,7 @@ def validate_auth(auth: Any) -> Auth:
             "rank": (_opt(_rank), False),
             "host": (_str, False),
             "pid": (_count, False),
+            "attempt": (_opt(_count), False),  # optional; absent from older agents
         },
         "auth",
     )

@@ -210,7 +210,8 @@ class Ingest:
         session = auth["session"]
         job_id = self.store.submit(lambda conn: self._assign(conn, auth))
         self._record_server_event(session, job_id, "connect",
-                                  {"rank": auth.get("rank"), "host": auth.get("host")})
+                                  {"rank": auth.get("rank"), "host": auth.get("host"),
+                                   "attempt": auth.get("attempt")})
         return session, job_id
 
     def disconnect(self, session: str) -> None:
@@ -229,7 +230,8 @@ class Ingest:
             now = self.clock()
             latest = self.store.latest_job(conn, auth["job"])
             state = self.state(latest["id"]) if latest else None
-            if state is not None and _joins(state, auth.get("rank"), session):
+            if state is not None and _joins(state, auth.get("rank"), session,
+                                            auth.get("attempt") or 0):
                 known = latest["id"]
             else:  # first launch under this name, or a new launch reusing it
                 known = self.store.create_job(conn, auth["job"], now)
@@ -306,13 +308,17 @@ def _gist(finding: Finding) -> tuple:
     return (finding["active"], finding["severity"], finding["summary"], finding["ranks"])
 
 
-def _joins(state: JobState, rank: int | None, session: str) -> bool:
+def _joins(state: JobState, rank: int | None, session: str, attempt: int = 0) -> bool:
     """Whether a new agent session with this rank belongs to the job's current launch.
 
-    A rank number already held by another session means a new launch reusing the name. A
-    known rank joins even an ended job: a rank whose agent connects late (a fast job, a slow
-    link) must not split the launch in two. An unknown rank joins only a job still going.
+    A later attempt (torchrun restarted the job after a failure) is the same job, even ended.
+    An earlier attempt than the job's, or a rank number already held by another session of
+    the same attempt, means a new launch reusing the name. A known rank joins even an ended
+    job: a rank whose agent connects late (a fast job, a slow link) must not split the launch
+    in two. An unknown rank joins only a job still going.
     """
-    if state.claims(rank, session):
+    if attempt != state.attempt:
+        return attempt > state.attempt
+    if state.claims(rank, session, attempt):
         return False
     return rank is not None or state.status not in ("finished", "failed")
