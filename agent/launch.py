@@ -88,19 +88,28 @@ def start_agent(environ: Any = None) -> None:
     if identity.launch_rank(environ)[0] is not None:
         from agent import attach
 
-        attach()
-    else:
+        attach()  # never raises
+        return
+    try:
         defer(spawn=True)
+    except Exception as exc:  # the program must run whatever happens to the agent
+        from agent import log
+
+        log.warning("pgdash: agent not started (the program runs without it): %s", exc)
 
 
 def defer(spawn: bool) -> bool:
     """Attach when this process calls ``init_process_group``; with ``spawn``, make every
     process that torch.multiprocessing starts do the same. Returns False without torch."""
     try:
+        import importlib
+
         import torch.distributed as dist
         import torch.multiprocessing as tmp
         from torch.distributed import distributed_c10d as c10d
-        from torch.multiprocessing import spawn as tmp_spawn
+
+        # (the package's ``spawn`` attribute is the function, not this module)
+        tmp_spawn = importlib.import_module("torch.multiprocessing.spawn")
     except Exception:
         return False  # nothing distributed can happen here: the program runs alone
     if _originals:
@@ -188,7 +197,8 @@ def _guarded(run: Callable[[], Any]) -> int:
         # The traceback starts where the program's own code does, as under plain python.
         while tb is not None and _is_launcher_frame(tb.tb_frame):
             tb = tb.tb_next
-        sys.excepthook(typ, exc, tb)  # the agent's hook reports it, then prints it
+        # (python prints the exception's own traceback, so that is the one to shorten)
+        sys.excepthook(typ, exc.with_traceback(tb), tb)  # the agent's hook reports it, then prints it
         return 1
     return 0
 

@@ -158,6 +158,8 @@ class JobState:
                                                             first_seen=t)
         if ev["kind"] not in ("disconnect",):
             rank.last_seen = max(rank.last_seen, t)
+        if rank.first_seen is None or t < rank.first_seen:
+            rank.first_seen = t
         handler = getattr(self, "_on_" + ev["kind"], None)
         if handler is not None:
             handler(rank, ev["body"], t)
