@@ -63,6 +63,10 @@ def sections(state: JobState, cache: "ViewCache | None" = None) -> dict[str, Any
         "rendezvous": part("rendezvous", state.rendezvous_rows),
         "errors": state.error_rows(),
         "gpus": part("gpus", state.gpu_rows),
+        # Attempts of a restarted job (torchrun --max-restarts), each rank as (rank, status).
+        "attempts": part("attempts", lambda: [
+            dict(a, ranks=[{"rank": r["rank"], "status": r["status"]} for r in a["ranks"]])
+            for a in state.attempt_rows()]),
     }
 
 
