@@ -60,7 +60,7 @@ def test_job_page_lists_the_attempts_of_a_restarted_job(server, watched):  # noq
         expect(items.nth(1)).to_contain_text("attempt 1")
         expect(items.nth(1)).to_contain_text("2 ranks")
         expect(items.nth(1)).not_to_contain_text("failed or lost")
-        finding = page.locator("[data-kind=rank_failed]")
+        finding = page.locator("[data-finding=\"rank_failed:-:r1\"]")
         expect(finding).to_contain_text("attempt 0")
         expect(finding).to_contain_text("resolved")
         # the attempt's error text is data: shown as typed, never parsed as HTML
