@@ -438,7 +438,11 @@ class Agent:
     def _at_exit(self) -> None:
         if os.getpid() != self.pid:  # a forked child (e.g. a DataLoader worker)
             return
-        self.detach(reason="uncaught exception" if self._failed else "exit")
+        reason = "exit"
+        if self._failed:
+            reason = ("uncaught exception" if self._exitcode is None
+                      else f"exit status {self._exitcode}")
+        self.detach(reason=reason)
 
 
 def _merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -154,8 +154,7 @@ class JobState:
             self.started_at = t
         self.last_event_at = t if self.last_event_at is None else max(self.last_event_at, t)
         if rank is None:
-            rank = self.sessions[ev["session"]] = RankState(rank=None, session=ev["session"],
-                                                            first_seen=t)
+            rank = self.sessions[ev["session"]] = RankState(rank=None, session=ev["session"])
         if ev["kind"] not in ("disconnect",):
             rank.last_seen = max(rank.last_seen, t)
         if rank.first_seen is None or t < rank.first_seen:
