@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from conftest import ROOT, free_port, job_by_name, wait_for
@@ -225,3 +226,35 @@ def test_program_argv_exit_codes_and_tracebacks(server, tmp_path):
     missing = run([sys.executable, "-m", "agent", str(tmp_path / "nope.py")], env, tmp_path,
                   "missing.log")
     assert missing.returncode == 2 and "can't open file" in missing.stderr
+
+
+def test_slurm_tasks_form_one_job_named_after_the_step(server, tmp_path):
+    """Two tasks as `srun` starts them (SLURM's variables, no RANK): one job,
+    slurm-<job id>.<step id>, each rank known from SLURM_PROCID before init_process_group."""
+    port = str(free_port())
+    procs = []
+    for task in (0, 1):
+        env = _env(server.url, SLURM_JOB_ID="4242", SLURM_STEP_ID="0",
+                   SLURM_PROCID=str(task), SLURM_LOCALID=str(task), SLURM_NTASKS="2",
+                   SLURM_NODEID="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        with open(tmp_path / f"task{task}.log", "wb") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "agent", str(TUTORIAL / "slurm_job.py")], env=env,
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
+    try:
+        assert [p.wait(timeout=DEADLINE) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    job = finished_job(server, "slurm-4242.0", 2)
+    assert job["status"] == "finished"
+    assert [(r["rank"], r["local_rank"]) for r in job["ranks"]] == [(0, 0), (1, 1)]
+    # the agents knew their ranks when they connected: from SLURM, before init
+    with urllib.request.urlopen(f"{server.url}/api/jobs/{job['id']}/export") as resp:
+        lines = [json.loads(line) for line in resp.read().decode().splitlines()]
+    connects = [line["event"]["body"] for line in lines
+                if "event" in line and line["event"]["kind"] == "connect"]
+    assert sorted(c["rank"] for c in connects) == [0, 1]
+    assert counts(server, job["id"]) == {("0", "all_reduce", 0): 3, ("0", "all_reduce", 1): 3}
