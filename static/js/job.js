@@ -318,15 +318,17 @@
         "ol",
         { class: "attempt-list" },
         list.map((a) => {
-          const ranks = Array.isArray(a.ranks) ? a.ranks : [];
-          const bad = ranks.filter((r) => r.status === "failed" || r.status === "lost").map((r) => r.rank);
+          // the live feed sends a count and the failed ranks; /api/jobs/<id> every rank row
+          const rows = Array.isArray(a.ranks) ? a.ranks : [];
+          const count = PG.isNum(a.ranks) ? a.ranks : rows.length;
+          const bad = Array.isArray(a.failed) ? a.failed : rows.filter((r) => r.status === "failed" || r.status === "lost").map((r) => r.rank);
           const span = PG.isNum(a.started_at) && PG.isNum(a.ended_at) ? PG.fmtDuration(a.ended_at - a.started_at) : null;
           return el(
             "li",
             { class: "attempt", dataset: { attempt: String(a.attempt) } },
             el("span", { class: "strong", text: "attempt " + a.attempt }),
             PG.badge(a.status),
-            el("span", { class: "muted", text: ranks.length + (ranks.length === 1 ? " rank" : " ranks") }),
+            el("span", { class: "muted", text: count + (count === 1 ? " rank" : " ranks") }),
             bad.length ? el("span", { class: "blamed", text: "failed or lost: " + (bad.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(bad) }) : null,
             el("span", { class: "muted" }, "started ", PG.timeCell(a.started_at)),
             span ? el("span", { class: "muted", text: "ran " + span }) : null
