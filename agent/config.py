@@ -28,6 +28,9 @@ class AgentConfig:
     async_poll_s: float = 0.002  # PGDASH_ASYNC_POLL_S: completion check for async_op works
     stack_after_s: float = 2.0  # PGDASH_STACK_AFTER_S: capture the stack of a collective this old
     gpu: bool = True  # PGDASH_GPU: 0 turns GPU sampling (NVML) off
+    # PGDASH_CA_FILE: PEM file of the CA that signed an https server's certificate (a
+    # self-signed one); unset, the system's CAs are trusted. The certificate is always checked.
+    ca_file: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":
@@ -53,6 +56,13 @@ class AgentConfig:
                 field = next(f for f in dataclasses.fields(cls) if f.name == name)
                 values[name] = _parse(field, value, f"attach({name}=...)")
         config = cls(**values)
+        if config.ca_file is not None:
+            try:
+                with open(config.ca_file, "rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"PGDASH_CA_FILE {config.ca_file} cannot be read: "
+                                 f"{exc.strerror or exc}") from None
         for field in dataclasses.fields(cls):
             value = getattr(config, field.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:

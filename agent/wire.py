@@ -76,6 +76,7 @@ class Ack(TypedDict, total=False):
     rejected: list[dict[str, Any]]  # [{"seq", "error"}] for events that failed validation
     error: str  # when ok is false: the whole batch was refused
     retry: bool  # when ok is false: whether sending the same batch again can succeed
+    retry_after: float  # with retry: seconds to wait first (the connection is rate-limited)
 
 
 def event(seq: int, t: float, kind: str, body: dict[str, Any]) -> Event:

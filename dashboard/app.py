@@ -6,16 +6,18 @@ or read a :class:`dashboard.state.JobState` view.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from flask import Flask, abort, current_app, jsonify, render_template, request
 from flask_socketio import SocketIO, join_room, leave_room, rooms
 
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
+from dashboard import access, limits
 from dashboard.archive import export_lines
 from dashboard.diagnosis import Settings
 from dashboard.ingest import Ingest, Refused
@@ -33,6 +35,7 @@ DEFAULTS = {
     "HANG_AFTER": 60.0,
     "PUSH_INTERVAL": 0.5,  # seconds between live updates of one job (throttle)
     "MAX_MESSAGE_BYTES": 4_000_000,
+    **limits.DEFAULTS,  # per-connection rate limits on agents
 }
 
 
@@ -53,9 +56,10 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
                         max_http_buffer_size=app.config["MAX_MESSAGE_BYTES"],
                         cors_allowed_origins=[], logger=False, engineio_logger=False)
     app.extensions["pgdash"] = ingest
+    access.register(app, socketio, app.config["TOKEN"])
     _register_pages(app)
     _register_api(app, ingest)
-    _register_agent_namespace(socketio, ingest)
+    _register_agent_namespace(socketio, ingest, _rate_limits(app.config))
     _register_ui_namespace(socketio, ingest)
     app.extensions["pgdash_pusher"] = LivePush(socketio, ingest, app.config["PUSH_INTERVAL"])
     return app
@@ -144,13 +148,28 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         return {"findings": found}
 
 
-def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
+def _rate_limits(config) -> Callable[[], limits.ConnectionLimits]:
+    """A factory of one connection's limits, from the PGDASH_MAX_*_PER_S settings."""
+    values = {}
+    for name in limits.DEFAULTS:
+        problem = limits.settings_error(name, config[name])
+        if problem:
+            raise ValueError(problem)
+        values[name] = float(config[name])
+    return lambda: limits.ConnectionLimits(values[limits.EVENTS_PER_S],
+                                           values[limits.BYTES_PER_S], values[limits.BURST_S])
+
+
+def _register_agent_namespace(socketio: SocketIO, ingest: Ingest,
+                              new_limits: Callable[[], limits.ConnectionLimits]) -> None:
     sessions: dict[str, tuple[str, int]] = {}  # sid -> (session, job id)
+    rates: dict[str, limits.ConnectionLimits] = {}  # sid -> its rate limits
 
     @socketio.on("connect", namespace=AGENT_NAMESPACE)
     def agent_connect(auth=None):
         try:
             sessions[request.sid] = ingest.connect(auth)
+            rates[request.sid] = new_limits()
         except Refused as exc:
             log.warning("%s", exc)
             from flask_socketio import ConnectionRefusedError
@@ -162,13 +181,35 @@ def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
         known = sessions.get(request.sid)
         if known is None:
             return {"ok": False, "error": "not connected: reconnect", "retry": True}
+        refusal = _over_rate(rates.get(request.sid), payload)
+        if refusal is not None:
+            ingest.counters["rate_limited_batches"] += 1
+            ingest.hold(known[0], payload)
+            return {"ok": False, "error": refusal.reason, "retry": True,
+                    "retry_after": refusal.retry_after}
         return ingest.batch(known[0], known[1], payload)
 
     @socketio.on("disconnect", namespace=AGENT_NAMESPACE)
     def agent_disconnect(*_args):
+        rates.pop(request.sid, None)
         known = sessions.pop(request.sid, None)
         if known is not None:
             ingest.disconnect(known[0])
+
+
+def _over_rate(rate: limits.ConnectionLimits | None, payload: Any) -> limits.Refusal | None:
+    """Charge a batch to its connection's limits (before validation: garbage costs too)."""
+    if rate is None:
+        return None
+    events = payload.get("events") if isinstance(payload, dict) else None
+    count = len(events) if isinstance(events, list) else 1
+    size = 0
+    if rate.counts_bytes:
+        try:
+            size = len(json.dumps(payload, separators=(",", ":"), default=str))
+        except (TypeError, ValueError):
+            size = 0  # unserialisable: validation refuses it anyway
+    return rate.admit(count, size)
 
 
 JOB_FIELDS = ("id", "name", *STORED_JOB_FIELDS)  # what GET /api/jobs lists per job

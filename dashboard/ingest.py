@@ -8,6 +8,7 @@ JobState happen in one serial order: the order of the log.
 from __future__ import annotations
 
 import collections
+import hmac
 import threading
 import time
 from typing import Any, Callable
@@ -53,6 +54,7 @@ class Ingest:
         self.jobs_dirty = threading.Event()
         self.counters: collections.Counter[str] = collections.Counter()
         self.rewind = Rewind(store)
+        self._holds: dict[str, tuple[int, float]] = {}  # session -> (first seq, until)
 
     def start(self) -> "Ingest":
         self._max_seq = self.store.max_seqs()
@@ -203,7 +205,9 @@ class Ingest:
         except WireError as exc:
             self.counters["refused_connections"] += 1
             raise Refused(f"pgdash refused the agent: {exc}") from None
-        if self.token and auth.get("token") != self.token:
+        offered = auth.get("token") or ""
+        if self.token and not hmac.compare_digest(  # constant time: no timing oracle
+                self.token.encode("utf-8"), offered.encode("utf-8", "surrogatepass")):
             self.counters["refused_connections"] += 1
             raise Refused("pgdash refused the agent: wrong or missing token; set PGDASH_TOKEN "
                           "on the training hosts to the server's --token")
@@ -245,6 +249,9 @@ class Ingest:
 
     def batch(self, session: str, job_id: int, payload: Any) -> Ack:
         """Validate and store one batch; returns the acknowledgement for the agent."""
+        held = self._held_back(session, payload)
+        if held is not None:
+            return held
         try:
             good, rejected = validate_batch(payload)
         except WireError as exc:
@@ -257,9 +264,38 @@ class Ingest:
             stored = self.store.submit(lambda conn: self._store(conn, session, job_id, good))
         except Exception as exc:
             self.counters["failed_writes"] += 1
+            self.hold(session, payload)
             return {"ok": False, "error": f"server could not store the batch: {exc}",
-                    "retry": True}
+                    "retry": True, "retry_after": 1.0}
+        self._holds.pop(session, None)
         return {"ok": True, "stored": stored, "rejected": rejected}
+
+    # A batch refused with retry=True (rate limit, failed write) leaves a gap in the session's
+    # sequence. Storing a later batch first would raise the session's highest stored seq past
+    # the gap, and the resent batch would then be dropped as a duplicate: lost although the
+    # agent resent it. So later batches are refused too until the gap is resent, for at most
+    # HOLD_S seconds (an agent that had to drop the gap's events must not be blocked forever).
+    HOLD_S = 30.0
+
+    def hold(self, session: str, payload: Any) -> None:
+        """Refuse (retry) batches of ``session`` that start past this refused one's first seq."""
+        first = _first_seq(payload)
+        if first is not None:
+            held = self._holds.get(session)
+            if held is None or first < held[0]:
+                self._holds[session] = (first, time.monotonic() + self.HOLD_S)
+
+    def _held_back(self, session: str, payload: Any) -> Ack | None:
+        held = self._holds.get(session)
+        if held is None:
+            return None
+        first = _first_seq(payload)
+        if first is None or first <= held[0] or time.monotonic() > held[1]:
+            return None
+        self.counters["held_batches"] += 1
+        return {"ok": False, "retry": True, "retry_after": 0.1,
+                "error": f"an earlier batch (from seq {held[0]}) was not stored yet; "
+                         "send it again first"}
 
     def _record_server_event(self, session: str, job_id: int, kind: str,
                              body: dict[str, Any]) -> None:
@@ -299,6 +335,15 @@ class Ingest:
         self.counters["stored_events"] += len(fresh)
         self.dirty.add(job_id)
         return len(fresh)
+
+
+def _first_seq(payload: Any) -> int | None:
+    """The lowest seq in a batch, if it has a readable one (the batch is not validated yet)."""
+    try:
+        seqs = [ev["seq"] for ev in payload["events"]]
+        return min(s for s in seqs if isinstance(s, int) and not isinstance(s, bool))
+    except (TypeError, KeyError, ValueError):
+        return None
 
 
 def _gist(finding: Finding) -> tuple:

@@ -25,8 +25,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get_json(url: str, timeout: float = 5.0):
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
+def get_json(url: str, timeout: float = 5.0, token: str | None = None, context=None):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout,
+                                context=context) as resp:
         return json.loads(resp.read())
 
 
@@ -53,7 +55,16 @@ class ServerProcess:
         self.db_url = db_url
         self.port = port or free_port()
         self.extra = extra or []
-        self.url = f"http://127.0.0.1:{self.port}"
+        # A server started with --token / --tls-cert is asked with that token, over https
+        # trusting that certificate.
+        flag = dict(zip(self.extra, self.extra[1:]))
+        self.token = flag.get("--token")
+        self.ssl_context = None
+        if "--tls-cert" in flag:
+            import ssl
+
+            self.ssl_context = ssl.create_default_context(cafile=flag["--tls-cert"])
+        self.url = f"{'https' if self.ssl_context else 'http'}://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
 
@@ -63,7 +74,7 @@ class ServerProcess:
                 [sys.executable, "-m", "dashboard", "serve", "--port", str(self.port),
                  "--db", self.db_url, *self.extra],
                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        wait_for(lambda: self.proc.poll() is None and get_json(self.url + "/api/jobs") is not None,
+        wait_for(lambda: self.proc.poll() is None and self.api("/api/jobs") is not None,
                  30, f"pgdash server on {self.url}")
         return self
 
@@ -81,7 +92,7 @@ class ServerProcess:
                 self.kill()
 
     def api(self, path: str):
-        return get_json(self.url + path)
+        return get_json(self.url + path, token=self.token, context=self.ssl_context)
 
 
 @pytest.fixture
