@@ -27,6 +27,8 @@ MAX_NAME = 256
 MAX_RANKS = 1_048_576
 MAX_LIST = 10_000
 MAX_ENV = 512
+MAX_DEPTH = 16  # nesting of a field the server does not know (a newer agent's), as stored
+MAX_TIME = 1e11  # event times are Unix seconds: anything past the year 5138 is garbage
 
 # Latency histograms: bucket i holds latencies in [2**(i/8), 2**((i+1)/8)) microseconds,
 # about 9% wide, so merged percentiles stay within ~9% of the truth at any scale.
@@ -112,6 +114,13 @@ def _str(value: Any, name: str, limit: int = MAX_NAME) -> str:
     return value
 
 
+def _time(value: Any, name: str) -> float:
+    value = _num(value, name)
+    if not 0 <= value < MAX_TIME:
+        raise WireError(f"{name} must be a time in Unix seconds, got {value!r:.40}")
+    return value
+
+
 def _opt(check):
     def checker(value, name):
         return None if value is None else check(value, name)
@@ -188,6 +197,32 @@ def _check_fields(body: Any, spec: dict, where: str) -> None:
                 raise WireError(f"{where}.{field} is missing")
             continue
         check(body[field], f"{where}.{field}")
+    for field in body.keys() - spec.keys():  # a newer agent's: stored as is, if plain JSON
+        _plain(body[field], f"{where}.{field}")
+
+
+def _plain(value: Any, name: str, depth: int = 0) -> None:
+    """A value the server stores without knowing it: JSON that exports and re-imports as it
+    is (finite numbers, bounded strings, lists and nesting)."""
+    if depth > MAX_DEPTH:
+        raise WireError(f"{name} is nested more than {MAX_DEPTH} deep")
+    if isinstance(value, str):
+        _str(value, name, MAX_TEXT)
+    elif isinstance(value, float):
+        _num(value, name)
+    elif isinstance(value, dict):
+        if len(value) > MAX_LIST:
+            raise WireError(f"{name} has {len(value)} entries; the limit is {MAX_LIST}")
+        for k, v in value.items():
+            _str(k, f"{name} key")
+            _plain(v, f"{name}.{k}", depth + 1)
+    elif isinstance(value, list):
+        if len(value) > MAX_LIST:
+            raise WireError(f"{name} has {len(value)} items; the limit is {MAX_LIST}")
+        for i, v in enumerate(value):
+            _plain(v, f"{name}[{i}]", depth + 1)
+    elif value is not None and not isinstance(value, (bool, int)):
+        raise WireError(f"{name} must be JSON, got {type(value).__name__}")
 
 
 def _count_map(value, name):
@@ -353,7 +388,7 @@ def validate_event(ev: Any, where: str = "event") -> Event:
     """Check one event; raise WireError naming the bad field."""
     _check_fields(
         ev,
-        {"seq": (lambda v, n: _int(v, n, 1), True), "t": (_num, True),
+        {"seq": (lambda v, n: _int(v, n, 1), True), "t": (_time, True),
          "kind": (_str, True), "body": (lambda v, n: v, True)},
         where,
     )

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from flask import Flask, abort, current_app, jsonify, render_template, request
 from flask_socketio import SocketIO, join_room, leave_room, rooms
+from werkzeug.exceptions import HTTPException
 
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
 from dashboard import access, limits
@@ -88,6 +89,32 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         if request.path.startswith("/api/"):
             return jsonify(error=getattr(exc, "description", "not found")), 404
         return exc
+
+    @app.errorhandler(HTTPException)
+    def api_http_error(exc):  # 400, 405, ...: the API answers JSON whatever went wrong
+        if request.path.startswith("/api/"):
+            return jsonify(error=f"{exc.name}: {exc.description}"), exc.code
+        return exc
+
+    @app.errorhandler(Exception)
+    def api_crash(exc):
+        # A bug must not take a request down with an HTML page or a leaked traceback; the
+        # log keeps the traceback for whoever fixes it.
+        if isinstance(exc, HTTPException):
+            return exc
+        log.exception("pgdash: %s %s failed", request.method, request.path)
+        if request.path.startswith("/api/") or request.path == "/metrics":
+            return jsonify(error=f"the server failed on this request ({type(exc).__name__}); "
+                                 "its log has the details"), 500
+        return "pgdash: the server failed on this request; its log has the details", 500
+
+    @app.before_request
+    def job_id_in_range():
+        # /api/jobs/<int:job_id> accepts any digits; an id past what the database can hold
+        # is simply not a job (SQLite would raise OverflowError).
+        job_id = (request.view_args or {}).get("job_id")
+        if isinstance(job_id, int) and job_id > MAX_JOB_ID:
+            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
 
     @app.get("/api/jobs")
     def api_jobs():
@@ -212,6 +239,7 @@ def _over_rate(rate: limits.ConnectionLimits | None, payload: Any) -> limits.Ref
     return rate.admit(count, size)
 
 
+MAX_JOB_ID = 2**63 - 1  # the largest integer the database stores
 JOB_FIELDS = ("id", "name", *STORED_JOB_FIELDS)  # what GET /api/jobs lists per job
 
 

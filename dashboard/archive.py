@@ -78,6 +78,8 @@ class Archive:
                 obj = json.loads(text)
             except ValueError as exc:
                 raise ArchiveError(f"{where}: not JSON ({exc})") from None
+            except RecursionError:
+                raise ArchiveError(f"{where}: JSON nested too deeply") from None
             if not isinstance(obj, dict):
                 raise ArchiveError(f"{where}: expected a JSON object")
             if job is None:
@@ -133,7 +135,7 @@ def _session(session: Any, where: str) -> dict[str, Any]:
 def _event(ev: Any, sessions: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(ev, dict):
         raise ArchiveError(f"{where}: event must be an object")
-    if ev.get("session") not in sessions:
+    if not isinstance(ev.get("session"), str) or ev["session"] not in sessions:
         raise ArchiveError(f"{where}: event.session {ev.get('session')!r:.70} is not a "
                            "session listed before it")
     if not _finite(ev.get("received_at")):

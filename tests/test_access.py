@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import ssl
 import subprocess
 import sys
@@ -231,3 +232,54 @@ def test_tls_serves_https_and_agents_verify_the_certificate(tmp_path):
         assert "certificate is not trusted" in text and "PGDASH_CA_FILE" in text
     finally:
         srv.stop()
+
+
+def test_browser_logs_in_and_the_page_goes_live(locked, tmp_path):
+    """Headless Chromium: the page sends you to the login form, the token lets you in, the
+    live feed (/ui, authorised by the cookie) connects, and logout locks the page again."""
+    from test_browser import CHROMIUM_ARGS, chromium_path, sync_playwright
+
+    if sync_playwright is None or chromium_path() is None:
+        pytest.skip("needs the playwright package and the system chromium (see "
+                    "tests/test_browser.py)")
+    from playwright.sync_api import expect
+
+    agent = socketio.Client(reconnection=False)
+    agent.connect(locked.url, namespaces=["/agent"], transports=["websocket"],
+                  auth={"v": PROTOCOL_VERSION, "session": "s-browser", "job": "seen",
+                        "rank": 0, "host": "node-a", "pid": 1, "token": TOKEN})
+    try:
+        ack = agent.call("batch", {"v": PROTOCOL_VERSION, "events": [
+            {"seq": 1, "t": 1.0, "kind": "hello", "body": {"job": "seen", "rank": 0,
+                                                            "world_size": 1, "host": "node-a",
+                                                            "pid": 1}}]},
+                         namespace="/agent", timeout=10)
+        assert ack["ok"] and ack["stored"] == 1
+        jid = wait_for(lambda: job_by_name(locked, "seen"), 10, "the job")["id"]
+        errors = []
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(10_000)
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.goto(f"{locked.url}/jobs/{jid}")
+                expect(page).to_have_url(re.compile(r"/login\?next=/jobs/"))
+                page.fill("#token", "wrong")
+                page.click("#login-submit")
+                expect(page.locator("#login-error")).to_have_text(
+                    "That is not this server's token.")
+                page.fill("#token", TOKEN)
+                page.click("#login-submit")
+                expect(page).to_have_url(f"{locked.url}/jobs/{jid}")
+                expect(page.locator("#live-text")).to_have_text("Live")
+                expect(page.locator("#job-name")).to_have_text("seen")
+                assert page.evaluate("document.cookie") == ""  # HttpOnly: no script reads it
+                page.goto(f"{locked.url}/logout")
+                page.goto(f"{locked.url}/")
+                expect(page).to_have_url(re.compile(r"/login\?next=/$"))
+            finally:
+                browser.close()
+        assert errors == []
+    finally:
+        agent.disconnect()
