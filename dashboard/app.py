@@ -36,6 +36,7 @@ DEFAULTS = {
     "HANG_AFTER": 60.0,
     "PUSH_INTERVAL": 0.5,  # seconds between live updates of one job (throttle)
     "MAX_MESSAGE_BYTES": 4_000_000,
+    "DB_BUSY_TIMEOUT_S": 30.0,  # how long a write waits for a lock another process holds
     **limits.DEFAULTS,  # per-connection rate limits on agents
 }
 
@@ -50,7 +51,8 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         app.config.update(test_config)
     app.json.sort_keys = False
 
-    store = Store(app.config["DB"]).start()
+    store = Store(app.config["DB"],
+                  busy_timeout_s=float(app.config["DB_BUSY_TIMEOUT_S"])).start()
     ingest = Ingest(store, token=app.config["TOKEN"],
                     settings=Settings(hang_after=float(app.config["HANG_AFTER"]))).start()
     socketio = SocketIO(app, async_mode="threading", async_handlers=False,

@@ -17,7 +17,7 @@ from agent.wire import Ack, Auth, WireError, validate_auth, validate_batch
 from dashboard.diagnosis import Finding, Settings, diagnose
 from dashboard.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
-from dashboard.storage import Store
+from dashboard.storage import Store, describe_write_error
 
 
 class Refused(Exception):
@@ -265,8 +265,9 @@ class Ingest:
         except Exception as exc:
             self.counters["failed_writes"] += 1
             self.hold(session, payload)
-            return {"ok": False, "error": f"server could not store the batch: {exc}",
-                    "retry": True, "retry_after": 1.0}
+            return {"ok": False, "retry": True, "retry_after": 1.0,
+                    "error": "server could not store the batch: "
+                             + describe_write_error(self.store.url, exc)}
         self._holds.pop(session, None)
         return {"ok": True, "stored": stored, "rejected": rejected}
 

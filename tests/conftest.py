@@ -51,10 +51,11 @@ class ServerProcess:
     """``pgdash serve`` in a subprocess; stopped by PID."""
 
     def __init__(self, db_url: str, port: int | None = None, extra: list[str] | None = None,
-                 log_path: Path | None = None):
+                 log_path: Path | None = None, env: dict[str, str] | None = None):
         self.db_url = db_url
         self.port = port or free_port()
         self.extra = extra or []
+        self.env = env  # PGDASH_* server settings for this server only
         # A server started with --token / --tls-cert is asked with that token, over https
         # trusting that certificate.
         flag = dict(zip(self.extra, self.extra[1:]))
@@ -73,7 +74,8 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "dashboard", "serve", "--port", str(self.port),
                  "--db", self.db_url, *self.extra],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                env={**os.environ, **self.env} if self.env else None)
         wait_for(lambda: self.proc.poll() is None and self.api("/api/jobs") is not None,
                  30, f"pgdash server on {self.url}")
         return self
