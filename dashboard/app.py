@@ -236,7 +236,7 @@ def _over_rate(rate: limits.ConnectionLimits | None, payload: Any) -> limits.Ref
     if rate.counts_bytes:
         try:
             size = len(json.dumps(payload, separators=(",", ":"), default=str))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             size = 0  # unserialisable: validation refuses it anyway
     return rate.admit(count, size)
 

@@ -94,7 +94,8 @@ def test_flooding_and_garbage_agents_leave_a_polite_one_unaffected(tmp_path):
     assert flooder.lost == 0 and flooder.doubled == 0
     assert flooder.acknowledged == flooder.stored
     assert garbage.stored == 0 and info["garbage_acks"]
-    assert all(isinstance(a, dict) and not a.get("ok", False) or a.get("rejected")
+    # Every junk batch got an answer (no dropped connection, no exception), and a refusal.
+    assert all(isinstance(a, dict) and (not a["ok"] or a["rejected"])
                for a in info["garbage_acks"]), info["garbage_acks"][:5]
 
 
