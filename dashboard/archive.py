@@ -68,6 +68,7 @@ class Archive:
         job = None
         sessions: dict[str, dict[str, Any]] = {}
         events: list[dict[str, Any]] = []
+        seen: set[tuple[str, int]] = set()
         for number, text in enumerate(lines, 1):
             where = f"{source}, line {number}"
             if len(text) > MAX_LINE:
@@ -88,7 +89,14 @@ class Archive:
                 session = _session(obj["session"], where)
                 sessions[session["id"]] = session
             elif "event" in obj:
-                events.append(_event(obj["event"], sessions, where))
+                ev = _event(obj["event"], sessions, where)
+                if ev["seq"] is not None:  # the log holds each (session, seq) once
+                    key = (ev["session"], ev["seq"])
+                    if key in seen:
+                        raise ArchiveError(f"{where}: event seq {ev['seq']} of session "
+                                           f"{ev['session']!r:.70} appears twice")
+                    seen.add(key)
+                events.append(ev)
             else:
                 raise ArchiveError(f"{where}: expected a \"session\" or an \"event\" object")
         if job is None:

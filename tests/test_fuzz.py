@@ -186,7 +186,8 @@ def test_fuzz_import_with_random_and_mutated_real_session_files(ingest, real_ses
     def run(data):
         tried["n"] += 1
         lines = list(real_session)
-        shape = data.draw(st.sampled_from(["line", "line", "text", "drop", "random"]))
+        shape = data.draw(st.sampled_from(["line", "line", "text", "drop", "twice",
+                                           "random"]))
         i = data.draw(st.integers(0, len(lines) - 1))
         if shape == "line":
             lines[i] = json.dumps(mutate(data, json.loads(lines[i]))) + "\n"
@@ -195,6 +196,8 @@ def test_fuzz_import_with_random_and_mutated_real_session_files(ingest, real_ses
             lines[i] = lines[i][:cut] + data.draw(st.text(max_size=8)) + lines[i][cut:]
         elif shape == "drop":
             del lines[i]
+        elif shape == "twice":
+            lines.insert(data.draw(st.integers(i, len(lines))), lines[i])
         else:
             lines = [json.dumps(v) + "\n" for v in data.draw(st.lists(JSON, max_size=4))]
         try:
