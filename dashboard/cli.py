@@ -123,6 +123,10 @@ def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
             sys.exit(2)
         click.echo(f"pgdash: warning: listening on {host} without --token (--insecure): "
                    "anyone who can reach this port can read and send data", err=True)
+    if token and len(token) < 16:
+        click.echo("pgdash: warning: the token is shorter than 16 characters; a long random "
+                   "one (python -c 'import secrets; print(secrets.token_urlsafe())') cannot "
+                   "be guessed", err=True)
     if bool(tls_cert) != bool(tls_key):
         click.echo("pgdash: --tls-cert and --tls-key go together (PGDASH_TLS_CERT, "
                    "PGDASH_TLS_KEY): give both to serve https, or neither.", err=True)

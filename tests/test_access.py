@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import ssl
 import subprocess
@@ -152,13 +153,7 @@ def test_agents_with_the_token_are_stored_and_others_refused(locked, tmp_path):
 def serve(args, timeout=30):
     return subprocess.run([sys.executable, "-m", "dashboard", "serve", "--port", "0", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**_env(), "PGDASH_TOKEN": ""})
-
-
-def _env():
-    import os
-
-    return dict(os.environ)
+                          env={**os.environ, "PGDASH_TOKEN": ""})
 
 
 def test_serving_beyond_loopback_without_a_token_is_refused(tmp_path):
