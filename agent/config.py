@@ -28,6 +28,11 @@ class AgentConfig:
     async_poll_s: float = 0.002  # PGDASH_ASYNC_POLL_S: completion check for async_op works
     stack_after_s: float = 2.0  # PGDASH_STACK_AFTER_S: capture the stack of a collective this old
     gpu: bool = True  # PGDASH_GPU: 0 turns GPU sampling (NVML) off
+    # Collectives issued from C++ (DDP, functional), from the Flight Recorder's entries:
+    flight_stats: bool = True  # PGDASH_FLIGHT_STATS: 0 turns them off
+    fr_read_s: float = 1.0  # PGDASH_FR_READ_S: least time between two full reads
+    fr_budget: float = 0.01  # PGDASH_FR_BUDGET: most share of one core the reads may take
+    fr_poll_s: float = 0.05  # PGDASH_FR_POLL_S: status polls that time their completion
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":

@@ -224,6 +224,16 @@ _GROUP_PROGRESS = {
     "fr_samples": (_count, False),
 }
 
+COLL_SOURCES = ("wrapper", "flight_recorder")
+COLL_TIMINGS = ("wrapper", "device", "host_poll")
+
+
+def _one_of(value, name, allowed):
+    if value not in allowed:
+        raise WireError(f"{name} must be one of {list(allowed)}, got {value!r:.40}")
+    return value
+
+
 _COLL_ROW = {
     "group": (_str, True),
     "op": (_str, True),
@@ -232,6 +242,12 @@ _COLL_ROW = {
     "sum_us": (_num, True),
     "max_us": (_num, True),
     "hist": (_list(_hist_pair, HIST_MAX_BUCKET + 1), True),
+    # Optional (newer agents): where the row comes from, "wrapper" (the default) or
+    # "flight_recorder" (collectives issued from C++), and how exact its latency is:
+    # "device" (NCCL's own timing) or "host_poll" (exact to resolution_us).
+    "source": (lambda v, n: _one_of(v, n, COLL_SOURCES), False),
+    "timing": (lambda v, n: _one_of(v, n, COLL_TIMINGS), False),
+    "resolution_us": (_num, False),
 }
 
 #: Event kinds an agent may send, and the fields of each body.
