@@ -184,6 +184,11 @@ class Ingest:
                      list(self._findings.get(job_id, {}).values()))
                     for job_id, state in self._states.items()]
 
+    def live_ops(self) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+        """(summary, collectives per family, op and source) of every job held in memory."""
+        with self._states_lock:
+            return [(state.summary(), state.op_rows()) for state in self._states.values()]
+
     def take_dirty(self) -> set[int]:
         """Jobs changed since the last call (for the throttled UI push)."""
         with self._states_lock:

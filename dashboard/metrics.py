@@ -21,13 +21,16 @@ def _series(name: str, labels: dict[str, Any], value: float) -> str:
 
 
 def exposition(jobs: list[dict[str, Any]], live: Iterable[tuple[dict[str, Any], list, list]],
-               counters: dict[str, int], commits: int, write_errors: int) -> str:
+               counters: dict[str, int], commits: int, write_errors: int,
+               ops: Iterable[tuple[dict[str, Any], list[dict[str, Any]]]] = ()) -> str:
     """The /metrics page.
 
     Args:
         jobs: rows of the jobs table (id, name, status, ...).
         live: for each job held in memory: (its summary, its ranks' detail rows, its findings).
         counters: Ingest's counters (stored_events, duplicate_events, rejected_events, ...).
+        ops: for each job held in memory: (its summary, its collectives per group family, op
+            and source, as ``JobState.op_rows``).
     """
     lines = ["# HELP pgdash_jobs Jobs known to this server, by status.", "# TYPE pgdash_jobs gauge"]
     by_status: dict[str, int] = {}
@@ -69,4 +72,27 @@ def exposition(jobs: list[dict[str, Any]], live: Iterable[tuple[dict[str, Any], 
         for (kind, severity), n in sorted(active.items()):
             found.append(_series("pgdash_findings_active",
                                  {"job": job["name"], "kind": kind, "severity": severity}, n))
-    return "\n".join(lines + seen + found) + "\n"
+    return "\n".join(lines + seen + found + _collective_series(ops)) + "\n"
+
+
+def _collective_series(ops: Iterable[tuple[dict[str, Any], list[dict[str, Any]]]]) -> list[str]:
+    """Per job, group family, op and source ("wrapper": Python-issued, "flight_recorder":
+    issued from C++): collectives, bytes and latency quantiles over the whole job."""
+    count = ["# HELP pgdash_collectives_total Collectives per job, group family, op and source.",
+             "# TYPE pgdash_collectives_total counter"]
+    size = ["# HELP pgdash_collective_bytes_total Bytes handed to collectives, likewise.",
+            "# TYPE pgdash_collective_bytes_total counter"]
+    latency = ["# HELP pgdash_collective_latency_microseconds Latency quantiles over the job "
+               "(flight_recorder rows on gloo are exact to the agent's poll gap).",
+               "# TYPE pgdash_collective_latency_microseconds gauge"]
+    for job, rows in ops:
+        for row in rows:
+            labels = {"job": job["name"], "family": row["family"], "op": row["op"],
+                      "source": row.get("source", "wrapper")}
+            count.append(_series("pgdash_collectives_total", labels, row["count"]))
+            size.append(_series("pgdash_collective_bytes_total", labels, row["bytes"]))
+            for quantile, key in (("0.5", "p50_us"), ("0.99", "p99_us")):
+                if row.get(key) is not None:
+                    latency.append(_series("pgdash_collective_latency_microseconds",
+                                           {**labels, "quantile": quantile}, row[key]))
+    return count + size + latency

@@ -2,6 +2,7 @@
 the Flight Recorder, each exactly once: never again when a Python wrapper saw it too."""
 
 import json
+import urllib.request
 
 from agent.flight_stats import FlightStats, WrappedIntervals, entry_bytes, op_name
 from conftest import launch_job, wait_for, wait_job
@@ -45,9 +46,13 @@ def test_ddp_funcol_and_python_collectives_each_counted_once(server, tmp_path):
     # DDP's constructor broadcasts the module state from C++ too.
     assert any(r["op"] == "broadcast" and r["source"] == "flight_recorder"
                for r in _rows(server, job["id"], rank=0))
-    metrics = server.api_text("/metrics") if hasattr(server, "api_text") else None
-    if metrics is not None:
-        assert 'source="flight_recorder"' in metrics
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    total = expected["ddp_buckets"] + expected["funcol"]
+    assert (f'pgdash_collectives_total{{job="fr-ddp",family="default_pg",op="all_reduce",'
+            f'source="flight_recorder"}} {2 * total}') in metrics
+    assert (f'pgdash_collectives_total{{job="fr-ddp",family="default_pg",op="all_reduce",'
+            f'source="wrapper"}} {2 * expected["python"]}') in metrics
 
 
 # -- the reader on recorded entries (shapes as torch 2.13 gloo writes them) --------------------
