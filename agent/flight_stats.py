@@ -155,7 +155,7 @@ class FlightStats:
     def __init__(self, probe: Any, wrapped: WrappedIntervals,
                  open_calls: Callable[[], tuple[dict[str, int], dict[str, list]]],
                  clock: Callable[[], float] = time.time, read_every_s: float = 1.0,
-                 budget: float = 0.01):
+                 budget: float = 0.005):
         self.probe = probe
         self.wrapped = wrapped
         self.open_calls = open_calls

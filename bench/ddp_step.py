@@ -76,6 +76,7 @@ def worker(result_path: str, mode: str, steps: int, warmup: int) -> int:
         deadline = time.monotonic() + 20.0
         while not attached.sender.connected and time.monotonic() < deadline:
             time.sleep(0.05)
+    connected = attached.sender.connected if attached is not None else None
     for _ in range(warmup):
         step()
     dist.barrier()
@@ -100,7 +101,7 @@ def worker(result_path: str, mode: str, steps: int, warmup: int) -> int:
         result["agent"] = {"fr_reads": fr.reads if fr else 0,
                            "fr_read_cpu_s": round(fr.read_seconds, 4) if fr else 0.0,
                            "fr_missed": fr.missed if fr else 0,
-                           "connected": attached.sender.connected}
+                           "connected_before_timing": connected}
     dist.destroy_process_group()
     tmp = result_path + ".tmp"
     with open(tmp, "w") as fh:
