@@ -87,6 +87,9 @@ class GroupTrack:
     # (agent.flight_stats); None where the backend has none.
     fr_seq: Callable[[], int] | None = None
     fr_open: int | None = None  # the number before a wrapped collective still running
+    # Up to here every number counts as the wrapper's: intervals that could not be kept
+    # (bounded queues full) must never be counted again from the Flight Recorder.
+    fr_lost_upto: int = -1
 
 
 @dataclass
@@ -326,6 +329,9 @@ class CollectiveTracker:
         while self.fr_failed:
             track, lo, hi = self.fr_failed.popleft()
             wrapped.add(track.name, lo, hi)
+        for track in list(self.by_name.values()):
+            if track.fr_lost_upto > wrapped.lost_upto.get(track.name, -1):
+                wrapped.lost_upto[track.name] = track.fr_lost_upto
         while records:
             track, op, nbytes, t0, t1, lo, hi = records.popleft()
             if lo is not None:
@@ -350,6 +356,8 @@ class CollectiveTracker:
             hi = track.fr_seq() if track.fr_seq is not None else lo
             if len(self.fr_failed) < self.max_records:
                 self.fr_failed.append((track, lo, hi))
+            elif hi > track.fr_lost_upto:
+                track.fr_lost_upto = hi
         except Exception:
             self.internal_errors += 1
         track.fr_open = None

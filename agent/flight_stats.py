@@ -240,9 +240,13 @@ class FlightStats:
         self._last_read = now
         self.seen_cpp = False
         try:
-            dumps = self.probe.dumps
-            if dumps is None or self.probe.disabled:
+            if self.probe.disabled:
                 return
+            if self.probe.dumps is None:  # the probe never read yet (a job shorter than a tick)
+                from agent.flight import default_dumps
+
+                self.probe.dumps = default_dumps()
+            dumps = self.probe.dumps
             for index, dump in enumerate(dumps):
                 entries, status = self._new_entries(index, dump(True))
                 if status:
