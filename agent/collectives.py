@@ -162,7 +162,7 @@ class CollectiveTracker:
             track = self.by_name.get(name)
             if track is None or track.ranks != described[3]:
                 track = GroupTrack(*described)
-                track.fr_seq = _sequence_reader(pg) if self.fr_enabled else None
+                track.fr_seq = _sequence_reader(pg, track) if self.fr_enabled else None
                 self.by_name[name] = track
                 self.new_tracks.append(track)
             self.tracks[pg] = track
@@ -418,16 +418,25 @@ class CollectiveTracker:
                 and now - t.inflight_since > older_than]
 
 
-def _sequence_reader(pg: Any) -> Callable[[], int] | None:
-    """``pg._get_sequence_number_for_group`` if this backend has it (gloo and NCCL do)."""
+def _sequence_reader(pg: Any, track: GroupTrack) -> Callable[[], int] | None:
+    """The number the Flight Recorder stamps on the group's next collective entry, as
+    ``collective_seq_id``, minus one; None where the backend has no such counter.
+
+    NCCL's ``_get_sequence_number_for_group`` counts collectives only, like its entries. Gloo's
+    counts point-to-point operations too while its entries' number does not (torch 2.13: a
+    barrier after three recvs is entry 1 while the group's number is 4), so the wrapped
+    point-to-point calls of the group are taken off (a gloo p2p issued from C++ would skew it).
+    """
     reader = getattr(pg, "_get_sequence_number_for_group", None)
     try:
-        if reader is not None:
-            int(reader())
-            return reader
+        if reader is None:
+            return None
+        int(reader())
     except Exception:
-        pass
-    return None
+        return None
+    if "gloo" in str(track.backend or "") and "nccl" not in str(track.backend):
+        return lambda: reader() - track.p2p
+    return reader
 
 
 def _dtype_name(dtype: Any) -> str | None:
