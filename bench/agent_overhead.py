@@ -31,9 +31,13 @@ per-block differences (see ``paired``). The goal from the issue: at most +2 us p
 function with ``all_reduce``'s signature, without gloo, to show what the agent adds by itself. This is a measurement, not a test:
 the exit status is 0 whatever the figures, and non-zero only if the benchmark itself broke.
 
+Then a DDP training step with and without the agent (``bench/ddp_step.py``; goal: ratio at
+most 1.02), skipped with ``--ddp-rounds 0``, alone with ``--only-ddp``.
+
 Run it from the repository root, with torch and pgdash installed::
 
     python bench/agent_overhead.py                # 1 and 2 ranks, 200 blocks x 20 calls/mode
+    python bench/agent_overhead.py --only-ddp --ddp-rounds 4
     python bench/agent_overhead.py --ranks 2 --blocks 20 --json /tmp/overhead.json
 """
 
@@ -385,8 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     werkzeug.addFilter(lambda r: "code 400, message Bad" not in r.getMessage())
     out: dict = {"blocks": args.blocks, "calls": args.calls, "warmup": args.warmup,
                  "python": sys.version.split()[0], "cpus": os.cpu_count(), "runs": []}
-    print(f"pgdash agent overhead: 1-float all_reduce (gloo), {args.blocks} blocks x "
-          f"{args.calls} calls per mode, modes alternating; times from rank 0", flush=True)
+    if not args.only_ddp:
+        print(f"pgdash agent overhead: 1-float all_reduce (gloo), {args.blocks} blocks x "
+              f"{args.calls} calls per mode, modes alternating; times from rank 0", flush=True)
     with tempfile.TemporaryDirectory(prefix="pgdash-bench-") as tmp_name:
         tmp = Path(tmp_name)
         server = make_server(f"sqlite:///{tmp / 'bench.db'}", "127.0.0.1", 0).start()
