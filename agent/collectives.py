@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from agent.flight_stats import WrappedIntervals
 from agent.wire import hist_bucket
 
 # op name -> (payload parameter, payload is a list of tensors, point-to-point, always async)
@@ -81,6 +82,14 @@ class GroupTrack:
     p2p: int = 0  # point-to-point operations entered
     inflight: tuple | None = None  # (op, dtype, bytes) of the collective entered last
     inflight_since: float = 0.0  # perf_counter() at enter
+    # The backend's sequence number (``pg._get_sequence_number_for_group``), read around each
+    # wrapped collective so that the Flight Recorder's entries of it are not counted again
+    # (agent.flight_stats); None where the backend has none.
+    fr_seq: Callable[[], int] | None = None
+    fr_open: int | None = None  # the number before a wrapped collective still running
+    # Up to here every number counts as the wrapper's: intervals that could not be kept
+    # (bounded queues full) must never be counted again from the Flight Recorder.
+    fr_lost_upto: int = -1
 
 
 @dataclass
@@ -130,6 +139,9 @@ class CollectiveTracker:
         self.dropped_records = 0
         self.internal_errors = 0
         self._summary: dict[tuple[str, str], _Summary] = {}
+        self.fr_enabled = True  # read sequence numbers for agent.flight_stats
+        self.fr_wrapped = WrappedIntervals()  # sequence numbers the wrappers issued
+        self.fr_failed: collections.deque = collections.deque()  # (track, lo, hi) of raised calls
         self._originals: list[tuple[Any, str, Any]] = []
         self.wrapper_code = None
         self._lock = threading.Lock()  # guards slow-path registration only
@@ -150,6 +162,7 @@ class CollectiveTracker:
             track = self.by_name.get(name)
             if track is None or track.ranks != described[3]:
                 track = GroupTrack(*described)
+                track.fr_seq = _sequence_reader(pg, track) if self.fr_enabled else None
                 self.by_name[name] = track
                 self.new_tracks.append(track)
             self.tracks[pg] = track
@@ -222,13 +235,16 @@ class CollectiveTracker:
                         dtype, nbytes = payload.dtype, payload.nbytes
                 is_async = always_async or (
                     a_pos is not None and (args[a_pos] if n > a_pos else kwargs.get("async_op")))
+                fr_seq = track.fr_seq
                 if p2p:
                     track.p2p += 1
                     seq = track.p2p
+                    lo = None
                 else:
                     track.entered += 1
                     seq = track.entered
                     track.inflight = (op, dtype, nbytes)
+                    lo = track.fr_open = fr_seq() if fr_seq is not None else None
                 t0 = track.inflight_since = clock()
             except Exception:
                 tracker.internal_errors += 1
@@ -237,20 +253,35 @@ class CollectiveTracker:
                 result = call(*args, **kwargs)
             except BaseException as exc:
                 tracker.on_error(track, op, seq, exc)
+                if lo is not None:
+                    tracker.fr_mark_failed(track, lo)
                 raise
+            hi = None
+            if lo is not None:
+                try:
+                    hi = fr_seq()
+                except Exception:
+                    tracker.internal_errors += 1
+                    hi = lo
             if is_async and result is not None:
                 if len(pending) < cap:
-                    pending.append((result, track, op, p2p, seq, nbytes, t0))
+                    pending.append((result, track, op, p2p, seq, nbytes, t0, lo, hi))
                 else:
                     tracker.dropped_records += 1
+                    if lo is not None:
+                        tracker.fr_mark_failed(track, lo)
+                track.fr_open = None
                 return result
             if not p2p and seq > track.completed:
                 track.completed = seq
                 track.inflight = None
             if len(records) < cap:
-                records.append((track, op, nbytes, t0, clock()))
+                records.append((track, op, nbytes, t0, clock(), lo, hi))
             else:
                 tracker.dropped_records += 1
+                if lo is not None:
+                    tracker.fr_mark_failed(track, lo)
+            track.fr_open = None
             return result
 
         self.wrapper_code = wrapper.__code__  # the same for every op: finds stuck threads
@@ -270,7 +301,7 @@ class CollectiveTracker:
         still = []
         while self.pending:
             item = self.pending.popleft()
-            work, track, op, p2p, seq, nbytes, t0 = item
+            work, track, op, p2p, seq, nbytes, t0, lo, hi = item
             try:
                 done = work.is_completed()
             except Exception:
@@ -283,17 +314,28 @@ class CollectiveTracker:
                 if track.entered == seq:
                     track.inflight = None
             if len(self.records) < self.max_records:
-                self.records.append((track, op, nbytes, t0, now))
+                self.records.append((track, op, nbytes, t0, now, lo, hi))
             else:
                 self.dropped_records += 1
+                if lo is not None:
+                    self.fr_wrapped.add(track.name, lo, hi)
         self.pending.extend(still)
 
     def summarise(self) -> None:
         """Fold pending records into the current interval's summaries."""
         summary = self._summary
         records = self.records
+        wrapped = self.fr_wrapped
+        while self.fr_failed:
+            track, lo, hi = self.fr_failed.popleft()
+            wrapped.add(track.name, lo, hi)
+        for track in list(self.by_name.values()):
+            if track.fr_lost_upto > wrapped.lost_upto.get(track.name, -1):
+                wrapped.lost_upto[track.name] = track.fr_lost_upto
         while records:
-            track, op, nbytes, t0, t1 = records.popleft()
+            track, op, nbytes, t0, t1, lo, hi = records.popleft()
+            if lo is not None:
+                wrapped.add(track.name, lo, hi)
             key = (track.name, op)
             s = summary.get(key)
             if s is None:
@@ -305,6 +347,34 @@ class CollectiveTracker:
             if us > s.max_us:
                 s.max_us = us
             s.hist[hist_bucket(us)] += 1
+
+    def fr_mark_failed(self, track: GroupTrack, lo: int) -> None:
+        """A wrapped call whose record will not come (it raised, or the records were full):
+        its Flight Recorder entries still belong to the wrapper. Training thread; never
+        raises."""
+        try:
+            hi = track.fr_seq() if track.fr_seq is not None else lo
+            if len(self.fr_failed) < self.max_records:
+                self.fr_failed.append((track, lo, hi))
+            elif hi > track.fr_lost_upto:
+                track.fr_lost_upto = hi
+        except Exception:
+            self.internal_errors += 1
+        track.fr_open = None
+
+    def fr_open_calls(self) -> tuple[dict[str, int], dict[str, list[tuple[int, int]]]]:
+        """For agent.flight_stats, after a Flight Recorder dump: the wrapped calls still
+        running (group -> number before the call), and the intervals of async works not
+        completed yet. The open calls are read first and the records drained after, so a
+        call that ended in between is found in one or the other."""
+        opened = {t.name: t.fr_open for t in list(self.by_name.values())
+                  if t.fr_open is not None}
+        self.summarise()
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for item in list(self.pending):
+            if item[7] is not None:
+                spans.setdefault(item[1].name, []).append((item[7], item[8]))
+        return opened, spans
 
     def take_summary(self) -> list[dict[str, Any]]:
         """The rows of the interval that just ended (empty if no collective ran)."""
@@ -346,6 +416,27 @@ class CollectiveTracker:
         return [t for t in list(self.by_name.values())
                 if t.inflight is not None and t.entered > t.completed
                 and now - t.inflight_since > older_than]
+
+
+def _sequence_reader(pg: Any, track: GroupTrack) -> Callable[[], int] | None:
+    """The number the Flight Recorder stamps on the group's next collective entry, as
+    ``collective_seq_id``, minus one; None where the backend has no such counter.
+
+    NCCL's ``_get_sequence_number_for_group`` counts collectives only, like its entries. Gloo's
+    counts point-to-point operations too while its entries' number does not (torch 2.13: a
+    barrier after three recvs is entry 1 while the group's number is 4), so the wrapped
+    point-to-point calls of the group are taken off (a gloo p2p issued from C++ would skew it).
+    """
+    reader = getattr(pg, "_get_sequence_number_for_group", None)
+    try:
+        if reader is None:
+            return None
+        int(reader())
+    except Exception:
+        return None
+    if "gloo" in str(track.backend or "") and "nccl" not in str(track.backend):
+        return lambda: reader() - track.p2p
+    return reader
 
 
 def _dtype_name(dtype: Any) -> str | None:

@@ -33,6 +33,11 @@ class AgentConfig:
     # PGDASH_CA_FILE: PEM file of the CA that signed an https server's certificate (a
     # self-signed one); unset, the system's CAs are trusted. The certificate is always checked.
     ca_file: str | None = None
+    # Collectives issued from C++ (DDP, functional), from the Flight Recorder's entries:
+    flight_stats: bool = True  # PGDASH_FLIGHT_STATS: 0 turns them off
+    fr_read_s: float = 1.0  # PGDASH_FR_READ_S: least time between two full reads
+    fr_budget: float = 0.005  # PGDASH_FR_BUDGET: most share of one core the reads may take
+    fr_poll_s: float = 0.05  # PGDASH_FR_POLL_S: status polls that time their completion
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":

@@ -23,7 +23,8 @@ from typing import Any, Callable, Mapping
 from agent import identity
 from agent.collectives import CollectiveTracker, GroupTrack
 from agent.config import AgentConfig
-from agent.flight import SAMPLE_EVERY_S, FlightRecorderProbe
+from agent.flight import FlightRecorderProbe
+from agent.flight_stats import FlightStats
 from agent.gpu import GpuSampler
 from agent.outbox import Outbox
 from agent.sender import Sender
@@ -80,6 +81,12 @@ class Agent:
         self.sender = Sender(config, self.outbox, self._auth, **kwargs)
         self._wall_offset = time.time() - time.perf_counter()
         self.flight = FlightRecorderProbe(time.time)
+        self.tracker.fr_enabled = config.flight_stats
+        self.fr_stats = FlightStats(self.flight, self.tracker.fr_wrapped,
+                                    self.tracker.fr_open_calls, time.time,
+                                    read_every_s=config.fr_read_s, budget=config.fr_budget)
+        if config.flight_stats:
+            self.flight.on_status = self.fr_stats.note_status
         self._flight: dict[str, dict[str, Any]] = {}  # the last Flight Recorder reading
         self._flight_sample_at = 0.0  # monotonic time of the next sample
         self._nvml = nvml
@@ -139,6 +146,8 @@ class Agent:
             self._thread.join(timeout=2.0)
             if self.gpu is not None:
                 self.gpu.close()
+            if self.config.flight_stats:  # the last C++ collectives, whatever the budget
+                self._read_flight(force=True)
             self._flush_stats(force=True)
             self._heartbeat(force=True)  # final progress, so the page shows where it ended
             self.outbox.put(time.time(), "exit", {"clean": not self._failed, "reason": reason,
@@ -180,6 +189,8 @@ class Agent:
         dropped = dict(self.outbox.dropped)
         if self.tracker.dropped_records:
             dropped["collectives"] = self.tracker.dropped_records
+        if self.fr_stats.missed:  # Flight Recorder entries overwritten before they were read
+            dropped["flight_recorder"] = self.fr_stats.missed
         return dropped
 
     def _wall(self, perf: float) -> float:
@@ -199,7 +210,7 @@ class Agent:
 
     def _flush_stats(self, force: bool = False) -> None:
         """Close the current latency interval; while offline, keep growing it instead."""
-        rows = self.tracker.take_summary()
+        rows = self.tracker.take_summary() + self.fr_stats.take_summary()
         if rows:
             self._pending_stats = _merge_rows(self._pending_stats, rows)
         if self._pending_stats and (self.sender.connected or force):
@@ -210,6 +221,16 @@ class Agent:
             self._stats_start = now
         elif not self._pending_stats:
             self._stats_start = time.time()
+
+    def _read_flight(self, force: bool = False) -> None:
+        """Read the Flight Recorder's entries when due (see agent.flight_stats)."""
+        try:
+            now = time.time()
+            if force or self.fr_stats.due(now, self.flight.last_status):
+                self.fr_stats.read(now)
+        except Exception as exc:
+            self.fr_stats.errors += 1
+            log.debug("pgdash: flight recorder read: %s", exc)
 
     def _heartbeat(self, force: bool = False) -> None:
         if not (self.sender.connected or force):
@@ -223,15 +244,16 @@ class Agent:
         """Between heartbeats, while a group runs collectives Python never sees (DDP's), count
         how often the Flight Recorder finds one in flight: how long this rank waits there.
 
-        Sampled at random moments (SAMPLE_EVERY_S apart on average): at a fixed period a
+        Sampled at random moments (PGDASH_FR_POLL_S apart on average): at a fixed period a
         training step of a commensurate length would be seen at the same phase every time.
         """
         if now < self._flight_sample_at:
             return
-        self._flight_sample_at = now + random.uniform(0.5, 1.5) * SAMPLE_EVERY_S
+        self._flight_sample_at = now + random.uniform(0.5, 1.5) * self.config.fr_poll_s
         tracks = self.tracker.by_name
-        if any(fr["fr_enqueued"] and (name not in tracks or not tracks[name].entered)
-               for name, fr in self._flight.items()):
+        if self.fr_stats.seen_cpp or any(
+                fr["fr_enqueued"] and (name not in tracks or not tracks[name].entered)
+                for name, fr in self._flight.items()):
             self.flight.sample()
 
     def _loop(self) -> None:
@@ -243,6 +265,8 @@ class Agent:
                 if now >= next_tick:
                     next_tick = now + self.config.interval_s
                     self._scan_groups()
+                    if self.config.flight_stats:
+                        self._read_flight()
                     self._flush_stats()
                     self._heartbeat()
                     self._sample_gpu()
@@ -449,9 +473,9 @@ def _merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[di
     """Merge two interval summaries (used while the server is unreachable)."""
     if not old:
         return new
-    merged = {(r["group"], r["op"]): dict(r, hist=dict(map(tuple, r["hist"]))) for r in old}
+    merged = {_row_key(r): dict(r, hist=dict(map(tuple, r["hist"]))) for r in old}
     for r in new:
-        key = (r["group"], r["op"])
+        key = _row_key(r)
         m = merged.get(key)
         if m is None:
             merged[key] = dict(r, hist=dict(map(tuple, r["hist"])))
@@ -462,7 +486,15 @@ def _merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[di
         m["max_us"] = max(m["max_us"], r["max_us"])
         for b, c in r["hist"]:
             m["hist"][b] = m["hist"].get(b, 0) + c
+        if "resolution_us" in r:
+            m["resolution_us"] = max(m.get("resolution_us", 0.0), r["resolution_us"])
+            if r.get("timing") == "host_poll":
+                m["timing"] = "host_poll"
     return [dict(m, hist=sorted([b, c] for b, c in m["hist"].items())) for m in merged.values()]
+
+
+def _row_key(row: dict[str, Any]) -> tuple[str, str, str]:
+    return row["group"], row["op"], row.get("source", "wrapper")
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -20,9 +20,6 @@ from typing import Any, Callable
 
 
 LEARN_EVERY_S = 10.0
-# Between heartbeats the agent samples the status this often while a group's collectives are
-# C++-only (DDP): the share of samples that find a rank inside one says how long it waits there.
-SAMPLE_EVERY_S = 0.2
 
 
 def default_dumps() -> list[Callable[[bool], bytes]]:
@@ -56,9 +53,15 @@ class FlightRecorderProbe:
         self._since: dict[str, tuple[int, int, float]] = {}  # pg id -> (enq, done, since)
         self._learned_at = float("-inf")
         self._busy: dict[str, list[int]] = {}  # pg id -> [samples in flight, samples]
+        # Called with (now, status) after every status read (agent.flight_stats times
+        # completions with it).
+        self.on_status: Callable[[float, dict[str, dict[str, Any]]], None] | None = None
+        self.last_status: dict[str, dict[str, Any]] | None = None  # of the last read or sample
 
     def sample(self) -> None:
-        """Count, per group, whether a collective is in flight now (see SAMPLE_EVERY_S)."""
+        """Count, per group, whether a collective is in flight now (the agent calls this every PGDASH_FR_POLL_S
+        on average while a group's collectives are C++-only, as DDP's: the share of samples
+        that find a rank inside one says how long it waits there)."""
         status = self._status(self.clock())
         if status is not None:
             self._count(status)
@@ -118,6 +121,9 @@ class FlightRecorderProbe:
             if unnamed and now - self._learned_at >= LEARN_EVERY_S:
                 self._learned_at = now
                 self._learn_names({key.split(":")[0] for key in unnamed})
+            self.last_status = status
+            if self.on_status is not None:
+                self.on_status(now, status)
         except Exception:
             self.errors += 1
             if self.errors >= 3:  # this torch has no usable Flight Recorder: stop trying

@@ -155,6 +155,16 @@ class CollRow(_Shape):
     sum_us: _Num
     max_us: _Num
     hist: _limited(list[_HistPair], max_length=HIST_MAX_BUCKET + 1)
+    # Optional (newer agents): where the row comes from, "wrapper" (the default) or
+    # "flight_recorder" (collectives issued from C++), and how exact its latency is:
+    # "device" (NCCL's own timing) or "host_poll" (exact to resolution_us).
+    source: Literal["wrapper", "flight_recorder"] = "wrapper"
+    timing: Optional[Literal["wrapper", "device", "host_poll"]] = None
+    resolution_us: Optional[_Num] = None
+
+
+COLL_SOURCES = ("wrapper", "flight_recorder")
+COLL_TIMINGS = ("wrapper", "device", "host_poll")
 
 
 class Hello(_Shape):

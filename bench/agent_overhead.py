@@ -31,9 +31,13 @@ per-block differences (see ``paired``). The goal from the issue: at most +2 us p
 function with ``all_reduce``'s signature, without gloo, to show what the agent adds by itself. This is a measurement, not a test:
 the exit status is 0 whatever the figures, and non-zero only if the benchmark itself broke.
 
+Then a DDP training step with and without the agent (``bench/ddp_step.py``; goal: ratio at
+most 1.02), skipped with ``--ddp-rounds 0``, alone with ``--only-ddp``.
+
 Run it from the repository root, with torch and pgdash installed::
 
     python bench/agent_overhead.py                # 1 and 2 ranks, 200 blocks x 20 calls/mode
+    python bench/agent_overhead.py --only-ddp --ddp-rounds 4
     python bench/agent_overhead.py --ranks 2 --blocks 20 --json /tmp/overhead.json
 """
 
@@ -351,8 +355,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=500,
                         help="unrecorded calls per mode before measuring (default 500)")
     parser.add_argument("--json", metavar="PATH", help="also write all results to PATH")
+    parser.add_argument("--ddp-rounds", type=int, default=3,
+                        help="rounds (bare, agent, agent, bare launches) of the DDP step "
+                             "benchmark (default 3; 0 skips it)")
+    parser.add_argument("--ddp-steps", type=int, default=400,
+                        help="timed DDP steps per launch (default 400)")
+    parser.add_argument("--ddp-warmup", type=int, default=50,
+                        help="DDP steps before timing (default 50)")
+    parser.add_argument("--only-ddp", action="store_true",
+                        help="skip the all_reduce latency part")
     parser.add_argument("--worker", metavar="RESULT", help=argparse.SUPPRESS)
+    parser.add_argument("--ddp-worker", nargs=2, metavar=("RESULT", "MODE"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.ddp_worker:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import ddp_step
+
+        return ddp_step.worker(args.ddp_worker[0], args.ddp_worker[1], args.ddp_steps,
+                               args.ddp_warmup)
     if args.blocks < 1 or args.calls < 1 or args.warmup < 0 or min(args.ranks) < 1:
         parser.error("--blocks, --calls and --ranks must be positive, --warmup not negative")
 
@@ -368,13 +389,14 @@ def main(argv: list[str] | None = None) -> int:
     werkzeug.addFilter(lambda r: "code 400, message Bad" not in r.getMessage())
     out: dict = {"blocks": args.blocks, "calls": args.calls, "warmup": args.warmup,
                  "python": sys.version.split()[0], "cpus": os.cpu_count(), "runs": []}
-    print(f"pgdash agent overhead: 1-float all_reduce (gloo), {args.blocks} blocks x "
-          f"{args.calls} calls per mode, modes alternating; times from rank 0", flush=True)
+    if not args.only_ddp:
+        print(f"pgdash agent overhead: 1-float all_reduce (gloo), {args.blocks} blocks x "
+              f"{args.calls} calls per mode, modes alternating; times from rank 0", flush=True)
     with tempfile.TemporaryDirectory(prefix="pgdash-bench-") as tmp_name:
         tmp = Path(tmp_name)
         server = make_server(f"sqlite:///{tmp / 'bench.db'}", "127.0.0.1", 0).start()
         try:
-            for world in args.ranks:
+            for world in ([] if args.only_ddp else args.ranks):
                 started = time.monotonic()
                 load_before = os.getloadavg()[0]
                 results = run_world(world, server.url, tmp, args)
@@ -388,8 +410,20 @@ def main(argv: list[str] | None = None) -> int:
                                     "wall_s": round(time.monotonic() - started, 2),
                                     "load_before": load_before, "load_after": load_after,
                                     "per_rank": results})
+            if args.ddp_rounds > 0:
+                sys.path.insert(0, str(Path(__file__).resolve().parent))
+                import ddp_step
+
+                ddp = ddp_step.run(Path(__file__).resolve(), server.url, tmp, args.ddp_rounds,
+                                   args.ddp_steps, args.ddp_warmup, free_port)
+                print(ddp_step.report(ddp), flush=True)
+                out["ddp"] = ddp
         finally:
             server.stop()
+    if args.only_ddp:
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+        return 0
     m = out["micro"] = micro()
     print(f"wrapper alone (no-op collective, best of 40 alternating rounds of 5k calls): "
           f"bare {m['ns_per_call']['bare']:.0f} ns, minimal wrapper "

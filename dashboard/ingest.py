@@ -221,9 +221,11 @@ class Ingest:
         with self._states_lock:
             return [LiveJob(state.summary(), state.rank_rows(),
                             list(self._findings.get(job_id, {}).values()),
-                            [{"family": family, "op": op, "hist": dict(stats.hist),
-                              "sum_us": stats.sum_us}
-                             for (family, op), (stats, _, _) in state.op_stats().items()])
+                            [{"family": family, "op": op, "source": source,
+                              "hist": dict(stats.hist), "sum_us": stats.sum_us,
+                              "bytes": stats.bytes}
+                             for (family, op, source), (stats, _, _)
+                             in state.op_stats().items()])
                     for job_id, state in self._states.items()]
 
     def take_dirty(self) -> set[int]:

@@ -33,7 +33,7 @@ class LiveJob(NamedTuple):
     summary: dict[str, Any]
     ranks: list[dict[str, Any]]  # rank rows of the API (status, last_seen, dropped)
     findings: list[dict[str, Any]]
-    ops: list[dict[str, Any]]  # per group family and op: count, sum_us and the histogram
+    ops: list[dict[str, Any]]  # per group family, op and source: bytes, sum_us, histogram
 
 
 @dataclasses.dataclass
@@ -136,8 +136,12 @@ class _Collector:
                                   "severity.", labels=["job", "kind", "severity"])
         latency = HistogramMetricFamily("pgdash_collective_latency_seconds", "Time inside "
                                         "collectives, per job, group family (mesh_tp, "
-                                        "default_pg, ...) and op, all ranks merged.",
-                                        labels=["job", "family", "op"])
+                                        "default_pg, ...), op and source, all ranks merged "
+                                        "(source flight_recorder: issued from C++, on gloo "
+                                        "exact only to the agent's poll gap).",
+                                        labels=["job", "family", "op", "source"])
+        moved = CounterMetricFamily("pgdash_collective_bytes", "Bytes handed to collectives, "
+                                    "likewise.", labels=["job", "family", "op", "source"])
         seen = GaugeMetricFamily("pgdash_rank_last_seen_timestamp_seconds", "When each rank of "
                                  "a live job was last heard from (PGDASH_METRICS_PER_RANK=1).",
                                  labels=["job", "rank"])
@@ -161,12 +165,13 @@ class _Collector:
             for (kind, severity), n in sorted(active.items()):
                 found.add_metric([name, kind, severity], n)
             for row in job.ops:
-                latency.add_metric([name, row["family"], row["op"]],
-                                   latency_buckets(row["hist"]), row["sum_us"] / 1e6)
+                labels = [name, row["family"], row["op"], row["source"]]
+                latency.add_metric(labels, latency_buckets(row["hist"]), row["sum_us"] / 1e6)
+                moved.add_metric(labels, row["bytes"])
             if s.per_rank and job.summary["status"] in ("running", "initializing"):
                 for r in job.ranks:
                     seen.add_metric([name, str(r["rank"])], r["last_seen"])
-        yield from (ranks, dropped, found, latency)
+        yield from (ranks, dropped, found, latency, moved)
         if s.per_rank:
             yield seen
 

@@ -71,6 +71,8 @@ class LatencyStats:
     sum_us: float = 0.0
     max_us: float = 0.0
     hist: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    # Flight Recorder rows timed by host polls: their widest poll gap (None: exact timing)
+    resolution_us: float | None = None
 
     def add(self, row: dict[str, Any]) -> None:
         # The hottest line of ingest (every row of every rank's summary, twice): plain dict
@@ -91,6 +93,8 @@ class LatencyStats:
         self.sum_us += other.sum_us
         self.max_us = max(self.max_us, other.max_us)
         self.hist.update(other.hist)
+        if other.resolution_us is not None:
+            self.resolution_us = max(self.resolution_us or 0.0, other.resolution_us)
 
     def percentile(self, q: float) -> float | None:
         """Latency (us) at quantile q from the histogram, never above the true maximum."""
@@ -114,7 +118,9 @@ class JobState:
         self.name = name
         self.sessions: dict[str, RankState] = {}
         self.groups: dict[str, dict[str, Any]] = {}
-        self.collectives: dict[tuple[str, str, int], LatencyStats] = {}
+        # (group, op, rank, source) -> stats; source "wrapper" (Python-issued) or
+        # "flight_recorder" (issued from C++, read from the Flight Recorder)
+        self.collectives: dict[tuple[str, str, int, str], LatencyStats] = {}
         self.progress: dict[tuple[str, int], dict[str, Any]] = {}
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
@@ -124,8 +130,8 @@ class JobState:
         # (group, rank) -> per heartbeat (t, samples in flight, samples) of the Flight Recorder,
         # for groups whose collectives run in C++ (how long a rank waits inside DDP's)
         self.fr_tallies: dict[tuple[str, int], collections.deque] = {}
-        # (group, op) -> whole second of the agents' clocks -> every rank's summaries merged
-        self.op_seconds: dict[tuple[str, str], dict[int, LatencyStats]] = {}
+        # (group, op, source) -> whole second of the agents' clocks -> every rank's summaries
+        self.op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]] = {}
         self.gpus: dict[int, dict[str, Any]] = {}  # rank -> latest GPU reading
         self.gpu_history: dict[int, collections.deque] = {}  # rank -> [t, util, mem, temp, W]
         # rank -> fault key ("xid:79", "ecc", "remap_failure", "lost", ...) -> first seen
@@ -237,20 +243,28 @@ class JobState:
         per_group: dict[str, list] = {}  # one point per group and interval, all ops together
         second = int(body["end"])
         for row in body["rows"]:
-            key = (row["group"], row["op"], r.rank)
+            source = row.get("source", "wrapper")
+            key = (row["group"], row["op"], r.rank, source)
             stats = self.collectives.get(key)
             if stats is None:
                 stats = self.collectives[key] = LatencyStats()
             stats.add(row)
-            series = self.op_seconds.get(key[:2])
+            if row.get("timing") == "host_poll":
+                stats.resolution_us = max(stats.resolution_us or 0.0, row.get("resolution_us", 0.0))
+            series_key = (row["group"], row["op"], source)
+            series = self.op_seconds.get(series_key)
             if series is None:
-                series = self.op_seconds[key[:2]] = {}
+                series = self.op_seconds[series_key] = {}
             merged = series.get(second)
             if merged is None:
                 merged = series[second] = LatencyStats()
                 if len(series) > OP_SECONDS:
                     del series[min(series)]
             merged.add(row)
+            if row.get("timing") == "host_poll":
+                # Timed to a poll gap, not the collective: kept out of the time-inside-
+                # collectives windows (heat map, straggler), which would read the gaps as waits.
+                continue
             point = per_group.setdefault(row["group"], [body["end"], 0, 0.0])
             point[1] += row["count"]
             point[2] += row["sum_us"]
@@ -451,14 +465,14 @@ class JobState:
     def collective_rows(self, group: str | None = None, op: str | None = None,
                         rank: int | None = None) -> list[dict[str, Any]]:
         rows = []
-        for (g, o, rk), s in sorted(self.collectives.items(),
-                                    key=lambda kv: (_group_order(kv[0][0]), kv[0][1], kv[0][2])):
+        for (g, o, rk, src), s in sorted(self.collectives.items(), key=lambda kv: (
+                _group_order(kv[0][0]), kv[0][1], kv[0][2], kv[0][3])):
             if (group is not None and g != group) or (op is not None and o != op) or (
                     rank is not None and rk != rank):
                 continue
             rows.append({"group": g, "op": o, "rank": rk, "count": s.count,
                          "p50_us": s.percentile(0.5), "p99_us": s.percentile(0.99),
-                         "max_us": round(s.max_us, 3), "bytes": s.bytes})
+                         "max_us": round(s.max_us, 3), "bytes": s.bytes, **_source(src, s)})
         return rows
 
     def rank_stat_rows(self) -> list[dict[str, Any]]:
@@ -467,7 +481,7 @@ class JobState:
         group and op)."""
         totals: dict[int, int] = {}
         top: dict[int, tuple[str, str, LatencyStats]] = {}
-        for (g, o, rk), s in self.collectives.items():
+        for (g, o, rk, _src), s in self.collectives.items():
             totals[rk] = totals.get(rk, 0) + s.count
             best = top.get(rk)
             if best is None or s.count > best[2].count:
@@ -536,22 +550,22 @@ class JobState:
         order = {f: i for i, f in enumerate(dict.fromkeys(
             families[name] for name in sorted(self.groups, key=_group_order)))}
         rows = []
-        for (family, op), (s, groups, ranks) in sorted(
+        for (family, op, src), (s, groups, ranks) in sorted(
                 merged.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
             rows.append({"family": family, "groups": sorted(groups, key=_group_order),
                          "op": op, "ranks": len(ranks), "count": s.count, "bytes": s.bytes,
                          "mean_us": round(s.sum_us / s.count, 3) if s.count else None,
                          "p50_us": s.percentile(0.5), "p99_us": s.percentile(0.99),
-                         "max_us": round(s.max_us, 3)})
+                         "max_us": round(s.max_us, 3), **_source(src, s)})
         return rows
 
     def op_stats(self, families: dict[str, str] | None = None
-                 ) -> dict[tuple[str, str], tuple[LatencyStats, set[str], set[int]]]:
-        """(family, op) -> (every rank's statistics merged, its groups, its ranks)."""
+                 ) -> dict[tuple[str, str, str], tuple[LatencyStats, set[str], set[int]]]:
+        """(family, op, source) -> (every rank's statistics merged, its groups, its ranks)."""
         families = self.families() if families is None else families
-        merged: dict[tuple[str, str], tuple[LatencyStats, set[str], set[int]]] = {}
-        for (g, o, rk), s in self.collectives.items():
-            key = (families.get(g, g), o)
+        merged: dict[tuple[str, str, str], tuple[LatencyStats, set[str], set[int]]] = {}
+        for (g, o, rk, src), s in self.collectives.items():
+            key = (families.get(g, g), o, src)
             entry = merged.get(key)
             if entry is None:
                 entry = merged[key] = (LatencyStats(), set(), set())
@@ -614,9 +628,9 @@ class JobState:
 
     def _op_series(self, families: dict[str, str], order: list[str], first: int,
                    bins: int) -> list[dict[str, Any]]:
-        merged: dict[tuple[str, str], list[LatencyStats | None]] = {}
-        for (g, op), series in self.op_seconds.items():
-            cells = merged.setdefault((families.get(g, g), op), [None] * bins)
+        merged: dict[tuple[str, str, str], list[LatencyStats | None]] = {}
+        for (g, op, src), series in self.op_seconds.items():
+            cells = merged.setdefault((families.get(g, g), op, src), [None] * bins)
             for second, stats in series.items():
                 b = second - first
                 if 0 <= b < bins:
@@ -626,11 +640,11 @@ class JobState:
                     cell.merge(stats)
         rank_of = {f: i for i, f in enumerate(order)}
         out = []
-        for (family, op), cells in sorted(merged.items(), key=lambda kv: (
+        for (family, op, src), cells in sorted(merged.items(), key=lambda kv: (
                 rank_of.get(kv[0][0], len(rank_of)), kv[0])):
             if all(c is None for c in cells):
                 continue
-            out.append({"family": family, "op": op,
+            out.append({"family": family, "op": op, "source": src,
                         "count": [c.count if c else 0 for c in cells],
                         "bytes": [c.bytes if c else 0 for c in cells],
                         "p50_us": [c.percentile(0.5) if c else None for c in cells],
@@ -703,6 +717,15 @@ def _status_of(by_rank: dict[int, RankState], world_size: int | None,
         ends = [r.exit_at for r in by_rank.values() if r.exit_at is not None]
         ended_at = max(ends) if ends else last_event_at
     return status, ended_at
+
+
+def _source(source: str, stats: LatencyStats) -> dict[str, Any]:
+    """A row's source fields: where its figures come from and how exact its latency is."""
+    if source == "wrapper":
+        return {"source": source}
+    timing = "host_poll" if stats.resolution_us is not None else "device"
+    return {"source": source, "timing": timing,
+            "resolution_us": round(stats.resolution_us, 3) if timing == "host_poll" else None}
 
 
 def family_of(group: dict[str, Any]) -> str:

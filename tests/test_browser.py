@@ -610,3 +610,26 @@ def test_a_desync_colours_the_rank_that_called_another_collective(server, agents
     expect(topology.locator(".rk[data-rank='2']")).to_have_attribute("data-state", "mismatch")
     expect(topology.locator(".rk[data-rank='0']")).to_have_attribute("data-state", "waiting")
     expect(page.locator("#topology-legend")).to_contain_text("called another collective 1")
+
+
+def test_collectives_issued_from_cpp_are_shown_apart_with_their_exactness(server, agents,
+                                                                          watched):
+    page = watched.page
+    r0 = agents("fr-page", 0)
+    r0.send("group", {"name": "0", "desc": "world", "backend": "gloo", "ranks": [0, 1]})
+    now = time.time()
+    r0.send("coll_stats", {"start": now - 1, "end": now, "rows": [
+        {"group": "0", "op": "all_reduce", "count": 3, "bytes": 12, "sum_us": 150.0,
+         "max_us": 80.0, "hist": [[45, 3]]},
+        {"group": "0", "op": "all_reduce", "count": 40, "bytes": 40 * 68384,
+         "sum_us": 40 * 9000.0, "max_us": 24000.0, "hist": [[105, 40]],
+         "source": "flight_recorder", "timing": "host_poll", "resolution_us": 25000.0}]})
+    page.goto(f"{server.url}/jobs/{job_id(server, 'fr-page')}")
+    rows = page.locator("#coll-body tr")
+    expect(rows).to_have_count(2)
+    cpp = rows.filter(has_text="all_reduce (C++)")
+    expect(cpp).to_contain_text("40")
+    expect(cpp.locator("td.mono")).to_have_attribute(
+        "title", re.compile(r"Flight Recorder; latency exact to 25(\.0)? ms"))
+    expect(page.locator("#latency-chart")).to_contain_text("world all_reduce (C++) p50")
+    watched.assert_clean()

@@ -192,10 +192,12 @@ def test_metrics_expose_jobs_ranks_and_ingest_counters(server):
     # Latency in seconds per family and op, all ranks merged: 2 calls of ~0.8 ms, 1 of ~1.5 ms.
     family = 'family="0",job="quote\\"job"'
     bucket = "pgdash_collective_latency_seconds_bucket"
-    assert f'{bucket}{{{family},le="0.001",op="all_reduce"}} 2.0' in lines
-    assert f'{bucket}{{{family},le="0.005",op="all_reduce"}} 3.0' in lines
-    assert f'pgdash_collective_latency_seconds_count{{{family},op="all_reduce"}} 3.0' in lines
-    assert f'pgdash_collective_latency_seconds_sum{{{family},op="all_reduce"}} 0.003' in lines
+    op = 'op="all_reduce",source="wrapper"'
+    assert f'{bucket}{{{family},le="0.001",{op}}} 2.0' in lines
+    assert f'{bucket}{{{family},le="0.005",{op}}} 3.0' in lines
+    assert f'pgdash_collective_latency_seconds_count{{{family},{op}}} 3.0' in lines
+    assert f'pgdash_collective_latency_seconds_sum{{{family},{op}}} 0.003' in lines
+    assert f'pgdash_collective_bytes_total{{{family},{op}}} 12.0' in lines
     assert any(l.startswith("pgdash_ingest_lag_seconds ") for l in lines)
     # No series per rank unless asked for (PGDASH_METRICS_PER_RANK): bounded cardinality.
     assert not [l for l in lines if "rank=" in l]

@@ -888,9 +888,9 @@
     for (const r of collectives || []) {
       const g = findGroup(r.group);
       const fam = g ? PGTopology.familyOf(g) : String(r.group);
-      const k = fam + "\u0000" + r.op;
+      const k = fam + "\u0000" + opLabel(r);
       let row = out.get(k);
-      if (!row) out.set(k, (row = { family: fam, groups: [String(r.group)], op: r.op, ranks: 0, count: 0, bytes: 0, p50_us: null, p99_us: null, max_us: 0 }));
+      if (!row) out.set(k, (row = { family: fam, groups: [String(r.group)], op: r.op, source: r.source, timing: r.timing, resolution_us: r.resolution_us, ranks: 0, count: 0, bytes: 0, p50_us: null, p99_us: null, max_us: 0 }));
       row.ranks += 1;
       row.count += r.count || 0;
       row.bytes += r.bytes || 0;
@@ -922,7 +922,7 @@
       )
     );
     const rates = bytesRates();
-    const list = (rows || []).map((r) => Object.assign({}, r, { rate: rates.get(String(r.family)) == null ? null : rates.get(String(r.family)).get(r.op) }));
+    const list = (rows || []).map((r) => Object.assign({}, r, { rate: rates.get(String(r.family)) == null ? null : rates.get(String(r.family)).get(opLabel(r)) }));
     const total = list.reduce((n, r) => n + (r.count || 0), 0);
     $("coll-count").textContent = list.length ? PG.fmtNum(total) + " collectives in " + list.length + (list.length === 1 ? " kind" : " kinds") : "";
     const body = $("coll-body");
@@ -939,7 +939,7 @@
           "tr",
           null,
           el("td", null, familyLabel(findGroup, r)),
-          el("td", { class: "mono", text: text(r.op) }),
+          el("td", { class: "mono", title: sourceNote(r), text: opLabel(r) }),
           el("td", { class: "num", text: PG.fmtNum(r.ranks) }),
           el("td", { class: "num", text: PG.fmtNum(r.count) }),
           el("td", { class: "num", text: PG.fmtUs(r.p50_us) }),
@@ -954,6 +954,18 @@
 
   /** Remember cumulative bytes per family and op, to chart bytes per second. */
   /** family -> op -> bytes per second over the last full seconds of the live grid. */
+  /** An op's name, marked when its figures come from the Flight Recorder (issued from C++). */
+  function opLabel(r) {
+    return text(r.op) + (r.source === "flight_recorder" ? " (C++)" : "");
+  }
+
+  /** How a row's latency was measured, for its tooltip. */
+  function sourceNote(r) {
+    if (r.source !== "flight_recorder") return "Timed by pgdash's wrapper around the Python call";
+    if (r.timing === "host_poll") return "Issued from C++ (DDP, functional collectives): seen in PyTorch's Flight Recorder; latency exact to " + PG.fmtUs(r.resolution_us) + " (the agent's poll gap)";
+    return "Issued from C++: seen in PyTorch's Flight Recorder; latency measured on the device (TORCH_NCCL_ENABLE_TIMING)";
+  }
+
   function bytesRates() {
     const out = new Map();
     const grid = state.grid;
@@ -962,7 +974,7 @@
       if (!full.length) continue;
       const fam = String(o.family);
       if (!out.has(fam)) out.set(fam, new Map());
-      out.get(fam).set(o.op, full.reduce((a, b) => a + b, 0) / full.length);
+      out.get(fam).set(opLabel(o), full.reduce((a, b) => a + b, 0) / full.length);
     }
     return out;
   }
@@ -976,8 +988,8 @@
     // Latency per family and op: p50 solid, p99 dashed, from every rank's merged histograms.
     const latSeries = [];
     ops.forEach((o, i) => {
-      latSeries.push({ label: o.family + " " + o.op + " p50", values: o.p50_us, color: PGCharts.color(i) });
-      latSeries.push({ label: o.family + " " + o.op + " p99", values: o.p99_us, color: PGCharts.color(i), dash: true });
+      latSeries.push({ label: o.family + " " + opLabel(o) + " p50", values: o.p50_us, color: PGCharts.color(i) });
+      latSeries.push({ label: o.family + " " + opLabel(o) + " p99", values: o.p99_us, color: PGCharts.color(i), dash: true });
     });
     PGCharts.lines($("latency-chart"), { x: x, series: latSeries, yFormat: (v) => PG.fmtUs(v), empty: waiting });
 
