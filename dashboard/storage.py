@@ -84,6 +84,15 @@ findings = sa.Table(
     sa.Column("body", sa.Text, nullable=False),
 )
 
+# One row per job that some server process owns (several processes share one database, see
+# dashboard.cluster): the owner alone folds and diagnoses the job, while its lease lasts.
+job_owners = sa.Table(
+    "job_owners", metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("owner", sa.String(128), nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+)
+
 JOB_FIELDS = ("status", "world_size", "backend", "started_at", "ended_at")
 
 
