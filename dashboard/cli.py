@@ -70,12 +70,17 @@ class Server:
 
 
 def make_server(db: str, host: str, port: int, token: str | None = None,
-                hang_after: float | None = None) -> Server:
+                hang_after: float | None = None, queue: str | None = None,
+                lease: float | None = None) -> Server:
     from dashboard.app import create_app
 
     config = {"DB": db, "TOKEN": token}
     if hang_after is not None:
         config["HANG_AFTER"] = hang_after
+    if queue:
+        config["QUEUE"] = queue
+    if lease is not None:
+        config["LEASE_S"] = lease
     try:
         app = create_app(config)
     except ValueError as exc:
@@ -93,7 +98,15 @@ def make_server(db: str, host: str, port: int, token: str | None = None,
               help="Agents must present this token (PGDASH_TOKEN on the training hosts).")
 @click.option("--hang-after", type=click.FloatRange(min=0, min_open=True), default=60.0,
               show_default=True, help="Seconds a collective may wait before it counts as hung.")
-def serve(host: str, port: int, db: str, token: str | None, hang_after: float) -> None:
+@click.option("--queue", envvar="PGDASH_QUEUE", show_envvar=True, default=None,
+              help="Redis URL (redis://host:6379/0) shared by several `pgdash serve` processes "
+              "on one PostgreSQL --db; see docs/cluster.md. Unset: one process alone.")
+@click.option("--lease", envvar="PGDASH_LEASE_S", show_envvar=True,
+              type=click.FloatRange(min=1.0), default=5.0, show_default=True,
+              help="With --queue: seconds a job's owner process holds it without renewing; "
+              "another process takes a dead owner's jobs over within about 4/3 of this.")
+def serve(host: str, port: int, db: str, token: str | None, hang_after: float,
+          queue: str | None, lease: float) -> None:
     """Run the server: agents report to it, browsers watch it."""
     try:
         if not ipaddress.ip_address(host).is_loopback and not token:
@@ -101,8 +114,9 @@ def serve(host: str, port: int, db: str, token: str | None, hang_after: float) -
                        "reach this port can send data", err=True)
     except ValueError:
         pass  # a host name; let the bind decide
-    server = make_server(db, host, port, token, hang_after).start()
-    click.echo(f"pgdash: serving on {server.url}/  (database {db}; Ctrl-C stops)")
+    server = make_server(db, host, port, token, hang_after, queue, lease).start()
+    shared = f", queue {queue}" if queue else ""
+    click.echo(f"pgdash: serving on {server.url}/  (database {db}{shared}; Ctrl-C stops)")
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

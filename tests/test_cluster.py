@@ -1,0 +1,178 @@
+"""Two `pgdash serve` processes on one real PostgreSQL and one real Redis serve one job whose
+ranks are split between them: diagnosed as one, seen live from either, surviving the owner."""
+
+from __future__ import annotations
+
+import collections
+import queue
+import subprocess
+import sys
+import time
+
+import pytest
+import socketio
+import sqlalchemy as sa
+
+from agent.wire import UI_NAMESPACE
+from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for, wait_job
+from realservers import pg_url, postgres_server, redis_url  # noqa: F401  (fixtures)
+from tcp_balancer import Balancer
+
+
+@pytest.fixture
+def pair(pg_url, redis_url, tmp_path):
+    """Start two `pgdash serve --queue` processes on one database (stopped by PID after)."""
+    started: list[ServerProcess] = []
+
+    def start(*extra):
+        for name in ("a", "b"):
+            started.append(ServerProcess(pg_url, log_path=tmp_path / f"server-{name}.log",
+                                         extra=["--queue", redis_url, *extra]).start())
+        return started
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+def owner_of(pg_url, job_id):
+    engine = sa.create_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text("SELECT owner, expires_at FROM job_owners "
+                                        "WHERE job_id = :j"), {"j": job_id}).all()
+    finally:
+        engine.dispose()
+
+
+def hangs(server, job_id):
+    return [f for f in server.api(f"/api/jobs/{job_id}/findings")["findings"]
+            if f["kind"] == "hang"]
+
+
+def test_queue_needs_postgresql_and_a_reachable_redis(tmp_path, redis_url, pg_url):
+    def serve(*args):
+        return subprocess.run([sys.executable, "-m", "dashboard", "serve", "--port", "0", *args],
+                              capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+    out = serve("--db", f"sqlite:///{tmp_path}/x.db", "--queue", redis_url)
+    assert out.returncode != 0 and "must share one PostgreSQL database" in out.stderr
+    out = serve("--db", pg_url, "--queue", "redis://127.0.0.1:1/0")
+    assert out.returncode != 0 and "cannot reach Redis" in out.stderr
+    assert "PGDASH_QUEUE" in out.stderr
+
+
+def test_split_job_is_diagnosed_once_and_seen_live_from_the_other_process(
+        pair, pg_url, tmp_path):
+    a, b = pair("--hang-after", "3")
+    ui = socketio.Client(reconnection=False)
+    inbox: queue.Queue = queue.Queue()
+    ui.on("job", lambda payload: inbox.put(("job", payload)), namespace=UI_NAMESPACE)
+    ui.on("job_delta", lambda payload: inbox.put(("job_delta", payload)),
+          namespace=UI_NAMESPACE)
+    # Ranks 0 and 1 report to A, rank 2 (the one that hangs) to B.
+    procs = launch_job("fault_job.py", 3, a.url, "split", tmp_path, args=["hang"],
+                       rank_env={2: {"PGDASH_SERVER": b.url}})
+    try:
+        job = wait_for(lambda: (j := job_by_name(a, "split")) and j["world_size"] == 3 and j,
+                       60, "the job on A")
+        assert [j["id"] for j in b.api("/api/jobs")["jobs"]] == [job["id"]], \
+            "ranks on two processes must make one job"
+        owners = wait_for(lambda: owner_of(pg_url, job["id"]), 30, "an owner")
+        assert len(owners) == 1
+        other = b if _owns(a, owners[0][0]) else a
+
+        # A browser on the process that does NOT own the job watches it live.
+        ui.connect(other.url, namespaces=[UI_NAMESPACE], transports=["websocket"])
+        assert ui.call("watch", {"job": job["id"]}, namespace=UI_NAMESPACE) == {"ok": True}
+        # The owner's deltas may reach the room before the snapshot it was asked for;
+        # the page ignores those too (they build on a version it does not have yet).
+        while True:
+            kind, snap = inbox.get(timeout=15)
+            if kind == "job":
+                break
+        assert snap["job_id"] == job["id"]
+        version = snap["v"]
+
+        for server in (a, b):
+            found = wait_for(lambda s=server: [f for f in hangs(s, job["id"]) if f["active"]],
+                             60, f"the hang on {server.url}")
+            assert [f["ranks"] for f in found] == [[2]], found
+        detail = other.api(f"/api/jobs/{job['id']}")
+        assert [r["rank"] for r in detail["ranks"]] == [0, 1, 2]
+
+        # The hang reaches the browser on the other process as deltas from the owner.
+        deadline = time.monotonic() + 30
+        seen_hang = False
+        while time.monotonic() < deadline and not seen_hang:
+            kind, msg = inbox.get(timeout=10)
+            if kind == "job_delta" and msg["base"] == version:
+                version = msg["v"]
+                rows = [r for _, r in msg["rows"].get("findings", [])] + \
+                    (msg["sections"].get("findings") or [])
+                seen_hang = any(f["kind"] == "hang" and f["ranks"] == [2] for f in rows)
+            elif kind == "job":
+                version = msg["v"]
+                seen_hang = any(f["kind"] == "hang" for f in msg["sections"]["findings"])
+        assert seen_hang, "the browser on the other process never saw the hang"
+
+        # One hang, stored once: the other process did not diagnose it a second time.
+        time.sleep(2)
+        assert len(hangs(a, job["id"])) == len(hangs(b, job["id"])) == 1
+        engine = sa.create_engine(pg_url)
+        try:
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT count(*) FROM findings WHERE job_id = :j "
+                                            "AND kind = 'hang'"), {"j": job["id"]}).scalar() == 1
+        finally:
+            engine.dispose()
+    finally:
+        ui.disconnect()
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _owns(server, owner):
+    """Whether ``owner`` (a job_owners.owner) is this server process (its pid)."""
+    return f":{server.proc.pid}:" in owner
+
+
+def test_owner_killed_mid_job_the_other_takes_over_with_exact_counts(pair, pg_url, tmp_path):
+    a, b = pair()
+    balancer = Balancer([("127.0.0.1", a.port), ("127.0.0.1", b.port)]).start()
+    steps = 300
+    procs = launch_job("loop_job.py", 2, balancer.url, "failover", tmp_path,
+                       args=[str(steps), "0.03"])
+    try:
+        job = wait_for(lambda: (j := job_by_name(a, "failover")) and a.api(
+            f"/api/jobs/{j['id']}/collectives")["collectives"] and j, 60, "first collectives")
+        assert balancer.backends_used() == {0, 1}, "ranks should land on both processes"
+        owners = wait_for(lambda: owner_of(pg_url, job["id"]), 30, "an owner")
+        owner, survivor = (a, b) if _owns(a, owners[0][0]) else (b, a)
+        owner.kill()
+        killed_at = time.monotonic()
+        assert all(p.poll() is None for p in procs), "training goes on"
+        wait_for(lambda: (o := owner_of(pg_url, job["id"])) and _owns(survivor, o[0][0]),
+                 20, "the survivor to own the job")
+        takeover = time.monotonic() - killed_at
+        assert wait_job(procs, 180, tmp_path) == [0, 0]
+        done = wait_for(lambda: (j := survivor.api(f"/api/jobs/{job['id']}"))["status"]
+                        == "finished" and j, 30, "the job finished on the survivor")
+        assert {r["status"] for r in done["ranks"]} == {"exited"}
+        assert all(not r["dropped"] for r in done["ranks"]), done["ranks"]
+        rows = survivor.api(f"/api/jobs/{job['id']}/collectives")["collectives"]
+        counts = collections.Counter({(r["group"], r["op"], r["rank"]): r["count"]
+                                      for r in rows})
+        assert counts == {("0", "all_reduce", 0): steps, ("0", "all_reduce", 1): steps,
+                          ("0", "barrier", 0): 1, ("0", "barrier", 1): 1}
+        assert len(survivor.api("/api/jobs")["jobs"]) == 1
+        assert not [f for f in survivor.api(f"/api/jobs/{job['id']}/findings")["findings"]
+                    if f["kind"] in ("hang", "rank_lost") and f["active"]]
+        print(f"takeover after {takeover:.1f} s")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        balancer.stop()
