@@ -139,6 +139,8 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         body = exposition(ingest.store.list_jobs(limit=10_000), ingest.live_views(),
                           dict(ingest.counters), ingest.store.commits,
                           ingest.store.write_errors)
+        if ingest.cluster is not None:
+            body += ingest.cluster.exposition()
         return body, 200, {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
 
     @app.get("/api/jobs/<int:job_id>/gpus")

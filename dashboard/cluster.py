@@ -203,6 +203,7 @@ class ClusterNode:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._redis = None
+        self.tail_read_at = 0.0
         self.on_snapshot_request: Callable[[int, str], None] | None = None
         self.on_claimed: Callable[[int], None] | None = None
 
@@ -256,7 +257,37 @@ class ClusterNode:
             rows = self.tail.poll()
             if rows:
                 self.ingest.apply_logged(rows)
+        self.tail_read_at = time.time()
         return len(rows)
+
+    def exposition(self) -> str:
+        """Prometheus lines for this process's part of the cluster (appended to /metrics)."""
+        age = time.time() - self.tail_read_at if self.tail_read_at else float("nan")
+        figures = [
+            ("pgdash_cluster_owned_jobs", "gauge", "Jobs this process owns (diagnoses).",
+             len(self.leases.owned)),
+            ("pgdash_cluster_takeovers_total", "counter",
+             "Jobs this process took over from an owner whose lease ran out.",
+             self.leases.takeovers),
+            ("pgdash_cluster_leases_lost_total", "counter",
+             "Leases another process took while this one held them (a pause past --lease).",
+             self.leases.lost),
+            ("pgdash_cluster_tail_age_seconds", "gauge",
+             "Seconds since this process last read the event log's tail.", age),
+            ("pgdash_cluster_tail_held_events", "gauge",
+             "Events read but held back behind an id not yet committed.",
+             len(self.tail._ahead)),
+            ("pgdash_cluster_tail_passed_over_total", "counter",
+             "Ids passed over after waiting for them (rolled-back inserts).",
+             self.tail.passed_over),
+            ("pgdash_cluster_tail_late_total", "counter",
+             "Passed-over ids that committed after all and were folded late.",
+             self.tail.late_delivered),
+        ]
+        lines = []
+        for name, kind, text, value in figures:
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+        return "\n".join(lines) + "\n"
 
     def _tail_loop(self) -> None:
         while not self._stop.wait(self.tail_s):
