@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
 import sys
 import threading
 
@@ -115,6 +116,9 @@ def serve(host: str, port: int, db: str, token: str | None, hang_after: float,
     except ValueError:
         pass  # a host name; let the bind decide
     server = make_server(db, host, port, token, hang_after, queue, lease).start()
+    # A service manager stops with SIGTERM: stop as on Ctrl-C, so that with --queue this
+    # process hands its jobs over at once instead of after its leases run out.
+    signal.signal(signal.SIGTERM, _interrupt)
     shared = f", queue {queue}" if queue else ""
     click.echo(f"pgdash: serving on {server.url}/  (database {db}{shared}; Ctrl-C stops)")
     try:
@@ -275,6 +279,10 @@ def db_upgrade(db: str) -> None:
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"pgdash: database {db} is up to date")
+
+
+def _interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
 
 
 def main() -> None:

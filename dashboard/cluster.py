@@ -300,6 +300,11 @@ class ClusterNode:
         lost = self.leases.renew()
         if lost:
             log.warning("pgdash: another process took over job(s) %s", sorted(lost))
+        # An ended job that was diagnosed to the end needs nobody: let it go, so the leases
+        # renewed stay the live jobs (late events of it make whoever stores them claim it).
+        done = {j for j in self.leases.owned if self.ingest.settled(j)}
+        if done:
+            self.leases.release(done)
         with self._touched_lock:
             wanted, self._touched = self._touched, set()
         wanted.update(self.leases.orphans())

@@ -341,6 +341,14 @@ class Ingest:
             self.store.submit(lambda conn: self.store.update_job(conn, job_id, summary))
             self.jobs_dirty.set()
 
+    def settled(self, job_id: int) -> bool:
+        """Clustered: whether an owned job needs no owner any more (ended and diagnosed since
+        its last event, or no longer held here)."""
+        with self._states_lock:
+            state = self._states.get(job_id)
+            return state is None or (state.status in ("finished", "failed")
+                                     and self._diagnosed.get(job_id) == state.applied)
+
     def apply_logged(self, rows: list[dict[str, Any]]) -> None:
         """Clustered: fold rows read from the log's tail into the jobs held in memory (the
         caller holds the states lock); the owner stores the jobs' changed summaries."""

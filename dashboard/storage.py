@@ -122,6 +122,9 @@ def make_engine(url: str) -> sa.Engine:
     return sa.create_engine(url, pool_pre_ping=True)
 
 
+MIGRATION_LOCK = 0x70676461  # "pgda": the advisory lock key that serialises migrations
+
+
 def upgrade(url_or_engine: str | sa.Engine, revision: str = "head") -> None:
     """Bring the schema up to ``revision`` with Alembic (``pgdash db upgrade``)."""
     from alembic import command
@@ -131,6 +134,10 @@ def upgrade(url_or_engine: str | sa.Engine, revision: str = "head") -> None:
     cfg = Config()
     cfg.set_main_option("script_location", str(resource_dir("migrations", "env.py")))
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # Several server processes starting together: one migrates, the others wait
+            # for it and then find nothing to do.
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK)))
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 

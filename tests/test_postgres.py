@@ -43,6 +43,19 @@ def test_db_upgrade_on_postgres_makes_the_schema_with_the_right_types(pg_url):
         engine.dispose()
 
 
+def test_processes_migrating_one_database_at_once_all_succeed(pg_url):
+    """Several server processes start together on a fresh database: one migrates, the
+    others wait for it (an advisory lock) instead of failing on tables that appeared."""
+    procs = [subprocess.Popen([sys.executable, "-m", "dashboard", "db", "upgrade", "--db",
+                               pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=ROOT) for _ in range(3)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    for p in procs:
+        p.stdout.close()
+        p.stderr.close()
+    assert [code for code, _ in results] == [0, 0, 0], results
+
+
 def test_store_on_postgres_returns_ids_in_order_and_refuses_a_duplicate_seq(pg_url):
     from dashboard.storage import Store
 
