@@ -7,6 +7,7 @@ import collections
 import queue
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from agent.wire import UI_NAMESPACE
 from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for, wait_job
 from realservers import pg_url, postgres_server, redis_url  # noqa: F401  (fixtures)
 from tcp_balancer import Balancer
+from test_browser import browser  # noqa: F401  (fixture: one headless Chromium)
 
 
 @pytest.fixture
@@ -176,3 +178,61 @@ def test_owner_killed_mid_job_the_other_takes_over_with_exact_counts(pair, pg_ur
                 p.kill()
             p.wait()
         balancer.stop()
+
+
+def test_browser_on_the_process_that_does_not_own_the_job_sees_it_live(
+        pair, pg_url, browser, tmp_path):
+    """Real Chromium on the non-owner: the page builds on the owner's snapshot and deltas,
+    relayed through Redis, and shows the hang the owner found."""
+    from playwright.sync_api import expect
+
+    from test_browser import COLLECTIVES, LIVE_MS, FakeAgent, Watched, rank_row
+
+    a, b = pair("--hang-after", "1")
+    agents = [FakeAgent(a.url if rank < 2 else b.url, "hung-split", rank,
+                        host="node-a" if rank < 2 else "node-b", world_size=3)
+              for rank in range(3)]
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    watched = Watched(page)
+    page.on("pageerror", lambda exc: watched.errors.append(f"page error: {exc}"))
+    page.on("console", watched.on_console)
+    try:
+        agents[0].send("group", {"name": "0", "desc": "default_pg", "backend": "gloo",
+                                 "ranks": [0, 1, 2]})
+        agents[0].collectives(3)
+        job = wait_for(lambda: job_by_name(a, "hung-split"), 30, "the job")
+        owners = wait_for(lambda: owner_of(pg_url, job["id"]), 30, "an owner")
+        other = b if _owns(a, owners[0][0]) else a
+
+        page.goto(f"{other.url}/jobs/{job['id']}")
+        expect(page.locator("#live-text")).to_have_text("Live")
+        expect(rank_row(page, 0).locator("td").nth(COLLECTIVES)).to_have_text("3")
+        page.evaluate("window.__sameDocument = true")
+
+        # Ranks on both processes move; the page on `other` follows without a reload.
+        agents[0].collectives(4)
+        expect(rank_row(page, 0).locator("td").nth(COLLECTIVES)).to_have_text(
+            "7", timeout=LIVE_MS)
+        stuck_since = time.time() - 5
+        for agent in agents[:2]:
+            agent.send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 4,
+                                                 "inflight_op": "all_reduce",
+                                                 "inflight_since": stuck_since}]})
+        agents[2].send("heartbeat", {"groups": [{"group": "0", "entered": 4,
+                                                 "completed": 4}]})
+        finding = page.locator("#findings li.finding[data-kind='hang']")
+        expect(finding).to_have_count(1, timeout=3 * LIVE_MS)
+        expect(finding.locator(".blamed")).to_have_text("rank 2")
+        expect(page.locator("#job-verdict")).to_have_text(
+            "1 critical finding · at fault: rank 2")
+        assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
+        watched.assert_clean()
+    finally:
+        context.close()
+        closers = [threading.Thread(target=x.close, daemon=True) for x in agents]
+        for t in closers:
+            t.start()
+        for t in closers:
+            t.join(timeout=15)
