@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 import socketio
@@ -118,6 +119,9 @@ def test_split_job_is_diagnosed_once_and_seen_live_from_the_other_process(
                 seen_hang = any(f["kind"] == "hang" for f in msg["sections"]["findings"])
         assert seen_hang, "the browser on the other process never saw the hang"
 
+        owner = a if other is b else b
+        assert "pgdash_cluster_owned_jobs 1" in _metrics(owner)
+        assert "pgdash_cluster_owned_jobs 0" in _metrics(other)
         # One hang, stored once: the other process did not diagnose it a second time.
         time.sleep(2)
         assert len(hangs(a, job["id"])) == len(hangs(b, job["id"])) == 1
@@ -133,6 +137,10 @@ def test_split_job_is_diagnosed_once_and_seen_live_from_the_other_process(
         for p in procs:
             p.kill()
             p.wait()
+
+
+def _metrics(server) -> str:
+    return urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
 
 
 def _owns(server, owner):
@@ -236,3 +244,119 @@ def test_browser_on_the_process_that_does_not_own_the_job_sees_it_live(
             t.start()
         for t in closers:
             t.join(timeout=15)
+
+
+# ----------------------------------------------------- the pieces, on the real PostgreSQL --
+
+class Clock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _event_row(job_id, session, seq):
+    return {"job_id": job_id, "session": session, "seq": seq, "t": 1.0, "received_at": 1.0,
+            "kind": "heartbeat", "body": "{}"}
+
+
+def test_log_tail_waits_for_an_id_committed_late_and_delivers_in_id_order(pg_url):
+    from dashboard.cluster import LogTail
+    from dashboard.storage import Store, events
+
+    store = Store(pg_url).start()
+    clock = Clock()
+    try:
+        job_id = store.submit(lambda c: store.create_job(c, "tail", 1.0))
+        tail = LogTail(store, clock=clock, gap_wait=5.0)
+        tail.start_at_end()
+        slow = store.engine.connect()
+        slow_tx = slow.begin()
+        held = slow.execute(sa.insert(events).returning(events.c.id),
+                            [_event_row(job_id, "slow", 1)]).scalar()
+        with store.engine.begin() as fast:  # a higher id, committed first
+            fast.execute(sa.insert(events), [_event_row(job_id, "fast", 1)])
+        assert tail.poll() == [], "an id below a missing one must wait for it"
+        clock.now += 4.0
+        assert tail.poll() == []
+        slow_tx.commit()
+        slow.close()
+        got = tail.poll()
+        assert [(r["id"], r["session"]) for r in got] == [(held, "slow"), (held + 1, "fast")]
+
+        # A gap that never fills (a rolled-back insert) is passed over after gap_wait ...
+        with store.engine.connect() as gone:
+            tx = gone.begin()
+            lost_id = gone.execute(sa.insert(events).returning(events.c.id),
+                                   [_event_row(job_id, "gone", 1)]).scalar()
+            tx.rollback()
+        with store.engine.begin() as conn:
+            conn.execute(sa.insert(events), [_event_row(job_id, "after", 1)])
+        assert tail.poll() == []
+        clock.now += 5.1
+        assert [r["session"] for r in tail.poll()] == ["after"]
+        assert tail.passed_over == 1 and tail.cursor == lost_id + 1
+        # ... and an id passed over that commits after all is delivered late, not lost.
+        with store.engine.begin() as conn:
+            conn.execute(sa.insert(events), [{**_event_row(job_id, "late", 1), "id": lost_id}])
+        assert [(r["id"], r["session"]) for r in tail.poll()] == [(lost_id, "late")]
+        assert tail.late_delivered == 1
+    finally:
+        store.close()
+
+
+def test_leases_one_owner_at_a_time_and_takeover_only_after_expiry(pg_url):
+    from dashboard.cluster import Leases
+    from dashboard.storage import Store
+
+    store = Store(pg_url).start()
+    clock = Clock()
+    try:
+        job_id = store.submit(lambda c: store.create_job(c, "leased", 1.0))
+        a = Leases(store, owner="a", lease_s=5.0, clock=clock)
+        b = Leases(store, owner="b", lease_s=5.0, clock=clock)
+        assert b.orphans() == [job_id]
+        assert a.claim(job_id) and not b.claim(job_id)
+        assert b.orphans() == [] and b.owner_of(job_id) == "a"
+        clock.now += 4.0
+        assert a.renew() == set()  # renewed in time: still a's
+        clock.now += 4.0
+        assert not b.claim(job_id)
+        clock.now += 2.0  # a stopped renewing 6 s ago
+        assert b.orphans() == [job_id]
+        assert b.claim(job_id) and b.takeovers == 1
+        assert a.renew() == {job_id} and not a.owns(job_id) and a.lost == 1
+        b.release()
+        assert b.owner_of(job_id) is None and a.claim(job_id) and a.takeovers == 0
+        store.submit(lambda c: store.update_job(c, job_id, {
+            "status": "finished", "world_size": 1, "backend": "gloo", "started_at": 1.0,
+            "ended_at": 2.0}))
+        clock.now += 60
+        assert b.orphans() == [], "an ended job needs no owner"
+    finally:
+        store.close()
+
+
+def test_an_agent_moving_to_the_other_process_is_deduped_against_the_log(pair):
+    from test_server import HELLO, agent_client, ev, send
+
+    a, b = pair()
+    first = agent_client(a.url, session="mover", job="moving")
+    try:
+        hello = {**HELLO, "job": "moving"}
+        assert send(first, [ev(1, "hello", hello), ev(2, "heartbeat", {"groups": []}),
+                            ev(3, "heartbeat", {"groups": []})])["stored"] == 3
+    finally:
+        first.disconnect()
+    second = agent_client(b.url, session="mover", job="moving")
+    try:  # it resends what it was not sure of, plus new events
+        ack = send(second, [ev(seq, "heartbeat", {"groups": []}) for seq in range(2, 6)])
+        assert ack["stored"] == 2
+    finally:
+        second.disconnect()
+    jobs = b.api("/api/jobs")["jobs"]
+    assert [j["name"] for j in jobs] == ["moving"], "the move must not split the job"
+    metrics = urllib.request.urlopen(b.url + "/metrics", timeout=5).read().decode()
+    assert 'pgdash_ingest_events_total{result="duplicate"} 2' in metrics
+    assert "pgdash_cluster_tail_age_seconds" in metrics
