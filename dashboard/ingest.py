@@ -329,7 +329,6 @@ class Ingest:
         self.dirty.add(job_id)
         return len(fresh)
 
-
     def adopt(self, job_id: int) -> None:
         """Clustered: this process now owns the job (new, or taken over from a dead owner):
         hold its state and bring its row in ``jobs`` up to what the log says."""

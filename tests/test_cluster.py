@@ -19,7 +19,6 @@ from agent.wire import UI_NAMESPACE
 from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for, wait_job
 from realservers import pg_url, postgres_server, redis_url  # noqa: F401  (fixtures)
 from tcp_balancer import Balancer
-from test_browser import browser  # noqa: F401  (fixture: one headless Chromium)
 
 
 @pytest.fixture
@@ -188,25 +187,63 @@ def test_owner_killed_mid_job_the_other_takes_over_with_exact_counts(pair, pg_ur
         balancer.stop()
 
 
-def test_browser_on_the_process_that_does_not_own_the_job_sees_it_live(
-        pair, pg_url, browser, tmp_path):
+def in_own_thread(body) -> None:
+    """Run ``body`` on a fresh thread and re-raise what it raised there.
+
+    Playwright's sync API refuses a thread where another sync Playwright is alive, and
+    tests/test_browser.py keeps one for the whole session on the main thread; a second
+    Chromium on its own thread coexists with it.
+    """
+    failure: list[BaseException] = []
+
+    def run():
+        try:
+            body()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="chromium", daemon=True)
+    thread.start()
+    thread.join(timeout=300)
+    assert not thread.is_alive(), "the browser part did not finish within 300 s"
+    if failure:
+        raise failure[0]
+
+
+def test_browser_on_the_process_that_does_not_own_the_job_sees_it_live(pair, pg_url):
     """Real Chromium on the non-owner: the page builds on the owner's snapshot and deltas,
     relayed through Redis, and shows the hang the owner found."""
-    from playwright.sync_api import expect
+    playwright = pytest.importorskip("playwright.sync_api", reason=(
+        "the playwright package is missing: pip install -c constraints.txt -e '.[test]'"))
+    from test_browser import (CHROMIUM_ARGS, COLLECTIVES, LIVE_MS, FakeAgent, Watched,
+                              chromium_path, rank_row)
 
-    from test_browser import COLLECTIVES, LIVE_MS, FakeAgent, Watched, rank_row
-
+    path = chromium_path()
+    if path is None:
+        pytest.skip("chromium is not installed: apt-get install chromium (tools/test does "
+                    "this when run as root), or point PGDASH_CHROMIUM at a Chromium binary")
+    expect = playwright.expect
     a, b = pair("--hang-after", "1")
     agents = [FakeAgent(a.url if rank < 2 else b.url, "hung-split", rank,
                         host="node-a" if rank < 2 else "node-b", world_size=3)
               for rank in range(3)]
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(10_000)
-    page = context.new_page()
-    watched = Watched(page)
-    page.on("pageerror", lambda exc: watched.errors.append(f"page error: {exc}"))
-    page.on("console", watched.on_console)
-    try:
+
+    def browse():
+        with playwright.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+            try:
+                context = browser.new_context(viewport={"width": 1280, "height": 900})
+                context.set_default_timeout(10_000)
+                page = context.new_page()
+                watched = Watched(page)
+                page.on("pageerror", lambda exc: watched.errors.append(f"page error: {exc}"))
+                page.on("console", watched.on_console)
+                check_page(page, expect)
+                watched.assert_clean()
+            finally:
+                browser.close()
+
+    def check_page(page, expect):
         agents[0].send("group", {"name": "0", "desc": "default_pg", "backend": "gloo",
                                  "ranks": [0, 1, 2]})
         agents[0].collectives(3)
@@ -236,9 +273,10 @@ def test_browser_on_the_process_that_does_not_own_the_job_sees_it_live(
         expect(page.locator("#job-verdict")).to_have_text(
             "1 critical finding · at fault: rank 2")
         assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
-        watched.assert_clean()
+
+    try:
+        in_own_thread(browse)
     finally:
-        context.close()
         closers = [threading.Thread(target=x.close, daemon=True) for x in agents]
         for t in closers:
             t.start()
