@@ -398,3 +398,25 @@ def test_an_agent_moving_to_the_other_process_is_deduped_against_the_log(pair):
     metrics = urllib.request.urlopen(b.url + "/metrics", timeout=5).read().decode()
     assert 'pgdash_ingest_events_total{result="duplicate"} 2' in metrics
     assert "pgdash_cluster_tail_age_seconds" in metrics
+
+
+def test_a_process_stopped_with_sigterm_hands_its_jobs_over_at_once(pair, pg_url):
+    """A rolling restart: the stopped owner releases its leases, so the other process takes
+    the job well before a 30 s lease could have run out."""
+    from test_server import HELLO, agent_client, ev, send
+
+    a, b = pair("--lease", "30")
+    agent = agent_client(a.url, session="handover", job="handover")
+    try:
+        assert send(agent, [ev(1, "hello", {**HELLO, "job": "handover"})])["stored"] == 1
+        job = wait_for(lambda: job_by_name(a, "handover"), 30, "the job")
+        owners = wait_for(lambda: owner_of(pg_url, job["id"]), 30, "an owner")
+        owner, other = (a, b) if _owns(a, owners[0][0]) else (b, a)
+        stopped_at = time.monotonic()
+        owner.stop()  # SIGTERM
+        assert owner.proc.returncode == 0, "SIGTERM must stop the server cleanly"
+        wait_for(lambda: (o := owner_of(pg_url, job["id"])) and _owns(other, o[0][0]),
+                 25, "the other process to own the job")
+        assert time.monotonic() - stopped_at < 25  # the lease alone would take 30 s or more
+    finally:
+        agent.disconnect()
