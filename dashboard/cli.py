@@ -46,6 +46,8 @@ class Server:
     def __init__(self, app, host: str, port: int):
         from werkzeug.serving import make_server
 
+        from dashboard.front import Front
+
         self.app = app
         try:
             self._server = make_server(host, port, app, threaded=True)
@@ -56,17 +58,19 @@ class Server:
         self.host = host
         self.port = self._server.server_port
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="pgdash-http",
-                                        daemon=True)
+        # The front accepts every connection: agents' compact (v2) websockets stay on its
+        # event loop, everything else goes to Werkzeug's threads (see dashboard.front).
+        self.front = Front(self._server, app.extensions["pgdash"],
+                           int(app.config["MAX_MESSAGE_BYTES"]))
 
     def start(self) -> "Server":
         self.app.extensions["pgdash_pusher"].start()
-        self._thread.start()
+        self.front.start()
         return self
 
     def stop(self) -> None:
         self.app.extensions["pgdash_pusher"].stop()
-        self._server.shutdown()
+        self.front.stop()
         self.app.extensions["pgdash"].store.close()
 
 

@@ -21,6 +21,9 @@ from dashboard.state import JobState, RankState
 class Settings:
     hang_after: float = 60.0  # --hang-after: a collective waiting this long is a hang
     lost_after: float = 15.0  # a running rank silent this long (no heartbeat) is lost
+    # A rank whose connection closed is lost unless it is back this soon (an agent that
+    # reconnects after a network blip, or after acks came late from a busy server).
+    reconnect_grace: float = 1.5
     init_grace: float = 3.0  # after the latest arrival, missing ranks are named
     straggler_min_intervals: int = 2  # recent summaries (about seconds) a straggler must span
     straggler_min_calls: int = 20  # ... holding at least this many collectives on every rank
@@ -108,6 +111,8 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
     for r in state.ranks():
         if r.status == "lost":
             since, how = r.exit_at or r.last_seen, "its connection closed without a clean exit"
+            if now - since < s.reconnect_grace:
+                continue
         elif r.status in ("running", "initializing") and now - r.last_seen > s.lost_after:
             since = r.last_seen + s.lost_after
             how = f"nothing heard from it for {now - r.last_seen:.0f} s (heartbeats stopped)"

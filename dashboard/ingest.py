@@ -8,16 +8,23 @@ JobState happen in one serial order: the order of the log.
 from __future__ import annotations
 
 import collections
-import json
+import concurrent.futures
+import logging
+import queue
 import threading
 import time
 from typing import Any, Callable
 
-from agent.wire import Ack, Auth, WireError, validate_auth, validate_batch
+from agent.wire import (Ack, Auth, WireError, validate_auth, validate_batch_envelope,
+                        validate_events)
 from dashboard.diagnosis import Finding, Settings, diagnose
+from dashboard.lag import LAG_WARN_S, IngestLag
 from dashboard.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
-from dashboard.storage import Store
+from dashboard.storage import Store, decode_json
+
+
+log = logging.getLogger("pgdash.server")
 
 
 class Refused(Exception):
@@ -42,7 +49,8 @@ class Ingest:
         # job id -> finding id -> finding, every finding seen since the state was loaded;
         # those no longer reported by diagnose() stay, marked inactive.
         self._findings: dict[int, dict[str, Finding]] = {}
-        self._diagnosed: dict[int, int] = {}  # job id -> state.applied at the last diagnosis
+        # job id -> (state.applied, the time judged) at the last diagnosis
+        self._diagnosed: dict[int, tuple[int, float]] = {}
         self.token = token
         self.clock = clock
         self.max_cached_jobs = max_cached_jobs
@@ -54,6 +62,9 @@ class Ingest:
         self.jobs_dirty = threading.Event()
         self.counters: collections.Counter[str] = collections.Counter()
         self.rewind = Rewind(store)
+        self.lag = IngestLag(clock, store.backlog_s)
+        self._behind = False  # whether the server last said it is behind
+        self.agent_connections = 0  # open v2 connections (dashboard.front counts them)
         # Several server processes (dashboard.cluster.ClusterNode): the log's tail folds the
         # states, and only jobs this process owns are diagnosed here.
         self.cluster = None
@@ -117,17 +128,34 @@ class Ingest:
 
     # -- diagnosis ---------------------------------------------------------------------------
 
+    def judged_at(self) -> float:
+        """The moment live verdicts are judged at: now, less the server's own ingest lag.
+
+        An overloaded server folds heartbeats late; judged at arrival time the ranks would
+        look silent or stuck. Judged at ``now - lag`` they look as they were when what the
+        server has folded so far was current (see dashboard.lag).
+        """
+        lag = self.lag.current()
+        if (lag > LAG_WARN_S) != self._behind:
+            self._behind = not self._behind
+            if self._behind:
+                log.warning("pgdash: ingest is %.1f s behind the agents; verdicts that this "
+                            "lag could explain are held until it catches up", lag)
+            else:
+                log.warning("pgdash: ingest caught up with the agents")
+        return self.clock() - lag
+
     def diagnose_live(self) -> None:
-        """Re-diagnose jobs that are running or changed, at the current time; store and mark
-        what changed."""
-        now = self.clock()
+        """Re-diagnose jobs that are running or changed, at the current time (less the
+        server's own lag); store and mark what changed."""
+        now = self.judged_at()
         changed: dict[int, list[Finding]] = {}
         with self._states_lock:
             for job_id, state in list(self._states.items()):
                 if self.cluster is not None and not self.cluster.owns(job_id):
                     continue  # its owner diagnoses it
                 if state.status in ("finished", "failed") and \
-                        self._diagnosed.get(job_id) == state.applied:
+                        self._settled(job_id, state):
                     continue
                 rows = self._update_findings(job_id, state, now)
                 if rows:
@@ -135,6 +163,13 @@ class Ingest:
                     self.dirty.add(job_id)
         for job_id, rows in changed.items():
             self._save_findings(job_id, rows)
+
+    def _settled(self, job_id: int, state: JobState) -> bool:
+        """Whether an ended job's findings can no longer change: diagnosed since its last
+        event, late enough that no grace period of the rules was still running."""
+        last = self._diagnosed.get(job_id)
+        return last is not None and last[0] == state.applied and \
+            last[1] >= (state.last_event_at or 0.0) + self.settings.reconnect_grace
 
     def findings(self, job_id: int) -> list[Finding] | None:
         """Every finding of the job, newest first (None if the job is unknown)."""
@@ -148,7 +183,7 @@ class Ingest:
             if state is None:
                 return None
             if job_id not in self._findings:  # e.g. an old job first opened after a restart
-                rows = self._update_findings(job_id, state, self.clock())
+                rows = self._update_findings(job_id, state, self.judged_at())
             found = sorted(self._findings[job_id].values(), key=lambda f: -f["first_seen"])
         self._save_findings(job_id, rows)
         return found
@@ -173,7 +208,7 @@ class Ingest:
         for fid, f in book.items():
             if fid not in current:
                 f["active"] = False
-        self._diagnosed[job_id] = state.applied
+        self._diagnosed[job_id] = (state.applied, now)
         return [f for fid, f in book.items() if before.get(fid) != _gist(f)]
 
     def state_at(self, job_id: int, at: float) -> dict[str, Any] | None:
@@ -226,10 +261,15 @@ class Ingest:
             raise Refused("pgdash refused the agent: wrong or missing token; set PGDASH_TOKEN "
                           "on the training hosts to the server's --token")
         session = auth["session"]
-        job_id = self.store.submit(lambda conn: self._assign(conn, auth))
-        self._record_server_event(session, job_id, "connect",
-                                  {"rank": auth.get("rank"), "host": auth.get("host")})
-        return session, job_id
+        connected = self._server_event("connect", {"rank": auth.get("rank"),
+                                                   "host": auth.get("host")})
+
+        def admit(conn) -> int:  # one transaction: the job, the session, its connect event
+            job_id = self._assign(conn, auth)
+            self._store(conn, session, job_id, [connected])
+            return job_id
+
+        return session, self.store.submit(admit)
 
     def disconnect(self, session: str) -> None:
         job_id = self._session_jobs.get(session)
@@ -267,26 +307,55 @@ class Ingest:
     # -- events ------------------------------------------------------------------------------
 
     def batch(self, session: str, job_id: int, payload: Any) -> Ack:
-        """Validate and store one batch; returns the acknowledgement for the agent."""
+        """Validate and store one protocol v1 batch; returns the agent's acknowledgement once
+        it is committed."""
         try:
-            good, rejected = validate_batch(payload)
+            validate_batch_envelope(payload)
         except WireError as exc:
             self.counters["rejected_batches"] += 1
             return {"ok": False, "error": str(exc), "retry": False}
-        self.counters["rejected_events"] += len(rejected)
-        if not good:
-            return {"ok": True, "stored": 0, "rejected": rejected}
+        ack, pending = self.batch_nowait(session, job_id, payload["events"])
+        if pending is None:
+            return ack
         try:
-            stored = self.store.submit(lambda conn: self._store(conn, session, job_id, good))
+            stored = pending.result(timeout=self.store.submit_timeout)
         except Exception as exc:
             self.counters["failed_writes"] += 1
             return {"ok": False, "error": f"server could not store the batch: {exc}",
                     "retry": True}
-        return {"ok": True, "stored": stored, "rejected": rejected}
+        return {**ack, "stored": stored}
+
+    def batch_nowait(self, session: str, job_id: int,
+                     events: Any) -> tuple[Ack, concurrent.futures.Future | None]:
+        """Validate a list of events and queue the good ones for the writer.
+
+        Returns the acknowledgement so far and the future of the write (its result: how many
+        events were stored), or None when nothing needs writing (then the ack is final).
+        """
+        try:
+            good, rejected = validate_events(events)
+        except WireError as exc:
+            self.counters["rejected_batches"] += 1
+            return {"ok": False, "error": str(exc), "retry": False}, None
+        self.counters["rejected_events"] += len(rejected)
+        ack: Ack = {"ok": True, "stored": 0, "rejected": rejected}
+        if not good:
+            return ack, None
+        try:
+            pending = self.store.submit_nowait(
+                lambda conn: self._store(conn, session, job_id, good))
+        except queue.Full:
+            self.counters["overloaded_batches"] += 1
+            return {"ok": False, "retry": True,
+                    "error": "server overloaded: its write queue is full; sending again"}, None
+        return ack, pending
+
+    def _server_event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {"seq": None, "t": self.clock(), "kind": kind, "body": body}
 
     def _record_server_event(self, session: str, job_id: int, kind: str,
                              body: dict[str, Any]) -> None:
-        event = {"seq": None, "t": self.clock(), "kind": kind, "body": body}
+        event = self._server_event(kind, body)
         self.store.submit(lambda conn: self._store(conn, session, job_id, [event]))
 
     def _store(self, conn, session: str, job_id: int, evs: list[dict[str, Any]]) -> int:
@@ -320,6 +389,9 @@ class Ingest:
                                        "kind": ev["kind"], "body": ev["body"]}
                 state.apply(stored)
             after = state.summary()
+        newest = max((ev["t"] for ev in fresh if ev.get("seq") is not None), default=None)
+        if newest is not None:
+            self.lag.folded(session, newest, now)
         if after != before:
             self.store.update_job(conn, job_id, after)
             self.jobs_dirty.set()
@@ -352,6 +424,7 @@ class Ingest:
         """Clustered: fold rows read from the log's tail into the jobs held in memory (the
         caller holds the states lock); the owner stores the jobs' changed summaries."""
         touched: dict[int, dict[str, Any]] = {}
+        newest: dict[str, float] = {}  # per agent session, for the lag (dashboard.lag)
         for row in rows:
             state = self._states.get(row["job_id"])
             if state is None:
@@ -360,16 +433,24 @@ class Ingest:
                 touched[row["job_id"]] = state.summary()
             state.apply({"id": row["id"], "session": row["session"], "seq": row["seq"],
                          "t": row["t"], "received_at": row["received_at"],
-                         "kind": row["kind"], "body": json.loads(row["body"])})
+                         "kind": row["kind"], "body": decode_json(row["body"])})
+            if row["seq"] is not None:
+                newest[row["session"]] = max(row["t"], newest.get(row["session"], row["t"]))
+        # Here the fold follows the log's tail, so the lag includes the time events took to
+        # reach this process through the database.
+        now = self.clock()
+        for session, t in newest.items():
+            self.lag.folded(session, t, now)
         for job_id, before in touched.items():
             self.dirty.add(job_id)
             after = self._states[job_id].summary()
             if after != before and self.cluster.owns(job_id):
                 # Not waiting: the writer thread may need the states lock held here.
-                if self.store.submit_nowait(
-                        lambda conn, j=job_id, a=after: self.store.update_job(conn, j, a)):
+                try:
+                    self.store.submit_nowait(
+                        lambda conn, j=job_id, a=after: self.store.update_job(conn, j, a))
                     self.jobs_dirty.set()
-                else:
+                except queue.Full:
                     self.counters["dropped_job_updates"] += 1
 
 

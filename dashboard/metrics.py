@@ -21,13 +21,16 @@ def _series(name: str, labels: dict[str, Any], value: float) -> str:
 
 
 def exposition(jobs: list[dict[str, Any]], live: Iterable[tuple[dict[str, Any], list, list]],
-               counters: dict[str, int], commits: int, write_errors: int) -> str:
+               counters: dict[str, int], commits: int, write_errors: int,
+               lag_s: float = 0.0, agent_connections: int = 0) -> str:
     """The /metrics page.
 
     Args:
         jobs: rows of the jobs table (id, name, status, ...).
         live: for each job held in memory: (its summary, its ranks' detail rows, its findings).
         counters: Ingest's counters (stored_events, duplicate_events, rejected_events, ...).
+        lag_s: how far ingest is behind the agents (dashboard.lag); verdicts wait for it.
+        agent_connections: open protocol v2 agent connections.
     """
     lines = ["# HELP pgdash_jobs Jobs known to this server, by status.", "# TYPE pgdash_jobs gauge"]
     by_status: dict[str, int] = {}
@@ -46,6 +49,15 @@ def exposition(jobs: list[dict[str, Any]], live: Iterable[tuple[dict[str, Any], 
                       counters.get("rejected_batches", 0)),
               _series("pgdash_ingest_refused_total", {"what": "connection"},
                       counters.get("refused_connections", 0)),
+              _series("pgdash_ingest_refused_total", {"what": "overloaded"},
+                      counters.get("overloaded_batches", 0)),
+              "# HELP pgdash_ingest_lag_seconds How far behind the agents the server's ingest "
+              "is; live verdicts are judged that far back, so its lag is never blamed on a rank.",
+              "# TYPE pgdash_ingest_lag_seconds gauge",
+              _series("pgdash_ingest_lag_seconds", {}, round(lag_s, 3)),
+              "# HELP pgdash_agent_connections Open agent connections on the compact path (v2).",
+              "# TYPE pgdash_agent_connections gauge",
+              _series("pgdash_agent_connections", {}, agent_connections),
               "# HELP pgdash_store_commits_total Transactions committed by the writer.",
               "# TYPE pgdash_store_commits_total counter",
               _series("pgdash_store_commits_total", {}, commits),

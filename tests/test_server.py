@@ -52,8 +52,8 @@ def test_bad_batches_are_refused_with_reasons_and_lose_nothing(server):
         ack = send(client, [ev(2, "group", {"name": "0", "ranks": "all"}),
                             ev(3, "group", {"name": "0", "ranks": [0]})])
         assert ack["ok"] and ack["stored"] == 1
-        assert ack["rejected"] == [{"seq": 2, "error": "events[0].body.ranks must be a list, "
-                                                       "got str"}]
+        assert ack["rejected"] == [{"seq": 2, "error": "events[0].body.ranks: Expected "
+                                                       "`array`, got `str`"}]
         assert send(client, [ev(1, "hello", HELLO)])["stored"] == 0  # a resend: ignored
         assert send(client, [], v=7)["error"] == "batch.v must be 1, got 7"
         huge = [ev(10 + i, "exit", {"clean": True}) for i in range(501)]
