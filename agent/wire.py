@@ -62,6 +62,7 @@ class Auth(TypedDict, total=False):
     rank: int | None
     host: str
     pid: int
+    attempt: int  # optional: which restart of the job this process is (0 = first launch)
 
 
 class Event(TypedDict):
@@ -161,6 +162,8 @@ class Hello(_Shape):
     gpu_uuid: Optional[_Name] = None
     versions: _limited(dict[_Name, Optional[_Text]], max_length=64) = {}
     env: _StrMap = {}
+    # Optional (older agents omit it): 0 for the first launch, n after n restarts.
+    attempt: Optional[_Count] = None
 
 
 class InitStart(_Shape):
@@ -264,6 +267,7 @@ class _AuthShape(_Shape):
     rank: Optional[_Rank] = None
     host: _Name = ""
     pid: _Count = 0
+    attempt: Optional[_Count] = None  # optional; absent from older agents
 
 
 #: Event kinds the server itself records (never accepted from an agent).

@@ -20,10 +20,13 @@ from dashboard.archive import export_lines
 from dashboard.diagnosis import Settings
 from dashboard.ingest import Ingest, Refused
 from dashboard.live import Feed, ViewCache, sections
-from dashboard.metrics import exposition
+from dashboard.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from dashboard.metrics import Snapshot, exposition
 from dashboard.resources import resource_dir
 from dashboard.storage import JOB_FIELDS as STORED_JOB_FIELDS
 from dashboard.storage import Store
+from dashboard.trace import DEFAULT_MAX_EVENTS as DEFAULT_TRACE_MAX_EVENTS
+from dashboard.trace import TraceError, build_trace, json_chunks, trace_query
 
 log = logging.getLogger("pgdash.server")
 
@@ -36,9 +39,16 @@ DEFAULTS = {
     "HANG_AFTER": 60.0,
     "PUSH_INTERVAL": 0.5,  # seconds between live updates of one job (throttle)
     "MAX_MESSAGE_BYTES": 4_000_000,
+    "TRACE_MAX_EVENTS": DEFAULT_TRACE_MAX_EVENTS,  # GET /api/jobs/<id>/trace: the most events
+    "METRICS_PER_RANK": False,  # a last-seen series per rank on /metrics (high cardinality)
     "QUEUE": None,  # redis://host:6379/0: several server processes (dashboard.cluster)
     "LEASE_S": 5.0,  # a job owner's lease, when several processes share the database
 }
+
+
+def _flag(value: Any) -> bool:
+    """A boolean setting that may come from the environment as text."""
+    return value is True or str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 def create_app(test_config: dict[str, Any] | None = None) -> Flask:
@@ -50,6 +60,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     if test_config:
         app.config.update(test_config)
     app.json.sort_keys = False
+    _trace_cap(app)  # a bad PGDASH_TRACE_MAX_EVENTS stops the start, named
 
     queue_url = app.config["QUEUE"] or None
     if queue_url:
@@ -139,13 +150,13 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
 
     @app.get("/metrics")
     def metrics():
-        body = exposition(ingest.store.list_jobs(limit=10_000), ingest.live_views(),
-                          dict(ingest.counters), ingest.store.commits,
-                          ingest.store.write_errors, ingest.lag.current(),
-                          ingest.agent_connections)
+        body = exposition(Snapshot(
+            ingest.store.list_jobs(limit=10_000), ingest.live_views(), dict(ingest.counters),
+            ingest.store.commits, ingest.store.write_errors, ingest.lag.current(),
+            ingest.agent_connections, per_rank=_flag(app.config["METRICS_PER_RANK"])))
         if ingest.cluster is not None:
             body += ingest.cluster.exposition()
-        return body, 200, {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+        return body, 200, {"Content-Type": METRICS_CONTENT_TYPE}
 
     @app.get("/api/jobs/<int:job_id>/gpus")
     def api_gpus(job_id: int):
@@ -158,6 +169,21 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
             abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
         return app.response_class(lines, mimetype="application/x-ndjson", headers={
             "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}.jsonl"'})
+
+    @app.get("/api/jobs/<int:job_id>/trace")
+    def api_trace(job_id: int):
+        try:
+            start, end, max_events = trace_query(request.args, _trace_cap(app))
+        except TraceError as exc:
+            return jsonify(error=str(exc)), 400
+        job = ingest.store.get_job(job_id)
+        findings = ingest.findings(job_id) if job is not None else None
+        if job is None or findings is None:
+            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
+        trace = build_trace(ingest.store.job_events(job_id), findings=findings, job=job,
+                            start=start, end=end, max_events=max_events)
+        return app.response_class(json_chunks(trace), mimetype="application/json", headers={
+            "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}-trace.json"'})
 
     @app.get("/api/jobs/<int:job_id>/state")
     def api_state(job_id: int):
@@ -182,6 +208,13 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         return {"findings": found}
 
 
+def _trace_cap(app: Flask) -> int:
+    raw = app.config["TRACE_MAX_EVENTS"]
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ValueError(f"PGDASH_TRACE_MAX_EVENTS must be a positive integer, got {raw!r:.40}")
+    return raw
+
+
 def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
     sessions: dict[str, tuple[str, int]] = {}  # sid -> (session, job id)
 
@@ -200,6 +233,7 @@ def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
         known = sessions.get(request.sid)
         if known is None:
             return {"ok": False, "error": "not connected: reconnect", "retry": True}
+        ingest.counters["batches_v1"] += 1
         return ingest.batch(known[0], known[1], payload)
 
     @socketio.on("disconnect", namespace=AGENT_NAMESPACE)
@@ -356,12 +390,12 @@ class LivePush:
             try:
                 # Diagnosis of a 1,024-rank job takes ~45 ms of a GIL it shares with ingest:
                 # run it once a second (verdicts are seconds apart anyway) and at most a
-                # tenth of the time.
+                # quarter of the time.
                 started = time.monotonic()
                 if started >= next_diagnosis:
                     self.ingest.diagnose_live()
                     next_diagnosis = started + max(DIAGNOSE_EVERY_S,
-                                                   10 * (time.monotonic() - started))
+                                                   4 * (time.monotonic() - started))
                 if self.ingest.jobs_dirty.is_set() and started - jobs_pushed_at >= self.interval:
                     self.ingest.jobs_dirty.clear()
                     jobs_pushed_at = started

@@ -70,6 +70,10 @@ def diagnose(state: JobState, now: float, settings: Settings = Settings()) -> li
                                       (f["group"], f["evidence"]["seq"]) in desyncs)]
     for f in found:
         f["last_seen"] = now
+        # Each attempt of a restarted job has its own findings: attempt 0's keep their ids.
+        f["attempt"] = state.attempt
+        if state.attempt:
+            f["id"] += f"@{state.attempt}"
     return sorted(found, key=lambda f: (SEVERITY_ORDER[f["severity"]], -f["first_seen"]))
 
 
@@ -97,7 +101,9 @@ def _where(r: RankState | None) -> str:
 
 
 def _last_error(state: JobState, rank: int) -> dict[str, Any] | None:
-    return next((e for e in reversed(state.errors) if e.get("rank") == rank), None)
+    """The latest error of that rank in the current attempt."""
+    return next((e for e in reversed(state.errors) if e.get("rank") == rank
+                 and e.get("attempt", 0) == state.attempt), None)
 
 
 def _is_init_failure(state: JobState, r: RankState) -> bool:
@@ -336,7 +342,7 @@ def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
 
 
 def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
-    arrivals = [(sess, entry) for sess, entry in state.init.items()]
+    arrivals = [(sess, entry) for sess, entry in state.current_init().items()]
     if not arrivals:
         return []
     sizes = collections.Counter(e.get("world_size") for _, e in arrivals
@@ -368,7 +374,7 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
 
 def init_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
-    for sess, entry in state.init.items():
+    for sess, entry in state.current_init().items():
         err = entry.get("error")
         if not err:
             continue

@@ -214,6 +214,7 @@ class AgentLink(asyncio.Protocol):
     # -- pgdash ------------------------------------------------------------------------------
 
     def _message(self, frame: bytes | str) -> None:
+        self.ingest.counters["received_bytes"] += len(frame)
         try:
             message = decode_v2(frame)
         except WireError as exc:
@@ -230,6 +231,7 @@ class AgentLink(asyncio.Protocol):
         if isinstance(batch_id, bool) or not isinstance(batch_id, int):
             self._send({"ok": False, "error": "a v2 batch needs an integer id", "retry": False})
             return
+        self.ingest.counters["batches_v2"] += 1
         ack, pending = self.ingest.batch_nowait(self.session, self.job_id,
                                                 message.get("events"))
         if pending is None:

@@ -19,6 +19,7 @@ from agent.wire import (Ack, Auth, WireError, validate_auth, validate_batch_enve
                         validate_events)
 from dashboard.diagnosis import Finding, Settings, diagnose
 from dashboard.lag import LAG_WARN_S, IngestLag
+from dashboard.metrics import LiveJob
 from dashboard.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
 from dashboard.storage import Store, decode_json
@@ -230,11 +231,14 @@ class Ingest:
 
         return self.rewind.view(job_id, job["name"], at, read)
 
-    def live_views(self) -> list[tuple[dict[str, Any], list, list[Finding]]]:
-        """(summary, ranks, findings) of every job held in memory (for /metrics)."""
+    def live_views(self) -> list[LiveJob]:
+        """What /metrics exports of every job held in memory."""
         with self._states_lock:
-            return [(state.summary(), state.rank_rows(),
-                     list(self._findings.get(job_id, {}).values()))
+            return [LiveJob(state.summary(), state.rank_rows(),
+                            list(self._findings.get(job_id, {}).values()),
+                            [{"family": family, "op": op, "hist": dict(stats.hist),
+                              "sum_us": stats.sum_us}
+                             for (family, op), (stats, _, _) in state.op_stats().items()])
                     for job_id, state in self._states.items()]
 
     def take_dirty(self) -> set[int]:
@@ -262,7 +266,8 @@ class Ingest:
                           "on the training hosts to the server's --token")
         session = auth["session"]
         connected = self._server_event("connect", {"rank": auth.get("rank"),
-                                                   "host": auth.get("host")})
+                                                   "host": auth.get("host"),
+                                                   "attempt": auth.get("attempt")})
 
         def admit(conn) -> int:  # one transaction: the job, the session, its connect event
             job_id = self._assign(conn, auth)
@@ -292,7 +297,8 @@ class Ingest:
             now = self.clock()
             latest = self.store.latest_job(conn, auth["job"])
             state = self.state(latest["id"]) if latest else None
-            if state is not None and _joins(state, auth.get("rank"), session):
+            if state is not None and _joins(state, auth.get("rank"), session,
+                                            auth.get("attempt") or 0):
                 known = latest["id"]
             else:  # first launch under this name, or a new launch reusing it
                 known = self.store.create_job(conn, auth["job"], now)
@@ -459,13 +465,17 @@ def _gist(finding: Finding) -> tuple:
     return (finding["active"], finding["severity"], finding["summary"], finding["ranks"])
 
 
-def _joins(state: JobState, rank: int | None, session: str) -> bool:
+def _joins(state: JobState, rank: int | None, session: str, attempt: int = 0) -> bool:
     """Whether a new agent session with this rank belongs to the job's current launch.
 
-    A rank number already held by another session means a new launch reusing the name. A
-    known rank joins even an ended job: a rank whose agent connects late (a fast job, a slow
-    link) must not split the launch in two. An unknown rank joins only a job still going.
+    A later attempt (torchrun restarted the job after a failure) is the same job, even ended.
+    An earlier attempt than the job's, or a rank number already held by another session of
+    the same attempt, means a new launch reusing the name. A known rank joins even an ended
+    job: a rank whose agent connects late (a fast job, a slow link) must not split the launch
+    in two. An unknown rank joins only a job still going.
     """
-    if state.claims(rank, session):
+    if attempt != state.attempt:
+        return attempt > state.attempt
+    if state.claims(rank, session, attempt):
         return False
     return rank is not None or state.status not in ("finished", "failed")

@@ -31,7 +31,7 @@ def closed_by_server(ws) -> bool:
     except websocket.WebSocketConnectionClosedException:
         return True
     finally:
-        ws.close()
+        ws.shutdown()  # close() skips the socket once the peer has closed the connection
 
 
 def send(ws, batch_id, events):

@@ -131,3 +131,17 @@ def _metric(server, name: str) -> float | None:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return None
+
+
+def test_metrics_per_rank_only_when_asked_and_escaped():
+    from dashboard.metrics import LiveJob, Snapshot, exposition
+
+    job = LiveJob({"name": 'a"b\\c', "status": "running"},
+                  [{"rank": 3, "status": "running", "last_seen": 1764000000.125, "dropped": {}}],
+                  [], [])
+    quiet = exposition(Snapshot([], [job], {}, 0, 0))
+    assert "rank=" not in quiet
+    loud = exposition(Snapshot([], [job], {}, 0, 0, per_rank=True)).splitlines()
+    (seen,) = [l for l in loud if l.startswith("pgdash_rank_last_seen_timestamp_seconds{")]
+    assert seen == ('pgdash_rank_last_seen_timestamp_seconds{job="a\\"b\\\\c",rank="3"} '
+                    '1.764000000125e+09')
