@@ -46,6 +46,8 @@ DEFAULTS = {
     "METRICS_PER_RANK": False,  # a last-seen series per rank on /metrics (high cardinality)
     "DB_BUSY_TIMEOUT_S": 30.0,  # how long a write waits for a lock another process holds
     **limits.DEFAULTS,  # per-connection rate limits on agents
+    "QUEUE": None,  # redis://host:6379/0: several server processes (dashboard.cluster)
+    "LEASE_S": 5.0,  # a job owner's lease, when several processes share the database
 }
 
 
@@ -65,13 +67,17 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.json.sort_keys = False
     _trace_cap(app)  # a bad PGDASH_TRACE_MAX_EVENTS stops the start, named
 
+    queue_url = app.config["QUEUE"] or None
+    if queue_url:
+        _check_cluster_config(app.config["DB"], queue_url)
     store = Store(app.config["DB"],
                   busy_timeout_s=float(app.config["DB_BUSY_TIMEOUT_S"])).start()
     ingest = Ingest(store, token=app.config["TOKEN"],
                     settings=Settings(hang_after=float(app.config["HANG_AFTER"]))).start()
     socketio = SocketIO(app, async_mode="threading", async_handlers=False,
                         max_http_buffer_size=app.config["MAX_MESSAGE_BYTES"],
-                        cors_allowed_origins=[], logger=False, engineio_logger=False)
+                        cors_allowed_origins=[], logger=False, engineio_logger=False,
+                        message_queue=queue_url, channel="pgdash-socketio")
     app.extensions["pgdash"] = ingest
     access.register(app, socketio, app.config["TOKEN"])
     _register_pages(app)
@@ -79,8 +85,34 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.extensions["pgdash_limits"] = _rate_limits(app.config)
     _register_agent_namespace(socketio, ingest, app.extensions["pgdash_limits"])
     _register_ui_namespace(socketio, ingest)
-    app.extensions["pgdash_pusher"] = LivePush(socketio, ingest, app.config["PUSH_INTERVAL"])
+    pusher = LivePush(socketio, ingest, app.config["PUSH_INTERVAL"])
+    app.extensions["pgdash_pusher"] = pusher
+    if queue_url:
+        from dashboard.cluster import ClusterNode
+
+        node = ClusterNode(ingest, queue_url, lease_s=float(app.config["LEASE_S"]))
+        node.on_claimed = ingest.adopt
+        node.on_snapshot_request = pusher.send_snapshot
+        ingest.cluster = pusher.cluster = node
     return app
+
+
+def _check_cluster_config(db: str, queue_url: str) -> None:
+    """Several processes need a shared database and a reachable Redis; say which is wrong."""
+    if not db.startswith("postgresql"):
+        raise ValueError(f"--queue / PGDASH_QUEUE ({queue_url}) runs several server processes, "
+                         f"which must share one PostgreSQL database: pass --db "
+                         f"postgresql+psycopg://USER@HOST/DB (got {db})")
+    try:
+        import redis
+    except ImportError:
+        raise ValueError("--queue / PGDASH_QUEUE needs the redis client: "
+                         "pip install 'pgdash[redis]'") from None
+    try:
+        redis.Redis.from_url(queue_url, socket_connect_timeout=5).ping()
+    except (redis.RedisError, ValueError) as exc:
+        raise ValueError(f"--queue / PGDASH_QUEUE {queue_url!r}: cannot reach Redis "
+                         f"({exc}); expected e.g. redis://127.0.0.1:6379/0") from None
 
 
 def _job_or_404(ingest: Ingest, job_id: int, view):
@@ -156,6 +188,8 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
             ingest.store.list_jobs(limit=10_000), ingest.live_views(), dict(ingest.counters),
             ingest.store.commits, ingest.store.write_errors, ingest.lag.current(),
             ingest.agent_connections, per_rank=_flag(app.config["METRICS_PER_RANK"])))
+        if ingest.cluster is not None:
+            body += ingest.cluster.exposition()
         return body, 200, {"Content-Type": METRICS_CONTENT_TYPE}
 
     @app.get("/api/jobs/<int:job_id>/gpus")
@@ -329,14 +363,19 @@ class LivePush:
         self._feeds: dict[int, Feed] = {}  # watched jobs: what their rooms were sent last
         self._pushed_at: dict[int, float] = {}  # job id -> when it was last sent (monotonic)
         self.cache = ViewCache()
+        self.cluster = None  # dashboard.cluster.ClusterNode with several server processes
 
     def start(self) -> None:
+        if self.cluster is not None and self._thread is None:
+            self.cluster.start()
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="pgdash-push", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self.cluster is not None:
+            self.cluster.stop()
 
     def _sections(self, job_id: int) -> dict[str, Any] | None:
         found = self.ingest.read(job_id, lambda s: sections(s, self.cache))
@@ -347,6 +386,15 @@ class LivePush:
     def watch(self, job_id: int, sid: str) -> bool:
         """Bring the job's room up to date, then add ``sid`` with a snapshot; False if there
         is no such job."""
+        if self.cluster is not None and not self.cluster.owns(job_id) and \
+                self.cluster.leases.owner_of(job_id) is not None:
+            # Another process owns it: its deltas reach this room through the message
+            # queue, and it sends the snapshot they build on.
+            if self.ingest.store.get_job(job_id) is None:
+                return False
+            join_room(self._room(job_id), sid=sid, namespace=UI_NAMESPACE)
+            self.cluster.request_snapshot(job_id, sid)
+            return True
         with self._lock:
             if not self._push(job_id):
                 return False
@@ -355,6 +403,14 @@ class LivePush:
                                        "server_time": self.ingest.clock()},
                                to=sid, namespace=UI_NAMESPACE)
             return True
+
+    def send_snapshot(self, job_id: int, sid: str) -> None:
+        """Clustered: a browser on another process watches a job this one owns."""
+        with self._lock:
+            if self._push(job_id):
+                self.socketio.emit("job", {**self._feeds[job_id].snapshot(job_id),
+                                           "server_time": self.ingest.clock()},
+                                   to=sid, namespace=UI_NAMESPACE)
 
     @staticmethod
     def _room(job_id: int) -> str:
@@ -368,7 +424,10 @@ class LivePush:
         self._pushed_at[job_id] = time.monotonic()
         feed = self._feeds.get(job_id)
         if feed is None:
-            self._feeds[job_id] = Feed(fresh)
+            # Clustered, a job's next owner starts a feed of its own: versions that its
+            # watchers cannot mistake for the last owner's (they then ask for a snapshot).
+            first = 1 if self.cluster is None else int(time.time() * 1000) % 2**31
+            self._feeds[job_id] = Feed(fresh, version=first)
             return True
         message = feed.advance(job_id, fresh)
         if message is not None:
@@ -379,6 +438,8 @@ class LivePush:
 
     def _watched(self, job_id: int) -> bool:
         """Whether any browser watches the job (an unwatched job costs nothing)."""
+        if self.cluster is not None:
+            return True  # watchers on other processes are not visible from here
         try:
             participants = self.socketio.server.manager.get_participants(
                 UI_NAMESPACE, self._room(job_id))
@@ -413,6 +474,8 @@ class LivePush:
                     self.socketio.emit("jobs", jobs_payload(self.ingest), to="jobs",
                                        namespace=UI_NAMESPACE)
                 waiting |= self.ingest.take_dirty()
+                if self.cluster is not None:  # only the owner pushes a job
+                    waiting = {j for j in waiting if self.cluster.owns(j)}
                 for job_id in sorted(waiting):
                     if time.monotonic() - self._pushed_at.get(job_id, 0.0) < self.interval:
                         continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
 import sys
 import threading
 
@@ -86,7 +87,8 @@ class Server:
 
 
 def make_server(db: str, host: str, port: int, token: str | None = None,
-                hang_after: float | None = None, tls: tuple[str, str] | None = None) -> Server:
+                hang_after: float | None = None, tls: tuple[str, str] | None = None,
+                queue: str | None = None, lease: float | None = None) -> Server:
     from dashboard.app import create_app
     from dashboard.tls import TLSError, server_context
 
@@ -98,6 +100,10 @@ def make_server(db: str, host: str, port: int, token: str | None = None,
     config = {"DB": db, "TOKEN": token}
     if hang_after is not None:
         config["HANG_AFTER"] = hang_after
+    if queue:
+        config["QUEUE"] = queue
+    if lease is not None:
+        config["LEASE_S"] = lease
     try:
         app = create_app(config)
     except ValueError as exc:
@@ -126,8 +132,16 @@ def make_server(db: str, host: str, port: int, token: str | None = None,
               help="PEM private key of --tls-cert. Default: PGDASH_TLS_KEY.")
 @click.option("--hang-after", type=click.FloatRange(min=0, min_open=True), default=60.0,
               show_default=True, help="Seconds a collective may wait before it counts as hung.")
+@click.option("--queue", envvar="PGDASH_QUEUE", show_envvar=True, default=None,
+              help="Redis URL (redis://host:6379/0) shared by several `pgdash serve` processes "
+              "on one PostgreSQL --db; see docs/cluster.md. Unset: one process alone.")
+@click.option("--lease", envvar="PGDASH_LEASE_S", show_envvar=True,
+              type=click.FloatRange(min=1.0), default=5.0, show_default=True,
+              help="With --queue: seconds a job's owner process holds it without renewing; "
+              "another process takes a dead owner's jobs over within about 4/3 of this.")
 def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
-          tls_cert: str | None, tls_key: str | None, hang_after: float) -> None:
+          tls_cert: str | None, tls_key: str | None, hang_after: float, queue: str | None,
+          lease: float) -> None:
     """Run the server: agents report to it, browsers watch it."""
     if not token and not _is_loopback(host):
         if not insecure:
@@ -147,8 +161,12 @@ def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
                    "PGDASH_TLS_KEY): give both to serve https, or neither.", err=True)
         sys.exit(2)
     server = make_server(db, host, port, token, hang_after,
-                         (tls_cert, tls_key) if tls_cert else None).start()
-    click.echo(f"pgdash: serving on {server.url}/  (database {db}; Ctrl-C stops)")
+                         (tls_cert, tls_key) if tls_cert else None, queue, lease).start()
+    # A service manager stops with SIGTERM: stop as on Ctrl-C, so that with --queue this
+    # process hands its jobs over at once instead of after its leases run out.
+    signal.signal(signal.SIGTERM, _interrupt)
+    shared = f", queue {queue}" if queue else ""
+    click.echo(f"pgdash: serving on {server.url}/  (database {db}{shared}; Ctrl-C stops)")
     try:
         threading.Event().wait()
     except KeyboardInterrupt:
@@ -377,6 +395,10 @@ def db_upgrade(db: str) -> None:
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"pgdash: database {db} is up to date")
+
+
+def _interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from dashboard.lag import LAG_WARN_S, IngestLag
 from dashboard.metrics import LiveJob
 from dashboard.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
-from dashboard.storage import Store, describe_write_error
+from dashboard.storage import Store, decode_json, describe_write_error
 
 
 log = logging.getLogger("pgdash.server")
@@ -68,6 +68,13 @@ class Ingest:
         self._behind = False  # whether the server last said it is behind
         self.agent_connections = 0  # open v2 connections (dashboard.front counts them)
         self._holds: dict[str, tuple[int, float]] = {}  # session -> (first seq, until)
+        # Several server processes (dashboard.cluster.ClusterNode): the log's tail folds the
+        # states, and only jobs this process owns are diagnosed here.
+        self.cluster = None
+
+    @property
+    def states_lock(self) -> threading.RLock:
+        return self._states_lock
 
     def start(self) -> "Ingest":
         self._max_seq = self.store.max_seqs()
@@ -104,7 +111,11 @@ class Ingest:
         with self._states_lock:
             state = self._states.get(job_id)
             if state is None:
-                state = JobState(job_id, job["name"]).apply_all(self.store.job_events(job_id))
+                # Clustered, the tail applies what comes after its cursor (read under this
+                # lock), so the load stops there.
+                upto = self.cluster.tail.cursor if self.cluster else None
+                state = JobState(job_id, job["name"]).apply_all(
+                    self.store.job_events(job_id, upto=upto))
                 self._states[job_id] = state
                 self._evict()
             return state
@@ -144,6 +155,8 @@ class Ingest:
         changed: dict[int, list[Finding]] = {}
         with self._states_lock:
             for job_id, state in list(self._states.items()):
+                if self.cluster is not None and not self.cluster.owns(job_id):
+                    continue  # its owner diagnoses it
                 if state.status in ("finished", "failed") and \
                         self._settled(job_id, state):
                     continue
@@ -164,6 +177,10 @@ class Ingest:
     def findings(self, job_id: int) -> list[Finding] | None:
         """Every finding of the job, newest first (None if the job is unknown)."""
         rows: list[Finding] = []
+        if self.cluster is not None and not self.cluster.owns(job_id):
+            if self.store.get_job(job_id) is None:
+                return None
+            return sorted(self.store.job_findings(job_id), key=lambda f: -f["first_seen"])
         with self._states_lock:
             state = self.state(job_id)
             if state is None:
@@ -273,8 +290,13 @@ class Ingest:
     def _assign(self, conn, auth: Auth) -> int:
         """Writer thread: the job this session belongs to, creating it if needed."""
         session = auth["session"]
+        # The agent resends from what it was acknowledged, possibly by another server
+        # process: dedupe against what the log holds for it, not what this process saw.
+        self._max_seq[session] = max(self._max_seq.get(session, 0),
+                                     self.store.session_max_seq(conn, session))
         known = self._session_jobs.get(session)
         if known is None:
+            self.store.lock_job_name(conn, auth["job"])
             row = self.store.find_session(conn, session)
             known = row["job_id"] if row else None
         if known is None:
@@ -406,6 +428,12 @@ class Ingest:
             return 0
         now = self.clock()
         ids = self.store.insert_events(conn, job_id, session, fresh, now)
+        if self.cluster is not None:  # the log's tail folds it, here and in the owner
+            self._max_seq[session] = last
+            self.counters["duplicate_events"] += len(evs) - len(fresh)
+            self.counters["stored_events"] += len(fresh)
+            self.cluster.touch(job_id)
+            return len(fresh)
         with self._states_lock:
             state = self.state(job_id)
             before = state.summary()
@@ -426,6 +454,58 @@ class Ingest:
         self.counters["stored_events"] += len(fresh)
         self.dirty.add(job_id)
         return len(fresh)
+
+    def adopt(self, job_id: int) -> None:
+        """Clustered: this process now owns the job (new, or taken over from a dead owner):
+        hold its state and bring its row in ``jobs`` up to what the log says."""
+        with self._states_lock:
+            state = self.state(job_id)
+            summary = state.summary() if state is not None else None
+            self.dirty.add(job_id)
+        if summary is not None:
+            self.store.submit(lambda conn: self.store.update_job(conn, job_id, summary))
+            self.jobs_dirty.set()
+
+    def settled(self, job_id: int) -> bool:
+        """Clustered: whether an owned job needs no owner any more (ended and diagnosed since
+        its last event, or no longer held here)."""
+        with self._states_lock:
+            state = self._states.get(job_id)
+            return state is None or (state.status in ("finished", "failed")
+                                     and self._settled(job_id, state))
+
+    def apply_logged(self, rows: list[dict[str, Any]]) -> None:
+        """Clustered: fold rows read from the log's tail into the jobs held in memory (the
+        caller holds the states lock); the owner stores the jobs' changed summaries."""
+        touched: dict[int, dict[str, Any]] = {}
+        newest: dict[str, float] = {}  # per agent session, for the lag (dashboard.lag)
+        for row in rows:
+            state = self._states.get(row["job_id"])
+            if state is None:
+                continue  # not held here: loaded from the log when first needed
+            if row["job_id"] not in touched:
+                touched[row["job_id"]] = state.summary()
+            state.apply({"id": row["id"], "session": row["session"], "seq": row["seq"],
+                         "t": row["t"], "received_at": row["received_at"],
+                         "kind": row["kind"], "body": decode_json(row["body"])})
+            if row["seq"] is not None:
+                newest[row["session"]] = max(row["t"], newest.get(row["session"], row["t"]))
+        # Here the fold follows the log's tail, so the lag includes the time events took to
+        # reach this process through the database.
+        now = self.clock()
+        for session, t in newest.items():
+            self.lag.folded(session, t, now)
+        for job_id, before in touched.items():
+            self.dirty.add(job_id)
+            after = self._states[job_id].summary()
+            if after != before and self.cluster.owns(job_id):
+                # Not waiting: the writer thread may need the states lock held here.
+                try:
+                    self.store.submit_nowait(
+                        lambda conn, j=job_id, a=after: self.store.update_job(conn, j, a))
+                    self.jobs_dirty.set()
+                except queue.Full:
+                    self.counters["dropped_job_updates"] += 1
 
 
 def _first_seq(events: Any) -> int | None:

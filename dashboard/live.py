@@ -160,8 +160,8 @@ def apply(old: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
 class Feed:
     """What one job's watchers were sent last, and its version."""
 
-    def __init__(self, sections: dict[str, Any]):
-        self.version = 1
+    def __init__(self, sections: dict[str, Any], version: int = 1):
+        self.version = version
         self.sections = sections
 
     def snapshot(self, job_id: int) -> dict[str, Any]:

@@ -98,6 +98,16 @@ def encode_json(value: Any) -> str:
 
 decode_json = msgspec.json.decode
 
+
+# One row per job that some server process owns (several processes share one database, see
+# dashboard.cluster): the owner alone folds and diagnoses the job, while its lease lasts.
+job_owners = sa.Table(
+    "job_owners", metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("owner", sa.String(128), nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+)
+
 JOB_FIELDS = ("status", "world_size", "backend", "started_at", "ended_at")
 
 
@@ -128,6 +138,9 @@ def make_engine(url: str, busy_timeout_s: float = 30.0) -> sa.Engine:
     return sa.create_engine(url, pool_pre_ping=True)
 
 
+MIGRATION_LOCK = 0x70676461  # "pgda": the advisory lock key that serialises migrations
+
+
 def upgrade(url_or_engine: str | sa.Engine, revision: str = "head") -> None:
     """Bring the schema up to ``revision`` with Alembic (``pgdash db upgrade``)."""
     from alembic import command
@@ -137,6 +150,10 @@ def upgrade(url_or_engine: str | sa.Engine, revision: str = "head") -> None:
     cfg = Config()
     cfg.set_main_option("script_location", str(resource_dir("migrations", "env.py")))
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # Several server processes starting together: one migrates, the others wait
+            # for it and then find nothing to do.
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK)))
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 
@@ -388,15 +405,18 @@ class Store:
                 .order_by(sessions.c.first_seen, sessions.c.id)).mappings().all()
         return [dict(r) for r in rows]
 
-    def job_events(self, job_id: int, chunk: int = 5000,
-                   after: int = 0) -> Iterator[dict[str, Any]]:
-        """The job's events in log order (those with an id above ``after``), as StoredEvent
-        dicts."""
+    def job_events(self, job_id: int, chunk: int = 5000, after: int = 0,
+                   upto: int | None = None) -> Iterator[dict[str, Any]]:
+        """The job's events in log order (those with an id above ``after``, and at most
+        ``upto`` when given), as StoredEvent dicts."""
         last = after
         while True:
+            where = [events.c.job_id == job_id, events.c.id > last]
+            if upto is not None:
+                where.append(events.c.id <= upto)
             with self.engine.connect() as conn:
                 rows = conn.execute(
-                    sa.select(events).where(events.c.job_id == job_id, events.c.id > last)
+                    sa.select(events).where(*where)
                     .order_by(events.c.id).limit(chunk)).mappings().all()
             for r in rows:
                 yield {"id": r["id"], "session": r["session"], "seq": r["seq"], "t": r["t"],
@@ -405,6 +425,106 @@ class Store:
             if len(rows) < chunk:
                 return
             last = rows[-1]["id"]
+
+    # -- several server processes (dashboard.cluster) -----------------------------------------
+
+    @staticmethod
+    def session_max_seq(conn: sa.Connection, session: str) -> int:
+        """The highest seq stored for an agent session (0 if none): where its resend
+        starts, whichever server process stored the rest."""
+        found = conn.execute(sa.select(sa.func.max(events.c.seq))
+                             .where(events.c.session == session)).scalar()
+        return found or 0
+
+    @staticmethod
+    def lock_job_name(conn: sa.Connection, name: str) -> None:
+        """Serialise the choice of a job for a name across server processes until commit
+        (PostgreSQL advisory lock; SQLite's single writer serialises it already)."""
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(name))))
+
+    def max_event_id(self) -> int:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.max(events.c.id))).scalar() or 0
+
+    @staticmethod
+    def _row_dict(r) -> dict[str, Any]:
+        return {"id": r["id"], "job_id": r["job_id"], "session": r["session"], "seq": r["seq"],
+                "t": r["t"], "received_at": r["received_at"], "kind": r["kind"],
+                "body": r["body"]}
+
+    def events_after(self, after: int, limit: int) -> list[dict[str, Any]]:
+        """Events of every job with an id above ``after``, in id order (bodies as JSON text:
+        the caller parses only those of the jobs it holds)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(events).where(events.c.id > after)
+                                .order_by(events.c.id).limit(limit)).mappings().all()
+        return [self._row_dict(r) for r in rows]
+
+    def events_by_id(self, ids: list[int]) -> list[dict[str, Any]]:
+        if not ids:
+            return []
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(events).where(events.c.id.in_(ids))
+                                .order_by(events.c.id)).mappings().all()
+        return [self._row_dict(r) for r in rows]
+
+    def claim_job(self, job_id: int, owner: str, now: float,
+                  expires_at: float) -> tuple[bool, bool]:
+        """Take or renew the job's lease unless another owner's is still running.
+
+        Returns (owned now, taken over from an expired owner)."""
+        with self.engine.begin() as conn:
+            row = conn.execute(sa.select(job_owners.c.owner, job_owners.c.expires_at)
+                               .where(job_owners.c.job_id == job_id)).first()
+            if row is None:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(sa.insert(job_owners).values(
+                            job_id=job_id, owner=owner, expires_at=expires_at))
+                    return True, False
+                except sa.exc.IntegrityError:  # another process inserted it first
+                    return False, False
+            if row.owner != owner and row.expires_at >= now:
+                return False, False
+            # The guard repeats the check, so of two processes racing for an expired lease
+            # only one updates the row.
+            done = conn.execute(sa.update(job_owners).where(
+                job_owners.c.job_id == job_id, job_owners.c.owner == row.owner,
+                job_owners.c.expires_at == row.expires_at).values(
+                owner=owner, expires_at=expires_at)).rowcount
+            return done == 1, done == 1 and row.owner != owner
+
+    def renew_jobs(self, job_ids: set[int], owner: str, expires_at: float) -> set[int]:
+        """Extend the owner's leases; returns the jobs it still holds."""
+        with self.engine.begin() as conn:
+            conn.execute(sa.update(job_owners).where(job_owners.c.owner == owner,
+                                                     job_owners.c.job_id.in_(job_ids))
+                         .values(expires_at=expires_at))
+            rows = conn.execute(sa.select(job_owners.c.job_id).where(
+                job_owners.c.owner == owner, job_owners.c.job_id.in_(job_ids)))
+            return {r[0] for r in rows}
+
+    def release_jobs(self, job_ids: set[int], owner: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(sa.delete(job_owners).where(job_owners.c.owner == owner,
+                                                     job_owners.c.job_id.in_(job_ids)))
+
+    def orphan_jobs(self, now: float, limit: int = 1000) -> list[int]:
+        """Jobs still going whose lease ran out, or that nobody ever claimed."""
+        query = (sa.select(jobs.c.id)
+                 .select_from(jobs.outerjoin(job_owners, job_owners.c.job_id == jobs.c.id))
+                 .where(jobs.c.status.not_in(("finished", "failed")),
+                        sa.or_(job_owners.c.job_id.is_(None), job_owners.c.expires_at < now))
+                 .order_by(jobs.c.id).limit(limit))
+        with self.engine.connect() as conn:
+            return [r[0] for r in conn.execute(query)]
+
+    def job_owner(self, job_id: int, now: float) -> str | None:
+        """The process holding a live lease on the job, if any."""
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(job_owners.c.owner).where(
+                job_owners.c.job_id == job_id, job_owners.c.expires_at >= now)).scalar()
 
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Block until everything queued so far is committed (tests, shutdown)."""

@@ -148,8 +148,10 @@ def launch_job(script: str, ranks: int, server_url: str, job: str, tmp_path: Pat
         penv = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
                     MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port,
                     PGDASH_SERVER=server_url, PGDASH_JOB=job, OMP_NUM_THREADS="1",
-                    PYTHONPATH=str(ROOT), **{"PGDASH_FLUSH_TIMEOUT_S": "30", **(env or {}),
-                                             **(rank_env or {}).get(rank, {})})
+                    PYTHONPATH=str(ROOT))
+        # update(), so that env or rank_env may override the variables above too.
+        penv.update({"PGDASH_FLUSH_TIMEOUT_S": "30", **(env or {}),
+                     **(rank_env or {}).get(rank, {})})
         with open(tmp_path / f"{job}-rank{rank}.log", "wb") as out:
             procs.append(subprocess.Popen([sys.executable, str(JOBS / script), *(args or [])],
                                           env=penv, stdout=out, stderr=subprocess.STDOUT,
