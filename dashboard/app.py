@@ -22,6 +22,7 @@ from dashboard import access, limits
 from dashboard.archive import export_lines
 from dashboard.diagnosis import Settings
 from dashboard.ingest import Ingest, Refused
+from dashboard.lag import LAG_WARN_S
 from dashboard.live import Feed, ViewCache, sections
 from dashboard.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dashboard.metrics import Snapshot, exposition
@@ -399,18 +400,25 @@ class LivePush:
             if not self._push(job_id):
                 return False
             join_room(self._room(job_id), sid=sid, namespace=UI_NAMESPACE)
-            self.socketio.emit("job", {**self._feeds[job_id].snapshot(job_id),
-                                       "server_time": self.ingest.clock()},
-                               to=sid, namespace=UI_NAMESPACE)
+            self.socketio.emit("job", self._snapshot(job_id), to=sid, namespace=UI_NAMESPACE)
             return True
+
+    def _snapshot(self, job_id: int) -> dict[str, Any]:
+        return {**self._feeds[job_id].snapshot(job_id), **self._clock_fields()}
+
+    def _clock_fields(self) -> dict[str, Any]:
+        """The server's time, and how far behind the agents its ingest is when that is worth
+        saying (dashboard.lag: verdicts are held that long); the page shows them as given."""
+        lag = self.ingest.lag.current()
+        return {"server_time": self.ingest.clock(),
+                "server_behind_s": round(lag, 1) if lag >= LAG_WARN_S else None}
 
     def send_snapshot(self, job_id: int, sid: str) -> None:
         """Clustered: a browser on another process watches a job this one owns."""
         with self._lock:
             if self._push(job_id):
-                self.socketio.emit("job", {**self._feeds[job_id].snapshot(job_id),
-                                           "server_time": self.ingest.clock()},
-                                   to=sid, namespace=UI_NAMESPACE)
+                self.socketio.emit("job", self._snapshot(job_id), to=sid,
+                                   namespace=UI_NAMESPACE)
 
     @staticmethod
     def _room(job_id: int) -> str:
@@ -431,7 +439,7 @@ class LivePush:
             return True
         message = feed.advance(job_id, fresh)
         if message is not None:
-            message["server_time"] = self.ingest.clock()
+            message.update(self._clock_fields())
             self.socketio.emit("job_delta", message, to=self._room(job_id),
                                namespace=UI_NAMESPACE)
         return True

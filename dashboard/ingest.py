@@ -187,7 +187,10 @@ class Ingest:
                 return None
             if job_id not in self._findings:  # e.g. an old job first opened after a restart
                 rows = self._update_findings(job_id, state, self.judged_at())
-            found = sorted(self._findings[job_id].values(), key=lambda f: -f["first_seen"])
+            # Copies: the book marks a finding resolved in place, and the live feed compares
+            # what it sent last with what it is given now (the same dicts would never differ).
+            found = sorted((dict(f) for f in self._findings[job_id].values()),
+                           key=lambda f: -f["first_seen"])
         self._save_findings(job_id, rows)
         return found
 

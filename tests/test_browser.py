@@ -633,3 +633,63 @@ def test_collectives_issued_from_cpp_are_shown_apart_with_their_exactness(server
         "title", re.compile(r"Flight Recorder; latency exact to 25(\.0)? ms"))
     expect(page.locator("#latency-chart")).to_contain_text("world all_reduce (C++) p50")
     watched.assert_clean()
+
+
+# -- a restarted job: its attempts listed, the earlier attempt's findings marked -------------
+
+class AttemptRank:
+    """One rank's agent of one attempt, over a real websocket in the real wire format."""
+
+    def __init__(self, url: str, job: str, rank: int, attempt: int):
+        self.seq = 0
+        self.client = socketio.Client(reconnection=False)
+        self.client.connect(url, namespaces=[AGENT_NAMESPACE], transports=["websocket"],
+                            auth={"v": PROTOCOL_VERSION, "session": uuid.uuid4().hex,
+                                  "job": job, "rank": rank, "host": "node-a",
+                                  "pid": 100 * attempt + rank, "attempt": attempt})
+        self.send("hello", {"job": job, "rank": rank, "world_size": 2, "local_rank": rank,
+                            "host": "node-a", "pid": 100 * attempt + rank,
+                            "backend": "gloo", "device": "cpu", "attempt": attempt})
+
+    def send(self, kind: str, body: dict) -> None:
+        self.seq += 1
+        ack = self.client.call("batch", {"v": PROTOCOL_VERSION, "events": [
+            {"seq": self.seq, "t": time.time(), "kind": kind, "body": body}]},
+            namespace=AGENT_NAMESPACE, timeout=10)
+        assert ack.get("ok") and not ack.get("rejected"), ack
+
+
+def test_job_page_lists_the_attempts_of_a_restarted_job(server, watched):
+    page = watched.page
+    first = [AttemptRank(server.url, "restarted", r, 0) for r in (0, 1)]
+    first[1].send("error", {"where": "uncaught", "error_type": "RuntimeError",
+                            "error": "<b>boom</b> in attempt 0"})
+    first[1].send("exit", {"clean": False, "reason": "uncaught exception"})
+    first[0].send("exit", {"clean": False, "reason": "SIGTERM from torchrun"})
+    for rank in first:
+        rank.client.disconnect()
+    second = [AttemptRank(server.url, "restarted", r, 1) for r in (0, 1)]
+    try:
+        jid = job_id(server, "restarted")
+        page.goto(f"{server.url}/jobs/{jid}")
+        items = page.locator("#job-attempts li.attempt")
+        expect(items).to_have_count(2, timeout=LIVE_MS)
+        expect(items.nth(0)).to_contain_text("attempt 0")
+        expect(items.nth(0).locator(".badge")).to_have_text("failed")
+        expect(items.nth(0)).to_contain_text("failed or lost: ranks 0")
+        expect(items.nth(1)).to_contain_text("attempt 1")
+        expect(items.nth(1)).to_contain_text("2 ranks")
+        expect(items.nth(1)).not_to_contain_text("failed or lost")
+        finding = page.locator("[data-finding=\"rank_failed:-:r1\"]")
+        expect(finding).to_contain_text("attempt 0")
+        expect(finding).to_contain_text("resolved", timeout=LIVE_MS)
+        # the attempt's error text is data: shown as typed, never parsed as HTML
+        expect(page.locator("#errors")).to_contain_text("<b>boom</b> in attempt 0")
+        assert page.locator("#errors b").count() == 0
+
+        for rank in second:  # the second attempt ends well: the list follows live
+            rank.send("exit", {"clean": True, "reason": "exit"})
+        expect(items.nth(1)).to_contain_text("finished", timeout=LIVE_MS)
+    finally:
+        for rank in second:
+            rank.client.disconnect()

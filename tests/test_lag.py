@@ -6,6 +6,10 @@ import os
 import signal
 import time
 
+import socketio
+
+from agent.wire import UI_NAMESPACE
+
 from dashboard.diagnosis import Settings, diagnose
 from dashboard.lag import IngestLag
 from dashboard.state import JobState
@@ -106,6 +110,12 @@ def test_a_server_stopped_for_longer_than_lost_after_blames_no_rank(server, tmp_
         wait_for(lambda: len(server.api(f"/api/jobs/{job['id']}")["ranks"]) == 2 and all(
             r["status"] == "running" for r in server.api(f"/api/jobs/{job['id']}")["ranks"]),
             60, "both ranks running")
+        pushed: list[dict] = []  # what a watching browser is sent
+        ui = socketio.Client(reconnection=False)
+        ui.on("job", pushed.append, namespace=UI_NAMESPACE)
+        ui.on("job_delta", pushed.append, namespace=UI_NAMESPACE)
+        ui.connect(server.url, namespaces=[UI_NAMESPACE], transports=["websocket"])
+        ui.call("watch", {"job": job["id"]}, namespace=UI_NAMESPACE, timeout=10)
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:
             time.sleep(20)
@@ -113,7 +123,10 @@ def test_a_server_stopped_for_longer_than_lost_after_blames_no_rank(server, tmp_
             os.kill(server.proc.pid, signal.SIGCONT)
         lag = wait_for(lambda: _metric(server, "pgdash_ingest_lag_seconds"), 30,
                        "the server to report its lag")
-        assert lag >= 15  # it says how far behind it was
+        assert lag >= 15  # it says how far behind it was, on /metrics and to the page
+        wait_for(lambda: any((m.get("server_behind_s") or 0) >= 15 for m in pushed), 30,
+                 "the page to be told the server is behind")
+        ui.disconnect()
         # Give it time to catch up and the agents to reconnect; then no finding at all.
         wait_for(lambda: all(r["status"] == "running" for r in
                              server.api(f"/api/jobs/{job['id']}")["ranks"]), 60,

@@ -62,9 +62,12 @@ def finished_job(server, name: str, world: int) -> dict:
     return detail
 
 
-def counts(server, job_id: int) -> dict[tuple[str, str, int], int]:
+def counts(server, job_id: int, source: str = "wrapper") -> dict[tuple[str, str, int], int]:
+    """Collectives per group, op and rank, as the wrappers (Python-issued) or the Flight
+    Recorder (issued from C++) counted them."""
     rows = server.api(f"/api/jobs/{job_id}/collectives")["collectives"]
-    return {(r["group"], r["op"], r["rank"]): r["count"] for r in rows}
+    return {(r["group"], r["op"], r["rank"]): r["count"] for r in rows
+            if r.get("source", "wrapper") == source}
 
 
 def serious(server, job_id: int) -> list[dict]:
@@ -83,11 +86,18 @@ def test_ddp_tutorial_under_torchrun(server, tmp_path):
     assert [(r["rank"], r["attempt"], r["status"]) for r in job["ranks"]] == [
         (0, 0, "exited"), (1, 0, "exited")]
     assert [a["attempt"] for a in job["attempts"]] == [0]
-    # Python sees the loss all-reduce of every step and the final barrier; DDP's own gradient
-    # all-reduces run in C++ (the Flight Recorder's business, not counted here).
+    # Python sees the loss all-reduce of every step and the final barrier ...
     assert counts(server, job["id"]) == {("0", "all_reduce", 0): steps,
                                          ("0", "all_reduce", 1): steps,
                                          ("0", "barrier", 0): 1, ("0", "barrier", 1): 1}
+    # ... and DDP's own gradient all-reduces (one bucket a step for this small model) run in
+    # C++: the Flight Recorder counts them, with a latency, without a line of the script.
+    cpp = counts(server, job["id"], "flight_recorder")
+    assert [cpp.get(("0", "all_reduce", r)) for r in (0, 1)] == [steps, steps]
+    rows = server.api(f"/api/jobs/{job['id']}/collectives?op=all_reduce")["collectives"]
+    for row in rows:
+        if row["source"] == "flight_recorder":
+            assert 0 < row["p50_us"] <= row["p99_us"] <= row["max_us"]
     assert serious(server, job["id"]) == []
 
 

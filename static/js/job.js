@@ -1236,7 +1236,7 @@
     live = Object.assign({}, message.sections);
     liveVersion = message.v;
     rewatching = false;
-    showLive(message.server_time);
+    showLive(message.server_time, message.server_behind_s);
   }
 
   function onDelta(message) {
@@ -1259,7 +1259,7 @@
       live[name] = rows;
     }
     liveVersion = message.v;
-    showLive(message.server_time);
+    showLive(message.server_time, message.server_behind_s);
   }
 
   let liveGridIn = null; // the timeline_grid last expanded into state.grid
@@ -1288,7 +1288,8 @@
     });
   }
 
-  function showLive(serverTime) {
+  function showLive(serverTime, behindS) {
+    showLag(behindS);
     if (!live.job || state.replay) return; // a replayed moment stays on screen
     const list = (name) => (Array.isArray(live[name]) ? live[name] : []);
     state.live = true;
@@ -1312,6 +1313,17 @@
     showError("");
     render();
   }
+  /** The server says when its ingest is behind the agents: verdicts wait for it. */
+  function showLag(seconds) {
+    const box = $("job-lag");
+    const behind = PG.isNum(seconds);
+    box.hidden = !behind;
+    box.textContent = behind
+      ? `The server is ${Math.round(seconds)} s behind the agents: it holds verdicts that ` +
+        "this lag could explain until it catches up (no rank is blamed for it)."
+      : "";
+  }
+
 
   /**
    * REST snapshot: on load (the live payload usually follows within a second) and while the
