@@ -70,17 +70,26 @@ class Server:
 
 
 def make_server(db: str, host: str, port: int, token: str | None = None,
-                hang_after: float | None = None) -> Server:
+                hang_after: float | None = None, notify: str | None = None,
+                stall_after: float | None = None) -> Server:
     from dashboard.app import create_app
 
     config = {"DB": db, "TOKEN": token}
     if hang_after is not None:
         config["HANG_AFTER"] = hang_after
+    if notify:
+        config["NOTIFY"] = notify
+    if stall_after is not None:
+        config["STALL_AFTER"] = stall_after
     try:
         app = create_app(config)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    return Server(app, host, port)
+    server = Server(app, host, port)
+    notifier = app.extensions.get("pgdash_notifier")
+    if notifier is not None and notifier.base_url is None:
+        notifier.base_url = server.url  # links in notifications lead to the job page
+    return server
 
 
 @cli.command()
@@ -93,7 +102,15 @@ def make_server(db: str, host: str, port: int, token: str | None = None,
               help="Agents must present this token (PGDASH_TOKEN on the training hosts).")
 @click.option("--hang-after", type=click.FloatRange(min=0, min_open=True), default=60.0,
               show_default=True, help="Seconds a collective may wait before it counts as hung.")
-def serve(host: str, port: int, db: str, token: str | None, hang_after: float) -> None:
+@click.option("--stall-after", type=click.FloatRange(min=0, min_open=True),
+              default=10.0, envvar="PGDASH_STALL_AFTER", show_envvar=True, show_default=True,
+              help="Least seconds a collective waits for a missing peer before a stall warning "
+                   "(more when the group's own collectives are slow).")
+@click.option("--notify", envvar="PGDASH_NOTIFY", show_envvar=True, metavar="URL",
+              help="POST each new, escalated and resolved incident as JSON to this webhook "
+                   "(Slack-compatible `text`).")
+def serve(host: str, port: int, db: str, token: str | None, hang_after: float,
+          stall_after: float, notify: str | None) -> None:
     """Run the server: agents report to it, browsers watch it."""
     try:
         if not ipaddress.ip_address(host).is_loopback and not token:
@@ -101,8 +118,10 @@ def serve(host: str, port: int, db: str, token: str | None, hang_after: float) -
                        "reach this port can send data", err=True)
     except ValueError:
         pass  # a host name; let the bind decide
-    server = make_server(db, host, port, token, hang_after).start()
+    server = make_server(db, host, port, token, hang_after, notify, stall_after).start()
     click.echo(f"pgdash: serving on {server.url}/  (database {db}; Ctrl-C stops)")
+    if notify:
+        click.echo(f"pgdash: incidents are posted to {notify}")
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from dashboard.incidents import incidents
+
 
 def _escape(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -69,4 +71,19 @@ def exposition(jobs: list[dict[str, Any]], live: Iterable[tuple[dict[str, Any], 
         for (kind, severity), n in sorted(active.items()):
             found.append(_series("pgdash_findings_active",
                                  {"job": job["name"], "kind": kind, "severity": severity}, n))
-    return "\n".join(lines + seen + found) + "\n"
+    incs = ["# HELP pgdash_incidents_active Active incidents (findings grouped by root cause) "
+            "per job and severity.", "# TYPE pgdash_incidents_active gauge"]
+    for job, _ranks, findings in live:
+        per: dict[str, int] = {"critical": 0, "warning": 0}
+        for inc in incidents(findings):
+            if inc["active"] and inc["severity"] in per:
+                per[inc["severity"]] += 1
+        for severity, n in per.items():
+            incs.append(_series("pgdash_incidents_active",
+                                {"job": job["name"], "severity": severity}, n))
+    notify = ["# HELP pgdash_notify_total Incident notifications (--notify) by outcome.",
+              "# TYPE pgdash_notify_total counter"]
+    for outcome in ("sent", "retried", "failed", "dropped"):
+        notify.append(_series("pgdash_notify_total", {"outcome": outcome},
+                              counters.get(f"notify_{outcome}", 0)))
+    return "\n".join(lines + seen + found + incs + notify) + "\n"
