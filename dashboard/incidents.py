@@ -87,9 +87,7 @@ def _link(f: Finding, primary: Finding) -> dict[str, Any]:
     """How one finding belongs to its incident (one row of the incident's chain)."""
     ev = f.get("evidence") or {}
     where = f"group {f['group']}" if f.get("group") is not None else "the job"
-    if f is primary:
-        text = f"root cause: {f['kind']} on {where}, blaming {_label(f['ranks'])}"
-    elif f["kind"] in ("hang", "stall"):
+    if f["kind"] in ("hang", "stall"):
         text = (f"{_label(ev.get('waiting') or [])} wait in {where} for "
                 f"{_label(f['ranks'])}")
         for hop in ev.get("chain") or []:
@@ -99,6 +97,8 @@ def _link(f: Finding, primary: Finding) -> dict[str, Any]:
         text = f"the ranks of {where} keep waiting for {_label(f['ranks'])}"
     else:
         text = f"{f['kind']} on {where}, blaming {_label(f['ranks'])}"
+    if f is primary:
+        text = "root cause: " + text
     return {"finding": f["id"], "kind": f["kind"], "group": f.get("group"),
             "ranks": f["ranks"], "active": f["active"], "link": text}
 

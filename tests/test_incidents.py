@@ -130,7 +130,7 @@ def test_a_crash_and_the_hang_it_causes_are_one_incident():
         ("crash:r3", "rank_failed", [3]), ("crash:r1", "rank_failed", [1])]
     crash = incs[1]
     assert len(crash["findings"]) == 2 and crash["hint"] == "fix rank_failed"
-    assert crash["chain"][0]["link"].startswith("root cause: rank_failed")
+    assert crash["chain"][0]["link"].startswith("root cause: rank_failed on the job")
     assert "1 related finding (hang)" in crash["summary"]
 
 
