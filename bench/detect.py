@@ -463,12 +463,64 @@ def run_healthy(sc: Scenario, rep: int, server: ServerProcess, logdir: Path,
             return run  # ERROR
         run.blame_ok = not loud and not loud_findings
         run.status = "PASS" if run.blame_ok else "FAIL"
+        if poller.job_id is not None:
+            m = stall_margin(logdir / "pgdash.db", poller.job_id)
+            run.notes.append(f"longest wait for a peer that had not entered: {m['wait_s']} s "
+                             f"(group {m['group']}, +{m['at_s']} s), stall threshold then "
+                             f"{m['threshold_s']} s: {m['closest_share']:.0%} of it")
         return run
     finally:
         codes = stop_all(procs)
         if not run.exit_codes:
             run.exit_codes = codes
         run.polls, run.max_poll_s = poller.polls, round(poller.max_poll_s, 3)
+
+
+# -- how close a healthy job came to a stall ----------------------------------------------------
+
+def stall_margin(db: Path, job_id: int, tick: float = 0.25) -> dict[str, Any]:
+    """Replays a job's stored log (dashboard.state + dashboard.diagnosis, default settings)
+    and finds the longest wait of any rank in a collective that a peer had not entered yet,
+    with the stall threshold in force at that moment: how much room the defaults left."""
+    sys.path.insert(0, str(ROOT))
+    from dashboard import diagnosis as d
+    from dashboard.state import JobState
+    from dashboard.storage import Store
+
+    store = Store(f"sqlite:///{db}")
+    try:
+        events = list(store.job_events(job_id))
+    finally:
+        store.engine.dispose()
+    s = d.Settings()
+    state = JobState(job_id, "replay")
+    worst = {"wait_s": 0.0, "threshold_s": None, "group": None, "at_s": None,
+             "closest_share": 0.0}
+    if not events:
+        return worst
+    t, i, end = events[0]["received_at"], 0, events[-1]["received_at"]
+    while t <= end:
+        while i < len(events) and events[i]["received_at"] <= t:
+            state.apply(events[i])
+            i += 1
+        for group in state.groups:
+            rows = state.progress_of(group)
+            for view in (d.PYTHON, d.FLIGHT):
+                busy = {r: row for r, row in rows.items() if view.busy(row)}
+                if not busy:
+                    continue
+                seq = max(row[view.seq] for row in busy.values())
+                waiting = {r for r, row in busy.items() if row[view.seq] == seq}
+                if not d._behind(state, group, seq, waiting, view):
+                    continue
+                wait = t - min(rows[r][view.since] for r in waiting)
+                threshold, _ = d._stall_threshold(state, group, view, rows, s)
+                if wait / threshold > worst["closest_share"]:
+                    worst.update(wait_s=round(wait, 2), threshold_s=round(threshold, 2),
+                                 group=group, at_s=round(t - events[0]["received_at"], 1),
+                                 closest_share=round(wait / threshold, 3))
+        t += tick
+    return worst
 
 
 # -- report -----------------------------------------------------------------------------------
