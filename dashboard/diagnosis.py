@@ -738,11 +738,20 @@ def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):
     if not _clearly_least(means, slow, s):
         return None
     typical = _typical(means, slow)
+    # Per interval, by the mean and by the median: a straggler is late at most collectives;
+    # a rank starved of CPU now and then on a crowded host makes a few long waits (a high
+    # mean, a low median), which is not a straggler.
     shown = sum(1 for i in range(n)
-                if _clearly_least({r: p[i][2] / p[i][1] for r, p in recent.items()}, slow, s))
+                if _clearly_least({r: p[i][2] / p[i][1] for r, p in recent.items()}, slow, s)
+                and _clearly_least({r: _median_of(p[i]) for r, p in recent.items()}, slow, s))
     if shown < s.straggler_consistency * n:
         return None
     return slow, means, typical, n, recent
+
+
+def _median_of(point: tuple) -> float:
+    """An interval's median wait (its mean for summaries folded before medians were kept)."""
+    return point[3] if len(point) > 3 else point[2] / point[1]
 
 
 def _typical(means: dict[int, float], slow: int) -> float:

@@ -112,7 +112,8 @@ class JobState:
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
-        # (group, rank) -> recent (t, count, sum_us) summaries, for straggler/slow rules
+        # (group, rank) -> recent (t, count, sum_us, p50_us) summaries, for straggler/slow
+        # rules (the median tells a rank late at every collective from a few long waits)
         self.recent: dict[tuple[str, int], collections.deque] = {}
         # (group, rank) -> per heartbeat (t, samples in flight, samples) of the Flight Recorder,
         # for groups whose collectives run in C++ (how long a rank waits inside DDP's)
@@ -220,10 +221,14 @@ class JobState:
                 if len(series) > OP_SECONDS:
                     del series[min(series)]
             merged.add(row)
-            point = per_group.setdefault(row["group"], [body["end"], 0, 0.0])
+            point = per_group.setdefault(row["group"], [body["end"], 0, 0.0,
+                                                        collections.Counter()])
             point[1] += row["count"]
             point[2] += row["sum_us"]
+            for bucket, n in row["hist"]:
+                point[3][bucket] += n
         for group, point in per_group.items():
+            point[3] = _median_us(point[3], point[2] / max(1, point[1]))
             window = self.recent.get((group, r.rank))
             if window is None:
                 window = self.recent[(group, r.rank)] = collections.deque(
@@ -620,6 +625,17 @@ class JobState:
         if rank is None:
             return False
         return any(r.rank == rank and s != session for s, r in self.sessions.items())
+
+
+def _median_us(hist: collections.Counter, mean: float) -> float:
+    """Median of one interval's latency histogram (its mean when it has none)."""
+    total = sum(hist.values())
+    seen = 0
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen * 2 >= total:
+            return hist_bucket_value(bucket)
+    return mean
 
 
 def family_of(group: dict[str, Any]) -> str:
