@@ -584,13 +584,15 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
         root = chain[-1]["rank"] if chain else slow
         r = state.rank_index().get(root)
         summary = (f"The other ranks of {_group_label(state, group)} keep waiting for rank "
-                   f"{slow}: {typical / 1000:.1f} ms per collective, against "
+                   f"{slow}: {typical / 1000:.1f} ms per collective (median), against "
                    f"{means[slow] / 1000:.1f} ms for rank {slow} itself")
         for hop in chain:
             where = ("'s C++ collectives (DDP)" if hop.get("source") != "python" else "")
             summary += (f"; rank {hop['waits']} waits for rank {hop['rank']} inside "
                         f"{_group_label(state, hop['group'])}{where}")
-        evidence = {"mean_wait_us": {str(k): round(v, 1) for k, v in sorted(means.items())},
+        evidence = {"median_wait_us": {str(k): round(v, 1) for k, v in sorted(means.items())},
+                    "mean_wait_us": {str(k): round(_mean_us(pts), 1)
+                                     for k, pts in sorted(recent.items())},
                     "intervals": n, "collectives": sum(p[1] for p in recent[slow])}
         if hidden:
             evidence["waits_in_cpp"] = hidden
@@ -719,10 +721,12 @@ def _waits_for(tallies: dict[int, Any], rank: int, now: float, s: Settings, samp
 def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):
     """The straggler of the window ending ``back`` intervals ago, or None.
 
-    Returns ``(rank, mean wait per rank, the others' typical wait, intervals, points)``.
-    Besides the whole window, each interval is judged alone: the straggler must clearly wait
-    least (ratio and floor) in ``straggler_consistency`` of them, so one long wait (a pause
-    of a peer, a stalled CPU) that fills a single interval is not a straggler.
+    Returns ``(rank, median wait per rank, the others' typical median wait, intervals,
+    points)``. Judged on each interval's median wait, not its mean: a straggler is late at
+    most collectives, so its peers' median is high; a rank starved of CPU now and then on a
+    crowded host, or one pause (a checkpoint), makes a few long waits: a high mean, a low
+    median. The straggler must clearly wait least (ratio and floor) in
+    ``straggler_consistency`` of the intervals, and over the whole window.
     """
     windows = {rank: pts[:len(pts) - back] for rank, pts in windows.items()}
     depth = min(len(p) for p in windows.values())
@@ -733,20 +737,15 @@ def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):
     if n > depth:
         return None
     recent = {rank: pts[-n:] for rank, pts in windows.items()}
-    means = {rank: _mean_us(pts) for rank, pts in recent.items()}
-    slow = min(means, key=means.get)
-    if not _clearly_least(means, slow, s):
+    medians = {rank: sorted(map(_median_of, pts))[len(pts) // 2] for rank, pts in recent.items()}
+    slow = min(medians, key=medians.get)
+    if not _clearly_least(medians, slow, s):
         return None
-    typical = _typical(means, slow)
-    # Per interval, by the mean and by the median: a straggler is late at most collectives;
-    # a rank starved of CPU now and then on a crowded host makes a few long waits (a high
-    # mean, a low median), which is not a straggler.
     shown = sum(1 for i in range(n)
-                if _clearly_least({r: p[i][2] / p[i][1] for r, p in recent.items()}, slow, s)
-                and _clearly_least({r: _median_of(p[i]) for r, p in recent.items()}, slow, s))
+                if _clearly_least({r: _median_of(p[i]) for r, p in recent.items()}, slow, s))
     if shown < s.straggler_consistency * n:
         return None
-    return slow, means, typical, n, recent
+    return slow, medians, _typical(medians, slow), n, recent
 
 
 def _median_of(point: tuple) -> float:

@@ -129,7 +129,8 @@ def test_browser_gets_a_snapshot_then_deltas_over_socketio(server):
                 break
             held = apply(held, again)
         assert again["v"] >= version
-        stable = lambda secs: {k: v for k, v in secs.items() if k != "findings"}  # noqa: E731
+        stable = lambda secs: {k: v for k, v in secs.items()  # noqa: E731
+                                  if k not in ("findings", "incidents")}
         assert stable(held) == stable(again["sections"])
         assert ui.call("watch", {"job": 999}, namespace=UI_NAMESPACE)["error"] == \
             "no job with id 999"
