@@ -530,7 +530,7 @@ class JobState:
             row = rows.get(rank)
             n = len(window)
             prev_end = None
-            for end, _count, sum_us in itertools.islice(window, max(0, n - bins - 1), None):
+            for end, _count, sum_us, *_ in itertools.islice(window, max(0, n - bins - 1), None):
                 b = int(end) - first
                 dt = end - prev_end if prev_end is not None else 1.0
                 prev_end = end
