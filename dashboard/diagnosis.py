@@ -741,11 +741,24 @@ def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):
     slow = min(medians, key=medians.get)
     if not _clearly_least(medians, slow, s):
         return None
-    shown = sum(1 for i in range(n)
-                if _clearly_least({r: _median_of(p[i]) for r, p in recent.items()}, slow, s))
+    shown = sum(1 for i in range(n) if _late_interval(recent, i, slow, s))
     if shown < s.straggler_consistency * n:
         return None
     return slow, medians, _typical(medians, slow), n, recent
+
+
+def _late_interval(recent: dict[int, list[tuple]], i: int, slow: int, s: Settings) -> bool:
+    """Whether the others waited for ``slow`` at nearly every collective of interval ``i``:
+    ``slow`` waits least by median, and the others' first quartile (three in four of their
+    collectives waited at least that long) clears the ratio and the floor. Random jitter
+    makes each rank wait at about half of the collectives: a low first quartile."""
+    medians = {r: _median_of(p[i]) for r, p in recent.items()}
+    if min(medians, key=medians.get) != slow:
+        return False
+    quartiles = {r: (p[i][4] if len(p[i]) > 4 else medians[r]) for r, p in recent.items()}
+    typical = _typical(quartiles, slow)
+    return typical >= s.straggler_ratio * medians[slow] and \
+        typical - medians[slow] >= s.straggler_min_wait_us
 
 
 def _median_of(point: tuple) -> float:

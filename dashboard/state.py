@@ -112,8 +112,9 @@ class JobState:
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
-        # (group, rank) -> recent (t, count, sum_us, p50_us) summaries, for straggler/slow
-        # rules (the median tells a rank late at every collective from a few long waits)
+        # (group, rank) -> recent (t, count, sum_us, p50_us, p25_us) summaries, for the
+        # straggler and slow rules (quantiles tell a peer late at nearly every collective
+        # from a few long waits, or from waits spread at random)
         self.recent: dict[tuple[str, int], collections.deque] = {}
         # (group, rank) -> per heartbeat (t, samples in flight, samples) of the Flight Recorder,
         # for groups whose collectives run in C++ (how long a rank waits inside DDP's)
@@ -228,7 +229,8 @@ class JobState:
             for bucket, n in row["hist"]:
                 point[3][bucket] += n
         for group, point in per_group.items():
-            point[3] = _median_us(point[3], point[2] / max(1, point[1]))
+            mean = point[2] / max(1, point[1])
+            point[3:] = [_quantile_us(point[3], 0.5, mean), _quantile_us(point[3], 0.25, mean)]
             window = self.recent.get((group, r.rank))
             if window is None:
                 window = self.recent[(group, r.rank)] = collections.deque(
@@ -627,13 +629,13 @@ class JobState:
         return any(r.rank == rank and s != session for s, r in self.sessions.items())
 
 
-def _median_us(hist: collections.Counter, mean: float) -> float:
-    """Median of one interval's latency histogram (its mean when it has none)."""
+def _quantile_us(hist: collections.Counter, q: float, mean: float) -> float:
+    """Quantile ``q`` of one interval's latency histogram (its mean when it has none)."""
     total = sum(hist.values())
     seen = 0
     for bucket in sorted(hist):
         seen += hist[bucket]
-        if seen * 2 >= total:
+        if seen >= q * total:
             return hist_bucket_value(bucket)
     return mean
 
