@@ -28,6 +28,8 @@ class AgentConfig:
     async_poll_s: float = 0.002  # PGDASH_ASYNC_POLL_S: completion check for async_op works
     stack_after_s: float = 2.0  # PGDASH_STACK_AFTER_S: capture the stack of a collective this old
     gpu: bool = True  # PGDASH_GPU: 0 turns GPU sampling (NVML) off
+    # PGDASH_WIRE: auto (the compact protocol v2, or v1 with a server too old for it), v2, v1
+    wire: str = "auto"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":
@@ -53,6 +55,8 @@ class AgentConfig:
                 field = next(f for f in dataclasses.fields(cls) if f.name == name)
                 values[name] = _parse(field, value, f"attach({name}=...)")
         config = cls(**values)
+        if config.wire not in ("auto", "v1", "v2"):
+            raise ValueError(f"{ENV_PREFIX}WIRE must be auto, v1 or v2, got {config.wire!r}")
         for field in dataclasses.fields(cls):
             value = getattr(config, field.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:

@@ -91,6 +91,7 @@ class Agent:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pgdash-agent", daemon=True)
         self._failed = False
+        self._exitcode: int | None = None  # the program's exit status, when it is known
         self._detached = False
         self._patched: list[tuple[Any, str, Any]] = []
         self._pending_stats: list[dict[str, Any]] = []
@@ -140,7 +141,8 @@ class Agent:
                 self.gpu.close()
             self._flush_stats(force=True)
             self._heartbeat(force=True)  # final progress, so the page shows where it ended
-            self.outbox.put(time.time(), "exit", {"clean": not self._failed, "reason": reason})
+            self.outbox.put(time.time(), "exit", {"clean": not self._failed, "reason": reason,
+                                                  "exitcode": self._exitcode})
             deadline = time.monotonic() + (self.config.flush_timeout_s if timeout is None
                                            else timeout)
             while not self.sender.idle() and time.monotonic() < deadline:
@@ -167,7 +169,8 @@ class Agent:
     def _auth(self) -> dict[str, Any]:
         return {"v": PROTOCOL_VERSION, "token": self.config.token, "session": self.session,
                 "job": self.job, "rank": self._identity.get("rank"),
-                "host": self._identity.get("host", ""), "pid": self.pid}
+                "host": self._identity.get("host", ""), "pid": self.pid,
+                "attempt": self._identity.get("attempt")}
 
     def _send_hello(self) -> None:
         self._identity = identity.hello(self.job, self.environ)
@@ -399,6 +402,14 @@ class Agent:
 
     def _excepthook(self, exc_type, exc, tb) -> None:
         try:
+            self.note_uncaught(exc_type, exc)
+        finally:
+            self._previous_excepthook(exc_type, exc, tb)
+
+    def note_uncaught(self, exc_type: type, exc: BaseException) -> None:
+        """Report an exception that ends the program (the excepthook's, or one a launcher
+        caught, e.g. torch.multiprocessing's). Never raises."""
+        try:
             if os.getpid() == self.pid and not issubclass(exc_type, KeyboardInterrupt):
                 self._failed = True
                 self.outbox.put(time.time(), "error", {
@@ -406,13 +417,32 @@ class Agent:
                     "error": _error_text(exc)})
             elif issubclass(exc_type, KeyboardInterrupt):
                 self._failed = True
-        finally:
-            self._previous_excepthook(exc_type, exc, tb)
+        except Exception:
+            pass
+
+    def note_exit(self, code: Any) -> None:
+        """The program called ``sys.exit(code)`` (seen by ``python -m agent``): a non-zero
+        status is a failure, as the launcher will see it. Never raises."""
+        try:
+            status = 0 if code is None else code if isinstance(code, int) else 1
+            if os.getpid() != self.pid or status == 0:
+                return
+            self._failed, self._exitcode = True, status
+            self.outbox.put(time.time(), "error", {
+                "where": "exit", "error_type": "SystemExit",
+                "error": f"the program exited with status {status}"
+                         + (f": {code}" if not isinstance(code, int) else "")})
+        except Exception:
+            pass
 
     def _at_exit(self) -> None:
         if os.getpid() != self.pid:  # a forked child (e.g. a DataLoader worker)
             return
-        self.detach(reason="uncaught exception" if self._failed else "exit")
+        reason = "exit"
+        if self._failed:
+            reason = ("uncaught exception" if self._exitcode is None
+                      else f"exit status {self._exitcode}")
+        self.detach(reason=reason)
 
 
 def _merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from agent.compact import NotServed
 from agent.config import AgentConfig
 from agent.outbox import Outbox
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, PROTOCOL_VERSION, Ack, Event
@@ -23,23 +24,37 @@ from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, PROTOCOL_VERSION, Ack, Even
 log = logging.getLogger("pgdash.agent")
 
 
-def _default_client_factory():
+def socketio_client():
+    """A protocol v1 client: python-socketio, the ``/agent`` namespace."""
     import socketio  # imported here so that merely importing the agent stays cheap
 
     return socketio.Client(reconnection=False, handle_sigint=False, logger=False,
                            engineio_logger=False)
 
 
+def compact_client():
+    """A protocol v2 client: MessagePack frames on a plain websocket (agent.compact)."""
+    from agent.compact import CompactClient
+
+    return CompactClient()
+
+
 class Sender(threading.Thread):
     """Sends the outbox to the server; reconnects with backoff; never raises."""
 
     def __init__(self, config: AgentConfig, outbox: Outbox, auth: Callable[[], dict[str, Any]],
-                 client_factory: Callable[[], Any] = _default_client_factory):
+                 client_factory: Callable[[], Any] | None = None):
         super().__init__(name="pgdash-sender", daemon=True)
         self.config = config
         self.outbox = outbox
         self._auth = auth
+        # PGDASH_WIRE: v2 (the compact path) unless told otherwise; "auto" falls back to v1
+        # for good when the server is too old to serve v2.
+        if client_factory is None:
+            client_factory = socketio_client if config.wire == "v1" else compact_client
         self._client_factory = client_factory
+        self._may_fall_back = client_factory is compact_client and config.wire == "auto"
+        self.wire = "v1" if client_factory is socketio_client else config.wire
         self._client = None
         self._acks: queue.Queue[tuple[int, Any]] = queue.Queue()
         self._inflight: dict[int, tuple[float, list[Event]]] = {}
@@ -159,6 +174,11 @@ class Sender(threading.Thread):
                            auth=self._auth(), transports=["websocket"],
                            wait_timeout=self.config.connect_timeout_s)
         except Exception as exc:
+            if self._may_fall_back and isinstance(exc, NotServed):
+                log.info("pgdash: %s is an older server; speaking protocol v1 to it",
+                         self.config.server)
+                self._client_factory, self._may_fall_back, self.wire = socketio_client, False, "v1"
+                return self._connect()
             reason = refusals[-1] if refusals else f"{type(exc).__name__}: {exc}"
             if isinstance(reason, dict):
                 reason = reason.get("message", reason)

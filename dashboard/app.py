@@ -21,13 +21,19 @@ from dashboard.diagnosis import Settings
 from dashboard.incidents import incidents
 from dashboard.ingest import Ingest, Refused
 from dashboard.live import Feed, ViewCache, sections
-from dashboard.metrics import exposition
+from dashboard.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from dashboard.metrics import Snapshot, exposition
 from dashboard.notify import Notifier
 from dashboard.resources import resource_dir
 from dashboard.storage import JOB_FIELDS as STORED_JOB_FIELDS
 from dashboard.storage import Store
+from dashboard.trace import DEFAULT_MAX_EVENTS as DEFAULT_TRACE_MAX_EVENTS
+from dashboard.trace import TraceError, build_trace, json_chunks, trace_query
 
 log = logging.getLogger("pgdash.server")
+
+DIAGNOSE_EVERY_S = 1.0  # live diagnosis of every job held in memory
+PAUSE_NOTICED_S = 1.0  # the push loop overslept by this much: the server itself was paused
 
 DEFAULTS = {
     "DB": "sqlite:///pgdash.db",
@@ -40,7 +46,14 @@ DEFAULTS = {
     "NOTIFY_QUEUE": 256,
     "PUSH_INTERVAL": 0.5,  # seconds between live updates of one job (throttle)
     "MAX_MESSAGE_BYTES": 4_000_000,
+    "TRACE_MAX_EVENTS": DEFAULT_TRACE_MAX_EVENTS,  # GET /api/jobs/<id>/trace: the most events
+    "METRICS_PER_RANK": False,  # a last-seen series per rank on /metrics (high cardinality)
 }
+
+
+def _flag(value: Any) -> bool:
+    """A boolean setting that may come from the environment as text."""
+    return value is True or str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 def create_app(test_config: dict[str, Any] | None = None) -> Flask:
@@ -52,6 +65,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     if test_config:
         app.config.update(test_config)
     app.json.sort_keys = False
+    _trace_cap(app)  # a bad PGDASH_TRACE_MAX_EVENTS stops the start, named
 
     notifier = None
     if app.config["NOTIFY"]:
@@ -124,9 +138,11 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         notifier = app.extensions.get("pgdash_notifier")
         if notifier is not None:
             counters.update({f"notify_{k}": v for k, v in notifier.counters.items()})
-        body = exposition(ingest.store.list_jobs(limit=10_000), ingest.live_views(),
-                          counters, ingest.store.commits, ingest.store.write_errors)
-        return body, 200, {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+        body = exposition(Snapshot(
+            ingest.store.list_jobs(limit=10_000), ingest.live_views(), counters,
+            ingest.store.commits, ingest.store.write_errors, ingest.lag.current(),
+            ingest.agent_connections, per_rank=_flag(app.config["METRICS_PER_RANK"])))
+        return body, 200, {"Content-Type": METRICS_CONTENT_TYPE}
 
     @app.get("/api/jobs/<int:job_id>/gpus")
     def api_gpus(job_id: int):
@@ -139,6 +155,21 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
             abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
         return app.response_class(lines, mimetype="application/x-ndjson", headers={
             "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}.jsonl"'})
+
+    @app.get("/api/jobs/<int:job_id>/trace")
+    def api_trace(job_id: int):
+        try:
+            start, end, max_events = trace_query(request.args, _trace_cap(app))
+        except TraceError as exc:
+            return jsonify(error=str(exc)), 400
+        job = ingest.store.get_job(job_id)
+        findings = ingest.findings(job_id) if job is not None else None
+        if job is None or findings is None:
+            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
+        trace = build_trace(ingest.store.job_events(job_id), findings=findings, job=job,
+                            start=start, end=end, max_events=max_events)
+        return app.response_class(json_chunks(trace), mimetype="application/json", headers={
+            "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}-trace.json"'})
 
     @app.get("/api/jobs/<int:job_id>/state")
     def api_state(job_id: int):
@@ -170,6 +201,13 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         return {"findings": found}
 
 
+def _trace_cap(app: Flask) -> int:
+    raw = app.config["TRACE_MAX_EVENTS"]
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ValueError(f"PGDASH_TRACE_MAX_EVENTS must be a positive integer, got {raw!r:.40}")
+    return raw
+
+
 def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
     sessions: dict[str, tuple[str, int]] = {}  # sid -> (session, job id)
 
@@ -188,6 +226,7 @@ def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
         known = sessions.get(request.sid)
         if known is None:
             return {"ok": False, "error": "not connected: reconnect", "retry": True}
+        ingest.counters["batches_v1"] += 1
         return ingest.batch(known[0], known[1], payload)
 
     @socketio.on("disconnect", namespace=AGENT_NAMESPACE)
@@ -312,15 +351,20 @@ class LivePush:
         # Wake often, push each changed job as soon as its own interval allows: an update
         # waits ~0.05 s for the loop instead of half an interval on average.
         tick = min(self.interval, 0.05)
+        woke = time.monotonic()
         while not self._stop.wait(tick):
+            slept = time.monotonic() - woke
+            if slept > tick + PAUSE_NOTICED_S:  # this process was not running: say so first
+                self.ingest.lag.paused(slept - tick)
             try:
-                # Diagnosis of a 1,024-rank job takes ~0.1 s of a GIL it shares with ingest:
-                # run it at most every interval and at most a quarter of the time.
+                # Diagnosis of a 1,024-rank job takes ~45 ms of a GIL it shares with ingest:
+                # run it once a second (verdicts are seconds apart anyway) and at most a
+                # quarter of the time.
                 started = time.monotonic()
                 if started >= next_diagnosis:
                     self.ingest.diagnose_live()
-                    next_diagnosis = started + max(self.interval,
-                                                   3 * (time.monotonic() - started))
+                    next_diagnosis = started + max(DIAGNOSE_EVERY_S,
+                                                   4 * (time.monotonic() - started))
                 if self.ingest.jobs_dirty.is_set() and started - jobs_pushed_at >= self.interval:
                     self.ingest.jobs_dirty.clear()
                     jobs_pushed_at = started
@@ -338,3 +382,4 @@ class LivePush:
                             self._feeds.pop(job_id, None)
             except Exception:
                 log.exception("pgdash: live push failed; retrying next interval")
+            woke = time.monotonic()  # the loop's own work is not a pause

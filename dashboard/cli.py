@@ -45,6 +45,8 @@ class Server:
     def __init__(self, app, host: str, port: int):
         from werkzeug.serving import make_server
 
+        from dashboard.front import Front
+
         self.app = app
         try:
             self._server = make_server(host, port, app, threaded=True)
@@ -55,17 +57,19 @@ class Server:
         self.host = host
         self.port = self._server.server_port
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="pgdash-http",
-                                        daemon=True)
+        # The front accepts every connection: agents' compact (v2) websockets stay on its
+        # event loop, everything else goes to Werkzeug's threads (see dashboard.front).
+        self.front = Front(self._server, app.extensions["pgdash"],
+                           int(app.config["MAX_MESSAGE_BYTES"]))
 
     def start(self) -> "Server":
         self.app.extensions["pgdash_pusher"].start()
-        self._thread.start()
+        self.front.start()
         return self
 
     def stop(self) -> None:
         self.app.extensions["pgdash_pusher"].stop()
-        self._server.shutdown()
+        self.front.stop()
         self.app.extensions["pgdash"].store.close()
 
 
@@ -178,12 +182,31 @@ def _read_archive(path: str):
 @cli.command("export")
 @click.argument("job_id", type=click.IntRange(1))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
-              help="The session file to write (JSON Lines); - writes to standard output.")
+              help="The file to write: the session (JSON Lines), or with --trace its "
+              "timeline (JSON); - writes to standard output.")
+@click.option("--trace", "as_trace", is_flag=True,
+              help="Write a Chrome-trace / Perfetto JSON timeline instead (open it in "
+              "ui.perfetto.dev or chrome://tracing).")
+@click.option("--start", type=float, default=None,
+              help="With --trace: keep what happened from this time on (Unix seconds).")
+@click.option("--end", type=float, default=None,
+              help="With --trace: keep what happened up to this time (Unix seconds).")
+@click.option("--max-events", type=click.IntRange(1), default=None,
+              help="With --trace: the most events in the file (process and thread names "
+              "come on top); past it, the cheapest kinds are thinned evenly.  "
+              "[default: PGDASH_TRACE_MAX_EVENTS, else 1000000]")
 @_db_option
-def export_cmd(job_id: int, output: str, db: str) -> None:
-    """Write a stored job (its whole event log) to one portable file."""
+def export_cmd(job_id: int, output: str, as_trace: bool, start: float | None,
+               end: float | None, max_events: int | None, db: str) -> None:
+    """Write a stored job (its whole event log) to one portable file, or its timeline
+    (--trace)."""
     from dashboard.archive import export_lines
 
+    if not as_trace and (start is not None or end is not None or max_events is not None):
+        raise click.UsageError("--start, --end and --max-events go with --trace")
+    if as_trace:
+        _export_trace(job_id, output, start, end, max_events, db)
+        return
     store = _open_store(db)
     try:
         lines = export_lines(store, job_id)
@@ -199,6 +222,41 @@ def export_cmd(job_id: int, output: str, db: str) -> None:
         store.close()
     if output != "-":
         click.echo(f"pgdash: wrote job {job_id} to {output} ({count} lines)")
+
+
+def _export_trace(job_id: int, output: str, start: float | None, end: float | None,
+                  max_events: int | None, db: str) -> None:
+    """``pgdash export --trace``: the stored events and findings as a trace file."""
+    from dashboard.trace import DEFAULT_MAX_EVENTS, TraceError, build_trace, json_chunks
+
+    if max_events is None:
+        raw = os.environ.get("PGDASH_TRACE_MAX_EVENTS") or str(DEFAULT_MAX_EVENTS)
+        if not raw.isdigit() or int(raw) < 1:
+            raise click.ClickException(f"PGDASH_TRACE_MAX_EVENTS must be a positive integer, "
+                                       f"got {raw!r:.40}; or pass --max-events")
+        max_events = int(raw)
+    store = _open_store(db)
+    try:
+        job = store.get_job(job_id)
+        if job is None:
+            raise click.ClickException(f"no job with id {job_id} in {db}; the jobs list at / "
+                                       "or GET /api/jobs shows their ids")
+        try:
+            trace = build_trace(store.job_events(job_id), findings=store.job_findings(job_id),
+                                job=job, start=start, end=end, max_events=max_events)
+        except TraceError as exc:
+            raise click.UsageError(str(exc)) from None
+        with click.open_file(output, "w", encoding="utf-8", atomic=output != "-") as out:
+            for chunk in json_chunks(trace):
+                out.write(chunk)
+    finally:
+        store.close()
+    if output != "-":
+        meta = trace["metadata"]
+        dropped = sum(c["dropped"] for c in meta["cut"].values())
+        cut = f", {dropped} dropped to stay within --max-events {max_events}" if dropped else ""
+        click.echo(f"pgdash: wrote the trace of job {job_id} to {output} ({meta['events']} "
+                   f"events{cut}); open it in https://ui.perfetto.dev or chrome://tracing")
 
 
 @cli.command("import")

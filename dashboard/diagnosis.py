@@ -28,6 +28,9 @@ class Settings:
     stall_min_calls: int = 20  # collectives per rank before the group's history counts...
     stall_warmup_after: float = 30.0  # ... before that (warm-up, compilation), this floor
     lost_after: float = 15.0  # a running rank silent this long (no heartbeat) is lost
+    # A rank whose connection closed is lost unless it is back this soon (an agent that
+    # reconnects after a network blip, or after acks came late from a busy server).
+    reconnect_grace: float = 1.5
     init_grace: float = 3.0  # after the latest arrival, missing ranks are named
     straggler_min_intervals: int = 2  # recent summaries (about seconds) a straggler must span
     straggler_min_calls: int = 20  # ... holding at least this many collectives on every rank
@@ -75,6 +78,10 @@ def diagnose(state: JobState, now: float, settings: Settings = Settings()) -> li
                                       (f["group"], f["evidence"]["seq"]) in desyncs)]
     for f in found:
         f["last_seen"] = now
+        # Each attempt of a restarted job has its own findings: attempt 0's keep their ids.
+        f["attempt"] = state.attempt
+        if state.attempt:
+            f["id"] += f"@{state.attempt}"
     return sorted(found, key=lambda f: (SEVERITY_ORDER[f["severity"]], -f["first_seen"]))
 
 
@@ -102,7 +109,9 @@ def _where(r: RankState | None) -> str:
 
 
 def _last_error(state: JobState, rank: int) -> dict[str, Any] | None:
-    return next((e for e in reversed(state.errors) if e.get("rank") == rank), None)
+    """The latest error of that rank in the current attempt."""
+    return next((e for e in reversed(state.errors) if e.get("rank") == rank
+                 and e.get("attempt", 0) == state.attempt), None)
 
 
 def _is_init_failure(state: JobState, r: RankState) -> bool:
@@ -116,6 +125,8 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
     for r in state.ranks():
         if r.status == "lost":
             since, how = r.exit_at or r.last_seen, "its connection closed without a clean exit"
+            if now - since < s.reconnect_grace:
+                continue
         elif r.status in ("running", "initializing") and now - r.last_seen > s.lost_after:
             since = r.last_seen + s.lost_after
             how = f"nothing heard from it for {now - r.last_seen:.0f} s (heartbeats stopped)"
@@ -425,7 +436,7 @@ def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
 
 
 def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
-    arrivals = [(sess, entry) for sess, entry in state.init.items()]
+    arrivals = [(sess, entry) for sess, entry in state.current_init().items()]
     if not arrivals:
         return []
     sizes = collections.Counter(e.get("world_size") for _, e in arrivals
@@ -457,7 +468,7 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
 
 def init_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
-    for sess, entry in state.init.items():
+    for sess, entry in state.current_init().items():
         err = entry.get("error")
         if not err:
             continue

@@ -8,16 +8,25 @@ JobState happen in one serial order: the order of the log.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import logging
+import queue
 import threading
 import time
 from typing import Any, Callable
 
-from agent.wire import Ack, Auth, WireError, validate_auth, validate_batch
+from agent.wire import (Ack, Auth, WireError, validate_auth, validate_batch_envelope,
+                        validate_events)
 from dashboard.diagnosis import Finding, Settings, diagnose
 from dashboard.incidents import Incident, active_count, incidents
+from dashboard.lag import LAG_WARN_S, IngestLag
+from dashboard.metrics import LiveJob
 from dashboard.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
 from dashboard.storage import Store
+
+
+log = logging.getLogger("pgdash.server")
 
 
 class Refused(Exception):
@@ -49,7 +58,8 @@ class Ingest:
         # job id -> finding id -> finding, every finding seen since the state was loaded;
         # those no longer reported by diagnose() stay, marked inactive.
         self._findings: dict[int, dict[str, Finding]] = {}
-        self._diagnosed: dict[int, int] = {}  # job id -> state.applied at the last diagnosis
+        # job id -> (state.applied, the time judged) at the last diagnosis
+        self._diagnosed: dict[int, tuple[int, float]] = {}
         self.token = token
         self.clock = clock
         self.max_cached_jobs = max_cached_jobs
@@ -61,6 +71,9 @@ class Ingest:
         self.jobs_dirty = threading.Event()
         self.counters: collections.Counter[str] = collections.Counter()
         self.rewind = Rewind(store)
+        self.lag = IngestLag(clock, store.backlog_s)
+        self._behind = False  # whether the server last said it is behind
+        self.agent_connections = 0  # open v2 connections (dashboard.front counts them)
 
     def start(self) -> "Ingest":
         self._max_seq = self.store.max_seqs()
@@ -115,15 +128,32 @@ class Ingest:
 
     # -- diagnosis ---------------------------------------------------------------------------
 
+    def judged_at(self) -> float:
+        """The moment live verdicts are judged at: now, less the server's own ingest lag.
+
+        An overloaded server folds heartbeats late; judged at arrival time the ranks would
+        look silent or stuck. Judged at ``now - lag`` they look as they were when what the
+        server has folded so far was current (see dashboard.lag).
+        """
+        lag = self.lag.current()
+        if (lag > LAG_WARN_S) != self._behind:
+            self._behind = not self._behind
+            if self._behind:
+                log.warning("pgdash: ingest is %.1f s behind the agents; verdicts that this "
+                            "lag could explain are held until it catches up", lag)
+            else:
+                log.warning("pgdash: ingest caught up with the agents")
+        return self.clock() - lag
+
     def diagnose_live(self) -> None:
-        """Re-diagnose jobs that are running or changed, at the current time; store and mark
-        what changed."""
-        now = self.clock()
+        """Re-diagnose jobs that are running or changed, at the current time (less the
+        server's own lag); store and mark what changed."""
+        now = self.judged_at()
         changed: dict[int, list[Finding]] = {}
         with self._states_lock:
             for job_id, state in list(self._states.items()):
                 if state.status in ("finished", "failed") and \
-                        self._diagnosed.get(job_id) == state.applied:
+                        self._settled(job_id, state):
                     continue
                 rows = self._update_findings(job_id, state, now)
                 if rows:
@@ -131,6 +161,13 @@ class Ingest:
                     self.dirty.add(job_id)
         for job_id, rows in changed.items():
             self._save_findings(job_id, rows)
+
+    def _settled(self, job_id: int, state: JobState) -> bool:
+        """Whether an ended job's findings can no longer change: diagnosed since its last
+        event, late enough that no grace period of the rules was still running."""
+        last = self._diagnosed.get(job_id)
+        return last is not None and last[0] == state.applied and \
+            last[1] >= (state.last_event_at or 0.0) + self.settings.reconnect_grace
 
     def findings(self, job_id: int) -> list[Finding] | None:
         """Every finding of the job, newest first (None if the job is unknown)."""
@@ -140,7 +177,7 @@ class Ingest:
             if state is None:
                 return None
             if job_id not in self._findings:  # e.g. an old job first opened after a restart
-                rows = self._update_findings(job_id, state, self.clock())
+                rows = self._update_findings(job_id, state, self.judged_at())
             found = sorted(self._findings[job_id].values(), key=lambda f: -f["first_seen"])
         self._save_findings(job_id, rows)
         return found
@@ -173,7 +210,7 @@ class Ingest:
         for fid, f in book.items():
             if fid not in current:
                 f["active"] = False
-        self._diagnosed[job_id] = state.applied
+        self._diagnosed[job_id] = (state.applied, now)
         changed = [f for fid, f in book.items() if before.get(fid) != _gist(f)]
         if changed:
             self._track_incidents(job_id, state, book)
@@ -230,11 +267,14 @@ class Ingest:
 
         return self.rewind.view(job_id, job["name"], at, read)
 
-    def live_views(self) -> list[tuple[dict[str, Any], list, list[Finding]]]:
-        """(summary, ranks, findings) of every job held in memory (for /metrics)."""
+    def live_views(self) -> list[LiveJob]:
+        """What /metrics exports of every job held in memory."""
         with self._states_lock:
-            return [(state.summary(), state.rank_rows(),
-                     list(self._findings.get(job_id, {}).values()))
+            return [LiveJob(state.summary(), state.rank_rows(),
+                            list(self._findings.get(job_id, {}).values()),
+                            [{"family": family, "op": op, "hist": dict(stats.hist),
+                              "sum_us": stats.sum_us}
+                             for (family, op), (stats, _, _) in state.op_stats().items()])
                     for job_id, state in self._states.items()]
 
     def take_dirty(self) -> set[int]:
@@ -261,10 +301,16 @@ class Ingest:
             raise Refused("pgdash refused the agent: wrong or missing token; set PGDASH_TOKEN "
                           "on the training hosts to the server's --token")
         session = auth["session"]
-        job_id = self.store.submit(lambda conn: self._assign(conn, auth))
-        self._record_server_event(session, job_id, "connect",
-                                  {"rank": auth.get("rank"), "host": auth.get("host")})
-        return session, job_id
+        connected = self._server_event("connect", {"rank": auth.get("rank"),
+                                                   "host": auth.get("host"),
+                                                   "attempt": auth.get("attempt")})
+
+        def admit(conn) -> int:  # one transaction: the job, the session, its connect event
+            job_id = self._assign(conn, auth)
+            self._store(conn, session, job_id, [connected])
+            return job_id
+
+        return session, self.store.submit(admit)
 
     def disconnect(self, session: str) -> None:
         job_id = self._session_jobs.get(session)
@@ -282,7 +328,8 @@ class Ingest:
             now = self.clock()
             latest = self.store.latest_job(conn, auth["job"])
             state = self.state(latest["id"]) if latest else None
-            if state is not None and _joins(state, auth.get("rank"), session):
+            if state is not None and _joins(state, auth.get("rank"), session,
+                                            auth.get("attempt") or 0):
                 known = latest["id"]
             else:  # first launch under this name, or a new launch reusing it
                 known = self.store.create_job(conn, auth["job"], now)
@@ -297,26 +344,55 @@ class Ingest:
     # -- events ------------------------------------------------------------------------------
 
     def batch(self, session: str, job_id: int, payload: Any) -> Ack:
-        """Validate and store one batch; returns the acknowledgement for the agent."""
+        """Validate and store one protocol v1 batch; returns the agent's acknowledgement once
+        it is committed."""
         try:
-            good, rejected = validate_batch(payload)
+            validate_batch_envelope(payload)
         except WireError as exc:
             self.counters["rejected_batches"] += 1
             return {"ok": False, "error": str(exc), "retry": False}
-        self.counters["rejected_events"] += len(rejected)
-        if not good:
-            return {"ok": True, "stored": 0, "rejected": rejected}
+        ack, pending = self.batch_nowait(session, job_id, payload["events"])
+        if pending is None:
+            return ack
         try:
-            stored = self.store.submit(lambda conn: self._store(conn, session, job_id, good))
+            stored = pending.result(timeout=self.store.submit_timeout)
         except Exception as exc:
             self.counters["failed_writes"] += 1
             return {"ok": False, "error": f"server could not store the batch: {exc}",
                     "retry": True}
-        return {"ok": True, "stored": stored, "rejected": rejected}
+        return {**ack, "stored": stored}
+
+    def batch_nowait(self, session: str, job_id: int,
+                     events: Any) -> tuple[Ack, concurrent.futures.Future | None]:
+        """Validate a list of events and queue the good ones for the writer.
+
+        Returns the acknowledgement so far and the future of the write (its result: how many
+        events were stored), or None when nothing needs writing (then the ack is final).
+        """
+        try:
+            good, rejected = validate_events(events)
+        except WireError as exc:
+            self.counters["rejected_batches"] += 1
+            return {"ok": False, "error": str(exc), "retry": False}, None
+        self.counters["rejected_events"] += len(rejected)
+        ack: Ack = {"ok": True, "stored": 0, "rejected": rejected}
+        if not good:
+            return ack, None
+        try:
+            pending = self.store.submit_nowait(
+                lambda conn: self._store(conn, session, job_id, good))
+        except queue.Full:
+            self.counters["overloaded_batches"] += 1
+            return {"ok": False, "retry": True,
+                    "error": "server overloaded: its write queue is full; sending again"}, None
+        return ack, pending
+
+    def _server_event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {"seq": None, "t": self.clock(), "kind": kind, "body": body}
 
     def _record_server_event(self, session: str, job_id: int, kind: str,
                              body: dict[str, Any]) -> None:
-        event = {"seq": None, "t": self.clock(), "kind": kind, "body": body}
+        event = self._server_event(kind, body)
         self.store.submit(lambda conn: self._store(conn, session, job_id, [event]))
 
     def _store(self, conn, session: str, job_id: int, evs: list[dict[str, Any]]) -> int:
@@ -344,6 +420,9 @@ class Ingest:
                                        "kind": ev["kind"], "body": ev["body"]}
                 state.apply(stored)
             after = state.summary()
+        newest = max((ev["t"] for ev in fresh if ev.get("seq") is not None), default=None)
+        if newest is not None:
+            self.lag.folded(session, newest, now)
         if after != before:
             self.store.update_job(conn, job_id, after)
             self.jobs_dirty.set()
@@ -359,13 +438,17 @@ def _gist(finding: Finding) -> tuple:
     return (finding["active"], finding["severity"], finding["summary"], finding["ranks"])
 
 
-def _joins(state: JobState, rank: int | None, session: str) -> bool:
+def _joins(state: JobState, rank: int | None, session: str, attempt: int = 0) -> bool:
     """Whether a new agent session with this rank belongs to the job's current launch.
 
-    A rank number already held by another session means a new launch reusing the name. A
-    known rank joins even an ended job: a rank whose agent connects late (a fast job, a slow
-    link) must not split the launch in two. An unknown rank joins only a job still going.
+    A later attempt (torchrun restarted the job after a failure) is the same job, even ended.
+    An earlier attempt than the job's, or a rank number already held by another session of
+    the same attempt, means a new launch reusing the name. A known rank joins even an ended
+    job: a rank whose agent connects late (a fast job, a slow link) must not split the launch
+    in two. An unknown rank joins only a job still going.
     """
-    if state.claims(rank, session):
+    if attempt != state.attempt:
+        return attempt > state.attempt
+    if state.claims(rank, session, attempt):
         return False
     return rank is not None or state.status not in ("finished", "failed")

@@ -63,6 +63,12 @@ def sections(state: JobState, cache: "ViewCache | None" = None) -> dict[str, Any
         "rendezvous": part("rendezvous", state.rendezvous_rows),
         "errors": state.error_rows(),
         "gpus": part("gpus", state.gpu_rows),
+        # Attempts of a restarted job (torchrun --max-restarts): a count of ranks and the
+        # failed or lost ones, small at 1,024 ranks (/api/jobs/<id> has every rank row).
+        "attempts": part("attempts", lambda: [
+            dict(a, ranks=len(a["ranks"]), failed=[r["rank"] for r in a["ranks"]
+                                                    if r["status"] in ("failed", "lost")])
+            for a in state.attempt_rows()]),
     }
 
 

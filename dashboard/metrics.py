@@ -1,89 +1,189 @@
-"""Prometheus text exposition of what the server knows: jobs, ranks, findings, ingest counters.
+"""Prometheus exposition of what the server knows: jobs, ranks, collectives, findings, ingest.
 
-Exported from state at scrape time (no hot-path counters beyond Ingest's own), so ranks of a
-job that ended do not linger as stale series. Raw GPU gauges are left to dcgm-exporter; pgdash
-exports the training-level signals it alone sees.
+Written by ``prometheus-client`` from state at scrape time (a custom collector: no hot-path
+counters beyond Ingest's own), so ranks of a job that ended do not linger as stale series.
+Label sets stay small at any scale: per job, group family, op, state or kind, never per rank
+unless ``PGDASH_METRICS_PER_RANK`` asks for it. Raw GPU gauges are left to dcgm-exporter;
+pgdash exports the training-level signals it alone sees.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import dataclasses
+from typing import Any, Iterable, NamedTuple
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
+
+from agent.wire import HIST_BUCKETS_PER_OCTAVE
 from dashboard.incidents import incidents
 
-
-def _escape(value: Any) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _series(name: str, labels: dict[str, Any], value: float) -> str:
-    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-    number = str(value) if isinstance(value, int) else repr(float(value))  # full precision
-    return f"{name}{{{inner}}} {number}" if inner else f"{name} {number}"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+RANK_STATES = ("initializing", "running", "exited", "failed", "lost")
+JOB_STATES = ("initializing", "running", "finished", "failed")
+# Upper bounds (seconds) of the exported latency histograms: collectives take microseconds
+# (a barrier on one host) to minutes (a hang).
+LATENCY_BOUNDS_S = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0,
+                    120.0)
 
 
-def exposition(jobs: list[dict[str, Any]], live: Iterable[tuple[dict[str, Any], list, list]],
-               counters: dict[str, int], commits: int, write_errors: int) -> str:
-    """The /metrics page.
+class LiveJob(NamedTuple):
+    """What /metrics reads of one job held in memory."""
 
-    Args:
-        jobs: rows of the jobs table (id, name, status, ...).
-        live: for each job held in memory: (its summary, its ranks' detail rows, its findings).
-        counters: Ingest's counters (stored_events, duplicate_events, rejected_events, ...).
-    """
-    lines = ["# HELP pgdash_jobs Jobs known to this server, by status.", "# TYPE pgdash_jobs gauge"]
-    by_status: dict[str, int] = {}
-    for job in jobs:
-        by_status[job["status"]] = by_status.get(job["status"], 0) + 1
-    for status in ("initializing", "running", "finished", "failed"):
-        lines.append(_series("pgdash_jobs", {"status": status}, by_status.get(status, 0)))
-    lines += ["# HELP pgdash_ingest_events_total Agent events by what became of them.",
-              "# TYPE pgdash_ingest_events_total counter"]
-    for result in ("stored", "duplicate", "rejected"):
-        lines.append(_series("pgdash_ingest_events_total", {"result": result},
-                             counters.get(f"{result}_events", 0)))
-    lines += ["# HELP pgdash_ingest_refused_total Batches and connections refused.",
-              "# TYPE pgdash_ingest_refused_total counter",
-              _series("pgdash_ingest_refused_total", {"what": "batch"},
-                      counters.get("rejected_batches", 0)),
-              _series("pgdash_ingest_refused_total", {"what": "connection"},
-                      counters.get("refused_connections", 0)),
-              "# HELP pgdash_store_commits_total Transactions committed by the writer.",
-              "# TYPE pgdash_store_commits_total counter",
-              _series("pgdash_store_commits_total", {}, commits),
-              "# HELP pgdash_store_write_errors_total Transactions that failed.",
-              "# TYPE pgdash_store_write_errors_total counter",
-              _series("pgdash_store_write_errors_total", {}, write_errors)]
-    seen = ["# HELP pgdash_rank_last_seen_timestamp_seconds When each rank of a live job was "
-            "last heard from.", "# TYPE pgdash_rank_last_seen_timestamp_seconds gauge"]
-    found = ["# HELP pgdash_findings_active Active findings per job, kind and severity.",
-             "# TYPE pgdash_findings_active gauge"]
-    for job, ranks, findings in live:
-        if job["status"] in ("running", "initializing"):
-            for r in ranks:
-                seen.append(_series("pgdash_rank_last_seen_timestamp_seconds",
-                                    {"job": job["name"], "rank": r["rank"]}, r["last_seen"]))
-        active: dict[tuple[str, str], int] = {}
-        for f in findings:
-            if f["active"]:
-                key = (f["kind"], f["severity"])
-                active[key] = active.get(key, 0) + 1
-        for (kind, severity), n in sorted(active.items()):
-            found.append(_series("pgdash_findings_active",
-                                 {"job": job["name"], "kind": kind, "severity": severity}, n))
-    incs = ["# HELP pgdash_incidents_active Active incidents (findings grouped by root cause) "
-            "per job and severity.", "# TYPE pgdash_incidents_active gauge"]
-    for job, _ranks, findings in live:
-        per: dict[str, int] = {"critical": 0, "warning": 0}
-        for inc in incidents(findings):
-            if inc["active"] and inc["severity"] in per:
-                per[inc["severity"]] += 1
-        for severity, n in per.items():
-            incs.append(_series("pgdash_incidents_active",
-                                {"job": job["name"], "severity": severity}, n))
-    notify = ["# HELP pgdash_notify_total Incident notifications (--notify) by outcome.",
-              "# TYPE pgdash_notify_total counter"]
-    for outcome in ("sent", "retried", "failed", "dropped"):
-        notify.append(_series("pgdash_notify_total", {"outcome": outcome},
-                              counters.get(f"notify_{outcome}", 0)))
-    return "\n".join(lines + seen + found + incs + notify) + "\n"
+    summary: dict[str, Any]
+    ranks: list[dict[str, Any]]  # rank rows of the API (status, last_seen, dropped)
+    findings: list[dict[str, Any]]
+    ops: list[dict[str, Any]]  # per group family and op: count, sum_us and the histogram
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """Everything one scrape exports, read from Ingest and the store under their own locks."""
+
+    jobs: list[dict[str, Any]]
+    live: list[LiveJob]
+    counters: dict[str, int]
+    commits: int
+    write_errors: int
+    lag_s: float = 0.0
+    agent_connections: int = 0
+    per_rank: bool = False
+
+
+def _bucket_upper_s(index: int) -> float:
+    """Upper edge, in seconds, of the agents' latency histogram bucket ``index``."""
+    return 2.0 ** ((index + 1) / HIST_BUCKETS_PER_OCTAVE) / 1e6
+
+
+def latency_buckets(hist: dict[int, int]) -> list[tuple[str, int]]:
+    """The agents' ~9%-wide buckets folded into LATENCY_BOUNDS_S, cumulative, with +Inf."""
+    counts = [0] * (len(LATENCY_BOUNDS_S) + 1)
+    for index, n in hist.items():
+        upper = _bucket_upper_s(index)
+        slot = next((i for i, bound in enumerate(LATENCY_BOUNDS_S) if upper <= bound),
+                    len(LATENCY_BOUNDS_S))
+        counts[slot] += n
+    out, total = [], 0
+    for bound, n in zip((*(repr(b) for b in LATENCY_BOUNDS_S), "+Inf"), counts):
+        total += n
+        out.append((bound, total))
+    return out
+
+
+class _Collector:
+    def __init__(self, snap: Snapshot):
+        self.snap = snap
+
+    def collect(self) -> Iterable[Any]:
+        s = self.snap
+        jobs = GaugeMetricFamily("pgdash_jobs", "Jobs known to this server, by status.",
+                                 labels=["status"])
+        by_status: dict[str, int] = {}
+        for job in s.jobs:
+            by_status[job["status"]] = by_status.get(job["status"], 0) + 1
+        for status in JOB_STATES:
+            jobs.add_metric([status], by_status.get(status, 0))
+        yield jobs
+
+        events = CounterMetricFamily("pgdash_ingest_events", "Agent events by what became of "
+                                     "them.", labels=["result"])
+        for result in ("stored", "duplicate", "rejected"):
+            events.add_metric([result], s.counters.get(f"{result}_events", 0))
+        yield events
+        refused = CounterMetricFamily("pgdash_ingest_refused", "Batches and connections "
+                                      "refused (overloaded: the write queue was full).",
+                                      labels=["what"])
+        for what, key in (("batch", "rejected_batches"), ("connection", "refused_connections"),
+                          ("overloaded", "overloaded_batches")):
+            refused.add_metric([what], s.counters.get(key, 0))
+        yield refused
+        received = CounterMetricFamily("pgdash_ingest_received_bytes", "Bytes of agent "
+                                       "frames received on the compact path (v2).")
+        received.add_metric([], s.counters.get("received_bytes", 0))
+        yield received
+        batches = CounterMetricFamily("pgdash_ingest_batches", "Agent batches received, by "
+                                      "protocol.", labels=["protocol"])
+        for protocol in ("v1", "v2"):
+            batches.add_metric([protocol], s.counters.get(f"batches_{protocol}", 0))
+        yield batches
+        lag = GaugeMetricFamily("pgdash_ingest_lag_seconds", "How far behind the agents the "
+                                "server's ingest is; live verdicts are judged that far back, "
+                                "so its lag is never blamed on a rank.")
+        lag.add_metric([], round(s.lag_s, 3))
+        yield lag
+        conns = GaugeMetricFamily("pgdash_agent_connections", "Open agent connections on the "
+                                  "compact path (v2).")
+        conns.add_metric([], s.agent_connections)
+        yield conns
+        commits = CounterMetricFamily("pgdash_store_commits", "Transactions committed by the "
+                                      "writer.")
+        commits.add_metric([], s.commits)
+        yield commits
+        errors = CounterMetricFamily("pgdash_store_write_errors", "Transactions that failed.")
+        errors.add_metric([], s.write_errors)
+        yield errors
+
+        ranks = GaugeMetricFamily("pgdash_ranks", "Ranks of each job held in memory, by "
+                                  "state.", labels=["job", "state"])
+        dropped = CounterMetricFamily("pgdash_agent_dropped_events", "Events the job's "
+                                      "agents had to drop (buffer full), by kind.",
+                                      labels=["job", "kind"])
+        found = GaugeMetricFamily("pgdash_findings_active", "Active findings per job, kind and "
+                                  "severity.", labels=["job", "kind", "severity"])
+        latency = HistogramMetricFamily("pgdash_collective_latency_seconds", "Time inside "
+                                        "collectives, per job, group family (mesh_tp, "
+                                        "default_pg, ...) and op, all ranks merged.",
+                                        labels=["job", "family", "op"])
+        incs = GaugeMetricFamily("pgdash_incidents_active", "Active incidents (findings "
+                                 "grouped by root cause) per job and severity.",
+                                 labels=["job", "severity"])
+        seen = GaugeMetricFamily("pgdash_rank_last_seen_timestamp_seconds", "When each rank of "
+                                 "a live job was last heard from (PGDASH_METRICS_PER_RANK=1).",
+                                 labels=["job", "rank"])
+        for job in s.live:
+            name = job.summary["name"]
+            states: dict[str, int] = {}
+            drops: dict[str, int] = {}
+            for r in job.ranks:
+                states[r["status"]] = states.get(r["status"], 0) + 1
+                for kind, n in (r.get("dropped") or {}).items():
+                    drops[kind] = drops.get(kind, 0) + n
+            for state in RANK_STATES:
+                ranks.add_metric([name, state], states.get(state, 0))
+            for kind, n in sorted(drops.items()):
+                dropped.add_metric([name, kind], n)
+            active: dict[tuple[str, str], int] = {}
+            for f in job.findings:
+                if f["active"]:
+                    key = (f["kind"], f["severity"])
+                    active[key] = active.get(key, 0) + 1
+            for (kind, severity), n in sorted(active.items()):
+                found.add_metric([name, kind, severity], n)
+            per = {"critical": 0, "warning": 0}
+            for inc in incidents(job.findings):
+                if inc["active"] and inc["severity"] in per:
+                    per[inc["severity"]] += 1
+            for severity, n in per.items():
+                incs.add_metric([name, severity], n)
+            for row in job.ops:
+                latency.add_metric([name, row["family"], row["op"]],
+                                   latency_buckets(row["hist"]), row["sum_us"] / 1e6)
+            if s.per_rank and job.summary["status"] in ("running", "initializing"):
+                for r in job.ranks:
+                    seen.add_metric([name, str(r["rank"])], r["last_seen"])
+        yield from (ranks, dropped, found, incs, latency)
+        notify = CounterMetricFamily("pgdash_notify", "Incident notifications (--notify) by "
+                                     "outcome.", labels=["outcome"])
+        for outcome in ("sent", "retried", "failed", "dropped"):
+            notify.add_metric([outcome], s.counters.get(f"notify_{outcome}", 0))
+        yield notify
+        if s.per_rank:
+            yield seen
+
+
+def exposition(snap: Snapshot) -> str:
+    """The /metrics page for one scrape."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(snap))
+    return generate_latest(registry).decode()

@@ -47,6 +47,8 @@ class StoredEvent(TypedDict):
 class RankState:
     rank: int | None
     session: str
+    attempt: int = 0  # which restart of the job this session belongs to (0 = first launch)
+    first_seen: float | None = None
     host: str = ""
     local_rank: int | None = None
     pid: int | None = None
@@ -71,12 +73,17 @@ class LatencyStats:
     hist: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def add(self, row: dict[str, Any]) -> None:
+        # The hottest line of ingest (every row of every rank's summary, twice): plain dict
+        # arithmetic, no Counter.__missing__ round trips.
         self.count += row["count"]
         self.bytes += row["bytes"]
         self.sum_us += row["sum_us"]
-        self.max_us = max(self.max_us, row["max_us"])
+        if row["max_us"] > self.max_us:
+            self.max_us = row["max_us"]
+        hist = self.hist
+        get = hist.get
         for bucket, n in row["hist"]:
-            self.hist[bucket] += n
+            hist[bucket] = get(bucket, 0) + n
 
     def merge(self, other: "LatencyStats") -> None:
         self.count += other.count
@@ -126,6 +133,8 @@ class JobState:
         # rank -> fault key ("xid:79", "ecc", "remap_failure", "lost", ...) -> first seen
         self.gpu_faults: dict[int, dict[str, float]] = {}
         self.throttled_since: dict[int, float] = {}  # rank -> start of the current throttling
+        self.attempt = 0  # the current attempt: the highest any session reported
+        self.attempt_started: dict[int, float] = {0: 0.0}  # attempt -> its first event's time
         self.started_at: float | None = None
         self.last_event_at: float | None = None
         self.last_event_id = 0
@@ -155,6 +164,8 @@ class JobState:
             rank = self.sessions[ev["session"]] = RankState(rank=None, session=ev["session"])
         if ev["kind"] not in ("disconnect",):
             rank.last_seen = max(rank.last_seen, t)
+        if rank.first_seen is None or t < rank.first_seen:
+            rank.first_seen = t
         handler = getattr(self, "_on_" + ev["kind"], None)
         if handler is not None:
             handler(rank, ev["body"], t)
@@ -164,9 +175,29 @@ class JobState:
             self.apply(ev)
         return self
 
+    def _set_attempt(self, r: RankState, attempt: int | None, t: float) -> None:
+        """A session says which attempt it belongs to; a higher one than any so far is a
+        restart of the job (torchrun --max-restarts): what the earlier attempt left in flight
+        says nothing about the new one, so progress, waits and faults start afresh."""
+        if attempt is None or attempt == r.attempt:
+            return
+        r.attempt = attempt
+        if attempt <= self.attempt:
+            return
+        self.attempt = attempt
+        self.attempt_started[attempt] = t
+        for table in (self.progress, self.recent, self.fr_tallies, self.stacks,
+                      self.gpu_faults, self.throttled_since):
+            table.clear()
+
+    def _stale(self, r: RankState) -> bool:
+        """Whether a session belongs to an attempt the job has left behind."""
+        return r.attempt < self.attempt
+
     def _on_hello(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.hello_at is None:
             r.hello_at = t
+        self._set_attempt(r, body.get("attempt"), t)
         for key in ("rank", "host", "local_rank", "pid", "device", "backend", "world_size",
                     "versions", "env"):
             if body.get(key) is not None:
@@ -203,7 +234,7 @@ class JobState:
                                          "ranks": list(body["ranks"])}
 
     def _on_coll_stats(self, r: RankState, body: dict[str, Any], t: float) -> None:
-        if r.rank is None:
+        if r.rank is None or self._stale(r):
             return
         per_group: dict[str, list] = {}  # one point per group and interval, all ops together
         second = int(body["end"])
@@ -241,7 +272,7 @@ class JobState:
         if r.status == "lost":
             r.status, r.exit_at = "running", None
         r.dropped = dict(body.get("dropped") or {})
-        if r.rank is None:
+        if r.rank is None or self._stale(r):
             return
         for row in body["groups"]:
             key = (row["group"], r.rank)
@@ -253,11 +284,11 @@ class JobState:
                 tallies.append((t, row.get("fr_busy", 0), row["fr_samples"]))
 
     def _on_stack(self, r: RankState, body: dict[str, Any], t: float) -> None:
-        if r.rank is not None:
+        if r.rank is not None and not self._stale(r):
             self.stacks[(body["group"], r.rank)] = dict(body, t=t)
 
     def _on_gpu(self, r: RankState, body: dict[str, Any], t: float) -> None:
-        if r.rank is None:
+        if r.rank is None or self._stale(r):
             return
         v = body["values"]
         self.gpus[r.rank] = {"t": t, "uuid": body["uuid"], "name": body.get("name"),
@@ -288,11 +319,14 @@ class JobState:
     def _on_exit(self, r: RankState, body: dict[str, Any], t: float) -> None:
         r.status = "exited" if body["clean"] else "failed"
         r.exit_at = t
+        if self._stale(r):
+            return
         for key, row in self.progress.items():
             if key[1] == r.rank:
                 row["inflight_op"] = row["inflight_since"] = None
 
     def _on_connect(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        self._set_attempt(r, body.get("attempt"), t)
         if r.rank is None and body.get("rank") is not None:
             r.rank = body["rank"]  # what the agent knew when it connected; hello may refine
             r.host = body.get("host") or r.host
@@ -305,7 +339,7 @@ class JobState:
             r.exit_at = t
 
     def _record_error(self, r: RankState, body: dict[str, Any], t: float) -> None:
-        self.errors.append({"rank": r.rank, "t": t, **body})
+        self.errors.append({"rank": r.rank, "attempt": r.attempt, "t": t, **body})
 
     # -- derived views -----------------------------------------------------------------------
 
@@ -314,7 +348,8 @@ class JobState:
         return list(self.rank_index().values())
 
     def rank_index(self) -> dict[int, RankState]:
-        """Rank -> the latest session that claimed it, in rank order (read-only).
+        """Rank -> the latest session of the current attempt that claimed it, in rank order
+        (read-only). Earlier attempts' ranks are history (see attempt_rows), not diagnosed.
 
         Which session holds a rank changes only with the events that may change the summary,
         so it is remembered likewise: diagnosis asks once per group, hundreds of times.
@@ -322,13 +357,16 @@ class JobState:
         memo = self._ranks_memo
         if memo is not None and memo[0] == self._summary_version:
             return memo[1]
-        by_rank: dict[int, RankState] = {}
-        for r in self.sessions.values():
-            if r.rank is not None:
-                by_rank[r.rank] = r
-        index = {k: by_rank[k] for k in sorted(by_rank)}
+        index = self._ranks_of(self.attempt)
         self._ranks_memo = (self._summary_version, index)
         return index
+
+    def _ranks_of(self, attempt: int) -> dict[int, RankState]:
+        by_rank: dict[int, RankState] = {}
+        for r in self.sessions.values():
+            if r.rank is not None and r.attempt == attempt:
+                by_rank[r.rank] = r
+        return {k: by_rank[k] for k in sorted(by_rank)}
 
     @property
     def world_size(self) -> int | None:
@@ -361,26 +399,15 @@ class JobState:
         sizes: dict[int, int] = {}
         backends: dict[str, int] = {}
         for r in self.sessions.values():
+            if r.attempt != self.attempt:
+                continue
             if r.world_size:
                 sizes[r.world_size] = sizes.get(r.world_size, 0) + 1
             if r.backend:
                 backends[r.backend] = backends.get(r.backend, 0) + 1
         world_size = max(sizes, key=sizes.get) if sizes else None  # first of the most common
         backend = max(backends, key=backends.get) if backends else None
-        statuses = collections.Counter(r.status for r in by_rank.values())
-        if not by_rank:
-            status = "initializing"
-        elif sum(statuses[k] for k in TERMINAL_RANK) == len(by_rank):
-            complete = world_size is None or len(by_rank) >= world_size
-            status = "finished" if statuses["exited"] == len(by_rank) and complete else "failed"
-        elif statuses["running"] or statuses["exited"]:
-            status = "running"
-        else:
-            status = "initializing"
-        ended_at = None
-        if status in ("finished", "failed"):
-            ends = [r.exit_at for r in by_rank.values() if r.exit_at is not None]
-            ended_at = max(ends) if ends else self.last_event_at
+        status, ended_at = _status_of(by_rank, world_size, self.last_event_at)
         summary = {"id": self.job_id, "name": self.name, "status": status,
                    "world_size": world_size, "backend": backend,
                    "started_at": self.started_at, "ended_at": ended_at}
@@ -389,12 +416,40 @@ class JobState:
 
     def detail(self) -> dict[str, Any]:
         """The job as /api/jobs/<id> returns it."""
-        return {**self.summary(), "ranks": self.rank_rows(), "groups": self.group_rows()}
+        return {**self.summary(), "ranks": self.rank_rows(), "groups": self.group_rows(),
+                "attempts": self.attempt_rows()}
 
-    def rank_rows(self) -> list[dict[str, Any]]:
-        return [{"rank": r.rank, "host": r.host, "local_rank": r.local_rank, "pid": r.pid,
-                 "device": r.device, "status": r.status, "last_seen": r.last_seen,
-                 "dropped": r.dropped} for r in self.ranks()]
+    def rank_rows(self, ranks: Iterable[RankState] | None = None) -> list[dict[str, Any]]:
+        return [{"rank": r.rank, "attempt": r.attempt, "host": r.host,
+                 "local_rank": r.local_rank, "pid": r.pid, "device": r.device,
+                 "status": r.status, "last_seen": r.last_seen, "dropped": r.dropped}
+                for r in (self.ranks() if ranks is None else ranks)]
+
+    def attempt_rows(self) -> list[dict[str, Any]]:
+        """Each attempt of the job (torchrun restarts it after a failure), oldest first:
+        when it started and ended, how it ended, and its ranks. An earlier attempt that never
+        ended by itself was ended by the restart: it failed."""
+        rows = []
+        for attempt in sorted({r.attempt for r in self.sessions.values()} | {self.attempt}):
+            ranks = self._ranks_of(attempt)
+            members = [r for r in self.sessions.values() if r.attempt == attempt]
+            sizes = collections.Counter(r.world_size for r in members if r.world_size)
+            world_size = sizes.most_common(1)[0][0] if sizes else None
+            status, ended_at = _status_of(ranks, world_size, self.last_event_at)
+            if attempt < self.attempt:
+                following = min(a for a in self.attempt_started if a > attempt)
+                if status not in ("finished", "failed"):
+                    status, ended_at = "failed", self.attempt_started[following]
+            starts = [r.first_seen for r in members if r.first_seen is not None]
+            rows.append({"attempt": attempt, "started_at": min(starts) if starts else None,
+                         "ended_at": ended_at, "status": status, "world_size": world_size,
+                         "ranks": self.rank_rows(ranks.values())})
+        return rows
+
+    def current_init(self) -> dict[str, dict[str, Any]]:
+        """Session -> rendezvous timeline, for the sessions of the current attempt."""
+        return {session: entry for session, entry in self.init.items()
+                if self.sessions[session].attempt == self.attempt}
 
     def group_rows(self) -> list[dict[str, Any]]:
         return [{"id": g["name"], **g} for g in
@@ -468,7 +523,7 @@ class JobState:
     def rendezvous_rows(self) -> list[dict[str, Any]]:
         """When each rank arrived at init_process_group and when it finished (or failed)."""
         rows = []
-        for session, entry in self.init.items():
+        for session, entry in self.current_init().items():
             r = self.sessions[session]
             error = entry.get("error")
             rows.append({"rank": r.rank, "host": r.host, "arrived_at": entry.get("arrived_at"),
@@ -484,16 +539,7 @@ class JobState:
         the merged histograms, so they are exact to the bucket width like the per-rank rows.
         """
         families = self.families()
-        merged: dict[tuple[str, str], tuple[LatencyStats, set[str], set[int]]] = {}
-        for (g, o, rk), s in self.collectives.items():
-            key = (families.get(g, g), o)
-            entry = merged.get(key)
-            if entry is None:
-                entry = merged[key] = (LatencyStats(), set(), set())
-            total, groups, ranks = entry
-            total.merge(s)
-            groups.add(g)
-            ranks.add(rk)
+        merged = self.op_stats(families)
         order = {f: i for i, f in enumerate(dict.fromkeys(
             families[name] for name in sorted(self.groups, key=_group_order)))}
         rows = []
@@ -505,6 +551,22 @@ class JobState:
                          "p50_us": s.percentile(0.5), "p99_us": s.percentile(0.99),
                          "max_us": round(s.max_us, 3)})
         return rows
+
+    def op_stats(self, families: dict[str, str] | None = None
+                 ) -> dict[tuple[str, str], tuple[LatencyStats, set[str], set[int]]]:
+        """(family, op) -> (every rank's statistics merged, its groups, its ranks)."""
+        families = self.families() if families is None else families
+        merged: dict[tuple[str, str], tuple[LatencyStats, set[str], set[int]]] = {}
+        for (g, o, rk), s in self.collectives.items():
+            key = (families.get(g, g), o)
+            entry = merged.get(key)
+            if entry is None:
+                entry = merged[key] = (LatencyStats(), set(), set())
+            total, groups, ranks = entry
+            total.merge(s)
+            groups.add(g)
+            ranks.add(rk)
+        return merged
 
     def families(self) -> dict[str, str]:
         """Group name -> its family: the description it shares with others, else its name."""
@@ -622,11 +684,32 @@ class JobState:
             self._memo[key] = build()
         return self._memo[key]
 
-    def claims(self, rank: int | None, session: str) -> bool:
-        """Whether another session already holds ``rank`` in this job."""
+    def claims(self, rank: int | None, session: str, attempt: int = 0) -> bool:
+        """Whether another session of that attempt already holds ``rank`` in this job."""
         if rank is None:
             return False
-        return any(r.rank == rank and s != session for s, r in self.sessions.items())
+        return any(r.rank == rank and s != session and r.attempt == attempt
+                   for s, r in self.sessions.items())
+
+
+def _status_of(by_rank: dict[int, RankState], world_size: int | None,
+               last_event_at: float | None) -> tuple[str, float | None]:
+    """(status, ended_at) of a job, or of one attempt, from its ranks."""
+    statuses = collections.Counter(r.status for r in by_rank.values())
+    if not by_rank:
+        status = "initializing"
+    elif sum(statuses[k] for k in TERMINAL_RANK) == len(by_rank):
+        complete = world_size is None or len(by_rank) >= world_size
+        status = "finished" if statuses["exited"] == len(by_rank) and complete else "failed"
+    elif statuses["running"] or statuses["exited"]:
+        status = "running"
+    else:
+        status = "initializing"
+    ended_at = None
+    if status in ("finished", "failed"):
+        ends = [r.exit_at for r in by_rank.values() if r.exit_at is not None]
+        ended_at = max(ends) if ends else last_event_at
+    return status, ended_at
 
 
 def _quantile_us(hist: collections.Counter, q: float, mean: float) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
+import io
 import json
 import os
 import signal
@@ -10,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -26,8 +29,28 @@ def free_port() -> int:
 
 
 def get_json(url: str, timeout: float = 5.0):
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.loads(resp.read())
+    return json.loads(get_body(url, timeout))
+
+
+def get_body(url: str, timeout: float = 5.0) -> bytes:
+    """GET a document; raises OSError (or HTTPError) when there is none.
+
+    Not urllib.request.urlopen: when the server is slow to answer (a loaded machine), it
+    leaves the timed-out socket to the garbage collector, and pytest fails the test running
+    at that moment on the ResourceWarning.
+    """
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""))
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status >= 400:
+            raise urllib.error.HTTPError(url, resp.status, resp.reason, resp.headers,
+                                         io.BytesIO(body))
+        return body
+    finally:
+        conn.close()
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):

@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-LIVE_MS = 5_000  # the server pushes within ~0.5 s; this leaves room for a loaded CI machine
+LIVE_MS = 10_000  # the server pushes within ~1 s; this leaves room for a loaded CI machine
 
 
 def chromium_path() -> str | None:

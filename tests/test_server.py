@@ -52,8 +52,8 @@ def test_bad_batches_are_refused_with_reasons_and_lose_nothing(server):
         ack = send(client, [ev(2, "group", {"name": "0", "ranks": "all"}),
                             ev(3, "group", {"name": "0", "ranks": [0]})])
         assert ack["ok"] and ack["stored"] == 1
-        assert ack["rejected"] == [{"seq": 2, "error": "events[0].body.ranks must be a list, "
-                                                       "got str"}]
+        assert ack["rejected"] == [{"seq": 2, "error": "events[0].body.ranks: Expected "
+                                                       "`array`, got `str`"}]
         assert send(client, [ev(1, "hello", HELLO)])["stored"] == 0  # a resend: ignored
         assert send(client, [], v=7)["error"] == "batch.v must be 1, got 7"
         huge = [ev(10 + i, "exit", {"clean": True}) for i in range(501)]
@@ -170,7 +170,13 @@ def test_metrics_expose_jobs_ranks_and_ingest_counters(server):
     agent = agent_client(server.url, session="m", job='quote"job')
     try:
         assert send(agent, [ev(1, "hello", {**HELLO, "job": 'quote"job'}),
-                            ev(2, "exit", {"clean": "no"})])["stored"] == 1
+                            ev(2, "exit", {"clean": "no"}),
+                            ev(3, "coll_stats", {"start": 99.0, "end": 100.0, "rows": [
+                                {"group": "0", "op": "all_reduce", "count": 3, "bytes": 12,
+                                 "sum_us": 3000.0, "max_us": 1500.0,
+                                 "hist": [[77, 2], [84, 1]]}]}),
+                            ev(4, "heartbeat", {"groups": [], "dropped": {"coll_stats": 4}})]
+                    )["stored"] == 3
         wait_for(lambda: job_by_name(server, 'quote"job'), 10, "the job")
         with urllib.request.urlopen(server.url + "/metrics", timeout=5) as resp:
             assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -178,13 +184,22 @@ def test_metrics_expose_jobs_ranks_and_ingest_counters(server):
     finally:
         agent.disconnect()
     lines = text.splitlines()
-    assert 'pgdash_jobs{status="running"} 1' in lines
-    assert 'pgdash_ingest_events_total{result="stored"} 2' in lines  # connect + hello
-    assert 'pgdash_ingest_events_total{result="rejected"} 1' in lines
-    (seen,) = [l for l in lines if l.startswith("pgdash_rank_last_seen_timestamp_seconds{")]
-    series, value = seen.rsplit(" ", 1)
-    assert series == 'pgdash_rank_last_seen_timestamp_seconds{job="quote\\"job",rank="0"}'
-    assert float(value) > 1e9 and "e+" not in value  # a Unix time, at full precision
+    assert 'pgdash_jobs{status="running"} 1.0' in lines
+    assert 'pgdash_ingest_events_total{result="stored"} 4.0' in lines  # connect + 3
+    assert 'pgdash_ingest_events_total{result="rejected"} 1.0' in lines
+    assert 'pgdash_ingest_batches_total{protocol="v1"} 1.0' in lines
+    assert 'pgdash_ranks{job="quote\\"job",state="running"} 1.0' in lines
+    assert 'pgdash_agent_dropped_events_total{job="quote\\"job",kind="coll_stats"} 4.0' in lines
+    # Latency in seconds per family and op, all ranks merged: 2 calls of ~0.8 ms, 1 of ~1.5 ms.
+    family = 'family="0",job="quote\\"job"'
+    bucket = "pgdash_collective_latency_seconds_bucket"
+    assert f'{bucket}{{{family},le="0.001",op="all_reduce"}} 2.0' in lines
+    assert f'{bucket}{{{family},le="0.005",op="all_reduce"}} 3.0' in lines
+    assert f'pgdash_collective_latency_seconds_count{{{family},op="all_reduce"}} 3.0' in lines
+    assert f'pgdash_collective_latency_seconds_sum{{{family},op="all_reduce"}} 0.003' in lines
+    assert any(l.startswith("pgdash_ingest_lag_seconds ") for l in lines)
+    # No series per rank unless asked for (PGDASH_METRICS_PER_RANK): bounded cardinality.
+    assert not [l for l in lines if "rank=" in l]
     for line in lines:  # every sample line is "name{labels} number" or a comment
         assert line.startswith("#") or float(line.rsplit(" ", 1)[1]) >= 0
 

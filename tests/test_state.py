@@ -78,7 +78,7 @@ def test_uncaught_error_fails_the_rank_and_keeps_the_text():
         "where": "uncaught", "error_type": "RuntimeError", "error": "<b>boom</b>"}, t=12)
     state = log.state()
     assert state.ranks()[1].status == "failed"
-    assert state.errors[-1] == {"rank": 1, "t": 12, "where": "uncaught",
+    assert state.errors[-1] == {"rank": 1, "attempt": 0, "t": 12, "where": "uncaught",
                                 "error_type": "RuntimeError", "error": "<b>boom</b>"}
 
 

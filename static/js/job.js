@@ -301,6 +301,45 @@
     );
   }
 
+  /** How many attempts the job has had (torchrun restarts it after a failure). */
+  function attemptCount() {
+    const list = state.job && Array.isArray(state.job.attempts) ? state.job.attempts : [];
+    return list.length;
+  }
+
+  /** One line per attempt of a restarted job: how it ended, when, and which ranks failed. */
+  function renderAttempts(attempts) {
+    const box = $("job-attempts");
+    const list = Array.isArray(attempts) ? attempts : [];
+    box.hidden = list.length < 2;
+    if (box.hidden) return clear(box);
+    clear(
+      box,
+      el("span", { class: "muted small", text: "Attempts" }),
+      el(
+        "ol",
+        { class: "attempt-list" },
+        list.map((a) => {
+          // the live feed sends a count and the failed ranks; /api/jobs/<id> every rank row
+          const rows = Array.isArray(a.ranks) ? a.ranks : [];
+          const count = PG.isNum(a.ranks) ? a.ranks : rows.length;
+          const bad = Array.isArray(a.failed) ? a.failed : rows.filter((r) => r.status === "failed" || r.status === "lost").map((r) => r.rank);
+          const span = PG.isNum(a.started_at) && PG.isNum(a.ended_at) ? PG.fmtDuration(a.ended_at - a.started_at) : null;
+          return el(
+            "li",
+            { class: "attempt", dataset: { attempt: String(a.attempt) } },
+            el("span", { class: "strong", text: "attempt " + a.attempt }),
+            PG.badge(a.status),
+            el("span", { class: "muted", text: count + (count === 1 ? " rank" : " ranks") }),
+            bad.length ? el("span", { class: "blamed", text: "failed or lost: " + (bad.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(bad) }) : null,
+            el("span", { class: "muted" }, "started ", PG.timeCell(a.started_at)),
+            span ? el("span", { class: "muted", text: "ran " + span }) : null
+          );
+        })
+      )
+    );
+  }
+
   function renderVerdict(incidents) {
     const findings = incidents;
     const active = (incidents || []).filter((f) => f.active);
@@ -587,6 +626,7 @@
               { class: "finding-meta" },
               repeated ? el("span", { class: "same-hint", title: String(f.hint), text: "same next step as above" }) : null,
               f.kind != null ? el("span", { class: "mono", text: String(f.kind) }) : null,
+              PG.isNum(f.attempt) && attemptCount() > 1 ? el("span", { class: "finding-attempt", text: "attempt " + f.attempt }) : null,
               f.group != null ? el("span", null, "group ", groupLabel(findGroup, f.group)) : null,
               el("span", null, "first seen ", PG.ago(f.first_seen)),
               f.active ? null : el("span", null, "last seen ", PG.ago(f.last_seen))
@@ -1226,7 +1266,7 @@
     const job = state.job;
     const groups = job && Array.isArray(job.groups) ? job.groups : [];
     const findGroup = indexGroups(groups);
-    const jobHead = job ? Object.assign({}, job, { ranks: undefined, groups: undefined, hosts: job.ranks ? new Set(job.ranks.map((r) => r.host)).size : 0 }) : null;
+    const jobHead = job ? Object.assign({}, job, { ranks: undefined, groups: undefined, attempts: undefined, hosts: job.ranks ? new Set(job.ranks.map((r) => r.host)).size : 0 }) : null;
     const hl = highlighted();
     const derived = rankStates(job ? job.ranks : [], state.progress, state.findings);
     const describe = rankDescriber(job ? job.ranks : [], derived, state.progress);
@@ -1234,6 +1274,7 @@
 
     const openIncidents = (state.incidents || []).filter((i) => i.active).length;
     if (job && PG.changed("header", [jobHead, state.replay && state.replay.at, openIncidents])) renderHeader(job);
+    if (job && PG.changed("attempts", job.attempts)) renderAttempts(job.attempts);
     if (job) showReplayBar();
     if (state.incidents !== null) {
       renderVerdict(state.incidents);
@@ -1342,7 +1383,7 @@
     if (!live.job || state.replay) return; // a replayed moment stays on screen
     const list = (name) => (Array.isArray(live[name]) ? live[name] : []);
     state.live = true;
-    state.job = Object.assign({}, live.job, { ranks: list("ranks"), groups: list("groups") });
+    state.job = Object.assign({}, live.job, { ranks: list("ranks"), groups: list("groups"), attempts: list("attempts") });
     state.rankStats = list("rank_stats");
     if (live.progress !== liveProgressIn) {
       liveProgressIn = live.progress;

@@ -1,0 +1,126 @@
+"""The agent's client for protocol v2: MessagePack frames on a plain websocket.
+
+It offers the few calls of ``socketio.Client`` that :class:`agent.sender.Sender` makes
+(``on``, ``connect``, ``emit`` with an acknowledgement callback, ``disconnect``), so the sender
+keeps one code path for both protocols. A server too old for v2 answers the upgrade with 404:
+``connect`` then raises :class:`NotServed` and the sender falls back to Socket.IO (v1).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
+
+
+class NotServed(ConnectionError):
+    """The server does not speak protocol v2 (an older pgdash): use v1."""
+
+
+class Refused(ConnectionError):
+    """The server refused this agent (bad token, bad auth); the text says why."""
+
+
+def _websocket_url(server: str) -> str:
+    base = server.rstrip("/")
+    if base.startswith("https://"):
+        return "wss://" + base[len("https://"):] + AGENT_V2_PATH
+    if base.startswith("http://"):
+        return "ws://" + base[len("http://"):] + AGENT_V2_PATH
+    raise ValueError(f"PGDASH_SERVER must start with http:// or https://, got {server!r}")
+
+
+class CompactClient:
+    """One v2 connection, owned by the sender thread; a reader thread delivers acks."""
+
+    def __init__(self, sslopt: dict[str, Any] | None = None):
+        self._sslopt = sslopt or {}
+        self._ws = None
+        self._handlers: dict[str, Callable[..., Any]] = {}
+        self._callbacks: dict[int, Callable[[Any], None]] = {}
+        self._next_id = 0
+        self._lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self.connected = False
+
+    def on(self, event: str, handler: Callable[..., Any] | None = None, namespace: str | None = None):
+        """Register a handler (``disconnect`` or ``connect_error``), as socketio.Client does."""
+        if handler is None:
+            def decorator(fn):
+                self._handlers[event] = fn
+                return fn
+
+            return decorator
+        self._handlers[event] = handler
+        return handler
+
+    def connect(self, server: str, *, auth: dict[str, Any], wait_timeout: float = 5.0,
+                **_ignored: Any) -> None:
+        import websocket  # websocket-client, a dependency of python-socketio's client
+
+        try:
+            ws = websocket.create_connection(_websocket_url(server), timeout=wait_timeout,
+                                             sslopt=self._sslopt, enable_multithread=True)
+        except websocket.WebSocketBadStatusException as exc:
+            if exc.status_code == 404:
+                raise NotServed(f"{server} does not serve {AGENT_V2_PATH}") from None
+            raise
+        try:
+            ws.send_binary(encode_v2({"auth": {**auth, "v": PROTOCOL_V2}}))
+            reply = decode_v2(ws.recv())
+        except Exception:
+            ws.close()
+            raise
+        if not (isinstance(reply, dict) and reply.get("ok")):
+            ws.close()
+            reason = reply.get("error") if isinstance(reply, dict) else repr(reply)
+            handler = self._handlers.get("connect_error")
+            if handler is not None:
+                handler({"message": reason})
+            raise Refused(str(reason))
+        ws.settimeout(None)
+        self._ws = ws
+        self.connected = True
+        self._reader = threading.Thread(target=self._read, name="pgdash-acks", daemon=True)
+        self._reader.start()
+
+    def emit(self, event: str, data: dict[str, Any], namespace: str | None = None,
+             callback: Callable[[Any], None] | None = None) -> None:
+        with self._lock:
+            self._next_id += 1
+            batch_id = self._next_id
+            if callback is not None:
+                self._callbacks[batch_id] = callback
+        self._ws.send_binary(encode_v2({"id": batch_id, "events": data["events"]}))
+
+    def disconnect(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            try:
+                ws.close(timeout=1)
+            except Exception:
+                pass
+
+    def _read(self) -> None:
+        ws = self._ws
+        try:
+            while ws is not None and ws.connected:
+                frame = ws.recv()
+                if not frame:
+                    break
+                ack = decode_v2(frame)
+                if not isinstance(ack, dict):
+                    continue
+                batch_id = ack.pop("id", None)
+                with self._lock:
+                    callback = self._callbacks.pop(batch_id, None)
+                if callback is not None:
+                    callback(ack)
+        except Exception:
+            pass  # a closed or broken connection: the sender requeues what was not acked
+        finally:
+            self.connected = False
+            handler = self._handlers.get("disconnect")
+            if handler is not None:
+                handler()

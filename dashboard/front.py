@@ -1,0 +1,282 @@
+"""The listening socket: agents' compact websockets on one event loop, the rest to Werkzeug.
+
+Werkzeug (and so Flask-SocketIO's threading mode) spends a thread per open websocket, two in
+fact, with a condition-variable hand-off for every message: at 1,024 agents that is ~4,000
+threads and most of the server's CPU. Agents that speak protocol v2 (``agent.wire``: binary
+MessagePack frames on a plain websocket at ``AGENT_V2_PATH``) are instead served here, all
+on one asyncio loop thread, with websockets' sans-I/O protocol doing the framing.
+
+One port serves both: the loop accepts every connection and peeks (``MSG_PEEK``, nothing is
+consumed) at the request line. ``GET /agent/v2`` stays on the loop; anything else (pages, the
+JSON API, browsers' and v1 agents' Socket.IO) is handed, untouched, to the Werkzeug server's
+usual thread-per-request handling. Ingest work never runs on the loop thread while it waits:
+batches go to the store's writer thread, and the acknowledgement is sent when the commit's
+future completes, so the loop never blocks on the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import socket
+import threading
+from typing import Any
+
+from websockets.frames import Opcode
+from websockets.http11 import Request
+from websockets.server import ServerProtocol
+
+from agent.wire import AGENT_V2_PATH, WireError, decode_v2, encode_v2
+
+log = logging.getLogger("pgdash.server")
+_quiet = logging.getLogger("pgdash.server.websocket")  # "connection open" per agent: noise
+_quiet.setLevel(logging.WARNING)
+
+PEEK_BYTES = 64
+PEEK_TIMEOUT_S = 10.0  # a client that says nothing this long goes to Werkzeug (it times out)
+_ROUTE = f"GET {AGENT_V2_PATH}".encode()
+
+
+class Front:
+    """Owns the listening socket of a Werkzeug server and routes its connections.
+
+    Args:
+        wsgi_server: a bound ``werkzeug.serving.ThreadedWSGIServer``; its ``serve_forever``
+            is not used (this loop accepts instead).
+        ingest: the server's :class:`dashboard.ingest.Ingest`.
+        max_frame_bytes: largest v2 frame accepted (``PGDASH_MAX_MESSAGE_BYTES``).
+    """
+
+    def __init__(self, wsgi_server: Any, ingest: Any, max_frame_bytes: int):
+        self.wsgi = wsgi_server
+        self.ingest = ingest
+        self.max_frame_bytes = max_frame_bytes
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="pgdash-front", daemon=True)
+        self._stopped = threading.Event()
+
+    def start(self) -> "Front":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._stopped.wait(10)
+        self.wsgi.server_close()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        listener = self.wsgi.socket
+        listener.setblocking(False)
+        self.loop.add_reader(listener.fileno(), self._accept, listener)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.remove_reader(listener.fileno())
+            self._stopped.set()
+
+    def _accept(self, listener: socket.socket) -> None:
+        for _ in range(64):  # drain the backlog, then let the loop breathe
+            try:
+                conn, addr = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("pgdash: accept failed: %s", exc)
+                return
+            conn.setblocking(False)
+            self.loop.create_task(self._route(conn, addr))
+
+    async def _route(self, conn: socket.socket, addr: Any) -> None:
+        """Peek at the request line; v2 agents stay on this loop, the rest go to Werkzeug."""
+        head = await self._peek(conn)
+        if head is None:  # closed before saying anything
+            conn.close()
+        elif head.startswith(_ROUTE):
+            await self._serve_agent(conn)
+        else:
+            conn.setblocking(True)
+            try:
+                self.wsgi.process_request(conn, addr)  # a thread per request, as before
+            except Exception:
+                log.exception("pgdash: could not hand a connection to the HTTP server")
+                conn.close()
+
+    async def _peek(self, conn: socket.socket) -> bytes | None:
+        """The first bytes the client sent, left unread for whoever serves it; None if it
+        closed first."""
+        ready = asyncio.Event()
+        self.loop.add_reader(conn.fileno(), ready.set)
+        try:
+            deadline = self.loop.time() + PEEK_TIMEOUT_S
+            while True:
+                try:
+                    head = conn.recv(PEEK_BYTES, socket.MSG_PEEK)
+                except BlockingIOError:
+                    head = b""
+                except OSError:
+                    return None
+                else:
+                    if not head:
+                        return None
+                    if len(head) >= len(_ROUTE) or b"\n" in head:
+                        return head
+                remaining = deadline - self.loop.time()
+                if remaining <= 0:
+                    return head
+                if head:  # part of a line: the socket stays readable, so poll, don't spin
+                    await asyncio.sleep(0.01)
+                    continue
+                ready.clear()
+                try:
+                    await asyncio.wait_for(ready.wait(), remaining)
+                except asyncio.TimeoutError:
+                    return head
+        finally:
+            self.loop.remove_reader(conn.fileno())
+
+    async def _serve_agent(self, conn: socket.socket) -> None:
+        transport, link = await self.loop.connect_accepted_socket(
+            lambda: AgentLink(self), sock=conn)
+        await link.closed
+
+
+class AgentLink(asyncio.Protocol):
+    """One v2 agent connection: handshake, auth, then batches in and acks out."""
+
+    def __init__(self, front: Front):
+        self.front = front
+        self.ingest = front.ingest
+        self.ws = ServerProtocol(max_size=front.max_frame_bytes, logger=_quiet)
+        self.transport: asyncio.Transport | None = None
+        self.closed = front.loop.create_future()
+        self.session: str | None = None
+        self.job_id: int | None = None
+        self._admitting = False
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.ws.receive_data(data)
+        for event in self.ws.events_received():
+            if isinstance(event, Request):
+                self._handshake(event)
+            elif event.opcode is Opcode.BINARY or event.opcode is Opcode.TEXT:
+                self._message(event.data if event.opcode is Opcode.BINARY
+                              else event.data.decode("utf-8", "replace"))
+        self._flush()
+
+    def eof_received(self) -> bool | None:
+        self.ws.receive_eof()
+        self._flush()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.session is not None:
+            self.ingest.agent_connections -= 1
+            session, self.session = self.session, None
+            self.front.loop.run_in_executor(None, self.ingest.disconnect, session)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    # -- websocket ---------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        for data in self.ws.data_to_send():
+            if data:
+                self.transport.write(data)
+            else:  # the protocol is done with this connection
+                self.transport.close()
+                return
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.ws.send_binary(encode_v2(message))
+            self._flush()
+
+    def _close(self, reason: str) -> None:
+        self.ws.send_close(1008, reason[:120])
+        self._flush()
+
+    def _handshake(self, request: Request) -> None:
+        if request.path.split("?", 1)[0] != AGENT_V2_PATH:
+            self.ws.send_response(self.ws.reject(404, "no such endpoint\n"))
+            return
+        self.ws.send_response(self.ws.accept(request))
+
+    # -- pgdash ------------------------------------------------------------------------------
+
+    def _message(self, frame: bytes | str) -> None:
+        self.ingest.counters["received_bytes"] += len(frame)
+        try:
+            message = decode_v2(frame)
+        except WireError as exc:
+            self.ingest.counters["rejected_batches"] += 1
+            self._send({"ok": False, "error": str(exc), "retry": False})
+            return
+        if not isinstance(message, dict):
+            self._send({"ok": False, "error": "a v2 frame must be a map", "retry": False})
+            return
+        if self.session is None:
+            self._admit(message.get("auth"))
+            return
+        batch_id = message.get("id")
+        if isinstance(batch_id, bool) or not isinstance(batch_id, int):
+            self._send({"ok": False, "error": "a v2 batch needs an integer id", "retry": False})
+            return
+        self.ingest.counters["batches_v2"] += 1
+        ack, pending = self.ingest.batch_nowait(self.session, self.job_id,
+                                                message.get("events"))
+        if pending is None:
+            self._send({"id": batch_id, **ack})
+            return
+        pending.add_done_callback(lambda fut: self.front.loop.call_soon_threadsafe(
+            self._committed, batch_id, ack, fut))
+
+    def _committed(self, batch_id: int, ack: dict[str, Any],
+                   fut: concurrent.futures.Future) -> None:
+        try:
+            stored = fut.result()
+        except Exception as exc:
+            self.ingest.counters["failed_writes"] += 1
+            self._send({"id": batch_id, "ok": False, "retry": True,
+                        "error": f"server could not store the batch: {exc}"})
+            return
+        self._send({"id": batch_id, **ack, "stored": stored})
+
+    def _admit(self, auth: Any) -> None:
+        if self._admitting:
+            self._send({"ok": False, "error": "wait for the answer to auth", "retry": True})
+            return
+        self._admitting = True
+        future = self.front.loop.run_in_executor(None, self.ingest.connect, auth)
+        future.add_done_callback(self._admitted)
+
+    def _admitted(self, future: asyncio.Future) -> None:
+        self._admitting = False
+        from dashboard.ingest import Refused
+
+        try:
+            session, job_id = future.result()
+        except Refused as exc:
+            log.warning("%s", exc)
+            self._send({"ok": False, "error": str(exc), "retry": False})
+            self._close("refused")
+            return
+        except Exception as exc:
+            self._send({"ok": False, "error": f"server error: {exc}", "retry": True})
+            self._close("server error")
+            return
+        if self.transport is None or self.transport.is_closing():
+            self.front.loop.run_in_executor(None, self.ingest.disconnect, session)
+            return
+        self.session, self.job_id = session, job_id
+        self.ingest.agent_connections += 1
+        self._send({"ok": True, "job": job_id})

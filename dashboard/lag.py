@@ -1,0 +1,75 @@
+"""How far behind the agents the server's ingest is, so that its own lag is never blamed on a rank.
+
+An overloaded server folds each rank's heartbeat late. Judged on arrival, the ranks would
+look silent (``rank_lost``) or stuck in a collective they left long ago (``hang``). So ingest
+measures its lag and diagnosis judges at ``now - lag``: overload delays verdicts, it never
+invents them.
+
+The lag of one folded batch is how much later than usual, for that agent, its newest event
+was folded: ``(fold time - event time) - (the smallest such delay seen for that session)``.
+Subtracting each session's own floor removes its clock offset and network delay, so agents'
+clocks need not agree with the server's. The server's lag is a high percentile of the
+batches folded in the last ``window_s`` seconds (one agent resending old events after a
+reconnect does not count as overload), or the age of the oldest write still queued, or a
+recent pause of the server itself, whichever is larger (a stalled server folds nothing to
+measure: right after it resumes, the silence it has not read yet would look like the ranks').
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+LAG_WINDOW_S = 5.0  # batches folded this recently make up the current lag
+LAG_QUANTILE = 0.9
+LAG_WARN_S = 5.0  # above this, the server says it is behind (log, /metrics, page)
+MAX_SAMPLES = 8192  # bound of the window, whatever the rate
+MAX_SESSIONS = 1_000_000  # floors kept (one per agent process)
+
+
+class IngestLag:
+    """Lag samples of folded batches; ``current()`` is the server's lag in seconds.
+
+    Args:
+        clock: wall clock (``time.time``), injected for tests.
+        backlog_s: returns the age in seconds of the oldest write still queued (0 if none).
+    """
+
+    def __init__(self, clock: Callable[[], float], backlog_s: Callable[[], float] = lambda: 0.0,
+                 window_s: float = LAG_WINDOW_S):
+        self.clock = clock
+        self.backlog_s = backlog_s
+        self.window_s = window_s
+        self._floor: dict[str, float] = {}
+        self._samples: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=MAX_SAMPLES)
+        self._pauses: collections.deque[tuple[float, float]] = collections.deque(maxlen=64)
+
+    def folded(self, session: str, newest_event_t: float, folded_at: float) -> None:
+        """Record a batch of ``session`` whose newest event (agent time) was folded now."""
+        delay = folded_at - newest_event_t
+        floor = self._floor.get(session)
+        if floor is None or delay < floor:
+            if floor is None and len(self._floor) >= MAX_SESSIONS:
+                self._floor.clear()  # a server up for months: start the floors afresh
+            self._floor[session] = floor = delay
+        self._samples.append((folded_at, delay - floor))
+
+    def paused(self, seconds: float) -> None:
+        """The server itself was not running for ``seconds`` (stopped, swapped out, starved
+        of the GIL): for a window after it, what agents sent meanwhile is still being read,
+        so the lag is at least that long."""
+        self._pauses.append((self.clock(), seconds))
+
+    def forget(self, session: str) -> None:
+        self._floor.pop(session, None)
+
+    def current(self) -> float:
+        """The server's lag now, in seconds (0.0 when it keeps up)."""
+        now = self.clock()
+        recent = sorted(lag for at, lag in self._samples if now - at <= self.window_s)
+        measured = recent[min(len(recent) - 1, int(LAG_QUANTILE * len(recent)))] \
+            if recent else 0.0
+        paused = max((gap for at, gap in self._pauses if now - at <= self.window_s + gap),
+                     default=0.0)
+        return max(0.0, measured, paused, self.backlog_s())

@@ -1,0 +1,14 @@
+"""A pgdash server as versions before protocol v2 served it: Werkzeug alone, no /agent/v2.
+
+argv: port, database URL. Used to check that new agents fall back to protocol v1.
+"""
+
+import sys
+
+from werkzeug.serving import make_server
+
+from dashboard.app import create_app
+
+app = create_app({"DB": sys.argv[2]})
+app.extensions["pgdash_pusher"].start()
+make_server("127.0.0.1", int(sys.argv[1]), app, threaded=True).serve_forever()

@@ -1,0 +1,122 @@
+"""The compact agent path (protocol v2) beside Socket.IO (v1): same events, same log, clear
+errors for bad frames, and agents that fall back to v1 on an older server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import websocket
+
+from agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
+from conftest import (JOBS, ROOT, ServerProcess, job_by_name, launch_job, wait_for,
+                      wait_job)
+from test_server import HELLO, ev
+
+
+def v2_connect(server_url: str, **auth):
+    ws = websocket.create_connection("ws" + server_url[len("http"):] + AGENT_V2_PATH, timeout=20)
+    ws.send_binary(encode_v2({"auth": {"v": PROTOCOL_V2, "session": auth.pop("session", "s1"),
+                                       "job": "compact", "rank": 0, "host": "h", "pid": 1,
+                                       **auth}}))
+    return ws, decode_v2(ws.recv())
+
+
+def closed_by_server(ws) -> bool:
+    try:
+        return ws.recv() in ("", b"")  # the close frame
+    except websocket.WebSocketConnectionClosedException:
+        return True
+    finally:
+        ws.shutdown()  # close() skips the socket once the peer has closed the connection
+
+
+def send(ws, batch_id, events):
+    ws.send_binary(encode_v2({"id": batch_id, "events": events}))
+    return decode_v2(ws.recv())
+
+
+@pytest.mark.parametrize("wire", ["v2", "v1"])
+def test_a_real_job_is_stored_the_same_over_either_protocol(server, tmp_path, wire):
+    procs = launch_job("loop_job.py", 2, server.url, f"wire-{wire}", tmp_path,
+                       env={"PGDASH_WIRE": wire}, args=["30", "0.01"])
+    assert wait_job(procs, 120, tmp_path) == [0, 0]
+    job = wait_for(lambda: (j := job_by_name(server, f"wire-{wire}")) and
+                   j["status"] == "finished" and j, 30, "the job to finish")
+    rows = server.api(f"/api/jobs/{job['id']}/collectives?group=0&op=all_reduce")["collectives"]
+    assert sorted((r["rank"], r["count"]) for r in rows) == [(0, 30), (1, 30)]
+    assert server.api(f"/api/jobs/{job['id']}/findings")["findings"] == []
+
+
+def test_bad_frames_get_reasons_and_the_connection_carries_on(server):
+    ws, hello = v2_connect(server.url)
+    try:
+        assert hello["ok"] is True and isinstance(hello["job"], int)
+        ws.send("not binary")
+        assert "binary MessagePack" in decode_v2(ws.recv())["error"]
+        ws.send_binary(b"\xc1\xc1 not msgpack")
+        assert "not valid MessagePack" in decode_v2(ws.recv())["error"]
+        ws.send_binary(encode_v2({"events": []}))
+        assert "integer id" in decode_v2(ws.recv())["error"]
+        ack = send(ws, 7, [ev(1, "hello", HELLO), ev(2, "group", {"name": "0", "ranks": "all"}),
+                           ev(3, "group", {"name": "0", "ranks": [0]})])
+        assert ack["id"] == 7 and ack["ok"] and ack["stored"] == 2
+        assert ack["rejected"] == [{"seq": 2, "error": "events[1].body.ranks: Expected "
+                                                       "`array`, got `str`"}]
+        # Resent after a reconnect: already stored, nothing doubles.
+        assert send(ws, 8, [ev(3, "group", {"name": "0", "ranks": [0]})])["stored"] == 0
+    finally:
+        ws.close()
+    job = job_by_name(server, "compact")
+    detail = server.api(f"/api/jobs/{job['id']}")
+    assert [g["ranks"] for g in detail["groups"]] == [[0]]
+
+
+def test_a_refused_agent_is_told_why(tmp_path):
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'db.sqlite'}", extra=["--token", "s3cret"],
+                        log_path=tmp_path / "server.log").start()
+    try:
+        for auth, reason in (({"token": "wrong"}, "PGDASH_TOKEN"), ({"v": 99}, "protocol v99"),
+                             ({"rank": "zero"}, "auth.rank: Expected")):
+            ws, reply = v2_connect(srv.url, **{"token": "s3cret", **auth})
+            assert reply["ok"] is False and reason in reply["error"]
+            assert closed_by_server(ws)
+        ws, reply = v2_connect(srv.url, token="s3cret")
+        assert reply["ok"] is True
+        ws.close()
+    finally:
+        srv.stop()
+
+
+def test_an_agent_falls_back_to_v1_on_a_server_without_v2(tmp_path):
+    """An older server has no /agent/v2: the agent's upgrade gets a 404 and it speaks v1."""
+    old = ServerProcess(f"sqlite:///{tmp_path / 'old.db'}", log_path=tmp_path / "old.log")
+    port = old.port
+    with open(tmp_path / "old.log", "ab") as log:
+        old.proc = subprocess.Popen([sys.executable, str(JOBS / "old_server.py"), str(port),
+                                     old.db_url], stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        wait_for(lambda: old.api("/api/jobs") is not None, 30, "the old server")
+        with pytest.raises(websocket.WebSocketBadStatusException):  # it really has no v2
+            v2_connect(old.url)
+        procs = launch_job("loop_job.py", 2, old.url, "old-server", tmp_path,
+                           args=["10", "0.01"])
+        assert wait_job(procs, 120, tmp_path) == [0, 0]
+        job = wait_for(lambda: (j := job_by_name(old, "old-server")) and
+                       j["status"] == "finished" and j, 30, "the job to finish")
+        rows = old.api(f"/api/jobs/{job['id']}/collectives?group=0&op=all_reduce")
+        # This server serves Socket.IO only: what arrived came over v1, after the 404.
+        assert sorted((r["rank"], r["count"]) for r in rows["collectives"]) == [(0, 10),
+                                                                                  (1, 10)]
+    finally:
+        old.stop()
+
+
+def test_v2_frames_round_trip_what_v1_sends():
+    events = [ev(1, "hello", HELLO), ev(2, "exit", {"clean": True, "reason": "é ✓"})]
+    assert decode_v2(encode_v2({"id": 1, "events": events})) == json.loads(
+        json.dumps({"id": 1, "events": events}))

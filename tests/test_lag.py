@@ -1,0 +1,147 @@
+"""The server's own lag is never blamed on a rank: measured, reported, and verdicts wait for it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from dashboard.diagnosis import Settings, diagnose
+from dashboard.lag import IngestLag
+from dashboard.state import JobState
+from conftest import get_body, job_by_name, launch_job, wait_for, wait_job
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_lag_is_how_much_later_than_usual_batches_are_folded():
+    clock = Clock()
+    lag = IngestLag(clock)
+    # Two agents whose clocks are off by +30 s and -2 s: their usual delay is their floor.
+    for i in range(10):
+        clock.t += 1
+        lag.folded("a", clock.t - 30.2, clock.t)
+        lag.folded("b", clock.t + 2.0 - 0.1, clock.t)
+    assert lag.current() == 0.0
+    for i in range(5):  # now every batch is folded 4 s late
+        clock.t += 1
+        lag.folded("a", clock.t - 30.2 - 4, clock.t)
+        lag.folded("b", clock.t + 2.0 - 0.1 - 4, clock.t)
+    assert abs(lag.current() - 4.0) < 1e-6
+    clock.t += 6  # nothing folded for a while: that window is over
+    assert lag.current() == 0.0
+
+
+def test_one_agent_resending_old_events_is_not_overload():
+    clock = Clock()
+    lag = IngestLag(clock)
+    for i in range(5):
+        clock.t += 1
+        for s in range(20):
+            lag.folded(f"s{s}", clock.t - 0.1, clock.t)
+    lag.folded("s0", clock.t - 300, clock.t)  # its backlog after an outage
+    assert lag.current() < 1.0
+
+
+def test_a_queued_write_and_a_pause_of_the_server_count_as_lag():
+    clock = Clock()
+    backlog = [0.0]
+    lag = IngestLag(clock, lambda: backlog[0])
+    backlog[0] = 7.5
+    assert lag.current() == 7.5
+    backlog[0] = 0.0
+    lag.paused(20.0)
+    clock.t += 10
+    assert lag.current() == 20.0  # still reading what arrived while it was stopped
+    clock.t += 20
+    assert lag.current() == 0.0
+
+
+def _job_with_two_ranks() -> JobState:
+    state = JobState(1, "j")
+    for i, rank in enumerate((0, 1)):
+        state.apply({"id": i + 1, "session": f"s{rank}", "seq": 1, "t": 100.0,
+                     "received_at": 100.0, "kind": "hello",
+                     "body": {"job": "j", "rank": rank, "world_size": 2, "host": "h", "pid": 1,
+                              "backend": "gloo"}})
+    return state
+
+
+def test_verdicts_judged_back_by_the_lag_blame_no_one():
+    state = _job_with_two_ranks()
+    s = Settings()
+    # Heard from both at 100; at 100 + lost_after + 5 they look silent ...
+    assert {f["kind"] for f in diagnose(state, 100 + s.lost_after + 5, s)} == {"rank_lost"}
+    # ... unless the server is 10 s behind: then it is 100 + lost_after - 5 for them.
+    assert diagnose(state, 100 + s.lost_after + 5 - 10, s) == []
+
+
+def test_a_rank_that_reconnects_within_the_grace_is_not_lost():
+    state = _job_with_two_ranks()
+    s = Settings()
+    state.apply({"id": 3, "session": "s1", "seq": None, "t": 101.0, "received_at": 101.0,
+                 "kind": "disconnect", "body": {}})
+    assert diagnose(state, 101.0 + s.reconnect_grace / 2, s) == []
+    lost = diagnose(state, 101.0 + s.reconnect_grace, s)
+    assert [(f["kind"], f["ranks"]) for f in lost] == [("rank_lost", [1])]
+    state.apply({"id": 4, "session": "s1", "seq": None, "t": 101.5, "received_at": 101.5,
+                 "kind": "connect", "body": {"rank": 1, "host": "h"}})
+    assert diagnose(state, 101.0 + s.reconnect_grace, s) == []
+
+
+def test_a_server_stopped_for_longer_than_lost_after_blames_no_rank(server, tmp_path):
+    """SIGSTOP the server for 20 s (> lost_after, > the agents' ack timeout) while a job
+    trains: when it resumes, the heartbeats it has not read yet must not look like silence,
+    and the agents' reconnects must not look like lost ranks."""
+    procs = launch_job("loop_job.py", 2, server.url, "paused", tmp_path, args=["400", "0.1"],
+                       env={"PGDASH_INTERVAL_S": "0.5"})
+    try:
+        job = wait_for(lambda: job_by_name(server, "paused"), 60, "the job")
+        wait_for(lambda: len(server.api(f"/api/jobs/{job['id']}")["ranks"]) == 2 and all(
+            r["status"] == "running" for r in server.api(f"/api/jobs/{job['id']}")["ranks"]),
+            60, "both ranks running")
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(20)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        lag = wait_for(lambda: _metric(server, "pgdash_ingest_lag_seconds"), 30,
+                       "the server to report its lag")
+        assert lag >= 15  # it says how far behind it was
+        # Give it time to catch up and the agents to reconnect; then no finding at all.
+        wait_for(lambda: all(r["status"] == "running" for r in
+                             server.api(f"/api/jobs/{job['id']}")["ranks"]), 60,
+                 "both ranks running again")
+        time.sleep(3)
+        assert server.api(f"/api/jobs/{job['id']}/findings")["findings"] == []
+    finally:
+        for p in procs:
+            p.kill()
+        wait_job(procs, 30)
+
+
+def _metric(server, name: str) -> float | None:
+    for line in get_body(server.url + "/metrics", timeout=10).decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def test_metrics_per_rank_only_when_asked_and_escaped():
+    from dashboard.metrics import LiveJob, Snapshot, exposition
+
+    job = LiveJob({"name": 'a"b\\c', "status": "running"},
+                  [{"rank": 3, "status": "running", "last_seen": 1764000000.125, "dropped": {}}],
+                  [], [])
+    quiet = exposition(Snapshot([], [job], {}, 0, 0))
+    assert "rank=" not in quiet
+    loud = exposition(Snapshot([], [job], {}, 0, 0, per_rank=True)).splitlines()
+    (seen,) = [l for l in loud if l.startswith("pgdash_rank_last_seen_timestamp_seconds{")]
+    assert seen == ('pgdash_rank_last_seen_timestamp_seconds{job="a\\"b\\\\c",rank="3"} '
+                    '1.764000000125e+09')

@@ -1,0 +1,260 @@
+"""``python -m agent`` under real launchers: torchrun (DDP, FSDP2, a 2-D DeviceMesh, an elastic
+restart), torch.multiprocessing.spawn, and the program's own argv and exit codes.
+
+The training scripts in tests/jobs/tutorial/ are written as PyTorch's tutorials write them,
+with no pgdash in them: the agent comes only from ``-m agent``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from conftest import ROOT, free_port, job_by_name, wait_for
+
+TUTORIAL = Path(__file__).resolve().parent / "jobs" / "tutorial"
+DEADLINE = 240  # torchrun and its ranks start torch several times over on a busy machine
+
+
+def _env(server_url: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("PGDASH_JOB", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"):
+        env.pop(name, None)  # whatever launched the tests must not leak into the jobs
+    env.update(PGDASH_SERVER=server_url, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
+               PGDASH_FLUSH_TIMEOUT_S="30", **extra)
+    return env
+
+
+def run(cmd: list[str], env: dict[str, str], tmp_path: Path, log: str,
+        cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run a command to its end (killed past the deadline); its output is kept in tmp_path."""
+    try:
+        done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True,
+                              timeout=DEADLINE)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{cmd} did not finish in {DEADLINE}s:\n{exc.stderr}") from None
+    (tmp_path / log).write_text(done.stdout + done.stderr)
+    return done
+
+
+def torchrun(script: str, nproc: int, name: str, server, tmp_path: Path, args=(),
+             extra=(), env=None) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run ... -m agent tests/jobs/tutorial/SCRIPT ARGS`` (the
+    module form, so the venv's torch runs it), rendezvous on a free loopback port."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+           "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", name, *extra,
+           "-m", "agent", str(TUTORIAL / script), *args]
+    return run(cmd, env or _env(server.url), tmp_path, f"{name}.log")
+
+
+def finished_job(server, name: str, world: int) -> dict:
+    """The job once it has ended, with its details; fails if it never ends."""
+    job = wait_for(lambda: (j := job_by_name(server, name)) and
+                   j["status"] in ("finished", "failed") and j, 60, f"job {name} to end")
+    detail = server.api(f"/api/jobs/{job['id']}")
+    assert detail["world_size"] == world
+    return detail
+
+
+def counts(server, job_id: int) -> dict[tuple[str, str, int], int]:
+    rows = server.api(f"/api/jobs/{job_id}/collectives")["collectives"]
+    return {(r["group"], r["op"], r["rank"]): r["count"] for r in rows}
+
+
+def serious(server, job_id: int) -> list[dict]:
+    return [f for f in server.api(f"/api/jobs/{job_id}/findings")["findings"]
+            if f["severity"] in ("warning", "critical")]
+
+
+def test_ddp_tutorial_under_torchrun(server, tmp_path):
+    steps = 5
+    done = torchrun("ddp.py", 2, "tut-ddp", server, tmp_path,
+                    args=["--steps", str(steps), "--lr", "3e-4"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"trained {steps} steps, lr 0.0003" in done.stdout  # the script's own argv
+    job = finished_job(server, "tut-ddp", 2)  # torchrun's --rdzv-id names the job
+    assert job["status"] == "finished"
+    assert [(r["rank"], r["attempt"], r["status"]) for r in job["ranks"]] == [
+        (0, 0, "exited"), (1, 0, "exited")]
+    assert [a["attempt"] for a in job["attempts"]] == [0]
+    # Python sees the loss all-reduce of every step and the final barrier; DDP's own gradient
+    # all-reduces run in C++ (the Flight Recorder's business, not counted here).
+    assert counts(server, job["id"]) == {("0", "all_reduce", 0): steps,
+                                         ("0", "all_reduce", 1): steps,
+                                         ("0", "barrier", 0): 1, ("0", "barrier", 1): 1}
+    assert serious(server, job["id"]) == []
+
+
+def test_fsdp2_tutorial_under_torchrun(server, tmp_path):
+    steps, units = 3, 3  # two fully_shard layers and the root
+    done = torchrun("fsdp2.py", 2, "tut-fsdp2", server, tmp_path, args=["--steps", str(steps)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = finished_job(server, "tut-fsdp2", 2)
+    assert job["status"] == "finished"
+    # Per step: each unit all-gathers for forward; all but the root (which keeps its
+    # parameters after forward) all-gather again for backward; each reduce-scatters grads.
+    gathers, scatters = steps * (2 * units - 1), steps * units
+    assert counts(server, job["id"]) == {
+        ("0", "all_gather_single", 0): gathers, ("0", "all_gather_single", 1): gathers,
+        ("0", "reduce_scatter_single", 0): scatters,
+        ("0", "reduce_scatter_single", 1): scatters}
+    assert serious(server, job["id"]) == []
+
+
+def test_2d_device_mesh_under_torchrun(server, tmp_path):
+    steps = 4
+    done = torchrun("mesh2d.py", 4, "tut-mesh", server, tmp_path, args=["--steps", str(steps)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = finished_job(server, "tut-mesh", 4)
+    assert job["status"] == "finished"
+    groups = {(g["desc"], tuple(g["ranks"])): g["name"] for g in job["groups"]}
+    dp = {ranks: name for (desc, ranks), name in groups.items() if desc == "mesh_dp"}
+    tp = {ranks: name for (desc, ranks), name in groups.items() if desc == "mesh_tp"}
+    # mesh (2, 2) over ranks [[0, 1], [2, 3]]: "tp" along rows, "dp" along columns
+    assert sorted(dp) == [(0, 2), (1, 3)] and sorted(tp) == [(0, 1), (2, 3)]
+    default = groups[("default_pg", (0, 1, 2, 3))]
+    expected = {(default, "barrier", r): 1 for r in range(4)}
+    for family in (dp, tp):
+        for ranks, name in family.items():
+            expected.update({(name, "all_reduce", r): steps for r in ranks})
+    assert counts(server, job["id"]) == expected
+    assert serious(server, job["id"]) == []
+
+
+def test_torchrun_restart_is_the_next_attempt_of_the_same_job(server, tmp_path):
+    # torch 2.13 with gloo: a restarted attempt reads the first one's addresses from the
+    # TCPStore torchrun shares with it and fails to connect (pytorch/pytorch#135712; also
+    # without pgdash); not sharing it is the documented way round.
+    env = _env(server.url, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    done = torchrun("flaky.py", 2, "tut-restart", server, tmp_path,
+                    extra=["--max-restarts", "1"], env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    jobs = [j for j in server.api("/api/jobs")["jobs"] if j["name"] == "tut-restart"]
+    assert len(jobs) == 1, jobs  # one job, not one per attempt
+    job = finished_job(server, "tut-restart", 2)
+    assert job["status"] == "finished"
+    first, second = job["attempts"]
+    assert (first["attempt"], first["status"]) == (0, "failed")
+    assert (second["attempt"], second["status"]) == (1, "finished")
+    assert first["ended_at"] <= second["started_at"]
+    assert {r["rank"]: r["status"] for r in first["ranks"]}[1] == "failed"
+    assert [(r["rank"], r["status"]) for r in second["ranks"]] == [(0, "exited"), (1, "exited")]
+    assert [(r["rank"], r["attempt"]) for r in job["ranks"]] == [(0, 1), (1, 1)]
+    found = server.api(f"/api/jobs/{job['id']}/findings")["findings"]
+    failed = [f for f in found if f["kind"] == "rank_failed"]
+    assert [(f["ranks"], f["attempt"], f["active"]) for f in failed] == [([1], 0, False)]
+    assert "boom on rank 1 in attempt 0" in failed[0]["evidence"]["error"]
+    # nothing of attempt 0 is held against attempt 1, which ran cleanly
+    assert [f for f in found if f["active"]] == []
+
+
+def test_multiprocessing_spawn_ranks_form_one_job(server, tmp_path):
+    """The parent only spawns the ranks: it is no rank and makes no job; each spawned rank
+    attaches at its init_process_group and they land in one job named by its rendezvous."""
+    port = free_port()
+    done = run([sys.executable, "-m", "agent", str(TUTORIAL / "spawn_ddp.py"), "2", str(port),
+                "3"], _env(server.url), tmp_path, "spawn.log")
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = finished_job(server, f"127.0.0.1:{port}", 2)
+    assert job["status"] == "finished"
+    assert [j["name"] for j in server.api("/api/jobs")["jobs"]] == [f"127.0.0.1:{port}"]
+    assert counts(server, job["id"]) == {("0", "all_reduce", 0): 3, ("0", "all_reduce", 1): 3,
+                                         ("0", "barrier", 0): 1, ("0", "barrier", 1): 1}
+    assert serious(server, job["id"]) == []
+
+    # A spawned rank that raises: torch.multiprocessing catches it (no excepthook runs), so
+    # the agent must report it itself.
+    port = free_port()
+    done = run([sys.executable, "-m", "agent", str(TUTORIAL / "spawn_ddp.py"), "2", str(port),
+                "3", "1"], _env(server.url), tmp_path, "spawn-fail.log")
+    assert done.returncode == 1
+    job = finished_job(server, f"127.0.0.1:{port}", 2)
+    assert job["status"] == "failed"
+    failed = wait_for(lambda: [f for f in server.api(f"/api/jobs/{job['id']}/findings")[
+        "findings"] if f["kind"] == "rank_failed"], 30, "the spawned rank's failure")
+    assert failed[0]["ranks"] == [1]
+    assert "boom in spawned rank 1" in failed[0]["evidence"]["error"]
+
+
+def test_program_argv_exit_codes_and_tracebacks(server, tmp_path):
+    """The program sees what `python SCRIPT ARGS` / `python -m MODULE ARGS` would give it;
+    its exit status and traceback come through, and the agent reports the failure."""
+    env = _env(server.url, RANK="0", WORLD_SIZE="1")
+    report = tmp_path / "report.json"
+    script = TUTORIAL / "argv_exit.py"
+
+    done = run([sys.executable, "-m", "agent", str(script), str(report), "0"],
+               dict(env, PGDASH_JOB="argv-ok"), tmp_path, "ok.log")
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(report.read_text())
+    assert seen == {"argv": [str(script), str(report), "0"], "file": str(script),
+                    "path0": str(TUTORIAL), "name": "__main__", "pickled": 7}
+
+    done = run([sys.executable, "-m", "agent", "-m", "argv_exit", str(report), "3"],
+               dict(env, PGDASH_JOB="argv-3"), tmp_path, "exit3.log", cwd=TUTORIAL)
+    assert done.returncode == 3, done.stderr
+    seen = json.loads(report.read_text())
+    assert seen["argv"] == [str(script), str(report), "3"] and seen["name"] == "__main__"
+    assert seen["path0"] == str(TUTORIAL)  # -m: the working directory
+
+    done = run([sys.executable, "-m", "agent", str(script), str(report), "raise"],
+               dict(env, PGDASH_JOB="argv-raise"), tmp_path, "raise.log")
+    assert done.returncode == 1
+    plain = run([sys.executable, str(script), str(report), "raise"],
+                dict(env, PGDASH_SERVER=""), tmp_path, "plain.log")
+    # the same traceback as plain python prints: it starts at the script, not in pgdash
+    assert done.stderr.endswith(plain.stderr), (done.stderr, plain.stderr)
+    assert plain.stderr.startswith("Traceback (most recent call last):\n  File "
+                                   f"\"{script}\", line")
+
+    for name, text in (("argv-3", "the program exited with status 3"),
+                       ("argv-raise", "raised on purpose by argv_exit.py")):
+        job = finished_job(server, name, 1)
+        assert job["status"] == "failed"
+        failed = wait_for(lambda: [f for f in server.api(f"/api/jobs/{job['id']}/findings")[
+            "findings"] if f["kind"] == "rank_failed"], 30, f"the failure of {name}")
+        assert text in failed[0]["evidence"]["error"]
+
+    usage = run([sys.executable, "-m", "agent"], env, tmp_path, "usage.log")
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: python -m agent SCRIPT")
+    missing = run([sys.executable, "-m", "agent", str(tmp_path / "nope.py")], env, tmp_path,
+                  "missing.log")
+    assert missing.returncode == 2 and "can't open file" in missing.stderr
+
+
+def test_slurm_tasks_form_one_job_named_after_the_step(server, tmp_path):
+    """Two tasks as `srun` starts them (SLURM's variables, no RANK): one job,
+    slurm-<job id>.<step id>, each rank known from SLURM_PROCID before init_process_group."""
+    port = str(free_port())
+    procs = []
+    for task in (0, 1):
+        env = _env(server.url, SLURM_JOB_ID="4242", SLURM_STEP_ID="0",
+                   SLURM_PROCID=str(task), SLURM_LOCALID=str(task), SLURM_NTASKS="2",
+                   SLURM_NODEID="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        with open(tmp_path / f"task{task}.log", "wb") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "agent", str(TUTORIAL / "slurm_job.py")], env=env,
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
+    try:
+        assert [p.wait(timeout=DEADLINE) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    job = finished_job(server, "slurm-4242.0", 2)
+    assert job["status"] == "finished"
+    assert [(r["rank"], r["local_rank"]) for r in job["ranks"]] == [(0, 0), (1, 1)]
+    # the agents knew their ranks when they connected: from SLURM, before init
+    with urllib.request.urlopen(f"{server.url}/api/jobs/{job['id']}/export") as resp:
+        lines = [json.loads(line) for line in resp.read().decode().splitlines()]
+    connects = [line["event"]["body"] for line in lines
+                if "event" in line and line["event"]["kind"] == "connect"]
+    assert sorted(c["rank"] for c in connects) == [0, 1]
+    assert counts(server, job["id"]) == {("0", "all_reduce", 0): 3, ("0", "all_reduce", 1): 3}
