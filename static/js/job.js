@@ -539,7 +539,7 @@
                 chain.map((c) =>
                   el(
                     "li",
-                    { class: c.active ? "" : "resolved", dataset: { finding: String(c.finding) } },
+                    { class: c.active ? "" : "resolved", dataset: { linkedFinding: String(c.finding) } },
                     el("span", { class: "mono", text: String(c.kind) }),
                     " ",
                     el("span", { text: text(c.link) }),
