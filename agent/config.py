@@ -30,6 +30,9 @@ class AgentConfig:
     gpu: bool = True  # PGDASH_GPU: 0 turns GPU sampling (NVML) off
     # PGDASH_WIRE: auto (the compact protocol v2, or v1 with a server too old for it), v2, v1
     wire: str = "auto"
+    # PGDASH_CA_FILE: PEM file of the CA that signed an https server's certificate (a
+    # self-signed one); unset, the system's CAs are trusted. The certificate is always checked.
+    ca_file: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":
@@ -57,6 +60,13 @@ class AgentConfig:
         config = cls(**values)
         if config.wire not in ("auto", "v1", "v2"):
             raise ValueError(f"{ENV_PREFIX}WIRE must be auto, v1 or v2, got {config.wire!r}")
+        if config.ca_file is not None:
+            try:
+                with open(config.ca_file, "rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"PGDASH_CA_FILE {config.ca_file} cannot be read: "
+                                 f"{exc.strerror or exc}") from None
         for field in dataclasses.fields(cls):
             value = getattr(config, field.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:

@@ -49,7 +49,11 @@ class Outbox:
             return
         with self._lock:
             self._events.extendleft(reversed(events))
-            if len(self._events) > 1 and self._events[0]["seq"] > self._events[-1]["seq"]:
+            # Batches acknowledged out of order (a refused one, then a later one) come back
+            # newest first: the events must still leave in sequence order, or the server, which
+            # ignores any seq at or below its highest stored, would drop the older ones.
+            n = len(events)
+            if len(self._events) > n and self._events[n - 1]["seq"] > self._events[n]["seq"]:
                 self._events = collections.deque(sorted(self._events, key=lambda e: e["seq"]))
             self._make_room()
             self.ready.notify_all()

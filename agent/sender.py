@@ -9,6 +9,7 @@ drops what it already stored, so delivery is exactly-once as far as the stored l
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import random
@@ -24,19 +25,45 @@ from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, PROTOCOL_VERSION, Ack, Even
 log = logging.getLogger("pgdash.agent")
 
 
-def socketio_client():
+def socketio_client(ca_file: str | None = None):
     """A protocol v1 client: python-socketio, the ``/agent`` namespace."""
     import socketio  # imported here so that merely importing the agent stays cheap
 
+    # wss:// is verified against the system's CAs, or only against PGDASH_CA_FILE when set.
+    extra = {"sslopt": {"ca_certs": ca_file}} if ca_file else {}
     return socketio.Client(reconnection=False, handle_sigint=False, logger=False,
-                           engineio_logger=False)
+                           engineio_logger=False, websocket_extra_options=extra)
 
 
-def compact_client():
+def _tls_problem(server: str, ca_file: str | None) -> str | None:
+    """Why a TLS handshake with ``server`` fails, if it does (the Socket.IO client only says
+    "Connection error"). Runs on the sender thread after a failed connect, never in training."""
+    import socket
+    import ssl
+    from urllib.parse import urlparse
+
+    url = urlparse(server)
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+        with socket.create_connection((url.hostname, url.port or 443), timeout=5) as sock:
+            with context.wrap_socket(sock, server_hostname=url.hostname):
+                return None
+    except ssl.SSLCertVerificationError as exc:
+        hint = ("PGDASH_CA_FILE does not hold the CA that signed it" if ca_file else
+                "if it is self-signed, set PGDASH_CA_FILE to the CA (or certificate) file")
+        return f"the server's certificate is not trusted ({exc.verify_message}): {hint}"
+    except ssl.SSLError as exc:
+        return f"TLS handshake failed: {exc.reason or exc}"
+    except (OSError, ValueError):
+        return None
+
+
+def compact_client(ca_file: str | None = None):
     """A protocol v2 client: MessagePack frames on a plain websocket (agent.compact)."""
     from agent.compact import CompactClient
 
-    return CompactClient()
+    # wss:// is verified against the system's CAs, or only against PGDASH_CA_FILE when set.
+    return CompactClient(sslopt={"ca_certs": ca_file} if ca_file else None)
 
 
 class Sender(threading.Thread):
@@ -50,11 +77,12 @@ class Sender(threading.Thread):
         self._auth = auth
         # PGDASH_WIRE: v2 (the compact path) unless told otherwise; "auto" falls back to v1
         # for good when the server is too old to serve v2.
+        self._may_fall_back = client_factory is None and config.wire == "auto"
         if client_factory is None:
-            client_factory = socketio_client if config.wire == "v1" else compact_client
+            kind = socketio_client if config.wire == "v1" else compact_client
+            client_factory = functools.partial(kind, config.ca_file)
         self._client_factory = client_factory
-        self._may_fall_back = client_factory is compact_client and config.wire == "auto"
-        self.wire = "v1" if client_factory is socketio_client else config.wire
+        self.wire = config.wire
         self._client = None
         self._acks: queue.Queue[tuple[int, Any]] = queue.Queue()
         self._inflight: dict[int, tuple[float, list[Event]]] = {}
@@ -65,6 +93,7 @@ class Sender(threading.Thread):
         self.rejected = 0  # events the server refused as invalid (never resent)
         self.last_error: str | None = None
         self._warned = False
+        self._quiet_until = 0.0  # monotonic; the server asked us to wait (rate limit)
 
     # -- public, any thread ------------------------------------------------------------------
 
@@ -107,13 +136,15 @@ class Sender(threading.Thread):
                              "(PGDASH_ACK_TIMEOUT_S); reconnecting")
             self._drop_connection()
             return
-        while len(self._inflight) < self.config.max_inflight_batches:
+        while len(self._inflight) < self.config.max_inflight_batches and \
+                now >= self._quiet_until:
             events = self.outbox.take(self.config.max_batch_events)
             if not events:
                 break
             self._send(events)
         with self.outbox.ready:
-            if len(self.outbox) == 0 or len(self._inflight) >= self.config.max_inflight_batches:
+            if len(self.outbox) == 0 or len(self._inflight) >= self.config.max_inflight_batches \
+                    or time.monotonic() < self._quiet_until:
                 self.outbox.ready.wait(0.05)
 
     def _send(self, events: list[Event]) -> None:
@@ -152,6 +183,10 @@ class Sender(threading.Thread):
             return
         if ack.get("retry"):
             self.outbox.requeue(events)
+            wait = ack.get("retry_after")
+            if isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait > 0:
+                # Rate-limited: send nothing for a while (bounded, whatever the server says).
+                self._quiet_until = time.monotonic() + min(float(wait), 30.0)
             self._note_error(f"server asked to retry: {ack.get('error')}")
         else:
             self.rejected += len(events)
@@ -177,11 +212,14 @@ class Sender(threading.Thread):
             if self._may_fall_back and isinstance(exc, NotServed):
                 log.info("pgdash: %s is an older server; speaking protocol v1 to it",
                          self.config.server)
-                self._client_factory, self._may_fall_back, self.wire = socketio_client, False, "v1"
+                self._client_factory = functools.partial(socketio_client, self.config.ca_file)
+                self._may_fall_back, self.wire = False, "v1"
                 return self._connect()
             reason = refusals[-1] if refusals else f"{type(exc).__name__}: {exc}"
             if isinstance(reason, dict):
                 reason = reason.get("message", reason)
+            if str(self.config.server).startswith("https://"):
+                reason = _tls_problem(self.config.server, self.config.ca_file) or reason
             self._note_error(f"cannot connect to {self.config.server} (PGDASH_SERVER): "
                              f"{reason}")
             try:

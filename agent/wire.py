@@ -33,6 +33,7 @@ MAX_NAME = 256
 MAX_RANKS = 1_048_576
 MAX_LIST = 10_000
 MAX_ENV = 512
+MAX_TIME = 1e11  # event times are Unix seconds: anything past the year 5138 is garbage
 
 # Latency histograms: bucket i holds latencies in [2**(i/8), 2**((i+1)/8)) microseconds,
 # about 9% wide, so merged percentiles stay within ~9% of the truth at any scale.
@@ -83,6 +84,7 @@ class Ack(TypedDict, total=False):
     rejected: list[dict[str, Any]]  # [{"seq", "error"}] for events that failed validation
     error: str  # when ok is false: the whole batch was refused
     retry: bool  # when ok is false: whether sending the same batch again can succeed
+    retry_after: float  # with retry: seconds to wait first (the connection is rate-limited)
 
 
 def event(seq: int, t: float, kind: str, body: dict[str, Any]) -> Event:
@@ -96,8 +98,9 @@ class WireError(ValueError):
 # ---------------------------------------------------------------------------------------------
 # Validation: one typed shape per message, checked in C by msgspec (decoding and checking a
 # batch costs microseconds, where the hand-written checks it replaced cost ~0.3 ms a batch,
-# the largest share of the server's work per rank). Unknown fields are ignored, so newer
-# agents may add optional fields. Errors name the bad field: "events[0].body.ranks[1]: ...".
+# the largest share of the server's work per rank). Unknown fields are accepted and left out
+# of what is stored, so newer agents may add optional fields. Errors name the bad field:
+# "events[0].body.ranks[1]: ...".
 
 def _limited(kind, **meta):
     return Annotated[kind, msgspec.Meta(**meta)]
@@ -114,11 +117,17 @@ _MaybeRank = _limited(int, ge=-1, le=MAX_RANKS)  # -1: "not set yet" in init_sta
 _StrMap = _limited(dict[_Name, Optional[_Text]], max_length=MAX_ENV)
 _CountMap = _limited(dict[_Name, _Count], max_length=64)
 _NumMap = _limited(dict[_Name, Optional[_Num]], max_length=64)
-_HistPair = tuple[_limited(int, ge=0, le=HIST_MAX_BUCKET), _limited(int, ge=1)]
 
 
-class _Shape(msgspec.Struct, forbid_unknown_fields=False):
+class _Shape(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
     pass
+
+
+class _HistPair(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """``[bucket, count]`` of a latency histogram (stored as that two-item list)."""
+
+    bucket: _limited(int, ge=0, le=HIST_MAX_BUCKET)
+    count: _limited(int, ge=1)
 
 
 class GroupProgress(_Shape):
@@ -254,7 +263,7 @@ EVENT_KINDS: dict[str, type[_Shape]] = {
 
 class _Envelope(_Shape):
     seq: _limited(int, ge=1, le=2**63 - 1)
-    t: _Num
+    t: _limited(float, ge=0, lt=MAX_TIME)  # Unix seconds
     kind: _Name
     body: dict
 
@@ -270,13 +279,26 @@ class _AuthShape(_Shape):
     attempt: Optional[_Count] = None  # optional; absent from older agents
 
 
-#: Event kinds the server itself records (never accepted from an agent).
-SERVER_KINDS = ("connect", "disconnect")
+class _Connected(_Shape):
+    rank: Optional[_Rank] = None
+    host: Optional[_Name] = None
+    attempt: Optional[_Count] = None
 
 
-def _check(value: Any, shape: type, where: str) -> None:
+class _ServerEnvelope(_Shape):
+    t: _limited(float, ge=0, lt=MAX_TIME)
+    kind: _Name
+    body: dict
+    seq: None = None
+
+
+#: Event kinds the server itself records (never accepted from an agent), and their bodies.
+SERVER_KINDS: dict[str, type[_Shape]] = {"connect": _Connected, "disconnect": _Shape}
+
+
+def _check(value: Any, shape: type, where: str) -> Any:
     try:
-        msgspec.convert(value, shape)
+        return msgspec.convert(value, shape)
     except msgspec.ValidationError as exc:
         text = str(exc)
         problem, _, path = text.rpartition(" - at `$")
@@ -307,13 +329,28 @@ def validate_auth(auth: Any) -> Auth:
 
 
 def validate_event(ev: Any, where: str = "event") -> Event:
-    """Check one event; raise WireError naming the bad field."""
+    """Check one event; raise WireError naming the bad field.
+
+    Returns the event as it is to be stored: its body holds exactly the fields checked.
+    Fields this version does not know (a newer agent's) are left out, so nothing unchecked
+    (a NaN, a list nested thousands deep) reaches the log, the page or an export.
+    """
     _check(ev, _Envelope, where)
     shape = EVENT_KINDS.get(ev["kind"])
     if shape is None:
         raise WireError(f"{where}.kind {ev['kind']!r:.60} is not one of {sorted(EVENT_KINDS)}")
-    _check(ev["body"], shape, f"{where}.body")
-    return ev
+    body = _check(ev["body"], shape, f"{where}.body")
+    return {"seq": ev["seq"], "t": ev["t"], "kind": ev["kind"], "body": _builtins(body)}
+
+
+def validate_server_event(ev: Any, where: str = "event") -> dict[str, Any]:
+    """Check an event the server recorded itself (from an imported session file)."""
+    _check(ev, _ServerEnvelope, where)
+    body = _check(ev["body"], SERVER_KINDS[ev["kind"]], f"{where}.body")
+    return {"seq": None, "t": ev["t"], "kind": ev["kind"], "body": _builtins(body)}
+
+
+_builtins = msgspec.to_builtins
 
 
 def validate_events(events: Any) -> tuple[list[Event], list[dict[str, Any]]]:

@@ -10,12 +10,15 @@ import logging
 import math
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
+import msgspec
 from flask import Flask, abort, current_app, jsonify, render_template, request
 from flask_socketio import SocketIO, join_room, leave_room, rooms
+from werkzeug.exceptions import HTTPException
 
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
+from dashboard import access, limits
 from dashboard.archive import export_lines
 from dashboard.diagnosis import Settings
 from dashboard.incidents import incidents
@@ -48,6 +51,8 @@ DEFAULTS = {
     "MAX_MESSAGE_BYTES": 4_000_000,
     "TRACE_MAX_EVENTS": DEFAULT_TRACE_MAX_EVENTS,  # GET /api/jobs/<id>/trace: the most events
     "METRICS_PER_RANK": False,  # a last-seen series per rank on /metrics (high cardinality)
+    "DB_BUSY_TIMEOUT_S": 30.0,  # how long a write waits for a lock another process holds
+    **limits.DEFAULTS,  # per-connection rate limits on agents
 }
 
 
@@ -73,7 +78,8 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
                             timeout=float(app.config["NOTIFY_TIMEOUT"]),
                             retries=int(app.config["NOTIFY_RETRIES"]),
                             max_queue=int(app.config["NOTIFY_QUEUE"])).start()
-    store = Store(app.config["DB"]).start()
+    store = Store(app.config["DB"],
+                  busy_timeout_s=float(app.config["DB_BUSY_TIMEOUT_S"])).start()
     ingest = Ingest(store, token=app.config["TOKEN"],
                     settings=Settings(hang_after=float(app.config["HANG_AFTER"]),
                                       stall_after=float(app.config["STALL_AFTER"])),
@@ -83,9 +89,11 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
                         max_http_buffer_size=app.config["MAX_MESSAGE_BYTES"],
                         cors_allowed_origins=[], logger=False, engineio_logger=False)
     app.extensions["pgdash"] = ingest
+    access.register(app, socketio, app.config["TOKEN"])
     _register_pages(app)
     _register_api(app, ingest)
-    _register_agent_namespace(socketio, ingest)
+    app.extensions["pgdash_limits"] = _rate_limits(app.config)
+    _register_agent_namespace(socketio, ingest, app.extensions["pgdash_limits"])
     _register_ui_namespace(socketio, ingest)
     app.extensions["pgdash_pusher"] = LivePush(socketio, ingest, app.config["PUSH_INTERVAL"])
     return app
@@ -114,6 +122,32 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         if request.path.startswith("/api/"):
             return jsonify(error=getattr(exc, "description", "not found")), 404
         return exc
+
+    @app.errorhandler(HTTPException)
+    def api_http_error(exc):  # 400, 405, ...: the API answers JSON whatever went wrong
+        if request.path.startswith("/api/"):
+            return jsonify(error=f"{exc.name}: {exc.description}"), exc.code
+        return exc
+
+    @app.errorhandler(Exception)
+    def api_crash(exc):
+        # A bug must not take a request down with an HTML page or a leaked traceback; the
+        # log keeps the traceback for whoever fixes it.
+        if isinstance(exc, HTTPException):
+            return exc
+        log.exception("pgdash: %s %s failed", request.method, request.path)
+        if request.path.startswith("/api/") or request.path == "/metrics":
+            return jsonify(error=f"the server failed on this request ({type(exc).__name__}); "
+                                 "its log has the details"), 500
+        return "pgdash: the server failed on this request; its log has the details", 500
+
+    @app.before_request
+    def job_id_in_range():
+        # /api/jobs/<int:job_id> accepts any digits; an id past what the database can hold
+        # is simply not a job (SQLite would raise OverflowError).
+        job_id = (request.view_args or {}).get("job_id")
+        if isinstance(job_id, int) and job_id > MAX_JOB_ID:
+            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
 
     @app.get("/api/jobs")
     def api_jobs():
@@ -208,13 +242,28 @@ def _trace_cap(app: Flask) -> int:
     return raw
 
 
-def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
+def _rate_limits(config) -> Callable[[], limits.ConnectionLimits]:
+    """A factory of one connection's limits, from the PGDASH_MAX_*_PER_S settings."""
+    values = {}
+    for name in limits.DEFAULTS:
+        problem = limits.settings_error(name, config[name])
+        if problem:
+            raise ValueError(problem)
+        values[name] = float(config[name])
+    return lambda: limits.ConnectionLimits(values[limits.EVENTS_PER_S],
+                                           values[limits.BYTES_PER_S], values[limits.BURST_S])
+
+
+def _register_agent_namespace(socketio: SocketIO, ingest: Ingest,
+                              new_limits: Callable[[], limits.ConnectionLimits]) -> None:
     sessions: dict[str, tuple[str, int]] = {}  # sid -> (session, job id)
+    rates: dict[str, limits.ConnectionLimits] = {}  # sid -> its rate limits
 
     @socketio.on("connect", namespace=AGENT_NAMESPACE)
     def agent_connect(auth=None):
         try:
             sessions[request.sid] = ingest.connect(auth)
+            rates[request.sid] = new_limits()
         except Refused as exc:
             log.warning("%s", exc)
             from flask_socketio import ConnectionRefusedError
@@ -227,15 +276,38 @@ def _register_agent_namespace(socketio: SocketIO, ingest: Ingest) -> None:
         if known is None:
             return {"ok": False, "error": "not connected: reconnect", "retry": True}
         ingest.counters["batches_v1"] += 1
+        refusal = _over_rate(rates.get(request.sid), payload)
+        if refusal is not None:
+            ingest.counters["rate_limited_batches"] += 1
+            ingest.hold(known[0], payload.get("events") if isinstance(payload, dict) else None)
+            return {"ok": False, "error": refusal.reason, "retry": True,
+                    "retry_after": refusal.retry_after}
         return ingest.batch(known[0], known[1], payload)
 
     @socketio.on("disconnect", namespace=AGENT_NAMESPACE)
     def agent_disconnect(*_args):
+        rates.pop(request.sid, None)
         known = sessions.pop(request.sid, None)
         if known is not None:
             ingest.disconnect(known[0])
 
 
+def _over_rate(rate: limits.ConnectionLimits | None, payload: Any) -> limits.Refusal | None:
+    """Charge a batch to its connection's limits (before validation: garbage costs too)."""
+    if rate is None:
+        return None
+    events = payload.get("events") if isinstance(payload, dict) else None
+    count = len(events) if isinstance(events, list) else 1
+    size = 0
+    if rate.counts_bytes:  # what its JSON weighs (msgspec: a few us, json.dumps ~0.1 ms)
+        try:
+            size = len(msgspec.json.encode(payload, enc_hook=str))
+        except (TypeError, ValueError, RecursionError, msgspec.EncodeError):
+            size = 0  # unserialisable: validation refuses it anyway
+    return rate.admit(count, size)
+
+
+MAX_JOB_ID = 2**63 - 1  # the largest integer the database stores
 JOB_FIELDS = ("id", "name", *STORED_JOB_FIELDS)  # what GET /api/jobs lists per job
 
 

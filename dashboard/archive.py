@@ -19,7 +19,7 @@ import math
 import uuid
 from typing import Any, Iterable, Iterator
 
-from agent.wire import SERVER_KINDS, WireError, validate_event
+from agent.wire import SERVER_KINDS, WireError, validate_event, validate_server_event
 from dashboard.diagnosis import Finding, Settings, diagnose
 from dashboard.state import JobState, StoredEvent
 from dashboard.storage import JOB_FIELDS, Store
@@ -68,6 +68,7 @@ class Archive:
         job = None
         sessions: dict[str, dict[str, Any]] = {}
         events: list[dict[str, Any]] = []
+        seen: set[tuple[str, int]] = set()
         for number, text in enumerate(lines, 1):
             where = f"{source}, line {number}"
             if len(text) > MAX_LINE:
@@ -78,6 +79,8 @@ class Archive:
                 obj = json.loads(text)
             except ValueError as exc:
                 raise ArchiveError(f"{where}: not JSON ({exc})") from None
+            except RecursionError:
+                raise ArchiveError(f"{where}: JSON nested too deeply") from None
             if not isinstance(obj, dict):
                 raise ArchiveError(f"{where}: expected a JSON object")
             if job is None:
@@ -86,7 +89,14 @@ class Archive:
                 session = _session(obj["session"], where)
                 sessions[session["id"]] = session
             elif "event" in obj:
-                events.append(_event(obj["event"], sessions, where))
+                ev = _event(obj["event"], sessions, where)
+                if ev["seq"] is not None:  # the log holds each (session, seq) once
+                    key = (ev["session"], ev["seq"])
+                    if key in seen:
+                        raise ArchiveError(f"{where}: event seq {ev['seq']} of session "
+                                           f"{ev['session']!r:.70} appears twice")
+                    seen.add(key)
+                events.append(ev)
             else:
                 raise ArchiveError(f"{where}: expected a \"session\" or an \"event\" object")
         if job is None:
@@ -133,21 +143,21 @@ def _session(session: Any, where: str) -> dict[str, Any]:
 def _event(ev: Any, sessions: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(ev, dict):
         raise ArchiveError(f"{where}: event must be an object")
-    if ev.get("session") not in sessions:
+    if not isinstance(ev.get("session"), str) or ev["session"] not in sessions:
         raise ArchiveError(f"{where}: event.session {ev.get('session')!r:.70} is not a "
                            "session listed before it")
     if not _finite(ev.get("received_at")):
         raise ArchiveError(f"{where}: event.received_at must be a time in Unix seconds")
+    fields = {k: ev.get(k) for k in ("seq", "t", "kind", "body")}
     try:
         if ev.get("kind") in SERVER_KINDS:  # recorded by the server itself: no seq
-            if ev.get("seq") is not None or not _finite(ev.get("t")) or \
-                    not isinstance(ev.get("body"), dict):
-                raise WireError("a connect/disconnect event has seq null, a time t and a body")
+            checked = validate_server_event(fields, "event")
         else:
-            validate_event({k: ev.get(k) for k in ("seq", "t", "kind", "body")}, "event")
+            checked = validate_event(fields, "event")
     except WireError as exc:
         raise ArchiveError(f"{where}: {exc}") from None
-    return {k: ev.get(k) for k in ("session", "seq", "t", "received_at", "kind", "body")}
+    # Stored as checked: fields this version does not know are left out, as from an agent.
+    return {"session": ev["session"], "received_at": ev["received_at"], **checked}
 
 
 def _finite(value: Any) -> bool:

@@ -42,41 +42,59 @@ def _quiet_websocket_close(record: logging.LogRecord) -> bool:
 class Server:
     """A pgdash server on a real port, in a background thread (used by serve, demo, tests)."""
 
-    def __init__(self, app, host: str, port: int):
+    def __init__(self, app, host: str, port: int, ssl_context=None):
         from werkzeug.serving import make_server
 
         from dashboard.front import Front
 
         self.app = app
         try:
-            self._server = make_server(host, port, app, threaded=True)
+            self._server = make_server(host, port, app, threaded=True, ssl_context=ssl_context)
         except OSError as exc:
             raise click.ClickException(
                 f"cannot listen on {host}:{port}: {exc.strerror or exc}. "
                 "Pick another --port (0 picks a free one).") from None
         self.host = host
         self.port = self._server.server_port
-        self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
-        # The front accepts every connection: agents' compact (v2) websockets stay on its
-        # event loop, everything else goes to Werkzeug's threads (see dashboard.front).
-        self.front = Front(self._server, app.extensions["pgdash"],
-                           int(app.config["MAX_MESSAGE_BYTES"]))
+        scheme = "https" if ssl_context is not None else "http"
+        self.url = f"{scheme}://{host if ':' not in host else f'[{host}]'}:{self.port}"
+        # Without TLS, the front accepts every connection: agents' compact (v2) websockets
+        # stay on its event loop, everything else goes to Werkzeug's threads (see
+        # dashboard.front). With TLS, Werkzeug serves everything and agents speak v1 (it
+        # answers /agent/v2 with 404); a TLS-terminating proxy in front keeps v2.
+        self.front = None if ssl_context is not None else Front(
+            self._server, app.extensions["pgdash"], int(app.config["MAX_MESSAGE_BYTES"]),
+            app.extensions["pgdash_limits"])
+        self._thread = threading.Thread(target=self._server.serve_forever, name="pgdash-http",
+                                        daemon=True)
 
     def start(self) -> "Server":
         self.app.extensions["pgdash_pusher"].start()
-        self.front.start()
+        if self.front is not None:
+            self.front.start()
+        else:
+            self._thread.start()
         return self
 
     def stop(self) -> None:
         self.app.extensions["pgdash_pusher"].stop()
-        self.front.stop()
+        if self.front is not None:
+            self.front.stop()
+        else:
+            self._server.shutdown()
         self.app.extensions["pgdash"].store.close()
 
 
 def make_server(db: str, host: str, port: int, token: str | None = None,
-                hang_after: float | None = None, notify: str | None = None,
-                stall_after: float | None = None) -> Server:
+                hang_after: float | None = None, tls: tuple[str, str] | None = None,
+                notify: str | None = None, stall_after: float | None = None) -> Server:
     from dashboard.app import create_app
+    from dashboard.tls import TLSError, server_context
+
+    try:
+        ssl_context = server_context(*tls) if tls else None
+    except TLSError as exc:
+        raise click.ClickException(str(exc)) from None
 
     config = {"DB": db, "TOKEN": token}
     if hang_after is not None:
@@ -89,7 +107,7 @@ def make_server(db: str, host: str, port: int, token: str | None = None,
         app = create_app(config)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    server = Server(app, host, port)
+    server = Server(app, host, port, ssl_context)
     notifier = app.extensions.get("pgdash_notifier")
     if notifier is not None and notifier.base_url is None:
         notifier.base_url = server.url  # links in notifications lead to the job page
@@ -103,7 +121,18 @@ def make_server(db: str, host: str, port: int, token: str | None = None,
               help="Port to listen on; 0 picks a free one.")
 @_db_option
 @click.option("--token", default=lambda: os.environ.get("PGDASH_TOKEN"),
-              help="Agents must present this token (PGDASH_TOKEN on the training hosts).")
+              help="Protects everything: agents (PGDASH_TOKEN on the training hosts), the "
+              "API and /metrics (Authorization: Bearer), the pages (login form). "
+              "Default: PGDASH_TOKEN.")
+@click.option("--insecure", is_flag=True,
+              help="Allow listening beyond loopback without --token (anyone who can reach "
+              "the port can then read and send everything).")
+@click.option("--tls-cert", type=click.Path(dir_okay=False),
+              default=lambda: os.environ.get("PGDASH_TLS_CERT") or None,
+              help="PEM certificate (chain): serve https/wss. Default: PGDASH_TLS_CERT.")
+@click.option("--tls-key", type=click.Path(dir_okay=False),
+              default=lambda: os.environ.get("PGDASH_TLS_KEY") or None,
+              help="PEM private key of --tls-cert. Default: PGDASH_TLS_KEY.")
 @click.option("--hang-after", type=click.FloatRange(min=0, min_open=True), default=60.0,
               show_default=True, help="Seconds a collective may wait before it counts as hung.")
 @click.option("--stall-after", type=click.FloatRange(min=0, min_open=True),
@@ -113,16 +142,29 @@ def make_server(db: str, host: str, port: int, token: str | None = None,
 @click.option("--notify", envvar="PGDASH_NOTIFY", show_envvar=True, metavar="URL",
               help="POST each new, escalated and resolved incident as JSON to this webhook "
                    "(Slack-compatible `text`).")
-def serve(host: str, port: int, db: str, token: str | None, hang_after: float,
-          stall_after: float, notify: str | None) -> None:
+def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
+          tls_cert: str | None, tls_key: str | None, hang_after: float, stall_after: float,
+          notify: str | None) -> None:
     """Run the server: agents report to it, browsers watch it."""
-    try:
-        if not ipaddress.ip_address(host).is_loopback and not token:
-            click.echo(f"pgdash: warning: listening on {host} without --token: anyone who can "
-                       "reach this port can send data", err=True)
-    except ValueError:
-        pass  # a host name; let the bind decide
-    server = make_server(db, host, port, token, hang_after, notify, stall_after).start()
+    if not token and not _is_loopback(host):
+        if not insecure:
+            click.echo(f"pgdash: refusing to listen on {host} without a token: anyone who "
+                       "can reach this port could read every job and send data. Pass --token "
+                       "(or set PGDASH_TOKEN; agents use the same PGDASH_TOKEN), or --insecure "
+                       "if this network is trusted.", err=True)
+            sys.exit(2)
+        click.echo(f"pgdash: warning: listening on {host} without --token (--insecure): "
+                   "anyone who can reach this port can read and send data", err=True)
+    if token and len(token) < 16:
+        click.echo("pgdash: warning: the token is shorter than 16 characters; a long random "
+                   "one (python -c 'import secrets; print(secrets.token_urlsafe())') cannot "
+                   "be guessed", err=True)
+    if bool(tls_cert) != bool(tls_key):
+        click.echo("pgdash: --tls-cert and --tls-key go together (PGDASH_TLS_CERT, "
+                   "PGDASH_TLS_KEY): give both to serve https, or neither.", err=True)
+        sys.exit(2)
+    server = make_server(db, host, port, token, hang_after,
+                         (tls_cert, tls_key) if tls_cert else None, notify, stall_after).start()
     click.echo(f"pgdash: serving on {server.url}/  (database {db}; Ctrl-C stops)")
     if notify:
         click.echo(f"pgdash: incidents are posted to {notify}")
@@ -132,6 +174,22 @@ def serve(host: str, port: int, db: str, token: str | None, hang_after: float,
         click.echo("pgdash: stopping")
     finally:
         server.stop()
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is a loopback one (unresolvable: no)."""
+    import socket
+
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback
+                               for info in infos)
 
 
 @cli.command()

@@ -21,7 +21,7 @@ import concurrent.futures
 import logging
 import socket
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from websockets.frames import Opcode
 from websockets.http11 import Request
@@ -46,12 +46,15 @@ class Front:
             is not used (this loop accepts instead).
         ingest: the server's :class:`dashboard.ingest.Ingest`.
         max_frame_bytes: largest v2 frame accepted (``PGDASH_MAX_MESSAGE_BYTES``).
+        new_limits: makes one connection's rate limits (``PGDASH_MAX_EVENTS_PER_S``, ...).
     """
 
-    def __init__(self, wsgi_server: Any, ingest: Any, max_frame_bytes: int):
+    def __init__(self, wsgi_server: Any, ingest: Any, max_frame_bytes: int,
+                 new_limits: Callable[[], Any] | None = None):
         self.wsgi = wsgi_server
         self.ingest = ingest
         self.max_frame_bytes = max_frame_bytes
+        self.new_limits = new_limits  # one connection's rate limits (dashboard.limits)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="pgdash-front", daemon=True)
         self._stopped = threading.Event()
@@ -75,6 +78,10 @@ class Front:
             self.loop.run_forever()
         finally:
             self.loop.remove_reader(listener.fileno())
+            for task in asyncio.all_tasks(self.loop):  # connections still open: close them
+                task.cancel()
+            self.loop.run_until_complete(asyncio.sleep(0))
+            self.loop.close()
             self._stopped.set()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -140,7 +147,10 @@ class Front:
     async def _serve_agent(self, conn: socket.socket) -> None:
         transport, link = await self.loop.connect_accepted_socket(
             lambda: AgentLink(self), sock=conn)
-        await link.closed
+        try:
+            await link.closed
+        finally:
+            transport.close()  # also when the server stops with the agent still connected
 
 
 class AgentLink(asyncio.Protocol):
@@ -152,6 +162,7 @@ class AgentLink(asyncio.Protocol):
         self.ws = ServerProtocol(max_size=front.max_frame_bytes, logger=_quiet)
         self.transport: asyncio.Transport | None = None
         self.closed = front.loop.create_future()
+        self.rate = front.new_limits() if front.new_limits is not None else None
         self.session: str | None = None
         self.job_id: int | None = None
         self._admitting = False
@@ -232,24 +243,31 @@ class AgentLink(asyncio.Protocol):
             self._send({"ok": False, "error": "a v2 batch needs an integer id", "retry": False})
             return
         self.ingest.counters["batches_v2"] += 1
-        ack, pending = self.ingest.batch_nowait(self.session, self.job_id,
-                                                message.get("events"))
+        events = message.get("events")
+        if self.rate is not None:  # charged before validation: garbage costs too
+            refusal = self.rate.admit(len(events) if isinstance(events, list) else 1,
+                                      len(frame))
+            if refusal is not None:
+                self.ingest.counters["rate_limited_batches"] += 1
+                self.ingest.hold(self.session, events)
+                self._send({"id": batch_id, "ok": False, "error": refusal.reason,
+                            "retry": True, "retry_after": refusal.retry_after})
+                return
+        ack, pending = self.ingest.batch_nowait(self.session, self.job_id, events)
         if pending is None:
             self._send({"id": batch_id, **ack})
             return
         pending.add_done_callback(lambda fut: self.front.loop.call_soon_threadsafe(
-            self._committed, batch_id, ack, fut))
+            self._committed, batch_id, events, ack, fut))
 
-    def _committed(self, batch_id: int, ack: dict[str, Any],
+    def _committed(self, batch_id: int, events: list, ack: dict[str, Any],
                    fut: concurrent.futures.Future) -> None:
         try:
             stored = fut.result()
         except Exception as exc:
-            self.ingest.counters["failed_writes"] += 1
-            self._send({"id": batch_id, "ok": False, "retry": True,
-                        "error": f"server could not store the batch: {exc}"})
+            self._send({"id": batch_id, **self.ingest.write_failed(self.session, events, exc)})
             return
-        self._send({"id": batch_id, **ack, "stored": stored})
+        self._send({"id": batch_id, **self.ingest.committed(self.session, ack, stored)})
 
     def _admit(self, auth: Any) -> None:
         if self._admitting:

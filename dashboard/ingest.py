@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import hmac
 import logging
 import queue
 import threading
@@ -23,7 +24,7 @@ from dashboard.lag import LAG_WARN_S, IngestLag
 from dashboard.metrics import LiveJob
 from dashboard.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
-from dashboard.storage import Store
+from dashboard.storage import Store, describe_write_error
 
 
 log = logging.getLogger("pgdash.server")
@@ -74,6 +75,7 @@ class Ingest:
         self.lag = IngestLag(clock, store.backlog_s)
         self._behind = False  # whether the server last said it is behind
         self.agent_connections = 0  # open v2 connections (dashboard.front counts them)
+        self._holds: dict[str, tuple[int, float]] = {}  # session -> (first seq, until)
 
     def start(self) -> "Ingest":
         self._max_seq = self.store.max_seqs()
@@ -296,7 +298,9 @@ class Ingest:
         except WireError as exc:
             self.counters["refused_connections"] += 1
             raise Refused(f"pgdash refused the agent: {exc}") from None
-        if self.token and auth.get("token") != self.token:
+        offered = auth.get("token") or ""
+        if self.token and not hmac.compare_digest(  # constant time: no timing oracle
+                self.token.encode("utf-8"), offered.encode("utf-8", "surrogatepass")):
             self.counters["refused_connections"] += 1
             raise Refused("pgdash refused the agent: wrong or missing token; set PGDASH_TOKEN "
                           "on the training hosts to the server's --token")
@@ -357,10 +361,21 @@ class Ingest:
         try:
             stored = pending.result(timeout=self.store.submit_timeout)
         except Exception as exc:
-            self.counters["failed_writes"] += 1
-            return {"ok": False, "error": f"server could not store the batch: {exc}",
-                    "retry": True}
+            return self.write_failed(session, payload["events"], exc)
+        return self.committed(session, ack, stored)
+
+    def committed(self, session: str, ack: Ack, stored: int) -> Ack:
+        """The acknowledgement of a batch whose write committed."""
+        self._holds.pop(session, None)
         return {**ack, "stored": stored}
+
+    def write_failed(self, session: str, events: Any, exc: BaseException) -> Ack:
+        """The acknowledgement of a batch whose write failed: the agent sends it again."""
+        self.counters["failed_writes"] += 1
+        self.hold(session, events)
+        return {"ok": False, "retry": True, "retry_after": 1.0,
+                "error": "server could not store the batch: "
+                         + describe_write_error(self.store.url, exc)}
 
     def batch_nowait(self, session: str, job_id: int,
                      events: Any) -> tuple[Ack, concurrent.futures.Future | None]:
@@ -369,6 +384,9 @@ class Ingest:
         Returns the acknowledgement so far and the future of the write (its result: how many
         events were stored), or None when nothing needs writing (then the ack is final).
         """
+        held = self._held_back(session, events)
+        if held is not None:
+            return held, None
         try:
             good, rejected = validate_events(events)
         except WireError as exc:
@@ -383,12 +401,40 @@ class Ingest:
                 lambda conn: self._store(conn, session, job_id, good))
         except queue.Full:
             self.counters["overloaded_batches"] += 1
-            return {"ok": False, "retry": True,
+            self.hold(session, events)
+            return {"ok": False, "retry": True, "retry_after": 1.0,
                     "error": "server overloaded: its write queue is full; sending again"}, None
         return ack, pending
 
     def _server_event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         return {"seq": None, "t": self.clock(), "kind": kind, "body": body}
+
+    # A batch refused with retry=True (rate limit, failed write) leaves a gap in the session's
+    # sequence. Storing a later batch first would raise the session's highest stored seq past
+    # the gap, and the resent batch would then be dropped as a duplicate: lost although the
+    # agent resent it. So later batches are refused too until the gap is resent, for at most
+    # HOLD_S seconds (an agent that had to drop the gap's events must not be blocked forever).
+    HOLD_S = 30.0
+
+    def hold(self, session: str, events: Any) -> None:
+        """Refuse (retry) batches of ``session`` that start past this refused one's first seq."""
+        first = _first_seq(events)
+        if first is not None:
+            held = self._holds.get(session)
+            if held is None or first < held[0]:
+                self._holds[session] = (first, time.monotonic() + self.HOLD_S)
+
+    def _held_back(self, session: str, events: Any) -> Ack | None:
+        held = self._holds.get(session)
+        if held is None:
+            return None
+        first = _first_seq(events)
+        if first is None or first <= held[0] or time.monotonic() > held[1]:
+            return None
+        self.counters["held_batches"] += 1
+        return {"ok": False, "retry": True, "retry_after": 0.1,
+                "error": f"an earlier batch (from seq {held[0]}) was not stored yet; "
+                         "send it again first"}
 
     def _record_server_event(self, session: str, job_id: int, kind: str,
                              body: dict[str, Any]) -> None:
@@ -431,6 +477,15 @@ class Ingest:
         self.counters["stored_events"] += len(fresh)
         self.dirty.add(job_id)
         return len(fresh)
+
+
+def _first_seq(events: Any) -> int | None:
+    """The lowest seq in a batch, if it has a readable one (the batch is not validated yet)."""
+    try:
+        seqs = [ev["seq"] for ev in events]
+        return min(s for s in seqs if isinstance(s, int) and not isinstance(s, bool))
+    except (TypeError, KeyError, ValueError):
+        return None
 
 
 def _gist(finding: Finding) -> tuple:

@@ -92,10 +92,14 @@ class _Collector:
             events.add_metric([result], s.counters.get(f"{result}_events", 0))
         yield events
         refused = CounterMetricFamily("pgdash_ingest_refused", "Batches and connections "
-                                      "refused (overloaded: the write queue was full).",
+                                      "refused.",
                                       labels=["what"])
+        # Refused with retry (rate_limited, held_back, write_failed, overloaded): the agent
+        # keeps the batch and sends it again later.
         for what, key in (("batch", "rejected_batches"), ("connection", "refused_connections"),
-                          ("overloaded", "overloaded_batches")):
+                          ("overloaded", "overloaded_batches"),
+                          ("rate_limited", "rate_limited_batches"),
+                          ("held_back", "held_batches"), ("write_failed", "failed_writes")):
             refused.add_metric([what], s.counters.get(key, 0))
         yield refused
         received = CounterMetricFamily("pgdash_ingest_received_bytes", "Bytes of agent "

@@ -101,7 +101,7 @@ decode_json = msgspec.json.decode
 JOB_FIELDS = ("status", "world_size", "backend", "started_at", "ended_at")
 
 
-def make_engine(url: str) -> sa.Engine:
+def make_engine(url: str, busy_timeout_s: float = 30.0) -> sa.Engine:
     """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign keys."""
     try:
         parsed = sa.engine.make_url(url)
@@ -113,7 +113,8 @@ def make_engine(url: str) -> sa.Engine:
             folder = Path(parsed.database).expanduser().resolve().parent
             if not folder.is_dir():
                 raise ValueError(f"--db / PGDASH_DB: folder {folder} does not exist")
-        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False,
+                                                "timeout": busy_timeout_s})
 
         @sa_event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):
@@ -140,12 +141,33 @@ def upgrade(url_or_engine: str | sa.Engine, revision: str = "head") -> None:
         command.upgrade(cfg, revision)
 
 
+def describe_write_error(url: str, exc: BaseException) -> str:
+    """What a failed write means for the user, naming the database (never its password)."""
+    try:
+        parsed = sa.engine.make_url(url)
+        where = (str(Path(parsed.database).expanduser().resolve())
+                 if parsed.get_backend_name() == "sqlite" and parsed.database
+                 else parsed.render_as_string(hide_password=True))
+    except Exception:
+        where = "the database"
+    text = str(getattr(exc, "orig", None) or exc).splitlines()[0][:300]
+    if "locked" in text or "busy" in text:
+        return (f"database {where} is locked by another process ({text}); pgdash keeps the "
+                "batch for a retry: end whatever holds the lock (a sqlite3 shell, a backup), "
+                "or raise PGDASH_DB_BUSY_TIMEOUT_S")
+    if "full" in text or "No space" in text:
+        return (f"database {where} cannot grow: its disk is full ({text}); pgdash keeps the "
+                "batch for a retry and resumes once there is space")
+    return f"could not write to database {where}: {text}"
+
+
 class Store:
     """The database: reads from any thread, writes through :meth:`submit` on one thread."""
 
-    def __init__(self, url: str, *, batch_limit: int = 2000, queue_limit: int = 10_000):
+    def __init__(self, url: str, *, batch_limit: int = 2000, queue_limit: int = 10_000,
+                 busy_timeout_s: float = 30.0):
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, busy_timeout_s)
         self.batch_limit = batch_limit
         self.submit_timeout = 30.0
         self._queue: queue.Queue = queue.Queue(maxsize=queue_limit)

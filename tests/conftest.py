@@ -28,21 +28,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get_json(url: str, timeout: float = 5.0):
-    return json.loads(get_body(url, timeout))
+def get_json(url: str, timeout: float = 5.0, token: str | None = None, context=None):
+    return json.loads(get_body(url, timeout, token, context))
 
 
-def get_body(url: str, timeout: float = 5.0) -> bytes:
-    """GET a document; raises OSError (or HTTPError) when there is none.
+def get_body(url: str, timeout: float = 5.0, token: str | None = None,
+             context=None) -> bytes:
+    """GET a document (with a Bearer token, over https with an ``ssl`` context); raises
+    OSError (or HTTPError) when there is none.
 
     Not urllib.request.urlopen: when the server is slow to answer (a loaded machine), it
     leaves the timed-out socket to the garbage collector, and pytest fails the test running
     at that moment on the ResourceWarning.
     """
     parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    if parts.scheme == "https":
+        conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,
+                                           context=context)
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""))
+        conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
+                     headers=headers)
         resp = conn.getresponse()
         body = resp.read()
         if resp.status >= 400:
@@ -72,11 +80,21 @@ class ServerProcess:
     """``pgdash serve`` in a subprocess; stopped by PID."""
 
     def __init__(self, db_url: str, port: int | None = None, extra: list[str] | None = None,
-                 log_path: Path | None = None):
+                 log_path: Path | None = None, env: dict[str, str] | None = None):
         self.db_url = db_url
         self.port = port or free_port()
         self.extra = extra or []
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = env  # PGDASH_* server settings for this server only
+        # A server started with --token / --tls-cert is asked with that token, over https
+        # trusting that certificate.
+        flag = dict(zip(self.extra, self.extra[1:]))
+        self.token = flag.get("--token")
+        self.ssl_context = None
+        if "--tls-cert" in flag:
+            import ssl
+
+            self.ssl_context = ssl.create_default_context(cafile=flag["--tls-cert"])
+        self.url = f"{'https' if self.ssl_context else 'http'}://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
 
@@ -85,8 +103,9 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "dashboard", "serve", "--port", str(self.port),
                  "--db", self.db_url, *self.extra],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        wait_for(lambda: self.proc.poll() is None and get_json(self.url + "/api/jobs") is not None,
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                env={**os.environ, **self.env} if self.env else None)
+        wait_for(lambda: self.proc.poll() is None and self.api("/api/jobs") is not None,
                  30, f"pgdash server on {self.url}")
         return self
 
@@ -104,7 +123,7 @@ class ServerProcess:
                 self.kill()
 
     def api(self, path: str):
-        return get_json(self.url + path)
+        return get_json(self.url + path, token=self.token, context=self.ssl_context)
 
 
 @pytest.fixture

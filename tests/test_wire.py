@@ -57,7 +57,25 @@ def test_events_of_every_kind_validate():
         ev("exit", {"clean": True}),
     ]
     for e in events:
-        assert validate_event(e) is e
+        stored = validate_event(e)
+        assert [stored[k] for k in ("seq", "t", "kind")] == [e[k] for k in ("seq", "t", "kind")]
+        assert all(stored["body"][k] == e["body"][k] for k in stored["body"])
+        assert validate_event(stored) == stored  # what is stored checks again, unchanged
+
+
+def test_fields_this_version_does_not_know_are_not_stored():
+    """A newer agent's extra fields pass, but only what was checked reaches the log: no NaN,
+    no list nested thousands deep, in a body or in a row of one."""
+    deep: list = []
+    for _ in range(3000):
+        deep = [deep]
+    stored = validate_event(ev("coll_stats", {"start": 1, "end": 2, "future": math.nan,
+                                              "rows": [{"group": "0", "op": "a", "count": 1,
+                                                        "bytes": 0, "sum_us": 1, "max_us": 1,
+                                                        "hist": [[5, 1]], "nested": deep}]}))
+    assert stored["body"] == {"start": 1.0, "end": 2.0, "rows": [
+        {"group": "0", "op": "a", "count": 1, "bytes": 0, "sum_us": 1.0, "max_us": 1.0,
+         "hist": [[5, 1]]}]}
 
 
 @pytest.mark.parametrize("event, message", [
@@ -70,7 +88,7 @@ def test_events_of_every_kind_validate():
     (ev("error", {"where": "x", "error_type": "E", "error": "x" * 70_000}), "body.error: .* length <= 65536"),
     (ev("coll_stats", {"start": 1, "end": 2, "rows": [
         {"group": "0", "op": "a", "count": 1, "bytes": 0, "sum_us": 1, "max_us": 1,
-         "hist": [[5]]}]}), r"rows\[0\].hist\[0\]: Expected `array` of length 2"),
+         "hist": [[5]]}]}), r"rows\[0\].hist\[0\]: Expected `array` of at least length 2"),
     (ev("heartbeat", {"groups": [], "dropped": {"x": -1}}), r"body.dropped\[...\]: Expected `int` >= 0"),
     ("not an object", "event: Expected `object`, got `str`"),
     (ev("exit", {"clean": True}, t=math.nan), "event.t: Expected `float`"),

@@ -1,0 +1,280 @@
+"""Access control, the loopback rule and TLS, on a real server process: with --token nobody
+without it reads or sends anything; with --tls-cert agents and scripts talk https/wss."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import ssl
+import subprocess
+import sys
+import urllib.parse
+
+import pytest
+import socketio
+
+from agent.wire import PROTOCOL_VERSION, UI_NAMESPACE
+from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for, wait_job
+from dashboard.access import COOKIE, Access
+
+TOKEN = "tok-3f9a-very-secret"
+
+
+@pytest.fixture
+def locked(tmp_path):
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'db.sqlite'}", log_path=tmp_path / "server.log",
+                        extra=["--token", TOKEN]).start()
+    yield srv
+    srv.stop()
+
+
+def ask(server, method, path, headers=None, body=None, context=None):
+    """One raw HTTP request (no redirect following): (status, headers, text)."""
+    parsed = urllib.parse.urlparse(server.url)
+    if parsed.scheme == "https":
+        conn = http.client.HTTPSConnection(parsed.hostname, parsed.port, timeout=10,
+                                           context=context or server.ssl_context)
+    else:
+        conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.headers, resp.read().decode("utf-8", "replace")
+    finally:
+        conn.close()
+
+
+def login(server, token):
+    body = urllib.parse.urlencode({"token": token, "next": "/jobs/1"})
+    return ask(server, "POST", "/login", {"Content-Type": "application/x-www-form-urlencoded"},
+               body)
+
+
+PROTECTED = ["/api/jobs", "/api/jobs/1", "/api/jobs/1/findings", "/api/jobs/1/collectives",
+             "/api/jobs/1/gpus", "/api/jobs/1/export", "/api/jobs/1/state?at=1",
+             "/metrics", "/api/nothing-here"]
+
+
+def test_api_and_metrics_need_the_bearer_token(locked):
+    for path in PROTECTED:
+        for headers in ({}, {"Authorization": "Bearer wrong"},
+                        {"Authorization": f"Basic {TOKEN}"},
+                        {"Authorization": f"Bearer {TOKEN}x"}):
+            status, head, text = ask(locked, "GET", path, headers)
+            assert status == 401, (path, headers, status)
+            assert "Bearer" in json.loads(text)["error"]
+            assert head["WWW-Authenticate"].startswith("Bearer")
+            assert TOKEN not in text
+    status, _, text = ask(locked, "GET", "/api/jobs", {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 200 and json.loads(text) == {"jobs": []}
+    status, _, text = ask(locked, "GET", "/metrics", {"Authorization": f"bearer {TOKEN}"})
+    assert status == 200 and "pgdash_jobs" in text
+
+
+def test_pages_redirect_to_login_and_the_cookie_is_not_the_token(locked, tmp_path):
+    status, head, _ = ask(locked, "GET", "/jobs/7?at=5")
+    assert status == 303 and head["Location"] == "/login?next=/jobs/7%3Fat%3D5"
+    assert ask(locked, "GET", "/")[0] == 303
+    status, _, text = ask(locked, "GET", "/login?next=/jobs/7")
+    assert status == 200 and 'name="token"' in text and 'value="/jobs/7"' in text
+    # Static files hold nothing of a job: they stay public (the login page needs its CSS).
+    assert ask(locked, "GET", "/static/css/pgdash.css")[0] == 200
+
+    status, _, text = login(locked, "not-it")
+    assert status == 401 and "not this server&#39;s token" in text and "not-it" not in text
+
+    status, head, _ = login(locked, TOKEN)
+    assert status == 303 and head["Location"] == "/jobs/1"
+    cookie = head["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    value = cookie.split(";")[0].split("=", 1)[1]
+    assert value and TOKEN not in value and value == Access(TOKEN).cookie_value
+    jar = {"Cookie": f"{COOKIE}={value}"}
+    assert ask(locked, "GET", "/", jar)[0] == 200
+    assert ask(locked, "GET", "/api/jobs", jar)[0] == 200  # the page's own fetches
+    assert ask(locked, "GET", "/", {"Cookie": f"{COOKIE}={value[:-1]}0"})[0] == 303
+
+    # An open redirect through ?next= is not possible.
+    body = urllib.parse.urlencode({"token": TOKEN, "next": "//evil.example/"})
+    _, head, _ = ask(locked, "POST", "/login",
+                     {"Content-Type": "application/x-www-form-urlencoded"}, body)
+    assert head["Location"] == "/"
+
+    status, head, _ = ask(locked, "GET", "/logout", jar)
+    assert status == 303 and f"{COOKIE}=;" in head["Set-Cookie"]
+    locked.stop()
+    assert TOKEN not in (tmp_path / "server.log").read_text()
+
+
+def ui_client(server, headers=None):
+    client = socketio.Client(reconnection=False)
+    reasons = []
+    client.on("connect_error", reasons.append, namespace=UI_NAMESPACE)
+    try:
+        client.connect(server.url, namespaces=[UI_NAMESPACE], transports=["websocket"],
+                       headers=headers or {})
+    except socketio.exceptions.ConnectionError:
+        client.disconnect()
+        raise AssertionError(f"refused: {reasons}") from None
+    return client
+
+
+def test_ui_namespace_needs_the_cookie_or_header(locked):
+    with pytest.raises(AssertionError, match="log in at /login"):
+        ui_client(locked)
+    with pytest.raises(AssertionError, match="log in at /login"):
+        ui_client(locked, {"Cookie": f"{COOKIE}=forged"})
+    for headers in ({"Cookie": f"{COOKIE}={Access(TOKEN).cookie_value}"},
+                    {"Authorization": f"Bearer {TOKEN}"}):
+        client = ui_client(locked, headers)
+        try:
+            ack = client.call("watch", {"jobs": True}, namespace=UI_NAMESPACE, timeout=10)
+            assert ack == {"ok": True}
+        finally:
+            client.disconnect()
+
+
+def test_agents_with_the_token_are_stored_and_others_refused(locked, tmp_path):
+    procs = launch_job("train_job.py", 2, locked.url, "tokened", tmp_path,
+                       env={"PGDASH_TOKEN": TOKEN}, args=["--steps", "5"])
+    assert wait_job(procs, 120, tmp_path) == [0, 0]
+    job = wait_for(lambda: job_by_name(locked, "tokened"), 20, "the job")
+    assert job["world_size"] == 2
+    procs = launch_job("train_job.py", 2, locked.url, "intruder", tmp_path,
+                       env={"PGDASH_TOKEN": "guess"}, args=["--steps", "3"])
+    assert wait_job(procs, 120, tmp_path) == [0, 0]  # training is not hurt by a refusal
+    assert job_by_name(locked, "intruder") is None
+    text = (tmp_path / "intruder-rank0.log").read_text()
+    assert "wrong or missing token" in text and "guess" not in text
+
+
+def serve(args, timeout=30):
+    return subprocess.run([sys.executable, "-m", "dashboard", "serve", "--port", "0", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PGDASH_TOKEN": ""})
+
+
+def test_serving_beyond_loopback_without_a_token_is_refused(tmp_path):
+    db = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    for host in ("0.0.0.0", "::"):
+        done = serve(["--host", host, "--db", db])
+        assert done.returncode == 2, done.stderr
+        assert "--token" in done.stderr and "PGDASH_TOKEN" in done.stderr
+        assert "--insecure" in done.stderr
+    # Both TLS files or neither; a missing file is named with its flag.
+    done = serve(["--tls-cert", str(tmp_path / "nope.pem"), "--db", db])
+    assert done.returncode == 2 and "--tls-key" in done.stderr
+    done = serve(["--tls-cert", str(tmp_path / "nope.pem"), "--tls-key",
+                  str(tmp_path / "nope.key"), "--db", db])
+    assert done.returncode == 1
+    assert "cannot read --tls-cert (PGDASH_TLS_CERT) file" in done.stderr
+    assert "nope.pem" in done.stderr
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    done = serve(["--tls-cert", str(tmp_path / "junk.pem"), "--tls-key",
+                  str(tmp_path / "junk.pem"), "--db", db])
+    assert done.returncode == 1 and "must be PEM files" in done.stderr
+
+
+def test_insecure_allows_an_open_non_loopback_server(tmp_path):
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'db.sqlite'}", log_path=tmp_path / "s.log",
+                        extra=["--host", "0.0.0.0", "--insecure"]).start()
+    try:
+        assert srv.api("/api/jobs") == {"jobs": []}
+    finally:
+        srv.stop()
+    assert "without --token (--insecure)" in (tmp_path / "s.log").read_text()
+
+
+def make_cert(tmp_path):
+    """A self-signed certificate for 127.0.0.1 (made by the openssl CLI)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def test_tls_serves_https_and_agents_verify_the_certificate(tmp_path):
+    cert, key = make_cert(tmp_path)
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'db.sqlite'}", log_path=tmp_path / "s.log",
+                        extra=["--tls-cert", str(cert), "--tls-key", str(key),
+                               "--token", TOKEN]).start()
+    try:
+        assert srv.url.startswith("https://")
+        status, _, _ = ask(srv, "GET", "/api/jobs", {"Authorization": f"Bearer {TOKEN}"})
+        assert status == 200
+        # Without the CA the certificate is not trusted: no silent downgrade.
+        with pytest.raises(ssl.SSLCertVerificationError):
+            ask(srv, "GET", "/api/jobs", context=ssl.create_default_context())
+        # A real gloo job over wss, trusting the self-signed certificate via PGDASH_CA_FILE.
+        procs = launch_job("train_job.py", 2, srv.url, "over-tls", tmp_path,
+                           env={"PGDASH_TOKEN": TOKEN, "PGDASH_CA_FILE": str(cert)},
+                           args=["--steps", "5"])
+        assert wait_job(procs, 120, tmp_path) == [0, 0]
+        job = wait_for(lambda: (j := job_by_name(srv, "over-tls")) and
+                       j["status"] == "finished" and j, 30, "the job over wss")
+        assert len(srv.api(f"/api/jobs/{job['id']}")["ranks"]) == 2
+        # Without PGDASH_CA_FILE the agent refuses the unknown certificate and says why.
+        procs = launch_job("train_job.py", 1, srv.url, "untrusted", tmp_path,
+                           env={"PGDASH_TOKEN": TOKEN, "PGDASH_FLUSH_TIMEOUT_S": "3"},
+                           args=["--steps", "3"])
+        assert wait_job(procs, 120, tmp_path) == [0]
+        assert job_by_name(srv, "untrusted") is None
+        text = (tmp_path / "untrusted-rank0.log").read_text()
+        assert "certificate is not trusted" in text and "PGDASH_CA_FILE" in text
+    finally:
+        srv.stop()
+
+
+def test_browser_logs_in_and_the_page_goes_live(locked, tmp_path):
+    """Headless Chromium: the page sends you to the login form, the token lets you in, the
+    live feed (/ui, authorised by the cookie) connects, and logout locks the page again."""
+    from test_browser import CHROMIUM_ARGS, chromium_path, sync_playwright
+
+    if sync_playwright is None or chromium_path() is None:
+        pytest.skip("needs the playwright package and the system chromium (see "
+                    "tests/test_browser.py)")
+    from playwright.sync_api import expect
+
+    agent = socketio.Client(reconnection=False)
+    agent.connect(locked.url, namespaces=["/agent"], transports=["websocket"],
+                  auth={"v": PROTOCOL_VERSION, "session": "s-browser", "job": "seen",
+                        "rank": 0, "host": "node-a", "pid": 1, "token": TOKEN})
+    try:
+        ack = agent.call("batch", {"v": PROTOCOL_VERSION, "events": [
+            {"seq": 1, "t": 1.0, "kind": "hello", "body": {"job": "seen", "rank": 0,
+                                                            "world_size": 1, "host": "node-a",
+                                                            "pid": 1}}]},
+                         namespace="/agent", timeout=10)
+        assert ack["ok"] and ack["stored"] == 1
+        jid = wait_for(lambda: job_by_name(locked, "seen"), 10, "the job")["id"]
+        errors = []
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(10_000)
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.goto(f"{locked.url}/jobs/{jid}")
+                expect(page).to_have_url(re.compile(r"/login\?next=/jobs/"))
+                page.fill("#token", "wrong")
+                page.click("#login-submit")
+                expect(page.locator("#login-error")).to_have_text(
+                    "That is not this server's token.")
+                page.fill("#token", TOKEN)
+                page.click("#login-submit")
+                expect(page).to_have_url(f"{locked.url}/jobs/{jid}")
+                expect(page.locator("#live-text")).to_have_text("Live")
+                expect(page.locator("#job-name")).to_have_text("seen")
+                assert page.evaluate("document.cookie") == ""  # HttpOnly: no script reads it
+                page.goto(f"{locked.url}/logout")
+                page.goto(f"{locked.url}/")
+                expect(page).to_have_url(re.compile(r"/login\?next=/$"))
+            finally:
+                browser.close()
+        assert errors == []
+    finally:
+        agent.disconnect()
