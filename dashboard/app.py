@@ -21,11 +21,13 @@ from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
 from dashboard import access, limits
 from dashboard.archive import export_lines
 from dashboard.diagnosis import Settings
+from dashboard.incidents import incidents
 from dashboard.ingest import Ingest, Refused
 from dashboard.lag import LAG_WARN_S
 from dashboard.live import Feed, ViewCache, sections
 from dashboard.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dashboard.metrics import Snapshot, exposition
+from dashboard.notify import Notifier
 from dashboard.resources import resource_dir
 from dashboard.storage import JOB_FIELDS as STORED_JOB_FIELDS
 from dashboard.storage import Store
@@ -41,6 +43,11 @@ DEFAULTS = {
     "DB": "sqlite:///pgdash.db",
     "TOKEN": None,
     "HANG_AFTER": 60.0,
+    "STALL_AFTER": 10.0,  # floor of the stall warning (dashboard.diagnosis.Settings)
+    "NOTIFY": None,  # webhook URL for incidents (dashboard.notify)
+    "NOTIFY_TIMEOUT": 5.0,
+    "NOTIFY_RETRIES": 3,
+    "NOTIFY_QUEUE": 256,
     "PUSH_INTERVAL": 0.5,  # seconds between live updates of one job (throttle)
     "MAX_MESSAGE_BYTES": 4_000_000,
     "TRACE_MAX_EVENTS": DEFAULT_TRACE_MAX_EVENTS,  # GET /api/jobs/<id>/trace: the most events
@@ -71,10 +78,19 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     queue_url = app.config["QUEUE"] or None
     if queue_url:
         _check_cluster_config(app.config["DB"], queue_url)
+    notifier = None
+    if app.config["NOTIFY"]:
+        notifier = Notifier(app.config["NOTIFY"], base_url=app.config.get("PUBLIC_URL"),
+                            timeout=float(app.config["NOTIFY_TIMEOUT"]),
+                            retries=int(app.config["NOTIFY_RETRIES"]),
+                            max_queue=int(app.config["NOTIFY_QUEUE"])).start()
     store = Store(app.config["DB"],
                   busy_timeout_s=float(app.config["DB_BUSY_TIMEOUT_S"])).start()
     ingest = Ingest(store, token=app.config["TOKEN"],
-                    settings=Settings(hang_after=float(app.config["HANG_AFTER"]))).start()
+                    settings=Settings(hang_after=float(app.config["HANG_AFTER"]),
+                                      stall_after=float(app.config["STALL_AFTER"])),
+                    on_incident=notifier).start()
+    app.extensions["pgdash_notifier"] = notifier
     socketio = SocketIO(app, async_mode="threading", async_handlers=False,
                         max_http_buffer_size=app.config["MAX_MESSAGE_BYTES"],
                         cors_allowed_origins=[], logger=False, engineio_logger=False,
@@ -185,8 +201,12 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
 
     @app.get("/metrics")
     def metrics():
+        counters = dict(ingest.counters)
+        notifier = app.extensions.get("pgdash_notifier")
+        if notifier is not None:
+            counters.update({f"notify_{k}": v for k, v in notifier.counters.items()})
         body = exposition(Snapshot(
-            ingest.store.list_jobs(limit=10_000), ingest.live_views(), dict(ingest.counters),
+            ingest.store.list_jobs(limit=10_000), ingest.live_views(), counters,
             ingest.store.commits, ingest.store.write_errors, ingest.lag.current(),
             ingest.agent_connections, per_rank=_flag(app.config["METRICS_PER_RANK"])))
         if ingest.cluster is not None:
@@ -216,7 +236,8 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         if job is None or findings is None:
             abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
         trace = build_trace(ingest.store.job_events(job_id), findings=findings, job=job,
-                            start=start, end=end, max_events=max_events)
+                            start=start, end=end, max_events=max_events,
+                            incidents=incidents(findings))
         return app.response_class(json_chunks(trace), mimetype="application/json", headers={
             "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}-trace.json"'})
 
@@ -234,6 +255,13 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         if found is None:
             abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
         return found
+
+    @app.get("/api/jobs/<int:job_id>/incidents")
+    def api_incidents(job_id: int):
+        found = ingest.incidents(job_id)
+        if found is None:
+            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
+        return {"incidents": found}
 
     @app.get("/api/jobs/<int:job_id>/findings")
     def api_findings(job_id: int):
@@ -321,7 +349,9 @@ JOB_FIELDS = ("id", "name", *STORED_JOB_FIELDS)  # what GET /api/jobs lists per 
 
 def jobs_payload(ingest: Ingest) -> dict[str, Any]:
     """The jobs list, newest first (from the jobs table, so it stays cheap with many jobs)."""
-    return {"jobs": [{k: job[k] for k in JOB_FIELDS} for job in ingest.store.list_jobs()]}
+    counts = ingest.active_incidents  # known for jobs diagnosed since the server started
+    return {"jobs": [{**{k: job[k] for k in JOB_FIELDS}, "incidents": counts.get(job["id"])}
+                     for job in ingest.store.list_jobs()]}
 
 
 def _register_ui_namespace(socketio: SocketIO, ingest: Ingest) -> None:
@@ -382,6 +412,7 @@ class LivePush:
         found = self.ingest.read(job_id, lambda s: sections(s, self.cache))
         if found is not None:
             found["findings"] = self.ingest.findings(job_id) or []
+            found["incidents"] = incidents(found["findings"])
         return found
 
     def watch(self, job_id: int, sid: str) -> bool:

@@ -88,7 +88,8 @@ class Server:
 
 def make_server(db: str, host: str, port: int, token: str | None = None,
                 hang_after: float | None = None, tls: tuple[str, str] | None = None,
-                queue: str | None = None, lease: float | None = None) -> Server:
+                queue: str | None = None, lease: float | None = None,
+                notify: str | None = None, stall_after: float | None = None) -> Server:
     from dashboard.app import create_app
     from dashboard.tls import TLSError, server_context
 
@@ -104,11 +105,19 @@ def make_server(db: str, host: str, port: int, token: str | None = None,
         config["QUEUE"] = queue
     if lease is not None:
         config["LEASE_S"] = lease
+    if notify:
+        config["NOTIFY"] = notify
+    if stall_after is not None:
+        config["STALL_AFTER"] = stall_after
     try:
         app = create_app(config)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    return Server(app, host, port, ssl_context)
+    server = Server(app, host, port, ssl_context)
+    notifier = app.extensions.get("pgdash_notifier")
+    if notifier is not None and notifier.base_url is None:
+        notifier.base_url = server.url  # links in notifications lead to the job page
+    return server
 
 
 @cli.command()
@@ -139,9 +148,16 @@ def make_server(db: str, host: str, port: int, token: str | None = None,
               type=click.FloatRange(min=1.0), default=5.0, show_default=True,
               help="With --queue: seconds a job's owner process holds it without renewing; "
               "another process takes a dead owner's jobs over within about 4/3 of this.")
+@click.option("--stall-after", type=click.FloatRange(min=0, min_open=True),
+              default=10.0, envvar="PGDASH_STALL_AFTER", show_envvar=True, show_default=True,
+              help="Least seconds a collective waits for a missing peer before a stall warning "
+                   "(more when the group's own collectives are slow).")
+@click.option("--notify", envvar="PGDASH_NOTIFY", show_envvar=True, metavar="URL",
+              help="POST each new, escalated and resolved incident as JSON to this webhook "
+                   "(Slack-compatible `text`).")
 def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
           tls_cert: str | None, tls_key: str | None, hang_after: float, queue: str | None,
-          lease: float) -> None:
+          lease: float, stall_after: float, notify: str | None) -> None:
     """Run the server: agents report to it, browsers watch it."""
     if not token and not _is_loopback(host):
         if not insecure:
@@ -161,12 +177,15 @@ def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
                    "PGDASH_TLS_KEY): give both to serve https, or neither.", err=True)
         sys.exit(2)
     server = make_server(db, host, port, token, hang_after,
-                         (tls_cert, tls_key) if tls_cert else None, queue, lease).start()
+                         (tls_cert, tls_key) if tls_cert else None, queue, lease, notify,
+                         stall_after).start()
     # A service manager stops with SIGTERM: stop as on Ctrl-C, so that with --queue this
     # process hands its jobs over at once instead of after its leases run out.
     signal.signal(signal.SIGTERM, _interrupt)
     shared = f", queue {queue}" if queue else ""
     click.echo(f"pgdash: serving on {server.url}/  (database {db}{shared}; Ctrl-C stops)")
+    if notify:
+        click.echo(f"pgdash: incidents are posted to {notify}")
     try:
         threading.Event().wait()
     except KeyboardInterrupt:
@@ -298,9 +317,13 @@ def _export_trace(job_id: int, output: str, start: float | None, end: float | No
         if job is None:
             raise click.ClickException(f"no job with id {job_id} in {db}; the jobs list at / "
                                        "or GET /api/jobs shows their ids")
+        from dashboard.incidents import incidents
+
+        findings = store.job_findings(job_id)
         try:
-            trace = build_trace(store.job_events(job_id), findings=store.job_findings(job_id),
-                                job=job, start=start, end=end, max_events=max_events)
+            trace = build_trace(store.job_events(job_id), findings=findings, job=job,
+                                start=start, end=end, max_events=max_events,
+                                incidents=incidents(findings))
         except TraceError as exc:
             raise click.UsageError(str(exc)) from None
         with click.open_file(output, "w", encoding="utf-8", atomic=output != "-") as out:

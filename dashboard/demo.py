@@ -14,6 +14,7 @@ import click
 
 SCENARIOS = {
     "healthy": "no fault",
+    "checkpoint": "healthy; rank 0 checkpoints for 5 s once while the others wait (no finding)",
     "straggler": "the last rank's steps take 30% longer",
     "hang": "the last rank stops before its tensor-parallel all_reduce",
     "crash": "rank 1 raises an exception",

@@ -29,6 +29,9 @@ def inject(scenario: str, rank: int, last: int) -> None:
         print(f"rank {rank}: injected hang", flush=True)
         while True:
             time.sleep(3600)
+    if scenario == "checkpoint" and rank == 0:  # healthy: a pause is not a fault
+        print(f"rank {rank}: checkpointing for 5 s", flush=True)
+        time.sleep(5.0)
     if scenario == "crash" and rank == 1:
         raise RuntimeError("demo: injected failure on rank 1")
     if scenario == "kill" and rank == 1:

@@ -20,6 +20,13 @@ from dashboard.state import JobState, RankState
 @dataclasses.dataclass(frozen=True)
 class Settings:
     hang_after: float = 60.0  # --hang-after: a collective waiting this long is a hang
+    # A collective some ranks wait in while a peer has not entered it is a `stall` once the
+    # wait reaches the largest of these (measured on real gloo jobs: see README, "Stall"):
+    stall_after: float = 10.0  # --stall-after: the floor, well above a checkpoint's pause
+    stall_p99_factor: float = 10.0  # ... this many times the group's own p99 collective time
+    stall_max_factor: float = 1.5  # ... this many times the longest one the group completed
+    stall_min_calls: int = 20  # collectives per rank before the group's history counts...
+    stall_warmup_after: float = 30.0  # ... before that (warm-up, compilation), this floor
     lost_after: float = 15.0  # a running rank silent this long (no heartbeat) is lost
     # A rank whose connection closed is lost unless it is back this soon (an agent that
     # reconnects after a network blip, or after acks came late from a busy server).
@@ -27,9 +34,10 @@ class Settings:
     init_grace: float = 3.0  # after the latest arrival, missing ranks are named
     straggler_min_intervals: int = 2  # recent summaries (about seconds) a straggler must span
     straggler_min_calls: int = 20  # ... holding at least this many collectives on every rank
-    straggler_consistency: float = 0.75  # ... the same rank waiting least in this share of them
-    straggler_persist: int = 2  # ... judged so on this many consecutive windows (a CPU stall
-    # of a second or two on a crowded host makes a short-lived "straggler"; a real one stays)
+    straggler_consistency: float = 0.75  # ... the same rank clearly waiting least (ratio and
+    # floor below, per interval) in this share of them: a single pause (a checkpoint, a CPU
+    # stall of a crowded host) makes one interval of long waits, never a straggler
+    straggler_persist: int = 1  # ... judged so on this many consecutive windows
     straggler_ratio: float = 3.0  # the others wait this many times longer than the straggler
     straggler_min_wait_us: float = 2000.0  # ... and at least this much longer per collective
     slow_history: int = 10  # intervals of history before slow_collective can judge
@@ -66,7 +74,7 @@ def diagnose(state: JobState, now: float, settings: Settings = Settings()) -> li
         found.extend(f for f in rule(state, now, settings) if f["first_seen"] <= now)
     desyncs = {(f["group"], f["evidence"]["seq"]) for f in found if f["kind"] == "desync"}
     # A mismatched collective usually hangs every rank on gloo: say desync, not hang.
-    found = [f for f in found if not (f["kind"] == "hang" and
+    found = [f for f in found if not (f["kind"] in ("hang", "stall") and
                                       (f["group"], f["evidence"]["seq"]) in desyncs)]
     for f in found:
         f["last_seen"] = now
@@ -274,6 +282,95 @@ def hang(state: JobState, now: float, s: Settings) -> list[Finding]:
     return out
 
 
+def _group_history(state: JobState) -> dict[str, tuple[float | None, float, int]]:
+    """Per group: (p99 us, longest us, collectives per member) of every collective seen
+    complete with a real latency (the wrappers', or NCCL's device timing), all ops and ranks
+    together. Built once per state version."""
+    def build() -> dict[str, tuple[float | None, float, int]]:
+        merged: dict[str, Any] = {}
+        for (group, _op, _rank, _source), stats in state.collectives.items():
+            if stats.resolution_us is not None:
+                continue  # timed to the agent's poll gap (gloo's Flight Recorder): too coarse
+            m = merged.get(group)
+            if m is None:
+                m = merged[group] = type(stats)()
+            m.merge(stats)
+        out = {}
+        for group, m in merged.items():
+            members = len((state.groups.get(group) or {}).get("ranks") or ()) or 1
+            out[group] = (m.percentile(0.99), m.max_us, m.count // members)
+        return out
+    return state.memo(("group_history",), build)
+
+
+def _stall_threshold(state: JobState, group: str, view: _View, rows: dict[int, dict],
+                     s: Settings) -> tuple[float, dict[str, Any]]:
+    """Seconds a wait in ``group`` must last to be a stall, and what that was derived from."""
+    if view is FLIGHT:  # C++ collectives: no latency history, only how many ran
+        calls = min((row.get("fr_completed") or 0) for row in rows.values())
+        p99_us = longest_us = None
+    else:
+        p99_us, longest_us, calls = _group_history(state).get(group, (None, 0.0, 0))
+    if calls < s.stall_min_calls:
+        return s.stall_warmup_after, {"history_calls": calls, "warmup": True}
+    threshold = max(s.stall_after, s.stall_p99_factor * (p99_us or 0) / 1e6,
+                    s.stall_max_factor * (longest_us or 0) / 1e6)
+    return threshold, {"history_calls": calls, "p99_us": p99_us, "longest_us": longest_us}
+
+
+def stall(state: JobState, now: float, s: Settings) -> list[Finding]:
+    """A collective some ranks have waited in, for a peer that has not entered it, far longer
+    than the group's own history: named long before --hang-after. Becomes the `hang` at
+    --hang-after (this rule then stays quiet), or resolves by itself when the peer arrives.
+
+    Unlike `hang`, a collective every member entered is not a stall: nobody to name yet.
+    """
+    out = []
+    ranks = state.rank_index()
+    for group in sorted(state.groups, key=str):
+        if any(_stuck(state, group, now, s, v) is not None for v in (PYTHON, FLIGHT)):
+            continue  # the hang rule speaks for this group now
+        rows = state.progress_of(group)
+        for view in (PYTHON, FLIGHT):
+            busy = {rank: row for rank, row in rows.items()
+                    if view.busy(row) and now - row[view.since] < s.hang_after
+                    and (ranks.get(rank) is None or ranks[rank].status == "running")}
+            if not busy:
+                continue
+            seq = max(row[view.seq] for row in busy.values())
+            waiting = {rank for rank, row in busy.items() if row[view.seq] == seq}
+            behind = _behind(state, group, seq, waiting, view)
+            if not behind:
+                continue
+            since = min(rows[r][view.since] for r in waiting)
+            threshold, basis = _stall_threshold(state, group, view, rows, s)
+            if now - since < threshold:
+                continue
+            chain, roots = _follow(state, group, behind, view)
+            op = view.op(rows[min(waiting)])
+            first = ranks.get(roots[0])
+            out.append(finding(
+                "stall", "warning", roots, group,
+                f"{_ranks_label(waiting).capitalize()} {_have(waiting)} waited "
+                f"{now - since:.0f} s in {op} #{seq} on {_group_label(state, group)} for "
+                f"{_ranks_label(roots)}, far longer than this group's collectives take "
+                f"(stall after {threshold:.0f} s).",
+                f"{_ranks_label(roots).capitalize()} {_have(roots)} not reached that "
+                f"collective yet. See what it does: `py-spy dump --pid "
+                f"{first.pid if first and first.pid else '<pid>'}` on "
+                f"{first.host if first and first.host else 'its host'}. A checkpoint or an "
+                "evaluation that runs on one rank only looks like this too; if it is not one, "
+                f"this becomes a hang after {s.hang_after:g} s (--hang-after).",
+                {"seq": seq, "op": op, "source": view.source, "waiting": sorted(waiting),
+                 "since": since, "threshold_s": round(threshold, 3), **basis,
+                 "behind": {str(b): {k: (rows.get(b) or {}).get(k) for k in
+                                     (view.seq, "completed", "inflight_op")} for b in behind},
+                 "chain": chain},
+                since + threshold, key=f"{seq}" if view is PYTHON else f"fr{seq}"))
+            break
+    return out
+
+
 def _follow(state: JobState, group: str, behind: list[int],
             view: _View = PYTHON) -> tuple[list[dict], list[int]]:
     """Follow ranks that are behind to where they wait themselves, across groups."""
@@ -478,31 +575,43 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
     second is judged on as many samples as a busy one; short, scattered waits of a healthy
     job fail the ratio, the floor or the consistency test.
     """
-    out = []
+    verdicts: dict[str, tuple] = {}
     for group in sorted(state.groups, key=str):
         windows = _windows(state, group, now)
         if len(windows) < 2:
             continue
-        verdicts = [_straggler_in(windows, back, s) for back in range(s.straggler_persist)]
-        if any(v is None for v in verdicts) or len({v[0] for v in verdicts}) != 1:
+        found = [_straggler_in(windows, back, s) for back in range(s.straggler_persist)]
+        if any(v is None for v in found) or len({v[0] for v in found}) != 1:
             continue
-        slow, means, typical, n, recent = verdicts[0]
+        verdicts[group] = found[0]
+    out = []
+    for group, (slow, means, typical, n, recent) in verdicts.items():
+        # A rank late here only because it waited for another rank in a different group is
+        # a victim: follow such waits, as hangs do, to the rank that made it late.
+        chain = _late_chain(state, group, slow, verdicts)
+        last = chain[-1]["rank"] if chain else slow
         checked: list[dict[str, Any]] = []
-        chain = _hidden_chain(state, slow, group, now, s, checked)
-        if chain is None:
+        hidden = _hidden_chain(state, last, group, now, s, checked)
+        if hidden is None:
             continue  # whether it waits inside DDP's collectives is not known yet
+        chain += hidden
         root = chain[-1]["rank"] if chain else slow
         r = state.rank_index().get(root)
         summary = (f"The other ranks of {_group_label(state, group)} keep waiting for rank "
-                   f"{slow}: {typical / 1000:.1f} ms per collective, against "
+                   f"{slow}: {typical / 1000:.1f} ms per collective (median), against "
                    f"{means[slow] / 1000:.1f} ms for rank {slow} itself")
         for hop in chain:
+            where = ("'s C++ collectives (DDP)" if hop.get("source") != "python" else "")
             summary += (f"; rank {hop['waits']} waits for rank {hop['rank']} inside "
-                        f"{_group_label(state, hop['group'])}'s C++ collectives (DDP)")
-        evidence = {"mean_wait_us": {str(k): round(v, 1) for k, v in sorted(means.items())},
+                        f"{_group_label(state, hop['group'])}{where}")
+        evidence = {"median_wait_us": {str(k): round(v, 1) for k, v in sorted(means.items())},
+                    "mean_wait_us": {str(k): round(_mean_us(pts), 1)
+                                     for k, pts in sorted(recent.items())},
                     "intervals": n, "collectives": sum(p[1] for p in recent[slow])}
+        if hidden:
+            evidence["waits_in_cpp"] = hidden
         if chain:
-            evidence["waits_in_cpp"] = chain
+            evidence["chain"] = chain
         if checked:
             evidence["cpp_groups_checked"] = checked
         out.append(finding(
@@ -514,6 +623,33 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
             "health).",
             evidence, max(pts[-1][0] for pts in recent.values()), key=f"r{root}"))
     return out
+
+
+def _late_chain(state: JobState, group: str, slow: int,
+                verdicts: dict[str, tuple]) -> list[dict[str, Any]]:
+    """Hops from ``slow``, the straggler of ``group``, through groups where it is itself one
+    of the ranks kept waiting by another straggler (``[{"waits", "rank", "group",
+    "source"}]``; empty when it waits for nobody)."""
+    chain: list[dict[str, Any]] = []
+    seen = {group}
+    rank = slow
+    while len(chain) < 4:
+        hop = None
+        for other, verdict in sorted(verdicts.items(), key=lambda kv: str(kv[0])):
+            members = (state.groups.get(other) or {}).get("ranks") or ()
+            if other in seen or rank not in members or verdict[0] == rank:
+                continue
+            means, typical = verdict[1], verdict[2]
+            if rank in means and means[rank] >= typical * 0.5:  # it is one who waits there
+                hop = {"waits": rank, "rank": verdict[0], "group": other, "source": "python",
+                       "wait_us": round(means[rank], 1)}
+                break
+        if hop is None:
+            return chain
+        chain.append(hop)
+        seen.add(hop["group"])
+        rank = hop["rank"]
+    return chain
 
 
 def _hidden_chain(state: JobState, rank: int, group: str, now: float, s: Settings,
@@ -599,7 +735,12 @@ def _waits_for(tallies: dict[int, Any], rank: int, now: float, s: Settings, samp
 def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):
     """The straggler of the window ending ``back`` intervals ago, or None.
 
-    Returns ``(rank, mean wait per rank, the others' typical wait, intervals, points)``.
+    Returns ``(rank, median wait per rank, the others' typical median wait, intervals,
+    points)``. Judged on each interval's median wait, not its mean: a straggler is late at
+    most collectives, so its peers' median is high; a rank starved of CPU now and then on a
+    crowded host, or one pause (a checkpoint), makes a few long waits: a high mean, a low
+    median. The straggler must clearly wait least (ratio and floor) in
+    ``straggler_consistency`` of the intervals, and over the whole window.
     """
     windows = {rank: pts[:len(pts) - back] for rank, pts in windows.items()}
     depth = min(len(p) for p in windows.values())
@@ -610,17 +751,47 @@ def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):
     if n > depth:
         return None
     recent = {rank: pts[-n:] for rank, pts in windows.items()}
-    means = {rank: _mean_us(pts) for rank, pts in recent.items()}
-    slow = min(means, key=means.get)
+    medians = {rank: sorted(map(_median_of, pts))[len(pts) // 2] for rank, pts in recent.items()}
+    slow = min(medians, key=medians.get)
+    if not _clearly_least(medians, slow, s):
+        return None
+    shown = sum(1 for i in range(n) if _late_interval(recent, i, slow, s))
+    if shown < s.straggler_consistency * n:
+        return None
+    return slow, medians, _typical(medians, slow), n, recent
+
+
+def _late_interval(recent: dict[int, list[tuple]], i: int, slow: int, s: Settings) -> bool:
+    """Whether the others waited for ``slow`` at nearly every collective of interval ``i``:
+    ``slow`` waits least by median, and the others' first quartile (three in four of their
+    collectives waited at least that long) clears the ratio and the floor. Random jitter
+    makes each rank wait at about half of the collectives: a low first quartile."""
+    medians = {r: _median_of(p[i]) for r, p in recent.items()}
+    if min(medians, key=medians.get) != slow:
+        return False
+    quartiles = {r: (p[i][4] if len(p[i]) > 4 else medians[r]) for r, p in recent.items()}
+    typical = _typical(quartiles, slow)
+    return typical >= s.straggler_ratio * medians[slow] and \
+        typical - medians[slow] >= s.straggler_min_wait_us
+
+
+def _median_of(point: tuple) -> float:
+    """An interval's median wait (its mean for summaries folded before medians were kept)."""
+    return point[3] if len(point) > 3 else point[2] / point[1]
+
+
+def _typical(means: dict[int, float], slow: int) -> float:
     others = sorted(v for r, v in means.items() if r != slow)
-    typical = others[len(others) // 2]
-    if typical < s.straggler_ratio * means[slow] or \
-            typical - means[slow] < s.straggler_min_wait_us:
-        return None
-    least = [min(recent, key=lambda r: recent[r][i][2] / recent[r][i][1]) for i in range(n)]
-    if least.count(slow) < s.straggler_consistency * n:
-        return None
-    return slow, means, typical, n, recent
+    return others[len(others) // 2]
+
+
+def _clearly_least(means: dict[int, float], slow: int, s: Settings) -> bool:
+    """Whether ``slow`` waits least and the others wait far longer (ratio and floor)."""
+    if min(means, key=means.get) != slow:
+        return False
+    typical = _typical(means, slow)
+    return typical >= s.straggler_ratio * means[slow] and \
+        typical - means[slow] >= s.straggler_min_wait_us
 
 
 def slow_collective(state: JobState, now: float, s: Settings) -> list[Finding]:
@@ -743,6 +914,6 @@ def gpu_throttle(state: JobState, now: float, s: Settings) -> list[Finding]:
 
 
 RULES: list[Callable[[JobState, float, Settings], list[Finding]]] = [
-    init_incomplete, init_failed, config_mismatch, rank_lost, rank_failed, hang, desync,
+    init_incomplete, init_failed, config_mismatch, rank_lost, rank_failed, hang, stall, desync,
     straggler, slow_collective, gpu_fault, gpu_throttle,
 ]

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from agent.wire import (Ack, Auth, WireError, validate_auth, validate_batch_envelope,
                         validate_events)
 from dashboard.diagnosis import Finding, Settings, diagnose
+from dashboard.incidents import Incident, active_count, incidents
 from dashboard.lag import LAG_WARN_S, IngestLag
 from dashboard.metrics import LiveJob
 from dashboard.rewind import Rewind
@@ -45,9 +46,16 @@ class Ingest:
 
     def __init__(self, store: Store, token: str | None = None,
                  clock: Callable[[], float] = time.time, max_cached_jobs: int = 32,
-                 settings: Settings = Settings()):
+                 settings: Settings = Settings(),
+                 on_incident: Callable[[str, dict[str, Any], Incident], None] | None = None):
         self.store = store
         self.settings = settings
+        # on_incident("new" | "resolved", job summary, incident): told on the writer or push
+        # thread, so it must not block (dashboard.notify queues and returns).
+        self.on_incident = on_incident
+        # job id -> incident id -> (active, severity) when last told
+        self._incidents: dict[int, dict[str, tuple[bool, str]]] = {}
+        self.active_incidents: dict[int, int] = {}  # job id -> active incidents (job list)
         # job id -> finding id -> finding, every finding seen since the state was loaded;
         # those no longer reported by diagnose() stay, marked inactive.
         self._findings: dict[int, dict[str, Finding]] = {}
@@ -87,6 +95,7 @@ class Ingest:
             self._states.clear()
             self._findings.clear()
             self._diagnosed.clear()
+            self._incidents.clear()
             self._session_jobs.clear()
             self._max_seq = self.store.max_seqs()
 
@@ -128,6 +137,7 @@ class Ingest:
                 del self._states[job_id]
                 self._findings.pop(job_id, None)
                 self._diagnosed.pop(job_id, None)
+                self._incidents.pop(job_id, None)
 
     # -- diagnosis ---------------------------------------------------------------------------
 
@@ -194,6 +204,11 @@ class Ingest:
         self._save_findings(job_id, rows)
         return found
 
+    def incidents(self, job_id: int) -> list[Incident] | None:
+        """Every incident of the job (findings grouped by root cause), newest first."""
+        found = self.findings(job_id)
+        return None if found is None else incidents(found)
+
     def _save_findings(self, job_id: int, rows: list[Finding]) -> None:
         """Store changed findings; never under the states lock (the writer takes it too)."""
         if rows:
@@ -204,6 +219,9 @@ class Ingest:
         book = self._findings.get(job_id)
         if book is None:  # first look since start: what earlier runs concluded, then today's
             book = self._findings[job_id] = {f["id"]: f for f in self.store.job_findings(job_id)}
+            # What was already known is not news to whoever listens for incidents.
+            self._incidents[job_id] = {i["id"]: (i["active"], i["severity"])
+                                       for i in incidents(book.values())}
         before = {fid: _gist(f) for fid, f in book.items()}
         current = {f["id"]: f for f in diagnose(state, now, self.settings)}
         for fid, f in current.items():
@@ -215,7 +233,41 @@ class Ingest:
             if fid not in current:
                 f["active"] = False
         self._diagnosed[job_id] = (state.applied, now)
-        return [f for fid, f in book.items() if before.get(fid) != _gist(f)]
+        changed = [f for fid, f in book.items() if before.get(fid) != _gist(f)]
+        if changed:
+            self._track_incidents(job_id, state, book)
+        return changed
+
+    def _track_incidents(self, job_id: int, state: JobState, book: dict[str, Finding]) -> None:
+        """Count active incidents (for the job list) and tell ``on_incident`` of each one
+        that appeared, resolved, or turned critical (a stall that became a hang) since the
+        last diagnosis."""
+        found = incidents(book.values())
+        known = self._incidents.setdefault(job_id, {})
+        count = active_count(found)
+        if self.active_incidents.get(job_id) != count:
+            self.active_incidents[job_id] = count
+            self.jobs_dirty.set()
+        for inc in found:
+            was = known.get(inc["id"])
+            now = known[inc["id"]] = (inc["active"], inc["severity"])
+            if was is None:
+                event = "new" if inc["active"] else None
+            elif was[0] != now[0]:
+                event = "new" if inc["active"] else "resolved"
+            elif inc["active"] and inc["severity"] == "critical" != was[1]:
+                event = "escalated"
+            else:
+                event = None
+            if self.on_incident is None or event is None:
+                continue
+            try:
+                self.on_incident(event, state.summary(), inc)
+            except Exception:  # a listener's fault must not stop diagnosis
+                self.counters["incident_listener_errors"] += 1
+        for iid in set(known) - {i["id"] for i in found}:
+            # merged into another incident (a hang that turned out to be a crash): over
+            del known[iid]
 
     def state_at(self, job_id: int, at: float) -> dict[str, Any] | None:
         """The job as the server saw it at ``at`` (Unix seconds): every event received by
@@ -229,10 +281,11 @@ class Ingest:
             return None
 
         def read(state: JobState) -> dict[str, Any]:
+            found = diagnose(state, at, self.settings)
             return {"at": at, "job": state.summary(), "ranks": state.rank_rows(),
                     "groups": state.group_rows(),
                     "progress": state.progress_rows(),
-                    "findings": diagnose(state, at, self.settings)}
+                    "findings": found, "incidents": incidents(found)}
 
         return self.rewind.view(job_id, job["name"], at, read)
 

@@ -17,6 +17,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
 from agent.wire import HIST_BUCKETS_PER_OCTAVE
+from dashboard.incidents import incidents
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RANK_STATES = ("initializing", "running", "exited", "failed", "lost")
@@ -142,6 +143,9 @@ class _Collector:
                                         labels=["job", "family", "op", "source"])
         moved = CounterMetricFamily("pgdash_collective_bytes", "Bytes handed to collectives, "
                                     "likewise.", labels=["job", "family", "op", "source"])
+        incs = GaugeMetricFamily("pgdash_incidents_active", "Active incidents (findings "
+                                 "grouped by root cause) per job and severity.",
+                                 labels=["job", "severity"])
         seen = GaugeMetricFamily("pgdash_rank_last_seen_timestamp_seconds", "When each rank of "
                                  "a live job was last heard from (PGDASH_METRICS_PER_RANK=1).",
                                  labels=["job", "rank"])
@@ -164,6 +168,12 @@ class _Collector:
                     active[key] = active.get(key, 0) + 1
             for (kind, severity), n in sorted(active.items()):
                 found.add_metric([name, kind, severity], n)
+            per = {"critical": 0, "warning": 0}
+            for inc in incidents(job.findings):
+                if inc["active"] and inc["severity"] in per:
+                    per[inc["severity"]] += 1
+            for severity, n in per.items():
+                incs.add_metric([name, severity], n)
             for row in job.ops:
                 labels = [name, row["family"], row["op"], row["source"]]
                 latency.add_metric(labels, latency_buckets(row["hist"]), row["sum_us"] / 1e6)
@@ -171,7 +181,12 @@ class _Collector:
             if s.per_rank and job.summary["status"] in ("running", "initializing"):
                 for r in job.ranks:
                     seen.add_metric([name, str(r["rank"])], r["last_seen"])
-        yield from (ranks, dropped, found, latency, moved)
+        yield from (ranks, dropped, found, incs, latency, moved)
+        notify = CounterMetricFamily("pgdash_notify", "Incident notifications (--notify) by "
+                                     "outcome.", labels=["outcome"])
+        for outcome in ("sent", "retried", "failed", "dropped"):
+            notify.add_metric([outcome], s.counters.get(f"notify_{outcome}", 0))
+        yield notify
         if s.per_rank:
             yield seen
 

@@ -125,7 +125,9 @@ class JobState:
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
-        # (group, rank) -> recent (t, count, sum_us) summaries, for straggler/slow rules
+        # (group, rank) -> recent (t, count, sum_us, p50_us, p25_us) summaries, for the
+        # straggler and slow rules (quantiles tell a peer late at nearly every collective
+        # from a few long waits, or from waits spread at random)
         self.recent: dict[tuple[str, int], collections.deque] = {}
         # (group, rank) -> per heartbeat (t, samples in flight, samples) of the Flight Recorder,
         # for groups whose collectives run in C++ (how long a rank waits inside DDP's)
@@ -265,10 +267,17 @@ class JobState:
                 # Timed to a poll gap, not the collective: kept out of the time-inside-
                 # collectives windows (heat map, straggler), which would read the gaps as waits.
                 continue
-            point = per_group.setdefault(row["group"], [body["end"], 0, 0.0])
+            point = per_group.get(row["group"])
+            if point is None:
+                point = per_group[row["group"]] = [body["end"], 0, 0.0, {}]
             point[1] += row["count"]
             point[2] += row["sum_us"]
+            hist = point[3]
+            for bucket, n in row["hist"]:
+                hist[bucket] = hist.get(bucket, 0) + n
         for group, point in per_group.items():
+            mean = point[2] / max(1, point[1])
+            point[3:] = [_quantile_us(point[3], 0.5, mean), _quantile_us(point[3], 0.25, mean)]
             window = self.recent.get((group, r.rank))
             if window is None:
                 window = self.recent[(group, r.rank)] = collections.deque(
@@ -601,7 +610,7 @@ class JobState:
             row = rows.get(rank)
             n = len(window)
             prev_end = None
-            for end, _count, sum_us in itertools.islice(window, max(0, n - bins - 1), None):
+            for end, _count, sum_us, *_ in itertools.islice(window, max(0, n - bins - 1), None):
                 b = int(end) - first
                 dt = end - prev_end if prev_end is not None else 1.0
                 prev_end = end
@@ -726,6 +735,17 @@ def _source(source: str, stats: LatencyStats) -> dict[str, Any]:
     timing = "host_poll" if stats.resolution_us is not None else "device"
     return {"source": source, "timing": timing,
             "resolution_us": round(stats.resolution_us, 3) if timing == "host_poll" else None}
+
+
+def _quantile_us(hist: dict[int, int], q: float, mean: float) -> float:
+    """Quantile ``q`` of one interval's latency histogram (its mean when it has none)."""
+    total = sum(hist.values())
+    seen = 0
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen >= q * total:
+            return hist_bucket_value(bucket)
+    return mean
 
 
 def family_of(group: dict[str, Any]) -> str:

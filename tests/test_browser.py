@@ -402,7 +402,17 @@ def test_hang_finding_shows_its_hint_and_highlights_the_rank_at_fault(hang_serve
         expect(finding.locator(".blamed")).to_have_text("rank 2")
         expect(finding.locator(".finding-hint")).to_contain_text(
             "Rank 2 never reached that collective")
-        expect(page.locator("#job-verdict")).to_have_text("1 critical finding · at fault: rank 2")
+        expect(page.locator("#job-verdict")).to_have_text("1 critical incident · at fault: rank 2")
+        # The page leads with the incident; the title counts it; findings are one click away.
+        incident = page.locator("#incidents li.incident[data-incident='hang:r2']")
+        expect(incident).to_have_count(1)
+        expect(incident.locator(".blamed")).to_have_text("rank 2")
+        expect(page).to_have_title(re.compile(r"^\(1\) hung"))
+        expect(page.locator("#findings-details")).not_to_have_attribute("open", "")
+        incident.locator("details summary").click()
+        expect(incident.locator(".chain li")).to_have_count(1)
+        expect(incident.locator(".chain li")).to_contain_text("wait in group 0 for rank 2")
+        page.locator("#findings-details > summary").click()
         # The rank states are on the topology before anything is selected.
         topology = page.locator("#topology")
         expect(topology.locator(".rk[data-rank='2']")).to_have_attribute("data-state", "hung")
@@ -432,6 +442,10 @@ def test_hang_finding_shows_its_hint_and_highlights_the_rank_at_fault(hang_serve
         finding.locator(".finding-head").click()  # a second click clears it
         expect(topology).to_have_attribute("data-highlight", "")
         expect(topology.locator(".rk.hl")).to_have_count(0)
+
+        # The job list counts the active incident.
+        page.goto(hang_server.url + "/")
+        expect(page.locator("#jobs-body tr td.incidents")).to_have_text("1", timeout=LIVE_MS)
     finally:
         closers = [threading.Thread(target=a.close, daemon=True) for a in agents]
         for t in closers:
@@ -560,6 +574,7 @@ def test_replay_slider_shows_the_hang_after_it_was_resolved(hang_server, watched
         expect(page.locator("#job-status")).to_have_text("finished", timeout=LIVE_MS)
         live_hang = page.locator("#findings li.finding[data-kind='hang']")
         expect(live_hang).to_have_class(re.compile(r"\bresolved\b"))
+        expect(page.locator("#incidents li.incident")).to_have_class(re.compile(r"\bresolved\b"))
         slider = page.locator("#replay-at")
         expect(page.locator("#replay")).to_be_visible()
 
@@ -576,6 +591,8 @@ def test_replay_slider_shows_the_hang_after_it_was_resolved(hang_server, watched
         replayed = page.locator("#findings li.finding[data-kind='hang']")
         expect(replayed).not_to_have_class(re.compile(r"\bresolved\b"))
         expect(replayed.locator(".blamed")).to_have_text("rank 0")
+        expect(page.locator("#incidents li.incident[data-incident='hang:r0']")).not_to_have_class(
+            re.compile(r"\bresolved\b"))
         expect(page.locator("#topology .rk[data-rank='0']")).to_have_attribute(
             "data-state", "hung")
         expect(page.locator("#topology .rk[data-rank='1']")).to_have_attribute(

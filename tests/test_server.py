@@ -129,7 +129,8 @@ def test_browser_gets_a_snapshot_then_deltas_over_socketio(server):
                 break
             held = apply(held, again)
         assert again["v"] >= version
-        stable = lambda secs: {k: v for k, v in secs.items() if k != "findings"}  # noqa: E731
+        stable = lambda secs: {k: v for k, v in secs.items()  # noqa: E731
+                                  if k not in ("findings", "incidents")}
         assert stable(held) == stable(again["sections"])
         assert ui.call("watch", {"job": 999}, namespace=UI_NAMESPACE)["error"] == \
             "no job with id 999"
@@ -214,7 +215,8 @@ def test_state_at_a_moment_over_http(server):
                             ev(2, "group", {"name": "0", "ranks": [0]})])["stored"] == 2
         job = wait_for(lambda: job_by_name(server, "past"), 10, "the job")
         now = get_json(f"{server.url}/api/jobs/{job['id']}/state?at={time.time() + 1}")
-        assert set(now) == {"at", "job", "ranks", "groups", "progress", "findings"}
+        assert set(now) == {"at", "job", "ranks", "groups", "progress", "findings",
+                            "incidents"}
         assert [r["rank"] for r in now["ranks"]] == [0]
         assert [g["ranks"] for g in now["groups"]] == [[0]]
         assert get_json(f"{server.url}/api/jobs/{job['id']}/state?at=1000")["ranks"] == []

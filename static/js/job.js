@@ -2,10 +2,10 @@
  * pgdash: one job (templates/job.html, which carries data-job-id).
  *
  * Data in:
- *   on load  GET /api/jobs/<id>, /collectives, /findings (no progress over REST)
+ *   on load  GET /api/jobs/<id>, /collectives, /findings, /incidents (no progress over REST)
  *   live     after emitting watch {"job": <id>}, Socket.IO event "job": a snapshot
  *            {job_id, v, sections: {job, ranks, groups, progress (a row per group, a
- *            column per field: expandProgress), rank_stats, findings,
+ *            column per field: expandProgress), rank_stats, findings, incidents,
  *            ops, timeline_grid, rendezvous, errors, gpus}, server_time}; then "job_delta"
  *            {job_id, v, base, sections: {name: whole value}, rows: {name: [[i, row]]},
  *            server_time} at most twice a second (dashboard/live.py). A delta whose base
@@ -46,6 +46,7 @@
     rankStats: null, // per rank: count and the (group, op) it runs most (live)
     progress: null, // rows; only arrives over the socket
     findings: null, // rows
+    incidents: null, // rows: findings grouped by root cause (dashboard/incidents.py)
     ops: null, // rows per group family and op (socket)
     grid: null, // timeline_grid (socket)
     rendezvous: null,
@@ -166,7 +167,7 @@
     const sel = state.selection;
     if (!sel) return new Set();
     if (sel.kind === "rank") return new Set([sel.rank]);
-    const f = (state.findings || []).find((x) => x.id === sel.id);
+    const f = ((sel.kind === "incident" ? state.incidents : state.findings) || []).find((x) => x.id === sel.id);
     return new Set(f && Array.isArray(f.ranks) ? f.ranks : []);
   }
 
@@ -271,7 +272,8 @@
 
   function renderHeader(job) {
     const name = job.name == null || job.name === "" ? "Job " + JOB_ID : String(job.name);
-    document.title = name + " \u00b7 pgdash";
+    const open = (state.incidents || []).filter((i) => i.active).length;
+    document.title = (open ? "(" + open + ") " : "") + name + " \u00b7 pgdash";
     $("job-name").textContent = name;
     $("crumb-job").textContent = name;
     clear($("job-status"), PG.badge(job.status));
@@ -338,23 +340,24 @@
     );
   }
 
-  function renderVerdict(findings) {
-    const active = (findings || []).filter((f) => f.active);
+  function renderVerdict(incidents) {
+    const findings = incidents;
+    const active = (incidents || []).filter((f) => f.active);
     const box = $("job-verdict");
     const crit = active.filter((f) => severityOf(f)[1] === 0).length;
     const warn = active.filter((f) => severityOf(f)[1] === 1).length;
     box.className = "verdict " + (crit ? "v-crit" : warn ? "v-warn" : "v-ok");
-    // Who the most severe findings blame, in one phrase: five hangs of one cause name one rank.
+    // Who the most severe incidents blame, in one phrase.
     const worst = active.filter((f) => severityOf(f)[1] === (crit ? 0 : 1));
     const blamed = Array.from(new Set(worst.flatMap((f) => (Array.isArray(f.ranks) ? f.ranks : []))));
     const who = blamed.length ? " \u00b7 at fault: " + (blamed.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(blamed) : "";
     box.textContent = crit
-      ? crit + (crit === 1 ? " critical finding" : " critical findings") + (warn ? ", " + warn + " warning" + (warn === 1 ? "" : "s") : "") + who
+      ? crit + (crit === 1 ? " critical incident" : " critical incidents") + (warn ? ", " + warn + " warning" + (warn === 1 ? "" : "s") : "") + who
       : warn
       ? warn + (warn === 1 ? " warning" : " warnings") + who
       : findings === null
       ? ""
-      : "no active findings";
+      : "no active incidents";
   }
 
   const SEVERITY = {
@@ -372,6 +375,12 @@
   function selectFinding(id) {
     const same = state.selection && state.selection.kind === "finding" && state.selection.id === id;
     state.selection = same ? null : { kind: "finding", id: id };
+    render();
+  }
+
+  function selectIncident(id) {
+    const same = state.selection && state.selection.kind === "incident" && state.selection.id === id;
+    state.selection = same ? null : { kind: "incident", id: id };
     render();
   }
 
@@ -453,6 +462,95 @@
       { class: "ev" },
       fields.length ? el("dl", { class: "ev-fields" }, fields.map(([k, v]) => el("div", null, el("dt", { text: k.replace(/_/g, " ") }), el("dd", null, v)))) : null,
       blocks
+    );
+  }
+
+  function renderIncidents(incidents) {
+    const box = $("incidents");
+    const list = Array.isArray(incidents) ? incidents.slice() : [];
+    const active = list.filter((i) => i.active).length;
+    $("incidents-count").textContent = list.length ? active + " active, " + (list.length - active) + " resolved" : "";
+    if (list.length === 0) {
+      const n = state.job && Array.isArray(state.job.ranks) ? state.job.ranks.length : 0;
+      clear(box, el("p", { class: "empty all-clear", text: n ? "No incidents: nothing wrong seen on " + n + (n === 1 ? " rank." : " ranks.") : "No incidents" }));
+      return;
+    }
+    list.sort(
+      (a, b) =>
+        (b.active ? 1 : 0) - (a.active ? 1 : 0) ||
+        severityOf(a)[1] - severityOf(b)[1] ||
+        (b.first_seen || 0) - (a.first_seen || 0)
+    );
+    const selected = state.selection && state.selection.kind === "incident" ? state.selection.id : null;
+    clear(
+      box,
+      el(
+        "ul",
+        { class: "findings incidents" },
+        list.map((inc) => {
+          const ranks = Array.isArray(inc.ranks) ? inc.ranks : [];
+          const isSel = selected !== null && inc.id === selected;
+          const chain = Array.isArray(inc.chain) ? inc.chain : [];
+          const key = "incident:" + inc.id;
+          return el(
+            "li",
+            {
+              class: "finding incident " + severityOf(inc)[0] + (inc.active ? "" : " resolved") + (isSel ? " selected" : ""),
+              dataset: { incident: String(inc.id), kind: String(inc.kind) },
+            },
+            el(
+              "button",
+              {
+                type: "button",
+                class: "finding-head",
+                "aria-pressed": isSel ? "true" : "false",
+                title: isSel ? "Click to clear the highlight" : "Click to highlight these ranks everywhere on the page",
+                on: { click: () => selectIncident(inc.id) },
+              },
+              el("span", { class: "sev", text: text(inc.severity) }),
+              el("span", { class: "finding-summary", text: text(inc.summary) }),
+              ranks.length ? el("span", { class: "blamed", text: (ranks.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(ranks) }) : null,
+              el("span", { class: "finding-state", text: inc.active ? "active" : "resolved" })
+            ),
+            inc.hint ? el("p", { class: "finding-hint" }, el("span", { class: "hint-label", text: "Next step" }), el("span", { class: "hint-text", text: String(inc.hint) })) : null,
+            el(
+              "div",
+              { class: "finding-meta" },
+              el("span", { class: "mono", text: String(inc.kind) }),
+              el("span", null, "first seen ", PG.ago(inc.first_seen)),
+              inc.active ? null : el("span", null, "last seen ", PG.ago(inc.last_seen))
+            ),
+            el(
+              "details",
+              {
+                class: "evidence incident-findings",
+                open: state.openEvidence.has(key),
+                on: {
+                  toggle: (ev) => {
+                    if (ev.target.open) state.openEvidence.add(key);
+                    else state.openEvidence.delete(key);
+                  },
+                },
+              },
+              el("summary", { text: (Array.isArray(inc.findings) ? inc.findings.length : 0) + (inc.findings && inc.findings.length === 1 ? " finding" : " findings") }),
+              el(
+                "ol",
+                { class: "chain" },
+                chain.map((c) =>
+                  el(
+                    "li",
+                    { class: c.active ? "" : "resolved", dataset: { linkedFinding: String(c.finding) } },
+                    el("span", { class: "mono", text: String(c.kind) }),
+                    " ",
+                    el("span", { text: text(c.link) }),
+                    c.active ? null : el("span", { class: "muted", text: " (resolved)" })
+                  )
+                )
+              )
+            )
+          );
+        })
+      )
     );
   }
 
@@ -1186,11 +1284,16 @@
     const describe = rankDescriber(job ? job.ranks : [], derived, state.progress);
     const selKey = [state.selection, Array.from(hl)];
 
-    if (job && PG.changed("header", [jobHead, state.replay && state.replay.at])) renderHeader(job);
+    const openIncidents = (state.incidents || []).filter((i) => i.active).length;
+    if (job && PG.changed("header", [jobHead, state.replay && state.replay.at, openIncidents])) renderHeader(job);
     if (job && PG.changed("attempts", job.attempts)) renderAttempts(job.attempts);
     if (job) showReplayBar();
+    if (state.incidents !== null) {
+      renderVerdict(state.incidents);
+      const stableInc = state.incidents.map((i) => Object.assign({}, i, { last_seen: i.active ? null : i.last_seen }));
+      if (PG.changed("incidents", [stableInc, selKey])) renderIncidents(state.incidents);
+    }
     if (state.findings !== null) {
-      renderVerdict(state.findings);
       const stable = state.findings.map((f) => Object.assign({}, f, { last_seen: f.active ? null : f.last_seen }));
       if (PG.changed("findings", [stable, groups.length, selKey, job ? job.ranks.length : 0])) renderFindings(state.findings, findGroup);
     }
@@ -1300,6 +1403,7 @@
       state.progress = expandProgress(list("progress"));
     }
     state.findings = list("findings");
+    state.incidents = list("incidents");
     state.ops = Array.isArray(live.ops) ? live.ops : null;
     if (live.timeline_grid !== liveGridIn) {
       liveGridIn = live.timeline_grid;
@@ -1331,10 +1435,11 @@
    * payload carries them, so the first load leaves them to it.
    */
   async function refresh(withCollectives) {
-    const [job, coll, findings] = await Promise.allSettled([
+    const [job, coll, findings, incidents] = await Promise.allSettled([
       PG.fetchJSON("/api/jobs/" + JOB_ID),
       withCollectives ? PG.fetchJSON("/api/jobs/" + JOB_ID + "/collectives") : Promise.resolve({ collectives: state.collectives }),
       PG.fetchJSON("/api/jobs/" + JOB_ID + "/findings"),
+      PG.fetchJSON("/api/jobs/" + JOB_ID + "/incidents"),
     ]);
     if (state.live || state.replay) return; // a live snapshot got here first and is newer
     if (job.status === "rejected") {
@@ -1349,6 +1454,8 @@
     else errors.push("collectives: " + coll.reason.message);
     if (findings.status === "fulfilled") state.findings = findings.value.findings || [];
     else errors.push("findings: " + findings.reason.message);
+    if (incidents.status === "fulfilled") state.incidents = incidents.value.incidents || [];
+    else errors.push("incidents: " + incidents.reason.message);
     showError(errors.length ? "Could not load " + errors.join("; ") : "");
     render();
   }
@@ -1397,6 +1504,7 @@
     state.job = Object.assign({}, state.job, data.job, { ranks: data.ranks || [], groups: data.groups || [] });
     state.progress = data.progress || [];
     state.findings = data.findings || [];
+    state.incidents = data.incidents || [];
     page.classList.add("replaying");
     $("replay-live").hidden = false;
     showError("");

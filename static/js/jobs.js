@@ -27,6 +27,12 @@
     return !needle || String(job.name == null ? "" : job.name).toLowerCase().includes(needle);
   }
 
+  /** Active incidents (null: not diagnosed since the server started). */
+  function incidentsCell(n) {
+    if (!PG.isNum(n)) return el("td", { class: "num muted", text: PG.DASH });
+    return el("td", { class: "num incidents" + (n > 0 ? " has-incidents" : ""), text: String(n) });
+  }
+
   function jobRow(job) {
     const started = job.started_at;
     const ended = job.ended_at;
@@ -45,7 +51,8 @@
       el("td", { text: job.backend == null ? PG.DASH : job.backend }),
       el("td", null, PG.timeCell(started)),
       el("td", null, PG.timeCell(ended)),
-      el("td", { class: "num" }, duration)
+      el("td", { class: "num" }, duration),
+      incidentsCell(job.incidents)
     );
   }
 
@@ -54,9 +61,9 @@
     const needle = state.filter.trim().toLowerCase();
     const shown = state.jobs.filter((job) => matches(job, needle));
     if (state.jobs.length === 0) {
-      clear(body, PG.emptyRow(7, "No jobs yet. Jobs appear here as soon as an agent reports in."));
+      clear(body, PG.emptyRow(8, "No jobs yet. Jobs appear here as soon as an agent reports in."));
     } else if (shown.length === 0) {
-      clear(body, PG.emptyRow(7, "No jobs match \u201c" + state.filter.trim() + "\u201d"));
+      clear(body, PG.emptyRow(8, "No jobs match \u201c" + state.filter.trim() + "\u201d"));
     } else {
       clear(body, shown.map(jobRow));
     }
@@ -80,7 +87,7 @@
   function showError(msg) {
     errorBox.textContent = msg;
     errorBox.hidden = false;
-    if (state.jobs === null) clear(body, PG.emptyRow(7, "Could not load jobs."));
+    if (state.jobs === null) clear(body, PG.emptyRow(8, "Could not load jobs."));
   }
 
   async function refresh() {

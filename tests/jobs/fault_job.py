@@ -11,6 +11,12 @@ Every rank runs 5 all_reduces, then the fault:
   crash     rank 1 raises an exception
   kill      rank 1 kills itself with SIGKILL
   healthy   no fault
+  pause     4 ranks as a 2x2 DP x TP mesh; rank 0 checkpoints once (sleeps argv[3] s, 5)
+            while the others wait in a barrier, then argv[4] (60) more steps: healthy
+  mixed     the same mesh, healthy but uneven: a warm-up where each rank first sleeps up to
+            argv[3] s (4; compilation), data-loader jitter of 0-30 ms per step, and a
+            checkpoint pause of argv[4] s (5) on rank 0 every argv[5] (80) steps, argv[6]
+            (200) steps in all
 Prints "FAULT <unix time>" when the fault is injected, for detection-latency measurements.
 """
 
@@ -43,8 +49,27 @@ def busy_step():
     time.sleep(0.05)
 
 
+mesh_groups = None
+if scenario in ("pause", "mixed"):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    mesh_groups = (mesh.get_group("dp"), mesh.get_group("tp"))
+
+
+def mesh_step(jitter=0.0):
+    dist.all_reduce(t, group=mesh_groups[1])  # tensor parallel: partial sums of a layer
+    dist.all_reduce(t, group=mesh_groups[0])  # data parallel: the gradients
+    time.sleep(0.05 + jitter)
+
+
+if scenario == "mixed":
+    import random
+
+    rng = random.Random(rank * 7919 + int(time.time()))
+    time.sleep(rng.uniform(0, float(sys.argv[3]) if len(sys.argv) > 3 else 4.0))
 for _ in range(steps):
-    busy_step()
+    mesh_step() if mesh_groups else busy_step()
 
 if scenario == "hang":
     if rank == last:
@@ -90,6 +115,25 @@ elif scenario == "ddp-hang":
             fault("rank sleeps instead of running backward")
             time.sleep(3600)
         model(torch.randn(4, 8)).sum().backward()
+elif scenario == "pause":
+    pause = float(sys.argv[3]) if len(sys.argv) > 3 else 5.0
+    more = int(sys.argv[4]) if len(sys.argv) > 4 else 60
+    if rank == 0:
+        fault(f"rank checkpoints for {pause:g} s")
+        time.sleep(pause)
+    dist.barrier()
+    for _ in range(more):
+        mesh_step()
+elif scenario == "mixed":
+    pause = float(sys.argv[4]) if len(sys.argv) > 4 else 5.0
+    every = int(sys.argv[5]) if len(sys.argv) > 5 else 80
+    total = int(sys.argv[6]) if len(sys.argv) > 6 else 200
+    for step in range(steps, total):
+        if step % every == every - 1:
+            if rank == 0:
+                time.sleep(pause)
+            dist.barrier()
+        mesh_step(rng.uniform(0, 0.03))
 elif scenario == "healthy":
     pass
 else:
