@@ -349,15 +349,27 @@ def validate_event(ev: Any, where: str = "event") -> Event:
     shape = EVENT_KINDS.get(ev["kind"])
     if shape is None:
         raise WireError(f"{where}.kind {ev['kind']!r:.60} is not one of {sorted(EVENT_KINDS)}")
-    body = _check(ev["body"], shape, f"{where}.body")
-    return {"seq": ev["seq"], "t": ev["t"], "kind": ev["kind"], "body": _builtins(body)}
+    body = _builtins(_check(ev["body"], shape, f"{where}.body"))
+    _encodable(body, where)
+    return {"seq": ev["seq"], "t": ev["t"], "kind": ev["kind"], "body": body}
+
+
+def _encodable(body: dict[str, Any], where: str) -> None:
+    """Text that is not Unicode (a lone surrogate: JSON's "\\ud800" decodes to one) cannot be
+    stored or shown; refuse it here rather than fail the transaction it would be written in."""
+    try:
+        _json_encoder.encode(body)
+    except UnicodeEncodeError:
+        raise WireError(f"{where}.body holds text that is not valid Unicode (a lone UTF-16 "
+                        "surrogate)") from None
 
 
 def validate_server_event(ev: Any, where: str = "event") -> dict[str, Any]:
     """Check an event the server recorded itself (from an imported session file)."""
     _check(ev, _ServerEnvelope, where)
-    body = _check(ev["body"], SERVER_KINDS[ev["kind"]], f"{where}.body")
-    return {"seq": None, "t": ev["t"], "kind": ev["kind"], "body": _builtins(body)}
+    body = _builtins(_check(ev["body"], SERVER_KINDS[ev["kind"]], f"{where}.body"))
+    _encodable(body, where)
+    return {"seq": None, "t": ev["t"], "kind": ev["kind"], "body": body}
 
 
 _builtins = msgspec.to_builtins
@@ -434,6 +446,7 @@ def _plain(value: Any) -> Any:
 
 
 _msgpack_encoder = msgspec.msgpack.Encoder(enc_hook=_plain)
+_json_encoder = msgspec.json.Encoder()
 
 
 RankStatus = Literal["initializing", "running", "exited", "failed", "lost"]

@@ -382,13 +382,14 @@ class Ingest:
         except WireError as exc:
             self.counters["rejected_batches"] += 1
             return {"ok": False, "error": str(exc), "retry": False}
-        ack, pending = self.batch_nowait(session, job_id, payload["events"])
+        events = payload.get("events")  # checked by batch_nowait
+        ack, pending = self.batch_nowait(session, job_id, events)
         if pending is None:
             return ack
         try:
             stored = pending.result(timeout=self.store.submit_timeout)
         except Exception as exc:
-            return self.write_failed(session, payload["events"], exc)
+            return self.write_failed(session, events, exc)
         return self.committed(session, ack, stored)
 
     def committed(self, session: str, ack: Ack, stored: int) -> Ack:

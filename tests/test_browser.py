@@ -215,10 +215,15 @@ def test_job_page_updates_live_without_reload(server, agents, watched):
     expect(rank_row(page, 1).locator("td").nth(HOST)).to_have_text("node-b")
     expect(page.locator("#ranks-summary")).to_have_text("2 ranks on 2 hosts · 2 running")
 
+    expect(page.locator("#job-dropped")).to_have_count(0)  # nothing dropped: nothing said
     r1.send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 4,
                                       "inflight_op": "all_reduce",
-                                      "inflight_since": time.time()}]})
+                                      "inflight_since": time.time()}],
+                          "dropped": {"coll_stats": 7, "heartbeat": 3}})
     expect(page.locator("#progress")).to_contain_text("r1", timeout=LIVE_MS)
+    # What an agent had to drop (its buffer was full) is shown, by kind on hover.
+    expect(page.locator("#job-dropped")).to_have_text("10 events", timeout=LIVE_MS)
+    expect(page.locator("#job-dropped")).to_have_attribute("title", "coll_stats: 7, heartbeat: 3")
     expect(rank_row(page, 1).locator("td").nth(9)).to_contain_text("all_reduce")
 
     r0.send("exit", {"clean": True, "exitcode": 0})

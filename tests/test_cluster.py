@@ -271,7 +271,7 @@ def test_browser_on_the_process_that_does_not_own_the_job_sees_it_live(pair, pg_
         expect(finding).to_have_count(1, timeout=3 * LIVE_MS)
         expect(finding.locator(".blamed")).to_have_text("rank 2")
         expect(page.locator("#job-verdict")).to_have_text(
-            "1 critical finding · at fault: rank 2")
+            "1 critical incident · at fault: rank 2")
         assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
 
     try:

@@ -123,3 +123,9 @@ def test_histogram_buckets_are_about_nine_percent_wide():
         assert abs(value - us) / us < 0.05
     assert hist_bucket(0) == 0 and hist_bucket(-3) == 0
     assert hist_bucket(1e300) == 320
+
+
+def test_text_that_is_not_unicode_is_refused_not_stored():
+    # JSON may spell a lone UTF-16 surrogate ("\ud800"); it cannot be stored or shown.
+    with pytest.raises(WireError, match="not valid Unicode"):
+        validate_event(ev("exit", {"clean": False, "reason": "\ud800"}))

@@ -288,6 +288,13 @@
 
     const ranks = Array.isArray(job.ranks) ? job.ranks : [];
     const hosts = new Set(ranks.map((r) => r.host)).size;
+    // Events the agents had to drop (their buffers were full, e.g. while the server was down),
+    // as they reported them: counted, never silent.
+    const drops = {};
+    for (const r of ranks) {
+      for (const [kind, n] of Object.entries(r.dropped || {})) if (PG.isNum(n)) drops[kind] = (drops[kind] || 0) + n;
+    }
+    const dropped = Object.values(drops).reduce((a, b) => a + b, 0);
     const item = (label, value) => el("div", null, el("dt", { text: label }), el("dd", null, value));
     clear(
       $("job-meta"),
@@ -297,7 +304,10 @@
       item("Backend", text(job.backend)),
       item("Started", PG.timeCell(started)),
       PG.isNum(ended) ? item("Ended", PG.timeCell(ended)) : null,
-      item("Duration", duration)
+      item("Duration", duration),
+      dropped > 0
+        ? item("Dropped by agents", el("span", { id: "job-dropped", title: Object.entries(drops).map(([k, n]) => k + ": " + n).join(", "), text: PG.fmtNum(dropped) + " events" }))
+        : null
     );
   }
 
@@ -465,22 +475,32 @@
     );
   }
 
-  function renderIncidents(incidents) {
-    const box = $("incidents");
-    const list = Array.isArray(incidents) ? incidents.slice() : [];
+  /**
+   * The head both lists share (incidents, findings): the count of active and resolved ones,
+   * the all-clear when there are none (then null), else the items in their order: active
+   * first, then the most severe, then the newest.
+   */
+  function listHead(items, box, countId, noun) {
+    const list = Array.isArray(items) ? items.slice() : [];
     const active = list.filter((i) => i.active).length;
-    $("incidents-count").textContent = list.length ? active + " active, " + (list.length - active) + " resolved" : "";
+    $(countId).textContent = list.length ? active + " active, " + (list.length - active) + " resolved" : "";
     if (list.length === 0) {
       const n = state.job && Array.isArray(state.job.ranks) ? state.job.ranks.length : 0;
-      clear(box, el("p", { class: "empty all-clear", text: n ? "No incidents: nothing wrong seen on " + n + (n === 1 ? " rank." : " ranks.") : "No incidents" }));
-      return;
+      clear(box, el("p", { class: "empty all-clear", text: n ? "No " + noun + ": nothing wrong seen on " + n + (n === 1 ? " rank." : " ranks.") : "No " + noun }));
+      return null;
     }
-    list.sort(
+    return list.sort(
       (a, b) =>
         (b.active ? 1 : 0) - (a.active ? 1 : 0) ||
         severityOf(a)[1] - severityOf(b)[1] ||
         (b.first_seen || 0) - (a.first_seen || 0)
     );
+  }
+
+  function renderIncidents(incidents) {
+    const box = $("incidents");
+    const list = listHead(incidents, box, "incidents-count", "incidents");
+    if (list === null) return;
     const selected = state.selection && state.selection.kind === "incident" ? state.selection.id : null;
     clear(
       box,
@@ -556,20 +576,8 @@
 
   function renderFindings(findings, findGroup) {
     const box = $("findings");
-    const list = Array.isArray(findings) ? findings.slice() : [];
-    const active = list.filter((f) => f.active).length;
-    $("findings-count").textContent = list.length ? active + " active, " + (list.length - active) + " resolved" : "";
-    if (list.length === 0) {
-      const n = state.job && Array.isArray(state.job.ranks) ? state.job.ranks.length : 0;
-      clear(box, el("p", { class: "empty all-clear", text: n ? "No findings: nothing wrong seen on " + n + (n === 1 ? " rank." : " ranks.") : "No findings" }));
-      return;
-    }
-    list.sort(
-      (a, b) =>
-        (b.active ? 1 : 0) - (a.active ? 1 : 0) ||
-        severityOf(a)[1] - severityOf(b)[1] ||
-        (b.first_seen || 0) - (a.first_seen || 0)
-    );
+    const list = listHead(findings, box, "findings-count", "findings");
+    if (list === null) return;
     const selected = state.selection && state.selection.kind === "finding" ? state.selection.id : null;
     const hintsShown = new Set(); // a hint already shown above is not repeated in full
     clear(
