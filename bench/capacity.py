@@ -357,20 +357,33 @@ async def run_one(world: int, args, workdir: Path) -> dict:
         ages: list[float] = []
         lags: list[float] = []
         loop = asyncio.get_running_loop()
+        probe_errors: list[str] = []
         while time.monotonic() - t0 < args.seconds:
             await asyncio.sleep(args.probe)
-            detail = await loop.run_in_executor(None, get, f"{url}/api/jobs/{job_id}")
+            try:
+                detail = await loop.run_in_executor(None, get, f"{url}/api/jobs/{job_id}")
+            except (OSError, ValueError) as exc:  # a server too busy to answer: all stale
+                probe_errors.append(f"job: {type(exc).__name__}: {exc}")
+                ages += [float("inf")] * world
+                continue
             now = time.time()
             ages += [now - r["last_seen"] for r in detail["ranks"] if r["last_seen"]]
             ages += [float("inf")] * (world - len(detail["ranks"]))
-            text = (await loop.run_in_executor(None, get, url + "/metrics")).decode()
+            try:
+                text = (await loop.run_in_executor(None, get, url + "/metrics")).decode()
+            except (OSError, ValueError) as exc:
+                probe_errors.append(f"metrics: {type(exc).__name__}: {exc}")
+                continue
             lag = metric(text, "pgdash_ingest_lag_seconds")
             if lag is not None:
                 lags.append(lag)
         window = time.monotonic() - t0
         cpu1, rss, threads = proc_stats(server.pid)
         bench.measuring = False
-        findings = get(f"{url}/api/jobs/{job_id}/findings")["findings"]
+        try:
+            findings = get(f"{url}/api/jobs/{job_id}/findings", 120)["findings"]
+        except (OSError, ValueError) as exc:
+            findings = [{"kind": f"unreadable ({type(exc).__name__})", "severity": "warning"}]
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         cpu = cpu1 - cpu0
@@ -384,6 +397,8 @@ async def run_one(world: int, args, workdir: Path) -> dict:
             "findings": sorted({f"{f['kind']}:{f['severity']}" for f in findings
                                 if f["severity"] in ("warning", "critical")}),
             "reconnects": bench.reconnects - reconnects0, "last_error": bench.last_error,
+            "probe_errors": probe_errors[:3] + ([f"... {len(probe_errors)} in all"]
+                                               if len(probe_errors) > 3 else []),
         }
     finally:
         server.send_signal(signal.SIGTERM)

@@ -67,9 +67,10 @@ class IngestLag:
     def current(self) -> float:
         """The server's lag now, in seconds (0.0 when it keeps up)."""
         now = self.clock()
-        recent = sorted(lag for at, lag in self._samples if now - at <= self.window_s)
+        # tuple(): one C-level copy under the GIL, while the writer thread appends
+        recent = sorted(lag for at, lag in tuple(self._samples) if now - at <= self.window_s)
         measured = recent[min(len(recent) - 1, int(LAG_QUANTILE * len(recent)))] \
             if recent else 0.0
-        paused = max((gap for at, gap in self._pauses if now - at <= self.window_s + gap),
+        paused = max((gap for at, gap in tuple(self._pauses) if now - at <= self.window_s + gap),
                      default=0.0)
         return max(0.0, measured, paused, self.backlog_s())

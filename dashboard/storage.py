@@ -261,7 +261,6 @@ class Store:
 
     def _run(self, batch: list[tuple[Callable, concurrent.futures.Future, float]]) -> None:
         results = []
-        self._next_id = None  # ids are numbered afresh in every transaction
         self._deferred = []
         try:
             with self.engine.begin() as conn:
@@ -273,6 +272,7 @@ class Store:
                     conn.exec_driver_sql(_SQLITE_INSERT_EVENT, self._deferred)
             self.commits += 1
         except Exception as exc:
+            self._next_id = None  # rolled back: number from what is really stored
             self.write_errors += 1
             log.exception("pgdash: write failed; %d task(s) not stored", len(batch))
             if self.on_write_failure is not None:
@@ -311,8 +311,8 @@ class Store:
                       rows: list[dict[str, Any]], now: float) -> list[int]:
         """Insert events; returns their ids in order.
 
-        On SQLite, the one writer numbers the rows itself (from MAX(id), read once per
-        transaction) and inserts all of a transaction's rows with one executemany of the
+        On SQLite, the one writer numbers the rows itself (from MAX(id), read once) and
+        inserts all of a transaction's rows with one executemany of the
         driver just before it commits: a few microseconds a row, where a RETURNING insert
         through SQLAlchemy cost ~0.15 ms a batch, the largest share of the writer's time per
         rank. Other databases, which several server processes may write at once, number
@@ -334,7 +334,8 @@ class Store:
         return [r[0] for r in result]
 
     def _allocate_ids(self, conn: sa.Connection, n: int) -> int:
-        """Writer thread, SQLite: the first of ``n`` fresh event ids in this transaction."""
+        """Writer thread, SQLite: the first of ``n`` fresh event ids. The one writer is the
+        only one to insert events, so MAX(id) is read once (and again after a rollback)."""
         if self._next_id is None:
             self._next_id = (conn.exec_driver_sql("SELECT MAX(id) FROM events").scalar()
                              or 0) + 1
