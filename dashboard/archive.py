@@ -150,7 +150,7 @@ def _event(ev: Any, sessions: dict[str, Any], where: str) -> dict[str, Any]:
         raise ArchiveError(f"{where}: event.received_at must be a time in Unix seconds")
     fields = {k: ev.get(k) for k in ("seq", "t", "kind", "body")}
     try:
-        if ev.get("kind") in SERVER_KINDS:  # recorded by the server itself: no seq
+        if isinstance(ev.get("kind"), str) and ev["kind"] in SERVER_KINDS:  # the server's own
             checked = validate_server_event(fields, "event")
         else:
             checked = validate_event(fields, "event")

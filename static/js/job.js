@@ -270,6 +270,16 @@
 
   // ---------------------------------------------------------- sections --
 
+  /** Events the agents had to drop (their buffers were full, e.g. while the server was
+   *  down), by kind, as they reported them: counted, never silent. */
+  function agentDrops(ranks) {
+    const drops = {};
+    for (const r of ranks || []) {
+      for (const [kind, n] of Object.entries(r.dropped || {})) if (PG.isNum(n)) drops[kind] = (drops[kind] || 0) + n;
+    }
+    return drops;
+  }
+
   function renderHeader(job) {
     const name = job.name == null || job.name === "" ? "Job " + JOB_ID : String(job.name);
     const open = (state.incidents || []).filter((i) => i.active).length;
@@ -288,12 +298,7 @@
 
     const ranks = Array.isArray(job.ranks) ? job.ranks : [];
     const hosts = new Set(ranks.map((r) => r.host)).size;
-    // Events the agents had to drop (their buffers were full, e.g. while the server was down),
-    // as they reported them: counted, never silent.
-    const drops = {};
-    for (const r of ranks) {
-      for (const [kind, n] of Object.entries(r.dropped || {})) if (PG.isNum(n)) drops[kind] = (drops[kind] || 0) + n;
-    }
+    const drops = agentDrops(ranks);
     const dropped = Object.values(drops).reduce((a, b) => a + b, 0);
     const item = (label, value) => el("div", null, el("dt", { text: label }), el("dd", null, value));
     clear(
@@ -1286,7 +1291,7 @@
     const job = state.job;
     const groups = job && Array.isArray(job.groups) ? job.groups : [];
     const findGroup = indexGroups(groups);
-    const jobHead = job ? Object.assign({}, job, { ranks: undefined, groups: undefined, attempts: undefined, hosts: job.ranks ? new Set(job.ranks.map((r) => r.host)).size : 0 }) : null;
+    const jobHead = job ? Object.assign({}, job, { ranks: undefined, groups: undefined, attempts: undefined, hosts: job.ranks ? new Set(job.ranks.map((r) => r.host)).size : 0, drops: agentDrops(job.ranks) }) : null;
     const hl = highlighted();
     const derived = rankStates(job ? job.ranks : [], state.progress, state.findings);
     const describe = rankDescriber(job ? job.ranks : [], derived, state.progress);
