@@ -22,11 +22,11 @@ import collections
 import inspect
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from agent.flight_stats import WrappedIntervals
-from agent.wire import hist_bucket
+from agent.wire import LatencySummary
 
 # op name -> (payload parameter, payload is a list of tensors, point-to-point, always async)
 OPS: dict[str, tuple[str | None, bool, bool, bool]] = {
@@ -92,15 +92,6 @@ class GroupTrack:
     fr_lost_upto: int = -1
 
 
-@dataclass
-class _Summary:
-    count: int = 0
-    bytes: int = 0
-    sum_us: float = 0.0
-    max_us: float = 0.0
-    hist: collections.Counter = field(default_factory=collections.Counter)
-
-
 def _list_bytes(tensors) -> tuple[Any, int]:
     total = 0
     dtype = None
@@ -138,7 +129,7 @@ class CollectiveTracker:
         self.pending: collections.deque = collections.deque()  # async works not yet completed
         self.dropped_records = 0
         self.internal_errors = 0
-        self._summary: dict[tuple[str, str], _Summary] = {}
+        self._summary: dict[tuple[str, str], LatencySummary] = {}
         self.fr_enabled = True  # read sequence numbers for agent.flight_stats
         self.fr_wrapped = WrappedIntervals()  # sequence numbers the wrappers issued
         self.fr_failed: collections.deque = collections.deque()  # (track, lo, hi) of raised calls
@@ -339,14 +330,8 @@ class CollectiveTracker:
             key = (track.name, op)
             s = summary.get(key)
             if s is None:
-                s = summary[key] = _Summary()
-            us = (t1 - t0) * 1e6
-            s.count += 1
-            s.bytes += nbytes
-            s.sum_us += us
-            if us > s.max_us:
-                s.max_us = us
-            s.hist[hist_bucket(us)] += 1
+                s = summary[key] = LatencySummary()
+            s.add((t1 - t0) * 1e6, nbytes)
 
     def fr_mark_failed(self, track: GroupTrack, lo: int) -> None:
         """A wrapped call whose record will not come (it raised, or the records were full):
@@ -379,12 +364,7 @@ class CollectiveTracker:
     def take_summary(self) -> list[dict[str, Any]]:
         """The rows of the interval that just ended (empty if no collective ran)."""
         self.summarise()
-        rows = [
-            {"group": g, "op": op, "count": s.count, "bytes": s.bytes,
-             "sum_us": round(s.sum_us, 3), "max_us": round(s.max_us, 3),
-             "hist": sorted([b, c] for b, c in s.hist.items())}
-            for (g, op), s in self._summary.items()
-        ]
+        rows = [s.row(g, op) for (g, op), s in self._summary.items()]
         self._summary = {}
         return rows
 

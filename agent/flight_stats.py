@@ -35,10 +35,10 @@ from __future__ import annotations
 import bisect
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from agent.wire import hist_bucket
+from agent.wire import LatencySummary
 
 SOURCE = "flight_recorder"
 # Bytes per element of the dtype names FR writes (c10::ScalarType names).
@@ -71,12 +71,9 @@ def entry_bytes(entry: dict[str, Any]) -> int:
 
 
 @dataclass
-class _Summary:
-    count: int = 0
-    bytes: int = 0
-    sum_us: float = 0.0
-    max_us: float = 0.0
-    hist: dict = field(default_factory=dict)
+class _Summary(LatencySummary):
+    """The wrappers' summary, plus how exact its latencies are."""
+
     timing: str = "device"
     resolution_us: float = 0.0
 
@@ -372,13 +369,7 @@ class FlightStats:
         s = self._summary.get((group, op_name(str(entry.get("profiling_name", "")))))
         if s is None:
             s = self._summary[(group, op_name(str(entry.get("profiling_name", ""))))] = _Summary()
-        us = max(latency * 1e6, 0.0)
-        s.count += 1
-        s.bytes += entry_bytes(entry)
-        s.sum_us += us
-        s.max_us = max(s.max_us, us)
-        b = hist_bucket(us)
-        s.hist[b] = s.hist.get(b, 0) + 1
+        s.add(max(latency * 1e6, 0.0), entry_bytes(entry))
         if timing == "host_poll":
             s.timing = "host_poll"
             s.resolution_us = max(s.resolution_us, resolution * 1e6)
@@ -392,10 +383,8 @@ class FlightStats:
 
     def take_summary(self) -> list[dict[str, Any]]:
         """Rows (the wrappers' shape plus source, timing, resolution) since the last call."""
-        rows = [{"group": g, "op": op, "count": s.count, "bytes": s.bytes,
-                 "sum_us": round(s.sum_us, 3), "max_us": round(s.max_us, 3),
-                 "hist": sorted([b, c] for b, c in s.hist.items()), "source": SOURCE,
-                 "timing": s.timing, "resolution_us": round(s.resolution_us, 3)}
+        rows = [{**s.row(g, op), "source": SOURCE, "timing": s.timing,
+                 "resolution_us": round(s.resolution_us, 3)}
                 for (g, op), s in self._summary.items()]
         self._summary = {}
         return rows

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional, TypedDict
 
 import msgspec
@@ -51,6 +52,33 @@ def hist_bucket(latency_us: float) -> int:
 def hist_bucket_value(index: int) -> float:
     """Representative latency (geometric middle, in microseconds) of a histogram bucket."""
     return 2.0 ** ((index + 0.5) / HIST_BUCKETS_PER_OCTAVE)
+
+
+@dataclass
+class LatencySummary:
+    """One interval of one (group, op) as a ``coll_stats`` row: the wrappers' (agent.
+    collectives), and the Flight Recorder reader's (agent.flight_stats) before it adds where
+    its figures come from."""
+
+    count: int = 0
+    bytes: int = 0
+    sum_us: float = 0.0
+    max_us: float = 0.0
+    hist: dict = field(default_factory=dict)
+
+    def add(self, us: float, nbytes: int) -> None:
+        self.count += 1
+        self.bytes += nbytes
+        self.sum_us += us
+        if us > self.max_us:
+            self.max_us = us
+        bucket = hist_bucket(us)
+        self.hist[bucket] = self.hist.get(bucket, 0) + 1
+
+    def row(self, group: str, op: str) -> dict[str, Any]:
+        return {"group": group, "op": op, "count": self.count, "bytes": self.bytes,
+                "sum_us": round(self.sum_us, 3), "max_us": round(self.max_us, 3),
+                "hist": sorted([b, c] for b, c in self.hist.items())}
 
 
 class Auth(TypedDict, total=False):
