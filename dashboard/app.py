@@ -133,10 +133,14 @@ def _check_cluster_config(db: str, queue_url: str) -> None:
 
 
 def _job_or_404(ingest: Ingest, job_id: int, view):
-    result = ingest.read(job_id, view)
-    if result is None:
+    return _found_or_404(ingest.read(job_id, view), job_id)
+
+
+def _found_or_404(found, job_id: int):
+    """``found``, or the API's 404 for an unknown job when it is None."""
+    if found is None:
         abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
-    return result
+    return found
 
 
 def _register_pages(app: Flask) -> None:
@@ -180,7 +184,7 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         # is simply not a job (SQLite would raise OverflowError).
         job_id = (request.view_args or {}).get("job_id")
         if isinstance(job_id, int) and job_id > MAX_JOB_ID:
-            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
+            _found_or_404(None, job_id)
 
     @app.get("/api/jobs")
     def api_jobs():
@@ -219,9 +223,7 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
 
     @app.get("/api/jobs/<int:job_id>/export")
     def api_export(job_id: int):
-        lines = export_lines(ingest.store, job_id)
-        if lines is None:
-            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
+        lines = _found_or_404(export_lines(ingest.store, job_id), job_id)
         return app.response_class(lines, mimetype="application/x-ndjson", headers={
             "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}.jsonl"'})
 
@@ -231,10 +233,8 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
             start, end, max_events = trace_query(request.args, _trace_cap(app))
         except TraceError as exc:
             return jsonify(error=str(exc)), 400
-        job = ingest.store.get_job(job_id)
-        findings = ingest.findings(job_id) if job is not None else None
-        if job is None or findings is None:
-            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
+        job = _found_or_404(ingest.store.get_job(job_id), job_id)
+        findings = _found_or_404(ingest.findings(job_id), job_id)
         trace = build_trace(ingest.store.job_events(job_id), findings=findings, job=job,
                             start=start, end=end, max_events=max_events,
                             incidents=incidents(findings))
@@ -251,24 +251,15 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         if at is None or not math.isfinite(at):
             return jsonify(error=f"at must be a time in Unix seconds, e.g. ?at=1764000000.5; "
                                  f"got {raw!r:.40}"), 400
-        found = ingest.state_at(job_id, at)
-        if found is None:
-            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
-        return found
+        return _found_or_404(ingest.state_at(job_id, at), job_id)
 
     @app.get("/api/jobs/<int:job_id>/incidents")
     def api_incidents(job_id: int):
-        found = ingest.incidents(job_id)
-        if found is None:
-            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
-        return {"incidents": found}
+        return {"incidents": _found_or_404(ingest.incidents(job_id), job_id)}
 
     @app.get("/api/jobs/<int:job_id>/findings")
     def api_findings(job_id: int):
-        found = ingest.findings(job_id)
-        if found is None:
-            abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
-        return {"findings": found}
+        return {"findings": _found_or_404(ingest.findings(job_id), job_id)}
 
 
 def _trace_cap(app: Flask) -> int:
