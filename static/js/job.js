@@ -502,6 +502,24 @@
     );
   }
 
+  /** The clickable head of an incident or a finding: severity, summary, blamed ranks, state. */
+  function itemHead(item, ranks, isSel, onClick) {
+    return el(
+      "button",
+      {
+        type: "button",
+        class: "finding-head",
+        "aria-pressed": isSel ? "true" : "false",
+        title: isSel ? "Click to clear the highlight" : "Click to highlight these ranks everywhere on the page",
+        on: { click: onClick },
+      },
+      el("span", { class: "sev", text: text(item.severity) }),
+      el("span", { class: "finding-summary", text: text(item.summary) }),
+      ranks.length ? el("span", { class: "blamed", text: (ranks.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(ranks) }) : null,
+      el("span", { class: "finding-state", text: item.active ? "active" : "resolved" })
+    );
+  }
+
   function renderIncidents(incidents) {
     const box = $("incidents");
     const list = listHead(incidents, box, "incidents-count", "incidents");
@@ -523,20 +541,7 @@
               class: "finding incident " + severityOf(inc)[0] + (inc.active ? "" : " resolved") + (isSel ? " selected" : ""),
               dataset: { incident: String(inc.id), kind: String(inc.kind) },
             },
-            el(
-              "button",
-              {
-                type: "button",
-                class: "finding-head",
-                "aria-pressed": isSel ? "true" : "false",
-                title: isSel ? "Click to clear the highlight" : "Click to highlight these ranks everywhere on the page",
-                on: { click: () => selectIncident(inc.id) },
-              },
-              el("span", { class: "sev", text: text(inc.severity) }),
-              el("span", { class: "finding-summary", text: text(inc.summary) }),
-              ranks.length ? el("span", { class: "blamed", text: (ranks.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(ranks) }) : null,
-              el("span", { class: "finding-state", text: inc.active ? "active" : "resolved" })
-            ),
+            itemHead(inc, ranks, isSel, () => selectIncident(inc.id)),
             inc.hint ? el("p", { class: "finding-hint" }, el("span", { class: "hint-label", text: "Next step" }), el("span", { class: "hint-text", text: String(inc.hint) })) : null,
             el(
               "div",
@@ -619,20 +624,7 @@
               class: "finding " + severityOf(f)[0] + (f.active ? "" : " resolved") + (isSel ? " selected" : "") + (repeated ? " compact" : ""),
               dataset: { finding: String(f.id), kind: String(f.kind) },
             },
-            el(
-              "button",
-              {
-                type: "button",
-                class: "finding-head",
-                "aria-pressed": isSel ? "true" : "false",
-                title: isSel ? "Click to clear the highlight" : "Click to highlight these ranks everywhere on the page",
-                on: { click: () => selectFinding(f.id) },
-              },
-              el("span", { class: "sev", text: text(f.severity) }),
-              el("span", { class: "finding-summary", text: text(f.summary) }),
-              ranks.length ? el("span", { class: "blamed", text: (ranks.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(ranks) }) : null,
-              el("span", { class: "finding-state", text: f.active ? "active" : "resolved" })
-            ),
+            itemHead(f, ranks, isSel, () => selectFinding(f.id)),
             f.hint && !repeated ? el("p", { class: "finding-hint" }, el("span", { class: "hint-label", text: "Next step" }), el("span", { class: "hint-text", text: String(f.hint) })) : null,
             el(
               "div",
