@@ -120,6 +120,24 @@ def _found_or_404(found, job_id: int):
     return found
 
 
+# How far past the server's clock a replayed moment may lie (agents' clocks run a little
+# ahead of the server's; further than this is a typo, not a moment of the job).
+FUTURE_SLACK_S = 300.0
+
+
+def replay_moment_error(job: dict[str, Any], at: float, now: float) -> str | None:
+    """Why ``at`` is no moment of ``job`` to replay (before it started, far in the future),
+    or None."""
+    started = job.get("started_at")
+    if started is not None and at < started:
+        return (f"at={at:.3f} is before job {job['id']} started (at {started:.3f}); "
+                f"pick a moment from {started:.3f} on")
+    if at > now + FUTURE_SLACK_S:
+        return (f"at={at:.3f} is {at - now:.0f} s after the server's clock ({now:.3f}); "
+                f"pick a moment up to now")
+    return None
+
+
 def _register_pages(app: Flask) -> None:
     @app.get("/")
     def jobs_page():
@@ -228,6 +246,10 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         if at is None or not math.isfinite(at):
             return jsonify(error=f"at must be a time in Unix seconds, e.g. ?at=1764000000.5; "
                                  f"got {raw!r:.40}"), 400
+        job = _found_or_404(ingest.store.get_job(job_id), job_id)
+        bad = replay_moment_error(job, at, ingest.clock())
+        if bad:
+            return jsonify(error=bad), 400
         return _found_or_404(ingest.state_at(job_id, at), job_id)
 
     @app.get("/api/jobs/<int:job_id>/incidents")
@@ -361,6 +383,7 @@ class LivePush:
         self._lock = threading.Lock()
         self._feeds: dict[int, Feed] = {}  # watched jobs: what their rooms were sent last
         self._pushed_at: dict[int, float] = {}  # job id -> when it was last sent (monotonic)
+        self._judged_at: dict[int, float] = {}  # job id -> the event time its feed was judged at
         self.cache = ViewCache()
         self.cluster = None  # dashboard.cluster.ClusterNode with several server processes
 
@@ -377,11 +400,14 @@ class LivePush:
             self.cluster.stop()
 
     def _sections(self, job_id: int) -> dict[str, Any] | None:
-        found = self.ingest.read(job_id, lambda s: sections(s, self.cache))
-        if found is not None:
-            found["findings"] = self.ingest.findings(job_id) or []
-            found["incidents"] = incidents(found["findings"])
-        return found
+        # Judged at the server's event time, the same function replay uses (state?at=).
+        at = self.ingest.judged_at()
+        found = self.ingest.findings(job_id)
+        if found is None:
+            return None
+        self._judged_at[job_id] = at
+        return self.ingest.read(job_id, lambda s: sections(
+            s, self.cache, at=at, findings=found, settings=self.ingest.settings))
 
     def watch(self, job_id: int, sid: str) -> bool:
         """Bring the job's room up to date, then add ``sid`` with a snapshot; False if there
@@ -403,7 +429,8 @@ class LivePush:
             return True
 
     def _snapshot(self, job_id: int) -> dict[str, Any]:
-        return {**self._feeds[job_id].snapshot(job_id), **self._clock_fields()}
+        return {**self._feeds[job_id].snapshot(job_id), **self._clock_fields(),
+                "at": self._judged_at.get(job_id)}
 
     def _clock_fields(self) -> dict[str, Any]:
         """The server's time, and how far behind the agents its ingest is when that is worth
@@ -438,7 +465,7 @@ class LivePush:
             return True
         message = feed.advance(job_id, fresh)
         if message is not None:
-            message.update(self._clock_fields())
+            message.update(self._clock_fields(), at=self._judged_at.get(job_id))
             self.socketio.emit("job_delta", message, to=self._room(job_id),
                                namespace=UI_NAMESPACE)
         return True
@@ -473,6 +500,9 @@ class LivePush:
                 started = time.monotonic()
                 if started >= next_diagnosis:
                     self.ingest.diagnose_live()
+                    # A rank's display state changes with time alone (a wait turns into
+                    # "behind"): judge every watched job again; unchanged sends nothing.
+                    waiting |= set(self._feeds)
                     next_diagnosis = started + max(DIAGNOSE_EVERY_S,
                                                    4 * (time.monotonic() - started))
                 if self.ingest.jobs_dirty.is_set() and started - jobs_pushed_at >= self.interval:

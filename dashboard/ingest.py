@@ -21,6 +21,7 @@ from agent.wire import (Ack, Auth, WireError, validate_auth, validate_batch_enve
 from dashboard.diagnosis import Finding, Settings, diagnose
 from dashboard.incidents import Incident, active_count, incidents
 from dashboard.lag import LAG_WARN_S, IngestLag
+from dashboard.live import sections
 from dashboard.metrics import LiveJob
 from dashboard.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
@@ -282,10 +283,13 @@ class Ingest:
 
         def read(state: JobState) -> dict[str, Any]:
             found = diagnose(state, at, self.settings)
+            # ``sections``: what the live feed sends (dashboard.live), judged at ``at``.
             return {"at": at, "job": state.summary(), "ranks": state.rank_rows(),
                     "groups": state.group_rows(),
                     "progress": state.progress_rows(),
-                    "findings": found, "incidents": incidents(found)}
+                    "findings": found, "incidents": incidents(found),
+                    "sections": sections(state, at=at, findings=found,
+                                         settings=self.settings)}
 
         return self.rewind.view(job_id, job["name"], at, read)
 

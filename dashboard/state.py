@@ -468,7 +468,8 @@ class JobState:
                 if self.sessions[session].attempt == self.attempt}
 
     def group_rows(self) -> list[dict[str, Any]]:
-        return [{"id": g["name"], **g} for g in
+        # The family travels with the group so that the page need not know the rule.
+        return [{"id": g["name"], **g, "family": family_of(g)} for g in
                 sorted(self.groups.values(), key=lambda g: _group_order(g["name"]))]
 
     def collective_rows(self, group: str | None = None, op: str | None = None,
