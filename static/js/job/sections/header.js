@@ -6,7 +6,7 @@ const { el, clear, DASH } = PG;
 
 /** Events the agents had to drop (their buffers were full, e.g. while the server was
  *  down), by kind, as they reported them: counted, never silent. */
-function agentDrops(ranks) {
+export function agentDrops(ranks) {
   const drops = {};
   for (const r of ranks || []) {
     for (const [kind, n] of Object.entries(r.dropped || {})) if (PG.isNum(n)) drops[kind] = (drops[kind] || 0) + n;
