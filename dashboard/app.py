@@ -18,7 +18,7 @@ from flask_socketio import SocketIO, join_room, leave_room, rooms
 from werkzeug.exceptions import HTTPException
 
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
-from dashboard import access, limits
+from dashboard import access, limits, views
 from dashboard.archive import export_lines
 from dashboard.config import DEFAULTS, DIAGNOSE_EVERY_S, PAUSE_NOTICED_S
 from dashboard.diagnosis import Settings
@@ -187,14 +187,14 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
 
     @app.get("/api/jobs/<int:job_id>")
     def api_job(job_id: int):
-        return _job_or_404(ingest, job_id, lambda s: s.detail())
+        return _job_or_404(ingest, job_id, views.detail)
 
     @app.get("/api/jobs/<int:job_id>/collectives")
     def api_collectives(job_id: int):
         rank = request.args.get("rank")
         if rank is not None and not rank.isdigit():
             return jsonify(error=f"rank must be a non-negative integer, got {rank!r}"), 400
-        return _job_or_404(ingest, job_id, lambda s: {"collectives": s.collective_rows(
+        return _job_or_404(ingest, job_id, lambda s: {"collectives": views.collective_rows(s, 
             group=request.args.get("group"), op=request.args.get("op"),
             rank=int(rank) if rank is not None else None)})
 
@@ -214,7 +214,7 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
 
     @app.get("/api/jobs/<int:job_id>/gpus")
     def api_gpus(job_id: int):
-        return _job_or_404(ingest, job_id, lambda s: {"gpus": s.gpu_rows()})
+        return _job_or_404(ingest, job_id, lambda s: {"gpus": views.gpu_rows(s)})
 
     @app.get("/api/jobs/<int:job_id>/export")
     def api_export(job_id: int):

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from agent.wire import (Ack, Auth, WireError, validate_auth, validate_batch_envelope,
                         validate_events)
+from dashboard import views
 from dashboard.diagnosis import Finding, Settings, diagnose
 from dashboard.incidents import Incident, active_count, incidents
 from dashboard.lag import LAG_WARN_S, IngestLag
@@ -284,9 +285,9 @@ class Ingest:
         def read(state: JobState) -> dict[str, Any]:
             found = diagnose(state, at, self.settings)
             # ``sections``: what the live feed sends (dashboard.live), judged at ``at``.
-            return {"at": at, "job": state.summary(), "ranks": state.rank_rows(),
-                    "groups": state.group_rows(),
-                    "progress": state.progress_rows(),
+            return {"at": at, "job": state.summary(), "ranks": views.rank_rows(state),
+                    "groups": views.group_rows(state),
+                    "progress": views.progress_rows(state),
                     "findings": found, "incidents": incidents(found),
                     "sections": sections(state, at=at, findings=found,
                                          settings=self.settings)}
@@ -296,7 +297,7 @@ class Ingest:
     def live_views(self) -> list[LiveJob]:
         """What /metrics exports of every job held in memory."""
         with self._states_lock:
-            return [LiveJob(state.summary(), state.rank_rows(),
+            return [LiveJob(state.summary(), views.rank_rows(state),
                             list(self._findings.get(job_id, {}).values()),
                             [{"family": family, "op": op, "source": source,
                               "hist": dict(stats.hist), "sum_us": stats.sum_us,

@@ -65,16 +65,16 @@ def sections(state: JobState, cache: "ViewCache | None" = None, *, at: float | N
 
     out = {
         "job": state.summary(),
-        "ranks": state.rank_rows(),
-        "groups": state.group_rows(),
-        "progress": progress_columns(state.progress_rows()),
-        "rank_stats": part("rank_stats", state.rank_stat_rows),
-        "ops": part("ops", state.op_rows),
+        "ranks": views.rank_rows(state),
+        "groups": views.group_rows(state),
+        "progress": progress_columns(views.progress_rows(state)),
+        "rank_stats": part("rank_stats", lambda: views.rank_stat_rows(state)),
+        "ops": part("ops", lambda: views.op_rows(state)),
         "timeline_grid": part("timeline_grid",
-                              lambda: compact_grid(state.timeline_grid(TIMELINE_BINS))),
-        "rendezvous": part("rendezvous", state.rendezvous_rows),
-        "errors": state.error_rows(),
-        "gpus": part("gpus", state.gpu_rows),
+                              lambda: compact_grid(views.timeline_grid(state, TIMELINE_BINS))),
+        "rendezvous": part("rendezvous", lambda: views.rendezvous_rows(state)),
+        "errors": views.error_rows(state),
+        "gpus": part("gpus", lambda: views.gpu_rows(state)),
         # Attempts of a restarted job (torchrun --max-restarts): a count of ranks and the
         # failed or lost ones, small at 1,024 ranks (/api/jobs/<id> has every rank row).
         "attempts": part("attempts", lambda: [

@@ -1,9 +1,14 @@
-"""Display states of a job at a moment: what each rank and group looks like, judged on the server.
+"""Views of a job: what the API and the page show of a JobState, as pure functions.
 
-Pure functions of (JobState, at, findings active at ``at``): no clock, no Flask, no SQL. The
-live feed judges at ``Ingest.judged_at()`` (the server's time less its ingest lag); replay
-(``GET /api/jobs/<id>/state?at=``) judges at the moment asked for. The page only renders
-what these return, so a replayed moment looks the same every time it is opened.
+JobState (dashboard.state) is the fold: its data, one handler per event kind and a small read
+surface. The presenters here turn it into rows (ranks, groups, progress, collectives, GPUs,
+errors, rendezvous, the timeline grid) and judge display states at a moment.
+
+Display states are pure functions of (JobState, at, findings active at ``at``): no clock, no
+Flask, no SQL. The live feed judges at ``Ingest.judged_at()`` (the server's time less its
+ingest lag); replay (``GET /api/jobs/<id>/state?at=``) judges at the moment asked for. The
+page only renders what these return, so a replayed moment looks the same every time it is
+opened.
 
 Thresholds live here and in diagnosis ``Settings`` (one place each): ``stall_after`` (a wait
 this long turns a group's laggards from amber to red, as the ``stall`` rule would warn) and
@@ -12,10 +17,219 @@ this long turns a group's laggards from amber to red, as the ``stall`` rule woul
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Iterable
 
 from dashboard.diagnosis import Settings
-from dashboard.state import JobState, family_of
+from dashboard.state import FLIGHT_OP, JobState, LatencyStats, family_of, group_order, rank_row
+
+
+def _source(source: str, stats: LatencyStats) -> dict[str, Any]:
+    """A row's source fields: where its figures come from and how exact its latency is."""
+    if source == "wrapper":
+        return {"source": source}
+    timing = "host_poll" if stats.resolution_us is not None else "device"
+    return {"source": source, "timing": timing,
+            "resolution_us": round(stats.resolution_us, 3) if timing == "host_poll" else None}
+
+
+# -- rows of the state, as the API and the page show them ------------------------------------
+
+def detail(state: JobState) -> dict[str, Any]:
+    """The job as /api/jobs/<id> returns it."""
+    return {**state.summary(), "ranks": rank_rows(state), "groups": group_rows(state),
+            "attempts": state.attempt_rows()}
+
+
+def rank_rows(state: JobState) -> list[dict[str, Any]]:
+    return [rank_row(r) for r in state.ranks()]
+
+
+def group_rows(state: JobState) -> list[dict[str, Any]]:
+    # The family travels with the group so that the page need not know the rule.
+    return [{"id": g["name"], **g, "family": family_of(g)} for g in
+            sorted(state.groups.values(), key=lambda g: group_order(g["name"]))]
+
+
+def collective_rows(state: JobState, group: str | None = None, op: str | None = None,
+                    rank: int | None = None) -> list[dict[str, Any]]:
+    rows = []
+    for (g, o, rk, src), s in sorted(state.collectives.items(), key=lambda kv: (
+            group_order(kv[0][0]), kv[0][1], kv[0][2], kv[0][3])):
+        if (group is not None and g != group) or (op is not None and o != op) or (
+                rank is not None and rk != rank):
+            continue
+        rows.append({"group": g, "op": o, "rank": rk, "count": s.count,
+                     "p50_us": s.percentile(0.5), "p99_us": s.percentile(0.99),
+                     "max_us": round(s.max_us, 3), "bytes": s.bytes, **_source(src, s)})
+    return rows
+
+
+def rank_stat_rows(state: JobState) -> list[dict[str, Any]]:
+    """Per rank: collectives over the whole job, and the (group, op) it ran most with
+    that row's median latency (one row per rank where collective_rows has one per
+    group and op)."""
+    totals: dict[int, int] = {}
+    top: dict[int, tuple[str, str, LatencyStats]] = {}
+    for (g, o, rk, _src), s in state.collectives.items():
+        totals[rk] = totals.get(rk, 0) + s.count
+        best = top.get(rk)
+        if best is None or s.count > best[2].count:
+            top[rk] = (g, o, s)
+    return [{"rank": rk, "count": totals[rk], "group": g, "op": o,
+             "p50_us": s.percentile(0.5)} for rk, (g, o, s) in sorted(top.items())]
+
+
+def progress_rows(state: JobState) -> list[dict[str, Any]]:
+    """Per group (in group order) and rank: sequence numbers reached, op in flight.
+
+    A group whose collectives Python never saw (DDP's gradient all-reduce runs in C++)
+    shows the Flight Recorder's counters instead, with ``"source": "flight_recorder"``
+    and ``"C++ collective"`` in flight; otherwise ``"source": "python"``.
+    """
+    grouped = state.grouped("progress")
+    rows = []
+    for g in sorted(grouped, key=group_order):
+        flight = state.flight_only(g)
+        for rk, row in sorted(grouped[g].items()):
+            if flight:
+                since = row.get("fr_inflight_since")
+                rows.append({"group": g, "rank": rk, "entered": row.get("fr_enqueued", 0),
+                             "completed": row.get("fr_completed", 0),
+                             "inflight_op": FLIGHT_OP if since is not None else None,
+                             "inflight_since": since, "source": "flight_recorder"})
+            else:
+                rows.append({"group": g, "rank": rk, "entered": row["entered"],
+                             "completed": row["completed"],
+                             "inflight_op": row.get("inflight_op"),
+                             "inflight_since": row.get("inflight_since"),
+                             "source": "python"})
+    return rows
+
+
+def gpu_rows(state: JobState) -> list[dict[str, Any]]:
+    """Latest GPU reading per rank, its faults and recent history."""
+    hosts = {r.rank: r.host for r in state.ranks()}
+    return [{"rank": rank, "host": hosts.get(rank), **reading,
+             "faults": dict(state.gpu_faults.get(rank, {})),
+             "history": [list(p) for p in state.gpu_history.get(rank, ())]}
+            for rank, reading in sorted(state.gpus.items())]
+
+
+def error_rows(state: JobState) -> list[dict[str, Any]]:
+    """Verbatim error texts with rank and time, newest first."""
+    return [dict(e) for e in reversed(state.errors)]
+
+
+def rendezvous_rows(state: JobState) -> list[dict[str, Any]]:
+    """When each rank arrived at init_process_group and when it finished (or failed)."""
+    rows = []
+    for session, entry in state.current_init().items():
+        r = state.sessions[session]
+        error = entry.get("error")
+        rows.append({"rank": r.rank, "host": r.host, "arrived_at": entry.get("arrived_at"),
+                     "done_at": entry.get("done_at"),
+                     "error": error.get("error") if error else None})
+    return sorted(rows, key=lambda row: (row["rank"] is None, row["rank"] or 0))
+
+
+def op_rows(state: JobState) -> list[dict[str, Any]]:
+    """Per group family and op, merged over its ranks: counts, bytes and latency.
+
+    A family is the groups that share a description (``mesh_tp`` is every tensor-parallel
+    group of a mesh), so a 1,024-rank job gives a handful of rows. Percentiles come from
+    the merged histograms, so they are exact to the bucket width like the per-rank rows.
+    """
+    families = state.families()
+    merged = state.op_stats(families)
+    order = {f: i for i, f in enumerate(dict.fromkeys(
+        families[name] for name in sorted(state.groups, key=group_order)))}
+    rows = []
+    for (family, op, src), (s, groups, ranks) in sorted(
+            merged.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
+        rows.append({"family": family, "groups": sorted(groups, key=group_order),
+                     "op": op, "ranks": len(ranks), "count": s.count, "bytes": s.bytes,
+                     "mean_us": round(s.sum_us / s.count, 3) if s.count else None,
+                     "p50_us": s.percentile(0.5), "p99_us": s.percentile(0.99),
+                     "max_us": round(s.max_us, 3), **_source(src, s)})
+    return rows
+
+
+def timeline_grid(state: JobState, bins: int = 30) -> dict[str, Any]:
+    """Recent collectives on a common one-second grid, per group family.
+
+    ``families``: per family, a heat map rank x time in ``busy`` (percent of each second
+    a rank spent inside the family's collectives; None where it reported nothing).
+    ``ops``: per family and op, per second, the collectives of all its ranks: ``count``,
+    ``bytes`` and latency ``p50_us``/``p99_us`` from their merged histograms (None where
+    none ran). Compact on purpose: 1,024 ranks in four families are about 120,000 small
+    integers. Bins are whole seconds of the agents' own clocks (``end`` of a summary).
+    """
+    families = state.families()
+    ends = [w[-1][0] for w in state.recent.values() if w]
+    if not ends:
+        return {"end": None, "step": 1, "bins": bins, "families": [], "ops": []}
+    last = int(max(ends))
+    first = last - bins + 1
+    busy_of: dict[str, dict[int, list]] = {}  # family -> rank -> busy percent per bin
+    for (g, rank), window in state.recent.items():
+        rows = busy_of.setdefault(families.get(g, g), {})
+        row = rows.get(rank)
+        n = len(window)
+        prev_end = None
+        for end, _count, sum_us, *_ in itertools.islice(window, max(0, n - bins - 1), None):
+            b = int(end) - first
+            dt = end - prev_end if prev_end is not None else 1.0
+            prev_end = end
+            if b < 0:
+                continue
+            if row is None:
+                row = rows[rank] = [None] * bins
+            pct = round(sum_us / 1e4 / (dt if 0.2 < dt < 10 else 1.0))
+            row[b] = min(100, pct if row[b] is None else row[b] + pct)
+    order = list(dict.fromkeys(families[name] for name in sorted(state.groups,
+                                                                 key=group_order)))
+    order += sorted(f for f in busy_of if f not in order)
+    out = []
+    for family in order:
+        rows = busy_of.get(family)
+        if not rows:
+            continue
+        ranks = sorted(rows)
+        out.append({"family": family, "groups": sorted(
+            (g for g, f in families.items() if f == family), key=group_order),
+            "ranks": ranks, "busy": [rows[r] for r in ranks]})
+    return {"end": last, "step": 1, "bins": bins, "families": out,
+            "ops": _op_series(state, families, order, first, bins)}
+
+
+def _op_series(state: JobState, families: dict[str, str], order: list[str], first: int,
+               bins: int) -> list[dict[str, Any]]:
+    merged: dict[tuple[str, str, str], list[LatencyStats | None]] = {}
+    for (g, op, src), series in state.op_seconds.items():
+        cells = merged.setdefault((families.get(g, g), op, src), [None] * bins)
+        for second, stats in series.items():
+            b = second - first
+            if 0 <= b < bins:
+                cell = cells[b]
+                if cell is None:
+                    cell = cells[b] = LatencyStats()
+                cell.merge(stats)
+    rank_of = {f: i for i, f in enumerate(order)}
+    out = []
+    for (family, op, src), cells in sorted(merged.items(), key=lambda kv: (
+            rank_of.get(kv[0][0], len(rank_of)), kv[0])):
+        if all(c is None for c in cells):
+            continue
+        out.append({"family": family, "op": op, "source": src,
+                    "count": [c.count if c else 0 for c in cells],
+                    "bytes": [c.bytes if c else 0 for c in cells],
+                    "p50_us": [c.percentile(0.5) if c else None for c in cells],
+                    "p99_us": [c.percentile(0.99) if c else None for c in cells]})
+    return out
+
+
+# -- display states at a moment ---------------------------------------------------------------
 
 # Ranks of a moving job are routinely a few collectives apart (heartbeats are snapshots taken
 # at different moments): a rank is "behind" only once the others have waited in a collective
@@ -69,7 +283,7 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
         for rank in g["waiting"]:
             waits_on[(g["group"], rank)] = [b[0] for b in g["behind"]]
     inflight: dict[int, dict[str, Any]] = {}
-    for row in state.progress_rows():
+    for row in progress_rows(state):
         since = row["inflight_since"]
         if row["inflight_op"] is None:
             continue
@@ -122,10 +336,10 @@ def group_states(state: JobState, at: float,
     wait in is the classic hang), then completed.
     """
     by_group: dict[str, list[dict[str, Any]]] = {}
-    for row in state.progress_rows():
+    for row in progress_rows(state):
         by_group.setdefault(row["group"], []).append(row)
-    names = [g["name"] for g in state.group_rows()]
-    names += sorted((g for g in by_group if g not in state.groups), key=_group_order)
+    names = [g["name"] for g in group_rows(state)]
+    names += sorted((g for g in by_group if g not in state.groups), key=group_order)
     out = []
     for name in names:
         rows = by_group.get(name, [])
@@ -164,6 +378,3 @@ def group_states(state: JobState, at: float,
                     "state": display})
     return out
 
-
-def _group_order(name: str) -> tuple[int, Any]:
-    return (0, int(name)) if name.isdigit() else (1, name)

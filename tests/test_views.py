@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+from dashboard import views
 from dashboard.live import ViewCache
 from dashboard.state import JobState
 
@@ -39,7 +40,7 @@ def mesh_job(seconds: int = 5) -> JobState:
 
 
 def test_op_rows_merge_ranks_and_groups_of_a_family():
-    rows = mesh_job().op_rows()
+    rows = views.op_rows(mesh_job())
     assert [(r["family"], r["op"]) for r in rows] == [
         ("default_pg", "all_reduce"), ("mesh_dp", "all_reduce"), ("mesh_tp", "all_reduce")]
     tp = rows[2]
@@ -50,7 +51,7 @@ def test_op_rows_merge_ranks_and_groups_of_a_family():
 
 def test_timeline_grid_is_one_row_per_rank_and_second_per_family():
     s = mesh_job(seconds=5)
-    grid = s.timeline_grid(bins=4)
+    grid = views.timeline_grid(s, bins=4)
     assert grid["end"] == 105 and grid["bins"] == 4
     families = {f["family"]: f for f in grid["families"]}
     assert list(families) == ["default_pg", "mesh_dp", "mesh_tp"]
@@ -59,14 +60,14 @@ def test_timeline_grid_is_one_row_per_rank_and_second_per_family():
     # Rank 1 spends 2 x 10 ms of each second in group 3's collectives: 2 %.
     assert tp["busy"][1] == [2, 2, 2, 2]
     assert families["default_pg"]["busy"][0] == [0, 0, 0, 0]  # 10 ms of a second rounds to 1 %
-    empty = JobState(2, "new").timeline_grid()
+    empty = views.timeline_grid(JobState(2, "new"))
     assert empty == {"end": None, "step": 1, "bins": 30, "families": [], "ops": []}
 
 
 def test_timeline_grid_has_latency_and_bytes_per_op_and_second():
     from agent.wire import hist_bucket_value
 
-    grid = mesh_job(seconds=5).timeline_grid(bins=4)
+    grid = views.timeline_grid(mesh_job(seconds=5), bins=4)
     ops = {(o["family"], o["op"]): o for o in grid["ops"]}
     assert list(ops) == [("default_pg", "all_reduce"), ("mesh_dp", "all_reduce"),
                          ("mesh_tp", "all_reduce")]
@@ -80,7 +81,7 @@ def test_timeline_grid_has_latency_and_bytes_per_op_and_second():
     s.apply(ev("s0", "coll_stats", {"start": 104, "end": 105.0, "rows": [
         {"group": "3", "op": "broadcast", "count": 1, "bytes": 8, "sum_us": 5.0,
          "max_us": 5.0, "hist": [[9, 1]]}]}, 105.0))
-    bcast = next(o for o in s.timeline_grid(bins=4)["ops"] if o["op"] == "broadcast")
+    bcast = next(o for o in views.timeline_grid(s, bins=4)["ops"] if o["op"] == "broadcast")
     assert bcast["count"] == [0, 0, 0, 1] and bcast["p50_us"][:3] == [None] * 3
 
 
@@ -132,7 +133,7 @@ def test_progress_of_a_group_python_never_saw_comes_from_the_flight_recorder():
             {"group": "1" if r == 0 else "2", "entered": 0, "completed": 0,
              "inflight_op": None, "inflight_since": None, "fr_enqueued": enq,
              "fr_completed": done, "fr_inflight_since": since}]}, t))
-    rows = {(row["group"], row["rank"]): row for row in s.progress_rows()}
+    rows = {(row["group"], row["rank"]): row for row in views.progress_rows(s)}
     # The world group had Python collectives: their counters, not the recorder's.
     assert rows[("0", 0)]["entered"] == 7 and rows[("0", 0)]["source"] == "python"
     # DDP's data-parallel groups: only the recorder saw them.
