@@ -252,7 +252,8 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
     Each row: ``{"rank", "state", "findings": [ids of active findings blaming it or naming
     it as waiting], "overdue": bool}`` and, for a rank inside a collective, ``"waiting":
     {"group", "op", "since", "on": [ranks it waits for]}`` (its oldest in-flight one).
-    ``overdue``: it has sat in a collective ``settings.stall_after`` seconds or more.
+    ``overdue``: it has sat in a collective ``settings.stall_after`` seconds or more (or
+    ``hang_after``, if that is shorter).
     """
     blamed: dict[int, list[str]] = {}  # rank -> ids of findings that explain its state
     role: dict[int, str] = {}  # rank -> the most serious finding-derived state
@@ -316,7 +317,8 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
         overdue = False
         if wait is not None and r.status not in ("exited", "failed", "lost"):
             row["waiting"] = wait
-            overdue = wait["since"] is not None and at - wait["since"] >= settings.stall_after
+            overdue = wait["since"] is not None and \
+                at - wait["since"] >= min(settings.stall_after, settings.hang_after)
         row["overdue"] = overdue
         out.append(row)
     return out
@@ -329,8 +331,9 @@ def group_states(state: JobState, at: float,
 
     Each row: ``{"group", "family", "ranks" (members), "max_seq", "oldest_wait" (when the
     oldest collective that members not behind are waiting in began, or None), "behind":
-    [[rank, collectives behind], ...] (only once the others waited BEHIND_AFTER_S),
-    "waiting": [ranks inside a collective], "state"}`` (see GROUP_STATES).
+    [[rank, collectives behind], ...] (only once the others waited BEHIND_AFTER_S, or
+    ``hang_after`` if shorter), "waiting": [ranks inside a collective], "state"}`` (see
+    GROUP_STATES; "overdue" once the others waited ``stall_after``, or ``hang_after``).
 
     "Behind" compares entered first (a rank that never entered the collective the others
     wait in is the classic hang), then completed.
@@ -360,8 +363,10 @@ def group_states(state: JobState, at: float,
                  and r["inflight_since"] is not None and r["rank"] not in behind]
         oldest = min(waits) if waits else None
         waited = None if oldest is None else at - oldest
-        notable = waited is not None and waited >= BEHIND_AFTER_S and bool(behind)
-        if notable and waited >= settings.stall_after:
+        # A wait long enough to be a hang is worth a colour whatever the usual thresholds.
+        notable = waited is not None and bool(behind) and \
+            waited >= min(BEHIND_AFTER_S, settings.hang_after)
+        if notable and waited >= min(settings.stall_after, settings.hang_after):
             display = "overdue"
         elif notable:
             display = "behind"
