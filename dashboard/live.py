@@ -86,8 +86,9 @@ def sections(state: JobState, cache: "ViewCache | None" = None, *, at: float | N
         out["findings"] = findings
         out["incidents"] = incidents_of(findings)
     if at is not None:
-        out["rank_states"] = views.rank_states(state, at, findings or [], settings)
-        out["group_states"] = views.group_states(state, at, settings)
+        groups = views.group_states(state, at, settings)
+        out["rank_states"] = views.rank_states(state, at, findings or [], settings, groups)
+        out["group_states"] = groups
     return out
 
 

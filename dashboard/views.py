@@ -85,8 +85,13 @@ def progress_rows(state: JobState) -> list[dict[str, Any]]:
 
     A group whose collectives Python never saw (DDP's gradient all-reduce runs in C++)
     shows the Flight Recorder's counters instead, with ``"source": "flight_recorder"``
-    and ``"C++ collective"`` in flight; otherwise ``"source": "python"``.
+    and ``"C++ collective"`` in flight; otherwise ``"source": "python"``. Built once per
+    state version (the feed and the display states all read it): do not change the rows.
     """
+    return state.memo(("view", "progress_rows"), lambda: _progress_rows(state))
+
+
+def _progress_rows(state: JobState) -> list[dict[str, Any]]:
     grouped = state.grouped("progress")
     rows = []
     for g in sorted(grouped, key=group_order):
@@ -246,14 +251,16 @@ GROUP_STATES = ("overdue", "behind", "waiting", "moving", "idle")
 
 
 def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
-                settings: Settings = Settings()) -> list[dict[str, Any]]:
+                settings: Settings = Settings(),
+                groups: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One display state per rank (in rank order) as judged at ``at``.
 
     Each row: ``{"rank", "state", "findings": [ids of active findings blaming it or naming
     it as waiting], "overdue": bool}`` and, for a rank inside a collective, ``"waiting":
     {"group", "op", "since", "on": [ranks it waits for]}`` (its oldest in-flight one).
     ``overdue``: it has sat in a collective ``settings.stall_after`` seconds or more (or
-    ``hang_after``, if that is shorter).
+    ``hang_after``, if that is shorter). ``groups``: ``group_states(state, at, settings)``
+    if the caller has it already.
     """
     blamed: dict[int, list[str]] = {}  # rank -> ids of findings that explain its state
     role: dict[int, str] = {}  # rank -> the most serious finding-derived state
@@ -278,7 +285,8 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
             for r in (f.get("evidence") or {}).get("waiting") or []:
                 mark(r, fid, "stuck")
 
-    groups = group_states(state, at, settings)
+    if groups is None:
+        groups = group_states(state, at, settings)
     waits_on: dict[tuple[str, int], list[int]] = {}
     for g in groups:
         for rank in g["waiting"]:
