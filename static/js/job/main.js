@@ -14,7 +14,7 @@
  * Selection: clicking a finding (or a rank in the topology) highlights its ranks in every
  *            section: topology cells, progress, heat map, rendezvous, the ranks table.
  */
-import { $, JOB_ID, page, hooks, state, highlighted, indexGroups } from "./ctx.js";
+import { $, JOB_ID, page, hooks, state, highlighted, indexGroups, viewAt } from "./ctx.js";
 import { liveHooks, onDelta, onSnapshot } from "./live.js";
 import { replayHooks, setupReplay, showReplayBar } from "./replay.js";
 import { opRows, renderCharts, renderCollectives } from "./sections/collectives.js";
@@ -162,7 +162,7 @@ window.pgdashJob = Object.freeze({
   renderTimes: () => renderTimes.slice(),
   received: () => (liveHandle.received || []).slice(),
   rankState: (rank) => derivedStates().states.get(rank) || null,
-  at: () => (state.replay ? state.replay.at : state.at),
+  at: viewAt,
 });
 
 const replaying = setupReplay();

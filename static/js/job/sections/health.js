@@ -1,5 +1,5 @@
 /* pgdash job page: rendezvous timeline, error texts (verbatim) and GPU health. */
-import { $, ERRORS_SHOWN, JOB_ID, RANK_ROWS, state, text, viewAt } from "../ctx.js";
+import { $, ERRORS_SHOWN, JOB_ID, RANK_ROWS, state, text } from "../ctx.js";
 
 const { el, clear, DASH } = PG;
 
@@ -31,7 +31,7 @@ export function renderRendezvous(rows, job, hl) {
     }
     summary.textContent = parts.join(" \u00b7 ");
   } else summary.textContent = "";
-  PGCharts.rendezvous(box, { rows: list, highlight: hl, now: viewAt() || state.serverTime || PG.now() });
+  PGCharts.rendezvous(box, { rows: list, highlight: hl, now: state.replay ? PG.now() : state.serverTime || PG.now() });
 }
 
 export function renderErrors(errors) {

@@ -1,6 +1,6 @@
 /* pgdash job page: the topology, the ranks table and the groups table, coloured by the
  * display states the server judged (dashboard/views.py). */
-import { $, RANK_ROWS, state, text, groupLabel, inflightNode, inflightByRank, rankStats, sortGroups, viewAt } from "../ctx.js";
+import { $, RANK_ROWS, state, text, groupLabel, inflightNode, inflightByRank, rankStats, sortGroups } from "../ctx.js";
 import { selectRank } from "./findings.js";
 
 const { el, clear, DASH } = PG;
@@ -54,7 +54,8 @@ export function rankDescriber(ranks, derived, progress) {
     parts.push(STATE_TEXT[st] + (r && r.status && r.status !== st ? " (" + r.status + ")" : ""));
     let out = parts.join(" \u00b7 ");
     for (const f of flights.get(rank) || []) {
-      out += "\nin " + f.op + " on group " + f.group + (PG.isNum(f.since) ? " for " + PG.fmtDuration(viewAt() - f.since) : "");
+      // PG.now(): the replayed moment, else the clock (a label, never a verdict)
+      out += "\nin " + f.op + " on group " + f.group + (PG.isNum(f.since) ? " for " + PG.fmtDuration(PG.now() - f.since) : "");
     }
     const blamed = derived.blamedBy.get(rank);
     if (blamed) out += "\nblamed by: " + blamed.join(", ");
