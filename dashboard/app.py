@@ -194,7 +194,7 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         rank = request.args.get("rank")
         if rank is not None and not rank.isdigit():
             return jsonify(error=f"rank must be a non-negative integer, got {rank!r}"), 400
-        return _job_or_404(ingest, job_id, lambda s: {"collectives": views.collective_rows(s, 
+        return _job_or_404(ingest, job_id, lambda s: {"collectives": views.collective_rows(s,
             group=request.args.get("group"), op=request.args.get("op"),
             rank=int(rank) if rank is not None else None)})
 
