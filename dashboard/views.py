@@ -256,8 +256,9 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
     """One display state per rank (in rank order) as judged at ``at``.
 
     Each row: ``{"rank", "state", "findings": [ids of active findings blaming it or naming
-    it as waiting], "overdue": bool}`` and, for a rank inside a collective, ``"waiting":
-    {"group", "op", "since", "on": [ranks it waits for]}`` (its oldest in-flight one).
+    it as waiting], "overdue": bool}`` and, for a rank waiting in a collective on others
+    or overdue in it, ``"waiting": {"group", "op", "since", "on": [ranks it waits for]}``
+    (its oldest in-flight one).
     ``overdue``: it has sat in a collective ``settings.stall_after`` seconds or more (or
     ``hang_after``, if that is shorter). ``groups``: ``group_states(state, at, settings)``
     if the caller has it already.
@@ -307,10 +308,8 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
     for r in state.ranks():
         if r.status in ("failed", "lost"):
             display = r.status
-        elif r.rank in role and role[r.rank] != "stuck":
-            display = role[r.rank]
         elif r.rank in role:
-            display = "stuck"
+            display = role[r.rank]
         elif r.status == "exited":
             display = "exited"
         elif r.rank in inflight:
@@ -324,9 +323,12 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
         wait = inflight.get(r.rank)
         overdue = False
         if wait is not None and r.status not in ("exited", "failed", "lost"):
-            row["waiting"] = wait
             overdue = wait["since"] is not None and \
                 at - wait["since"] >= min(settings.stall_after, settings.hang_after)
+            # Only a wait worth reading about travels: in a moving 1,024-rank job most ranks
+            # are in some collective at any heartbeat (progress already says which).
+            if wait["on"] or overdue:
+                row["waiting"] = wait
         row["overdue"] = overdue
         out.append(row)
     return out
