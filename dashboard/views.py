@@ -288,10 +288,7 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
 
     if groups is None:
         groups = group_states(state, at, settings)
-    waits_on: dict[tuple[str, int], list[int]] = {}
-    for g in groups:
-        for rank in g["waiting"]:
-            waits_on[(g["group"], rank)] = [b[0] for b in g["behind"]]
+    behind_in = {g["group"]: [b[0] for b in g["behind"]] for g in groups}
     inflight: dict[int, dict[str, Any]] = {}
     for row in progress_rows(state):
         since = row["inflight_since"]
@@ -300,9 +297,9 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
         best = inflight.get(row["rank"])
         if best is None or (since is not None and (best["since"] is None or
                                                    since < best["since"])):
+            on = [b for b in behind_in.get(row["group"], ()) if b != row["rank"]]
             inflight[row["rank"]] = {"group": row["group"], "op": row["inflight_op"],
-                                     "since": since,
-                                     "on": waits_on.get((row["group"], row["rank"]), [])}
+                                     "since": since, "on": on}
 
     out = []
     for r in state.ranks():
@@ -339,11 +336,12 @@ def group_states(state: JobState, at: float,
     """Per group (in group order, including groups seen only in progress): its progress and
     display state judged at ``at``.
 
-    Each row: ``{"group", "family", "ranks" (members), "max_seq", "oldest_wait" (when the
-    oldest collective that members not behind are waiting in began, or None), "behind":
-    [[rank, collectives behind], ...] (only once the others waited BEHIND_AFTER_S, or
-    ``hang_after`` if shorter), "waiting": [ranks inside a collective], "state"}`` (see
-    GROUP_STATES; "overdue" once the others waited ``stall_after``, or ``hang_after``).
+    Each row: ``{"group", "family", "max_seq", "oldest_wait" (when the oldest collective
+    that members not behind are waiting in began, or None), "behind": [[rank, collectives
+    behind], ...] (only once the others waited BEHIND_AFTER_S, or ``hang_after`` if
+    shorter), "state"}`` (see GROUP_STATES; "overdue" once the others waited
+    ``stall_after``, or ``hang_after``). Members are in the ``groups`` rows, who is inside
+    a collective in ``progress``: a 1,024-rank job does not send them twice.
 
     "Behind" compares entered first (a rank that never entered the collective the others
     wait in is the classic hang), then completed.
@@ -357,7 +355,6 @@ def group_states(state: JobState, at: float,
     for name in names:
         rows = by_group.get(name, [])
         group = state.groups.get(name) or {}
-        members = sorted(set(group.get("ranks") or []) | {r["rank"] for r in rows})
         entered = [r["entered"] for r in rows]
         behind: dict[int, int] = {}
         max_seq = max(entered) if entered else None
@@ -387,9 +384,8 @@ def group_states(state: JobState, at: float,
         else:
             display = "idle"
         out.append({"group": name, "family": family_of(group) if group else name,
-                    "ranks": members, "max_seq": max_seq, "oldest_wait": oldest,
+                    "max_seq": max_seq, "oldest_wait": oldest,
                     "behind": sorted([[r, n] for r, n in behind.items()]) if notable else [],
-                    "waiting": sorted(r["rank"] for r in rows if r["inflight_op"] is not None),
                     "state": display})
     return out
 

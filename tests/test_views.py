@@ -175,10 +175,10 @@ def test_a_wait_is_judged_at_the_moment_asked_never_by_a_clock():
     (early,) = views.group_states(s, 200.5, settings)
     # Half a second in: ranks are routinely a little apart, nobody is "behind" yet.
     assert early["state"] == "waiting" and early["behind"] == [] and early["max_seq"] == 5
-    assert early["family"] == "default_pg" and early["ranks"] == [0, 1, 2]
+    assert early["family"] == "default_pg"
     (behind,) = views.group_states(s, 200.0 + views.BEHIND_AFTER_S, settings)
     assert behind["state"] == "behind" and behind["behind"] == [[2, 1]]
-    assert behind["oldest_wait"] == 200.0 and behind["waiting"] == [0, 1]
+    assert behind["oldest_wait"] == 200.0
     (late,) = views.group_states(s, 200.0 + settings.stall_after, settings)
     assert late["state"] == "overdue" and late["behind"] == [[2, 1]]
     # The same moment gives the same answer, however often and whenever it is asked.

@@ -5,14 +5,14 @@ const { el, clear, DASH } = PG;
 
 /**
  * One group's progress as the server judged it (state.groupStates, dashboard/views.py):
- * its members, each with its progress row or null, the ranks behind (only once the others
+ * its members (the group's, and any rank that reported), each with its progress row or null, the ranks behind (only once the others
  * have waited long enough to matter) and whether that wait is overdue.
  */
-function groupProgress(key, rows, judged) {
+function groupProgress(group, key, rows, judged) {
   const byRank = new Map();
   for (const row of rows) byRank.set(row.rank, row);
   const g = judged.get(String(key));
-  const members = new Set(g && Array.isArray(g.ranks) ? g.ranks : []);
+  const members = new Set(group && Array.isArray(group.ranks) ? group.ranks : []);
   for (const r of byRank.keys()) members.add(r);
   const behind = new Map((g && Array.isArray(g.behind) ? g.behind : []).map(([rank, n]) => [rank, n]));
   return {
@@ -63,7 +63,7 @@ export function renderProgress(groups, progress, findGroup, hl, describe) {
     box,
     keys.map((key) => {
       const g = findGroup(key);
-      const gp = groupProgress(key, rowsByGroup.get(key) || [], judged);
+      const gp = groupProgress(g, key, rowsByGroup.get(key) || [], judged);
       return el(
         "div",
         { class: "pg-group" },
@@ -124,7 +124,7 @@ function renderProgressStrips(box, keys, rowsByGroup, findGroup, hl, describe, j
     let maxSeq = null;
     const behind = [];
     for (const key of gkeys) {
-      const gp = groupProgress(key, rowsByGroup.get(key) || [], judged);
+      const gp = groupProgress(findGroup(key), key, rowsByGroup.get(key) || [], judged);
       if (gp.maxE !== null && (maxSeq === null || gp.maxE > maxSeq)) maxSeq = gp.maxE;
       const overdue = gp.overdue;
       for (const rank of gp.ranks) {
