@@ -255,8 +255,9 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
                 groups: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One display state per rank (in rank order) as judged at ``at``.
 
-    Each row: ``{"rank", "state", "findings": [ids of active findings blaming it or naming
-    it as waiting], "overdue": bool}`` and, for a rank waiting in a collective on others
+    Each row: ``{"rank", "state"}``, with ``"findings": [ids of active findings blaming it
+    or naming it as waiting]`` when there are any, ``"overdue": true`` when it is, and, for
+    a rank waiting in a collective on others
     or overdue in it, ``"waiting": {"group", "op", "since", "on": [ranks it waits for]}``
     (its oldest in-flight one).
     ``overdue``: it has sat in a collective ``settings.stall_after`` seconds or more (or
@@ -315,8 +316,10 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
             display = r.status
         else:
             display = "unknown"
-        row: dict[str, Any] = {"rank": r.rank, "state": display,
-                               "findings": blamed.get(r.rank, [])}
+        # Fields at their default stay out: 1,024 rows travel on every change of a moving job.
+        row: dict[str, Any] = {"rank": r.rank, "state": display}
+        if r.rank in blamed:
+            row["findings"] = blamed[r.rank]
         wait = inflight.get(r.rank)
         overdue = False
         if wait is not None and r.status not in ("exited", "failed", "lost"):
@@ -326,7 +329,8 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
             # are in some collective at any heartbeat (progress already says which).
             if wait["on"] or overdue:
                 row["waiting"] = wait
-        row["overdue"] = overdue
+        if overdue:
+            row["overdue"] = True
         out.append(row)
     return out
 

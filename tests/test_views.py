@@ -188,11 +188,11 @@ def test_a_wait_is_judged_at_the_moment_asked_never_by_a_clock():
     assert ranks[0]["state"] == "waiting" and ranks[2]["state"] == "running"
     assert ranks[0]["waiting"] == {"group": "0", "op": "all_reduce", "since": 200.0,
                                    "on": [2]}
-    assert not ranks[0]["overdue"] and "waiting" not in ranks[2]
+    assert "overdue" not in ranks[0] and "waiting" not in ranks[2] and "findings" not in ranks[0]
     # Before anyone is behind, a rank in a collective says so in its state only.
     early_rank = states_at(s, 200.5)[0]
     assert early_rank["state"] == "waiting" and "waiting" not in early_rank
-    assert states_at(s, 200.0 + settings.stall_after)[1]["overdue"]
+    assert states_at(s, 200.0 + settings.stall_after)[1]["overdue"] is True
 
 
 def test_rank_states_follow_the_findings_active_at_that_moment():
