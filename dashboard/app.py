@@ -21,7 +21,7 @@ from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
 from dashboard import access, limits
 from dashboard.archive import export_lines
 from dashboard.diagnosis import Settings
-from dashboard.incidents import incidents
+from dashboard.diagnosis.incidents import incidents
 from dashboard.ingest import Ingest, Refused
 from dashboard.lag import LAG_WARN_S
 from dashboard.live import Feed, ViewCache, sections

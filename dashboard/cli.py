@@ -318,7 +318,7 @@ def _export_trace(job_id: int, output: str, start: float | None, end: float | No
         if job is None:
             raise click.ClickException(f"no job with id {job_id} in {db}; the jobs list at / "
                                        "or GET /api/jobs shows their ids")
-        from dashboard.incidents import incidents
+        from dashboard.diagnosis.incidents import incidents
 
         findings = store.job_findings(job_id)
         try:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from agent.wire import (Ack, Auth, WireError, validate_auth, validate_batch_envelope,
                         validate_events)
 from dashboard.diagnosis import Finding, Settings, diagnose
-from dashboard.incidents import Incident, active_count, incidents
+from dashboard.diagnosis.incidents import Incident, active_count, incidents
 from dashboard.lag import LAG_WARN_S, IngestLag
 from dashboard.metrics import LiveJob
 from dashboard.rewind import Rewind
