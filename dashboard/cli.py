@@ -392,7 +392,8 @@ def replay_cmd(job: str, step: float, hang_after: float, db: str) -> None:
     click.echo(f"pgdash replay: {archive.job['name']}, {len(archive.events)} events over "
                f"{archive.events[-1]['received_at'] - start:.1f} s (--hang-after {hang_after:g})")
     seen = 0
-    for moment, change, f in replay(archive, Settings(hang_after=hang_after), step):
+    for moment, change, f in replay(archive, Settings(hang_after=hang_after,
+                                                      diagnose_every=step)):
         seen += 1
         word = {"new": f["severity"].upper(), "changed": "changed", "resolved": "resolved"}
         click.echo(f"+{moment - start:8.1f} s  {word[change]:<8} {f['kind']}: {f['summary']}")

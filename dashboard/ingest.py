@@ -18,8 +18,10 @@ from typing import Any, Callable
 
 from agent.wire import (Ack, Auth, WireError, validate_auth, validate_batch_envelope,
                         validate_events)
-from dashboard.diagnosis import Finding, Settings, diagnose
-from dashboard.diagnosis.incidents import Incident, active_count, incidents
+from dashboard.diagnosis import Finding, Settings
+from dashboard.diagnosis.book import Book, Changes, Timeline
+from dashboard.diagnosis.incidents import Incident
+from dashboard.diagnosis.incidents import incidents as incidents_of
 from dashboard.lag import LAG_WARN_S, IngestLag
 from dashboard.metrics import LiveJob
 from dashboard.rewind import Rewind
@@ -53,14 +55,16 @@ class Ingest:
         # on_incident("new" | "resolved", job summary, incident): told on the writer or push
         # thread, so it must not block (dashboard.notify queues and returns).
         self.on_incident = on_incident
-        # job id -> incident id -> (active, severity) when last told
-        self._incidents: dict[int, dict[str, tuple[bool, str]]] = {}
         self.active_incidents: dict[int, int] = {}  # job id -> active incidents (job list)
-        # job id -> finding id -> finding, every finding seen since the state was loaded;
-        # those no longer reported by diagnose() stay, marked inactive.
-        self._findings: dict[int, dict[str, Finding]] = {}
-        # job id -> (state.applied, the time judged) at the last diagnosis
-        self._diagnosed: dict[int, tuple[int, float]] = {}
+        # job id -> its findings and incidents over time (dashboard.diagnosis.book), ticked
+        # on the same grid of moments as replay: before each batch is folded, and by
+        # diagnose_live. Made when the job's state is first held here.
+        self._books: dict[int, Book] = {}
+        # The arrival time being stamped on a batch not folded yet (writer thread): the
+        # timer may judge moments before it only, so that a moment is judged with every
+        # event received by then (what replay folds), never with part of them.
+        self._stamp_lock = threading.Lock()
+        self._stamping: float | None = None
         self.token = token
         self.clock = clock
         self.max_cached_jobs = max_cached_jobs
@@ -71,7 +75,8 @@ class Ingest:
         self.dirty: set[int] = set()  # jobs changed since the UI last looked
         self.jobs_dirty = threading.Event()
         self.counters: collections.Counter[str] = collections.Counter()
-        self.rewind = Rewind(store)
+        self.rewind = Rewind(store, new_state=lambda job_id, name: Timeline(
+            job_id, name, self.settings))
         self.lag = IngestLag(clock, store.backlog_s)
         self._behind = False  # whether the server last said it is behind
         self.agent_connections = 0  # open v2 connections (dashboard.front counts them)
@@ -93,9 +98,7 @@ class Ingest:
         """After a failed write: forget what memory holds and trust the log again."""
         with self._states_lock:
             self._states.clear()
-            self._findings.clear()
-            self._diagnosed.clear()
-            self._incidents.clear()
+            self._books.clear()
             self._session_jobs.clear()
             self._max_seq = self.store.max_seqs()
 
@@ -135,18 +138,19 @@ class Ingest:
                 return
             if self._states[job_id].status in ("finished", "failed"):
                 del self._states[job_id]
-                self._findings.pop(job_id, None)
-                self._diagnosed.pop(job_id, None)
-                self._incidents.pop(job_id, None)
+                self._books.pop(job_id, None)
 
     # -- diagnosis ---------------------------------------------------------------------------
 
     def judged_at(self) -> float:
-        """The moment live verdicts are judged at: now, less the server's own ingest lag.
+        """The moment live verdicts are judged up to: now, or, while the server is behind
+        (its ingest lag over LAG_WARN_S), now less that lag.
 
         An overloaded server folds heartbeats late; judged at arrival time the ranks would
-        look silent or stuck. Judged at ``now - lag`` they look as they were when what the
-        server has folded so far was current (see dashboard.lag).
+        look silent or stuck. Held back by the lag they look as they were when what the
+        server has folded so far was current (see dashboard.lag). A lag under LAG_WARN_S is
+        not held back: the grid's moments are then judged with exactly the events received
+        by each, as replay judges them (dashboard.diagnosis.book).
         """
         lag = self.lag.current()
         if (lag > LAG_WARN_S) != self._behind:
@@ -156,37 +160,60 @@ class Ingest:
                             "lag could explain are held until it catches up", lag)
             else:
                 log.warning("pgdash: ingest caught up with the agents")
-        return self.clock() - lag
+        return self.clock() - (lag if self._behind else 0.0)
 
     def diagnose_live(self) -> None:
-        """Re-diagnose jobs that are running or changed, at the current time (less the
-        server's own lag); store and mark what changed."""
+        """Judge the grid's moments due by now (less the server's lag, when behind) for
+        every job held here; store and mark what changed."""
+        with self._stamp_lock:
+            stamping = self._stamping
         now = self.judged_at()
-        changed: dict[int, list[Finding]] = {}
+        changed: dict[int, list[Changes]] = {}
         with self._states_lock:
             for job_id, state in list(self._states.items()):
                 if self.cluster is not None and not self.cluster.owns(job_id):
                     continue  # its owner diagnoses it
-                if state.status in ("finished", "failed") and \
-                        self._settled(job_id, state):
-                    continue
-                rows = self._update_findings(job_id, state, now)
-                if rows:
-                    changed[job_id] = rows
-                    self.dirty.add(job_id)
-        for job_id, rows in changed.items():
-            self._save_findings(job_id, rows)
+                book = self._book(job_id, now)
+                if stamping is not None and stamping <= now:
+                    found = book.tick_before(state, stamping)
+                else:
+                    found = book.tick_through(state, now)
+                if found:
+                    changed[job_id] = found
+                    self._told(job_id, state, book, found)
+        for job_id, found in changed.items():
+            self._save_findings(job_id, found)
 
-    def _settled(self, job_id: int, state: JobState) -> bool:
-        """Whether an ended job's findings can no longer change: diagnosed since its last
-        event, late enough that no grace period of the rules was still running."""
-        last = self._diagnosed.get(job_id)
-        return last is not None and last[0] == state.applied and \
-            last[1] >= (state.last_event_at or 0.0) + self.settings.reconnect_grace
+    def _book(self, job_id: int, now: float) -> Book:
+        """The job's book (the caller holds the states lock): a job first seen since this
+        server started begins with what earlier runs concluded, judged from ``now`` on."""
+        book = self._books.get(job_id)
+        if book is None:
+            book = self._books[job_id] = Book(self.settings, self.store.job_findings(job_id))
+            book.start(now)
+            if book.active_incidents:
+                self.active_incidents[job_id] = book.active_incidents
+        return book
+
+    def _told(self, job_id: int, state: JobState, book: Book, found: list[Changes]) -> None:
+        """After ticks that changed findings (states lock held): mark the job for the live
+        feed, count its active incidents (job list), tell ``on_incident`` of each incident
+        that appeared, resolved, or turned critical."""
+        self.dirty.add(job_id)
+        if self.active_incidents.get(job_id) != book.active_incidents:
+            self.active_incidents[job_id] = book.active_incidents
+            self.jobs_dirty.set()
+        if self.on_incident is None:
+            return
+        for changes in found:
+            for event, inc in changes.incidents:
+                try:
+                    self.on_incident(event.value, state.summary(), inc)
+                except Exception:  # a listener's fault must not stop diagnosis
+                    self.counters["incident_listener_errors"] += 1
 
     def findings(self, job_id: int) -> list[Finding] | None:
         """Every finding of the job, newest first (None if the job is unknown)."""
-        rows: list[Finding] = []
         if self.cluster is not None and not self.cluster.owns(job_id):
             if self.store.get_job(job_id) is None:
                 return None
@@ -195,97 +222,66 @@ class Ingest:
             state = self.state(job_id)
             if state is None:
                 return None
-            if job_id not in self._findings:  # e.g. an old job first opened after a restart
-                rows = self._update_findings(job_id, state, self.judged_at())
-            # Copies: the book marks a finding resolved in place, and the live feed compares
-            # what it sent last with what it is given now (the same dicts would never differ).
-            found = sorted((dict(f) for f in self._findings[job_id].values()),
-                           key=lambda f: -f["first_seen"])
-        self._save_findings(job_id, rows)
-        return found
+            return self._book(job_id, self.judged_at()).findings()
 
     def incidents(self, job_id: int) -> list[Incident] | None:
         """Every incident of the job (findings grouped by root cause), newest first."""
-        found = self.findings(job_id)
-        return None if found is None else incidents(found)
+        if self.cluster is not None and not self.cluster.owns(job_id):
+            found = self.findings(job_id)
+            return None if found is None else incidents_of(found)
+        with self._states_lock:
+            state = self.state(job_id)
+            if state is None:
+                return None
+            return self._book(job_id, self.judged_at()).incidents()
 
-    def _save_findings(self, job_id: int, rows: list[Finding]) -> None:
+    def _save_findings(self, job_id: int, found: list[Changes]) -> None:
         """Store changed findings; never under the states lock (the writer takes it too)."""
+        rows = _changed_rows(found)
         if rows:
             self.store.submit(lambda conn: self.store.save_findings(conn, job_id, rows))
 
-    def _update_findings(self, job_id: int, state: JobState, now: float) -> list[Finding]:
-        """Fold a fresh diagnosis into the job's findings; returns those that changed."""
-        book = self._findings.get(job_id)
-        if book is None:  # first look since start: what earlier runs concluded, then today's
-            book = self._findings[job_id] = {f["id"]: f for f in self.store.job_findings(job_id)}
-            # What was already known is not news to whoever listens for incidents.
-            self._incidents[job_id] = {i["id"]: (i["active"], i["severity"])
-                                       for i in incidents(book.values())}
-        before = {fid: _gist(f) for fid, f in book.items()}
-        current = {f["id"]: f for f in diagnose(state, now, self.settings)}
-        for fid, f in current.items():
-            old = book.get(fid)
-            if old is not None:
-                f["first_seen"] = min(f["first_seen"], old["first_seen"])
-            book[fid] = f
-        for fid, f in book.items():
-            if fid not in current:
-                f["active"] = False
-        self._diagnosed[job_id] = (state.applied, now)
-        changed = [f for fid, f in book.items() if before.get(fid) != _gist(f)]
-        if changed:
-            self._track_incidents(job_id, state, book)
-        return changed
-
-    def _track_incidents(self, job_id: int, state: JobState, book: dict[str, Finding]) -> None:
-        """Count active incidents (for the job list) and tell ``on_incident`` of each one
-        that appeared, resolved, or turned critical (a stall that became a hang) since the
-        last diagnosis."""
-        found = incidents(book.values())
-        known = self._incidents.setdefault(job_id, {})
-        count = active_count(found)
-        if self.active_incidents.get(job_id) != count:
-            self.active_incidents[job_id] = count
-            self.jobs_dirty.set()
-        for inc in found:
-            was = known.get(inc["id"])
-            now = known[inc["id"]] = (inc["active"], inc["severity"])
-            if was is None:
-                event = "new" if inc["active"] else None
-            elif was[0] != now[0]:
-                event = "new" if inc["active"] else "resolved"
-            elif inc["active"] and inc["severity"] == "critical" != was[1]:
-                event = "escalated"
-            else:
-                event = None
-            if self.on_incident is None or event is None:
-                continue
-            try:
-                self.on_incident(event, state.summary(), inc)
-            except Exception:  # a listener's fault must not stop diagnosis
-                self.counters["incident_listener_errors"] += 1
-        for iid in set(known) - {i["id"] for i in found}:
-            # merged into another incident (a hang that turned out to be a crash): over
-            del known[iid]
+    def _tick_before_fold(self, conn, job_id: int, state: JobState, received_at: float) -> None:
+        """Writer thread, states lock held: judge the moments due before a batch received at
+        ``received_at`` is folded, so that each is judged with exactly the events received
+        by then. While the server is behind, only those up to ``judged_at()``."""
+        book = self._books.get(job_id)
+        if book is None:
+            if state.applied:  # held since before this server started: judged from now
+                book = self._book(job_id, received_at)
+            else:  # a new job: its grid starts at its first event, as in replay
+                book = self._books[job_id] = Book(self.settings)
+                book.start(received_at)
+                return
+        due = book.judged_through
+        if due is not None and received_at - due <= self.settings.diagnose_every:
+            return  # nothing due (cheap: no lag measured)
+        held = self.judged_at()
+        found = book.tick_through(state, held) if held < received_at else \
+            book.tick_before(state, received_at)
+        if found:
+            self._told(job_id, state, book, found)
+            self.store.save_findings(conn, job_id, _changed_rows(found))
 
     def state_at(self, job_id: int, at: float) -> dict[str, Any] | None:
         """The job as the server saw it at ``at`` (Unix seconds): every event received by
-        then folded, and diagnosed at that moment (None if the job is unknown).
+        then folded, and its findings and incidents as the book had them then (None if the
+        job is unknown).
 
-        The same fold and the same rules as live, so the findings are those that were
-        active then. Scrubbing forward continues the last fold; see dashboard.rewind.
+        The same fold, rules and book, ticked on the same moments as live, so the findings
+        are those live showed, with the same first/last-seen times. Scrubbing forward
+        continues the last fold; see dashboard.rewind.
         """
         job = self.store.get_job(job_id)
         if job is None:
             return None
 
-        def read(state: JobState) -> dict[str, Any]:
-            found = diagnose(state, at, self.settings)
+        def read(timeline: Timeline) -> dict[str, Any]:
+            state, book = timeline.state, timeline.book_at(at)
             return {"at": at, "job": state.summary(), "ranks": state.rank_rows(),
                     "groups": state.group_rows(),
                     "progress": state.progress_rows(),
-                    "findings": found, "incidents": incidents(found)}
+                    "findings": book.findings(), "incidents": book.incidents()}
 
         return self.rewind.view(job_id, job["name"], at, read)
 
@@ -293,7 +289,7 @@ class Ingest:
         """What /metrics exports of every job held in memory."""
         with self._states_lock:
             return [LiveJob(state.summary(), state.rank_rows(),
-                            list(self._findings.get(job_id, {}).values()),
+                            self._books[job_id].findings() if job_id in self._books else [],
                             [{"family": family, "op": op, "source": source,
                               "hist": dict(stats.hist), "sum_us": stats.sum_us,
                               "bytes": stats.bytes}
@@ -483,7 +479,16 @@ class Ingest:
         if not fresh:
             self.counters["duplicate_events"] += len(evs)
             return 0
-        now = self.clock()
+        with self._stamp_lock:
+            now = self._stamping = self.clock()
+        try:
+            return self._insert_and_fold(conn, session, job_id, evs, fresh, last, now)
+        finally:
+            with self._stamp_lock:
+                self._stamping = None
+
+    def _insert_and_fold(self, conn, session: str, job_id: int, evs: list[dict[str, Any]],
+                         fresh: list[dict[str, Any]], last: int, now: float) -> int:
         ids = self.store.insert_events(conn, job_id, session, fresh, now)
         if self.cluster is not None:  # the log's tail folds it, here and in the owner
             self._max_seq[session] = last
@@ -494,6 +499,7 @@ class Ingest:
         with self._states_lock:
             state = self.state(job_id)
             before = state.summary()
+            self._tick_before_fold(conn, job_id, state, now)
             for event_id, ev in zip(ids, fresh):
                 stored: StoredEvent = {"id": event_id, "session": session,
                                        "seq": ev.get("seq"), "t": ev["t"], "received_at": now,
@@ -529,7 +535,8 @@ class Ingest:
         with self._states_lock:
             state = self._states.get(job_id)
             return state is None or (state.status in ("finished", "failed")
-                                     and self._settled(job_id, state))
+                                     and job_id in self._books
+                                     and self._books[job_id].settled(state))
 
     def apply_logged(self, rows: list[dict[str, Any]]) -> None:
         """Clustered: fold rows read from the log's tail into the jobs held in memory (the
@@ -574,11 +581,6 @@ def _first_seq(events: Any) -> int | None:
         return None
 
 
-def _gist(finding: Finding) -> tuple:
-    """What makes a finding worth pushing and storing again (not its last_seen)."""
-    return (finding["active"], finding["severity"], finding["summary"], finding["ranks"])
-
-
 def _joins(state: JobState, rank: int | None, session: str, attempt: int = 0) -> bool:
     """Whether a new agent session with this rank belongs to the job's current launch.
 
@@ -593,3 +595,8 @@ def _joins(state: JobState, rank: int | None, session: str, attempt: int = 0) ->
     if state.claims(rank, session, attempt):
         return False
     return rank is not None or state.status not in ("finished", "failed")
+
+
+def _changed_rows(found: list[Changes]) -> list[Finding]:
+    """The findings that ticks changed, each once, as it was last."""
+    return list({f["id"]: f for changes in found for _, f in changes.findings}.values())

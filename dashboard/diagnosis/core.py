@@ -25,6 +25,9 @@ class Severity(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
+    # Findings are judged on the moments k * diagnose_every (Unix seconds), live and in
+    # replay alike (dashboard.diagnosis.book): the same moments give the same times.
+    diagnose_every: float = 1.0
     hang_after: float = 60.0  # --hang-after: a collective waiting this long is a hang
     # A collective some ranks wait in while a peer has not entered it is a `stall` once the
     # wait reaches the largest of these (measured on real gloo jobs: see README, "Stall"):
