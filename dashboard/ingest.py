@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from agent.wire import (Ack, Auth, WireError, validate_auth, validate_batch_envelope,
                         validate_events)
@@ -126,11 +126,43 @@ class Ingest:
                 # Clustered, the tail applies what comes after its cursor (read under this
                 # lock), so the load stops there.
                 upto = self.cluster.tail.cursor if self.cluster else None
-                state = JobState(job_id, job["name"]).apply_all(
-                    self.store.job_events(job_id, upto=upto))
+                state = self._load(job_id, job["name"], self.store.job_events(job_id, upto=upto))
                 self._states[job_id] = state
                 self._evict()
             return state
+
+    # A job first held since this server started (an old job opened, an imported one, one
+    # running across a restart) has its book rebuilt from its log, on the grid, as replay
+    # builds it, unless that takes more than this many diagnoses (a long job: about two
+    # hours of moments): then the findings stored by earlier runs are its book.
+    RECOMPUTE_MAX_DIAGNOSES = 7200
+
+    def _load(self, job_id: int, name: str, events: Iterable[StoredEvent]) -> JobState:
+        """Fold a job's log into its state and, while affordable, its book (states lock held)."""
+        timeline: Timeline | None = Timeline(job_id, name, self.settings)
+        state = timeline.state
+        for ev in events:
+            if timeline is not None and timeline.book.diagnosed > self.RECOMPUTE_MAX_DIAGNOSES:
+                timeline = None
+            if timeline is not None:
+                timeline.apply(ev)
+            else:
+                state.apply(ev)
+        if timeline is not None and state.applied:
+            with self._stamp_lock:
+                stamping = self._stamping
+            now = self.judged_at()
+            book = timeline.book
+            if stamping is not None and stamping <= now:
+                book.tick_before(state, stamping)
+            else:
+                book.tick_through(state, now)
+            if book.diagnosed <= self.RECOMPUTE_MAX_DIAGNOSES:
+                book.keep(self.store.job_findings(job_id))
+                self._books[job_id] = book
+                if book.active_incidents:
+                    self.active_incidents[job_id] = book.active_incidents
+        return state
 
     def _evict(self) -> None:
         for job_id in list(self._states):

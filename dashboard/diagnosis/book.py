@@ -77,6 +77,7 @@ class Book:
         self.active_incidents = active_count(incidents(self._findings.values()))
         self.ticked: int | None = None  # index k of the last grid moment judged
         self._applied = -1  # state.applied at the last diagnosis
+        self.diagnosed = 0  # moments judged (what building the book cost)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -105,6 +106,16 @@ class Book:
             self.ticked is not None and \
             self.moment(self.ticked) >= (state.last_event_at or 0.0) + \
             self.settings.reconnect_grace
+
+    def keep(self, known: Iterable[Finding]) -> None:
+        """Add findings stored by an earlier run that this book does not hold (resolved:
+        the log no longer shows them); what is in the book now is nobody's news."""
+        for f in known:
+            if f["id"] not in self._findings:
+                self._findings[f["id"]] = {**f, "active": False}
+        found = self.incidents()
+        self._told = {i["id"]: (i["active"], i["severity"]) for i in found}
+        self.active_incidents = active_count(found)
 
     # -- ticking -----------------------------------------------------------------------------
 
@@ -157,6 +168,7 @@ class Book:
             if fid not in current and f["active"]:
                 book[fid] = {**f, "active": False}
         self._applied = state.applied
+        self.diagnosed += 1
         found: list[tuple[Change, Finding]] = []
         for fid, f in book.items():
             was = before.get(fid)
