@@ -149,14 +149,8 @@ class Ingest:
             else:
                 state.apply(ev)
         if timeline is not None and state.applied:
-            with self._stamp_lock:
-                stamping = self._stamping
-            now = self.judged_at()
             book = timeline.book
-            if stamping is not None and stamping <= now:
-                book.tick_before(state, stamping)
-            else:
-                book.tick_through(state, now)
+            self._tick_now()(book, state)
             if book.diagnosed <= self.RECOMPUTE_MAX_DIAGNOSES:
                 book.keep(self.store.job_findings(job_id))
                 self._books[job_id] = book
@@ -197,24 +191,29 @@ class Ingest:
     def diagnose_live(self) -> None:
         """Judge the grid's moments due by now (less the server's lag, when behind) for
         every job held here; store and mark what changed."""
-        with self._stamp_lock:
-            stamping = self._stamping
-        now = self.judged_at()
         changed: dict[int, list[Changes]] = {}
         with self._states_lock:
+            tick = self._tick_now()
             for job_id, state in list(self._states.items()):
                 if self.cluster is not None and not self.cluster.owns(job_id):
                     continue  # its owner diagnoses it
-                book = self._book(job_id, now)
-                if stamping is not None and stamping <= now:
-                    found = book.tick_before(state, stamping)
-                else:
-                    found = book.tick_through(state, now)
+                book = self._book(job_id, self.clock())
+                found = tick(book, state)
                 if found:
                     changed[job_id] = found
                     self._told(job_id, state, book, found)
         for job_id, found in changed.items():
             self._save_findings(job_id, found)
+
+    def _tick_now(self) -> Callable[[Book, JobState], list[Changes]]:
+        """How to judge the moments due now (states lock held, so every event folded was
+        stamped before this): up to now (less the lag, when behind), but never at or past
+        the arrival time of a batch stamped and not folded yet."""
+        with self._stamp_lock:  # no batch is stamped meanwhile; later ones are stamped later
+            stamping, now = self._stamping, self.judged_at()
+        if stamping is not None and stamping <= now:
+            return lambda book, state: book.tick_before(state, stamping)
+        return lambda book, state: book.tick_through(state, now)
 
     def _book(self, job_id: int, now: float) -> Book:
         """The job's book (the caller holds the states lock): a job first seen since this
