@@ -13,7 +13,7 @@ import hmac
 import time
 from typing import Any, Callable
 
-from agent.wire import Ack, Auth, WireError, validate_auth
+from agent.wire import ENDED, Ack, Auth, WireError, validate_auth
 from dashboard.state import JobState
 from dashboard.storage import Store
 
@@ -180,4 +180,4 @@ def joins(state: JobState, rank: int | None, session: str, attempt: int = 0) -> 
         return attempt > state.attempt
     if state.claims(rank, session, attempt):
         return False
-    return rank is not None or state.status not in ("finished", "failed")
+    return rank is not None or state.status not in ENDED

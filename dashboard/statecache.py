@@ -11,10 +11,10 @@ import collections
 import threading
 from typing import Callable, Iterator
 
+from agent.wire import ENDED
 from dashboard.state import JobState
 from dashboard.storage import Store
 
-ENDED = ("finished", "failed")
 
 
 class StateCache:

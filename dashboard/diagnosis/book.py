@@ -24,6 +24,7 @@ import enum
 import math
 from typing import Any, Iterable, NamedTuple
 
+from agent.wire import ENDED
 from dashboard.diagnosis.core import Finding, Settings, Severity
 from dashboard.diagnosis.incidents import Incident, active_count, incidents
 from dashboard.diagnosis.rules import diagnose
@@ -51,7 +52,6 @@ class Changes(NamedTuple):
     incidents: list[tuple[Change, Incident]]
 
 
-ENDED = ("finished", "failed")
 
 
 def _gist(f: Finding) -> tuple:

@@ -67,7 +67,7 @@ class Settings:
 Finding = dict[str, Any]
 
 Finding = dict[str, Any]
-SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+SEVERITY_ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
 def finding(kind: str, severity: str, ranks: Iterable[int], group: str | None, summary: str,

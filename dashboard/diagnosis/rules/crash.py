@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from dashboard.errors import classify
-from dashboard.diagnosis.core import Finding, Settings, finding
+from agent.wire import RankStatus
+from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import process_label
 from dashboard.state import JobState, RankState
 
@@ -23,19 +24,19 @@ def _is_init_failure(state: JobState, r: RankState) -> bool:
 def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
     for r in state.ranks():
-        if r.status == "lost":
+        if r.status == RankStatus.LOST:
             since, how = r.exit_at or r.last_seen, "its connection closed without a clean exit"
             if now - since < s.reconnect_grace:
                 continue
-        elif r.status in ("running", "initializing") and now - r.last_seen > s.lost_after:
+        elif r.status in (RankStatus.RUNNING, RankStatus.INITIALIZING) and now - r.last_seen > s.lost_after:
             since = r.last_seen + s.lost_after
             how = f"nothing heard from it for {now - r.last_seen:.0f} s (heartbeats stopped)"
         else:
             continue
         victims = {v.rank: _last_error(state, v.rank) for v in state.ranks()
-                   if v.status == "failed" and v.rank != r.rank}
+                   if v.status == RankStatus.FAILED and v.rank != r.rank}
         out.append(finding(
-            "rank_lost", "critical", [r.rank], None,
+            "rank_lost", Severity.CRITICAL, [r.rank], None,
             f"Rank {r.rank} vanished{process_label(r)}: {how}.",
             f"Look for why process {r.pid} on {r.host} died: `dmesg -T | grep -iE "
             f"'killed process|out of memory'` on {r.host} (OOM killer), the launcher's exit "
@@ -48,7 +49,7 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
 
 
 def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
-    failed = [r for r in state.ranks() if r.status == "failed" and not _is_init_failure(state, r)]
+    failed = [r for r in state.ranks() if r.status == RankStatus.FAILED and not _is_init_failure(state, r)]
     if not failed:
         return []
     causes = {}
@@ -56,7 +57,7 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         err = _last_error(state, r.rank)
         cause = classify(err["error"], err.get("error_type")) if err else None
         causes[r.rank] = (err, cause)
-    lost = [r.rank for r in state.ranks() if r.status == "lost"]
+    lost = [r.rank for r in state.ranks() if r.status == RankStatus.LOST]
     culprits = [r for r in failed if causes[r.rank][1] is None or not causes[r.rank][1].victim]
     victims = [r for r in failed if r not in culprits]
     if not culprits and not lost:
@@ -75,7 +76,7 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         else:
             title = cause.title
         out.append(finding(
-            "rank_failed", "critical", [r.rank], err.get("group") if err else None,
+            "rank_failed", Severity.CRITICAL, [r.rank], err.get("group") if err else None,
             f"Rank {r.rank} failed{process_label(r)}: {title}.",
             (cause.hint if cause else "Read the end of this rank's log.") +
             (" The other failures are consequences of this one." if victims else ""),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-from dashboard.diagnosis.core import Finding, Settings, finding
+from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, ranks_label
 from dashboard.state import JobState
 
@@ -32,7 +32,7 @@ def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
                          for r, sig in sorted(sigs.items())}
             odd_sig = sigs[odd[0]]
             out.append(finding(
-                "desync", "critical", odd, group,
+                "desync", Severity.CRITICAL, odd, group,
                 f"{ranks_label(odd).capitalize()} called {odd_sig[0]} ({odd_sig[1]}, "
                 f"{odd_sig[2]} bytes) as collective #{seq} on {group_label(state, group)}, "
                 f"where the others called {majority[0]} ({majority[1]}, {majority[2]} bytes).",

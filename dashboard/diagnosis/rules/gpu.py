@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dashboard.diagnosis.core import Finding, Settings, finding
+from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.state import JobState
 
 
@@ -44,7 +44,7 @@ def gpu_fault(state: JobState, now: float, s: Settings) -> list[Finding]:
         host = (ranks.get(rank).host if ranks.get(rank) else None) or "its host"
         text = "; ".join(d for d, _ in described.values())
         out.append(finding(
-            "gpu_fault", "critical" if hardware else "warning", [rank], None,
+            "gpu_fault", Severity.CRITICAL if hardware else Severity.WARNING, [rank], None,
             f"GPU of rank {rank} ({gpu.get('name') or 'GPU'} {gpu.get('uuid', '')}) on {host}: "
             f"{text}.",
             (f"Take {host} out of the pool and check it: `nvidia-smi -q -d ECC,ROW_REMAPPER` "
@@ -67,7 +67,7 @@ def gpu_throttle(state: JobState, now: float, s: Settings) -> list[Finding]:
         gpu = state.gpus.get(rank, {})
         reasons = [r for r in gpu.get("reasons", []) if r != "gpu_idle"]
         out.append(finding(
-            "gpu_throttle", "warning", [rank], None,
+            "gpu_throttle", Severity.WARNING, [rank], None,
             f"GPU of rank {rank} is slowed down ({', '.join(reasons)}): SM clock "
             f"{gpu.get('sm_clock_mhz') or '?'} of {gpu.get('sm_clock_max_mhz') or '?'} MHz, "
             f"{gpu.get('temp_c') or '?'} °C, {gpu.get('power_w') or '?'} W.",

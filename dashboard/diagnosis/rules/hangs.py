@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-from dashboard.diagnosis.core import Finding, Settings, finding
+from agent.wire import RankStatus
+from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, have, ranks_label
 from dashboard.state import JobState
 
@@ -62,7 +63,7 @@ def _stuck(state: JobState, group: str, now: float, s: Settings,
     rows = state.progress_of(group)
     stuck = {rank: row for rank, row in rows.items()
              if view.busy(row) and now - row[view.since] >= s.hang_after
-             and (ranks.get(rank) is None or ranks[rank].status == "running")}
+             and (ranks.get(rank) is None or ranks[rank].status == RankStatus.RUNNING)}
     if not stuck:
         return None
     seq = max(row[view.seq] for row in stuck.values())
@@ -112,7 +113,7 @@ def hang(state: JobState, now: float, s: Settings) -> list[Finding]:
                   and (g != group or state.stacks[(g, rank)]["seq"] == seq
                        or view is FLIGHT)}
         out.append(finding(
-            "hang", "critical", roots, group, summary, hint,
+            "hang", Severity.CRITICAL, roots, group, summary, hint,
             {"seq": seq, "op": op, "source": view.source, "waiting": sorted(waiting),
              "since": since,
              "behind": {str(b): {k: (rows.get(b) or {}).get(k) for k in
@@ -174,7 +175,7 @@ def stall(state: JobState, now: float, s: Settings) -> list[Finding]:
         for view in (PYTHON, FLIGHT):
             busy = {rank: row for rank, row in rows.items()
                     if view.busy(row) and now - row[view.since] < s.hang_after
-                    and (ranks.get(rank) is None or ranks[rank].status == "running")}
+                    and (ranks.get(rank) is None or ranks[rank].status == RankStatus.RUNNING)}
             if not busy:
                 continue
             seq = max(row[view.seq] for row in busy.values())
@@ -190,7 +191,7 @@ def stall(state: JobState, now: float, s: Settings) -> list[Finding]:
             op = view.op(rows[min(waiting)])
             first = ranks.get(roots[0])
             out.append(finding(
-                "stall", "warning", roots, group,
+                "stall", Severity.WARNING, roots, group,
                 f"{ranks_label(waiting).capitalize()} {have(waiting)} waited "
                 f"{now - since:.0f} s in {op} #{seq} on {group_label(state, group)} for "
                 f"{ranks_label(roots)}, far longer than this group's collectives take "

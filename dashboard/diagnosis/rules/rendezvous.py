@@ -7,7 +7,7 @@ import collections
 from typing import Any
 
 from dashboard.errors import classify
-from dashboard.diagnosis.core import Finding, Settings, finding
+from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import process_label, ranks_label
 from dashboard.state import JobState, RankState
 
@@ -32,7 +32,7 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
     port = next((e.get("master_port") for _, e in arrivals if e.get("master_port")), None)
     target = f"{addr}:{port}" if addr and port else "MASTER_ADDR:MASTER_PORT"
     return [finding(
-        "init_incomplete", "critical", missing, None,
+        "init_incomplete", Severity.CRITICAL, missing, None,
         f"Rendezvous is waiting: {len(arrived)} of {world} ranks arrived; "
         f"{ranks_label(missing)} never did.",
         f"Check that {ranks_label(missing)} were launched at all (the launcher's log, "
@@ -53,7 +53,7 @@ def init_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         cause = classify(err["error"], err.get("error_type"))
         rank = r.rank if r.rank is not None else entry.get("rank")
         out.append(finding(
-            "init_failed", "critical", [rank] if rank is not None and rank >= 0 else [], None,
+            "init_failed", Severity.CRITICAL, [rank] if rank is not None and rank >= 0 else [], None,
             f"init_process_group raised on rank {rank}{process_label(r)}: {cause.title}.",
             cause.hint,
             {"error": err["error"], "error_type": err.get("error_type"), "cause": cause.cause,
@@ -102,7 +102,7 @@ def config_mismatch(state: JobState, now: float, s: Settings) -> list[Finding]:
         odd = sorted(r for r, v in values.items() if str(v) != majority)
         shown = {str(r): v if v is not None else "(unset)" for r, v in sorted(values.items())}
         odd_values = ", ".join(f"{shown[str(r)]} on rank {r}" for r in odd[:4])
-        severity = "critical" if key in _CRITICAL_KEYS else "warning"
+        severity = Severity.CRITICAL if key in _CRITICAL_KEYS else Severity.WARNING
         by = {r.rank: r for r in ranks}
         out.append(finding(
             "config_mismatch", severity, odd, None,

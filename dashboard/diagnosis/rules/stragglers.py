@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, NamedTuple
 
-from dashboard.diagnosis.core import Finding, Settings, finding
+from agent.wire import RankStatus
+from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, process_label
 from dashboard.state import JobState
 
@@ -19,7 +20,7 @@ def _windows(state: JobState, group: str, now: float) -> dict[int, list[tuple]]:
 
 
 def _all_windows(state: JobState, now: float) -> dict[str, dict[int, list[tuple]]]:
-    running = {r.rank for r in state.ranks() if r.status == "running"}
+    running = {r.rank for r in state.ranks() if r.status == RankStatus.RUNNING}
     out: dict[str, dict[int, list[tuple]]] = {}
     for group in state.groups:
         windows = {}
@@ -84,7 +85,7 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
         if checked:
             evidence["cpp_groups_checked"] = checked
         out.append(finding(
-            "straggler", "warning", [root], group, summary + ".",
+            "straggler", Severity.WARNING, [root], group, summary + ".",
             f"Rank {root} arrives last{' at every collective' if not chain else ''}. Look at "
             f"what it does between collectives{process_label(r)}: data loading (DataLoader "
             "num_workers, slow storage), uneven batch or sequence lengths, extra work on that "
@@ -309,7 +310,7 @@ def slow_collective(state: JobState, now: float, s: Settings) -> list[Finding]:
         latest = current[-1]
         members = sorted(windows)
         out.append(finding(
-            "slow_collective", "warning", members, group,
+            "slow_collective", Severity.WARNING, members, group,
             f"Collectives on {group_label(state, group)} take {latest / 1000:.1f} ms, "
             f"{latest / baseline:.0f}x their usual {baseline / 1000:.2f} ms in this job.",
             "The transfer itself slowed down on every rank (not one late rank): check the "
