@@ -363,7 +363,8 @@ def import_cmd(path: str, db: str) -> None:
 @cli.command("replay")
 @click.argument("job")
 @click.option("--step", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
-              help="Seconds between diagnoses of the replayed log.")
+              help="Seconds between diagnoses of the replayed log (the live server judges "
+              "every 1 s: another step gives other first/last-seen times).")
 @click.option("--hang-after", type=click.FloatRange(min=0, min_open=True), default=60.0,
               show_default=True, help="Seconds a collective may wait before it counts as hung "
               "(as the live server's --hang-after).")
