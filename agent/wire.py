@@ -12,6 +12,7 @@ session and ignores anything at or below it, so resending after a reconnect is a
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from dataclasses import dataclass, field
@@ -478,5 +479,30 @@ _msgpack_encoder = msgspec.msgpack.Encoder(enc_hook=_plain)
 _json_encoder = msgspec.json.Encoder()
 
 
-RankStatus = Literal["initializing", "running", "exited", "failed", "lost"]
-JobStatus = Literal["initializing", "running", "finished", "failed"]
+class RankStatus(str, enum.Enum):
+    """A rank's status as the server folds it (str-valued: equal to, and sent as, the string)."""
+
+    INITIALIZING = "initializing"
+    RUNNING = "running"
+    EXITED = "exited"
+    FAILED = "failed"
+    LOST = "lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class JobStatus(str, enum.Enum):
+    """A job's status as the server folds it (str-valued, like RankStatus)."""
+
+    INITIALIZING = "initializing"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ENDED = (JobStatus.FINISHED, JobStatus.FAILED)  # job statuses that no longer change by
+# themselves

@@ -22,7 +22,7 @@ from dashboard import access, limits, views
 from dashboard.archive import export_lines
 from dashboard.config import DEFAULTS, DIAGNOSE_EVERY_S, PAUSE_NOTICED_S
 from dashboard.diagnosis import Settings
-from dashboard.incidents import incidents
+from dashboard.diagnosis.incidents import incidents
 from dashboard.ingest import Ingest, Refused
 from dashboard.lag import LAG_WARN_S
 from dashboard.live import Feed, ViewCache, sections

@@ -8,8 +8,8 @@ The file is JSON Lines (``pgdash export``, ``GET /api/jobs/<id>/export``)::
 
 ``pgdash import`` validates every line (the event bodies as the server validates an agent's)
 and stores the job anew, or nothing. ``pgdash replay`` folds the log with the same JobState
-and diagnoses it at each moment with the same rules as live, so it prints the findings the
-live page showed, when it showed them.
+and judges it with the same findings book on the same moments as live, so it prints the
+findings the live page showed, when it showed them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import uuid
 from typing import Any, Iterable, Iterator
 
 from agent.wire import SERVER_KINDS, WireError, validate_event, validate_server_event
-from dashboard.diagnosis import Finding, Settings, diagnose
+from dashboard.diagnosis import Finding, Settings
+from dashboard.diagnosis.book import Change, Timeline, with_grid
 from dashboard.state import JobState, StoredEvent
 from dashboard.storage import JOB_FIELDS, Store
 
@@ -187,35 +188,31 @@ def import_archive(store: Store, archive: Archive, now: float) -> int:
     return store.submit(write)
 
 
-def replay(archive: Archive, settings: Settings, step: float = 1.0,
+def replay(archive: Archive, settings: Settings, step: float | None = None,
            until: float | None = None) -> Iterator[tuple[float, str, Finding]]:
-    """``(moment, change, finding)`` as the live server would have seen them: the log folded
-    in the order it arrived, diagnosed every ``step`` seconds of its arrival times (and once
-    more ``until`` after the last event, default 2 x the hang threshold). ``change`` is
-    "new", "changed" (severity or blamed ranks) or "resolved"."""
+    """``(moment, change, finding)`` as the live server saw them: the log folded in the
+    order it arrived, judged by the same book (dashboard.diagnosis.book) on the same grid
+    of moments as live (every ``step`` seconds, default ``settings.diagnose_every``), up to
+    ``until`` after the last event (default 2 x the hang threshold). ``change`` is "new",
+    "changed" (severity or blamed ranks) or "resolved"."""
+    timeline = replay_timeline(archive, settings if step is None else
+                               with_grid(settings, step), until)
+    for changes in timeline.changes or []:
+        for change, f in changes.findings:
+            if change is not Change.UPDATED:  # (not the text: a hang's says how long)
+                yield changes.at, change.value, f
+
+
+def replay_timeline(archive: Archive, settings: Settings,
+                    until: float | None = None) -> Timeline:
+    """The archive's log folded and judged through ``until`` seconds after its last event
+    (default 2 x the hang threshold): ``.state``, ``.book`` and every tick's ``.changes``."""
+    timeline = Timeline(0, archive.job["name"], settings)
+    timeline.changes = []
     events = list(archive.stored_events())
-    if not events:
-        return
-    state = JobState(0, archive.job["name"])
-    start = events[0]["received_at"]
-    end = max(ev["received_at"] for ev in events) + (
-        2 * settings.hang_after if until is None else until)
-    active: dict[str, Finding] = {}
-    i = 0
-    moment = start
-    while moment <= end:
-        while i < len(events) and events[i]["received_at"] <= moment:
-            state.apply(events[i])
-            i += 1
-        now = {f["id"]: f for f in diagnose(state, moment, settings)}
-        for fid, f in now.items():
-            old = active.get(fid)
-            if old is None:
-                yield moment, "new", f
-            elif (old["severity"], old["ranks"]) != (f["severity"], f["ranks"]):
-                yield moment, "changed", f  # (not the text: a hang's says how long)
-        for fid, f in active.items():
-            if fid not in now:
-                yield moment, "resolved", f
-        active = now
-        moment += step
+    for ev in events:
+        timeline.apply(ev)
+    if events:
+        timeline.advance(max(ev["received_at"] for ev in events) + (
+            2 * settings.hang_after if until is None else until))
+    return timeline

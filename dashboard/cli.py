@@ -248,7 +248,7 @@ def _export_trace(job_id: int, output: str, start: float | None, end: float | No
         if job is None:
             raise click.ClickException(f"no job with id {job_id} in {db}; the jobs list at / "
                                        "or GET /api/jobs shows their ids")
-        from dashboard.incidents import incidents
+        from dashboard.diagnosis.incidents import incidents
 
         findings = store.job_findings(job_id)
         try:
@@ -293,7 +293,8 @@ def import_cmd(path: str, db: str) -> None:
 @cli.command("replay")
 @click.argument("job")
 @click.option("--step", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
-              help="Seconds between diagnoses of the replayed log.")
+              help="Seconds between diagnoses of the replayed log (the live server judges "
+              "every 1 s: another step gives other first/last-seen times).")
 @click.option("--hang-after", type=click.FloatRange(min=0, min_open=True),
               default=DEFAULTS["HANG_AFTER"],
               show_default=True, help="Seconds a collective may wait before it counts as hung "
@@ -323,7 +324,8 @@ def replay_cmd(job: str, step: float, hang_after: float, db: str) -> None:
     click.echo(f"pgdash replay: {archive.job['name']}, {len(archive.events)} events over "
                f"{archive.events[-1]['received_at'] - start:.1f} s (--hang-after {hang_after:g})")
     seen = 0
-    for moment, change, f in replay(archive, Settings(hang_after=hang_after), step):
+    for moment, change, f in replay(archive, Settings(hang_after=hang_after,
+                                                      diagnose_every=step)):
         seen += 1
         word = {"new": f["severity"].upper(), "changed": "changed", "resolved": "resolved"}
         click.echo(f"+{moment - start:8.1f} s  {word[change]:<8} {f['kind']}: {f['summary']}")

@@ -17,7 +17,9 @@ from dashboard.trace import DEFAULT_MAX_EVENTS as DEFAULT_TRACE_MAX_EVENTS
 DEFAULT_DB = "sqlite:///pgdash.db"  # in the working directory
 DEFAULT_HOST = "127.0.0.1"  # loopback: nothing beyond this machine reaches the server
 
-DIAGNOSE_EVERY_S = 1.0  # live diagnosis of every job held in memory
+# The timer of live diagnosis: the findings book's grid (Settings.diagnose_every), which
+# live and replay judge on alike (dashboard.diagnosis.book).
+DIAGNOSE_EVERY_S = Settings().diagnose_every
 PAUSE_NOTICED_S = 1.0  # the push loop overslept by this much: the server itself was paused
 
 DEFAULTS = {

@@ -1,39 +1,44 @@
-"""Ingest: turns what agents send into stored events and live JobState, without Flask.
+"""Ingest: turns what agents send into stored events, live JobStates and findings, without Flask.
 
-The Socket.IO handlers in ``dashboard.app`` are thin calls into :class:`Ingest`. All writes run
-as tasks on the store's writer thread, so job assignment, de-duplication and the fold into
-JobState happen in one serial order: the order of the log.
+A thin coordinator of the rooms that do the work: admission (``dashboard.admission``: the
+token, job and attempt assignment, de-duplication), the state cache (``dashboard.statecache``),
+the live findings books (``dashboard.livebooks``), the lag (``dashboard.lag``) and the rewind
+for ``state?at=`` (``dashboard.rewind``). The Socket.IO handlers in ``dashboard.app`` and the
+v2 front (``dashboard.front``) are thin calls into :class:`Ingest`. All writes run as tasks on
+the store's writer thread, so job assignment, de-duplication and the fold into JobState
+happen in one serial order: the order of the log.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
-import hmac
 import logging
 import queue
 import threading
 import time
 from typing import Any, Callable
 
-from agent.wire import (Ack, Auth, WireError, validate_auth, validate_batch_envelope,
-                        validate_events)
+from agent.wire import Ack, WireError, validate_batch_envelope, validate_events
 from dashboard import views
-from dashboard.diagnosis import Finding, Settings, diagnose
-from dashboard.incidents import Incident, active_count, incidents
+from dashboard.admission import Admission, Refused
+from dashboard.diagnosis import Finding, Settings
+from dashboard.diagnosis.book import Timeline
+from dashboard.diagnosis.incidents import Incident
+from dashboard.diagnosis.incidents import incidents as incidents_of
 from dashboard.lag import LAG_WARN_S, IngestLag
 from dashboard.live import sections
+from dashboard.livebooks import LiveBooks
 from dashboard.metrics import LiveJob
 from dashboard.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
+from dashboard.statecache import StateCache
 from dashboard.storage import Store, decode_json, describe_write_error
 
 
 log = logging.getLogger("pgdash.server")
 
-
-class Refused(Exception):
-    """An agent may not connect; the text tells its user what to do."""
+__all__ = ["Ingest", "Refused"]
 
 
 class Ingest:
@@ -44,6 +49,9 @@ class Ingest:
         token: when set, agents must present it (``PGDASH_TOKEN``).
         clock: wall clock for server-observed events (injected for tests).
         max_cached_jobs: finished jobs kept folded in memory; live ones always are.
+        settings: the diagnosis rules' settings.
+        on_incident: told ``("new" | "resolved" | "escalated", job summary, incident)`` on
+            the writer or push thread, so it must not block (dashboard.notify queues).
     """
 
     def __init__(self, store: Store, token: str | None = None,
@@ -51,59 +59,58 @@ class Ingest:
                  settings: Settings = Settings(),
                  on_incident: Callable[[str, dict[str, Any], Incident], None] | None = None):
         self.store = store
-        self.settings = settings
-        # on_incident("new" | "resolved", job summary, incident): told on the writer or push
-        # thread, so it must not block (dashboard.notify queues and returns).
-        self.on_incident = on_incident
-        # job id -> incident id -> (active, severity) when last told
-        self._incidents: dict[int, dict[str, tuple[bool, str]]] = {}
-        self.active_incidents: dict[int, int] = {}  # job id -> active incidents (job list)
-        # job id -> finding id -> finding, every finding seen since the state was loaded;
-        # those no longer reported by diagnose() stay, marked inactive.
-        self._findings: dict[int, dict[str, Finding]] = {}
-        # job id -> (state.applied, the time judged) at the last diagnosis
-        self._diagnosed: dict[int, tuple[int, float]] = {}
         self.token = token
         self.clock = clock
-        self.max_cached_jobs = max_cached_jobs
-        self._states: collections.OrderedDict[int, JobState] = collections.OrderedDict()
-        self._states_lock = threading.RLock()
-        self._max_seq: dict[str, int] = {}
-        self._session_jobs: dict[str, int] = {}
         self.dirty: set[int] = set()  # jobs changed since the UI last looked
         self.jobs_dirty = threading.Event()
         self.counters: collections.Counter[str] = collections.Counter()
-        self.rewind = Rewind(store)
         self.lag = IngestLag(clock, store.backlog_s)
         self._behind = False  # whether the server last said it is behind
         self.agent_connections = 0  # open v2 connections (dashboard.front counts them)
-        self._holds: dict[str, tuple[int, float]] = {}  # session -> (first seq, until)
         # Several server processes (dashboard.cluster.ClusterNode): the log's tail folds the
         # states, and only jobs this process owns are diagnosed here.
         self.cluster = None
+        self.books = LiveBooks(store, settings, lambda: self.clock(), self.judged_at,
+                               on_incident, self.counters, self._findings_changed)
+        self.cache = StateCache(store, self._load, max_cached_jobs, evicted=self.books.drop)
+        self.admission = Admission(store, token, lambda: self.clock(), self.counters,
+                                   self.state, lambda job_id, state:
+                                   (self.cache.add(job_id, state), self.jobs_dirty.set()))
+        self.rewind = Rewind(store, new_state=lambda job_id, name: Timeline(
+            job_id, name, self.settings))
+
+    @property
+    def settings(self) -> Settings:
+        """The rules' settings (the live books', which a test may swap)."""
+        return self.books.settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        self.books.settings = settings
 
     @property
     def states_lock(self) -> threading.RLock:
-        return self._states_lock
+        return self.cache.lock
+
+    @property
+    def active_incidents(self) -> dict[int, int]:
+        """Job id -> its active incidents (the job list), for jobs diagnosed since start."""
+        return self.books.active_incidents
 
     def start(self) -> "Ingest":
-        self._max_seq = self.store.max_seqs()
+        self.admission.start()
         self.store.on_write_failure = self._resync
         return self
 
     def _resync(self) -> None:
         """After a failed write: forget what memory holds and trust the log again."""
-        with self._states_lock:
-            self._states.clear()
-            self._findings.clear()
-            self._diagnosed.clear()
-            self._incidents.clear()
-            self._session_jobs.clear()
-            self._max_seq = self.store.max_seqs()
+        with self.cache.lock:
+            self.cache.clear()
+            self.admission.reset()
 
     def read(self, job_id: int, view: Callable[[JobState], Any]) -> Any:
         """Run ``view(state)`` while no event is being applied; None if the job is unknown."""
-        with self._states_lock:
+        with self.cache.lock:
             state = self.state(job_id)
             return None if state is None else view(state)
 
@@ -111,44 +118,25 @@ class Ingest:
 
     def state(self, job_id: int) -> JobState | None:
         """The folded state of a job (loaded from the log on first use)."""
-        with self._states_lock:
-            state = self._states.get(job_id)
-            if state is not None:
-                self._states.move_to_end(job_id)
-                return state
-        job = self.store.get_job(job_id)
-        if job is None:
-            return None
-        with self._states_lock:
-            state = self._states.get(job_id)
-            if state is None:
-                # Clustered, the tail applies what comes after its cursor (read under this
-                # lock), so the load stops there.
-                upto = self.cluster.tail.cursor if self.cluster else None
-                state = JobState(job_id, job["name"]).apply_all(
-                    self.store.job_events(job_id, upto=upto))
-                self._states[job_id] = state
-                self._evict()
-            return state
+        return self.cache.state(job_id)
 
-    def _evict(self) -> None:
-        for job_id in list(self._states):
-            if len(self._states) <= self.max_cached_jobs:
-                return
-            if self._states[job_id].status in ("finished", "failed"):
-                del self._states[job_id]
-                self._findings.pop(job_id, None)
-                self._diagnosed.pop(job_id, None)
-                self._incidents.pop(job_id, None)
+    def _load(self, job_id: int, name: str) -> JobState:
+        # Clustered, the tail applies what comes after its cursor (read under the states
+        # lock), so the load stops there.
+        upto = self.cluster.tail.cursor if self.cluster else None
+        return self.books.load(job_id, name, self.store.job_events(job_id, upto=upto))
 
     # -- diagnosis ---------------------------------------------------------------------------
 
     def judged_at(self) -> float:
-        """The moment live verdicts are judged at: now, less the server's own ingest lag.
+        """The moment live verdicts are judged up to: now, or, while the server is behind
+        (its ingest lag over LAG_WARN_S), now less that lag.
 
         An overloaded server folds heartbeats late; judged at arrival time the ranks would
-        look silent or stuck. Judged at ``now - lag`` they look as they were when what the
-        server has folded so far was current (see dashboard.lag).
+        look silent or stuck. Held back by the lag they look as they were when what the
+        server has folded so far was current (see dashboard.lag). A lag under LAG_WARN_S is
+        not held back: the grid's moments are then judged with exactly the events received
+        by each, as replay judges them (dashboard.diagnosis.book).
         """
         lag = self.lag.current()
         if (lag > LAG_WARN_S) != self._behind:
@@ -158,137 +146,61 @@ class Ingest:
                             "lag could explain are held until it catches up", lag)
             else:
                 log.warning("pgdash: ingest caught up with the agents")
-        return self.clock() - lag
+        return self.clock() - (lag if self._behind else 0.0)
 
     def diagnose_live(self) -> None:
-        """Re-diagnose jobs that are running or changed, at the current time (less the
-        server's own lag); store and mark what changed."""
-        now = self.judged_at()
-        changed: dict[int, list[Finding]] = {}
-        with self._states_lock:
-            for job_id, state in list(self._states.items()):
-                if self.cluster is not None and not self.cluster.owns(job_id):
-                    continue  # its owner diagnoses it
-                if state.status in ("finished", "failed") and \
-                        self._settled(job_id, state):
-                    continue
-                rows = self._update_findings(job_id, state, now)
-                if rows:
-                    changed[job_id] = rows
-                    self.dirty.add(job_id)
-        for job_id, rows in changed.items():
-            self._save_findings(job_id, rows)
+        """Judge the grid's moments due by now (less the server's lag, when behind) for
+        every job held here; store and mark what changed."""
+        with self.cache.lock:
+            changed = self.books.tick_all(
+                self.cache.items(),
+                lambda job_id: self.cluster is None or self.cluster.owns(job_id))
+        for job_id, found in changed.items():
+            self.books.save(job_id, found)
 
-    def _settled(self, job_id: int, state: JobState) -> bool:
-        """Whether an ended job's findings can no longer change: diagnosed since its last
-        event, late enough that no grace period of the rules was still running."""
-        last = self._diagnosed.get(job_id)
-        return last is not None and last[0] == state.applied and \
-            last[1] >= (state.last_event_at or 0.0) + self.settings.reconnect_grace
+    def _findings_changed(self, job_id: int, count_changed: bool) -> None:
+        self.dirty.add(job_id)
+        if count_changed:
+            self.jobs_dirty.set()
 
     def findings(self, job_id: int) -> list[Finding] | None:
         """Every finding of the job, newest first (None if the job is unknown)."""
-        rows: list[Finding] = []
         if self.cluster is not None and not self.cluster.owns(job_id):
             if self.store.get_job(job_id) is None:
                 return None
             return sorted(self.store.job_findings(job_id), key=lambda f: -f["first_seen"])
-        with self._states_lock:
-            state = self.state(job_id)
-            if state is None:
-                return None
-            if job_id not in self._findings:  # e.g. an old job first opened after a restart
-                rows = self._update_findings(job_id, state, self.judged_at())
-            # Copies: the book marks a finding resolved in place, and the live feed compares
-            # what it sent last with what it is given now (the same dicts would never differ).
-            found = sorted((dict(f) for f in self._findings[job_id].values()),
-                           key=lambda f: -f["first_seen"])
-        self._save_findings(job_id, rows)
-        return found
+        with self.cache.lock:
+            return None if self.state(job_id) is None else self.books.findings(job_id)
 
     def incidents(self, job_id: int) -> list[Incident] | None:
         """Every incident of the job (findings grouped by root cause), newest first."""
-        found = self.findings(job_id)
-        return None if found is None else incidents(found)
-
-    def _save_findings(self, job_id: int, rows: list[Finding]) -> None:
-        """Store changed findings; never under the states lock (the writer takes it too)."""
-        if rows:
-            self.store.submit(lambda conn: self.store.save_findings(conn, job_id, rows))
-
-    def _update_findings(self, job_id: int, state: JobState, now: float) -> list[Finding]:
-        """Fold a fresh diagnosis into the job's findings; returns those that changed."""
-        book = self._findings.get(job_id)
-        if book is None:  # first look since start: what earlier runs concluded, then today's
-            book = self._findings[job_id] = {f["id"]: f for f in self.store.job_findings(job_id)}
-            # What was already known is not news to whoever listens for incidents.
-            self._incidents[job_id] = {i["id"]: (i["active"], i["severity"])
-                                       for i in incidents(book.values())}
-        before = {fid: _gist(f) for fid, f in book.items()}
-        current = {f["id"]: f for f in diagnose(state, now, self.settings)}
-        for fid, f in current.items():
-            old = book.get(fid)
-            if old is not None:
-                f["first_seen"] = min(f["first_seen"], old["first_seen"])
-            book[fid] = f
-        for fid, f in book.items():
-            if fid not in current:
-                f["active"] = False
-        self._diagnosed[job_id] = (state.applied, now)
-        changed = [f for fid, f in book.items() if before.get(fid) != _gist(f)]
-        if changed:
-            self._track_incidents(job_id, state, book)
-        return changed
-
-    def _track_incidents(self, job_id: int, state: JobState, book: dict[str, Finding]) -> None:
-        """Count active incidents (for the job list) and tell ``on_incident`` of each one
-        that appeared, resolved, or turned critical (a stall that became a hang) since the
-        last diagnosis."""
-        found = incidents(book.values())
-        known = self._incidents.setdefault(job_id, {})
-        count = active_count(found)
-        if self.active_incidents.get(job_id) != count:
-            self.active_incidents[job_id] = count
-            self.jobs_dirty.set()
-        for inc in found:
-            was = known.get(inc["id"])
-            now = known[inc["id"]] = (inc["active"], inc["severity"])
-            if was is None:
-                event = "new" if inc["active"] else None
-            elif was[0] != now[0]:
-                event = "new" if inc["active"] else "resolved"
-            elif inc["active"] and inc["severity"] == "critical" != was[1]:
-                event = "escalated"
-            else:
-                event = None
-            if self.on_incident is None or event is None:
-                continue
-            try:
-                self.on_incident(event, state.summary(), inc)
-            except Exception:  # a listener's fault must not stop diagnosis
-                self.counters["incident_listener_errors"] += 1
-        for iid in set(known) - {i["id"] for i in found}:
-            # merged into another incident (a hang that turned out to be a crash): over
-            del known[iid]
+        if self.cluster is not None and not self.cluster.owns(job_id):
+            found = self.findings(job_id)
+            return None if found is None else incidents_of(found)
+        with self.cache.lock:
+            return None if self.state(job_id) is None else self.books.incidents(job_id)
 
     def state_at(self, job_id: int, at: float) -> dict[str, Any] | None:
         """The job as the server saw it at ``at`` (Unix seconds): every event received by
-        then folded, and diagnosed at that moment (None if the job is unknown).
+        then folded, and its findings and incidents as the book had them then (None if the
+        job is unknown).
 
-        The same fold and the same rules as live, so the findings are those that were
-        active then. Scrubbing forward continues the last fold; see dashboard.rewind.
+        The same fold, rules and book, ticked on the same moments as live, so the findings
+        are those live showed, with the same first/last-seen times. Scrubbing forward
+        continues the last fold; see dashboard.rewind.
         """
         job = self.store.get_job(job_id)
         if job is None:
             return None
 
-        def read(state: JobState) -> dict[str, Any]:
-            found = diagnose(state, at, self.settings)
+        def read(timeline: Timeline) -> dict[str, Any]:
+            state, book = timeline.state, timeline.book_at(at)
+            found = book.findings()
             # ``sections``: what the live feed sends (dashboard.live), judged at ``at``.
             return {"at": at, "job": state.summary(), "ranks": views.rank_rows(state),
                     "groups": views.group_rows(state),
                     "progress": views.progress_rows(state),
-                    "findings": found, "incidents": incidents(found),
+                    "findings": found, "incidents": book.incidents(),
                     "sections": sections(state, at=at, findings=found,
                                          settings=self.settings)}
 
@@ -296,19 +208,19 @@ class Ingest:
 
     def live_views(self) -> list[LiveJob]:
         """What /metrics exports of every job held in memory."""
-        with self._states_lock:
+        with self.cache.lock:
             return [LiveJob(state.summary(), views.rank_rows(state),
-                            list(self._findings.get(job_id, {}).values()),
+                            book.findings() if (book := self.books.held(job_id)) else [],
                             [{"family": family, "op": op, "source": source,
                               "hist": dict(stats.hist), "sum_us": stats.sum_us,
                               "bytes": stats.bytes}
                              for (family, op, source), (stats, _, _)
                              in state.op_stats().items()])
-                    for job_id, state in self._states.items()]
+                    for job_id, state in self.cache.items()]
 
     def take_dirty(self) -> set[int]:
         """Jobs changed since the last call (for the throttled UI push)."""
-        with self._states_lock:
+        with self.cache.lock:
             dirty, self.dirty = self.dirty, set()
             return dirty
 
@@ -320,62 +232,23 @@ class Ingest:
         Raises:
             Refused: bad token or malformed auth (the message says what to fix).
         """
-        try:
-            auth = validate_auth(auth)
-        except WireError as exc:
-            self.counters["refused_connections"] += 1
-            raise Refused(f"pgdash refused the agent: {exc}") from None
-        offered = auth.get("token") or ""
-        if self.token and not hmac.compare_digest(  # constant time: no timing oracle
-                self.token.encode("utf-8"), offered.encode("utf-8", "surrogatepass")):
-            self.counters["refused_connections"] += 1
-            raise Refused("pgdash refused the agent: wrong or missing token; set PGDASH_TOKEN "
-                          "on the training hosts to the server's --token")
+        auth = self.admission.check(auth)
         session = auth["session"]
         connected = self._server_event("connect", {"rank": auth.get("rank"),
                                                    "host": auth.get("host"),
                                                    "attempt": auth.get("attempt")})
 
         def admit(conn) -> int:  # one transaction: the job, the session, its connect event
-            job_id = self._assign(conn, auth)
+            job_id = self.admission.assign(conn, auth)
             self._store(conn, session, job_id, [connected])
             return job_id
 
         return session, self.store.submit(admit)
 
     def disconnect(self, session: str) -> None:
-        job_id = self._session_jobs.get(session)
+        job_id = self.admission.job_of(session)
         if job_id is not None:
             self._record_server_event(session, job_id, "disconnect", {})
-
-    def _assign(self, conn, auth: Auth) -> int:
-        """Writer thread: the job this session belongs to, creating it if needed."""
-        session = auth["session"]
-        # The agent resends from what it was acknowledged, possibly by another server
-        # process: dedupe against what the log holds for it, not what this process saw.
-        self._max_seq[session] = max(self._max_seq.get(session, 0),
-                                     self.store.session_max_seq(conn, session))
-        known = self._session_jobs.get(session)
-        if known is None:
-            self.store.lock_job_name(conn, auth["job"])
-            row = self.store.find_session(conn, session)
-            known = row["job_id"] if row else None
-        if known is None:
-            now = self.clock()
-            latest = self.store.latest_job(conn, auth["job"])
-            state = self.state(latest["id"]) if latest else None
-            if state is not None and _joins(state, auth.get("rank"), session,
-                                            auth.get("attempt") or 0):
-                known = latest["id"]
-            else:  # first launch under this name, or a new launch reusing it
-                known = self.store.create_job(conn, auth["job"], now)
-                with self._states_lock:
-                    self._states[known] = JobState(known, auth["job"])
-                self.jobs_dirty.set()
-            self.store.create_session(conn, session, known, auth.get("rank"),
-                                      auth.get("host"), auth.get("pid"), now)
-        self._session_jobs[session] = known
-        return known
 
     # -- events ------------------------------------------------------------------------------
 
@@ -399,7 +272,7 @@ class Ingest:
 
     def committed(self, session: str, ack: Ack, stored: int) -> Ack:
         """The acknowledgement of a batch whose write committed."""
-        self._holds.pop(session, None)
+        self.admission.release(session)
         return {**ack, "stored": stored}
 
     def write_failed(self, session: str, events: Any, exc: BaseException) -> Ack:
@@ -417,7 +290,7 @@ class Ingest:
         Returns the acknowledgement so far and the future of the write (its result: how many
         events were stored), or None when nothing needs writing (then the ack is final).
         """
-        held = self._held_back(session, events)
+        held = self.admission.held_back(session, events)
         if held is not None:
             return held, None
         try:
@@ -442,32 +315,10 @@ class Ingest:
     def _server_event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         return {"seq": None, "t": self.clock(), "kind": kind, "body": body}
 
-    # A batch refused with retry=True (rate limit, failed write) leaves a gap in the session's
-    # sequence. Storing a later batch first would raise the session's highest stored seq past
-    # the gap, and the resent batch would then be dropped as a duplicate: lost although the
-    # agent resent it. So later batches are refused too until the gap is resent, for at most
-    # HOLD_S seconds (an agent that had to drop the gap's events must not be blocked forever).
-    HOLD_S = 30.0
-
     def hold(self, session: str, events: Any) -> None:
-        """Refuse (retry) batches of ``session`` that start past this refused one's first seq."""
-        first = _first_seq(events)
-        if first is not None:
-            held = self._holds.get(session)
-            if held is None or first < held[0]:
-                self._holds[session] = (first, time.monotonic() + self.HOLD_S)
-
-    def _held_back(self, session: str, events: Any) -> Ack | None:
-        held = self._holds.get(session)
-        if held is None:
-            return None
-        first = _first_seq(events)
-        if first is None or first <= held[0] or time.monotonic() > held[1]:
-            return None
-        self.counters["held_batches"] += 1
-        return {"ok": False, "retry": True, "retry_after": 0.1,
-                "error": f"an earlier batch (from seq {held[0]}) was not stored yet; "
-                         "send it again first"}
+        """Refuse (retry) batches of ``session`` that start past this refused one's first seq
+        (see Admission.HOLD_S)."""
+        self.admission.hold(session, events)
 
     def _record_server_event(self, session: str, job_id: int, kind: str,
                              body: dict[str, Any]) -> None:
@@ -476,51 +327,42 @@ class Ingest:
 
     def _store(self, conn, session: str, job_id: int, evs: list[dict[str, Any]]) -> int:
         """Writer thread: drop what is already stored, insert the rest, fold it into state."""
-        last = self._max_seq.get(session, 0)
-        fresh = []
-        for ev in evs:
-            seq = ev.get("seq")
-            if seq is None:
-                fresh.append(ev)
-            elif seq > last:
-                fresh.append(ev)
-                last = seq
+        fresh, last = self.admission.fresh(session, evs)
+        self.counters["duplicate_events"] += len(evs) - len(fresh)
         if not fresh:
-            self.counters["duplicate_events"] += len(evs)
             return 0
-        now = self.clock()
-        ids = self.store.insert_events(conn, job_id, session, fresh, now)
-        if self.cluster is not None:  # the log's tail folds it, here and in the owner
-            self._max_seq[session] = last
-            self.counters["duplicate_events"] += len(evs) - len(fresh)
+        with self.books.stamping() as now:
+            ids = self.store.insert_events(conn, job_id, session, fresh, now)
+            self.admission.stored(session, last)
             self.counters["stored_events"] += len(fresh)
-            self.cluster.touch(job_id)
-            return len(fresh)
-        with self._states_lock:
-            state = self.state(job_id)
-            before = state.summary()
-            for event_id, ev in zip(ids, fresh):
-                stored: StoredEvent = {"id": event_id, "session": session,
-                                       "seq": ev.get("seq"), "t": ev["t"], "received_at": now,
-                                       "kind": ev["kind"], "body": ev["body"]}
-                state.apply(stored)
-            after = state.summary()
+            if self.cluster is not None:  # the log's tail folds it, here and in the owner
+                self.cluster.touch(job_id)
+                return len(fresh)
+            with self.cache.lock:
+                state = self.state(job_id)
+                before = state.summary()
+                # The moments due before this batch arrived are judged without it.
+                self.books.before_fold(conn, job_id, state, now)
+                for event_id, ev in zip(ids, fresh):
+                    stored: StoredEvent = {"id": event_id, "session": session,
+                                           "seq": ev.get("seq"), "t": ev["t"],
+                                           "received_at": now, "kind": ev["kind"],
+                                           "body": ev["body"]}
+                    state.apply(stored)
+                after = state.summary()
         newest = max((ev["t"] for ev in fresh if ev.get("seq") is not None), default=None)
         if newest is not None:
             self.lag.folded(session, newest, now)
         if after != before:
             self.store.update_job(conn, job_id, after)
             self.jobs_dirty.set()
-        self._max_seq[session] = last
-        self.counters["duplicate_events"] += len(evs) - len(fresh)
-        self.counters["stored_events"] += len(fresh)
         self.dirty.add(job_id)
         return len(fresh)
 
     def adopt(self, job_id: int) -> None:
         """Clustered: this process now owns the job (new, or taken over from a dead owner):
         hold its state and bring its row in ``jobs`` up to what the log says."""
-        with self._states_lock:
+        with self.cache.lock:
             state = self.state(job_id)
             summary = state.summary() if state is not None else None
             self.dirty.add(job_id)
@@ -531,10 +373,9 @@ class Ingest:
     def settled(self, job_id: int) -> bool:
         """Clustered: whether an owned job needs no owner any more (ended and diagnosed since
         its last event, or no longer held here)."""
-        with self._states_lock:
-            state = self._states.get(job_id)
-            return state is None or (state.status in ("finished", "failed")
-                                     and self._settled(job_id, state))
+        with self.cache.lock:
+            state = self.cache.held(job_id)
+            return state is None or self.books.settled(job_id, state)
 
     def apply_logged(self, rows: list[dict[str, Any]]) -> None:
         """Clustered: fold rows read from the log's tail into the jobs held in memory (the
@@ -542,7 +383,7 @@ class Ingest:
         touched: dict[int, dict[str, Any]] = {}
         newest: dict[str, float] = {}  # per agent session, for the lag (dashboard.lag)
         for row in rows:
-            state = self._states.get(row["job_id"])
+            state = self.cache.held(row["job_id"])
             if state is None:
                 continue  # not held here: loaded from the log when first needed
             if row["job_id"] not in touched:
@@ -559,7 +400,7 @@ class Ingest:
             self.lag.folded(session, t, now)
         for job_id, before in touched.items():
             self.dirty.add(job_id)
-            after = self._states[job_id].summary()
+            after = self.cache.held(job_id).summary()
             if after != before and self.cluster.owns(job_id):
                 # Not waiting: the writer thread may need the states lock held here.
                 try:
@@ -568,33 +409,3 @@ class Ingest:
                     self.jobs_dirty.set()
                 except queue.Full:
                     self.counters["dropped_job_updates"] += 1
-
-
-def _first_seq(events: Any) -> int | None:
-    """The lowest seq in a batch, if it has a readable one (the batch is not validated yet)."""
-    try:
-        seqs = [ev["seq"] for ev in events]
-        return min(s for s in seqs if isinstance(s, int) and not isinstance(s, bool))
-    except (TypeError, KeyError, ValueError):
-        return None
-
-
-def _gist(finding: Finding) -> tuple:
-    """What makes a finding worth pushing and storing again (not its last_seen)."""
-    return (finding["active"], finding["severity"], finding["summary"], finding["ranks"])
-
-
-def _joins(state: JobState, rank: int | None, session: str, attempt: int = 0) -> bool:
-    """Whether a new agent session with this rank belongs to the job's current launch.
-
-    A later attempt (torchrun restarted the job after a failure) is the same job, even ended.
-    An earlier attempt than the job's, or a rank number already held by another session of
-    the same attempt, means a new launch reusing the name. A known rank joins even an ended
-    job: a rank whose agent connects late (a fast job, a slow link) must not split the launch
-    in two. An unknown rank joins only a job still going.
-    """
-    if attempt != state.attempt:
-        return attempt > state.attempt
-    if state.claims(rank, session, attempt):
-        return False
-    return rank is not None or state.status not in ("finished", "failed")

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from dashboard import views
 from dashboard.diagnosis import Settings
-from dashboard.incidents import incidents as incidents_of
+from dashboard.diagnosis.incidents import incidents as incidents_of
 from dashboard.state import JobState
 
 # Rows of these sections are identified by these fields (in this order on the page).
@@ -48,8 +48,8 @@ def sections(state: JobState, cache: "ViewCache | None" = None, *, at: float | N
     """Everything the job page shows of ``state`` judged at event time ``at``, by section.
 
     Live, ``at`` is ``Ingest.judged_at()`` and ``findings`` the job's book; replay
-    (``GET /api/jobs/<id>/state?at=``) passes the moment asked for and the findings active
-    then: the same function, so both show the same page. With ``at``, the sections include
+    (``GET /api/jobs/<id>/state?at=``) passes the moment asked for and the same book as
+    of then (dashboard.diagnosis.book): the same function, so both show the same page. With ``at``, the sections include
     the display states (``rank_states``, ``group_states``: dashboard.views) judged then;
     with ``findings``, also ``findings`` and ``incidents``.
 

@@ -17,7 +17,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
 from agent.wire import HIST_BUCKETS_PER_OCTAVE
-from dashboard.incidents import incidents
+from dashboard.diagnosis.incidents import incidents
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RANK_STATES = ("initializing", "running", "exited", "failed", "lost")

@@ -19,7 +19,7 @@ import collections
 import copy
 import dataclasses
 import threading
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from dashboard.state import JobState
 from dashboard.storage import Store
@@ -31,13 +31,21 @@ T = TypeVar("T")
 class _Point:
     at: float  # when the last event in the state arrived: usable for any moment from then
     last_id: int  # the state holds the events up to this id
-    state: JobState
+    state: Any  # a JobState, or what ``new_state`` makes (with ``apply`` and ``sessions``)
 
 
 class Rewind:
+    """Args:
+        new_state: ``(job_id, name) -> `` an empty fold: a JobState by default; Ingest
+            folds a ``dashboard.diagnosis.book.Timeline`` (state and findings book), which
+            deep-copies and pickles like one.
+    """
+
     def __init__(self, store: Store, max_jobs: int = 4, checkpoints: int = 16,
-                 spacing: int = 2000, copy_sessions: int = 256):
+                 spacing: int = 2000, copy_sessions: int = 256,
+                 new_state: Callable[[int, str], Any] = JobState):
         self.store = store
+        self.new_state = new_state
         self.max_jobs, self.max_checkpoints = max_jobs, checkpoints
         self.spacing, self.copy_sessions = spacing, copy_sessions
         self._lock = threading.Lock()
@@ -46,7 +54,7 @@ class Rewind:
         self._spacing: dict[int, int] = {}  # by job: events between checkpoints
         self.events_read = 0  # for tests: what scrubbing cost
 
-    def view(self, job_id: int, name: str, at: float, read: Callable[[JobState], T]) -> T:
+    def view(self, job_id: int, name: str, at: float, read: Callable[[Any], T]) -> T:
         """``read(state)`` of the job at moment ``at`` (the state is only valid inside)."""
         with self._lock:
             start = self._start(job_id, name, at)
@@ -69,7 +77,7 @@ class Rewind:
             return cursor  # continue forward, in place
         if best is not None:
             return _Point(best.at, best.last_id, copy.deepcopy(best.state))
-        return _Point(float("-inf"), 0, JobState(job_id, name))
+        return _Point(float("-inf"), 0, self.new_state(job_id, name))
 
     def _fold(self, job_id: int, point: _Point, at: float) -> _Point:
         state, last_id, last_at = point.state, point.last_id, point.at

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from dashboard.diagnosis import Settings, diagnose, finding
-from dashboard.incidents import incidents
+from dashboard.diagnosis.incidents import incidents
 from dashboard.notify import Notifier, check_url, payload
 from test_diagnosis import intervals, progress, running
 

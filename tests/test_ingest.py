@@ -89,36 +89,45 @@ def test_findings_are_stored_and_survive_a_restart_resolved_ones_included(ingest
     from dashboard.diagnosis import Settings
 
     ingest.settings = Settings(hang_after=5.0, lost_after=1e9)
+    # Moments are judged on a grid of the server's clock, which only moves forward.
+    now = [1000.0]
+    ingest.clock = lambda: now[0]
     sessions = {}
     for r in range(3):
         sessions[r] = ingest.connect(auth(f"s{r}", r))
         hello = {"job": "j", "rank": r, "world_size": 3, "host": "h", "pid": r,
                  "backend": "gloo"}
-        ingest.batch(*sessions[r], batch(ev(1, "hello", hello), ev(2, "group", {
-            "name": "0", "ranks": [0, 1, 2]})))
+        ingest.batch(*sessions[r], batch(ev(1, "hello", hello, t=now[0]), ev(2, "group", {
+            "name": "0", "ranks": [0, 1, 2]}, t=now[0])))
 
     def heartbeat(r, seq, entered, inflight_since):
         row = {"group": "0", "entered": entered, "completed": entered - 1 if inflight_since
                else entered, "inflight_op": "all_reduce" if inflight_since else None,
                "inflight_since": inflight_since}
-        ingest.batch(*sessions[r], batch(ev(seq, "heartbeat", {"groups": [row]}, t=50.0)))
+        ingest.batch(*sessions[r], batch(ev(seq, "heartbeat", {"groups": [row]}, t=now[0])))
 
+    now[0] = 1010.0
     for r in (0, 1):
-        heartbeat(r, 3, 5, 10.0)
+        heartbeat(r, 3, 5, 1004.0)
     heartbeat(2, 3, 4, None)
-    ingest.clock = lambda: 20.0
+    now[0] = 1012.0
     ingest.diagnose_live()
     (hang,) = ingest.findings(sessions[0][1])
     assert hang["kind"] == "hang" and hang["ranks"] == [2] and hang["active"]
+    assert (hang["first_seen"], hang["last_seen"]) == (1009.0, 1012.0)
+    now[0] = 1013.0
     for r in range(3):  # rank 2 arrives: the hang is over
         heartbeat(r, 4, 5, None)
+    now[0] = 1014.0
     ingest.diagnose_live()
     (resolved,) = ingest.findings(sessions[0][1])
-    assert not resolved["active"]
+    assert not resolved["active"] and resolved["last_seen"] == 1012.0
 
-    restarted = Ingest(ingest.store, clock=lambda: 30.0).start()
+    # A restarted server rebuilds the book from the log, on the same moments: the same times.
+    restarted = Ingest(ingest.store, clock=lambda: 1030.0, settings=ingest.settings).start()
     (kept,) = restarted.findings(sessions[0][1])
     assert kept["id"] == hang["id"] and not kept["active"] and kept["ranks"] == [2]
+    assert (kept["first_seen"], kept["last_seen"]) == (1009.0, 1012.0)
 
 
 @pytest.fixture
@@ -164,7 +173,13 @@ def test_state_at_a_past_moment_is_what_was_known_then(hang_job):
     assert [(f["kind"], f["ranks"]) for f in hung["findings"]] == [("hang", [0])]
     assert hung["findings"][0]["evidence"]["waiting"] == [1]
     done = ingest.state_at(job, 131.0)
-    assert done["job"]["status"] == "finished" and done["findings"] == []
+    assert done["job"]["status"] == "finished"
+    assert [f for f in done["findings"] if f["active"]] == []
+    # The book keeps what resolved, with the times live showed: the hang judged from 114
+    # (in flight since 104, hang_after 10) to 129, the last moment before the exits.
+    (hang,) = [f for f in done["findings"] if f["kind"] == "hang"]
+    assert (hang["first_seen"], hang["last_seen"]) == (114.0, 129.0)
+    assert any(hang["id"] in i["findings"] for i in done["incidents"])
     assert ingest.state_at(12345, 131.0) is None
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from dashboard.diagnosis import SEVERITY_ORDER, Finding
+from dashboard.diagnosis.core import SEVERITY_ORDER, Finding
 
 Incident = dict[str, Any]
 

@@ -1,0 +1,263 @@
+"""The book: the lifecycle of one job's findings and incidents, the same for live and replay.
+
+``diagnose(state, now)`` says what is wrong at one moment. The book remembers across moments:
+when each finding started (``first_seen``, the earliest any moment gave), when it was last
+active (``last_seen``), that a finding no longer reported is resolved (kept, ``active``
+false), and which incidents appeared, resolved or turned critical, for whoever is told.
+
+**One grid of moments.** A book is ticked only on the moments ``k * diagnose_every`` (Unix
+seconds of the server's clock, the clock that stamps ``received_at``), and a tick at moment T
+judges the state holding exactly the events received by T. Live ingest ticks the due moments
+before it folds each batch and from its timer; replay (``archive.replay``, ``state?at=``)
+ticks them while folding the log with :class:`Timeline`. So both see the same states at the
+same moments, and give the same findings with the same first/last-seen times. Where they may
+differ (the server was behind, restarted, or clustered) is said in README, "One lifecycle".
+
+A Book is a plain picklable object (dicts, floats, the frozen Settings): it can travel with a
+checkpointed JobState. No Flask, no SQL, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any, Iterable, NamedTuple
+
+from agent.wire import ENDED
+from dashboard.diagnosis.core import Finding, Settings, Severity
+from dashboard.diagnosis.incidents import Incident, active_count, incidents
+from dashboard.diagnosis.rules import diagnose
+from dashboard.state import JobState, StoredEvent
+
+
+class Change(str, enum.Enum):
+    """What happened to a finding or an incident at one tick (str-valued, as sent)."""
+
+    NEW = "new"  # appeared, or came back after it had resolved
+    CHANGED = "changed"  # another severity or other blamed ranks
+    UPDATED = "updated"  # only its text (a hang's says how long): stored, not news
+    RESOLVED = "resolved"
+    ESCALATED = "escalated"  # an incident that turned critical (a stall that became a hang)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Changes(NamedTuple):
+    """What one tick changed: findings to store and push, incidents to tell."""
+
+    at: float
+    findings: list[tuple[Change, Finding]]
+    incidents: list[tuple[Change, Incident]]
+
+
+
+
+def _gist(f: Finding) -> tuple:
+    """What makes a finding worth pushing and storing again (not its last_seen)."""
+    return (f["active"], f["severity"], f["summary"], f["ranks"])
+
+
+class Book:
+    """One job's findings and incidents over time.
+
+    Args:
+        settings: the rules' settings; ``settings.diagnose_every`` is the grid.
+        known: findings stored by an earlier run of the server (live, after a restart):
+            kept as they are, and their incidents are not news.
+    """
+
+    def __init__(self, settings: Settings = Settings(), known: Iterable[Finding] = ()):
+        self.settings = settings
+        self._findings: dict[str, Finding] = {f["id"]: dict(f) for f in known}
+        # incident id -> (active, severity) when last told
+        self._told: dict[str, tuple[bool, str]] = {
+            i["id"]: (i["active"], i["severity"]) for i in incidents(self._findings.values())}
+        self.active_incidents = active_count(incidents(self._findings.values()))
+        self.ticked: int | None = None  # index k of the last grid moment judged
+        self._applied = -1  # state.applied at the last diagnosis
+        self.diagnosed = 0  # moments judged (what building the book cost)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def findings(self) -> list[Finding]:
+        """Every finding since the book began, newest first (copies: the book changes its
+        own in place, and the live feed compares what it sent with what it is given)."""
+        return sorted((dict(f) for f in self._findings.values()),
+                      key=lambda f: (-f["first_seen"], f["id"]))
+
+    def incidents(self) -> list[Incident]:
+        """Every incident (findings grouped by root cause), newest first."""
+        return incidents(self._findings.values())
+
+    def moment(self, k: int) -> float:
+        return k * self.settings.diagnose_every
+
+    @property
+    def judged_through(self) -> float | None:
+        """The last grid moment judged (None before the first)."""
+        return None if self.ticked is None else self.moment(self.ticked)
+
+    def settled(self, state: JobState) -> bool:
+        """Whether an ended job's findings can no longer change: diagnosed since its last
+        event, late enough that no grace period of the rules was still running."""
+        return state.status in ENDED and self._applied == state.applied and \
+            self.ticked is not None and \
+            self.moment(self.ticked) >= (state.last_event_at or 0.0) + \
+            self.settings.reconnect_grace
+
+    def keep(self, known: Iterable[Finding]) -> None:
+        """Add findings stored by an earlier run that this book does not hold (resolved:
+        the log no longer shows them); what is in the book now is nobody's news."""
+        for f in known:
+            if f["id"] not in self._findings:
+                self._findings[f["id"]] = {**f, "active": False}
+        found = self.incidents()
+        self._told = {i["id"]: (i["active"], i["severity"]) for i in found}
+        self.active_incidents = active_count(found)
+
+    # -- ticking -----------------------------------------------------------------------------
+
+    def start(self, at: float) -> None:
+        """Begin the grid at ``at`` (the first event's arrival, or now for a book opened
+        on a job already under way): moments up to it are not judged."""
+        if self.ticked is None:
+            self.ticked = math.floor(at / self.settings.diagnose_every)
+
+    def tick_before(self, state: JobState, limit: float) -> list[Changes]:
+        """Judge every due moment strictly before ``limit`` (an event received at ``limit``
+        is about to be folded, so ``state`` is the state at each of them)."""
+        return self._tick(state, math.ceil(limit / self.settings.diagnose_every) - 1)
+
+    def tick_through(self, state: JobState, limit: float) -> list[Changes]:
+        """Judge every due moment up to ``limit`` included (no event received by then is
+        missing from ``state``)."""
+        return self._tick(state, math.floor(limit / self.settings.diagnose_every))
+
+    def _tick(self, state: JobState, last: int) -> list[Changes]:
+        if self.ticked is None:
+            self.start(self.moment(last))
+            return []
+        out = []
+        while self.ticked < last:
+            if self.settled(state):  # nothing can change until the next event
+                self.ticked = last
+                break
+            self.ticked += 1
+            changes = self.update(state, self.moment(self.ticked))
+            if changes.findings or changes.incidents:
+                out.append(changes)
+        return out
+
+    def update(self, state: JobState, now: float) -> Changes:
+        """Fold the diagnosis at ``now`` into the book; returns what changed.
+
+        Called by the tick methods on grid moments; callable directly at any moment (then
+        the times are those of the moments it was called at)."""
+        book = self._findings
+        before = {fid: (f["active"], f["severity"], f["ranks"], _gist(f))
+                  for fid, f in book.items()}
+        current = {f["id"]: f for f in diagnose(state, now, self.settings)}
+        for fid, f in current.items():
+            old = book.get(fid)
+            if old is not None:
+                f["first_seen"] = min(f["first_seen"], old["first_seen"])
+            book[fid] = f
+        for fid, f in book.items():
+            if fid not in current and f["active"]:
+                book[fid] = {**f, "active": False}
+        self._applied = state.applied
+        self.diagnosed += 1
+        found: list[tuple[Change, Finding]] = []
+        for fid, f in book.items():
+            was = before.get(fid)
+            if was is not None and was[3] == _gist(f):
+                continue
+            if was is None or (f["active"] and not was[0]):
+                change = Change.NEW
+            elif not f["active"]:
+                change = Change.RESOLVED
+            elif (f["severity"], f["ranks"]) != (was[1], was[2]):
+                change = Change.CHANGED
+            else:
+                change = Change.UPDATED
+            found.append((change, f))
+        told = self._track_incidents() if found else []
+        return Changes(now, found, told)
+
+    def _track_incidents(self) -> list[tuple[Change, Incident]]:
+        """Incidents that appeared, resolved, or turned critical since they were last told."""
+        found = self.incidents()
+        self.active_incidents = active_count(found)
+        known = self._told
+        out = []
+        for inc in found:
+            was = known.get(inc["id"])
+            now = known[inc["id"]] = (inc["active"], inc["severity"])
+            if was is None:
+                event = Change.NEW if inc["active"] else None
+            elif was[0] != now[0]:
+                event = Change.NEW if inc["active"] else Change.RESOLVED
+            elif inc["active"] and inc["severity"] == Severity.CRITICAL != was[1]:
+                event = Change.ESCALATED
+            else:
+                event = None
+            if event is not None:
+                out.append((event, inc))
+        for iid in set(known) - {i["id"] for i in found}:
+            # merged into another incident (a hang that turned out to be a crash): over
+            del known[iid]
+        return out
+
+
+class Timeline:
+    """A job's state and book advanced together through its log, in log order: what
+    replay and ``state?at=`` fold. Quacks as much like JobState as dashboard.rewind needs
+    (``apply``, ``sessions``), and is as picklable."""
+
+    def __init__(self, job_id: int, name: str, settings: Settings = Settings()):
+        self.state = JobState(job_id, name)
+        self.book = Book(settings)
+        self.changes: list[Changes] | None = None  # kept only when asked (archive.replay)
+
+    @property
+    def sessions(self) -> dict[str, Any]:
+        return self.state.sessions
+
+    def apply(self, ev: StoredEvent) -> None:
+        """Judge the moments due before ``ev`` arrived, then fold it."""
+        if self.book.ticked is None:
+            self.book.start(ev["received_at"])
+        else:
+            self._keep(self.book.tick_before(self.state, ev["received_at"]))
+        self.state.apply(ev)
+
+    def advance(self, at: float) -> None:
+        """Judge the moments due up to ``at`` (no event received by then may come later)."""
+        self._keep(self.book.tick_through(self.state, at))
+
+    def book_at(self, at: float) -> Book:
+        """The book as of ``at``, leaving this timeline where it is (a cursor that a later
+        event continues from must not have judged moments past that event)."""
+        book = _copy_book(self.book)
+        book.tick_through(self.state, at)
+        return book
+
+    def _keep(self, changes: list[Changes]) -> None:
+        if self.changes is not None:
+            self.changes.extend(changes)
+
+
+def _copy_book(book: Book) -> Book:
+    """A copy whose own changes leave ``book`` alone (findings are replaced, not edited)."""
+    other = Book.__new__(Book)
+    other.__dict__.update(book.__dict__)
+    other._findings = dict(book._findings)
+    other._told = dict(book._told)
+    return other
+
+
+def with_grid(settings: Settings, step: float) -> Settings:
+    """``settings`` ticked every ``step`` seconds instead (``pgdash replay --step``)."""
+    return dataclasses.replace(settings, diagnose_every=step)

@@ -1,0 +1,80 @@
+"""Diagnosis core: the Finding type, severities, and the settings every rule reads.
+
+A finding names what is wrong, the rank(s) at fault, a next step, and its evidence. Rules
+(``dashboard.diagnosis.rules``) make findings from a JobState and an event time; the book
+(``dashboard.diagnosis.book``) keeps their lifecycle. No Flask, no SQL, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Iterable
+
+
+class Severity(str, enum.Enum):
+    """How bad a finding is (str-valued: JSON holds the same strings as before)."""
+
+    CRITICAL = "critical"
+    WARNING = "warning"
+    INFO = "info"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    # Findings are judged on the moments k * diagnose_every (Unix seconds), live and in
+    # replay alike (dashboard.diagnosis.book): the same moments give the same times.
+    diagnose_every: float = 1.0
+    hang_after: float = 60.0  # --hang-after: a collective waiting this long is a hang
+    # A collective some ranks wait in while a peer has not entered it is a `stall` once the
+    # wait reaches the largest of these (measured on real gloo jobs: see README, "Stall"):
+    stall_after: float = 10.0  # --stall-after: the floor, well above a checkpoint's pause
+    stall_p99_factor: float = 10.0  # ... this many times the group's own p99 collective time
+    stall_max_factor: float = 1.5  # ... this many times the longest one the group completed
+    stall_min_calls: int = 20  # collectives per rank before the group's history counts...
+    stall_warmup_after: float = 30.0  # ... before that (warm-up, compilation), this floor
+    lost_after: float = 15.0  # a running rank silent this long (no heartbeat) is lost
+    # A rank whose connection closed is lost unless it is back this soon (an agent that
+    # reconnects after a network blip, or after acks came late from a busy server).
+    reconnect_grace: float = 1.5
+    init_grace: float = 3.0  # after the latest arrival, missing ranks are named
+    straggler_min_intervals: int = 2  # recent summaries (about seconds) a straggler must span
+    straggler_min_calls: int = 20  # ... holding at least this many collectives on every rank
+    straggler_consistency: float = 0.75  # ... the same rank clearly waiting least (ratio and
+    # floor below, per interval) in this share of them: a single pause (a checkpoint, a CPU
+    # stall of a crowded host) makes one interval of long waits, never a straggler
+    straggler_persist: int = 1  # ... judged so on this many consecutive windows
+    straggler_ratio: float = 3.0  # the others wait this many times longer than the straggler
+    straggler_min_wait_us: float = 2000.0  # ... and at least this much longer per collective
+    slow_history: int = 10  # intervals of history before slow_collective can judge
+    slow_persist: int = 3  # consecutive slow intervals before it is a finding
+    slow_min_calls: int = 3  # intervals with fewer collectives on the fastest rank don't count
+    slow_ratio: float = 10.0  # a collective this many times slower than its own history
+    slow_min_us: float = 5000.0  # ... and at least this much slower per call
+    throttle_after: float = 5.0  # thermal/power slowdown active this long is a finding
+    # A straggler's own waits inside C++-only collectives (DDP's), from the Flight Recorder's
+    # samples (5 a second): judged on at least this many samples per rank...
+    hidden_min_samples: int = 25
+    hidden_wait_gap: float = 0.05  # ... it waits if found in flight this much more often
+    hidden_min_busy: int = 3  # ... (at least this many times, and two standard errors)
+    hidden_horizon: float = 10.0  # ... over at most this many seconds of heartbeats (older
+    # ones describe the job before it slowed down)
+
+
+Finding = dict[str, Any]
+
+Finding = dict[str, Any]
+SEVERITY_ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
+def finding(kind: str, severity: str, ranks: Iterable[int], group: str | None, summary: str,
+            hint: str, evidence: dict[str, Any], first_seen: float, key: str = "") -> Finding:
+    """One finding as stored and served; its id is stable across moments (kind, group, key)."""
+    return {"id": f"{kind}:{group or '-'}:{key}", "kind": kind,
+            "severity": Severity(severity).value,
+            "ranks": sorted(set(ranks)), "group": group, "summary": summary, "hint": hint,
+            "evidence": evidence, "first_seen": first_seen, "last_seen": first_seen,
+            "active": True}

@@ -1,0 +1,42 @@
+"""The rule table and the run of it: ``diagnose(state, now)`` gives the findings active at ``now``.
+
+Each rule is one pure function ``(state, now, settings) -> findings``, grouped by area in this
+package. Each finding's ``first_seen`` is derived from the state (when the evidence became
+conclusive), so folding a stored log up to ``t`` gives the findings live mode showed at ``t``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from dashboard.diagnosis.core import SEVERITY_ORDER, Finding, Settings
+from dashboard.diagnosis.rules.crash import rank_failed, rank_lost
+from dashboard.diagnosis.rules.desync import desync
+from dashboard.diagnosis.rules.gpu import gpu_fault, gpu_throttle
+from dashboard.diagnosis.rules.hangs import hang, stall
+from dashboard.diagnosis.rules.rendezvous import config_mismatch, init_failed, init_incomplete
+from dashboard.diagnosis.rules.stragglers import slow_collective, straggler
+from dashboard.state import JobState
+
+RULES: list[Callable[[JobState, float, Settings], list[Finding]]] = [
+    init_incomplete, init_failed, config_mismatch, rank_lost, rank_failed, hang, stall, desync,
+    straggler, slow_collective, gpu_fault, gpu_throttle,
+]
+
+
+def diagnose(state: JobState, now: float, settings: Settings = Settings()) -> list[Finding]:
+    """Findings active at ``now``, most severe first."""
+    found: list[Finding] = []
+    for rule in RULES:
+        found.extend(f for f in rule(state, now, settings) if f["first_seen"] <= now)
+    desyncs = {(f["group"], f["evidence"]["seq"]) for f in found if f["kind"] == "desync"}
+    # A mismatched collective usually hangs every rank on gloo: say desync, not hang.
+    found = [f for f in found if not (f["kind"] in ("hang", "stall") and
+                                      (f["group"], f["evidence"]["seq"]) in desyncs)]
+    for f in found:
+        f["last_seen"] = now
+        # Each attempt of a restarted job has its own findings: attempt 0's keep their ids.
+        f["attempt"] = state.attempt
+        if state.attempt:
+            f["id"] += f"@{state.attempt}"
+    return sorted(found, key=lambda f: (SEVERITY_ORDER[f["severity"]], -f["first_seen"]))

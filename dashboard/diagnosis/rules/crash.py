@@ -1,0 +1,89 @@
+"""Rules for ranks that died: a rank lost (killed, vanished) and a rank that failed with an error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboard.errors import classify
+from agent.wire import RankStatus
+from dashboard.diagnosis.core import Finding, Settings, Severity, finding
+from dashboard.diagnosis.text import process_label
+from dashboard.state import JobState, RankState
+
+
+def _last_error(state: JobState, rank: int) -> dict[str, Any] | None:
+    """The latest error of that rank in the current attempt."""
+    return next((e for e in reversed(state.errors) if e.get("rank") == rank
+                 and e.get("attempt", 0) == state.attempt), None)
+
+
+def _is_init_failure(state: JobState, r: RankState) -> bool:
+    return bool((state.init.get(r.session) or {}).get("error"))
+
+
+def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
+    out = []
+    for r in state.ranks():
+        if r.status == RankStatus.LOST:
+            since, how = r.exit_at or r.last_seen, "its connection closed without a clean exit"
+            if now - since < s.reconnect_grace:
+                continue
+        elif r.status in (RankStatus.RUNNING, RankStatus.INITIALIZING) and now - r.last_seen > s.lost_after:
+            since = r.last_seen + s.lost_after
+            how = f"nothing heard from it for {now - r.last_seen:.0f} s (heartbeats stopped)"
+        else:
+            continue
+        victims = {v.rank: _last_error(state, v.rank) for v in state.ranks()
+                   if v.status == RankStatus.FAILED and v.rank != r.rank}
+        out.append(finding(
+            "rank_lost", Severity.CRITICAL, [r.rank], None,
+            f"Rank {r.rank} vanished{process_label(r)}: {how}.",
+            f"Look for why process {r.pid} on {r.host} died: `dmesg -T | grep -iE "
+            f"'killed process|out of memory'` on {r.host} (OOM killer), the launcher's exit "
+            f"code for rank {r.rank} (-9 is SIGKILL), and the end of that rank's own log. "
+            "Errors on other ranks after this moment are consequences.",
+            {"last_seen": r.last_seen, "host": r.host, "pid": r.pid,
+             "victims": {str(k): v for k, v in victims.items()}},
+            since, key=f"r{r.rank}"))
+    return out
+
+
+def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
+    failed = [r for r in state.ranks() if r.status == RankStatus.FAILED and not _is_init_failure(state, r)]
+    if not failed:
+        return []
+    causes = {}
+    for r in failed:
+        err = _last_error(state, r.rank)
+        cause = classify(err["error"], err.get("error_type")) if err else None
+        causes[r.rank] = (err, cause)
+    lost = [r.rank for r in state.ranks() if r.status == RankStatus.LOST]
+    culprits = [r for r in failed if causes[r.rank][1] is None or not causes[r.rank][1].victim]
+    victims = [r for r in failed if r not in culprits]
+    if not culprits and not lost:
+        # Everyone who failed was waiting on a peer: blame the first to fail, say so.
+        culprits = [min(victims, key=lambda r: (causes[r.rank][0] or {}).get("t", r.exit_at or 0))]
+        victims = [r for r in victims if r is not culprits[0]]
+    out = []
+    for r in culprits:
+        err, cause = causes[r.rank]
+        text = err["error"] if err else "the process exited unsuccessfully"
+        if cause is None:
+            title = "exited with an error"
+        elif cause.cause == "unknown":  # the error's own words say more than "unrecognised"
+            first = text.strip().splitlines()[0] if text.strip() else ""
+            title = f"{err.get('error_type') or 'error'}: {first[:160]}"
+        else:
+            title = cause.title
+        out.append(finding(
+            "rank_failed", Severity.CRITICAL, [r.rank], err.get("group") if err else None,
+            f"Rank {r.rank} failed{process_label(r)}: {title}.",
+            (cause.hint if cause else "Read the end of this rank's log.") +
+            (" The other failures are consequences of this one." if victims else ""),
+            {"error": text, "error_type": err.get("error_type") if err else None,
+             "where": err.get("where") if err else None, "op": err.get("op") if err else None,
+             "seq": err.get("seq") if err else None,
+             "cause": cause.cause if cause else None, "details": cause.details if cause else {},
+             "victims": {str(v.rank): (causes[v.rank][0] or {}).get("error") for v in victims}},
+            (err or {}).get("t") or r.exit_at or r.last_seen, key=f"r{r.rank}"))
+    return out

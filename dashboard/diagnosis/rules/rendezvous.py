@@ -1,0 +1,116 @@
+"""Rules for the start of a job: rendezvous never completing, init_process_group failing,
+ranks disagreeing on settings that must match."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from dashboard.errors import classify
+from dashboard.diagnosis.core import Finding, Settings, Severity, finding
+from dashboard.diagnosis.text import process_label, ranks_label
+from dashboard.state import JobState, RankState
+
+
+def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
+    arrivals = [(sess, entry) for sess, entry in state.current_init().items()]
+    if not arrivals:
+        return []
+    sizes = collections.Counter(e.get("world_size") for _, e in arrivals
+                                if e.get("world_size") not in (None, -1))
+    world = state.world_size or (sizes.most_common(1)[0][0] if sizes else None)
+    if not world:
+        return []
+    arrived = {state.sessions[sess].rank for sess, _ in arrivals
+               if state.sessions[sess].rank is not None}
+    waiting = [e for _, e in arrivals if not e.get("done_at") and not e.get("error")]
+    missing = sorted(set(range(world)) - arrived)
+    if not waiting or not missing:
+        return []
+    last_arrival = max(e["arrived_at"] for _, e in arrivals)
+    addr = next((e.get("master_addr") for _, e in arrivals if e.get("master_addr")), None)
+    port = next((e.get("master_port") for _, e in arrivals if e.get("master_port")), None)
+    target = f"{addr}:{port}" if addr and port else "MASTER_ADDR:MASTER_PORT"
+    return [finding(
+        "init_incomplete", Severity.CRITICAL, missing, None,
+        f"Rendezvous is waiting: {len(arrived)} of {world} ranks arrived; "
+        f"{ranks_label(missing)} never did.",
+        f"Check that {ranks_label(missing)} were launched at all (the launcher's log, "
+        f"`squeue`/`kubectl get pods`), that they use WORLD_SIZE={world} and reach {target} "
+        f"(`nc -zv {addr or '<MASTER_ADDR>'} {port or '<MASTER_PORT>'}` from their hosts).",
+        {"world_size": world, "arrived": sorted(arrived), "missing": missing,
+         "waiting_since": min(e["arrived_at"] for e in waiting), "master": target},
+        last_arrival + s.init_grace)]
+
+
+def init_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
+    out = []
+    for sess, entry in state.current_init().items():
+        err = entry.get("error")
+        if not err:
+            continue
+        r = state.sessions[sess]
+        cause = classify(err["error"], err.get("error_type"))
+        rank = r.rank if r.rank is not None else entry.get("rank")
+        out.append(finding(
+            "init_failed", Severity.CRITICAL, [rank] if rank is not None and rank >= 0 else [], None,
+            f"init_process_group raised on rank {rank}{process_label(r)}: {cause.title}.",
+            cause.hint,
+            {"error": err["error"], "error_type": err.get("error_type"), "cause": cause.cause,
+             "details": cause.details, "init_method": entry.get("init_method"),
+             "master_addr": entry.get("master_addr"), "master_port": entry.get("master_port"),
+             "after_s": err.get("duration_s")},
+            entry["arrived_at"] + (err.get("duration_s") or 0), key=sess[:12]))
+    return out
+
+
+# Settings every rank of a job must agree on. Per-rank ones (RANK, LOCAL_RANK,
+# CUDA_VISIBLE_DEVICES, TORCHELASTIC_ERROR_FILE, ...) are deliberately absent.
+_CRITICAL_KEYS = ("world_size", "backend", "MASTER_ADDR", "MASTER_PORT")
+_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
+
+
+def _settings_of(r: RankState) -> dict[str, Any]:
+    values: dict[str, Any] = {"world_size": r.world_size, "backend": r.backend}
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        values[key] = r.env.get(key)
+    for name in ("torch", "cuda", "nccl"):
+        values[f"{name} version"] = r.versions.get(name)
+    for key, value in r.env.items():
+        if key.startswith(_ENV_PREFIXES):
+            values[key] = value
+    return values
+
+
+def config_mismatch(state: JobState, now: float, s: Settings) -> list[Finding]:
+    ranks = [r for r in state.ranks() if r.hello_at is not None]
+    if len(ranks) < 2:
+        return []
+    per_rank = {r.rank: _settings_of(r) for r in ranks}
+    keys = sorted({k for v in per_rank.values() for k in v})
+    out = []
+    for key in keys:
+        values = {rank: v.get(key) for rank, v in per_rank.items()}
+        if key in ("world_size", "backend") and None in values.values():
+            values = {rank: v for rank, v in values.items() if v is not None}
+        if len(set(map(str, values.values()))) < 2:
+            continue
+        counts = collections.Counter(map(str, values.values()))
+        top = max(counts.values())
+        majority = min((v for v, n in counts.items() if n == top),
+                       key=lambda v: min(r for r, x in values.items() if str(x) == v))
+        odd = sorted(r for r, v in values.items() if str(v) != majority)
+        shown = {str(r): v if v is not None else "(unset)" for r, v in sorted(values.items())}
+        odd_values = ", ".join(f"{shown[str(r)]} on rank {r}" for r in odd[:4])
+        severity = Severity.CRITICAL if key in _CRITICAL_KEYS else Severity.WARNING
+        by = {r.rank: r for r in ranks}
+        out.append(finding(
+            "config_mismatch", severity, odd, None,
+            f"Ranks disagree on {key}: {odd_values}; the others have "
+            f"{majority if majority != 'None' else '(unset)'}.",
+            f"Set {key} the same on every rank (the launcher's environment, the job script); "
+            f"compare `env | grep -E 'NCCL|GLOO|MASTER|WORLD'` on "
+            f"{', '.join(sorted({by[r].host for r in odd if by[r].host}))[:200] or 'their hosts'}.",
+            {"key": key, "values": shown, "majority": majority},
+            max(by[r].hello_at for r in values), key=key))
+    return out

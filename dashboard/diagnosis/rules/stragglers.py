@@ -1,0 +1,327 @@
+"""Rules for slowness: a straggler rank the others keep waiting for, and a group whose
+collectives became far slower than their own history."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+from agent.wire import RankStatus
+from dashboard.diagnosis.core import Finding, Settings, Severity, finding
+from dashboard.diagnosis.text import group_label, process_label
+from dashboard.state import JobState
+
+
+def _windows(state: JobState, group: str, now: float) -> dict[int, list[tuple]]:
+    """Recent (end, count, sum_us) summaries with calls, per running rank of a group, up to
+    ``now``. Straggler and slow_collective both ask, per group: built once per state version
+    and time for all groups."""
+    return state.memo(("windows", now), lambda: _all_windows(state, now)).get(group, {})
+
+
+def _all_windows(state: JobState, now: float) -> dict[str, dict[int, list[tuple]]]:
+    running = {r.rank for r in state.ranks() if r.status == RankStatus.RUNNING}
+    out: dict[str, dict[int, list[tuple]]] = {}
+    for group in state.groups:
+        windows = {}
+        for rank, window in state.recent_of(group).items():
+            if rank in running:
+                windows[rank] = [p for p in window if p[0] <= now and p[1] > 0]
+        out[group] = windows
+    return out
+
+
+def _mean_us(points: list[tuple]) -> float:
+    return sum(p[2] for p in points) / max(1, sum(p[1] for p in points))
+
+
+def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
+    """A rank the others keep waiting for: it spends the least time inside collectives.
+
+    Needs no synchronised clocks: each rank's own in-collective time is compared. The rank
+    that arrives last waits least; when the same rank waits least interval after interval,
+    and the others wait much longer, it is the straggler. The window grows until every rank
+    has seen ``straggler_min_calls`` collectives, so a group that runs one collective a
+    second is judged on as many samples as a busy one; short, scattered waits of a healthy
+    job fail the ratio, the floor or the consistency test.
+    """
+    verdicts: dict[str, StragglerVerdict] = {}
+    for group in sorted(state.groups, key=str):
+        windows = _windows(state, group, now)
+        if len(windows) < 2:
+            continue
+        found = [_straggler_in(windows, back, s) for back in range(s.straggler_persist)]
+        if any(v is None for v in found) or len({v.rank for v in found}) != 1:
+            continue
+        verdicts[group] = found[0]
+    out = []
+    for group, (slow, means, typical, n, recent) in verdicts.items():
+        # A rank late here only because it waited for another rank in a different group is
+        # a victim: follow such waits, as hangs do, to the rank that made it late.
+        chain = _late_chain(state, group, slow, verdicts)
+        last = chain[-1]["rank"] if chain else slow
+        checked: list[dict[str, Any]] = []
+        hidden = _hidden_chain(state, last, group, now, s, checked)
+        if hidden is None:
+            continue  # whether it waits inside DDP's collectives is not known yet
+        chain += hidden
+        root = chain[-1]["rank"] if chain else slow
+        r = state.rank_index().get(root)
+        summary = (f"The other ranks of {group_label(state, group)} keep waiting for rank "
+                   f"{slow}: {typical / 1000:.1f} ms per collective (median), against "
+                   f"{means[slow] / 1000:.1f} ms for rank {slow} itself")
+        for hop in chain:
+            where = ("'s C++ collectives (DDP)" if hop.get("source") != "python" else "")
+            summary += (f"; rank {hop['waits']} waits for rank {hop['rank']} inside "
+                        f"{group_label(state, hop['group'])}{where}")
+        evidence = {"median_wait_us": {str(k): round(v, 1) for k, v in sorted(means.items())},
+                    "mean_wait_us": {str(k): round(_mean_us(pts), 1)
+                                     for k, pts in sorted(recent.items())},
+                    "intervals": n, "collectives": sum(p[1] for p in recent[slow])}
+        if hidden:
+            evidence["waits_in_cpp"] = hidden
+        if chain:
+            evidence["chain"] = chain
+        if checked:
+            evidence["cpp_groups_checked"] = checked
+        out.append(finding(
+            "straggler", Severity.WARNING, [root], group, summary + ".",
+            f"Rank {root} arrives last{' at every collective' if not chain else ''}. Look at "
+            f"what it does between collectives{process_label(r)}: data loading (DataLoader "
+            "num_workers, slow storage), uneven batch or sequence lengths, extra work on that "
+            "rank (logging, checkpointing), or a slower device (GPU clocks throttled: see GPU "
+            "health).",
+            evidence, max(pts[-1][0] for pts in recent.values()), key=f"r{root}"))
+    return out
+
+
+MAX_HOPS = 4  # a chain of waits followed this far at most (groups rarely nest deeper)
+_UNKNOWN = object()  # a hop that cannot be told yet
+
+
+def _walk(group: str, rank: int, next_hop: Callable[[int, set[str]], Any]) -> list | None:
+    """Follow waits from ``rank`` in ``group``, group to group: ``next_hop(rank, seen
+    groups)`` gives the hop (``{"waits", "rank", "group", ...}``) that rank waits on, None
+    when it waits for nobody, or _UNKNOWN while that cannot be told (then None here)."""
+    chain: list[dict[str, Any]] = []
+    seen = {group}
+    while len(chain) < MAX_HOPS:
+        hop = next_hop(rank, seen)
+        if hop is _UNKNOWN:
+            return None
+        if hop is None:
+            break
+        chain.append(hop)
+        seen.add(hop["group"])
+        rank = hop["rank"]
+    return chain
+
+
+def _late_chain(state: JobState, group: str, slow: int,
+                verdicts: dict[str, StragglerVerdict]) -> list[dict[str, Any]]:
+    """Hops from ``slow``, the straggler of ``group``, through groups where it is itself one
+    of the ranks kept waiting by another straggler (``[{"waits", "rank", "group",
+    "source"}]``; empty when it waits for nobody)."""
+    def next_hop(rank: int, seen: set[str]) -> dict[str, Any] | None:
+        for other, verdict in sorted(verdicts.items(), key=lambda kv: str(kv[0])):
+            members = (state.groups.get(other) or {}).get("ranks") or ()
+            if other in seen or rank not in members or verdict.rank == rank:
+                continue
+            means, typical = verdict.medians, verdict.typical
+            if rank in means and means[rank] >= typical * 0.5:  # it is one who waits there
+                return {"waits": rank, "rank": verdict.rank, "group": other,
+                        "source": "python", "wait_us": round(means[rank], 1)}
+        return None
+
+    return _walk(group, slow, next_hop) or []
+
+
+def _hidden_chain(state: JobState, rank: int, group: str, now: float, s: Settings,
+                  checked: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Who ``rank``, the straggler of ``group``, itself waits for inside C++ collectives.
+
+    A rank that arrives last in one group may only be late because it sat in DDP's gradient
+    all-reduce (C++, unseen by the wrappers) waiting for a peer there; the Flight Recorder's
+    samples then find it in flight there much more often than that peer. Followed from group
+    to group. Returns the hops (``[{"waits", "rank", "group", "busy_share"}]``; empty when
+    ``rank`` waits for nobody), or None while the samples cannot tell yet. Appends to
+    ``checked`` each group where the last rank of the chain was found not to wait.
+    """
+    def next_hop(rank: int, seen: set[str]) -> Any:
+        for other in sorted(state.groups, key=str):
+            if other in seen or rank not in state.groups[other]["ranks"] or \
+                    not state.flight_only(other):
+                continue
+            # Agents that sample send the tally even when it is 0; older ones never do.
+            sampled = any("fr_samples" in row for row in state.progress_of(other).values())
+            verdict = _waits_for(state.fr_tallies_of(other), rank, now, s, sampled)
+            if verdict is None:
+                return _UNKNOWN
+            peer, shares = verdict
+            if peer is not None:
+                return {"waits": rank, "rank": peer, "group": other, "busy_share": shares}
+            if shares:
+                checked.append({"rank": rank, "group": other, "busy_share": shares})
+        return None
+
+    return _walk(group, rank, next_hop)
+
+
+def _waits_for(tallies: dict[int, Any], rank: int, now: float, s: Settings, sampled: bool):
+    """Whether ``rank`` waits for a peer inside a group's C++ collectives, from the latest
+    heartbeats' Flight Recorder tallies: ``(peer, shares)`` if it is found in flight more
+    often than the peer found least, ``(None, shares)`` if not (shares {}: agents that take
+    no samples, ``sampled`` False), None while the samples are too few.
+
+    The window grows from the newest heartbeat, back at most ``hidden_horizon`` seconds. Once
+    it holds ``hidden_min_samples`` per rank, a difference clear either way (two standard
+    errors, counted with one sample more in and out of flight, so that no samples in flight
+    is no certainty) decides; at the horizon, the shares as they are decide. Before the
+    tallies reach back that far, an unclear difference waits."""
+    if rank not in tallies or len(tallies) < 2:
+        return None if sampled else (None, {})
+    recent = {m: [x for x in reversed(t) if now - s.hidden_horizon <= x[0] <= now]
+              for m, t in tallies.items()}
+    depth = min(len(t) for t in recent.values())
+    # Whether the window can reach the horizon (or all that is kept): else a young group
+    # that cannot tell yet must wait, not guess.
+    spans = all(len(recent[m]) < len(t) or len(t) == t.maxlen for m, t in tallies.items())
+    sums = {m: [0, 0] for m in tallies}
+    for k in range(depth):
+        for m, t in recent.items():
+            sums[m][0] += t[k][1]
+            sums[m][1] += t[k][2]
+        if min(n for _, n in sums.values()) < s.hidden_min_samples:
+            continue
+        share = {m: b / n for m, (b, n) in sums.items()}
+        peer = min((m for m in share if m != rank), key=share.get)
+        shown = {str(m): round(v, 2) for m, v in sorted(share.items())}
+        if share[rank] < share[peer]:
+            return None, shown  # it waits least here: nobody it waits for
+        (b1, n1), (b2, n2) = sums[rank], sums[peer]
+        pooled = (b1 + b2 + 1) / (n1 + n2 + 2)
+        error = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))  # of the difference
+        gap = share[rank] - share[peer]
+        waits = gap >= s.hidden_wait_gap and b1 >= s.hidden_min_busy
+        if (spans and k == depth - 1) or (waits and gap >= 2 * error) or \
+                gap + 2 * error < s.hidden_wait_gap:
+            return (peer if waits else None), shown
+    return None
+
+
+class StragglerVerdict(NamedTuple):
+    """The straggler of one group's window, and what it was judged on."""
+
+    rank: int
+    medians: dict[int, float]  # median wait per rank, us
+    typical: float  # the others' typical median wait, us
+    intervals: int  # summaries (about seconds) the window spans
+    recent: dict[int, list[tuple]]  # those summaries, per rank
+
+
+def _straggler_in(windows: dict[int, list[tuple]], back: int,
+                  s: Settings) -> StragglerVerdict | None:
+    """The straggler of the window ending ``back`` intervals ago, or None.
+
+    Judged on each interval's median wait, not its mean: a straggler is late at
+    most collectives, so its peers' median is high; a rank starved of CPU now and then on a
+    crowded host, or one pause (a checkpoint), makes a few long waits: a high mean, a low
+    median. The straggler must clearly wait least (ratio and floor) in
+    ``straggler_consistency`` of the intervals, and over the whole window.
+    """
+    windows = {rank: pts[:len(pts) - back] for rank, pts in windows.items()}
+    depth = min(len(p) for p in windows.values())
+    n = s.straggler_min_intervals
+    while n <= depth and any(sum(p[1] for p in pts[-n:]) < s.straggler_min_calls
+                             for pts in windows.values()):
+        n += 1
+    if n > depth:
+        return None
+    recent = {rank: pts[-n:] for rank, pts in windows.items()}
+    medians = {rank: sorted(map(_median_of, pts))[len(pts) // 2] for rank, pts in recent.items()}
+    slow = min(medians, key=medians.get)
+    if not _clearly_least(medians, slow, s):
+        return None
+    shown = sum(1 for i in range(n) if _late_interval(recent, i, slow, s))
+    if shown < s.straggler_consistency * n:
+        return None
+    return StragglerVerdict(slow, medians, _typical(medians, slow), n, recent)
+
+
+def _late_interval(recent: dict[int, list[tuple]], i: int, slow: int, s: Settings) -> bool:
+    """Whether the others waited for ``slow`` at nearly every collective of interval ``i``:
+    ``slow`` waits least by median, and the others' first quartile (three in four of their
+    collectives waited at least that long) clears the ratio and the floor. Random jitter
+    makes each rank wait at about half of the collectives: a low first quartile."""
+    medians = {r: _median_of(p[i]) for r, p in recent.items()}
+    if min(medians, key=medians.get) != slow:
+        return False
+    quartiles = {r: (p[i][4] if len(p[i]) > 4 else medians[r]) for r, p in recent.items()}
+    typical = _typical(quartiles, slow)
+    return typical >= s.straggler_ratio * medians[slow] and \
+        typical - medians[slow] >= s.straggler_min_wait_us
+
+
+def _median_of(point: tuple) -> float:
+    """An interval's median wait (its mean for summaries folded before medians were kept)."""
+    return point[3] if len(point) > 3 else point[2] / point[1]
+
+
+def _typical(means: dict[int, float], slow: int) -> float:
+    others = sorted(v for r, v in means.items() if r != slow)
+    return others[len(others) // 2]
+
+
+def _clearly_least(means: dict[int, float], slow: int, s: Settings) -> bool:
+    """Whether ``slow`` waits least and the others wait far longer (ratio and floor)."""
+    if min(means, key=means.get) != slow:
+        return False
+    typical = _typical(means, slow)
+    return typical >= s.straggler_ratio * means[slow] and \
+        typical - means[slow] >= s.straggler_min_wait_us
+
+
+def slow_collective(state: JobState, now: float, s: Settings) -> list[Finding]:
+    """A group's collectives far slower than their own history in this job.
+
+    Per interval, the fastest rank's time inside collectives is the transfer itself (nobody
+    waits for a straggler there), so that is what is compared with its own past; it must
+    stay slow for ``slow_persist`` intervals (a one-second stall of a busy machine is not a
+    finding), and only while the ranks run.
+    """
+    out = []
+    for group in sorted(state.groups, key=str):
+        windows = _windows(state, group, now)
+        if not windows:
+            continue
+        depth = min(len(p) for p in windows.values())
+        # Per interval, the fastest rank's (mean time, calls): one column per interval.
+        columns = zip(*[[(p[2] / p[1], p[1]) for p in pts[-depth:]]
+                        for pts in windows.values()])
+        fastest = [mean if calls >= s.slow_min_calls else None
+                   for mean, calls in map(min, columns)]
+        history = sorted(v for v in fastest[:-s.slow_persist] if v is not None)
+        current = fastest[-s.slow_persist:]
+        if len(history) < s.slow_history or len(current) < s.slow_persist or None in current:
+            continue
+        baseline = history[len(history) // 2]
+        if any(v < s.slow_ratio * baseline or v - baseline < s.slow_min_us for v in current):
+            continue
+        latest = current[-1]
+        members = sorted(windows)
+        out.append(finding(
+            "slow_collective", Severity.WARNING, members, group,
+            f"Collectives on {group_label(state, group)} take {latest / 1000:.1f} ms, "
+            f"{latest / baseline:.0f}x their usual {baseline / 1000:.2f} ms in this job.",
+            "The transfer itself slowed down on every rank (not one late rank): check the "
+            "links between these ranks' hosts (NCCL_DEBUG=INFO shows the transport; "
+            "`ibstat`, NVLink/PCIe errors in GPU health), other jobs sharing the network, "
+            "and a sudden growth in message size.",
+            {"current_us": round(latest, 1), "baseline_us": round(baseline, 1),
+             "ranks": members, "intervals": s.slow_persist},
+            max(pts[-1][0] for pts in windows.values()), key="latest"))
+    return out
+
+
+# XIDs that mean the hardware (not the program) failed; others are usually the program's
+# own fault (13, 31, 43: an illegal access or a crashed kernel) and are reported as warnings.

@@ -1,0 +1,199 @@
+"""Live findings: the books (dashboard.diagnosis.book) of the jobs held in memory, ticked on
+the grid as live events are folded, stored when they change, and told to listeners.
+
+A moment T of the grid must be judged with exactly the events received by T, as replay
+judges it. Events are stamped (``received_at``) on the writer thread, then folded under the
+states lock. So: before a batch is folded, the moments due before its stamp are judged
+(``before_fold``); the timer judges the moments due by now (``tick_all``), never one at or
+past a stamp whose batch is not folded yet (``stamping``). While the server is behind (its
+lag over LAG_WARN_S), moments past ``judged_at()`` wait: those are then judged with later
+events already folded, which replay cannot know (README, "One lifecycle").
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from typing import Any, Callable, Iterable, Iterator
+
+from dashboard.diagnosis import Finding, Settings
+from dashboard.diagnosis.book import Book, Changes, Timeline
+from dashboard.diagnosis.incidents import Incident
+from dashboard.state import JobState, StoredEvent
+from dashboard.storage import Store
+
+
+class LiveBooks:
+    """Args:
+        store: the database (findings stored by earlier runs; changed ones saved).
+        settings: the rules' settings and the grid.
+        clock: wall clock (injected for tests).
+        judged_at: the moment verdicts may be judged up to (now, less the lag when behind).
+        on_incident: told ``(event, job summary, incident)``; must not block.
+        counters: Ingest's counters (listener errors).
+        changed: told of each job whose findings changed (the live feed, the job list).
+    """
+
+    # A job first held since this server started (an old job opened, an imported one, one
+    # running across a restart) has its book rebuilt from its log, on the grid, as replay
+    # builds it, unless that takes more than this many diagnoses (a long job: about two
+    # hours of moments): then the findings stored by earlier runs are its book.
+    RECOMPUTE_MAX_DIAGNOSES = 7200
+
+    def __init__(self, store: Store, settings: Settings, clock: Callable[[], float],
+                 judged_at: Callable[[], float],
+                 on_incident: Callable[[str, dict[str, Any], Incident], None] | None,
+                 counters: collections.Counter[str], changed: Callable[[int, bool], None]):
+        self.store, self.settings, self.clock = store, settings, clock
+        self.judged_at, self.on_incident = judged_at, on_incident
+        self.counters, self._changed = counters, changed
+        self.active_incidents: dict[int, int] = {}  # job id -> active incidents (job list)
+        self._books: dict[int, Book] = {}
+        # The arrival time being stamped on a batch not folded yet (writer thread): the
+        # timer may judge moments before it only.
+        self._stamp_lock = threading.Lock()
+        self._stamping: float | None = None
+
+    # -- the writer's side -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def stamping(self) -> Iterator[float]:
+        """Writer thread: the arrival time to stamp on a batch, held pending until it is
+        folded (the block ends)."""
+        with self._stamp_lock:
+            now = self._stamping = self.clock()
+        try:
+            yield now
+        finally:
+            with self._stamp_lock:
+                self._stamping = None
+
+    def before_fold(self, conn, job_id: int, state: JobState, received_at: float) -> None:
+        """Writer thread, states lock held: judge the moments due before a batch received at
+        ``received_at`` is folded. While the server is behind, only those up to
+        ``judged_at()``."""
+        book = self._books.get(job_id)
+        if book is None:
+            if state.applied:  # held since before its book could be rebuilt: from now
+                book = self.book(job_id, received_at)
+            else:  # a new job: its grid starts at its first event, as in replay
+                book = self._books[job_id] = Book(self.settings)
+                book.start(received_at)
+                return
+        due = book.judged_through
+        if due is not None and received_at - due <= self.settings.diagnose_every:
+            return  # nothing due (cheap: no lag measured)
+        held = self.judged_at()
+        found = book.tick_through(state, held) if held < received_at else \
+            book.tick_before(state, received_at)
+        if found:
+            self._told(job_id, state, book, found)
+            self.store.save_findings(conn, job_id, changed_rows(found))
+
+    # -- the timer's side --------------------------------------------------------------------
+
+    def tick_all(self, states: Iterable[tuple[int, JobState]],
+                 owns: Callable[[int], bool]) -> dict[int, list[Changes]]:
+        """States lock held: judge the moments due now for every job held that this process
+        owns; returns what changed, by job, to be stored (``save``) once the lock is let go."""
+        tick = self._tick_now()
+        out: dict[int, list[Changes]] = {}
+        for job_id, state in states:
+            if not owns(job_id):
+                continue  # its owner diagnoses it
+            book = self.book(job_id, self.clock())
+            found = tick(book, state)
+            if found:
+                out[job_id] = found
+                self._told(job_id, state, book, found)
+        return out
+
+    def save(self, job_id: int, found: list[Changes]) -> None:
+        """Store changed findings; never under the states lock (the writer takes it too)."""
+        rows = changed_rows(found)
+        if rows:
+            self.store.submit(lambda conn: self.store.save_findings(conn, job_id, rows))
+
+    def _tick_now(self) -> Callable[[Book, JobState], list[Changes]]:
+        """How to judge the moments due now (states lock held, so every event folded was
+        stamped before this): up to now (less the lag, when behind), but never at or past
+        the arrival time of a batch stamped and not folded yet."""
+        with self._stamp_lock:  # no batch is stamped meanwhile; later ones are stamped later
+            stamping, now = self._stamping, self.judged_at()
+        if stamping is not None and stamping <= now:
+            return lambda book, state: book.tick_before(state, stamping)
+        return lambda book, state: book.tick_through(state, now)
+
+    # -- books -------------------------------------------------------------------------------
+
+    def load(self, job_id: int, name: str, events: Iterable[StoredEvent]) -> JobState:
+        """Fold a job's log into its state and, while affordable, its book (states lock
+        held); past RECOMPUTE_MAX_DIAGNOSES the book starts from the stored findings."""
+        timeline: Timeline | None = Timeline(job_id, name, self.settings)
+        state = timeline.state
+        for ev in events:
+            if timeline is not None and timeline.book.diagnosed > self.RECOMPUTE_MAX_DIAGNOSES:
+                timeline = None
+            if timeline is not None:
+                timeline.apply(ev)
+            else:
+                state.apply(ev)
+        if timeline is not None and state.applied:
+            book = timeline.book
+            self._tick_now()(book, state)
+            if book.diagnosed <= self.RECOMPUTE_MAX_DIAGNOSES:
+                book.keep(self.store.job_findings(job_id))
+                self._books[job_id] = book
+                if book.active_incidents:
+                    self.active_incidents[job_id] = book.active_incidents
+        return state
+
+    def book(self, job_id: int, now: float) -> Book:
+        """The job's book (states lock held): one not rebuilt from its log begins with what
+        earlier runs concluded, judged from ``now`` on."""
+        book = self._books.get(job_id)
+        if book is None:
+            book = self._books[job_id] = Book(self.settings, self.store.job_findings(job_id))
+            book.start(now)
+            if book.active_incidents:
+                self.active_incidents[job_id] = book.active_incidents
+        return book
+
+    def held(self, job_id: int) -> Book | None:
+        return self._books.get(job_id)
+
+    def findings(self, job_id: int) -> list[Finding]:
+        """Every finding of a job held here, newest first (states lock held)."""
+        return self.book(job_id, self.judged_at()).findings()
+
+    def incidents(self, job_id: int) -> list[Incident]:
+        return self.book(job_id, self.judged_at()).incidents()
+
+    def settled(self, job_id: int, state: JobState) -> bool:
+        book = self._books.get(job_id)
+        return book is not None and book.settled(state)
+
+    def drop(self, job_id: int) -> None:
+        self._books.pop(job_id, None)
+
+    def _told(self, job_id: int, state: JobState, book: Book, found: list[Changes]) -> None:
+        """After ticks that changed findings (states lock held): mark the job for the live
+        feed, count its active incidents (job list), tell ``on_incident`` of each incident
+        that appeared, resolved, or turned critical."""
+        count_changed = self.active_incidents.get(job_id) != book.active_incidents
+        self.active_incidents[job_id] = book.active_incidents
+        self._changed(job_id, count_changed)
+        if self.on_incident is None:
+            return
+        for changes in found:
+            for event, inc in changes.incidents:
+                try:
+                    self.on_incident(event.value, state.summary(), inc)
+                except Exception:  # a listener's fault must not stop diagnosis
+                    self.counters["incident_listener_errors"] += 1
+
+
+def changed_rows(found: list[Changes]) -> list[Finding]:
+    """The findings that ticks changed, each once, as it was last."""
+    return list({f["id"]: f for changes in found for _, f in changes.findings}.values())

@@ -1,0 +1,135 @@
+"""One lifecycle: the findings and incidents a live server gave for a real fault-injected job
+equal those from replaying its export, from importing it into another server, and from
+``state?at=`` at the moments live showed them (dashboard.diagnosis.book)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for
+from dashboard.archive import Archive, replay_timeline
+from dashboard.diagnosis import Settings
+from dashboard.diagnosis.book import Book
+
+FLAGS = ["--stall-after", "3", "--hang-after", "8"]
+SETTINGS = Settings(stall_after=3.0, hang_after=8.0)  # as FLAGS tell the servers
+
+FINDING = ("id", "kind", "severity", "ranks", "group", "first_seen", "last_seen", "active")
+INCIDENT = ("id", "kind", "severity", "ranks", "findings", "first_seen", "last_seen", "active")
+
+
+def gist(rows, keys):
+    return sorted((tuple(json.dumps(r[k]) for k in keys) for r in rows))
+
+
+def test_live_replay_import_and_state_at_give_the_same_findings_and_incidents(tmp_path):
+    live = ServerProcess(f"sqlite:///{tmp_path / 'live.db'}", log_path=tmp_path / "live.log",
+                         extra=FLAGS).start()
+    procs = launch_job("fault_job.py", 3, live.url, "book", tmp_path, args=["hang", "30"])
+    other = None
+    try:
+        job = wait_for(lambda: job_by_name(live, "book"), 60, "the job")
+        path = f"/api/jobs/{job['id']}"
+        snapshots: dict[float, list[dict]] = {}  # last moment judged -> the findings then
+
+        def look(until_kind):
+            found = live.api(path + "/findings")["findings"]
+            active = [f for f in found if f["active"]]
+            if active:  # an active finding's last_seen is the last moment the book judged
+                snapshots[max(f["last_seen"] for f in active)] = found
+            return any(f["kind"] == until_kind and f["active"] for f in found)
+
+        # Rank 2 never enters its 6th all_reduce: a stall (3 s), then the hang (8 s).
+        wait_for(lambda: look("stall"), 60, "the stall", interval=0.3)
+        wait_for(lambda: look("hang"), 60, "the hang", interval=0.3)
+        procs[2].send_signal(signal.SIGKILL)  # the culprit dies: it is lost, still blamed
+        wait_for(lambda: look("rank_lost"), 30, "rank 2 lost", interval=0.3)
+        for p in procs[:2]:  # then the rest: the hang is over, every rank lost
+            p.send_signal(signal.SIGKILL)
+        for p in procs:
+            p.wait(timeout=30)
+
+        def settled():
+            first = live.api(path + "/findings")["findings"]
+            time.sleep(2.5)  # more than the grid step and the reconnect grace
+            second = live.api(path + "/findings")["findings"]
+            return first if first == second and live.api(path)["status"] == "failed" \
+                else None
+
+        findings = wait_for(settled, 60, "the findings to settle")
+        incidents = live.api(path + "/incidents")["incidents"]
+        kinds = {f["kind"] for f in findings}
+        assert {"stall", "hang", "rank_lost"} <= kinds, kinds
+        assert any(not f["active"] for f in findings), "something resolved"
+        assert any(i["id"] == "hang:r2" for i in incidents), incidents
+
+        # 1. Replaying the export with the same rules and book.
+        with urllib.request.urlopen(live.url + path + "/export", timeout=30) as resp:
+            lines = resp.read().decode().splitlines(keepends=True)
+        (tmp_path / "book.jsonl").write_text("".join(lines))
+        timeline = replay_timeline(Archive.read(lines), SETTINGS)
+        assert gist(timeline.book.findings(), FINDING) == gist(findings, FINDING)
+        assert gist(timeline.book.incidents(), INCIDENT) == gist(incidents, INCIDENT)
+
+        # 2. Imported into another database, served by another server.
+        subprocess.run([sys.executable, "-m", "dashboard", "import", str(tmp_path / "book.jsonl"),
+                        "--db", f"sqlite:///{tmp_path / 'other.db'}"], cwd=ROOT, check=True,
+                       capture_output=True, timeout=120)
+        other = ServerProcess(f"sqlite:///{tmp_path / 'other.db'}", extra=FLAGS,
+                              log_path=tmp_path / "other.log").start()
+        imported = job_by_name(other, "book")
+        there = other.api(f"/api/jobs/{imported['id']}/findings")["findings"]
+        assert gist(there, FINDING) == gist(findings, FINDING)
+        there = other.api(f"/api/jobs/{imported['id']}/incidents")["incidents"]
+        assert gist(there, INCIDENT) == gist(incidents, INCIDENT)
+
+        # 3. state?at= at the moments live was seen at, in scrubbing order (back and forth),
+        # and at the end.
+        assert len(snapshots) >= 3, sorted(snapshots)
+        moments = sorted(snapshots)
+        for at in moments[::2] + moments[1::2][::-1]:
+            then = live.api(f"{path}/state?at={at}")
+            assert gist(then["findings"], FINDING) == gist(snapshots[at], FINDING), at
+        end = live.api(f"{path}/state?at={time.time()}")
+        assert gist(end["findings"], FINDING) == gist(findings, FINDING)
+        assert gist(end["incidents"], INCIDENT) == gist(incidents, INCIDENT)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        live.stop()
+        if other is not None:
+            other.stop()
+
+
+def test_the_book_keeps_first_seen_the_earliest_and_resolved_findings_inactive():
+    """The lifecycle rules on plain data: a finding's first_seen is the earliest any moment
+    gave, a finding no longer reported stays, inactive, with the last moment it was seen,
+    and coming back is news again."""
+    from test_diagnosis import progress, running
+
+    log = running(2)  # at t=100
+    progress(log, 0, 101, ("0", 3, 2, "all_reduce", 101.0))
+    progress(log, 1, 101, ("0", 2, 2, None, None))
+    book = Book(Settings(hang_after=5.0))
+    book.start(100.0)
+    changes = book.tick_through(log.state(), 107.0)
+    assert [(c.at, [(ch.value, f["kind"]) for ch, f in c.findings]) for c in changes] == [
+        (106.0, [("new", "hang")]), (107.0, [("updated", "hang")])]  # (its text: 6 s, 7 s)
+    assert [(ch.value, i["id"]) for ch, i in changes[0].incidents] == [("new", "hang:r1")]
+    (hang,) = book.findings()
+    assert (hang["first_seen"], hang["last_seen"], hang["active"]) == (106.0, 107.0, True)
+    for r in (0, 1):
+        progress(log, r, 108, ("0", 3, 3, None, None))
+    (resolved,) = book.tick_through(log.state(), 108.0)
+    assert [(ch.value, f["active"], f["last_seen"]) for ch, f in resolved.findings] == [
+        ("resolved", False, 107.0)]
+    assert [(ch.value, i["active"]) for ch, i in resolved.incidents] == [("resolved", False)]
+    assert book.tick_through(log.state(), 110.0) == []  # nothing changes: nothing to tell
+    assert [f["first_seen"] for f in book.findings()] == [106.0]
