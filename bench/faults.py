@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
+import random
 import re
 import sqlite3
 import statistics
@@ -447,31 +449,225 @@ def server_down(workdir: Path, steps: int = 300, buffer: int = 10
             srv.stop()
 
 
-def step_time_ratio(workdir: Path, steps: int, rounds: int = 6) -> dict[str, Any]:
-    """Median step time with the server down against up. Runs come in adjacent pairs (up
-    then down, then down then up, ...) and the verdict is the median of the pairs' ratios, so
-    that the load of a shared machine, which drifts over minutes, cancels out."""
+def chromium_path() -> str | None:
+    """The system's Chromium (PGDASH_CHROMIUM, or ``chromium`` on PATH), if installed."""
+    import shutil
+
+    candidate = os.environ.get("PGDASH_CHROMIUM") or shutil.which("chromium") or \
+        "/usr/bin/chromium"
+    return candidate if Path(candidate).is_file() and os.access(candidate, os.X_OK) else None
+
+
+def page_dropped(url: str, job_id: int) -> dict[str, str] | None:
+    """What the job page's header says about dropped events (``#job-dropped``: its text and
+    its per-kind title), read in headless Chromium; None without playwright or Chromium."""
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        return None
+    path = chromium_path()
+    if path is None:
+        return None
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=path, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{url}/jobs/{job_id}")
+            dropped = page.locator("#job-dropped")
+            expect(dropped).to_have_count(1, timeout=30_000)
+            return {"text": dropped.inner_text(), "title": dropped.get_attribute("title") or ""}
+        finally:
+            browser.close()
+
+
+def _phases(result: dict[str, Any]) -> dict[str, Any]:
+    """One rank's outage record split at the moment all ranks were connected again."""
+    back = result["connected_at"]
+    down = [s for t, s in zip(result["step_at"], result["step_s"]) if back is None or t < back]
+    up = [s for t, s in zip(result["step_at"], result["step_s"]) if back is not None
+          and t >= back]
+    # While this rank's own link is down (its first connect loads the client: not an outage
+    # cost).
+    samples = [s for s in result["samples"] if not s[4] and (back is None or s[0] < back)]
+    # RSS once warm (5 s in: imports, groups and first steps done) against its peak while down.
+    warm = next((s for s in samples if s[0] >= 5.0), samples[0])
+    return {"down_steps": down, "up_steps": up, "rss_warm_kb": warm[1],
+            "rss_peak_down_kb": max(s[1] for s in samples),
+            "rss_end_down_kb": samples[-1][1],
+            "max_buffered": max(s[2] for s in result["samples"])}
+
+
+def long_outage(workdir: Path, outage_s: float, buffer: int = 10, after_s: float = 5.0,
+                check_page: bool = True) -> tuple[Row, dict[str, Any]]:
+    """A 2-rank job trains while the server is down for ``outage_s`` seconds, then it comes up.
+
+    The agent's buffer is small (``buffer`` events) and the job starts with 30 new process
+    groups, so events are dropped at once; then for the whole outage the agent retries its
+    connection every half second at most (PGDASH_RECONNECT_MAX_S=0.5), merges its summaries
+    and skips heartbeats. Measured: each rank's RSS and buffer length every 0.5 s, step times
+    down against up, the drops each agent counted against what the API and the job page show,
+    and, per session, whether every sequence number is either stored or counted as dropped.
+    """
+    db = workdir / "outage.db"
+    port = free_port()
+    env = {"PGDASH_MAX_BUFFERED_EVENTS": str(buffer), "PGDASH_INTERVAL_S": "0.2",
+           "PGDASH_RECONNECT_MAX_S": "0.5", "PGDASH_FLUSH_TIMEOUT_S": "30"}
+    procs = launch_job("outage_job.py", 2, f"http://127.0.0.1:{port}", "outage", workdir,
+                       args=[str(after_s), str(outage_s + 300)], env=env)
+    srv = None
+    try:
+        wait_for(lambda: all("TRAINING" in (workdir / f"outage-rank{r}.log").read_text()
+                             for r in (0, 1)), 180, "both ranks training")
+        time.sleep(outage_s)  # nobody listening: the outage
+        srv = ServerProcess(f"sqlite:///{db}", port=port,
+                            log_path=workdir / "outage-server.log").start()
+        codes = wait_job(procs, 300, workdir)
+        assert codes == [0, 0], codes
+        job = wait_for(lambda: (j := job_by_name(srv, "outage")) and j["status"] == "finished"
+                       and j, 60, "the job after the server came up")
+        ranks = srv.api(f"/api/jobs/{job['id']}")["ranks"]
+        results = []
+        for rank in (0, 1):
+            text = (workdir / f"outage-rank{rank}.log").read_text()
+            line = next(x for x in text.splitlines() if x.startswith("RESULT "))
+            results.append(json.loads(line[len("RESULT "):]))
+        page = page_dropped(srv.url, job["id"]) if check_page else None
+        with sqlite3.connect(db) as conn:
+            seqs = {session: (n, distinct, top) for session, n, distinct, top in conn.execute(
+                "SELECT session, COUNT(*), COUNT(DISTINCT seq), MAX(seq) FROM events "
+                "WHERE seq IS NOT NULL GROUP BY session")}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        if srv is not None:
+            srv.stop()
+    phases = [_phases(r) for r in results]
+    # Every sequence number an agent gave out is stored, or was dropped and counted: a seq
+    # that is neither was lost after the agent took it in.
+    unaccounted = sum(seqs[r["session"]][2] - seqs[r["session"]][1] - r["outbox_dropped"]
+                      for r in results)
+    doubled = sum(n - distinct for n, distinct, _ in seqs.values())
+    stored = sum(seqs[r["session"]][1] for r in results)
+    down = [s for p in phases for s in p["down_steps"]]
+    up = [s for p in phases for s in p["up_steps"]]
+    info = {
+        "outage_s": outage_s, "buffer": buffer, "results": results, "ranks": ranks,
+        "phases": phases, "page": page, "unaccounted": unaccounted, "doubled": doubled,
+        "max_buffered": max(p["max_buffered"] for p in phases),
+        "dropped_agent": sum(sum(r["dropped"].values()) for r in results),
+        "outbox_dropped": sum(r["outbox_dropped"] for r in results),
+        "dropped_shown": sum(sum((r.get("dropped") or {}).values()) for r in ranks),
+        "rss_growth_kb": max(p["rss_peak_down_kb"] - p["rss_warm_kb"] for p in phases),
+        "down_ms": statistics.median(down) * 1e3, "up_ms": statistics.median(up) * 1e3,
+        "down_steps": len(down), "up_steps": len(up),
+        "flushed": all(r["flushed"] for r in results),
+    }
+    row = Row(f"server down {outage_s:g} s, training", stored if info["flushed"] else 0, stored,
+              max(unaccounted, 0), doubled,
+              f"buffer peak {info['max_buffered']} <= {buffer}; {info['outbox_dropped']} "
+              f"events dropped and counted, {unaccounted} seqs neither stored nor counted; "
+              f"RSS +{info['rss_growth_kb'] / 1024:.1f} MB while down; page shows "
+              f"{page['text'] if page else '(no browser)'}")
+    return row, info
+
+
+def print_outage(info: dict[str, Any]) -> None:
+    """The outage over time: per rank, RSS, buffer and drops every ~outage/10 seconds."""
+    print(f"\nserver down {info['outage_s']:g} s while 2 ranks train (agent buffer "
+          f"{info['buffer']} events); every sample of rank 0, then rank 1:")
+    for rank, result in enumerate(info["results"]):
+        every = max(1, len(result["samples"]) // 12)
+        line = ", ".join(f"{t:.0f}s {rss / 1024:.1f}MB buf {buf} drop {drop}"
+                         f"{'' if up else ' (down)'}"
+                         for t, rss, buf, drop, up in result["samples"][::every])
+        print(f"  rank {rank}: {line}")
+    print(f"  RSS: warm {[round(p['rss_warm_kb'] / 1024, 1) for p in info['phases']]} MB, peak "
+          f"while down {[round(p['rss_peak_down_kb'] / 1024, 1) for p in info['phases']]} MB "
+          f"(growth {info['rss_growth_kb'] / 1024:.2f} MB)")
+    print(f"  step time: median while down {info['down_ms']:.3f} ms ({info['down_steps']} "
+          f"steps), after it came back {info['up_ms']:.3f} ms ({info['up_steps']} steps)")
+    print(f"  drops: agents counted {info['dropped_agent']} ({info['outbox_dropped']} from the "
+          f"buffer), /api/jobs/<id> shows {info['dropped_shown']}, the job page shows "
+          f"{info['page']}")
+
+
+ARMS = ("up", "down", "up again")  # "up again": the A/A control, the noise floor
+
+
+def bootstrap_median(values: list[float], resamples: int = 4000, seed: int = 10
+                     ) -> tuple[float, float, float]:
+    """The median of ``values`` and a 95% percentile-bootstrap interval around it."""
+    rng = random.Random(seed)  # a fixed seed: the same runs give the same interval
+    medians = sorted(statistics.median(rng.choices(values, k=len(values)))
+                     for _ in range(resamples))
+    return (statistics.median(values), medians[int(0.025 * resamples)],
+            medians[int(0.975 * resamples) - 1])
+
+
+def step_time_ratio(workdir: Path, steps: int, rounds: int = 12) -> dict[str, Any]:
+    """Training step time with the server down against up, on a noisy shared machine.
+
+    Each round runs three short 2-rank jobs back to back: agent with the server up, with the
+    server down (nobody listening on its port), and with the server up again (an A/A control:
+    the same condition twice, whose ratio shows what noise alone does). The order rotates
+    through all six permutations, so that neither arm always runs first or last while the
+    machine's load drifts. Each run is summarised by its median step time (both ranks), each
+    round by the ratios down/up and up-again/up; the verdict is the median of the rounds'
+    ratios with a bootstrap 95% interval over rounds.
+    """
     srv = ServerProcess(f"sqlite:///{workdir / 'timing.db'}",
                         log_path=workdir / "timing.log").start()
     dead = f"http://127.0.0.1:{free_port()}"
-    times: dict[str, list[float]] = {"up": [], "down": []}
-    ratios = []
+    runs: list[dict[str, Any]] = []
+    orders = list(itertools.permutations(ARMS))
+    ratios: dict[str, list[float]] = {"down/up": [], "up/up": []}
     try:
         for i in range(rounds):
             medians = {}
-            for mode in (("up", "down") if i % 2 == 0 else ("down", "up")):
-                url = srv.url if mode == "up" else dead
-                run = [t for r in timed_job(workdir, url, f"timing-{mode}-{i}", steps)
-                       for t in r["times"]]
-                times[mode] += run
-                medians[mode] = statistics.median(run)
-            ratios.append(medians["down"] / medians["up"])
+            for arm in orders[i % len(orders)]:
+                url = dead if arm == "down" else srv.url
+                name = f"timing-{arm.replace(' ', '-')}-{i}"
+                times = [t for r in timed_job(workdir, url, name, steps) for t in r["times"]]
+                medians[arm] = statistics.median(times)
+                runs.append({"round": i, "arm": arm, "median_ms": medians[arm] * 1e3})
+            ratios["down/up"].append(medians["down"] / medians["up"])
+            ratios["up/up"].append(medians["up again"] / medians["up"])
     finally:
         srv.stop()
-    up, down = statistics.median(times["up"]), statistics.median(times["down"])
-    return {"up_ms": up * 1e3, "down_ms": down * 1e3, "ratio": statistics.median(ratios),
-            "pair_ratios": [round(r, 3) for r in ratios],
-            "steps": {k: len(v) for k, v in times.items()}}
+    out: dict[str, Any] = {"rounds": rounds, "steps": steps, "runs": runs,
+                           "ratios": {k: [round(r, 4) for r in v] for k, v in ratios.items()}}
+    for key, values in ratios.items():
+        out[key] = bootstrap_median(values)
+    for arm in ARMS:
+        out[f"{arm} ms"] = statistics.median(r["median_ms"] for r in runs if r["arm"] == arm)
+    return out
+
+
+def ratio_verdict(timing: dict[str, Any], goal: float = 1.02) -> str:
+    """Whether the runs show the goal: the whole interval under it, or only the median."""
+    median, low, high = timing["down/up"]
+    if high <= goal:
+        return f"met: the 95% interval's top {high:.3f} <= {goal}"
+    if median <= goal:
+        return (f"median {median:.3f} <= {goal}, but the 95% interval reaches {high:.3f}: "
+                f"more rounds (--rounds) to show it")
+    return f"MISSED: median {median:.3f} > {goal}"
+
+
+def print_ratio(timing: dict[str, Any]) -> None:
+    dm, dl, dh = timing["down/up"]
+    am, al, ah = timing["up/up"]
+    print(f"training step time (2 gloo ranks, {timing['rounds']} rounds x 3 runs x "
+          f"{timing['steps']} steps, order rotated): median of runs' medians: server up "
+          f"{timing['up ms']:.3f} ms, down {timing['down ms']:.3f} ms, up again "
+          f"{timing['up again ms']:.3f} ms")
+    print(f"  ratio down/up   (median of rounds): {dm:.3f}  95% CI [{dl:.3f}, {dh:.3f}]")
+    print(f"  A/A up again/up (noise floor)     : {am:.3f}  95% CI [{al:.3f}, {ah:.3f}]")
+    print(f"  goal down/up <= 1.02: {ratio_verdict(timing)}")
+    print(f"  rounds' down/up: {timing['ratios']['down/up']}")
+    print(f"  rounds' up/up:   {timing['ratios']['up/up']}")
 
 
 def fuzz(workdir: Path) -> dict[str, Any]:
@@ -489,36 +685,61 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller bursts, fewer steps")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--only-ratio", action="store_true",
+                        help="run only the step-time ratio (server down vs up, A/A control)")
+    parser.add_argument("--only-outage", action="store_true",
+                        help="run only the minutes-long outage (see --outage-s)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds of the step-time ratio (3 short jobs each; default 12, "
+                             "--quick 6)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps of each timed job (default 300)")
+    parser.add_argument("--outage-s", type=float, default=None,
+                        help="how long the server stays down while a job trains (default "
+                             "150 s, --quick 20 s)")
     args = parser.parse_args()
     import tempfile
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pgdash-faults-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    everything = not (args.only_ratio or args.only_outage)
     rows: list[Row] = []
-    row, _ = kill_mid_burst(workdir, 5_000 if args.quick else 20_000)
-    rows.append(row)
-    rows.append(db_locked(workdir)[0])
-    rows.append(disk_full(workdir)[0])
-    rows += flood_and_garbage(workdir)[0]
-    rows.append(server_down(workdir, steps=200 if args.quick else 400)[0])
-    fz = fuzz(workdir)
-    timing = step_time_ratio(workdir, steps=300 if args.quick else 1000,
-                             rounds=4 if args.quick else 8)
+    fz = timing = outage = None
+    if everything:
+        row, _ = kill_mid_burst(workdir, 5_000 if args.quick else 20_000)
+        rows.append(row)
+        rows.append(db_locked(workdir)[0])
+        rows.append(disk_full(workdir)[0])
+        rows += flood_and_garbage(workdir)[0]
+        rows.append(server_down(workdir, steps=200 if args.quick else 400)[0])
+    if everything or args.only_outage:
+        row, outage = long_outage(workdir, args.outage_s or (20.0 if args.quick else 150.0))
+        rows.append(row)
+    if everything:
+        fz = fuzz(workdir)
+    if everything or args.only_ratio:
+        timing = step_time_ratio(workdir, steps=args.steps or 300,
+                                 rounds=args.rounds or (6 if args.quick else 12))
 
     print(f"\npgdash fault table ({workdir})\n")
-    print(f"| {'fault':<28} | {'acknowledged':>12} | {'stored':>7} | {'lost':>4} | "
-          f"{'doubled':>7} | note")
-    print(f"|{'-' * 30}|{'-' * 14}|{'-' * 9}|{'-' * 6}|{'-' * 9}|------")
-    for r in rows:
-        print(f"| {r.fault:<28} | {r.acknowledged:>12} | {r.stored:>7} | {r.lost:>4} | "
-              f"{r.doubled:>7} | {r.note}")
-    print(f"\nfuzz cases tried: {fz['cases']}, failures: {fz['failed']} (pytest rc {fz['rc']})")
-    print(f"training step time (2 gloo ranks, {timing['steps']} steps): median server up "
-          f"{timing['up_ms']:.3f} ms, down {timing['down_ms']:.3f} ms; ratio down/up, median "
-          f"of {len(timing['pair_ratios'])} adjacent pairs: {timing['ratio']:.3f} (goal <= "
-          f"1.02); pairs: {timing['pair_ratios']}")
-    total_bad = sum(r.lost + r.doubled for r in rows) + fz["failed"]
-    print(f"goal 0 lost, 0 doubled, 0 fuzz failures: {'met' if total_bad == 0 else 'MISSED'}")
+    if rows:
+        print(f"| {'fault':<28} | {'acknowledged':>12} | {'stored':>7} | {'lost':>4} | "
+              f"{'doubled':>7} | note")
+        print(f"|{'-' * 30}|{'-' * 14}|{'-' * 9}|{'-' * 6}|{'-' * 9}|------")
+        for r in rows:
+            print(f"| {r.fault:<28} | {r.acknowledged:>12} | {r.stored:>7} | {r.lost:>4} | "
+                  f"{r.doubled:>7} | {r.note}")
+    if outage:
+        print_outage(outage)
+    if fz:
+        print(f"\nfuzz cases tried: {fz['cases']}, failures: {fz['failed']} "
+              f"(pytest rc {fz['rc']})")
+    if timing:
+        print_ratio(timing)
+    if rows or fz:
+        total_bad = sum(r.lost + r.doubled for r in rows) + (fz["failed"] if fz else 0)
+        print(f"goal 0 lost, 0 doubled, 0 fuzz failures: "
+              f"{'met' if total_bad == 0 else 'MISSED'}")
 
 
 if __name__ == "__main__":
