@@ -388,22 +388,6 @@ def flood_and_garbage(workdir: Path, seconds: float = 4.0, rate: int = 400
         srv.stop()
 
 
-def timed_job(workdir: Path, server_url: str, name: str, steps: int,
-              env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Run tests/jobs/timed_job.py on 2 ranks; each rank's RESULT line."""
-    procs = launch_job("timed_job.py", 2, server_url, name, workdir, args=[str(steps)],
-                       env={"PGDASH_FLUSH_TIMEOUT_S": "5", **(env or {})})
-    codes = wait_job(procs, 600, workdir)
-    if codes != [0, 0]:
-        raise AssertionError(f"{name}: exit codes {codes}")
-    results = []
-    for rank in (0, 1):
-        text = (workdir / f"{name}-rank{rank}.log").read_text()
-        line = next(x for x in text.splitlines() if x.startswith("RESULT "))
-        results.append(json.loads(line[len("RESULT "):]))
-    return results
-
-
 def server_down(workdir: Path, steps: int = 300, buffer: int = 10
                 ) -> tuple[Row, dict[str, Any]]:
     """A job trains with the server down, then it comes up: bounded buffer, counted drops."""
@@ -606,42 +590,145 @@ def bootstrap_median(values: list[float], resamples: int = 4000, seed: int = 10
             medians[int(0.975 * resamples) - 1])
 
 
-def step_time_ratio(workdir: Path, steps: int, rounds: int = 12) -> dict[str, Any]:
+class OutageSwitch:
+    """A TCP port in front of the server that is either up (it forwards every connection to
+    the server) or down (nothing listens: connections are refused, and open ones are cut, as
+    when the server process dies). Switching takes milliseconds, where restarting a server
+    takes seconds, so one job can live through many outages and recoveries."""
+
+    def __init__(self, target_port: int):
+        self.target = ("127.0.0.1", target_port)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._listener: Any = None
+        self._sockets: list[Any] = []
+        self._lock = threading.Lock()
+
+    def up(self) -> None:
+        import socket
+
+        if self._listener is not None:
+            return
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        import socket
+
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            except OSError:
+                pass
+
+    def _accept(self, listener: Any) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed: the switch went down
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._sockets += [client, server]
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self._copy, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _copy(src: Any, dst: Any) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+
+def step_time_ratio(workdir: Path, rounds: int = 20, block_s: float = 4.0,
+                    settle_s: float = 1.5) -> dict[str, Any]:
     """Training step time with the server down against up, on a noisy shared machine.
 
-    Each round runs three short 2-rank jobs back to back: agent with the server up, with the
-    server down (nobody listening on its port), and with the server up again (an A/A control:
-    the same condition twice, whose ratio shows what noise alone does). The order rotates
-    through all six permutations, so that neither arm always runs first or last while the
-    machine's load drifts. Each run is summarised by its median step time (both ranks), each
-    round by the ratios down/up and up-again/up; the verdict is the median of the rounds'
-    ratios with a bootstrap 95% interval over rounds.
+    One 2-rank job trains throughout while an :class:`OutageSwitch` in front of the server
+    takes it away and brings it back. Each round is three blocks of ``block_s`` seconds: server
+    up, server down, and server up again (an A/A control: the same condition twice, whose
+    ratio shows what noise alone does). The order rotates through all six permutations, so no
+    arm is always first or last while the machine's load drifts. The first ``settle_s`` of
+    each block are left out (a reconnect and its resend belong to neither steady state; the
+    agent retries every 0.5 s at most here, PGDASH_RECONNECT_MAX_S=0.5, a worst case). Each
+    block is summarised by the median of its steps (both ranks), each round by the ratios
+    down/up and up-again/up; the verdict is the median of the rounds' ratios with a bootstrap
+    95% interval over rounds.
     """
     srv = ServerProcess(f"sqlite:///{workdir / 'timing.db'}",
                         log_path=workdir / "timing.log").start()
-    dead = f"http://127.0.0.1:{free_port()}"
-    runs: list[dict[str, Any]] = []
+    switch = OutageSwitch(srv.port)
+    switch.up()
     orders = list(itertools.permutations(ARMS))
-    ratios: dict[str, list[float]] = {"down/up": [], "up/up": []}
+    total_s = rounds * len(ARMS) * block_s
+    procs = launch_job("outage_job.py", 2, switch.url, "timing", workdir,
+                       args=["1e9", str(total_s + 5)],
+                       env={"PGDASH_RECONNECT_MAX_S": "0.5", "PGDASH_FLUSH_TIMEOUT_S": "10"})
+    blocks: list[tuple[int, str, float, float]] = []  # round, arm, wall start, wall end
     try:
+        wait_for(lambda: all("TRAINING" in (workdir / f"timing-rank{r}.log").read_text()
+                             for r in (0, 1)), 180, "both ranks training")
         for i in range(rounds):
-            medians = {}
             for arm in orders[i % len(orders)]:
-                url = dead if arm == "down" else srv.url
-                name = f"timing-{arm.replace(' ', '-')}-{i}"
-                times = [t for r in timed_job(workdir, url, name, steps) for t in r["times"]]
-                medians[arm] = statistics.median(times)
-                runs.append({"round": i, "arm": arm, "median_ms": medians[arm] * 1e3})
-            ratios["down/up"].append(medians["down"] / medians["up"])
-            ratios["up/up"].append(medians["up again"] / medians["up"])
+                (switch.down if arm == "down" else switch.up)()
+                began = time.time()
+                time.sleep(block_s)
+                blocks.append((i, arm, began, time.time()))
+        switch.up()
+        codes = wait_job(procs, 120, workdir)
+        assert codes == [0, 0], codes
     finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        switch.down()
         srv.stop()
-    out: dict[str, Any] = {"rounds": rounds, "steps": steps, "runs": runs,
+    results = []
+    for rank in (0, 1):
+        text = (workdir / f"timing-rank{rank}.log").read_text()
+        line = next(x for x in text.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line[len("RESULT "):]))
+    medians: dict[tuple[int, str], float] = {}
+    counts: dict[str, int] = {arm: 0 for arm in ARMS}
+    for i, arm, began, ended in blocks:
+        times = [s for r in results for t, s in zip(r["step_at"], r["step_s"])
+                 if began + settle_s <= r["started_wall"] + t < ended]
+        medians[(i, arm)] = statistics.median(times)
+        counts[arm] += len(times)
+    ratios = {"down/up": [medians[(i, "down")] / medians[(i, "up")] for i in range(rounds)],
+              "up/up": [medians[(i, "up again")] / medians[(i, "up")] for i in range(rounds)]}
+    out: dict[str, Any] = {"rounds": rounds, "block_s": block_s, "settle_s": settle_s,
+                           "steps": counts,
                            "ratios": {k: [round(r, 4) for r in v] for k, v in ratios.items()}}
     for key, values in ratios.items():
         out[key] = bootstrap_median(values)
     for arm in ARMS:
-        out[f"{arm} ms"] = statistics.median(r["median_ms"] for r in runs if r["arm"] == arm)
+        out[f"{arm} ms"] = statistics.median(medians[(i, arm)] for i in range(rounds)) * 1e3
     return out
 
 
@@ -659,10 +746,11 @@ def ratio_verdict(timing: dict[str, Any], goal: float = 1.02) -> str:
 def print_ratio(timing: dict[str, Any]) -> None:
     dm, dl, dh = timing["down/up"]
     am, al, ah = timing["up/up"]
-    print(f"training step time (2 gloo ranks, {timing['rounds']} rounds x 3 runs x "
-          f"{timing['steps']} steps, order rotated): median of runs' medians: server up "
-          f"{timing['up ms']:.3f} ms, down {timing['down ms']:.3f} ms, up again "
-          f"{timing['up again ms']:.3f} ms")
+    print(f"\ntraining step time, one 2-rank gloo job, {timing['rounds']} rounds of 3 blocks "
+          f"of {timing['block_s']:g} s (first {timing['settle_s']:g} s of each left out), order "
+          f"rotated; steps measured {timing['steps']}")
+    print(f"  median of blocks' medians: server up {timing['up ms']:.3f} ms, down "
+          f"{timing['down ms']:.3f} ms, up again {timing['up again ms']:.3f} ms")
     print(f"  ratio down/up   (median of rounds): {dm:.3f}  95% CI [{dl:.3f}, {dh:.3f}]")
     print(f"  A/A up again/up (noise floor)     : {am:.3f}  95% CI [{al:.3f}, {ah:.3f}]")
     print(f"  goal down/up <= 1.02: {ratio_verdict(timing)}")
@@ -690,10 +778,11 @@ def main() -> None:
     parser.add_argument("--only-outage", action="store_true",
                         help="run only the minutes-long outage (see --outage-s)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="rounds of the step-time ratio (3 short jobs each; default 12, "
-                             "--quick 6)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="training steps of each timed job (default 300)")
+                        help="rounds of the step-time ratio (3 blocks each; default 20, "
+                             "--quick 8)")
+    parser.add_argument("--block-s", type=float, default=4.0,
+                        help="seconds of each block (server up, down, up again) of the "
+                             "step-time ratio")
     parser.add_argument("--outage-s", type=float, default=None,
                         help="how long the server stays down while a job trains (default "
                              "150 s, --quick 20 s)")
@@ -718,8 +807,8 @@ def main() -> None:
     if everything:
         fz = fuzz(workdir)
     if everything or args.only_ratio:
-        timing = step_time_ratio(workdir, steps=args.steps or 300,
-                                 rounds=args.rounds or (6 if args.quick else 12))
+        timing = step_time_ratio(workdir, rounds=args.rounds or (8 if args.quick else 20),
+                                 block_s=args.block_s)
 
     print(f"\npgdash fault table ({workdir})\n")
     if rows:

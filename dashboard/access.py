@@ -121,7 +121,7 @@ def register(app: Flask, socketio: Any, token: str | None) -> Access | None:
         path = request.path
         if path.startswith(PUBLIC_PREFIXES) or path in PUBLIC_PATHS:
             return None
-        address = request.remote_addr or "?"
+        address = guard.address(request.remote_addr, request.headers)
         wait = guard.retry_after(address)
         if wait > 0:  # checked before the credential: a right guess now tells nothing
             return too_many(address, wait, not path.startswith(MACHINE_PREFIXES))
@@ -145,7 +145,7 @@ def register(app: Flask, socketio: Any, token: str | None) -> Access | None:
         target = _safe_next(request.values.get("next"))
         if request.method == "GET":
             return render_template("login.html", next=target, error=None)
-        address = request.remote_addr or "?"
+        address = guard.address(request.remote_addr, request.headers)
         wait = guard.retry_after(address)
         if wait > 0:
             return too_many(address, wait, page=True)
@@ -171,7 +171,7 @@ def register(app: Flask, socketio: Any, token: str | None) -> Access | None:
     def _ui_connect(auth=None):
         from flask_socketio import ConnectionRefusedError
 
-        address = request.remote_addr or "?"
+        address = guard.address(request.remote_addr, request.headers)
         wait = guard.retry_after(address)
         if wait > 0:
             raise ConnectionRefusedError(guard.message(address, wait))

@@ -25,13 +25,32 @@ from typing import Callable
 MAX_FAILURES = "LOGIN_MAX_FAILURES"
 WINDOW_S = "LOGIN_WINDOW_S"
 MAX_ADDRESSES = "LOGIN_MAX_ADDRESSES"
+PROXIES = "LOGIN_PROXIES"
 DEFAULTS = {
     # 30 guesses per 5 minutes is ~8,600 a day: nothing against a random token of 16+
     # characters, and room for a person or a misconfigured scraper to get it wrong a while.
     MAX_FAILURES: 30,
     WINDOW_S: 300.0,
     MAX_ADDRESSES: 10_000,  # ~30 timestamps each: a few MB at most
+    # Reverse proxies in front of the server that append the client's address to
+    # X-Forwarded-For. 0 (direct): the header is ignored, since any client can write it.
+    PROXIES: 0,
 }
+
+
+def client_address(remote_addr: str | None, forwarded_for: str | None, proxies: int) -> str:
+    """The address a guess is counted against.
+
+    With ``proxies`` trusted proxies in front, the address the outermost one saw is the
+    ``proxies``-th entry of X-Forwarded-For from the right (entries further left are what the
+    client itself wrote, and could be anything); without the header, or with fewer entries
+    than proxies, the connection's own address.
+    """
+    if proxies > 0 and forwarded_for:
+        hops = [part.strip() for part in forwarded_for.split(",")]
+        if len(hops) >= proxies and hops[-proxies]:
+            return hops[-proxies][:64]
+    return remote_addr or "?"
 
 
 class LoginGuard:
@@ -43,10 +62,12 @@ class LoginGuard:
         window_s: ``PGDASH_LOGIN_WINDOW_S``: the sliding window, in seconds.
         max_addresses: ``PGDASH_LOGIN_MAX_ADDRESSES``: how many addresses are remembered.
         clock: monotonic seconds (injected for tests).
+        proxies: ``PGDASH_LOGIN_PROXIES``: trusted reverse proxies (see :func:`client_address`).
     """
 
     def __init__(self, max_failures: int, window_s: float, max_addresses: int,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, proxies: int = 0):
+        self.proxies = proxies
         self.max_failures = max_failures
         self.window_s = window_s
         self.max_addresses = max_addresses
@@ -88,6 +109,10 @@ class LoginGuard:
                 self._failures.popitem(last=False)
                 self.counters["evicted"] += 1
 
+    def address(self, remote_addr: str | None, headers) -> str:
+        """The client address of a request (its connection's, or per PGDASH_LOGIN_PROXIES)."""
+        return client_address(remote_addr, headers.get("X-Forwarded-For"), self.proxies)
+
     def message(self, address: str, wait: float) -> str:
         """What a refused client is told: what happened, which settings, when to retry."""
         return (f"too many failed token attempts from {address}: at most {self.max_failures} "
@@ -102,7 +127,8 @@ def from_config(config) -> LoginGuard:
         ValueError: a setting is not a number of the right kind; the message names it.
     """
     values = {}
-    for name, kind in ((MAX_FAILURES, int), (WINDOW_S, float), (MAX_ADDRESSES, int)):
+    for name, kind in ((MAX_FAILURES, int), (WINDOW_S, float), (MAX_ADDRESSES, int),
+                       (PROXIES, int)):
         raw = config.get(name, DEFAULTS[name])
         try:
             value = kind(raw)
@@ -111,7 +137,8 @@ def from_config(config) -> LoginGuard:
         except (TypeError, ValueError):
             raise ValueError(f"PGDASH_{name} must be a{'n integer' if kind is int else ' number'}"
                              f", got {raw!r:.40}") from None
-        if value < 0 or (value == 0 and name != MAX_FAILURES):
+        if value < 0 or (value == 0 and name not in (MAX_FAILURES, PROXIES)):
             raise ValueError(f"PGDASH_{name} must be positive, got {raw!r:.40}")
         values[name] = value
-    return LoginGuard(values[MAX_FAILURES], values[WINDOW_S], values[MAX_ADDRESSES])
+    return LoginGuard(values[MAX_FAILURES], values[WINDOW_S], values[MAX_ADDRESSES],
+                      proxies=values[PROXIES])

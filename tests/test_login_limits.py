@@ -14,7 +14,7 @@ import socketio
 
 from agent.wire import UI_NAMESPACE
 from conftest import ServerProcess, wait_for
-from dashboard.guard import LoginGuard, from_config
+from dashboard.guard import LoginGuard, client_address, from_config
 
 TOKEN = "tok-guess-me-if-you-can-7c1"
 GUESSER = "127.0.0.1"
@@ -66,7 +66,21 @@ def test_guard_memory_is_bounded_by_addresses_and_failures():
     assert off.retry_after("a") == 0 and len(off) == 0
 
 
+def test_the_address_behind_trusted_proxies_is_the_one_the_outermost_saw():
+    # Direct: X-Forwarded-For is whatever the client wrote, so it is ignored.
+    assert client_address("10.0.0.9", "1.2.3.4", proxies=0) == "10.0.0.9"
+    # One proxy (nginx's $proxy_add_x_forwarded_for): the last entry is the real client;
+    # what the client wrote itself, further left, does not spread its guesses.
+    assert client_address("10.0.0.1", "6.6.6.6, 203.0.113.7", proxies=1) == "203.0.113.7"
+    assert client_address("10.0.0.1", "6.6.6.6, 203.0.113.7, 10.0.0.2", 2) == "203.0.113.7"
+    # Fewer entries than proxies, or none: the connection's own address.
+    assert client_address("10.0.0.1", "203.0.113.7", proxies=2) == "10.0.0.1"
+    assert client_address("10.0.0.1", None, proxies=1) == "10.0.0.1"
+    assert client_address(None, None, proxies=0) == "?"
+
+
 @pytest.mark.parametrize("config, named", [
+    ({"LOGIN_PROXIES": "yes"}, "PGDASH_LOGIN_PROXIES must be an integer"),
     ({"LOGIN_MAX_FAILURES": "many"}, "PGDASH_LOGIN_MAX_FAILURES must be an integer"),
     ({"LOGIN_WINDOW_S": 0}, "PGDASH_LOGIN_WINDOW_S must be positive"),
     ({"LOGIN_MAX_ADDRESSES": -3}, "PGDASH_LOGIN_MAX_ADDRESSES must be positive"),

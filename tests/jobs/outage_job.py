@@ -44,6 +44,7 @@ def outbox_dropped(stats) -> int:
 
 print("TRAINING", flush=True)
 start = time.perf_counter()
+started_wall = time.time()  # step times + this = wall clock, as a harness switching keeps it
 # Step times in flat arrays (16 bytes a step), so that the job's own record does not grow its
 # RSS much over minutes: RSS is what is measured here.
 step_at, step_s = array.array("d"), array.array("d")
@@ -82,4 +83,4 @@ dist.destroy_process_group()
 flushed = agent.detach()
 print("RESULT", json.dumps({"step_at": step_at.tolist(), "step_s": step_s.tolist(), "samples": samples, "connected_at": all_connected_at,
                             "dropped": stats["dropped"], "outbox_dropped": outbox_dropped(stats),
-                            "flushed": flushed, "session": stats["session"]}), flush=True)
+                            "flushed": flushed, "started_wall": started_wall, "session": stats["session"]}), flush=True)
