@@ -486,7 +486,15 @@ def _phases(result: dict[str, Any]) -> dict[str, Any]:
     samples = [s for s in result["samples"] if not s[4] and (back is None or s[0] < back)]
     # RSS once warm (5 s in: imports, groups and first steps done) against its peak while down.
     warm = next((s for s in samples if s[0] >= 5.0), samples[0])
+    after = [s for s in result["samples"] if back is not None and s[0] >= back]
+
+    def cpu_pct(part: list[list[Any]]) -> float | None:
+        if len(part) < 2 or part[-1][0] <= part[0][0]:
+            return None
+        return round(100 * (part[-1][5] - part[0][5]) / (part[-1][0] - part[0][0]), 2)
+
     return {"down_steps": down, "up_steps": up, "rss_warm_kb": warm[1],
+            "agent_cpu_down_pct": cpu_pct(samples), "agent_cpu_up_pct": cpu_pct(after),
             "rss_peak_down_kb": max(s[1] for s in samples),
             "rss_end_down_kb": samples[-1][1],
             "max_buffered": max(s[2] for s in result["samples"])}
@@ -575,13 +583,16 @@ def print_outage(info: dict[str, Any]) -> None:
         every = max(1, len(result["samples"]) // 12)
         line = ", ".join(f"{t:.0f}s {rss / 1024:.1f}MB buf {buf} drop {drop}"
                          f"{'' if up else ' (down)'}"
-                         for t, rss, buf, drop, up in result["samples"][::every])
+                         for t, rss, buf, drop, up, _cpu in result["samples"][::every])
         print(f"  rank {rank}: {line}")
     print(f"  RSS: warm {[round(p['rss_warm_kb'] / 1024, 1) for p in info['phases']]} MB, peak "
           f"while down {[round(p['rss_peak_down_kb'] / 1024, 1) for p in info['phases']]} MB "
           f"(growth {info['rss_growth_kb'] / 1024:.2f} MB)")
     print(f"  step time: median while down {info['down_ms']:.3f} ms ({info['down_steps']} "
           f"steps), after it came back {info['up_ms']:.3f} ms ({info['up_steps']} steps)")
+    print(f"  the agent's own threads, % of one core per rank: while down "
+          f"{[p['agent_cpu_down_pct'] for p in info['phases']]}, after it came back "
+          f"{[p['agent_cpu_up_pct'] for p in info['phases']]}")
     print(f"  drops: agents counted {info['dropped_agent']} ({info['outbox_dropped']} from the "
           f"buffer), /api/jobs/<id> shows {info['dropped_shown']}, the job page shows "
           f"{info['page']}")
@@ -725,11 +736,19 @@ def step_time_ratio(workdir: Path, rounds: int = 20, block_s: float = 4.0,
         results.append(json.loads(line[len("RESULT "):]))
     medians: dict[tuple[int, str], float] = {}
     counts: dict[str, int] = {arm: 0 for arm in ARMS}
+    agent_cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}  # share of a core, 2 ranks
     for i, arm, began, ended in blocks:
         times = [s for r in results for t, s in zip(r["step_at"], r["step_s"])
                  if began + settle_s <= r["started_wall"] + t < ended]
         medians[(i, arm)] = statistics.median(times)
         counts[arm] += len(times)
+        share = 0.0
+        for r in results:
+            inside = [(r["started_wall"] + x[0], x[5]) for x in r["samples"]
+                      if began + settle_s <= r["started_wall"] + x[0] < ended]
+            if len(inside) >= 2:
+                share += (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+        agent_cpu[arm].append(share)
     ratios = {"down/up": [medians[(i, "down")] / medians[(i, "up")] for i in range(rounds)],
               "up/up": [medians[(i, "up again")] / medians[(i, "up")] for i in range(rounds)]}
     out: dict[str, Any] = {"rounds": rounds, "block_s": block_s, "settle_s": settle_s,
@@ -739,6 +758,8 @@ def step_time_ratio(workdir: Path, rounds: int = 20, block_s: float = 4.0,
         out[key] = bootstrap_median(values)
     for arm in ARMS:
         out[f"{arm} ms"] = statistics.median(medians[(i, arm)] for i in range(rounds)) * 1e3
+        # CPU is counted in clock ticks (10 ms): the mean over blocks, not the median.
+        out[f"{arm} agent cpu %"] = 100 * statistics.fmean(agent_cpu[arm])
     return out
 
 
@@ -761,6 +782,9 @@ def print_ratio(timing: dict[str, Any]) -> None:
           f"rotated; steps measured {timing['steps']}")
     print(f"  median of blocks' medians: server up {timing['up ms']:.3f} ms, down "
           f"{timing['down ms']:.3f} ms, up again {timing['up again ms']:.3f} ms")
+    print(f"  the agent's own threads (pgdash-*, both ranks), % of one core: server up "
+          f"{timing['up agent cpu %']:.2f}, down {timing['down agent cpu %']:.2f}, up again "
+          f"{timing['up again agent cpu %']:.2f}")
     print(f"  ratio down/up   (median of rounds): {dm:.3f}  95% CI [{dl:.3f}, {dh:.3f}]")
     print(f"  A/A up again/up (noise floor)     : {am:.3f}  95% CI [{al:.3f}, {ah:.3f}]")
     print(f"  goal down/up <= 1.02: {ratio_verdict(timing)}")

@@ -6,14 +6,16 @@ argv[2]: at most this many seconds in all (a bound, should the server never come
 The server is expected to be down at the start. The job makes 30 process groups at once (each a
 ``group`` event the agent must keep, so a small PGDASH_MAX_BUFFERED_EVENTS overflows and
 events are dropped and counted), prints ``TRAINING``, then trains step by step, each step timed
-(``t`` since TRAINING, seconds). Every 0.5 s it samples its own RSS and the agent's buffer, drop
-count and link. Ranks agree every 10 steps (an all_reduce, off the clock) on whether all are
+(``t`` since TRAINING, seconds). Every 0.5 s it samples its own RSS, the agent's buffer, drop
+count and link, and the CPU time the agent's threads have used. Ranks agree every 10 steps (an all_reduce, off the clock) on whether all are
 connected and for how long. Prints ``RESULT`` as JSON.
 """
 
 import array
 import json
+import os
 import sys
+import threading
 import time
 
 import torch
@@ -36,6 +38,29 @@ def rss_kb() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
+CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+agent_threads: dict[int, float] = {}  # native id -> its CPU seconds when last seen
+agent_cpu_gone = 0.0  # CPU seconds of agent threads that have ended (a connection's reader)
+
+
+def agent_cpu_s() -> float:
+    """CPU seconds the agent's threads (pgdash-*) have used so far, ended ones included."""
+    global agent_cpu_gone
+    live = {}
+    for thread in threading.enumerate():
+        if thread.name.startswith("pgdash") and thread.native_id is not None:
+            try:
+                with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                live[thread.native_id] = (int(fields[11]) + int(fields[12])) / CLOCK_TICK
+            except (OSError, IndexError, ValueError):
+                pass
+    agent_cpu_gone += sum(cpu for tid, cpu in agent_threads.items() if tid not in live)
+    agent_threads.clear()
+    agent_threads.update(live)
+    return agent_cpu_gone + sum(live.values())
+
+
 def outbox_dropped(stats) -> int:
     """Events dropped from the outbox (not collectives the tracker could not record)."""
     return sum(n for kind, n in stats["dropped"].items()
@@ -48,7 +73,7 @@ started_wall = time.time()  # step times + this = wall clock, as a harness switc
 # Step times in flat arrays (16 bytes a step), so that the job's own record does not grow its
 # RSS much over minutes: RSS is what is measured here.
 step_at, step_s = array.array("d"), array.array("d")
-samples = []  # [t, rss_kb, buffered, dropped, connected]
+samples = []  # [t, rss_kb, buffered, dropped, connected, agent threads' CPU seconds]
 next_sample = 0.0
 all_connected_at = None
 while True:
@@ -63,7 +88,7 @@ while True:
     if now >= next_sample:
         stats = handle.stats()
         samples.append([round(now, 3), rss_kb(), stats["buffered"], outbox_dropped(stats),
-                        bool(stats["connected"])])
+                        bool(stats["connected"]), round(agent_cpu_s(), 3)])
         next_sample = now + 0.5
     if len(step_s) % 10 == 0:
         flag = torch.tensor([1.0 if handle.stats()["connected"] else 0.0])
