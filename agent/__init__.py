@@ -40,8 +40,10 @@ def attach(pg: Any = None, *, server: str | None = None, token: str | None = Non
 
             config = AgentConfig.from_env(server=server, token=token, job=job, **options)
             if config.server is None:
-                config = AgentConfig.from_env(server="http://127.0.0.1:8686", token=token,
-                                              job=job, **options)
+                from agent.wire import DEFAULT_PORT
+
+                config = AgentConfig.from_env(server=f"http://127.0.0.1:{DEFAULT_PORT}",
+                                              token=token, job=job, **options)
             if not config.server.startswith(("http://", "https://")):
                 raise ValueError(f"PGDASH_SERVER must look like http://host:port, "
                                  f"got {config.server!r}")

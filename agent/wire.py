@@ -25,6 +25,7 @@ PROTOCOL_VERSIONS = (PROTOCOL_VERSION, PROTOCOL_V2)
 AGENT_V2_PATH = "/agent/v2"
 AGENT_NAMESPACE = "/agent"
 UI_NAMESPACE = "/ui"
+DEFAULT_PORT = 8686  # `pgdash serve`, and where an agent reports when PGDASH_SERVER is unset
 BATCH_EVENT = "batch"
 
 # Limits enforced by the server; the agent stays below them by construction.

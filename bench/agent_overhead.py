@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args.worker, args.blocks, args.calls, args.warmup)
 
-    from dashboard.cli import make_server
+    from dashboard.server import make_server
 
     # The server's request log would interleave with the table; keep only real problems, and
     # not the harmless "400 Bad request" werkzeug logs for bytes left on a closed websocket.

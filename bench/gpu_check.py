@@ -150,7 +150,7 @@ def main() -> int:
     results["cuda"] = torch.version.cuda
     results["gpu"] = torch.cuda.get_device_name(0)
     check_nvml()
-    from dashboard.cli import make_server
+    from dashboard.server import make_server
     from dashboard.errors import classify
 
     with tempfile.TemporaryDirectory() as tmp_name:

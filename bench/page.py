@@ -1,6 +1,6 @@
 """How fast is the live job page at 1,024 ranks? Time to first render and event-to-DOM latency.
 
-What runs: a real pgdash server (``dashboard.cli.make_server``, in this process, on 127.0.0.1
+What runs: a real pgdash server (``dashboard.server.make_server``, in this process, on 127.0.0.1
 and a fresh SQLite file) and a synthetic job fed through the real ingest path: for every rank
 a session is admitted with ``Ingest.connect(auth)`` and its events go through
 ``Ingest.batch(session, job_id, payload)``, exactly what the ``/agent`` Socket.IO handlers call,
@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent.wire import PROTOCOL_VERSION  # noqa: E402
 from dashboard.live import sections  # noqa: E402
-from dashboard.cli import make_server  # noqa: E402
+from dashboard.server import make_server  # noqa: E402
 
 
 def mesh_groups(world: int, dims: tuple[int, int, int]) -> list[tuple[str, str, list[int]]]:

@@ -20,6 +20,7 @@ from werkzeug.exceptions import HTTPException
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
 from dashboard import access, limits
 from dashboard.archive import export_lines
+from dashboard.config import DEFAULTS, DIAGNOSE_EVERY_S, PAUSE_NOTICED_S
 from dashboard.diagnosis import Settings
 from dashboard.incidents import incidents
 from dashboard.ingest import Ingest, Refused
@@ -31,33 +32,9 @@ from dashboard.notify import Notifier
 from dashboard.resources import resource_dir
 from dashboard.storage import JOB_FIELDS as STORED_JOB_FIELDS
 from dashboard.storage import Store
-from dashboard.trace import DEFAULT_MAX_EVENTS as DEFAULT_TRACE_MAX_EVENTS
 from dashboard.trace import TraceError, build_trace, json_chunks, trace_query
 
 log = logging.getLogger("pgdash.server")
-
-DIAGNOSE_EVERY_S = 1.0  # live diagnosis of every job held in memory
-PAUSE_NOTICED_S = 1.0  # the push loop overslept by this much: the server itself was paused
-
-DEFAULTS = {
-    "DB": "sqlite:///pgdash.db",
-    "TOKEN": None,
-    "HANG_AFTER": 60.0,
-    "STALL_AFTER": 10.0,  # floor of the stall warning (dashboard.diagnosis.Settings)
-    "NOTIFY": None,  # webhook URL for incidents (dashboard.notify)
-    "NOTIFY_TIMEOUT": 5.0,
-    "NOTIFY_RETRIES": 3,
-    "NOTIFY_QUEUE": 256,
-    "PUSH_INTERVAL": 0.5,  # seconds between live updates of one job (throttle)
-    "MAX_MESSAGE_BYTES": 4_000_000,
-    "TRACE_MAX_EVENTS": DEFAULT_TRACE_MAX_EVENTS,  # GET /api/jobs/<id>/trace: the most events
-    "METRICS_PER_RANK": False,  # a last-seen series per rank on /metrics (high cardinality)
-    "DB_BUSY_TIMEOUT_S": 30.0,  # how long a write waits for a lock another process holds
-    **limits.DEFAULTS,  # per-connection rate limits on agents
-    "QUEUE": None,  # redis://host:6379/0: several server processes (dashboard.cluster)
-    "LEASE_S": 5.0,  # a job owner's lease, when several processes share the database
-}
-
 
 def _flag(value: Any) -> bool:
     """A boolean setting that may come from the environment as text."""

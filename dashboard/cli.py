@@ -8,13 +8,13 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 import click
 
-from dashboard.demo import SCENARIOS
-
-DEFAULT_DB = "sqlite:///pgdash.db"
-DEFAULT_PORT = 8686
+from dashboard.config import DEFAULT_DB, DEFAULT_HOST, DEFAULT_PORT, DEFAULTS
+from dashboard.demo import DEMO_HANG_AFTER, SCENARIOS
+from dashboard.server import Server, ServerError, make_server
 
 
 def _db_option(f):
@@ -40,88 +40,8 @@ def _quiet_websocket_close(record: logging.LogRecord) -> bool:
     return "code 400, message Bad" not in record.getMessage()
 
 
-class Server:
-    """A pgdash server on a real port, in a background thread (used by serve, demo, tests)."""
-
-    def __init__(self, app, host: str, port: int, ssl_context=None):
-        from werkzeug.serving import make_server
-
-        from dashboard.front import Front
-
-        self.app = app
-        try:
-            self._server = make_server(host, port, app, threaded=True, ssl_context=ssl_context)
-        except OSError as exc:
-            raise click.ClickException(
-                f"cannot listen on {host}:{port}: {exc.strerror or exc}. "
-                "Pick another --port (0 picks a free one).") from None
-        self.host = host
-        self.port = self._server.server_port
-        scheme = "https" if ssl_context is not None else "http"
-        self.url = f"{scheme}://{host if ':' not in host else f'[{host}]'}:{self.port}"
-        # Without TLS, the front accepts every connection: agents' compact (v2) websockets
-        # stay on its event loop, everything else goes to Werkzeug's threads (see
-        # dashboard.front). With TLS, Werkzeug serves everything and agents speak v1 (it
-        # answers /agent/v2 with 404); a TLS-terminating proxy in front keeps v2.
-        self.front = None if ssl_context is not None else Front(
-            self._server, app.extensions["pgdash"], int(app.config["MAX_MESSAGE_BYTES"]),
-            app.extensions["pgdash_limits"])
-        self._thread = threading.Thread(target=self._server.serve_forever, name="pgdash-http",
-                                        daemon=True)
-
-    def start(self) -> "Server":
-        self.app.extensions["pgdash_pusher"].start()
-        if self.front is not None:
-            self.front.start()
-        else:
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.app.extensions["pgdash_pusher"].stop()
-        if self.front is not None:
-            self.front.stop()
-        else:
-            self._server.shutdown()
-        self.app.extensions["pgdash"].store.close()
-
-
-def make_server(db: str, host: str, port: int, token: str | None = None,
-                hang_after: float | None = None, tls: tuple[str, str] | None = None,
-                queue: str | None = None, lease: float | None = None,
-                notify: str | None = None, stall_after: float | None = None) -> Server:
-    from dashboard.app import create_app
-    from dashboard.tls import TLSError, server_context
-
-    try:
-        ssl_context = server_context(*tls) if tls else None
-    except TLSError as exc:
-        raise click.ClickException(str(exc)) from None
-
-    config = {"DB": db, "TOKEN": token}
-    if hang_after is not None:
-        config["HANG_AFTER"] = hang_after
-    if queue:
-        config["QUEUE"] = queue
-    if lease is not None:
-        config["LEASE_S"] = lease
-    if notify:
-        config["NOTIFY"] = notify
-    if stall_after is not None:
-        config["STALL_AFTER"] = stall_after
-    try:
-        app = create_app(config)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    server = Server(app, host, port, ssl_context)
-    notifier = app.extensions.get("pgdash_notifier")
-    if notifier is not None and notifier.base_url is None:
-        notifier.base_url = server.url  # links in notifications lead to the job page
-    return server
-
-
 @cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True,
+@click.option("--host", default=DEFAULT_HOST, show_default=True,
               help="Address to bind. Only loopback is safe without --token.")
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
               help="Port to listen on; 0 picks a free one.")
@@ -139,17 +59,18 @@ def make_server(db: str, host: str, port: int, token: str | None = None,
 @click.option("--tls-key", type=click.Path(dir_okay=False),
               default=lambda: os.environ.get("PGDASH_TLS_KEY") or None,
               help="PEM private key of --tls-cert. Default: PGDASH_TLS_KEY.")
-@click.option("--hang-after", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True, help="Seconds a collective may wait before it counts as hung.")
+@click.option("--hang-after", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULTS["HANG_AFTER"], show_default=True,
+              help="Seconds a collective may wait before it counts as hung.")
 @click.option("--queue", envvar="PGDASH_QUEUE", show_envvar=True, default=None,
               help="Redis URL (redis://host:6379/0) shared by several `pgdash serve` processes "
               "on one PostgreSQL --db; see docs/cluster.md. Unset: one process alone.")
 @click.option("--lease", envvar="PGDASH_LEASE_S", show_envvar=True,
-              type=click.FloatRange(min=1.0), default=5.0, show_default=True,
+              type=click.FloatRange(min=1.0), default=DEFAULTS["LEASE_S"], show_default=True,
               help="With --queue: seconds a job's owner process holds it without renewing; "
               "another process takes a dead owner's jobs over within about 4/3 of this.")
 @click.option("--stall-after", type=click.FloatRange(min=0, min_open=True),
-              default=10.0, envvar="PGDASH_STALL_AFTER", show_envvar=True, show_default=True,
+              default=DEFAULTS["STALL_AFTER"], envvar="PGDASH_STALL_AFTER", show_envvar=True, show_default=True,
               help="Least seconds a collective waits for a missing peer before a stall warning "
                    "(more when the group's own collectives are slow).")
 @click.option("--notify", envvar="PGDASH_NOTIFY", show_envvar=True, metavar="URL",
@@ -176,9 +97,9 @@ def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
         click.echo("pgdash: --tls-cert and --tls-key go together (PGDASH_TLS_CERT, "
                    "PGDASH_TLS_KEY): give both to serve https, or neither.", err=True)
         sys.exit(2)
-    server = make_server(db, host, port, token, hang_after,
-                         (tls_cert, tls_key) if tls_cert else None, queue, lease, notify,
-                         stall_after).start()
+    server = _start(db, host, port, token=token, hang_after=hang_after, queue=queue,
+                    lease_s=lease, notify=notify, stall_after=stall_after,
+                    tls=(tls_cert, tls_key) if tls_cert else None)
     _tune_gc()
     # A service manager stops with SIGTERM: stop as on Ctrl-C, so that with --queue this
     # process hands its jobs over at once instead of after its leases run out.
@@ -193,6 +114,14 @@ def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
         click.echo("pgdash: stopping")
     finally:
         server.stop()
+
+
+def _start(db: str, host: str, port: int, **settings: Any) -> Server:
+    """A started server, or a clear error on the command line."""
+    try:
+        return make_server(db, host, port, **settings).start()
+    except ServerError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -219,7 +148,8 @@ def _is_loopback(host: str) -> bool:
 @click.option("--scenario", default="healthy", show_default=True,
               type=click.Choice(list(SCENARIOS)),
               help="The fault to inject, about 5 s into training.")
-@click.option("--hang-after", type=click.FloatRange(min=0, min_open=True), default=10.0,
+@click.option("--hang-after", type=click.FloatRange(min=0, min_open=True),
+              default=DEMO_HANG_AFTER,
               show_default=True, help="Seconds a collective may wait before it counts as hung.")
 @click.option("--steps", default=0, show_default=True, type=click.IntRange(0),
               help="Training steps per rank; 0 runs until Ctrl-C.")
@@ -364,7 +294,8 @@ def import_cmd(path: str, db: str) -> None:
 @click.argument("job")
 @click.option("--step", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
               help="Seconds between diagnoses of the replayed log.")
-@click.option("--hang-after", type=click.FloatRange(min=0, min_open=True), default=60.0,
+@click.option("--hang-after", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULTS["HANG_AFTER"],
               show_default=True, help="Seconds a collective may wait before it counts as hung "
               "(as the live server's --hang-after).")
 @_db_option

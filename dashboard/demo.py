@@ -12,6 +12,9 @@ import time
 import click
 
 
+# Short, so that a demo's hang is named while one watches (a server's default is 60 s).
+DEMO_HANG_AFTER = 10.0
+
 SCENARIOS = {
     "healthy": "no fault",
     "checkpoint": "healthy; rank 0 checkpoints for 5 s once while the others wait (no finding)",
@@ -86,17 +89,21 @@ def _tell_findings(findings: list[dict], told: set[str]) -> set[str]:
 
 
 def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str,
-             hang_after: float = 10.0) -> int:
+             hang_after: float = DEMO_HANG_AFTER) -> int:
     try:
         import torch  # noqa: F401
     except ImportError:
         raise click.ClickException(
             "pgdash demo runs a real PyTorch job and needs torch on this machine: "
             "pip install torch") from None
-    from dashboard.cli import make_server
+    from dashboard.config import DEFAULT_HOST
+    from dashboard.server import ServerError, make_server
 
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the demo as Ctrl-C does
-    server = make_server(db, "127.0.0.1", port, hang_after=hang_after).start()
+    try:
+        server = make_server(db, DEFAULT_HOST, port, hang_after=hang_after).start()
+    except ServerError as exc:
+        raise click.ClickException(str(exc)) from None
     job = f"demo-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
     click.echo(f"pgdash demo: {ranks} ranks, scenario {scenario!r} ({SCENARIOS[scenario]}), "
                f"job {job}")

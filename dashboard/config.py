@@ -1,0 +1,43 @@
+"""Every server setting and its default, in one place.
+
+A setting ``NAME`` is read by ``create_app`` from these defaults, then from the environment as
+``PGDASH_NAME``, then from the caller's overrides (the command line). Defaults that belong to
+one mechanism are defined beside it and only gathered here (the diagnosis thresholds on
+:class:`dashboard.diagnosis.Settings`, the agents' rate limits in :mod:`dashboard.limits`, the
+trace cap in :mod:`dashboard.trace`), so each value is written once.
+"""
+
+from __future__ import annotations
+
+from agent.wire import DEFAULT_PORT
+from dashboard import limits
+from dashboard.diagnosis import Settings
+from dashboard.trace import DEFAULT_MAX_EVENTS as DEFAULT_TRACE_MAX_EVENTS
+
+DEFAULT_DB = "sqlite:///pgdash.db"  # in the working directory
+DEFAULT_HOST = "127.0.0.1"  # loopback: nothing beyond this machine reaches the server
+
+DIAGNOSE_EVERY_S = 1.0  # live diagnosis of every job held in memory
+PAUSE_NOTICED_S = 1.0  # the push loop overslept by this much: the server itself was paused
+
+DEFAULTS = {
+    "DB": DEFAULT_DB,
+    "TOKEN": None,
+    "HANG_AFTER": Settings.hang_after,  # --hang-after: a collective waiting this long is hung
+    "STALL_AFTER": Settings.stall_after,  # --stall-after: floor of the stall warning
+    "NOTIFY": None,  # webhook URL for incidents (dashboard.notify)
+    "NOTIFY_TIMEOUT": 5.0,
+    "NOTIFY_RETRIES": 3,
+    "NOTIFY_QUEUE": 256,
+    "PUSH_INTERVAL": 0.5,  # seconds between live updates of one job (throttle)
+    "MAX_MESSAGE_BYTES": 4_000_000,
+    "TRACE_MAX_EVENTS": DEFAULT_TRACE_MAX_EVENTS,  # GET /api/jobs/<id>/trace: the most events
+    "METRICS_PER_RANK": False,  # a last-seen series per rank on /metrics (high cardinality)
+    "DB_BUSY_TIMEOUT_S": 30.0,  # how long a write waits for a lock another process holds
+    **limits.DEFAULTS,  # per-connection rate limits on agents
+    "QUEUE": None,  # redis://host:6379/0: several server processes (dashboard.cluster)
+    "LEASE_S": 5.0,  # a job owner's lease, when several processes share the database
+}
+
+__all__ = ["DEFAULTS", "DEFAULT_DB", "DEFAULT_HOST", "DEFAULT_PORT", "DIAGNOSE_EVERY_S",
+           "PAUSE_NOTICED_S"]

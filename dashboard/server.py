@@ -1,0 +1,89 @@
+"""A pgdash server on a real port, in a background thread: used by `pgdash serve`, the demo,
+benchmarks and tests."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from dashboard.config import DEFAULTS
+
+
+class ServerError(Exception):
+    """The server cannot start; the message says why and what to do."""
+
+
+class Server:
+    """A pgdash server on a real port, in a background thread."""
+
+    def __init__(self, app, host: str, port: int, ssl_context=None):
+        from werkzeug.serving import make_server
+
+        from dashboard.front import Front
+
+        self.app = app
+        try:
+            self._server = make_server(host, port, app, threaded=True, ssl_context=ssl_context)
+        except OSError as exc:
+            raise ServerError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}. "
+                "Pick another --port (0 picks a free one).") from None
+        self.host = host
+        self.port = self._server.server_port
+        scheme = "https" if ssl_context is not None else "http"
+        self.url = f"{scheme}://{host if ':' not in host else f'[{host}]'}:{self.port}"
+        # Without TLS, the front accepts every connection: agents' compact (v2) websockets
+        # stay on its event loop, everything else goes to Werkzeug's threads (see
+        # dashboard.front). With TLS, Werkzeug serves everything and agents speak v1 (it
+        # answers /agent/v2 with 404); a TLS-terminating proxy in front keeps v2.
+        self.front = None if ssl_context is not None else Front(
+            self._server, app.extensions["pgdash"], int(app.config["MAX_MESSAGE_BYTES"]),
+            app.extensions["pgdash_limits"])
+        self._thread = threading.Thread(target=self._server.serve_forever, name="pgdash-http",
+                                        daemon=True)
+
+    def start(self) -> "Server":
+        self.app.extensions["pgdash_pusher"].start()
+        if self.front is not None:
+            self.front.start()
+        else:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.app.extensions["pgdash_pusher"].stop()
+        if self.front is not None:
+            self.front.stop()
+        else:
+            self._server.shutdown()
+        self.app.extensions["pgdash"].store.close()
+
+
+def make_server(db: str, host: str, port: int, *, tls: tuple[str, str] | None = None,
+                **settings: Any) -> Server:
+    """A server on ``host:port`` storing into ``db``, not yet started (``.start()``).
+
+    ``settings`` are those of :data:`dashboard.config.DEFAULTS` in lower case (``token``,
+    ``hang_after``, ``queue``, ``lease_s``...); None leaves the default (or ``PGDASH_*``).
+    ``tls`` is (certificate file, key file) to serve https and wss.
+    """
+    from dashboard.app import create_app
+    from dashboard.tls import TLSError, server_context
+
+    # No token unless given: a PGDASH_TOKEN meant for agents must not lock a demo's page.
+    config: dict[str, Any] = {"DB": db, "TOKEN": settings.pop("token", None)}
+    for name, value in settings.items():
+        if name.upper() not in DEFAULTS:
+            raise TypeError(f"make_server: unknown setting {name!r}")
+        if value is not None:
+            config[name.upper()] = value
+    try:
+        ssl_context = server_context(*tls) if tls else None
+        app = create_app(config)
+    except (TLSError, ValueError) as exc:
+        raise ServerError(str(exc)) from None
+    server = Server(app, host, port, ssl_context)
+    notifier = app.extensions.get("pgdash_notifier")
+    if notifier is not None and notifier.base_url is None:
+        notifier.base_url = server.url  # links in notifications lead to the job page
+    return server
