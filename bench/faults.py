@@ -38,7 +38,7 @@ Run from the repository root with ``.[test]`` installed::
 
     python bench/faults.py              # every fault, the long outage, fuzz, the ratio
     python bench/faults.py --quick      # smaller bursts, a 20 s outage, 8 rounds
-    python bench/faults.py --only-ratio [--rounds 40] [--block-s 4]
+    python bench/faults.py --only-ratio [--rounds 40] [--block-s 4]   # ~9 minutes
     python bench/faults.py --only-outage [--outage-s 150]
 """
 
@@ -686,7 +686,7 @@ class OutageSwitch:
                     pass
 
 
-def step_time_ratio(workdir: Path, rounds: int = 20, block_s: float = 4.0,
+def step_time_ratio(workdir: Path, rounds: int = 40, block_s: float = 4.0,
                     settle_s: float = 1.5) -> dict[str, Any]:
     """Training step time with the server down against up, on a noisy shared machine.
 
@@ -827,7 +827,7 @@ def main() -> None:
     parser.add_argument("--only-outage", action="store_true",
                         help="run only the minutes-long outage (see --outage-s)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="rounds of the step-time ratio (3 blocks each; default 20, "
+                        help="rounds of the step-time ratio (3 blocks each; default 40, "
                              "--quick 8)")
     parser.add_argument("--block-s", type=float, default=4.0,
                         help="seconds of each block (server up, down, up again) of the "
@@ -856,7 +856,7 @@ def main() -> None:
     if everything:
         fz = fuzz(workdir)
     if everything or args.only_ratio:
-        timing = step_time_ratio(workdir, rounds=args.rounds or (8 if args.quick else 20),
+        timing = step_time_ratio(workdir, rounds=args.rounds or (8 if args.quick else 40),
                                  block_s=args.block_s)
 
     print(f"\npgdash fault table ({workdir})\n")
