@@ -18,7 +18,7 @@ from flask_socketio import SocketIO, join_room, leave_room, rooms
 from werkzeug.exceptions import HTTPException
 
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
-from dashboard import access, limits
+from dashboard import access, limits, views
 from dashboard.archive import export_lines
 from dashboard.config import DEFAULTS, DIAGNOSE_EVERY_S, PAUSE_NOTICED_S
 from dashboard.diagnosis import Settings
@@ -120,6 +120,24 @@ def _found_or_404(found, job_id: int):
     return found
 
 
+# How far past the server's clock a replayed moment may lie (agents' clocks run a little
+# ahead of the server's; further than this is a typo, not a moment of the job).
+FUTURE_SLACK_S = 300.0
+
+
+def replay_moment_error(job: dict[str, Any], at: float, now: float) -> str | None:
+    """Why ``at`` is no moment of ``job`` to replay (before it started, far in the future),
+    or None."""
+    started = job.get("started_at")
+    if started is not None and at < started:
+        return (f"at={at:.3f} is before job {job['id']} started (at {started:.3f}); "
+                f"pick a moment from {started:.3f} on")
+    if at > now + FUTURE_SLACK_S:
+        return (f"at={at:.3f} is {at - now:.0f} s after the server's clock ({now:.3f}); "
+                f"pick a moment up to now")
+    return None
+
+
 def _register_pages(app: Flask) -> None:
     @app.get("/")
     def jobs_page():
@@ -169,14 +187,14 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
 
     @app.get("/api/jobs/<int:job_id>")
     def api_job(job_id: int):
-        return _job_or_404(ingest, job_id, lambda s: s.detail())
+        return _job_or_404(ingest, job_id, views.detail)
 
     @app.get("/api/jobs/<int:job_id>/collectives")
     def api_collectives(job_id: int):
         rank = request.args.get("rank")
         if rank is not None and not rank.isdigit():
             return jsonify(error=f"rank must be a non-negative integer, got {rank!r}"), 400
-        return _job_or_404(ingest, job_id, lambda s: {"collectives": s.collective_rows(
+        return _job_or_404(ingest, job_id, lambda s: {"collectives": views.collective_rows(s,
             group=request.args.get("group"), op=request.args.get("op"),
             rank=int(rank) if rank is not None else None)})
 
@@ -200,7 +218,7 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
 
     @app.get("/api/jobs/<int:job_id>/gpus")
     def api_gpus(job_id: int):
-        return _job_or_404(ingest, job_id, lambda s: {"gpus": s.gpu_rows()})
+        return _job_or_404(ingest, job_id, lambda s: {"gpus": views.gpu_rows(s)})
 
     @app.get("/api/jobs/<int:job_id>/export")
     def api_export(job_id: int):
@@ -232,6 +250,10 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         if at is None or not math.isfinite(at):
             return jsonify(error=f"at must be a time in Unix seconds, e.g. ?at=1764000000.5; "
                                  f"got {raw!r:.40}"), 400
+        job = _found_or_404(ingest.store.get_job(job_id), job_id)
+        bad = replay_moment_error(job, at, ingest.clock())
+        if bad:
+            return jsonify(error=bad), 400
         return _found_or_404(ingest.state_at(job_id, at), job_id)
 
     @app.get("/api/jobs/<int:job_id>/incidents")
@@ -365,6 +387,7 @@ class LivePush:
         self._lock = threading.Lock()
         self._feeds: dict[int, Feed] = {}  # watched jobs: what their rooms were sent last
         self._pushed_at: dict[int, float] = {}  # job id -> when it was last sent (monotonic)
+        self._judged_at: dict[int, float] = {}  # job id -> the event time its feed was judged at
         self.cache = ViewCache()
         self.cluster = None  # dashboard.cluster.ClusterNode with several server processes
 
@@ -381,11 +404,14 @@ class LivePush:
             self.cluster.stop()
 
     def _sections(self, job_id: int) -> dict[str, Any] | None:
-        found = self.ingest.read(job_id, lambda s: sections(s, self.cache))
-        if found is not None:
-            found["findings"] = self.ingest.findings(job_id) or []
-            found["incidents"] = incidents(found["findings"])
-        return found
+        # Judged at the server's event time, the same function replay uses (state?at=).
+        at = self.ingest.judged_at()
+        found = self.ingest.findings(job_id)
+        if found is None:
+            return None
+        self._judged_at[job_id] = at
+        return self.ingest.read(job_id, lambda s: sections(
+            s, self.cache, at=at, findings=found, settings=self.ingest.settings))
 
     def watch(self, job_id: int, sid: str) -> bool:
         """Bring the job's room up to date, then add ``sid`` with a snapshot; False if there
@@ -407,7 +433,8 @@ class LivePush:
             return True
 
     def _snapshot(self, job_id: int) -> dict[str, Any]:
-        return {**self._feeds[job_id].snapshot(job_id), **self._clock_fields()}
+        return {**self._feeds[job_id].snapshot(job_id), **self._clock_fields(),
+                "at": self._judged_at.get(job_id)}
 
     def _clock_fields(self) -> dict[str, Any]:
         """The server's time, and how far behind the agents its ingest is when that is worth
@@ -442,7 +469,7 @@ class LivePush:
             return True
         message = feed.advance(job_id, fresh)
         if message is not None:
-            message.update(self._clock_fields())
+            message.update(self._clock_fields(), at=self._judged_at.get(job_id))
             self.socketio.emit("job_delta", message, to=self._room(job_id),
                                namespace=UI_NAMESPACE)
         return True
@@ -477,6 +504,9 @@ class LivePush:
                 started = time.monotonic()
                 if started >= next_diagnosis:
                     self.ingest.diagnose_live()
+                    # A rank's display state changes with time alone (a wait turns into
+                    # "behind"): judge every watched job again; unchanged sends nothing.
+                    waiting |= set(self._feeds)
                     next_diagnosis = started + max(DIAGNOSE_EVERY_S,
                                                    4 * (time.monotonic() - started))
                 if self.ingest.jobs_dirty.is_set() and started - jobs_pushed_at >= self.interval:

@@ -18,9 +18,11 @@ from typing import Any, Callable
 
 from agent.wire import (Ack, Auth, WireError, validate_auth, validate_batch_envelope,
                         validate_events)
+from dashboard import views
 from dashboard.diagnosis import Finding, Settings, diagnose
 from dashboard.incidents import Incident, active_count, incidents
 from dashboard.lag import LAG_WARN_S, IngestLag
+from dashboard.live import sections
 from dashboard.metrics import LiveJob
 from dashboard.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
@@ -282,17 +284,20 @@ class Ingest:
 
         def read(state: JobState) -> dict[str, Any]:
             found = diagnose(state, at, self.settings)
-            return {"at": at, "job": state.summary(), "ranks": state.rank_rows(),
-                    "groups": state.group_rows(),
-                    "progress": state.progress_rows(),
-                    "findings": found, "incidents": incidents(found)}
+            # ``sections``: what the live feed sends (dashboard.live), judged at ``at``.
+            return {"at": at, "job": state.summary(), "ranks": views.rank_rows(state),
+                    "groups": views.group_rows(state),
+                    "progress": views.progress_rows(state),
+                    "findings": found, "incidents": incidents(found),
+                    "sections": sections(state, at=at, findings=found,
+                                         settings=self.settings)}
 
         return self.rewind.view(job_id, job["name"], at, read)
 
     def live_views(self) -> list[LiveJob]:
         """What /metrics exports of every job held in memory."""
         with self._states_lock:
-            return [LiveJob(state.summary(), state.rank_rows(),
+            return [LiveJob(state.summary(), views.rank_rows(state),
                             list(self._findings.get(job_id, {}).values()),
                             [{"family": family, "op": op, "source": source,
                               "hist": dict(stats.hist), "sum_us": stats.sum_us,

@@ -20,6 +20,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from dashboard import views
+from dashboard.diagnosis import Settings
+from dashboard.incidents import incidents as incidents_of
 from dashboard.state import JobState
 
 # Rows of these sections are identified by these fields (in this order on the page).
@@ -31,15 +34,24 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
     "rendezvous": ("rank", "host"),
     "gpus": ("rank",),
     "findings": ("id",),
+    "rank_states": ("rank",),
+    "group_states": ("group",),
 }
 
 # The live page's history of collectives: seconds on its heat map grid.
 TIMELINE_BINS = 30
 
 
-def sections(state: JobState, cache: "ViewCache | None" = None) -> dict[str, Any]:
-    """Everything the live job page shows of ``state``, by section (findings excepted: they
-    live in Ingest).
+def sections(state: JobState, cache: "ViewCache | None" = None, *, at: float | None = None,
+             findings: list[dict[str, Any]] | None = None,
+             settings: Settings = Settings()) -> dict[str, Any]:
+    """Everything the job page shows of ``state`` judged at event time ``at``, by section.
+
+    Live, ``at`` is ``Ingest.judged_at()`` and ``findings`` the job's book; replay
+    (``GET /api/jobs/<id>/state?at=``) passes the moment asked for and the findings active
+    then: the same function, so both show the same page. With ``at``, the sections include
+    the display states (``rank_states``, ``group_states``: dashboard.views) judged then;
+    with ``findings``, also ``findings`` and ``incidents``.
 
     ``ops`` (per group family and op) and ``timeline_grid`` (rank x second) are what the
     page draws of the collectives; they stay small at 1,024 ranks, where the per-rank rows
@@ -51,18 +63,18 @@ def sections(state: JobState, cache: "ViewCache | None" = None) -> dict[str, Any
         return build() if cache is None else cache.get((state.job_id, name), state.applied,
                                                        build)
 
-    return {
+    out = {
         "job": state.summary(),
-        "ranks": state.rank_rows(),
-        "groups": state.group_rows(),
-        "progress": progress_columns(state.progress_rows()),
-        "rank_stats": part("rank_stats", state.rank_stat_rows),
-        "ops": part("ops", state.op_rows),
+        "ranks": views.rank_rows(state),
+        "groups": views.group_rows(state),
+        "progress": progress_columns(views.progress_rows(state)),
+        "rank_stats": part("rank_stats", lambda: views.rank_stat_rows(state)),
+        "ops": part("ops", lambda: views.op_rows(state)),
         "timeline_grid": part("timeline_grid",
-                              lambda: compact_grid(state.timeline_grid(TIMELINE_BINS))),
-        "rendezvous": part("rendezvous", state.rendezvous_rows),
-        "errors": state.error_rows(),
-        "gpus": part("gpus", state.gpu_rows),
+                              lambda: compact_grid(views.timeline_grid(state, TIMELINE_BINS))),
+        "rendezvous": part("rendezvous", lambda: views.rendezvous_rows(state)),
+        "errors": views.error_rows(state),
+        "gpus": part("gpus", lambda: views.gpu_rows(state)),
         # Attempts of a restarted job (torchrun --max-restarts): a count of ranks and the
         # failed or lost ones, small at 1,024 ranks (/api/jobs/<id> has every rank row).
         "attempts": part("attempts", lambda: [
@@ -70,6 +82,14 @@ def sections(state: JobState, cache: "ViewCache | None" = None) -> dict[str, Any
                                                     if r["status"] in ("failed", "lost")])
             for a in state.attempt_rows()]),
     }
+    if findings is not None:
+        out["findings"] = findings
+        out["incidents"] = incidents_of(findings)
+    if at is not None:
+        groups = views.group_states(state, at, settings)
+        out["rank_states"] = views.rank_states(state, at, findings or [], settings, groups)
+        out["group_states"] = groups
+    return out
 
 
 def progress_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -2,14 +2,15 @@
 
 No Flask, no SQL, no clock: ``apply`` takes stored events in log order, and everything the API
 and the page show is computed from what was applied. Live mode and replay feed the same events,
-so they see the same state.
+so they see the same state. JobState holds the data, one handler per event kind and a small
+read surface (ranks, groups, the job's and attempts' status, per-group indexes); the rows the
+API and the page show, and the display states judged at a moment, are in dashboard.views.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 from typing import Any, Callable, Hashable, Iterable, TypedDict
 
 from agent.wire import hist_bucket_value
@@ -430,17 +431,6 @@ class JobState:
         self._summary_memo = (self._summary_version, summary)
         return dict(summary)
 
-    def detail(self) -> dict[str, Any]:
-        """The job as /api/jobs/<id> returns it."""
-        return {**self.summary(), "ranks": self.rank_rows(), "groups": self.group_rows(),
-                "attempts": self.attempt_rows()}
-
-    def rank_rows(self, ranks: Iterable[RankState] | None = None) -> list[dict[str, Any]]:
-        return [{"rank": r.rank, "attempt": r.attempt, "host": r.host,
-                 "local_rank": r.local_rank, "pid": r.pid, "device": r.device,
-                 "status": r.status, "last_seen": r.last_seen, "dropped": r.dropped}
-                for r in (self.ranks() if ranks is None else ranks)]
-
     def attempt_rows(self) -> list[dict[str, Any]]:
         """Each attempt of the job (torchrun restarts it after a failure), oldest first:
         when it started and ended, how it ended, and its ranks. An earlier attempt that never
@@ -459,114 +449,13 @@ class JobState:
             starts = [r.first_seen for r in members if r.first_seen is not None]
             rows.append({"attempt": attempt, "started_at": min(starts) if starts else None,
                          "ended_at": ended_at, "status": status, "world_size": world_size,
-                         "ranks": self.rank_rows(ranks.values())})
+                         "ranks": [rank_row(r) for r in ranks.values()]})
         return rows
 
     def current_init(self) -> dict[str, dict[str, Any]]:
         """Session -> rendezvous timeline, for the sessions of the current attempt."""
         return {session: entry for session, entry in self.init.items()
                 if self.sessions[session].attempt == self.attempt}
-
-    def group_rows(self) -> list[dict[str, Any]]:
-        return [{"id": g["name"], **g} for g in
-                sorted(self.groups.values(), key=lambda g: _group_order(g["name"]))]
-
-    def collective_rows(self, group: str | None = None, op: str | None = None,
-                        rank: int | None = None) -> list[dict[str, Any]]:
-        rows = []
-        for (g, o, rk, src), s in sorted(self.collectives.items(), key=lambda kv: (
-                _group_order(kv[0][0]), kv[0][1], kv[0][2], kv[0][3])):
-            if (group is not None and g != group) or (op is not None and o != op) or (
-                    rank is not None and rk != rank):
-                continue
-            rows.append({"group": g, "op": o, "rank": rk, "count": s.count,
-                         "p50_us": s.percentile(0.5), "p99_us": s.percentile(0.99),
-                         "max_us": round(s.max_us, 3), "bytes": s.bytes, **_source(src, s)})
-        return rows
-
-    def rank_stat_rows(self) -> list[dict[str, Any]]:
-        """Per rank: collectives over the whole job, and the (group, op) it ran most with
-        that row's median latency (one row per rank where collective_rows has one per
-        group and op)."""
-        totals: dict[int, int] = {}
-        top: dict[int, tuple[str, str, LatencyStats]] = {}
-        for (g, o, rk, _src), s in self.collectives.items():
-            totals[rk] = totals.get(rk, 0) + s.count
-            best = top.get(rk)
-            if best is None or s.count > best[2].count:
-                top[rk] = (g, o, s)
-        return [{"rank": rk, "count": totals[rk], "group": g, "op": o,
-                 "p50_us": s.percentile(0.5)} for rk, (g, o, s) in sorted(top.items())]
-
-    def progress_rows(self) -> list[dict[str, Any]]:
-        """Per group (in group order) and rank: sequence numbers reached, op in flight.
-
-        A group whose collectives Python never saw (DDP's gradient all-reduce runs in C++)
-        shows the Flight Recorder's counters instead, with ``"source": "flight_recorder"``
-        and ``"C++ collective"`` in flight; otherwise ``"source": "python"``.
-        """
-        grouped = self._grouped("progress")
-        rows = []
-        for g in sorted(grouped, key=_group_order):
-            flight = self.flight_only(g)
-            for rk, row in sorted(grouped[g].items()):
-                if flight:
-                    since = row.get("fr_inflight_since")
-                    rows.append({"group": g, "rank": rk, "entered": row.get("fr_enqueued", 0),
-                                 "completed": row.get("fr_completed", 0),
-                                 "inflight_op": FLIGHT_OP if since is not None else None,
-                                 "inflight_since": since, "source": "flight_recorder"})
-                else:
-                    rows.append({"group": g, "rank": rk, "entered": row["entered"],
-                                 "completed": row["completed"],
-                                 "inflight_op": row.get("inflight_op"),
-                                 "inflight_since": row.get("inflight_since"),
-                                 "source": "python"})
-        return rows
-
-    def gpu_rows(self) -> list[dict[str, Any]]:
-        """Latest GPU reading per rank, its faults and recent history."""
-        hosts = {r.rank: r.host for r in self.ranks()}
-        return [{"rank": rank, "host": hosts.get(rank), **reading,
-                 "faults": dict(self.gpu_faults.get(rank, {})),
-                 "history": [list(p) for p in self.gpu_history.get(rank, ())]}
-                for rank, reading in sorted(self.gpus.items())]
-
-    def error_rows(self) -> list[dict[str, Any]]:
-        """Verbatim error texts with rank and time, newest first."""
-        return [dict(e) for e in reversed(self.errors)]
-
-    def rendezvous_rows(self) -> list[dict[str, Any]]:
-        """When each rank arrived at init_process_group and when it finished (or failed)."""
-        rows = []
-        for session, entry in self.current_init().items():
-            r = self.sessions[session]
-            error = entry.get("error")
-            rows.append({"rank": r.rank, "host": r.host, "arrived_at": entry.get("arrived_at"),
-                         "done_at": entry.get("done_at"),
-                         "error": error.get("error") if error else None})
-        return sorted(rows, key=lambda row: (row["rank"] is None, row["rank"] or 0))
-
-    def op_rows(self) -> list[dict[str, Any]]:
-        """Per group family and op, merged over its ranks: counts, bytes and latency.
-
-        A family is the groups that share a description (``mesh_tp`` is every tensor-parallel
-        group of a mesh), so a 1,024-rank job gives a handful of rows. Percentiles come from
-        the merged histograms, so they are exact to the bucket width like the per-rank rows.
-        """
-        families = self.families()
-        merged = self.op_stats(families)
-        order = {f: i for i, f in enumerate(dict.fromkeys(
-            families[name] for name in sorted(self.groups, key=_group_order)))}
-        rows = []
-        for (family, op, src), (s, groups, ranks) in sorted(
-                merged.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
-            rows.append({"family": family, "groups": sorted(groups, key=_group_order),
-                         "op": op, "ranks": len(ranks), "count": s.count, "bytes": s.bytes,
-                         "mean_us": round(s.sum_us / s.count, 3) if s.count else None,
-                         "p50_us": s.percentile(0.5), "p99_us": s.percentile(0.99),
-                         "max_us": round(s.max_us, 3), **_source(src, s)})
-        return rows
 
     def op_stats(self, families: dict[str, str] | None = None
                  ) -> dict[tuple[str, str, str], tuple[LatencyStats, set[str], set[int]]]:
@@ -588,85 +477,13 @@ class JobState:
         """Group name -> its family: the description it shares with others, else its name."""
         return {name: family_of(g) for name, g in self.groups.items()}
 
-    def timeline_grid(self, bins: int = 30) -> dict[str, Any]:
-        """Recent collectives on a common one-second grid, per group family.
-
-        ``families``: per family, a heat map rank x time in ``busy`` (percent of each second
-        a rank spent inside the family's collectives; None where it reported nothing).
-        ``ops``: per family and op, per second, the collectives of all its ranks: ``count``,
-        ``bytes`` and latency ``p50_us``/``p99_us`` from their merged histograms (None where
-        none ran). Compact on purpose: 1,024 ranks in four families are about 120,000 small
-        integers. Bins are whole seconds of the agents' own clocks (``end`` of a summary).
-        """
-        families = self.families()
-        ends = [w[-1][0] for w in self.recent.values() if w]
-        if not ends:
-            return {"end": None, "step": 1, "bins": bins, "families": [], "ops": []}
-        last = int(max(ends))
-        first = last - bins + 1
-        busy_of: dict[str, dict[int, list]] = {}  # family -> rank -> busy percent per bin
-        for (g, rank), window in self.recent.items():
-            rows = busy_of.setdefault(families.get(g, g), {})
-            row = rows.get(rank)
-            n = len(window)
-            prev_end = None
-            for end, _count, sum_us, *_ in itertools.islice(window, max(0, n - bins - 1), None):
-                b = int(end) - first
-                dt = end - prev_end if prev_end is not None else 1.0
-                prev_end = end
-                if b < 0:
-                    continue
-                if row is None:
-                    row = rows[rank] = [None] * bins
-                pct = round(sum_us / 1e4 / (dt if 0.2 < dt < 10 else 1.0))
-                row[b] = min(100, pct if row[b] is None else row[b] + pct)
-        order = list(dict.fromkeys(families[name] for name in sorted(self.groups,
-                                                                     key=_group_order)))
-        order += sorted(f for f in busy_of if f not in order)
-        out = []
-        for family in order:
-            rows = busy_of.get(family)
-            if not rows:
-                continue
-            ranks = sorted(rows)
-            out.append({"family": family, "groups": sorted(
-                (g for g, f in families.items() if f == family), key=_group_order),
-                "ranks": ranks, "busy": [rows[r] for r in ranks]})
-        return {"end": last, "step": 1, "bins": bins, "families": out,
-                "ops": self._op_series(families, order, first, bins)}
-
-    def _op_series(self, families: dict[str, str], order: list[str], first: int,
-                   bins: int) -> list[dict[str, Any]]:
-        merged: dict[tuple[str, str, str], list[LatencyStats | None]] = {}
-        for (g, op, src), series in self.op_seconds.items():
-            cells = merged.setdefault((families.get(g, g), op, src), [None] * bins)
-            for second, stats in series.items():
-                b = second - first
-                if 0 <= b < bins:
-                    cell = cells[b]
-                    if cell is None:
-                        cell = cells[b] = LatencyStats()
-                    cell.merge(stats)
-        rank_of = {f: i for i, f in enumerate(order)}
-        out = []
-        for (family, op, src), cells in sorted(merged.items(), key=lambda kv: (
-                rank_of.get(kv[0][0], len(rank_of)), kv[0])):
-            if all(c is None for c in cells):
-                continue
-            out.append({"family": family, "op": op, "source": src,
-                        "count": [c.count if c else 0 for c in cells],
-                        "bytes": [c.bytes if c else 0 for c in cells],
-                        "p50_us": [c.percentile(0.5) if c else None for c in cells],
-                        "p99_us": [c.percentile(0.99) if c else None for c in cells]})
-        return out
-
     def progress_of(self, group: str) -> dict[int, dict[str, Any]]:
         """Progress rows of one group by rank (read-only; indexed once per state version)."""
-        return self._grouped("progress").get(group, {})
+        return self.grouped("progress").get(group, {})
 
     def fr_tallies_of(self, group: str) -> dict[int, collections.deque]:
         """Flight Recorder busy tallies of one group by rank (read-only, indexed likewise)."""
-        return self._grouped("fr_tallies").get(group, {})
+        return self.grouped("fr_tallies").get(group, {})
 
     def flight_only(self, group: str) -> bool:
         """Whether the group's collectives were seen only by the Flight Recorder (DDP's, in
@@ -677,9 +494,11 @@ class JobState:
 
     def recent_of(self, group: str) -> dict[int, collections.deque]:
         """Recent latency summaries of one group by rank (read-only, indexed likewise)."""
-        return self._grouped("recent").get(group, {})
+        return self.grouped("recent").get(group, {})
 
-    def _grouped(self, table: str) -> dict[str, dict[int, Any]]:
+    def grouped(self, table: str) -> dict[str, dict[int, Any]]:
+        """One of the per (group, rank) tables (``progress``, ``recent``, ``fr_tallies``) as
+        group -> rank -> value (read-only; indexed once per state version)."""
         # Diagnosis asks per group for hundreds of groups at 1,024 ranks: one pass, not one
         # per group.
         def build() -> dict[str, dict[int, Any]]:
@@ -728,15 +547,6 @@ def _status_of(by_rank: dict[int, RankState], world_size: int | None,
     return status, ended_at
 
 
-def _source(source: str, stats: LatencyStats) -> dict[str, Any]:
-    """A row's source fields: where its figures come from and how exact its latency is."""
-    if source == "wrapper":
-        return {"source": source}
-    timing = "host_poll" if stats.resolution_us is not None else "device"
-    return {"source": source, "timing": timing,
-            "resolution_us": round(stats.resolution_us, 3) if timing == "host_poll" else None}
-
-
 def _quantile_us(hist: dict[int, int], q: float, mean: float) -> float:
     """Quantile ``q`` of one interval's latency histogram (its mean when it has none)."""
     total = sum(hist.values())
@@ -748,11 +558,19 @@ def _quantile_us(hist: dict[int, int], q: float, mean: float) -> float:
     return mean
 
 
+def rank_row(r: RankState) -> dict[str, Any]:
+    """One rank as the API shows it."""
+    return {"rank": r.rank, "attempt": r.attempt, "host": r.host,
+            "local_rank": r.local_rank, "pid": r.pid, "device": r.device,
+            "status": r.status, "last_seen": r.last_seen, "dropped": r.dropped}
+
+
 def family_of(group: dict[str, Any]) -> str:
     """The family a group belongs to: its description unless torch left it generic."""
     desc = group.get("desc")
     return desc if desc and desc != "undefined" else group["name"]
 
 
-def _group_order(name: str) -> tuple[int, Any]:
+def group_order(name: str) -> tuple[int, Any]:
+    """Groups in the order people count them: numbered ones by number, then by name."""
     return (0, int(name)) if name.isdigit() else (1, name)

@@ -7,6 +7,7 @@ import pytest
 
 from agent import identity
 from agent.wire import PROTOCOL_VERSION, WireError, validate_auth, validate_event
+from dashboard import views
 from dashboard.diagnosis import Settings, diagnose
 from dashboard.ingest import Ingest
 from dashboard.storage import Store
@@ -138,8 +139,8 @@ def test_attempt_rows():
     assert [(a["attempt"], a["status"], a["started_at"], a["ended_at"]) for a in rows] == [
         (0, "failed", 10, 30), (1, "finished", 40, 51)]
     assert [(r["rank"], r["status"]) for r in rows[0]["ranks"]] == [(0, "lost"), (1, "failed")]
-    assert state.detail()["attempts"] == rows
-    assert [e["attempt"] for e in state.error_rows()] == [0]
+    assert views.detail(state)["attempts"] == rows
+    assert [e["attempt"] for e in views.error_rows(state)] == [0]
 
 
 def test_an_attempt_cut_short_by_the_restart_ends_when_the_next_starts():

@@ -715,3 +715,87 @@ def test_job_page_lists_the_attempts_of_a_restarted_job(server, watched):
     finally:
         for rank in second:
             rank.client.disconnect()
+
+
+def replayed_page(page) -> dict:
+    """What a person sees of a replayed moment: rank states, findings, incidents, progress,
+    the ranks table, the header, the heat map's pixels, errors and GPUs."""
+    expect(page.locator("#job-page")).to_have_attribute("data-replayed", re.compile(r"^\d"),
+                                                        timeout=LIVE_MS)
+    page.wait_for_timeout(300)  # the heat map draws on the frame after the data
+    return {
+        "states": page.eval_on_selector_all(
+            "#topology .rk", "els => els.map(e => [e.dataset.rank, e.dataset.state])"),
+        "text": {sel: page.locator(sel).text_content() for sel in (
+            "#job-meta", "#job-verdict", "#incidents", "#findings", "#progress",
+            "#ranks-body", "#errors", "#gpus", "#topology-legend", "#coll-body")},
+        "heatmap": page.eval_on_selector("#heatmap canvas", "c => c.toDataURL()"),
+    }
+
+
+def test_a_moment_opened_by_its_address_looks_the_same_every_time(hang_server, watched):
+    """/jobs/<id>?at=T shows the page at T: the hang that was active then, with its rank
+    states, progress, heat map, errors and GPUs; opened again later (the relative times and
+    the verdicts would drift if the browser's clock judged them) it shows the same. Then
+    replay plays forward at the chosen speed; a bad moment says why."""
+    page = watched.page
+    agents = [FakeAgent(hang_server.url, "moment", rank) for rank in range(2)]
+    try:
+        for agent in agents:
+            agent.send("group", {"name": "0", "desc": "world", "backend": "gloo",
+                                 "ranks": [0, 1]})
+            agent.collectives(20 + 10 * agent.rank)
+        agents[1].send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 4,
+                                                 "inflight_op": "all_reduce",
+                                                 "inflight_since": time.time()}]})
+        agents[0].send("heartbeat", {"groups": [{"group": "0", "entered": 4, "completed": 4}]})
+        jid = job_id(hang_server, "moment")
+        hang = wait_for(lambda: next((f for f in hang_server.api(
+            f"/api/jobs/{jid}/findings")["findings"] if f["kind"] == "hang"), None),
+            10, "the hang finding")
+        time.sleep(1.0)
+        moment = hang["first_seen"] + 0.5
+        for agent in agents:  # rank 0 arrives, both complete #5, then the job ends
+            agent.send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 5}]})
+        wait_for(lambda: not hang_server.api(f"/api/jobs/{jid}/findings")["findings"][0][
+            "active"] or None, 10, "the hang to resolve")
+
+        page.goto(f"{hang_server.url}/jobs/{jid}?at={moment}")
+        first = replayed_page(page)
+        expect(page.locator("#job-page")).to_have_class(re.compile(r"\breplaying\b"))
+        assert ["0", "hung"] in first["states"] and ["1", "stuck"] in first["states"]
+        expect(page.locator("#topology-legend")).to_contain_text("hung (at fault) 1")
+        assert "active" in first["text"]["#findings"] and "resolved" not in \
+            first["text"]["#findings"]
+        assert "1 behind" in first["text"]["#progress"]
+        expect(page.locator("#coll-body tr")).to_have_count(1)  # collectives of that moment
+        assert page.evaluate("window.pgdashJob.at()") == moment
+
+        page.wait_for_timeout(2500)  # long enough for any clock-based label or verdict to move
+        assert replayed_page(page) == first, "the moment changed while it was on screen"
+        page.goto(f"{hang_server.url}/jobs/{jid}?at={moment}")
+        assert replayed_page(page) == first, "the moment looked different when opened again"
+
+        # Play: the moment moves forward at the chosen speed, the address follows it.
+        page.select_option("#replay-speed", "60")
+        page.locator("#replay-play").click()
+        expect(page.locator("#replay-play")).to_have_attribute("aria-pressed", "true")
+        page.wait_for_function(f"window.pgdashJob.at() > {moment} + 5", timeout=LIVE_MS)
+        page.locator("#replay-play").click()
+        expect(page.locator("#replay-play")).to_have_attribute("aria-pressed", "false")
+        assert float(re.search(r"at=([\d.]+)", page.url).group(1)) > moment
+
+        # A moment that is none: said on the page, and the page shows the job live.
+        watched.allow_console(r"status of 400.*state\?at=99")  # the API's answer, as designed
+        for bad, reason in (("soon", "which is not a time"), ("99", "is before job")):
+            page.goto(f"{hang_server.url}/jobs/{jid}?at={bad}")
+            expect(page.locator("#replay-error")).to_contain_text(reason, timeout=LIVE_MS)
+            expect(page.locator("#job-page")).not_to_have_class(re.compile(r"\breplaying\b"))
+            expect(page.locator("#job-status")).to_have_text("running", timeout=LIVE_MS)
+        watched.assert_clean()
+    finally:
+        closers = [threading.Thread(target=a.close, daemon=True) for a in agents]
+        for t in closers:
+            t.start()
+        for t in closers:
+            t.join(timeout=15)

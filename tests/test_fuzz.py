@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from agent.wire import PROTOCOL_VERSION, SERVER_KINDS, validate_event
 from conftest import ServerProcess, job_by_name, launch_job, wait_for, wait_job
+from dashboard import views
 from dashboard.archive import Archive, ArchiveError, export_lines, import_archive
 from dashboard.diagnosis import Settings, diagnose
 from dashboard.ingest import Ingest
@@ -132,8 +133,9 @@ def check_stored(ingest: Ingest, job_id: int) -> int:
     for ev in events:
         if ev["kind"] not in SERVER_KINDS:
             validate_event({k: ev[k] for k in ("seq", "t", "kind", "body")})
-    ingest.read(job_id, lambda s: (s.detail(), s.collective_rows(), s.gpu_rows(),
-                                   s.progress_rows(), diagnose(s, time.time(), Settings())))
+    ingest.read(job_id, lambda s: (views.detail(s), views.collective_rows(s),
+                                   views.gpu_rows(s), views.progress_rows(s),
+                                   diagnose(s, time.time(), Settings())))
     assert ingest.findings(job_id) is not None
     lines = list(export_lines(ingest.store, job_id))
     Archive.read(lines)  # the export of what was stored reads back
@@ -205,7 +207,7 @@ def test_fuzz_import_with_random_and_mutated_real_session_files(ingest, real_ses
         except ArchiveError as exc:
             assert str(exc)
             return
-        archive.state().detail()
+        views.detail(archive.state())
         job_id = import_archive(ingest.store, archive, time.time())
         tried["imported"] += 1
         check_stored(ingest, job_id)

@@ -3,6 +3,7 @@
 The real NVML path is exercised on a GPU machine by bench/gpu_check.py."""
 
 from agent.gpu import GpuSampler
+from dashboard import views
 from dashboard.diagnosis import Settings, diagnose
 from fake_nvml import FakeNvml
 from test_state import Log, hello
@@ -101,7 +102,7 @@ def test_gpu_rows_have_latest_reading_and_history():
     log = two_ranks()
     for t in (10, 11):
         log.add("s1", "gpu", gpu_event(util_gpu=float(t)), t=t)
-    (row,) = log.state().gpu_rows()
+    (row,) = views.gpu_rows(log.state())
     assert row["rank"] == 1 and row["host"] == "node1" and row["util_gpu"] == 11.0
     assert [p[:2] for p in row["history"]] == [[10, 10.0], [11, 11.0]]
 

@@ -3,6 +3,7 @@
 import pytest
 
 from agent.wire import PROTOCOL_VERSION
+from dashboard import views
 from dashboard.ingest import Ingest, Refused
 from dashboard.storage import Store
 
@@ -67,9 +68,9 @@ def test_resent_events_are_stored_once(ingest):
 def test_state_is_rebuilt_from_the_log_after_a_restart(ingest, tmp_path):
     session, job = ingest.connect(auth("a", 0))
     ingest.batch(session, job, lifecycle(0, world=1))
-    live = ingest.read(job, lambda s: s.detail())
+    live = ingest.read(job, views.detail)
     fresh = Ingest(ingest.store).start()
-    assert fresh.read(job, lambda s: s.detail()) == live
+    assert fresh.read(job, views.detail) == live
     assert fresh.batch(session, job, lifecycle(0, world=1))["stored"] == 0
 
 
@@ -199,7 +200,7 @@ def test_scrubbing_gives_a_fresh_fold_at_every_moment_and_reads_only_what_it_mus
             return JobState(job, "long").apply_all(e for e in events if e["received_at"] <= at)
 
         def seen(state):
-            return (state.applied, state.summary(), state.progress_rows())
+            return (state.applied, state.summary(), views.progress_rows(state))
 
         moments = [150.5, 400.0, 650.0, 120.0, 399.0] + [
             random.Random(7).uniform(90, 720) for _ in range(5)]

@@ -63,7 +63,7 @@ def test_bad_batches_are_refused_with_reasons_and_lose_nothing(server):
     job = wait_for(lambda: job_by_name(server, "edge"), 10, "the job")
     detail = server.api(f"/api/jobs/{job['id']}")
     assert detail["groups"] == [{"id": "0", "name": "0", "desc": None, "backend": None,
-                                 "ranks": [0]}]
+                                 "ranks": [0], "family": "0"}]
     assert detail["ranks"][0]["status"] in ("running", "lost")
 
 
@@ -216,10 +216,16 @@ def test_state_at_a_moment_over_http(server):
         job = wait_for(lambda: job_by_name(server, "past"), 10, "the job")
         now = get_json(f"{server.url}/api/jobs/{job['id']}/state?at={time.time() + 1}")
         assert set(now) == {"at", "job", "ranks", "groups", "progress", "findings",
-                            "incidents"}
+                            "incidents", "sections"}
+        assert now["sections"]["ranks"] == now["ranks"]
         assert [r["rank"] for r in now["ranks"]] == [0]
         assert [g["ranks"] for g in now["groups"]] == [[0]]
         assert get_json(f"{server.url}/api/jobs/{job['id']}/state?at=1000")["ranks"] == []
+        for bad, reason in ((99.0, b"is before job"), (time.time() + 3600, b"after the server")):
+            with pytest.raises(urllib.error.HTTPError) as info:
+                get_json(f"{server.url}/api/jobs/{job['id']}/state?at={bad}")
+            assert info.value.code == 400 and reason in info.value.read()
+            info.value.close()
         for bad in ("", "?at=soon", "?at=nan", "?at=inf"):
             with pytest.raises(urllib.error.HTTPError) as info:
                 get_json(f"{server.url}/api/jobs/{job['id']}/state{bad}")
@@ -244,3 +250,49 @@ def test_state_at_a_moment_over_http(server):
         assert [e["kind"] for e in archive.events] == ["connect", "hello", "group"]
     finally:
         agent.disconnect()
+
+
+def test_state_at_a_moment_has_the_sections_the_live_feed_sent_at_it(server):
+    """Replay and live share one derivation: ``state?at=T`` carries the very sections the
+    live feed sent when it judged the job at T (display states included)."""
+    t0 = time.time()
+    agents = [agent_client(server.url, session=f"feed{r}", job="feed", rank=r)
+              for r in range(2)]
+    ui = socketio.Client(reconnection=False)
+    inbox: queue.Queue = queue.Queue()
+    ui.on("job", inbox.put, namespace=UI_NAMESPACE)
+    try:
+        for r, client in enumerate(agents):
+            # Rank 0 waits in all_reduce #5 since t0 - 5; rank 1 never entered it.
+            row = {"group": "0", "entered": 5 - r, "completed": 4,
+                   "inflight_op": None if r else "all_reduce",
+                   "inflight_since": None if r else t0 - 5}
+            assert send(client, [
+                ev(1, "hello", {**HELLO, "job": "feed", "rank": r, "world_size": 2}, t0 - 8),
+                ev(2, "group", {"name": "0", "ranks": [0, 1]}, t0 - 8),
+                ev(3, "heartbeat", {"groups": [row]}, t0 - 1)])["stored"] == 3
+        job = wait_for(lambda: job_by_name(server, "feed"), 10, "the job")
+        time.sleep(1.0)  # everything received well before the moment the feed judges at
+        ui.connect(server.url, namespaces=[UI_NAMESPACE], transports=["websocket"])
+        assert ui.call("watch", {"job": job["id"]}, namespace=UI_NAMESPACE) == {"ok": True}
+        live = inbox.get(timeout=10)
+        at = live["at"]
+        assert at is not None and at > t0
+        states = {r["rank"]: r for r in live["sections"]["rank_states"]}
+        assert states[0]["state"] == "waiting" and states[0]["waiting"]["on"] == [1]
+        assert states[1]["state"] == "running"
+        group = live["sections"]["group_states"][0]
+        assert group["behind"] == [[1, 1]] and group["state"] == "behind"
+        replay = get_json(f"{server.url}/api/jobs/{job['id']}/state?at={at!r}")
+        assert replay["at"] == at
+        ours, theirs = replay["sections"], live["sections"]
+        assert set(ours) == set(theirs)
+        for name in theirs:
+            if name not in ("findings", "incidents"):  # live keeps resolved ones too
+                assert ours[name] == theirs[name], name
+        assert [f["id"] for f in ours["findings"]] == \
+            [f["id"] for f in theirs["findings"] if f["active"]]
+    finally:
+        for client in agents:
+            client.disconnect()
+        ui.disconnect()

@@ -1,5 +1,6 @@
 """JobState as a pure fold over hand-made events: no server, no database, no clock."""
 
+from dashboard import views
 from dashboard.state import JobState
 
 
@@ -98,19 +99,19 @@ def test_collective_summaries_add_up_per_group_op_rank():
     log.add("s0", "coll_stats", stats("0", "all_reduce", 10, 100.0), t=11, seq=5)
     log.add("s0", "coll_stats", stats("0", "all_reduce", 5, 1000.0), t=12, seq=6)
     log.add("s1", "coll_stats", stats("0", "all_reduce", 15, 100.0), t=12, seq=5)
-    rows = {(r["group"], r["op"], r["rank"]): r for r in log.state().collective_rows()}
+    rows = {(r["group"], r["op"], r["rank"]): r for r in views.collective_rows(log.state())}
     r0 = rows[("0", "all_reduce", 0)]
     assert r0["count"] == 15 and r0["bytes"] == 60 and r0["max_us"] == 1000.0
     assert 90 <= r0["p50_us"] <= 110  # 10 of 15 calls took ~100 us
     assert 950 <= r0["p99_us"] <= 1000.0  # the slow calls' bucket, never above the max
     assert rows[("0", "all_reduce", 1)]["count"] == 15
-    assert log.state().collective_rows(rank=1) == [rows[("0", "all_reduce", 1)]]
+    assert views.collective_rows(log.state(), rank=1) == [rows[("0", "all_reduce", 1)]]
 
 
 def test_stats_before_the_rank_is_known_are_not_misattributed():
     log = Log().add("s0", "hello", {"job": "j", "host": "h", "pid": 1}, t=1)
     log.add("s0", "coll_stats", stats("0", "all_reduce", 3, 10.0), t=2)
-    assert log.state().collective_rows() == []
+    assert views.collective_rows(log.state()) == []
 
 
 def test_heartbeat_progress_and_exit_clears_in_flight():
@@ -118,11 +119,11 @@ def test_heartbeat_progress_and_exit_clears_in_flight():
     log.add("s0", "heartbeat", {"groups": [{"group": "0", "entered": 7, "completed": 6,
                                             "inflight_op": "all_reduce",
                                             "inflight_since": 11.0}]}, t=12)
-    row = log.state().progress_rows()[0]
+    row = views.progress_rows(log.state())[0]
     assert row == {"group": "0", "rank": 0, "entered": 7, "completed": 6,
                    "inflight_op": "all_reduce", "inflight_since": 11.0, "source": "python"}
     log.add("s0", "exit", {"clean": False}, t=13)
-    row = log.state().progress_rows()[0]
+    row = views.progress_rows(log.state())[0]
     assert row["inflight_op"] is None and log.state().ranks()[0].status == "failed"
 
 
@@ -137,7 +138,8 @@ def test_fold_is_deterministic_replay_equals_live():
     log.add("s0", "coll_stats", stats("0", "broadcast", 3, 50.0), t=11, seq=5)
     log.add("s1", "disconnect", {}, t=15)
     a, b = log.state(), log.state()
-    assert a.detail() == b.detail() and a.collective_rows() == b.collective_rows()
+    assert views.detail(a) == views.detail(b)
+    assert views.collective_rows(a) == views.collective_rows(b)
 
 
 def test_summary_asked_after_every_event_matches_a_fresh_fold():

@@ -1,10 +1,13 @@
-"""The live page's views of JobState, on plain data: per-family op rows, the compact timeline
-grid, the bounded raw timeline, the one-pass job summary, and the push's view cache."""
+"""The views of JobState (dashboard.views), on plain data: per-family op rows, the compact
+timeline grid, the one-pass job summary, the push's view cache, and the rank and group display
+states judged at a moment."""
 
 from __future__ import annotations
 
 import itertools
 
+from dashboard import views
+from dashboard.diagnosis import Settings
 from dashboard.live import ViewCache
 from dashboard.state import JobState
 
@@ -39,7 +42,7 @@ def mesh_job(seconds: int = 5) -> JobState:
 
 
 def test_op_rows_merge_ranks_and_groups_of_a_family():
-    rows = mesh_job().op_rows()
+    rows = views.op_rows(mesh_job())
     assert [(r["family"], r["op"]) for r in rows] == [
         ("default_pg", "all_reduce"), ("mesh_dp", "all_reduce"), ("mesh_tp", "all_reduce")]
     tp = rows[2]
@@ -50,7 +53,7 @@ def test_op_rows_merge_ranks_and_groups_of_a_family():
 
 def test_timeline_grid_is_one_row_per_rank_and_second_per_family():
     s = mesh_job(seconds=5)
-    grid = s.timeline_grid(bins=4)
+    grid = views.timeline_grid(s, bins=4)
     assert grid["end"] == 105 and grid["bins"] == 4
     families = {f["family"]: f for f in grid["families"]}
     assert list(families) == ["default_pg", "mesh_dp", "mesh_tp"]
@@ -59,14 +62,14 @@ def test_timeline_grid_is_one_row_per_rank_and_second_per_family():
     # Rank 1 spends 2 x 10 ms of each second in group 3's collectives: 2 %.
     assert tp["busy"][1] == [2, 2, 2, 2]
     assert families["default_pg"]["busy"][0] == [0, 0, 0, 0]  # 10 ms of a second rounds to 1 %
-    empty = JobState(2, "new").timeline_grid()
+    empty = views.timeline_grid(JobState(2, "new"))
     assert empty == {"end": None, "step": 1, "bins": 30, "families": [], "ops": []}
 
 
 def test_timeline_grid_has_latency_and_bytes_per_op_and_second():
     from agent.wire import hist_bucket_value
 
-    grid = mesh_job(seconds=5).timeline_grid(bins=4)
+    grid = views.timeline_grid(mesh_job(seconds=5), bins=4)
     ops = {(o["family"], o["op"]): o for o in grid["ops"]}
     assert list(ops) == [("default_pg", "all_reduce"), ("mesh_dp", "all_reduce"),
                          ("mesh_tp", "all_reduce")]
@@ -80,7 +83,7 @@ def test_timeline_grid_has_latency_and_bytes_per_op_and_second():
     s.apply(ev("s0", "coll_stats", {"start": 104, "end": 105.0, "rows": [
         {"group": "3", "op": "broadcast", "count": 1, "bytes": 8, "sum_us": 5.0,
          "max_us": 5.0, "hist": [[9, 1]]}]}, 105.0))
-    bcast = next(o for o in s.timeline_grid(bins=4)["ops"] if o["op"] == "broadcast")
+    bcast = next(o for o in views.timeline_grid(s, bins=4)["ops"] if o["op"] == "broadcast")
     assert bcast["count"] == [0, 0, 0, 1] and bcast["p50_us"][:3] == [None] * 3
 
 
@@ -132,7 +135,7 @@ def test_progress_of_a_group_python_never_saw_comes_from_the_flight_recorder():
             {"group": "1" if r == 0 else "2", "entered": 0, "completed": 0,
              "inflight_op": None, "inflight_since": None, "fr_enqueued": enq,
              "fr_completed": done, "fr_inflight_since": since}]}, t))
-    rows = {(row["group"], row["rank"]): row for row in s.progress_rows()}
+    rows = {(row["group"], row["rank"]): row for row in views.progress_rows(s)}
     # The world group had Python collectives: their counters, not the recorder's.
     assert rows[("0", 0)]["entered"] == 7 and rows[("0", 0)]["source"] == "python"
     # DDP's data-parallel groups: only the recorder saw them.
@@ -142,3 +145,77 @@ def test_progress_of_a_group_python_never_saw_comes_from_the_flight_recorder():
     assert rows[("2", 1)]["entered"] == 41 and rows[("2", 1)]["completed"] == 40
     assert rows[("2", 1)]["inflight_op"] == "C++ collective"
     assert rows[("2", 1)]["inflight_since"] == t - 3
+
+
+# -- display states judged at a moment (dashboard.views.rank_states / group_states) ----------
+
+def waiting_job() -> JobState:
+    """Three ranks of one group: ranks 0 and 1 wait in all_reduce #5 since t=200, rank 2 is
+    still at #4 (the classic hang, before anyone calls it one)."""
+    s = JobState(1, "wait")
+    for r in range(3):
+        s.apply(ev(f"s{r}", "hello", {"job": "wait", "rank": r, "world_size": 3, "host": "h",
+                                      "pid": r, "backend": "gloo"}, 190.0))
+    s.apply(ev("s0", "group", {"name": "0", "desc": "default_pg", "ranks": [0, 1, 2]}, 190.0))
+    for r in range(3):
+        row = {"group": "0", "entered": 5 if r < 2 else 4, "completed": 4,
+               "inflight_op": "all_reduce" if r < 2 else None,
+               "inflight_since": 200.0 if r < 2 else None}
+        s.apply(ev(f"s{r}", "heartbeat", {"groups": [row]}, 201.0))
+    return s
+
+
+def states_at(s: JobState, at: float, findings=()) -> dict[int, dict]:
+    return {row["rank"]: row for row in views.rank_states(s, at, list(findings))}
+
+
+def test_a_wait_is_judged_at_the_moment_asked_never_by_a_clock():
+    s = waiting_job()
+    settings = Settings()
+    (early,) = views.group_states(s, 200.5, settings)
+    # Half a second in: ranks are routinely a little apart, nobody is "behind" yet.
+    assert early["state"] == "waiting" and early["behind"] == [] and early["max_seq"] == 5
+    assert early["family"] == "default_pg"
+    (behind,) = views.group_states(s, 200.0 + views.BEHIND_AFTER_S, settings)
+    assert behind["state"] == "behind" and behind["behind"] == [[2, 1]]
+    assert behind["oldest_wait"] == 200.0
+    (late,) = views.group_states(s, 200.0 + settings.stall_after, settings)
+    assert late["state"] == "overdue" and late["behind"] == [[2, 1]]
+    # The same moment gives the same answer, however often and whenever it is asked.
+    assert views.group_states(s, 203.0) == views.group_states(s, 203.0) == [behind]
+
+    ranks = states_at(s, 203.0)
+    assert ranks[0]["state"] == "waiting" and ranks[2]["state"] == "running"
+    assert ranks[0]["waiting"] == {"group": "0", "op": "all_reduce", "since": 200.0,
+                                   "on": [2]}
+    assert "overdue" not in ranks[0] and "waiting" not in ranks[2] and "findings" not in ranks[0]
+    # Before anyone is behind, a rank in a collective says so in its state only.
+    early_rank = states_at(s, 200.5)[0]
+    assert early_rank["state"] == "waiting" and "waiting" not in early_rank
+    assert states_at(s, 200.0 + settings.stall_after)[1]["overdue"] is True
+
+
+def test_rank_states_follow_the_findings_active_at_that_moment():
+    s = waiting_job()
+    hang = {"id": "hang:0:5", "kind": "hang", "active": True, "ranks": [2],
+            "evidence": {"waiting": [0, 1]}}
+    ranks = states_at(s, 300.0, [hang])
+    assert [ranks[r]["state"] for r in range(3)] == ["stuck", "stuck", "hung"]
+    assert all(ranks[r]["findings"] == ["hang:0:5"] for r in range(3))
+    # Resolved findings explain nothing; a straggler and a desync name their own states.
+    assert states_at(s, 300.0, [dict(hang, active=False)])[2]["state"] == "running"
+    straggler = {"id": "straggler:1", "kind": "straggler", "active": True, "ranks": [1]}
+    desync = {"id": "desync:0:5", "kind": "desync", "active": True, "ranks": [0]}
+    mixed = states_at(s, 300.0, [straggler, desync])
+    assert (mixed[0]["state"], mixed[1]["state"]) == ("mismatch", "straggling")
+    # A rank that failed is failed, whatever else is said about it.
+    s.apply(ev("s2", "exit", {"clean": False, "exitcode": 1}, 301.0))
+    assert states_at(s, 302.0, [hang])[2]["state"] == "failed"
+    assert set(views.RANK_STATES) >= {row["state"] for row in
+                                       views.rank_states(s, 302.0, [hang])}
+
+
+def test_groups_carry_their_family_so_the_page_need_not_know_the_rule():
+    rows = {g["name"]: g["family"] for g in views.group_rows(mesh_job(seconds=1))}
+    assert rows == {"0": "default_pg", "1": "mesh_dp", "2": "mesh_dp", "3": "mesh_tp",
+                    "4": "mesh_tp"}

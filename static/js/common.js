@@ -5,7 +5,8 @@
  *   DOM      el(), clear(), emptyRow(), empty()
  *   format   fmtNum(), fmtUs(), fmtBytes(), fmtDuration(), fmtAgo(), fmtTime(), fmtRanks()
  *   widgets  badge(), ago(), since(), timeCell(), overdueAt()
- *   time     now() (browser clock corrected by the server's Date header), tick()
+ *   time     now() (the moment on screen: setViewAt(ts), else clockNow(): the browser
+ *            clock corrected by the server's Date header), tick()
  *   data     url(), fetchJSON(), changed()
  *   sorting  sortBy(), sortHeader()
  *   live     connectLive()  (Socket.IO namespace /ui, re-watches on every reconnect)
@@ -224,8 +225,23 @@
   // header has 1 s resolution), correct by the offset seen on API responses.
   let clockOffset = 0;
 
+  // A page that shows a past moment (the job page's replay) sets it here: every relative
+  // label ("5 s ago") is then measured from that moment, the same each time it is opened.
+  let viewAt = null;
+
+  /** The moment relative labels are measured from: the one on screen, else the clock. */
   function now() {
+    return viewAt !== null ? viewAt : clockNow();
+  }
+
+  /** The browser clock, corrected by the server's Date header. */
+  function clockNow() {
     return Date.now() / 1000 + clockOffset;
+  }
+
+  /** Show relative times as of `ts` (Unix seconds), or as of the clock again (null). */
+  function setViewAt(ts) {
+    viewAt = isNum(ts) ? ts : null;
   }
 
   function noteServerDate(res, t0, t1) {
@@ -493,7 +509,7 @@
     el, clear, emptyRow, empty,
     DASH, isNum, fmtNum, fmtUs, fmtBytes, fmtDuration, fmtAgo, fmtTime, fmtRanks,
     badge, ago, since, timeCell, overdueAt,
-    now, tick,
+    now, clockNow, setViewAt, tick,
     url, fetchJSON, changed, markUpdated,
     sortBy, sortHeader,
     connectLive,

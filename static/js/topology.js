@@ -19,10 +19,9 @@
   const COMPACT_ABOVE = 64; // ranks; above this, cells show the rank number only
   const DENSE_ABOVE = 256; // ranks; above this, cells are small squares (number on hover)
 
-  /** Group name -> family (the description shared by several groups, else the name). */
+  /** A group's family, as the server sends it (dashboard.state.family_of decides). */
   function familyOf(g) {
-    const d = g.desc;
-    return d && d !== "undefined" ? String(d) : String(g.name);
+    return g.family != null ? String(g.family) : String(g.name);
   }
 
   function families(groups) {

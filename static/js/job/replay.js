@@ -1,0 +1,193 @@
+/*
+ * pgdash job page: replay. The slider maps 0..1000 onto the job's start..end (or now); the
+ * page then shows the server's sections at that moment (GET /api/jobs/<id>/state?at=, the
+ * same sections the live feed sends, judged at that moment's event time): ranks, findings,
+ * progress, charts, heat map, GPUs, errors. Play advances the moment at 1x-60x.
+ * /jobs/<id>?at=<unix seconds> opens the page at that moment; the address follows the slider.
+ */
+import { $, JOB_ID, page, state } from "./ctx.js";
+import { forgetExpanded, haveLive, showLive, showSections } from "./live.js";
+
+const REPLAY_STEPS = 1000;
+const PLAY_TICK_MS = 500; // how often playing asks for the next moment
+const IDLE_TEXT = "drag to see the whole page as it was at that moment";
+
+/** What main.js provides: render(), showError(), refresh(). */
+export const replayHooks = { render: () => {}, showError: () => {}, refresh: async () => {} };
+
+let request = 0; // answers to older requests are dropped
+let inFlight = false;
+let dragTimer = null;
+let playTimer = null;
+let range = null; // [start, end] of the job (Unix seconds), from GET /api/jobs/<id>
+
+/** The job's span: its start to its end, or to now while it runs. */
+function bounds() {
+  let start;
+  let end;
+  if (range) {
+    start = range.start;
+    end = range.running ? Math.max(range.end, PG.clockNow()) : range.end;
+  } else if (state.job && PG.isNum(state.job.started_at)) {
+    start = state.job.started_at;
+    end = PG.isNum(state.job.ended_at) ? state.job.ended_at : state.serverTime || PG.clockNow();
+  } else return null;
+  return [start, Math.max(end, start + 1)];
+}
+
+/** Learn the job's span once (a replayed moment's header says only what was known then). */
+async function learnRange() {
+  const job = await PG.fetchJSON("/api/jobs/" + JOB_ID);
+  if (PG.isNum(job.started_at)) {
+    const running = !PG.isNum(job.ended_at);
+    range = { start: job.started_at, end: running ? PG.clockNow() : job.ended_at, running };
+  }
+}
+
+/** Why a moment could not be shown (kept until the next moment is shown). */
+function showReplayError(msg) {
+  const box = $("replay-error");
+  box.textContent = msg;
+  box.hidden = !msg;
+  if (msg) page.dataset.replayed = "error";
+}
+
+export function showReplayBar() {
+  const bar = $("replay");
+  if (bar.hidden && bounds()) bar.hidden = false;
+}
+
+function describe(at) {
+  const b = bounds();
+  $("replay-when").textContent = PG.fmtTime(at) + (b ? " (+" + PG.fmtDuration(at - b[0]) + ")" : "");
+  $("replay-when").classList.add("replaying");
+}
+
+function placeSlider(at) {
+  const b = bounds();
+  if (b) $("replay-at").value = String(Math.round(((at - b[0]) / (b[1] - b[0])) * REPLAY_STEPS));
+}
+
+/** Show the job at `at` (Unix seconds); a failure is said on the page, nothing else moves. */
+export async function loadReplay(at) {
+  const ticket = ++request;
+  inFlight = true;
+  let data;
+  try {
+    data = await PG.fetchJSON("/api/jobs/" + JOB_ID + "/state?at=" + at);
+  } catch (err) {
+    if (ticket === request) {
+      inFlight = false;
+      pause();
+      showReplayError("Could not show the job at that moment: " + err.message);
+      if (!state.replay || !state.replay.shown) leaveReplay(); // nothing replayed yet: live
+    }
+    return false;
+  } finally {
+    if (ticket === request) inFlight = false;
+  }
+  if (ticket !== request) return false;
+  state.replay = { at: at, shown: true };
+  showReplayError("");
+  PG.setViewAt(at); // "5 s ago" is measured from the moment shown, never from now
+  showSections(data.sections || {});
+  page.classList.add("replaying");
+  $("replay-live").hidden = false;
+  describe(at);
+  history.replaceState(null, "", location.pathname + "?at=" + at);
+  replayHooks.showError("");
+  replayHooks.render();
+  page.dataset.replayed = String(at); // tests wait for this
+  return true;
+}
+
+function pause() {
+  clearInterval(playTimer);
+  playTimer = null;
+  $("replay-play").textContent = "Play";
+  $("replay-play").setAttribute("aria-pressed", "false");
+}
+
+function play() {
+  const b = bounds();
+  if (!b) return;
+  let at = state.replay ? state.replay.at : b[0];
+  if (at >= b[1]) at = b[0]; // played to the end: start over
+  $("replay-play").textContent = "Pause";
+  $("replay-play").setAttribute("aria-pressed", "true");
+  let last = performance.now();
+  const step = () => {
+    const t = performance.now();
+    const speed = Number($("replay-speed").value) || 1;
+    if (inFlight) return; // a slow answer holds the moment back, it never piles requests
+    at = Math.min(bounds()[1], at + (speed * (t - last)) / 1000);
+    last = t;
+    placeSlider(at);
+    loadReplay(at);
+    if (at >= bounds()[1]) pause();
+  };
+  step();
+  playTimer = setInterval(step, PLAY_TICK_MS);
+}
+
+function backToLive() {
+  showReplayError("");
+  leaveReplay();
+}
+
+function leaveReplay() {
+  request++;
+  pause();
+  clearTimeout(dragTimer);
+  state.replay = null;
+  PG.setViewAt(null);
+  page.classList.remove("replaying");
+  $("replay-live").hidden = true;
+  $("replay-at").value = String(REPLAY_STEPS);
+  $("replay-when").textContent = IDLE_TEXT;
+  $("replay-when").classList.remove("replaying");
+  history.replaceState(null, "", location.pathname);
+  forgetExpanded();
+  if (haveLive()) showLive(null);
+  else replayHooks.refresh(true).catch((err) => replayHooks.showError("Could not load job: " + err.message));
+}
+
+/**
+ * Wire the replay bar; open the moment the address asks for (?at=). Returns true when the
+ * page opens in replay (then the live feed waits behind it).
+ */
+export function setupReplay() {
+  $("replay-at").addEventListener("input", (ev) => {
+    const b = bounds();
+    if (!b) return;
+    pause();
+    const at = b[0] + ((b[1] - b[0]) * Number(ev.target.value)) / REPLAY_STEPS;
+    describe(at);
+    clearTimeout(dragTimer);
+    dragTimer = setTimeout(() => loadReplay(at), 120);
+  });
+  $("replay-play").addEventListener("click", () => (playTimer ? pause() : play()));
+  $("replay-live").addEventListener("click", backToLive);
+  learnRange().catch(() => {}); // without it the slider spans what the page knows
+
+  const raw = new URLSearchParams(location.search).get("at");
+  if (raw === null) return false;
+  const at = raw.trim() === "" ? NaN : Number(raw);
+  if (!Number.isFinite(at)) {
+    showReplayError("The address asks for the moment at=" + JSON.stringify(raw.slice(0, 40)) + ", which is not a time: give Unix seconds, e.g. ?at=1764000000.5. Showing the job live instead.");
+    return false;
+  }
+  state.replay = { at: at }; // the live feed and the REST load wait behind it
+  PG.setViewAt(at);
+  page.classList.add("replaying");
+  $("replay-live").hidden = false;
+  describe(at);
+  learnRange()
+    .catch(() => {})
+    .then(() => {
+      showReplayBar();
+      placeSlider(at);
+    });
+  loadReplay(at);
+  return true;
+}
