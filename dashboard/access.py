@@ -13,18 +13,25 @@ browser profile does not hand out the token agents use. Every comparison is cons
 (:func:`hmac.compare_digest`), and neither the token nor what a client sent is ever logged or
 echoed. Static vendored files stay public: they hold nothing from a job. With no token
 configured this module registers nothing and everything stays open (loopback default).
+
+Token guessing is limited per client address (:mod:`dashboard.guard`): every request that
+offers a wrong credential (a bearer header, a cookie, a login form) counts as a failure, and
+past ``PGDASH_LOGIN_MAX_FAILURES`` per ``PGDASH_LOGIN_WINDOW_S`` the address gets 429 with a
+``Retry-After`` on everything it asks, right token or not, until the window has passed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 from typing import Any
 from urllib.parse import quote
 
 from flask import Flask, jsonify, redirect, render_template, request
 
 from agent.wire import AGENT_V2_PATH, UI_NAMESPACE
+from dashboard import guard as login_guard
 
 COOKIE = "pgdash_session"
 COOKIE_PURPOSE = b"pgdash browser session v1"
@@ -61,6 +68,11 @@ class Access:
     def cookie_value(self) -> str:
         return self._cookie
 
+    @staticmethod
+    def offers_credential(headers: Any, cookies: Any) -> bool:
+        """Whether a request tried to authenticate at all (a failure counts as a guess)."""
+        return bool(headers.get("Authorization")) or cookies.get(COOKIE) is not None
+
     def allowed(self, headers: Any, cookies: Any) -> bool:
         """Whether a request (or a Socket.IO connect) carries the token or the login cookie."""
         header = headers.get("Authorization", "") or ""
@@ -88,15 +100,35 @@ def register(app: Flask, socketio: Any, token: str | None) -> Access | None:
     if not token:
         return None
     access = Access(token)
+    guard = login_guard.from_config(app.config)
     app.extensions["pgdash_access"] = access
+    app.extensions["pgdash_login_guard"] = guard
+
+    def too_many(address: str, wait: float, page: bool):
+        """429 for an address past its failed attempts; Retry-After in whole seconds."""
+        text = guard.message(address, wait)
+        if page:
+            response = app.make_response((render_template(
+                "login.html", next=_safe_next(request.values.get("next")), error=text), 429))
+        else:
+            response = jsonify(error=text)
+            response.status_code = 429
+        response.headers["Retry-After"] = str(math.ceil(wait))
+        return response
 
     @app.before_request
     def _require_token():
         path = request.path
         if path.startswith(PUBLIC_PREFIXES) or path in PUBLIC_PATHS:
             return None
+        address = guard.address(request.remote_addr, request.headers)
+        wait = guard.retry_after(address)
+        if wait > 0:  # checked before the credential: a right guess now tells nothing
+            return too_many(address, wait, not path.startswith(MACHINE_PREFIXES))
         if access.allowed(request.headers, request.cookies):
             return None
+        if access.offers_credential(request.headers, request.cookies):
+            guard.failed(address)
         if path.startswith(MACHINE_PREFIXES):
             response = jsonify(error="this pgdash server needs its token: send the header "
                                      "'Authorization: Bearer <token>' (the server's --token "
@@ -113,7 +145,12 @@ def register(app: Flask, socketio: Any, token: str | None) -> Access | None:
         target = _safe_next(request.values.get("next"))
         if request.method == "GET":
             return render_template("login.html", next=target, error=None)
+        address = guard.address(request.remote_addr, request.headers)
+        wait = guard.retry_after(address)
+        if wait > 0:
+            return too_many(address, wait, page=True)
         if not access.login(request.form.get("token")):
+            guard.failed(address)
             # The reason names nothing that was typed: the token is never echoed.
             return render_template("login.html", next=target,
                                    error="That is not this server's token."), 401
@@ -132,9 +169,15 @@ def register(app: Flask, socketio: Any, token: str | None) -> Access | None:
 
     @socketio.on("connect", namespace=UI_NAMESPACE)
     def _ui_connect(auth=None):
-        if not access.allowed(request.headers, request.cookies):
-            from flask_socketio import ConnectionRefusedError
+        from flask_socketio import ConnectionRefusedError
 
+        address = guard.address(request.remote_addr, request.headers)
+        wait = guard.retry_after(address)
+        if wait > 0:
+            raise ConnectionRefusedError(guard.message(address, wait))
+        if not access.allowed(request.headers, request.cookies):
+            if access.offers_credential(request.headers, request.cookies):
+                guard.failed(address)
             raise ConnectionRefusedError("this pgdash server needs its token: log in at "
                                          "/login (the server's --token or PGDASH_TOKEN)")
 

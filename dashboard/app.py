@@ -204,6 +204,10 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         notifier = app.extensions.get("pgdash_notifier")
         if notifier is not None:
             counters.update({f"notify_{k}": v for k, v in notifier.counters.items()})
+        guard = app.extensions.get("pgdash_login_guard")
+        if guard is not None:
+            counters.update({f"login_{k}": v for k, v in guard.counters.items()})
+            counters["login_addresses"] = len(guard)
         body = exposition(Snapshot(
             ingest.store.list_jobs(limit=10_000), ingest.live_views(), counters,
             ingest.store.commits, ingest.store.write_errors, ingest.lag.current(),

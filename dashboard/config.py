@@ -4,13 +4,14 @@ A setting ``NAME`` is read by ``create_app`` from these defaults, then from the 
 ``PGDASH_NAME``, then from the caller's overrides (the command line). Defaults that belong to
 one mechanism are defined beside it and only gathered here (the diagnosis thresholds on
 :class:`dashboard.diagnosis.Settings`, the agents' rate limits in :mod:`dashboard.limits`, the
-trace cap in :mod:`dashboard.trace`), so each value is written once.
+login guard's in :mod:`dashboard.guard`, the trace cap in :mod:`dashboard.trace`), so each
+value is written once.
 """
 
 from __future__ import annotations
 
 from agent.wire import DEFAULT_PORT
-from dashboard import limits
+from dashboard import guard, limits
 from dashboard.diagnosis import Settings
 from dashboard.trace import DEFAULT_MAX_EVENTS as DEFAULT_TRACE_MAX_EVENTS
 
@@ -37,6 +38,7 @@ DEFAULTS = {
     "METRICS_PER_RANK": False,  # a last-seen series per rank on /metrics (high cardinality)
     "DB_BUSY_TIMEOUT_S": 30.0,  # how long a write waits for a lock another process holds
     **limits.DEFAULTS,  # per-connection rate limits on agents
+    **guard.DEFAULTS,  # failed token attempts per client address (PGDASH_LOGIN_*)
     "QUEUE": None,  # redis://host:6379/0: several server processes (dashboard.cluster)
     "LEASE_S": 5.0,  # a job owner's lease, when several processes share the database
 }

@@ -187,6 +187,20 @@ class _Collector:
         for outcome in ("sent", "retried", "failed", "dropped"):
             notify.add_metric([outcome], s.counters.get(f"notify_{outcome}", 0))
         yield notify
+        login = CounterMetricFamily("pgdash_login_attempts", "Token attempts on the pages, API "
+                                    "and /ui (--token), by outcome: failed (a wrong token or "
+                                    "cookie), refused (429: its address is past "
+                                    "PGDASH_LOGIN_MAX_FAILURES), evicted (an address forgotten "
+                                    "past PGDASH_LOGIN_MAX_ADDRESSES).", labels=["outcome"])
+        for outcome, key in (("failed", "login_failures"), ("refused", "login_refused"),
+                             ("evicted", "login_evicted")):
+            login.add_metric([outcome], s.counters.get(key, 0))
+        yield login
+        addresses = GaugeMetricFamily("pgdash_login_addresses", "Client addresses with failed "
+                                      "token attempts remembered (bounded by "
+                                      "PGDASH_LOGIN_MAX_ADDRESSES).")
+        addresses.add_metric([], s.counters.get("login_addresses", 0))
+        yield addresses
         if s.per_rank:
             yield seen
 
