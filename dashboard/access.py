@@ -94,15 +94,15 @@ def _safe_next(target: str | None) -> str:
     return target
 
 
-def register(app: Flask, socketio: Any, token: str | None) -> Access | None:
+def register(app: Flask, socketio: Any, token: str | None,
+             guard: login_guard.LoginGuard | None) -> Access | None:
     """Protect every route and the ``/ui`` namespace of ``app`` with ``token`` (no-op if
-    None). Returns the :class:`Access` in use."""
-    if not token:
+    None), counting failed attempts per address in ``guard``. Returns the :class:`Access` in
+    use."""
+    if not token or guard is None:
         return None
     access = Access(token)
-    guard = login_guard.from_config(app.config)
     app.extensions["pgdash_access"] = access
-    app.extensions["pgdash_login_guard"] = guard
 
     def too_many(address: str, wait: float, page: bool):
         """429 for an address past its failed attempts; Retry-After in whole seconds."""

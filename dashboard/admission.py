@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable
 
 from agent.wire import ENDED, Ack, Auth, WireError, validate_auth
+from dashboard.guard import LoginGuard
 from dashboard.state import JobState
 from dashboard.storage import Store
 
@@ -45,8 +46,9 @@ class Admission:
     def __init__(self, store: Store, token: str | None, clock: Callable[[], float],
                  counters: collections.Counter[str],
                  state: Callable[[int], JobState | None],
-                 created: Callable[[int, JobState], None]):
+                 created: Callable[[int, JobState], None], guard: LoginGuard | None = None):
         self.store, self.token, self.clock, self.counters = store, token, clock, counters
+        self.guard = guard  # failed token attempts per address, shared with the HTTP side
         self._state, self._created = state, created
         self._max_seq: dict[str, int] = {}
         self._session_jobs: dict[str, int] = {}
@@ -60,8 +62,9 @@ class Admission:
         self._session_jobs.clear()
         self._max_seq = self.store.max_seqs()
 
-    def check(self, auth: Any) -> Auth:
-        """The agent's validated hello.
+    def check(self, auth: Any, address: str | None = None) -> Auth:
+        """The agent's validated hello, from client ``address`` (counted against token
+        guessing, as the HTTP side counts logins: dashboard.guard).
 
         Raises:
             Refused: bad token or malformed auth (the message says what to fix).
@@ -72,9 +75,15 @@ class Admission:
             self.counters["refused_connections"] += 1
             raise Refused(f"pgdash refused the agent: {exc}") from None
         offered = auth.get("token") or ""
+        guard = self.guard if self.token and address is not None else None
+        if guard is not None and (wait := guard.retry_after(address)) > 0:
+            self.counters["refused_connections"] += 1  # before the check: a right guess
+            raise Refused(f"pgdash refused the agent: {guard.message(address, wait)}")
         if self.token and not hmac.compare_digest(  # constant time: no timing oracle
                 self.token.encode("utf-8"), offered.encode("utf-8", "surrogatepass")):
             self.counters["refused_connections"] += 1
+            if guard is not None and offered:  # a missing token is no guess
+                guard.failed(address)
             raise Refused("pgdash refused the agent: wrong or missing token; set PGDASH_TOKEN "
                           "on the training hosts to the server's --token")
         return auth

@@ -19,6 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
 from dashboard import access, limits, views
+from dashboard import guard as login_guard
 from dashboard.archive import export_lines
 from dashboard.config import DEFAULTS, DIAGNOSE_EVERY_S, PAUSE_NOTICED_S
 from dashboard.diagnosis import Settings
@@ -63,7 +64,10 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
                             max_queue=int(app.config["NOTIFY_QUEUE"])).start()
     store = Store(app.config["DB"],
                   busy_timeout_s=float(app.config["DB_BUSY_TIMEOUT_S"])).start()
-    ingest = Ingest(store, token=app.config["TOKEN"],
+    # Token guesses are counted per address on every door: pages, API, /ui and agents.
+    guard = login_guard.from_config(app.config) if app.config["TOKEN"] else None
+    app.extensions["pgdash_login_guard"] = guard
+    ingest = Ingest(store, token=app.config["TOKEN"], guard=guard,
                     settings=Settings(hang_after=float(app.config["HANG_AFTER"]),
                                       stall_after=float(app.config["STALL_AFTER"])),
                     on_incident=notifier).start()
@@ -73,7 +77,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
                         cors_allowed_origins=[], logger=False, engineio_logger=False,
                         message_queue=queue_url, channel="pgdash-socketio")
     app.extensions["pgdash"] = ingest
-    access.register(app, socketio, app.config["TOKEN"])
+    access.register(app, socketio, app.config["TOKEN"], guard)
     _register_pages(app)
     _register_api(app, ingest)
     app.extensions["pgdash_limits"] = _rate_limits(app.config)
@@ -292,7 +296,9 @@ def _register_agent_namespace(socketio: SocketIO, ingest: Ingest,
     @socketio.on("connect", namespace=AGENT_NAMESPACE)
     def agent_connect(auth=None):
         try:
-            sessions[request.sid] = ingest.connect(auth)
+            guard = current_app.extensions["pgdash_login_guard"]
+            address = guard.address(request.remote_addr, request.headers) if guard else None
+            sessions[request.sid] = ingest.connect(auth, address)
             rates[request.sid] = new_limits()
         except Refused as exc:
             log.warning("%s", exc)

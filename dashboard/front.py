@@ -166,6 +166,7 @@ class AgentLink(asyncio.Protocol):
         self.session: str | None = None
         self.job_id: int | None = None
         self._admitting = False
+        self.address: str | None = None  # the client's, for token guessing (dashboard.guard)
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -220,6 +221,10 @@ class AgentLink(asyncio.Protocol):
         if request.path.split("?", 1)[0] != AGENT_V2_PATH:
             self.ws.send_response(self.ws.reject(404, "no such endpoint\n"))
             return
+        guard = self.ingest.admission.guard
+        if guard is not None and self.transport is not None:
+            peer = self.transport.get_extra_info("peername")
+            self.address = guard.address(peer[0] if peer else None, request.headers)
         self.ws.send_response(self.ws.accept(request))
 
     # -- pgdash ------------------------------------------------------------------------------
@@ -274,7 +279,8 @@ class AgentLink(asyncio.Protocol):
             self._send({"ok": False, "error": "wait for the answer to auth", "retry": True})
             return
         self._admitting = True
-        future = self.front.loop.run_in_executor(None, self.ingest.connect, auth)
+        future = self.front.loop.run_in_executor(None, self.ingest.connect, auth,
+                                                 self.address)
         future.add_done_callback(self._admitted)
 
     def _admitted(self, future: asyncio.Future) -> None:

@@ -26,6 +26,7 @@ from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.book import Timeline
 from dashboard.diagnosis.incidents import Incident
 from dashboard.diagnosis.incidents import incidents as incidents_of
+from dashboard.guard import LoginGuard
 from dashboard.lag import LAG_WARN_S, IngestLag
 from dashboard.live import sections
 from dashboard.livebooks import LiveBooks
@@ -57,7 +58,8 @@ class Ingest:
     def __init__(self, store: Store, token: str | None = None,
                  clock: Callable[[], float] = time.time, max_cached_jobs: int = 32,
                  settings: Settings = Settings(),
-                 on_incident: Callable[[str, dict[str, Any], Incident], None] | None = None):
+                 on_incident: Callable[[str, dict[str, Any], Incident], None] | None = None,
+                 guard: LoginGuard | None = None):
         self.store = store
         self.token = token
         self.clock = clock
@@ -75,7 +77,8 @@ class Ingest:
         self.cache = StateCache(store, self._load, max_cached_jobs, evicted=self.books.drop)
         self.admission = Admission(store, token, lambda: self.clock(), self.counters,
                                    self.state, lambda job_id, state:
-                                   (self.cache.add(job_id, state), self.jobs_dirty.set()))
+                                   (self.cache.add(job_id, state), self.jobs_dirty.set()),
+                                   guard)
         self.rewind = Rewind(store, new_state=lambda job_id, name: Timeline(
             job_id, name, self.settings))
 
@@ -226,13 +229,13 @@ class Ingest:
 
     # -- agent connections -------------------------------------------------------------------
 
-    def connect(self, auth: Any) -> tuple[str, int]:
-        """Admit an agent; returns ``(session, job_id)``.
+    def connect(self, auth: Any, address: str | None = None) -> tuple[str, int]:
+        """Admit an agent connecting from client ``address``; returns ``(session, job_id)``.
 
         Raises:
             Refused: bad token or malformed auth (the message says what to fix).
         """
-        auth = self.admission.check(auth)
+        auth = self.admission.check(auth, address)
         session = auth["session"]
         connected = self._server_event("connect", {"rank": auth.get("rank"),
                                                    "host": auth.get("host"),

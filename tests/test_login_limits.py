@@ -1,18 +1,21 @@
 """Token guessing is limited per client address: past PGDASH_LOGIN_MAX_FAILURES failed attempts
 in PGDASH_LOGIN_WINDOW_S, an address gets 429 with a Retry-After on the API, /login and /ui,
-right token or not; other addresses and successful attempts are unaffected; memory is bounded."""
+right token or not (agents connecting with a wrong token count too); other addresses and
+successful attempts are unaffected; memory is bounded."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import re
+import socket
 import urllib.parse
 
 import pytest
 import socketio
+import websocket
 
-from agent.wire import UI_NAMESPACE
+from agent.wire import AGENT_V2_PATH, PROTOCOL_V2, UI_NAMESPACE, decode_v2, encode_v2
 from conftest import ServerProcess, wait_for
 from dashboard.guard import LoginGuard, client_address, from_config
 
@@ -186,3 +189,42 @@ def test_guessing_the_token_is_cut_off_per_address_then_allowed_again(guarded):
              WINDOW_S + 30, "the guesser's address let in again after the window",
              interval=0.5)
     assert ui_refusal(guarded, bearer(TOKEN)) is None
+
+
+def agent_hello(server, token, source):
+    """An agent's (protocol v2) hello from a chosen loopback address: the server's reply."""
+    parsed = urllib.parse.urlparse(server.url)
+    sock = socket.create_connection((parsed.hostname, parsed.port), timeout=10,
+                                    source_address=(source, 0))
+    ws = websocket.create_connection(f"ws://{parsed.hostname}:{parsed.port}{AGENT_V2_PATH}",
+                                     socket=sock, timeout=10)
+    try:
+        auth = {"v": PROTOCOL_V2, "session": f"s-{source}", "job": "guess", "rank": 0,
+                "host": "h", "pid": 1}
+        if token is not None:
+            auth["token"] = token
+        ws.send_binary(encode_v2({"auth": auth}))
+        return decode_v2(ws.recv())
+    finally:
+        ws.close()
+
+
+def test_agents_guessing_the_token_are_cut_off_too(guarded):
+    agents, careless, other = "127.0.0.3", "127.0.0.4", "127.0.0.5"
+    # An agent without a token is misconfigured, not guessing: refused, never counted.
+    for _ in range(5):
+        reply = agent_hello(guarded, None, careless)
+        assert reply["ok"] is False and "PGDASH_TOKEN" in reply["error"]
+    assert agent_hello(guarded, TOKEN, careless)["ok"] is True
+    # Wrong tokens are guesses: three are answered as usual, then the address is refused,
+    # the right token included, with the settings named.
+    for i in range(3):
+        reply = agent_hello(guarded, f"guess-{i}", agents)
+        assert reply["ok"] is False and "PGDASH_TOKEN" in reply["error"]
+    reply = agent_hello(guarded, TOKEN, agents)
+    assert reply["ok"] is False and "PGDASH_LOGIN_MAX_FAILURES" in reply["error"]
+    assert TOKEN not in reply["error"]
+    # ... on the HTTP doors too (one guard for every door), and no other address is touched.
+    assert ask(guarded, "GET", "/api/jobs", agents, bearer(TOKEN))[0] == 429
+    assert agent_hello(guarded, TOKEN, other)["ok"] is True
+    assert metric(guarded, "failed") == 3
