@@ -219,11 +219,14 @@ def test_job_page_updates_live_without_reload(server, agents, watched):
     r1.send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 4,
                                       "inflight_op": "all_reduce",
                                       "inflight_since": time.time()}],
-                          "dropped": {"coll_stats": 7, "heartbeat": 3}})
+                          "dropped": {"coll_stats": 7, "heartbeat": 3,
+                                      "flight_recorder": 500}})
     expect(page.locator("#progress")).to_contain_text("r1", timeout=LIVE_MS)
     # What an agent had to drop (its buffer was full) is shown, by kind on hover.
     expect(page.locator("#job-dropped")).to_have_text("10 events", timeout=LIVE_MS)
     expect(page.locator("#job-dropped")).to_have_attribute("title", "coll_stats: 7, heartbeat: 3")
+    # Collectives it could not time are latency samples, not events: said apart.
+    expect(page.locator("#job-untimed")).to_have_text("500 collectives")
     expect(rank_row(page, 1).locator("td").nth(9)).to_contain_text("all_reduce")
 
     r0.send("exit", {"clean": True, "exitcode": 0})

@@ -32,8 +32,15 @@ export function renderHeader(job) {
 
   const ranks = Array.isArray(job.ranks) ? job.ranks : [];
   const hosts = new Set(ranks.map((r) => r.host)).size;
+  // Events an agent's buffer dropped, apart from collectives it could not time (its record
+  // table was full, or the Flight Recorder's ring moved on before a read): those are
+  // latency samples lost, not events, and a busy job misses many without harm.
   const drops = agentDrops(ranks);
-  const dropped = Object.values(drops).reduce((a, b) => a + b, 0);
+  const untimedKinds = ["collectives", "flight_recorder"];
+  const sum = (keep) => Object.entries(drops).filter(([k]) => keep(k)).reduce((a, [, n]) => a + n, 0);
+  const dropped = sum((k) => !untimedKinds.includes(k));
+  const untimed = sum((k) => untimedKinds.includes(k));
+  const title = (keep) => Object.entries(drops).filter(([k]) => keep(k)).map(([k, n]) => k + ": " + n).join(", ");
   const item = (label, value) => el("div", null, el("dt", { text: label }), el("dd", null, value));
   clear(
     $("job-meta"),
@@ -45,7 +52,10 @@ export function renderHeader(job) {
     PG.isNum(ended) ? item("Ended", PG.timeCell(ended)) : null,
     item("Duration", duration),
     dropped > 0
-      ? item("Dropped by agents", el("span", { id: "job-dropped", title: Object.entries(drops).map(([k, n]) => k + ": " + n).join(", "), text: PG.fmtNum(dropped) + " events" }))
+      ? item("Dropped by agents", el("span", { id: "job-dropped", title: title((k) => !untimedKinds.includes(k)), text: PG.fmtNum(dropped) + " events" }))
+      : null,
+    untimed > 0
+      ? item("Not timed", el("span", { id: "job-untimed", title: title((k) => untimedKinds.includes(k)), text: PG.fmtNum(untimed) + " collectives" }))
       : null
   );
 }
