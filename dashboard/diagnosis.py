@@ -13,6 +13,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Iterable
 
+from agent.wire import hist_bucket, hist_bucket_value
 from dashboard.errors import classify
 from dashboard.state import JobState, RankState
 
@@ -32,11 +33,13 @@ class Settings:
     # reconnects after a network blip, or after acks came late from a busy server).
     reconnect_grace: float = 1.5
     init_grace: float = 3.0  # after the latest arrival, missing ranks are named
-    straggler_min_intervals: int = 2  # recent summaries (about seconds) a straggler must span
-    straggler_min_calls: int = 20  # ... holding at least this many collectives on every rank
-    straggler_consistency: float = 0.75  # ... the same rank clearly waiting least (ratio and
-    # floor below, per interval) in this share of them: a single pause (a checkpoint, a CPU
-    # stall of a crowded host) makes one interval of long waits, never a straggler
+    # Stragglers (measured with bench/detect.py; see the rule's docstring and README):
+    straggler_min_intervals: int = 1  # recent summaries (about seconds) a window spans at least
+    straggler_min_calls: int = 12  # ... holding at least this many collectives on every rank
+    straggler_late_share: float = 0.9  # ... the others clearly waited longer (ratio and floor
+    # below) than the straggler's median at this share of their collectives: a single pause
+    # (a checkpoint, a CPU stall of a crowded host) is one long wait, random jitter makes each
+    # rank wait at about half of them; a straggler makes them wait at nearly every one
     straggler_persist: int = 1  # ... judged so on this many consecutive windows
     straggler_ratio: float = 3.0  # the others wait this many times longer than the straggler
     straggler_min_wait_us: float = 2000.0  # ... and at least this much longer per collective
@@ -569,11 +572,21 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
     """A rank the others keep waiting for: it spends the least time inside collectives.
 
     Needs no synchronised clocks: each rank's own in-collective time is compared. The rank
-    that arrives last waits least; when the same rank waits least interval after interval,
-    and the others wait much longer, it is the straggler. The window grows until every rank
+    that arrives last waits least; when the others waited clearly longer than it at nearly
+    every collective of the window, it is the straggler. The window grows until every rank
     has seen ``straggler_min_calls`` collectives, so a group that runs one collective a
     second is judged on as many samples as a busy one; short, scattered waits of a healthy
-    job fail the ratio, the floor or the consistency test.
+    job fail the ratio, the floor or the late share (see ``_straggler_in``).
+
+    Thresholds, measured with bench/detect.py (a rank 20% slower, 60 ms steps, 1 s agent
+    summaries; healthy jobs with a 5 s checkpoint, warm-up and 0-30 ms jitter per step):
+    judged on two or more summaries (and three in four late per interval) it was named
+    29-47 steps after it began, because its first interval is partly healthy and two full
+    ones had to follow; pooled over the newest interval holding 12 collectives with nine in
+    ten late it is named about one interval after its first full late one. Random jitter
+    makes a rank wait at about 45% of the collectives of a pair, so nine in ten of 12-16
+    happens by chance about once in 5,000 to 30,000 windows; the check against the window
+    before (another rank named there: noise) stops a straggler that hops between ranks.
     """
     verdicts: dict[str, tuple] = {}
     for group in sorted(state.groups, key=str):
@@ -582,6 +595,12 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
             continue
         found = [_straggler_in(windows, back, s) for back in range(s.straggler_persist)]
         if any(v is None for v in found) or len({v[0] for v in found}) != 1:
+            continue
+        # The window just before, if it names another rank, makes this noise: a straggler
+        # that changes from one interval to the next is a crowded host's scheduler, not a
+        # slow rank (one whose slowness has just begun names nobody there, or itself).
+        before = _straggler_in(windows, s.straggler_persist, s)
+        if before is not None and before[0] != found[0][0]:
             continue
         verdicts[group] = found[0]
     out = []
@@ -598,13 +617,16 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
         root = chain[-1]["rank"] if chain else slow
         r = state.rank_index().get(root)
         summary = (f"The other ranks of {_group_label(state, group)} keep waiting for rank "
-                   f"{slow}: {typical / 1000:.1f} ms per collective (median), against "
-                   f"{means[slow] / 1000:.1f} ms for rank {slow} itself")
+                   f"{slow}: {typical / 1000:.1f} ms or more at {s.straggler_late_share:.0%} of "
+                   f"their collectives, "
+                   f"against {means[slow] / 1000:.1f} ms (median) for rank {slow} itself")
         for hop in chain:
             where = ("'s C++ collectives (DDP)" if hop.get("source") != "python" else "")
             summary += (f"; rank {hop['waits']} waits for rank {hop['rank']} inside "
                         f"{_group_label(state, hop['group'])}{where}")
         evidence = {"median_wait_us": {str(k): round(v, 1) for k, v in sorted(means.items())},
+                    "others_wait_us": round(typical, 1),
+                    "late_share": s.straggler_late_share,
                     "mean_wait_us": {str(k): round(_mean_us(pts), 1)
                                      for k, pts in sorted(recent.items())},
                     "intervals": n, "collectives": sum(p[1] for p in recent[slow])}
@@ -735,12 +757,17 @@ def _waits_for(tallies: dict[int, Any], rank: int, now: float, s: Settings, samp
 def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):
     """The straggler of the window ending ``back`` intervals ago, or None.
 
-    Returns ``(rank, median wait per rank, the others' typical median wait, intervals,
-    points)``. Judged on each interval's median wait, not its mean: a straggler is late at
-    most collectives, so its peers' median is high; a rank starved of CPU now and then on a
-    crowded host, or one pause (a checkpoint), makes a few long waits: a high mean, a low
-    median. The straggler must clearly wait least (ratio and floor) in
-    ``straggler_consistency`` of the intervals, and over the whole window.
+    Returns ``(rank, median wait per rank, the others' typical wait at their
+    ``straggler_late_share`` least-waited collectives, intervals, points)``. The window is
+    the newest intervals, grown back until every rank has ``straggler_min_calls``
+    collectives in it, and judged on the histograms of all its collectives pooled: the
+    straggler waits least (median), and the others waited clearly longer (ratio and floor)
+    at ``straggler_late_share`` (nine in ten) of their collectives. A straggler is late at
+    nearly every collective; one pause (a checkpoint, a CPU stall of a crowded host) is one
+    long wait among many short ones, and random jitter makes each rank wait at about half of
+    them: neither reaches nine in ten. Pooled rather than interval by interval, the window
+    can be as short as one summary interval, so that a straggler is named about one interval
+    after its first full interval of late collectives.
     """
     windows = {rank: pts[:len(pts) - back] for rank, pts in windows.items()}
     depth = min(len(p) for p in windows.values())
@@ -751,47 +778,47 @@ def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):
     if n > depth:
         return None
     recent = {rank: pts[-n:] for rank, pts in windows.items()}
-    medians = {rank: sorted(map(_median_of, pts))[len(pts) // 2] for rank, pts in recent.items()}
+    pooled = {rank: _pooled(pts) for rank, pts in recent.items()}
+    medians = {rank: _pooled_quantile(h, 0.5) for rank, h in pooled.items()}
     slow = min(medians, key=medians.get)
-    if not _clearly_least(medians, slow, s):
+    if min(medians.values()) == max(medians.values()):
         return None
-    shown = sum(1 for i in range(n) if _late_interval(recent, i, slow, s))
-    if shown < s.straggler_consistency * n:
+    lows = {rank: _pooled_quantile(h, 1.0 - s.straggler_late_share)
+            for rank, h in pooled.items() if rank != slow}
+    typical = _typical(lows, slow)
+    if typical < s.straggler_ratio * medians[slow] or \
+            typical - medians[slow] < s.straggler_min_wait_us:
         return None
-    return slow, medians, _typical(medians, slow), n, recent
+    return slow, medians, typical, n, recent
 
 
-def _late_interval(recent: dict[int, list[tuple]], i: int, slow: int, s: Settings) -> bool:
-    """Whether the others waited for ``slow`` at nearly every collective of interval ``i``:
-    ``slow`` waits least by median, and the others' first quartile (three in four of their
-    collectives waited at least that long) clears the ratio and the floor. Random jitter
-    makes each rank wait at about half of the collectives: a low first quartile."""
-    medians = {r: _median_of(p[i]) for r, p in recent.items()}
-    if min(medians, key=medians.get) != slow:
-        return False
-    quartiles = {r: (p[i][4] if len(p[i]) > 4 else medians[r]) for r, p in recent.items()}
-    typical = _typical(quartiles, slow)
-    return typical >= s.straggler_ratio * medians[slow] and \
-        typical - medians[slow] >= s.straggler_min_wait_us
+def _pooled(points: list[tuple]) -> dict[int, int]:
+    """The latency histogram of all the collectives of some intervals together."""
+    out: dict[int, int] = collections.defaultdict(int)
+    for p in points:
+        if len(p) > 5:
+            for bucket, n in p[5]:
+                out[bucket] += n
+        else:  # folded before histograms were kept: all its collectives at its quartile
+            out[hist_bucket(p[4] if len(p) > 4 else p[2] / p[1])] += p[1]
+    return out
 
 
-def _median_of(point: tuple) -> float:
-    """An interval's median wait (its mean for summaries folded before medians were kept)."""
-    return point[3] if len(point) > 3 else point[2] / point[1]
+def _pooled_quantile(hist: dict[int, int], q: float) -> float:
+    """Quantile ``q`` of a pooled histogram: at least ``q`` of the collectives took at most
+    this long (the bucket's middle)."""
+    total = sum(hist.values())
+    seen = 0
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen >= q * total:
+            return hist_bucket_value(bucket)
+    return 0.0
 
 
 def _typical(means: dict[int, float], slow: int) -> float:
     others = sorted(v for r, v in means.items() if r != slow)
     return others[len(others) // 2]
-
-
-def _clearly_least(means: dict[int, float], slow: int, s: Settings) -> bool:
-    """Whether ``slow`` waits least and the others wait far longer (ratio and floor)."""
-    if min(means, key=means.get) != slow:
-        return False
-    typical = _typical(means, slow)
-    return typical >= s.straggler_ratio * means[slow] and \
-        typical - means[slow] >= s.straggler_min_wait_us
 
 
 def slow_collective(state: JobState, now: float, s: Settings) -> list[Finding]:
