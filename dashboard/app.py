@@ -37,6 +37,7 @@ from dashboard.trace import TraceError, build_trace, json_chunks, trace_query
 log = logging.getLogger("pgdash.server")
 
 DIAGNOSE_EVERY_S = 1.0  # live diagnosis of every job held in memory
+DIAGNOSE_CHANGED_S = 0.2  # ... and of a job that folded new events, this soon after the last
 PAUSE_NOTICED_S = 1.0  # the push loop overslept by this much: the server itself was paused
 
 DEFAULTS = {
@@ -491,12 +492,12 @@ class LivePush:
                 self.ingest.lag.paused(slept - tick)
             try:
                 # Diagnosis of a 1,024-rank job takes ~45 ms of a GIL it shares with ingest:
-                # run it once a second (verdicts are seconds apart anyway) and at most a
-                # quarter of the time.
+                # run it once a second, and soon after new events (a summary can make a
+                # straggler conclusive), at most a quarter of the time.
                 started = time.monotonic()
                 if started >= next_diagnosis:
-                    self.ingest.diagnose_live()
-                    next_diagnosis = started + max(DIAGNOSE_EVERY_S,
+                    self.ingest.diagnose_live(DIAGNOSE_CHANGED_S, DIAGNOSE_EVERY_S)
+                    next_diagnosis = started + max(DIAGNOSE_CHANGED_S,
                                                    4 * (time.monotonic() - started))
                 if self.ingest.jobs_dirty.is_set() and started - jobs_pushed_at >= self.interval:
                     self.ingest.jobs_dirty.clear()

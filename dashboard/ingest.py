@@ -158,9 +158,15 @@ class Ingest:
                 log.warning("pgdash: ingest caught up with the agents")
         return self.clock() - lag
 
-    def diagnose_live(self) -> None:
+    def diagnose_live(self, changed_gap: float | None = None,
+                      every: float | None = None) -> None:
         """Re-diagnose jobs that are running or changed, at the current time (less the
-        server's own lag); store and mark what changed."""
+        server's own lag); store and mark what changed.
+
+        With ``changed_gap`` and ``every``, only the jobs that folded events since their last
+        diagnosis, ``changed_gap`` seconds or more ago, or whose last one is ``every`` seconds
+        old: a summary that makes a verdict conclusive is judged a fraction of a second after
+        it arrives, not up to a second later, and an unchanged job costs nothing."""
         now = self.judged_at()
         changed: dict[int, list[Finding]] = {}
         with self._states_lock:
@@ -169,6 +175,11 @@ class Ingest:
                     continue  # its owner diagnoses it
                 if state.status in ("finished", "failed") and \
                         self._settled(job_id, state):
+                    continue
+                last = self._diagnosed.get(job_id)
+                if changed_gap is not None and every is not None and last is not None and \
+                        now - last[1] < every and \
+                        (last[0] == state.applied or now - last[1] < changed_gap):
                     continue
                 rows = self._update_findings(job_id, state, now)
                 if rows:

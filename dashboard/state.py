@@ -621,7 +621,9 @@ class JobState:
                     continue
                 if row is None:
                     row = rows[rank] = [None] * bins
-                pct = round(sum_us / 1e4 / (dt if 0.2 < dt < 10 else 1.0))
+                # Summaries of under a second (PGDASH_STATS_INTERVAL_S) share a bin: their
+                # busy times add up; a longer one is spread over its seconds.
+                pct = round(sum_us / 1e4 / (dt if 1.0 < dt < 10 else 1.0))
                 row[b] = min(100, pct if row[b] is None else row[b] + pct)
         order = list(dict.fromkeys(families[name] for name in sorted(self.groups,
                                                                      key=_group_order)))
