@@ -76,7 +76,10 @@ class AgentConfig:
             except OSError as exc:
                 raise ValueError(f"PGDASH_CA_FILE {config.ca_file} cannot be read: "
                                  f"{exc.strerror or exc}") from None
-        if config.stats_interval_s > config.interval_s:
+        if config.stats_interval_s > config.interval_s and "stats_interval_s" not in values:
+            # The default half second, with a heartbeat period set shorter: follow that.
+            config = dataclasses.replace(config, stats_interval_s=config.interval_s)
+        elif config.stats_interval_s > config.interval_s:
             raise ValueError(f"{ENV_PREFIX}STATS_INTERVAL_S ({config.stats_interval_s:g}) must "
                              f"be at most {ENV_PREFIX}INTERVAL_S ({config.interval_s:g}): "
                              "summaries are sent at least once per heartbeat")
