@@ -578,15 +578,17 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
     second is judged on as many samples as a busy one; short, scattered waits of a healthy
     job fail the ratio, the floor or the late share (see ``_straggler_in``).
 
-    Thresholds, measured with bench/detect.py (a rank 20% slower, 60 ms steps, 1 s agent
-    summaries; healthy jobs with a 5 s checkpoint, warm-up and 0-30 ms jitter per step):
-    judged on two or more summaries (and three in four late per interval) it was named
-    29-47 steps after it began, because its first interval is partly healthy and two full
-    ones had to follow; pooled over the newest interval holding 12 collectives with nine in
-    ten late it is named about one interval after its first full late one. Random jitter
-    makes a rank wait at about 45% of the collectives of a pair, so nine in ten of 12-16
-    happens by chance about once in 5,000 to 30,000 windows; the check against the window
-    before (another rank named there: noise) stops a straggler that hops between ranks.
+    Thresholds, measured with bench/detect.py (3 ranks, one 20% slower: 60 ms steps against
+    50 ms; healthy jobs with a 5 s checkpoint, warm-up and 0-30 ms jitter a step; a 2-core
+    machine shared with other workers). Judged on two 1 s summaries with three in four late
+    in each, it was named 37-47 steps after it slowed down: the summary holding that moment
+    is partly healthy, and two full ones had to follow. Now: the agents summarise every 0.5 s
+    (PGDASH_STATS_INTERVAL_S), the window is the newest summaries holding 12 collectives per
+    rank, pooled, nine in ten late: named after 17-21 steps (37 once, with a test suite
+    running beside it). Random jitter makes a rank of a pair wait at about 45% of its
+    collectives, so nine in ten of 12-16 happen by chance once in 5,000 to 30,000 windows;
+    the check against the window before (another rank named there: noise) stops a
+    straggler that hops between ranks. Healthy runs (README, "Stragglers"): no finding.
     """
     verdicts: dict[str, tuple] = {}
     for group in sorted(state.groups, key=str):
