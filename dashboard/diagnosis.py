@@ -34,7 +34,7 @@ class Settings:
     reconnect_grace: float = 1.5
     init_grace: float = 3.0  # after the latest arrival, missing ranks are named
     # Stragglers (measured with bench/detect.py; see the rule's docstring and README):
-    straggler_min_intervals: int = 1  # recent summaries (about seconds) a window spans at least
+    straggler_min_intervals: int = 1  # latency summaries (PGDASH_STATS_INTERVAL_S) a window spans
     straggler_min_calls: int = 12  # ... holding at least this many collectives on every rank
     straggler_late_share: float = 0.9  # ... the others clearly waited longer (ratio and floor
     # below) than the straggler's median at this share of their collectives: a single pause
@@ -783,8 +783,6 @@ def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):
     pooled = {rank: _pooled(pts) for rank, pts in recent.items()}
     medians = {rank: _pooled_quantile(h, 0.5) for rank, h in pooled.items()}
     slow = min(medians, key=medians.get)
-    if min(medians.values()) == max(medians.values()):
-        return None
     lows = {rank: _pooled_quantile(h, 1.0 - s.straggler_late_share)
             for rank, h in pooled.items() if rank != slow}
     typical = _typical(lows, slow)
