@@ -35,7 +35,7 @@ class Settings:
     init_grace: float = 3.0  # after the latest arrival, missing ranks are named
     # Stragglers (measured with bench/detect.py; see the rule's docstring and README):
     straggler_min_intervals: int = 1  # latency summaries (PGDASH_STATS_INTERVAL_S) a window spans
-    straggler_min_calls: int = 12  # ... holding at least this many collectives on every rank
+    straggler_min_calls: int = 16  # ... holding at least this many collectives on every rank
     straggler_late_share: float = 0.9  # ... the others clearly waited longer (ratio and floor
     # below) than the straggler's median at this share of their collectives: a single pause
     # (a checkpoint, a CPU stall of a crowded host) is one long wait, random jitter makes each
