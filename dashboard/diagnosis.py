@@ -40,6 +40,10 @@ class Settings:
     # below) than the straggler's median at this share of their collectives: a single pause
     # (a checkpoint, a CPU stall of a crowded host) is one long wait, random jitter makes each
     # rank wait at about half of them; a straggler makes them wait at nearly every one
+    # ... when the others' waits are steady: their wait at the late share's low end at least
+    # this share of the one at its high end (a rank slower by about the same time at every
+    # step; jitter, or a crowded host's scheduler, spreads them); else on twice the calls
+    straggler_steady: float = 0.5
     straggler_persist: int = 1  # ... judged so on this many consecutive windows
     straggler_ratio: float = 3.0  # the others wait this many times longer than the straggler
     straggler_min_wait_us: float = 2000.0  # ... and at least this much longer per collective
@@ -773,23 +777,32 @@ def _straggler_in(windows: dict[int, list[tuple]], back: int, s: Settings):
     """
     windows = {rank: pts[:len(pts) - back] for rank, pts in windows.items()}
     depth = min(len(p) for p in windows.values())
-    n = s.straggler_min_intervals
-    while n <= depth and any(sum(p[1] for p in pts[-n:]) < s.straggler_min_calls
-                             for pts in windows.values()):
-        n += 1
-    if n > depth:
-        return None
-    recent = {rank: pts[-n:] for rank, pts in windows.items()}
-    pooled = {rank: _pooled(pts) for rank, pts in recent.items()}
-    medians = {rank: _pooled_quantile(h, 0.5) for rank, h in pooled.items()}
-    slow = min(medians, key=medians.get)
-    lows = {rank: _pooled_quantile(h, 1.0 - s.straggler_late_share)
-            for rank, h in pooled.items() if rank != slow}
-    typical = _typical(lows, slow)
-    if typical < s.straggler_ratio * medians[slow] or \
-            typical - medians[slow] < s.straggler_min_wait_us:
-        return None
-    return slow, medians, typical, n, recent
+    # A window of straggler_min_calls where the others' waits are also steady (a rank slower
+    # by about the same time at every step); else twice as many collectives (waits spread).
+    for calls, steady in ((s.straggler_min_calls, True), (2 * s.straggler_min_calls, False)):
+        n = s.straggler_min_intervals
+        while n <= depth and any(sum(p[1] for p in pts[-n:]) < calls
+                                 for pts in windows.values()):
+            n += 1
+        if n > depth:
+            return None
+        recent = {rank: pts[-n:] for rank, pts in windows.items()}
+        pooled = {rank: _pooled(pts) for rank, pts in recent.items()}
+        medians = {rank: _pooled_quantile(h, 0.5) for rank, h in pooled.items()}
+        slow = min(medians, key=medians.get)
+        lows = {rank: _pooled_quantile(h, 1.0 - s.straggler_late_share)
+                for rank, h in pooled.items() if rank != slow}
+        typical = _typical(lows, slow)
+        if typical < s.straggler_ratio * medians[slow] or \
+                typical - medians[slow] < s.straggler_min_wait_us:
+            continue
+        if steady:
+            highs = {rank: _pooled_quantile(h, s.straggler_late_share)
+                     for rank, h in pooled.items() if rank != slow}
+            if typical < s.straggler_steady * _typical(highs, slow):
+                continue
+        return slow, medians, typical, n, recent
+    return None
 
 
 def _pooled(points: list[tuple]) -> dict[int, int]:
