@@ -583,16 +583,18 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
     job fail the ratio, the floor or the late share (see ``_straggler_in``).
 
     Thresholds, measured with bench/detect.py (3 ranks, one 20% slower: 60 ms steps against
-    50 ms; healthy jobs with a 5 s checkpoint, warm-up and 0-30 ms jitter a step; a 2-core
-    machine shared with other workers). Judged on two 1 s summaries with three in four late
-    in each, it was named 37-47 steps after it slowed down: the summary holding that moment
-    is partly healthy, and two full ones had to follow. Now: the agents summarise every 0.5 s
-    (PGDASH_STATS_INTERVAL_S), the window is the newest summaries holding 12 collectives per
-    rank, pooled, nine in ten late: named after 17-21 steps (37 once, with a test suite
-    running beside it). Random jitter makes a rank of a pair wait at about 45% of its
-    collectives, so nine in ten of 12-16 happen by chance once in 5,000 to 30,000 windows;
-    the check against the window before (another rank named there: noise) stops a
-    straggler that hops between ranks. Healthy runs (README, "Stragglers"): no finding.
+    50 ms; healthy 4-rank jobs with a 5 s checkpoint, warm-up and 0-30 ms jitter a step; a
+    2-core machine shared with other workers, load average 10-25). Judged on two 1 s
+    summaries with three in four late in each, it was named 37-47 steps after it slowed
+    down: the summary holding that moment is partly healthy, and two full ones had to
+    follow. Now the agents summarise every 0.5 s (PGDASH_STATS_INTERVAL_S) and the window
+    is the newest summaries holding 16 collectives per rank, pooled, nine in ten late, the
+    others' waits steady (``straggler_steady``): 23-27 steps. With 12 or 16 collectives and
+    no steadiness test, each ~170 s jittery healthy run warned once (2.8-3.6 ms waits at
+    nine in ten, spread): jitter makes a rank of a pair wait at about 45% of its
+    collectives and a crowded host's scheduler makes runs of them, so spread waits need 32
+    collectives. The check against the window before (another rank named there: noise)
+    stops a straggler that hops between ranks. README, "Stragglers", has the figures.
     """
     verdicts: dict[str, tuple] = {}
     for group in sorted(state.groups, key=str):
