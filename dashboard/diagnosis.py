@@ -589,7 +589,7 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
     down: the summary holding that moment is partly healthy, and two full ones had to
     follow. Now the agents summarise every 0.5 s (PGDASH_STATS_INTERVAL_S) and the window
     is the newest summaries holding 16 collectives per rank, pooled, nine in ten late, the
-    others' waits steady (``straggler_steady``): 23-27 steps. With 12 or 16 collectives and
+    others' waits steady (``straggler_steady``): 20-29 steps. With 12 or 16 collectives and
     no steadiness test, each ~170 s jittery healthy run warned once (2.8-3.6 ms waits at
     nine in ten, spread): jitter makes a rank of a pair wait at about 45% of its
     collectives and a crowded host's scheduler makes runs of them, so spread waits need 32
