@@ -20,7 +20,11 @@ class AgentConfig:
     max_records: int = 65_536  # PGDASH_MAX_RECORDS: collectives not yet summarised
     max_batch_events: int = 200  # PGDASH_MAX_BATCH_EVENTS
     max_inflight_batches: int = 4  # PGDASH_MAX_INFLIGHT_BATCHES: unacked batches on the wire
-    interval_s: float = 1.0  # PGDASH_INTERVAL_S: heartbeat and latency summary period
+    interval_s: float = 1.0  # PGDASH_INTERVAL_S: heartbeat period (and the most a summary spans)
+    # PGDASH_STATS_INTERVAL_S: latency summary (coll_stats) period, at most interval_s. Half a
+    # second lets the server name a straggler within ~30 steps of 60 ms (bench/detect.py):
+    # its rule needs the others' waits of a dozen collectives that all came after it slowed.
+    stats_interval_s: float = 0.5
     ack_timeout_s: float = 10.0  # PGDASH_ACK_TIMEOUT_S: no ack by then means a broken link
     connect_timeout_s: float = 5.0  # PGDASH_CONNECT_TIMEOUT_S
     flush_timeout_s: float = 5.0  # PGDASH_FLUSH_TIMEOUT_S: how long detach()/exit waits
@@ -72,6 +76,13 @@ class AgentConfig:
             except OSError as exc:
                 raise ValueError(f"PGDASH_CA_FILE {config.ca_file} cannot be read: "
                                  f"{exc.strerror or exc}") from None
+        if config.stats_interval_s > config.interval_s and "stats_interval_s" not in values:
+            # The default half second, with a heartbeat period set shorter: follow that.
+            config = dataclasses.replace(config, stats_interval_s=config.interval_s)
+        elif config.stats_interval_s > config.interval_s:
+            raise ValueError(f"{ENV_PREFIX}STATS_INTERVAL_S ({config.stats_interval_s:g}) must "
+                             f"be at most {ENV_PREFIX}INTERVAL_S ({config.interval_s:g}): "
+                             "summaries are sent at least once per heartbeat")
         for field in dataclasses.fields(cls):
             value = getattr(config, field.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:

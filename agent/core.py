@@ -258,12 +258,14 @@ class Agent:
 
     def _loop(self) -> None:
         next_tick = time.monotonic() + self.config.interval_s
+        next_stats = time.monotonic() + self.config.stats_interval_s
         while not self._stop.is_set():
             try:
                 self.tracker.poll_async()
                 now = time.monotonic()
                 if now >= next_tick:
                     next_tick = now + self.config.interval_s
+                    next_stats = now + self.config.stats_interval_s
                     self._scan_groups()
                     if self.config.flight_stats:
                         self._read_flight()
@@ -271,6 +273,11 @@ class Agent:
                     self._heartbeat()
                     self._sample_gpu()
                     self._capture_stuck_stacks()
+                elif now >= next_stats:
+                    next_stats = now + self.config.stats_interval_s
+                    # A summary between heartbeats; not one just before the next heartbeat's.
+                    if next_tick - now > 0.5 * self.config.stats_interval_s:
+                        self._flush_stats()
                 else:
                     self.tracker.summarise()
                     self._sample_flight(now)
@@ -280,7 +287,7 @@ class Agent:
             wait = self.config.async_poll_s if self.tracker.pending else 0.1
             if self._flight:  # wake for the next sample, not on a fixed 0.1 s grid
                 wait = min(wait, max(0.01, self._flight_sample_at - time.monotonic()))
-            self._stop.wait(min(wait, max(0.0, next_tick - time.monotonic())))
+            self._stop.wait(min(wait, max(0.0, min(next_tick, next_stats) - time.monotonic())))
         try:
             self.tracker.poll_async()
             self._scan_groups()

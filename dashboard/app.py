@@ -505,8 +505,8 @@ class LivePush:
                 self.ingest.lag.paused(slept - tick)
             try:
                 # Diagnosis of a 1,024-rank job takes ~45 ms of a GIL it shares with ingest:
-                # run it once a second (verdicts are seconds apart anyway) and at most a
-                # quarter of the time.
+                # judge the moments of the findings book's grid (every 0.5 s) that no batch
+                # has judged yet, at most a quarter of the time.
                 started = time.monotonic()
                 if started >= next_diagnosis:
                     self.ingest.diagnose_live()

@@ -76,16 +76,32 @@ def stop_ranks(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
             p.wait()
 
 
-def _tell_findings(findings: list[dict], told: set[str]) -> set[str]:
-    """Print findings not printed yet; returns their ids."""
-    new = set()
-    for f in reversed(findings):  # oldest first
-        if f["id"] in told or not f["active"]:
+def incident_line(inc: dict) -> str:
+    """One incident as one line, as the job page leads with it: severity, class (and the
+    kind of its root-cause finding), blamed ranks, summary, next step."""
+    cls = inc["id"].split(":", 1)[0]
+    kind = cls if cls == inc["kind"] else f"{cls} ({inc['kind']})"
+    ranks = inc["ranks"]
+    who = (" on " + ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+           if ranks else "")
+    n = len(inc.get("findings") or ())
+    return (f"{inc['severity'].upper()} {kind}{who}: {inc['summary']} "
+            f"Next step: {inc['hint']} [{n} finding{'s' if n != 1 else ''}]")
+
+
+def _tell_incidents(found: list[dict], told: dict[str, tuple]) -> None:
+    """Print each incident that appeared, turned critical or resolved since last told
+    (``told``: incident id -> (active, severity) when it was last printed; updated)."""
+    for inc in reversed(found):  # oldest first
+        now = (inc["active"], inc["severity"])
+        was = told.get(inc["id"])
+        if was == now or (was is None and not inc["active"]):
             continue
-        new.add(f["id"])
-        click.echo(f"pgdash demo: {f['severity'].upper()} {f['kind']}: {f['summary']}\n"
-                   f"             hint: {f['hint']}")
-    return new
+        told[inc["id"]] = now
+        if not inc["active"]:
+            click.echo(f"pgdash demo: resolved: {inc['summary']}")
+        else:
+            click.echo(f"pgdash demo: {incident_line(inc)}")
 
 
 def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str,
@@ -112,7 +128,7 @@ def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str,
                          scenario)
     ingest = server.app.extensions["pgdash"]
     job_id = None
-    told: set[str] = set()
+    told: dict[str, tuple] = {}
     try:
         while True:
             if job_id is None:
@@ -122,7 +138,7 @@ def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str,
                     job_id = match["id"]
                     click.echo(f"pgdash demo: live job page: {server.url}/jobs/{job_id}")
             else:
-                told |= _tell_findings(ingest.findings(job_id) or [], told)
+                _tell_incidents(ingest.incidents(job_id) or [], told)
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 failed = [i for i, c in enumerate(codes) if c != 0]
@@ -131,7 +147,7 @@ def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str,
                 if steps:
                     time.sleep(1.5)  # let the last updates reach the page
                     if job_id is not None:
-                        _tell_findings(ingest.findings(job_id) or [], told)
+                        _tell_incidents(ingest.incidents(job_id) or [], told)
                     return 1 if failed else 0
                 click.echo("pgdash demo: the dashboard stays up; Ctrl-C stops it")
                 while True:

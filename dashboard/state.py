@@ -126,8 +126,8 @@ class JobState:
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
-        # (group, rank) -> recent (t, count, sum_us, p50_us, p25_us) summaries, for the
-        # straggler and slow rules (quantiles tell a peer late at nearly every collective
+        # (group, rank) -> recent (t, count, sum_us, p50_us, p25_us, histogram) summaries, for
+        # the straggler and slow rules (quantiles tell a peer late at nearly every collective
         # from a few long waits, or from waits spread at random)
         self.recent: dict[tuple[str, int], collections.deque] = {}
         # (group, rank) -> per heartbeat (t, samples in flight, samples) of the Flight Recorder,
@@ -278,7 +278,10 @@ class JobState:
                 hist[bucket] = hist.get(bucket, 0) + n
         for group, point in per_group.items():
             mean = point[2] / max(1, point[1])
-            point[3:] = [_quantile_us(point[3], 0.5, mean), _quantile_us(point[3], 0.25, mean)]
+            hist = point[3]
+            # The histogram stays (compact) so that the straggler rule can pool intervals.
+            point[3:] = [_quantile_us(hist, 0.5, mean), _quantile_us(hist, 0.25, mean),
+                         tuple(sorted(hist.items()))]
             window = self.recent.get((group, r.rank))
             if window is None:
                 window = self.recent[(group, r.rank)] = collections.deque(

@@ -17,7 +17,6 @@ this long turns a group's laggards from amber to red, as the ``stall`` rule woul
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, Iterable
 
 from dashboard.diagnosis import Settings
@@ -180,9 +179,10 @@ def timeline_grid(state: JobState, bins: int = 30) -> dict[str, Any]:
     for (g, rank), window in state.recent.items():
         rows = busy_of.setdefault(families.get(g, g), {})
         row = rows.get(rank)
-        n = len(window)
         prev_end = None
-        for end, _count, sum_us, *_ in itertools.islice(window, max(0, n - bins - 1), None):
+        # The whole window (RECENT_INTERVALS summaries): at half-second summaries the
+        # newest ``bins`` of them would cover half the grid.
+        for end, _count, sum_us, *_ in window:
             b = int(end) - first
             dt = end - prev_end if prev_end is not None else 1.0
             prev_end = end
@@ -190,7 +190,9 @@ def timeline_grid(state: JobState, bins: int = 30) -> dict[str, Any]:
                 continue
             if row is None:
                 row = rows[rank] = [None] * bins
-            pct = round(sum_us / 1e4 / (dt if 0.2 < dt < 10 else 1.0))
+            # Summaries of under a second (PGDASH_STATS_INTERVAL_S) share a bin: their busy
+            # times add up; a longer one is spread over its seconds.
+            pct = round(sum_us / 1e4 / (dt if 1.0 < dt < 10 else 1.0))
             row[b] = min(100, pct if row[b] is None else row[b] + pct)
     order = list(dict.fromkeys(families[name] for name in sorted(state.groups,
                                                                  key=group_order)))

@@ -36,6 +36,12 @@ def test_config_errors_name_the_variable():
     with pytest.raises(ValueError, match="unknown option"):
         AgentConfig.from_env({}, colour="blue")
     assert AgentConfig.from_env({"PGDASH_JOB": "x"}, interval_s=0.5).interval_s == 0.5
+    # Latency summaries: every half second by default, never less often than heartbeats.
+    assert AgentConfig.from_env({}).stats_interval_s == 0.5
+    assert AgentConfig.from_env({"PGDASH_INTERVAL_S": "0.1"}).stats_interval_s == 0.1
+    with pytest.raises(ValueError, match="PGDASH_STATS_INTERVAL_S \\(2\\) must be at most "
+                                         "PGDASH_INTERVAL_S \\(1\\)"):
+        AgentConfig.from_env({"PGDASH_STATS_INTERVAL_S": "2"})
 
 
 def test_bad_setting_leaves_training_untouched():

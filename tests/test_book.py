@@ -117,7 +117,7 @@ def test_the_book_keeps_first_seen_the_earliest_and_resolved_findings_inactive()
     log = running(2)  # at t=100
     progress(log, 0, 101, ("0", 3, 2, "all_reduce", 101.0))
     progress(log, 1, 101, ("0", 2, 2, None, None))
-    book = Book(Settings(hang_after=5.0))
+    book = Book(Settings(hang_after=5.0, diagnose_every=1.0))  # whole seconds
     book.start(100.0)
     changes = book.tick_through(log.state(), 107.0)
     assert [(c.at, [(ch.value, f["kind"]) for ch, f in c.findings]) for c in changes] == [

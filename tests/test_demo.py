@@ -1,5 +1,6 @@
-"""`pgdash demo` as a newcomer runs it: a server, real ranks, the URL, findings printed."""
+"""`pgdash demo` as a newcomer runs it: a server, real ranks, the URL, incidents printed."""
 
+import re
 import subprocess
 import sys
 
@@ -22,16 +23,22 @@ def test_healthy_demo_shows_a_live_job_and_ends_cleanly(tmp_path):
     code, out = demo(tmp_path, "--ranks", "4", "--steps", "30")
     assert code == 0, out
     assert "live job page: http://127.0.0.1:" in out and "training ended cleanly" in out
-    assert "CRITICAL" not in out and "WARNING straggler" not in out
+    assert "CRITICAL" not in out and "WARNING" not in out, out
 
 
 def test_crash_scenario_prints_the_culprit(tmp_path):
     code, out = demo(tmp_path, "--ranks", "3", "--steps", "60", "--scenario", "crash",
                      timeout=240)
     assert code == 1, out
-    assert "CRITICAL rank_failed: Rank 1 failed" in out, out
-    assert "injected failure on rank 1" in out
-    assert "rank_failed: Rank 0" not in out and "rank_failed: Rank 2" not in out
+    # One incident, as the page leads with it: severity, class (root-cause kind), blamed
+    # rank, summary, next step, how many findings are its evidence.
+    told = [line for line in out.splitlines() if line.startswith("pgdash demo: CRITICAL")]
+    assert len(told) == 1, out
+    assert told[0].startswith("pgdash demo: CRITICAL crash (rank_failed) on rank 1: Rank 1 "
+                              "failed"), out
+    assert "injected failure on rank 1" in told[0]
+    assert re.search(r" Next step: .+ \[\d+ findings?\]$", told[0]), told[0]
+    assert "on rank 0" not in out and "on rank 2" not in out and "WARNING" not in out
 
     # After the job: export it, replay the file, import it elsewhere, replay that.
     code, out = pgdash(tmp_path, "export", "1", "-o", "crash.jsonl", "--db",

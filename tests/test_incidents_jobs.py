@@ -1,10 +1,12 @@
 """Incidents on real gloo jobs: a frozen rank is one incident (a stall, then the hang), told
-to a real webhook; a checkpoint pause on a DP x TP mesh says nothing at the default settings."""
+to a real webhook; a checkpoint pause on a DP x TP mesh says nothing at the default settings;
+a slow rank is one straggler incident."""
 
 from __future__ import annotations
 
 import http.server
 import json
+import sqlite3
 import threading
 import urllib.request
 
@@ -104,6 +106,42 @@ def test_a_checkpoint_pause_on_a_mesh_says_nothing_at_the_default_settings(tmp_p
                 if f["severity"] in ("warning", "critical")]
         assert loud == []
         assert incidents(srv, job["id"]) == []
+    finally:
+        stop(procs)
+        srv.stop()
+
+
+def test_a_straggler_is_one_incident_judged_on_half_second_summaries(tmp_path):
+    """At the default settings the agents summarise latencies every half second and the
+    server names the slow rank (bench/detect.py measures how many steps that takes)."""
+    db = tmp_path / "pgdash.db"
+    srv = ServerProcess(f"sqlite:///{db}", log_path=tmp_path / "server.log").start()
+    procs = launch_job("fault_job.py", 3, srv.url, "slow", tmp_path,
+                       args=["straggler", "40", "150"])
+    try:
+        job = wait_for(lambda: job_by_name(srv, "slow"), 60, "the job")
+        found = wait_for(lambda: [i for i in incidents(srv, job["id"]) if i["active"]], 60,
+                         "an incident")
+        assert [(i["id"], i["kind"], i["severity"], i["ranks"]) for i in found] == [
+            ("straggler:r2", "straggler", "warning", [2])], found
+        assert wait_job(procs, 120, tmp_path) == [0, 0, 0]
+        loud = {(i["id"], tuple(i["ranks"])) for i in incidents(srv, job["id"])
+                if i["severity"] in ("warning", "critical")}
+        assert loud == {("straggler:r2", (2,))}, loud
+        wait_for(lambda: srv.api(f"/api/jobs/{job['id']}")["status"] == "finished", 30,
+                 "the job to finish")
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            counts = dict(con.execute(
+                "SELECT e.kind, COUNT(*) FROM events e JOIN sessions s ON s.id = e.session "
+                "WHERE e.job_id = ? AND s.rank = 2 AND e.kind IN ('coll_stats', 'heartbeat') "
+                "GROUP BY e.kind", (job["id"],)).fetchall())
+        finally:
+            con.close()
+        # Two summaries per heartbeat (PGDASH_STATS_INTERVAL_S 0.5, PGDASH_INTERVAL_S 1),
+        # less the first and last partial intervals.
+        assert counts["heartbeat"] >= 5 and counts["coll_stats"] >= 1.6 * counts["heartbeat"], \
+            counts
     finally:
         stop(procs)
         srv.stop()

@@ -121,13 +121,14 @@ def test_findings_are_stored_and_survive_a_restart_resolved_ones_included(ingest
     now[0] = 1014.0
     ingest.diagnose_live()
     (resolved,) = ingest.findings(sessions[0][1])
-    assert not resolved["active"] and resolved["last_seen"] == 1012.0
+    # (last seen at the last moment of the grid before rank 2's news: 1012.5)
+    assert not resolved["active"] and resolved["last_seen"] == 1012.5
 
     # A restarted server rebuilds the book from the log, on the same moments: the same times.
     restarted = Ingest(ingest.store, clock=lambda: 1030.0, settings=ingest.settings).start()
     (kept,) = restarted.findings(sessions[0][1])
     assert kept["id"] == hang["id"] and not kept["active"] and kept["ranks"] == [2]
-    assert (kept["first_seen"], kept["last_seen"]) == (1009.0, 1012.0)
+    assert (kept["first_seen"], kept["last_seen"]) == (1009.0, 1012.5)
 
 
 @pytest.fixture
@@ -176,9 +177,10 @@ def test_state_at_a_past_moment_is_what_was_known_then(hang_job):
     assert done["job"]["status"] == "finished"
     assert [f for f in done["findings"] if f["active"]] == []
     # The book keeps what resolved, with the times live showed: the hang judged from 114
-    # (in flight since 104, hang_after 10) to 129, the last moment before the exits.
+    # (in flight since 104, hang_after 10) to 129.5, the last moment of the grid (every
+    # 0.5 s) before the exits.
     (hang,) = [f for f in done["findings"] if f["kind"] == "hang"]
-    assert (hang["first_seen"], hang["last_seen"]) == (114.0, 129.0)
+    assert (hang["first_seen"], hang["last_seen"]) == (114.0, 129.5)
     assert any(hang["id"] in i["findings"] for i in done["incidents"])
     assert ingest.state_at(12345, 131.0) is None
 

@@ -160,3 +160,22 @@ def test_summary_asked_after_every_event_matches_a_fresh_fold():
         assert live.summary() == fresh.summary(), f"after event {i}: {ev['kind']}"
     final = live.summary()
     assert final["status"] == "failed" and final["ended_at"] == 17 and final["started_at"] == 5
+
+
+def test_half_second_summaries_share_a_heat_map_second():
+    # PGDASH_STATS_INTERVAL_S 0.5: two summaries per second, 300 ms inside collectives each,
+    # are 60 % of that second (not twice 60 %); a 2 s summary is spread over its seconds.
+    from agent.wire import hist_bucket
+
+    def summary(start, end, busy_us):
+        return {"start": start, "end": end, "rows": [
+            {"group": "0", "op": "all_reduce", "count": 10, "bytes": 40, "sum_us": busy_us,
+             "max_us": busy_us / 10, "hist": [[hist_bucket(busy_us / 10), 10]]}]}
+
+    log = two_running_ranks()
+    for end in (19.9, 20.4, 20.9, 21.4, 21.9):
+        log.add("s0", "coll_stats", summary(end - 0.5, end, 3e5), t=end)
+    log.add("s0", "coll_stats", summary(21.9, 23.9, 8e5), t=23.9)
+    grid = views.timeline_grid(log.state(), bins=4)
+    assert grid["end"] == 23
+    assert grid["families"][0]["busy"][0] == [60, 60, None, 40]

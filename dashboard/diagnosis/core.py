@@ -26,8 +26,10 @@ class Severity(str, enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class Settings:
     # Findings are judged on the moments k * diagnose_every (Unix seconds), live and in
-    # replay alike (dashboard.diagnosis.book): the same moments give the same times.
-    diagnose_every: float = 1.0
+    # replay alike (dashboard.diagnosis.book): the same moments give the same times. Half a
+    # second, as agents summarise latencies (PGDASH_STATS_INTERVAL_S): a summary that makes
+    # a straggler conclusive is judged at most this long after it arrives (bench/detect.py).
+    diagnose_every: float = 0.5
     hang_after: float = 60.0  # --hang-after: a collective waiting this long is a hang
     # A collective some ranks wait in while a peer has not entered it is a `stall` once the
     # wait reaches the largest of these (measured on real gloo jobs: see README, "Stall"):
@@ -41,11 +43,17 @@ class Settings:
     # reconnects after a network blip, or after acks came late from a busy server).
     reconnect_grace: float = 1.5
     init_grace: float = 3.0  # after the latest arrival, missing ranks are named
-    straggler_min_intervals: int = 2  # recent summaries (about seconds) a straggler must span
-    straggler_min_calls: int = 20  # ... holding at least this many collectives on every rank
-    straggler_consistency: float = 0.75  # ... the same rank clearly waiting least (ratio and
-    # floor below, per interval) in this share of them: a single pause (a checkpoint, a CPU
-    # stall of a crowded host) makes one interval of long waits, never a straggler
+    # Stragglers (measured with bench/detect.py; see the rule's docstring and README):
+    straggler_min_intervals: int = 1  # latency summaries (PGDASH_STATS_INTERVAL_S) a window spans
+    straggler_min_calls: int = 16  # ... holding at least this many collectives on every rank
+    straggler_late_share: float = 0.9  # ... the others clearly waited longer (ratio and floor
+    # below) than the straggler's median at this share of their collectives: a single pause
+    # (a checkpoint, a CPU stall of a crowded host) is one long wait, random jitter makes each
+    # rank wait at about half of them; a straggler makes them wait at nearly every one
+    # ... when the others' waits are steady: their wait at the late share's low end at least
+    # this share of the one at its high end (a rank slower by about the same time at every
+    # step; jitter, or a crowded host's scheduler, spreads them); else on twice the calls
+    straggler_steady: float = 0.5
     straggler_persist: int = 1  # ... judged so on this many consecutive windows
     straggler_ratio: float = 3.0  # the others wait this many times longer than the straggler
     straggler_min_wait_us: float = 2000.0  # ... and at least this much longer per collective

@@ -7,7 +7,8 @@ Every rank runs 5 all_reduces, then the fault:
   desync    the last rank calls broadcast where the others call all_reduce
   ddp-hang  DDP training; the last rank sleeps before a backward, so the others wait inside
             DDP's C++ all-reduce, which only the Flight Recorder sees
-  straggler after the first steps the last rank's step takes 20% longer (argv[3] steps more)
+  straggler after the first steps the last rank's step takes 20% longer (argv[3] steps more;
+            it prints "STEP <n> <unix time>" as it ends each slow step)
   crash     rank 1 raises an exception
   kill      rank 1 kills itself with SIGKILL
   healthy   no fault
@@ -103,9 +104,11 @@ elif scenario == "straggler":
     more = int(sys.argv[3]) if len(sys.argv) > 3 else 60
     if rank == last:
         fault("rank's steps take 20% longer")
-    for _ in range(more):
+    for i in range(more):
         time.sleep(0.06 if rank == last else 0.05)
         dist.all_reduce(t)
+        if rank == last:  # for counting the steps to detection (bench/detect.py)
+            print(f"STEP {i + 1} {time.time():.6f}", flush=True)
 elif scenario == "ddp-hang":
     from torch.nn.parallel import DistributedDataParallel as DDP
 
