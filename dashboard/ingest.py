@@ -484,7 +484,8 @@ class Ingest:
             self.counters["duplicate_events"] += len(evs)
             return 0
         now = self.clock()
-        ids = self.store.insert_events(conn, job_id, session, fresh, now)
+        ids = self.store.insert_events(conn, job_id, session, fresh, now,
+                                       want_ids=self.cluster is None)
         if self.cluster is not None:  # the log's tail folds it, here and in the owner
             self._max_seq[session] = last
             self.counters["duplicate_events"] += len(evs) - len(fresh)
