@@ -31,7 +31,8 @@ database and one Redis (the K = 1 row runs the same cluster code path, so the ro
 in the process count: the reference in the same run). Agent r connects to process r mod K, as
 a round-robin load balancer would place them. Freshness is probed on EVERY process's job API
 (each must show all ranks, also those connected to the other process), acks and CPU are per
-process, and the CPU of PostgreSQL, Redis and of the bench's own agents is reported too: on a
+process (with the seconds per second its threads waited, runnable, for a CPU: on a shared
+machine what a server got is not what it needed), and the CPU of PostgreSQL, Redis and of the bench's own agents is reported too: on a
 small machine they share the cores with the servers. ``--db``/``--queue`` name servers you
 run; without ``--db`` the bench starts a throwaway PostgreSQL and redis-server on loopback
 (``tests/realservers.py``: Debian's ``postgresql`` and ``redis-server`` packages), a fresh
@@ -319,6 +320,20 @@ def proc_stats(pid: int) -> tuple[float, int, int]:
     return cpu, rss, threads
 
 
+def runq_wait(pid: int) -> float:
+    """Seconds the process's threads have spent runnable but waiting for a CPU
+    (``/proc/PID/task/*/schedstat``, second field). Per second of wall time, it tells a
+    server short of CPU because the machine is busy apart from a server that is idle: on a
+    shared machine its own CPU share is what it got, not what it needed."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread gone meanwhile
+            continue
+    return total / 1e9
+
+
 def tree_cpu(pid: int) -> float:
     """CPU seconds of a process and its children alive now (PostgreSQL's backends are
     children of the postmaster; one per connection, so they come and go)."""
@@ -464,6 +479,7 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines) -> 
         job_id = job["id"] if job else None
         engine_pids = engines.pids()
         cpu0 = [proc_stats(pid)[0] for pid in pids]
+        wait0 = [runq_wait(pid) for pid in pids]
         engine_cpu0 = {name: tree_cpu(pid) for name, pid in engine_pids.items()}
         own_cpu0 = time.process_time()
         t0 = time.monotonic()
@@ -502,6 +518,7 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines) -> 
             await asyncio.gather(*(probe(i, url) for i, url in enumerate(urls)))
         window = time.monotonic() - t0
         after = [proc_stats(pid) for pid in pids]
+        waited = [(runq_wait(pid) - w0) / window for pid, w0 in zip(pids, wait0)]
         engine_cpu = {name: (tree_cpu(pid) - engine_cpu0[name]) / window
                       for name, pid in engine_pids.items()}
         own_cpu = (time.process_time() - own_cpu0) / window
@@ -522,7 +539,8 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines) -> 
             "process": i + 1, "ranks_connected_here": sum(1 for a in agents if a.server == i),
             "fresh_p50": pct(ages[i], 0.5), "fresh_p95": pct(ages[i], 0.95),
             "ack_p95": pct(bench.acks[i], 0.95), "acks": len(bench.acks[i]),
-            "cpu_core": cpu[i], "rss_mb": after[i][1] / 2**20, "threads": after[i][2],
+            "cpu_core": cpu[i], "runq_wait": waited[i],
+            "rss_mb": after[i][1] / 2**20, "threads": after[i][2],
             "lag_max": max(lags[i]) if lags[i] else None,
             "owns_job": None if owned[i] is None else owned[i] > 0,
         } for i in range(k)]
@@ -604,15 +622,16 @@ def table(rows: list[dict]) -> None:
                   f"| {r['reconnects']} |")
         return
     print("| K | ranks | process | ranks on it | owns job | freshness p50 / p95 on its API "
-          "| ack p95 | CPU | RSS | lag max |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| ack p95 | CPU | waited for a CPU | RSS | lag max |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         for p in r["per_process"]:
             owns = {None: "?", True: "yes", False: "no"}[p["owns_job"]]
             print(f"| {r['processes']} | {r['ranks']} | #{p['process']} "
                   f"| {p['ranks_connected_here']} | {owns} "
                   f"| {fmt(p['fresh_p50'])} / {fmt(p['fresh_p95'])} s | {fmt(p['ack_p95'])} s "
-                  f"| {fmt(100 * p['cpu_core'], '.0f')}% | {fmt(p['rss_mb'], '.0f')} MB "
+                  f"| {fmt(100 * p['cpu_core'], '.0f')}% "
+                  f"| {fmt(p.get('runq_wait'), '.2f')} s/s | {fmt(p['rss_mb'], '.0f')} MB "
                   f"| {fmt(p['lag_max'])} s |")
     print()
     print("| K | ranks | all connected | worst p95 fresh | held (p95 <= goal, no finding) "

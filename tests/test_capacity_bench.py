@@ -38,7 +38,7 @@ def test_two_processes_report_each_ones_figures(pg_url, redis_url, tmp_path):
         # Its API showed every rank, also those connected to the other process (a rank it
         # did not show would be an infinite age).
         assert p["fresh_p50"] is not None and math.isfinite(p["fresh_p50"]), p
-        assert p["cpu_core"] > 0 and p["rss_mb"] > 0, p
+        assert p["cpu_core"] > 0 and p["rss_mb"] > 0 and p["runq_wait"] >= 0, p
     # One owner diagnoses the job; the other only stores and serves.
     assert sorted(p["owns_job"] for p in per) == [False, True], per
     assert row["findings"] == [], row  # a healthy job raises nothing
