@@ -32,8 +32,9 @@ in the process count: the reference in the same run). Agent r connects to proces
 a round-robin load balancer would place them. Freshness is probed on EVERY process's job API
 (each must show all ranks, also those connected to the other process), acks and CPU are per
 process (with the seconds per second its threads waited, runnable, for a CPU: on a shared
-machine what a server got is not what it needed), and the CPU of PostgreSQL, Redis and of the bench's own agents is reported too: on a
-small machine they share the cores with the servers. ``--db``/``--queue`` name servers you
+machine what a server got is not what it needed), and the CPU of PostgreSQL, Redis and the
+bench's own agents is reported too: on a small machine they share the cores with the
+servers. ``--db``/``--queue`` name servers you
 run; without ``--db`` the bench starts a throwaway PostgreSQL and redis-server on loopback
 (``tests/realservers.py``: Debian's ``postgresql`` and ``redis-server`` packages), a fresh
 database per run. A run is **held** when every rank connected, the worst p95 freshness over
