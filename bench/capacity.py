@@ -25,10 +25,29 @@ Measured per N, over ``--seconds`` of steady state after everybody connected:
 Reference in the same run: the first N given (e.g. 64) is a load any version holds, so a
 busy machine shows up as worse figures there too.
 
+Several server processes (issue 11): ``--processes 1,2`` runs every N on K = 1 and then 2
+``pgdash serve --db postgresql+psycopg://... --queue redis://...`` processes sharing one
+database and one Redis (the K = 1 row runs the same cluster code path, so the rows differ only
+in the process count: the reference in the same run). Agent r connects to process r mod K, as
+a round-robin load balancer would place them. Freshness is probed on EVERY process's job API
+(each must show all ranks, also those connected to the other process), acks and CPU are per
+process (with the seconds per second its threads waited, runnable, for a CPU: on a shared
+machine what a server got is not what it needed), and the CPU of PostgreSQL, Redis and the
+bench's own agents is reported too: on a small machine they share the cores with the
+servers. ``--db``/``--queue`` name servers you
+run; without ``--db`` the bench starts a throwaway PostgreSQL and redis-server on loopback
+(``tests/realservers.py``: Debian's ``postgresql`` and ``redis-server`` packages), a fresh
+database per run. A run is **held** when every rank connected, the worst p95 freshness over
+the processes is at most ``--goal`` (2 s, issue 13's goal) and the healthy job raised no
+finding.
+
 A measurement, not a test: exit status 0 whatever the figures. From the repository root::
 
     python bench/capacity.py                         # 256 and 1,024 ranks, v2
     python bench/capacity.py --ranks 64,256,1024 --wire v1 --seconds 40
+    python bench/capacity.py --processes 1,2 --ranks 256,512     # throwaway PostgreSQL+Redis
+    python bench/capacity.py --processes 1,2 --ranks 512 \
+        --db postgresql+psycopg://pgdash@127.0.0.1:5432/pgdash --queue redis://127.0.0.1:6379/0
 """
 
 from __future__ import annotations
@@ -38,9 +57,9 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -140,6 +159,8 @@ class Agent:
 
     def __init__(self, bench: "Bench", rank: int):
         self.bench, self.rank = bench, rank
+        self.server = rank % len(bench.ws_urls)  # round robin, as a TCP balancer places them
+        self.ws_url = bench.ws_urls[self.server]
         self.session = uuid.uuid4().hex
         self.seq = 0
         self.sent: dict[int, float] = {}  # batch id -> send time (monotonic)
@@ -199,15 +220,14 @@ class Agent:
     def _acked(self, batch_id: int) -> None:
         sent = self.sent.pop(batch_id, None)
         if sent is not None and self.bench.measuring:
-            self.bench.acks.append(time.monotonic() - sent)
+            self.bench.acks[self.server].append(time.monotonic() - sent)
 
 
 class SocketIOAgent(Agent):
     """Protocol v1: Engine.IO 4 / Socket.IO 5 frames, the ``/agent`` namespace, JSON."""
 
     async def _connect(self) -> None:
-        b = self.bench
-        self.ws = await websockets.connect(f"{b.ws_url}/socket.io/?EIO=4&transport=websocket",
+        self.ws = await websockets.connect(f"{self.ws_url}/socket.io/?EIO=4&transport=websocket",
                                            max_size=None, open_timeout=60, ping_interval=None)
         opened = await asyncio.wait_for(self.ws.recv(), 60)
         if not opened.startswith("0"):
@@ -244,8 +264,7 @@ class CompactAgent(Agent):
     """Protocol v2: a plain websocket, one MessagePack frame per batch (agent.wire)."""
 
     async def _connect(self) -> None:
-        b = self.bench
-        self.ws = await websockets.connect(f"{b.ws_url}{wire.AGENT_V2_PATH}", max_size=None,
+        self.ws = await websockets.connect(f"{self.ws_url}{wire.AGENT_V2_PATH}", max_size=None,
                                            open_timeout=60, ping_interval=None)
         await self.ws.send(wire.encode_v2({"auth": {**self.auth(), "v": 2}}))
         reply = wire.decode_v2(await asyncio.wait_for(self.ws.recv(), 60))
@@ -265,17 +284,18 @@ class CompactAgent(Agent):
 
 
 class Bench:
-    def __init__(self, url: str, world: int, ops: int, job: str):
-        self.url, self.ws_url = url, "ws" + url[len("http"):]
+    def __init__(self, urls: list[str], world: int, ops: int, job: str):
+        self.urls = urls
+        self.ws_urls = ["ws" + u[len("http"):] for u in urls]
         self.world, self.ops, self.job = world, ops, job
         self.member = {r: [g for g in gs] for r, gs in mesh_groups(world).items()}
         self.connected = self.reconnects = 0
         self.last_error: str | None = None
-        self.acks: list[float] = []
+        self.acks: dict[int, list[float]] = {i: [] for i in range(len(urls))}
         self.measuring = False
 
 
-# -- the server under test ------------------------------------------------------------------
+# -- the servers under test -----------------------------------------------------------------
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -301,6 +321,34 @@ def proc_stats(pid: int) -> tuple[float, int, int]:
     return cpu, rss, threads
 
 
+def runq_wait(pid: int) -> float:
+    """Seconds the process's threads have spent runnable but waiting for a CPU
+    (``/proc/PID/task/*/schedstat``, second field). Per second of wall time, it tells a
+    server short of CPU because the machine is busy apart from a server that is idle: on a
+    shared machine its own CPU share is what it got, not what it needed."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread gone meanwhile
+            continue
+    return total / 1e9
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and its children alive now (PostgreSQL's backends are
+    children of the postmaster; one per connection, so they come and go)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(stat.parent.name) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
+
+
 def metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
@@ -315,25 +363,104 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def run_one(world: int, args, workdir: Path) -> dict:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    db = workdir / f"capacity-{world}.db"
-    log = open(workdir / f"server-{world}.log", "wb")
-    server = subprocess.Popen([sys.executable, "-m", "dashboard", "serve", "--port", str(port),
-                               "--db", f"sqlite:///{db}", *args.server_args.split()],
-                              stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+class Engines:
+    """Where a run's servers store and talk: a SQLite file per run (one process), or a
+    PostgreSQL database and Redis shared by K processes, given or started here."""
+
+    def __init__(self, args, workdir: Path):
+        self.args, self.workdir = args, workdir
+        self.pg = self.redis = None
+        self.queue = args.queue
+        if args.processes and not args.db:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from realservers import PostgresServer, RedisServer, postgres_bin
+
+            bin_dir = postgres_bin()
+            redis_bin = shutil.which("redis-server")
+            if bin_dir is None or not (bin_dir / "postgres").exists() or redis_bin is None:
+                raise SystemExit("bench/capacity.py: --processes without --db starts a throwaway "
+                                 "PostgreSQL and redis-server, and this machine lacks "
+                                 f"{'initdb/postgres' if bin_dir is None else 'redis-server'}: "
+                                 "install Debian's postgresql and redis-server packages, or "
+                                 "give --db postgresql+psycopg://... and --queue redis://...")
+            self.pg = PostgresServer(bin_dir).start()
+            if not self.queue:
+                self.redis = RedisServer(redis_bin).start()
+                self.queue = self.redis.url
+
+    def db_url(self, world: int, k: int) -> str:
+        if self.pg is not None:
+            return self.pg.new_database()  # every run on an empty database, like the SQLite runs
+        if self.args.db:
+            return self.args.db  # yours: runs share it, each under its own job name
+        return f"sqlite:///{self.workdir / f'capacity-{world}.db'}"
+
+    def pids(self) -> dict[str, int]:
+        """Engine processes whose CPU is measured (those started here)."""
+        out = {}
+        if self.pg is not None and self.pg.proc is not None:
+            out["postgres"] = self.pg.proc.pid
+        if self.redis is not None and self.redis.proc is not None:
+            out["redis"] = self.redis.proc.pid
+        return out
+
+    def stop(self) -> None:
+        for srv in (self.redis, self.pg):
+            if srv is not None:
+                srv.stop()
+
+
+async def start_servers(k: int, db: str, queue: str | None, args, workdir: Path, tag: str):
+    """K ``pgdash serve`` processes on one store, each answering before the next starts
+    (each migrates the database on start; one after the other keeps the logs readable)."""
+    servers: list[tuple[str, subprocess.Popen]] = []
+    logs = []
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                get(url + "/api/jobs", 2)
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit(f"server did not start; see {log.name}")
-                await asyncio.sleep(0.2)
-        bench = Bench(url, world, args.ops, f"capacity-{world}-{uuid.uuid4().hex[:6]}")
+        for i in range(k):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            log = open(workdir / f"server-{tag}-p{i + 1}.log", "wb")
+            logs.append(log)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "dashboard", "serve", "--port", str(port), "--db", db,
+                 *(["--queue", queue] if queue else []), *args.server_args.split()],
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            servers.append((url, proc))
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    get(url + "/api/jobs", 2)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise SystemExit(f"server {i + 1} did not start; see {log.name}")
+                    await asyncio.sleep(0.2)
+    except BaseException:
+        stop_servers(servers, logs)
+        raise
+    return servers, logs
+
+
+def stop_servers(servers, logs) -> None:
+    for _, proc in servers:
+        proc.send_signal(signal.SIGTERM)
+    for _, proc in servers:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for log in logs:
+        log.close()
+
+
+async def run_one(world: int, k: int, args, workdir: Path, engines: Engines) -> dict:
+    db = engines.db_url(world, k)
+    servers, logs = await start_servers(k, db, engines.queue, args, workdir, f"{world}-k{k}")
+    urls = [url for url, _ in servers]
+    pids = [proc.pid for _, proc in servers]
+    try:
+        bench = Bench(urls, world, args.ops, f"capacity-{world}-k{k}-{uuid.uuid4().hex[:6]}")
         cls = CompactAgent if args.wire == "v2" else SocketIOAgent
         agents = [cls(bench, r) for r in range(world)]
         stop = asyncio.Event()
@@ -348,66 +475,102 @@ async def run_one(world: int, args, workdir: Path) -> dict:
         connect_s = time.monotonic() - t_connect
         all_connected = bench.connected >= world
         await asyncio.sleep(args.settle)
-        job = next((j for j in get(url + "/api/jobs")["jobs"] if j["name"] == bench.job), None)
+        job = next((j for j in get(urls[0] + "/api/jobs")["jobs"] if j["name"] == bench.job),
+                   None)
         job_id = job["id"] if job else None
-        cpu0, _, _ = proc_stats(server.pid)
+        engine_pids = engines.pids()
+        cpu0 = [proc_stats(pid)[0] for pid in pids]
+        wait0 = [runq_wait(pid) for pid in pids]
+        engine_cpu0 = {name: tree_cpu(pid) for name, pid in engine_pids.items()}
+        own_cpu0 = time.process_time()
         t0 = time.monotonic()
         bench.measuring = True
         reconnects0 = bench.reconnects
-        ages: list[float] = []
-        lags: list[float] = []
+        ages: list[list[float]] = [[] for _ in urls]
+        lags: list[list[float]] = [[] for _ in urls]
+        owned: list[float | None] = [None] * k
         loop = asyncio.get_running_loop()
         probe_errors: list[str] = []
-        while time.monotonic() - t0 < args.seconds:
-            await asyncio.sleep(args.probe)
+
+        async def probe(i: int, url: str) -> None:
             try:
                 detail = await loop.run_in_executor(None, get, f"{url}/api/jobs/{job_id}")
             except (OSError, ValueError) as exc:  # a server too busy to answer: all stale
-                probe_errors.append(f"job: {type(exc).__name__}: {exc}")
-                ages += [float("inf")] * world
-                continue
+                probe_errors.append(f"p{i + 1} job: {type(exc).__name__}: {exc}")
+                ages[i].extend([float("inf")] * world)
+                return
             now = time.time()
-            ages += [now - r["last_seen"] for r in detail["ranks"] if r["last_seen"]]
-            ages += [float("inf")] * (world - len(detail["ranks"]))
+            ages[i].extend(now - r["last_seen"] for r in detail["ranks"] if r["last_seen"])
+            ages[i].extend([float("inf")] * (world - len(detail["ranks"])))
             try:
                 text = (await loop.run_in_executor(None, get, url + "/metrics")).decode()
             except (OSError, ValueError) as exc:
-                probe_errors.append(f"metrics: {type(exc).__name__}: {exc}")
-                continue
+                probe_errors.append(f"p{i + 1} metrics: {type(exc).__name__}: {exc}")
+                return
             lag = metric(text, "pgdash_ingest_lag_seconds")
             if lag is not None:
-                lags.append(lag)
+                lags[i].append(lag)
+            owned[i] = metric(text, "pgdash_cluster_owned_jobs")
+
+        while time.monotonic() - t0 < args.seconds:
+            await asyncio.sleep(args.probe)
+            # Every process at the same moment: each must show every rank, wherever it is
+            # connected.
+            await asyncio.gather(*(probe(i, url) for i, url in enumerate(urls)))
         window = time.monotonic() - t0
-        cpu1, rss, threads = proc_stats(server.pid)
+        after = [proc_stats(pid) for pid in pids]
+        waited = [(runq_wait(pid) - w0) / window for pid, w0 in zip(pids, wait0)]
+        engine_cpu = {name: (tree_cpu(pid) - engine_cpu0[name]) / window
+                      for name, pid in engine_pids.items()}
+        own_cpu = (time.process_time() - own_cpu0) / window
         bench.measuring = False
-        try:
-            findings = get(f"{url}/api/jobs/{job_id}/findings", 120)["findings"]
-        except (OSError, ValueError) as exc:
-            findings = [{"kind": f"unreadable ({type(exc).__name__})", "severity": "warning"}]
+        kinds: set[str] = set()
+        for url in urls:  # stored findings are shared; each process is asked all the same
+            try:
+                findings = get(f"{url}/api/jobs/{job_id}/findings", 120)["findings"]
+            except (OSError, ValueError) as exc:
+                findings = [{"kind": f"unreadable ({type(exc).__name__})",
+                             "severity": "warning"}]
+            kinds |= {f"{f['kind']}:{f['severity']}" for f in findings
+                      if f["severity"] in ("warning", "critical")}
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
-        cpu = cpu1 - cpu0
-        return {
-            "ranks": world, "connected": all_connected, "connect_s": connect_s,
-            "fresh_p50": pct(ages, 0.5), "fresh_p95": pct(ages, 0.95),
-            "ack_p95": pct(bench.acks, 0.95), "acks": len(bench.acks),
-            "cpu_core": cpu / window, "cpu_rank_hour": cpu / window / world * 3600,
-            "rss_mb": rss / 2**20, "threads": threads,
-            "lag_max": max(lags) if lags else None,
-            "findings": sorted({f"{f['kind']}:{f['severity']}" for f in findings
-                                if f["severity"] in ("warning", "critical")}),
+        cpu = [(a[0] - c0) / window for a, c0 in zip(after, cpu0)]
+        per = [{
+            "process": i + 1, "ranks_connected_here": sum(1 for a in agents if a.server == i),
+            "fresh_p50": pct(ages[i], 0.5), "fresh_p95": pct(ages[i], 0.95),
+            "ack_p95": pct(bench.acks[i], 0.95), "acks": len(bench.acks[i]),
+            "cpu_core": cpu[i], "runq_wait": waited[i],
+            "rss_mb": after[i][1] / 2**20, "threads": after[i][2],
+            "lag_max": max(lags[i]) if lags[i] else None,
+            "owns_job": None if owned[i] is None else owned[i] > 0,
+        } for i in range(k)]
+        all_acks = [a for i in range(k) for a in bench.acks[i]]
+        worst_p95 = max((p["fresh_p95"] for p in per if p["fresh_p95"] is not None),
+                        default=None)
+        row = {
+            "ranks": world, "processes": k, "store": db.split(":", 1)[0],
+            "connected": all_connected, "connect_s": connect_s,
+            "fresh_p50": max((p["fresh_p50"] for p in per if p["fresh_p50"] is not None),
+                             default=None),
+            "fresh_p95": worst_p95,
+            "ack_p95": pct(all_acks, 0.95), "acks": len(all_acks),
+            "cpu_core": sum(cpu), "cpu_rank_hour": sum(cpu) / world * 3600,
+            "rss_mb": sum(p["rss_mb"] for p in per), "threads": sum(p["threads"] for p in per),
+            "lag_max": max((p["lag_max"] for p in per if p["lag_max"] is not None),
+                           default=None),
+            "engine_cpu_core": engine_cpu, "bench_cpu_core": own_cpu,
+            "findings": sorted(kinds),
             "reconnects": bench.reconnects - reconnects0, "last_error": bench.last_error,
             "probe_errors": probe_errors[:3] + ([f"... {len(probe_errors)} in all"]
                                                if len(probe_errors) > 3 else []),
+            "per_process": per,
         }
+        row["held"] = bool(all_connected and worst_p95 is not None
+                           and worst_p95 <= args.goal and not row["findings"])
+        return row
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+        stop_servers(servers, logs)
 
 
 def fmt(v, spec=".2f"):
@@ -416,6 +579,79 @@ def fmt(v, spec=".2f"):
     if isinstance(v, float) and v == float("inf"):
         return "inf"
     return format(v, spec)
+
+
+def parse_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"bench/capacity.py: {flag} takes comma-separated whole numbers, "
+                         f"got {text!r}") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"bench/capacity.py: {flag} needs numbers of at least 1, got {text!r}")
+    return values
+
+
+def check_engines(args, processes: list[int]) -> None:
+    """Refuse, with what to do, the combinations the servers would refuse later."""
+    if args.db and not args.db.startswith("postgresql"):
+        if max(processes) > 1 or args.queue:
+            raise SystemExit("bench/capacity.py: --db must be a PostgreSQL URL "
+                             "(postgresql+psycopg://USER@HOST:PORT/DB) with --processes above 1 "
+                             f"or --queue; got {args.db!r}. SQLite is a one-process store.")
+    if args.queue and not args.queue.startswith(("redis://", "rediss://", "unix://")):
+        raise SystemExit(f"bench/capacity.py: --queue must be a redis:// URL, got {args.queue!r}")
+    if args.db and max(processes) > 1 and not args.queue:
+        raise SystemExit(f"bench/capacity.py: --processes {max(processes)} needs --queue "
+                         "redis://HOST:PORT/DB: several pgdash serve processes share job "
+                         "ownership and live pushes through Redis. Give --queue, or leave out "
+                         "--db and the bench starts a throwaway PostgreSQL and Redis itself.")
+
+
+def table(rows: list[dict]) -> None:
+    cluster = any(r["processes"] > 1 or r["store"] != "sqlite" for r in rows)
+    if not cluster:
+        print("| ranks | all connected | freshness p50 / p95 | ack p95 | server CPU | CPU-s per "
+              "rank-hour | RSS | threads | lag max | findings | reconnects |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['ranks']} | {'yes' if r['connected'] else 'NO'} "
+                  f"({r['connect_s']:.0f} s) | {fmt(r['fresh_p50'])} / {fmt(r['fresh_p95'])} s "
+                  f"| {fmt(r['ack_p95'])} s | {fmt(100 * r['cpu_core'], '.0f')}% of a core "
+                  f"| {fmt(r['cpu_rank_hour'])} | {fmt(r['rss_mb'], '.0f')} MB | {r['threads']} "
+                  f"| {fmt(r['lag_max'])} s | {', '.join(r['findings']) or 'none'} "
+                  f"| {r['reconnects']} |")
+        return
+    print("| K | ranks | process | ranks on it | owns job | freshness p50 / p95 on its API "
+          "| ack p95 | CPU | waited for a CPU | RSS | lag max |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        for p in r["per_process"]:
+            owns = {None: "?", True: "yes", False: "no"}[p["owns_job"]]
+            print(f"| {r['processes']} | {r['ranks']} | #{p['process']} "
+                  f"| {p['ranks_connected_here']} | {owns} "
+                  f"| {fmt(p['fresh_p50'])} / {fmt(p['fresh_p95'])} s | {fmt(p['ack_p95'])} s "
+                  f"| {fmt(100 * p['cpu_core'], '.0f')}% "
+                  f"| {fmt(p.get('runq_wait'), '.2f')} s/s | {fmt(p['rss_mb'], '.0f')} MB "
+                  f"| {fmt(p['lag_max'])} s |")
+    print()
+    print("| K | ranks | all connected | worst p95 fresh | held (p95 <= goal, no finding) "
+          "| servers' CPU | CPU-s per rank-hour | PostgreSQL CPU | Redis CPU | bench agents' CPU "
+          "| findings | reconnects |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        eng = r["engine_cpu_core"]
+        print(f"| {r['processes']} | {r['ranks']} | {'yes' if r['connected'] else 'NO'} "
+              f"({r['connect_s']:.0f} s) | {fmt(r['fresh_p95'])} s "
+              f"| {'yes' if r['held'] else 'NO'} | {fmt(100 * r['cpu_core'], '.0f')}% "
+              f"| {fmt(r['cpu_rank_hour'])} "
+              f"| {fmt(100 * eng['postgres'], '.0f') + '%' if 'postgres' in eng else '-'} "
+              f"| {fmt(100 * eng['redis'], '.0f') + '%' if 'redis' in eng else '-'} "
+              f"| {fmt(100 * r['bench_cpu_core'], '.0f')}% "
+              f"| {', '.join(r['findings']) or 'none'} | {r['reconnects']} |")
+    for k in sorted({r["processes"] for r in rows}):
+        held = [r["ranks"] for r in rows if r["processes"] == k and r["held"]]
+        print(f"K={k}: largest N held: {max(held) if held else 'none of those tried'}")
 
 
 def main() -> None:
@@ -430,29 +666,47 @@ def main() -> None:
     p.add_argument("--ops", type=int, default=9, help="coll_stats rows per rank-second")
     p.add_argument("--server-args", default="", help="extra arguments to pgdash serve")
     p.add_argument("--keep", metavar="DIR", help="keep the databases and server logs in DIR")
+    p.add_argument("--processes", metavar="K[,K...]",
+                   help="comma-separated numbers of pgdash serve processes sharing PostgreSQL "
+                        "and Redis, each N run on each K (e.g. 1,2); without --db, a throwaway "
+                        "PostgreSQL and redis-server are started here")
+    p.add_argument("--db", metavar="URL",
+                   help="postgresql+psycopg://USER@HOST:PORT/DB the servers share (yours; runs "
+                        "share it under distinct job names)")
+    p.add_argument("--queue", metavar="URL",
+                   help="redis://HOST:PORT/DB between the processes (needed with K > 1)")
+    p.add_argument("--goal", type=float, default=2.0,
+                   help="p95 freshness (s) a held run stays within (issue 13: 2 s)")
+    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
     args = p.parse_args()
-    print(f"pgdash capacity: wire {args.wire}, {args.seconds:.0f} s measured per N, "
-          f"{os.cpu_count()} CPUs; simulated agents in this process (asyncio), server in its "
-          "own process", flush=True)
+    worlds = parse_list(args.ranks, "--ranks")
+    processes = parse_list(args.processes, "--processes") if args.processes else [1]
+    check_engines(args, processes)
+    where = ("SQLite" if not (args.processes or args.db) else
+             f"PostgreSQL{' + Redis' if args.queue or not args.db else ''}"
+             f" ({'yours' if args.db else 'throwaway, started here'})")
+    print(f"pgdash capacity: wire {args.wire}, {args.seconds:.0f} s measured per run, "
+          f"{os.cpu_count()} CPUs; simulated agents in this process (asyncio), each server in "
+          f"its own process; store {where}; processes {','.join(map(str, processes))}",
+          flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="pgdash-capacity-") as tmp:
         if args.keep:
             tmp = args.keep
             Path(tmp).mkdir(parents=True, exist_ok=True)
-        for world in [int(x) for x in args.ranks.split(",")]:
-            row = asyncio.run(run_one(world, args, Path(tmp)))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        engines = Engines(args, Path(tmp))
+        try:
+            for world in worlds:
+                for k in processes:
+                    row = asyncio.run(run_one(world, k, args, Path(tmp), engines))
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        finally:
+            engines.stop()
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
     print()
-    print("| ranks | all connected | freshness p50 / p95 | ack p95 | server CPU | CPU-s per "
-          "rank-hour | RSS | threads | lag max | findings | reconnects |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['ranks']} | {'yes' if r['connected'] else 'NO'} ({r['connect_s']:.0f} s) "
-              f"| {fmt(r['fresh_p50'])} / {fmt(r['fresh_p95'])} s | {fmt(r['ack_p95'])} s "
-              f"| {fmt(100 * r['cpu_core'], '.0f')}% of a core | {fmt(r['cpu_rank_hour'])} "
-              f"| {fmt(r['rss_mb'], '.0f')} MB | {r['threads']} | {fmt(r['lag_max'])} s "
-              f"| {', '.join(r['findings']) or 'none'} | {r['reconnects']} |")
+    table(rows)
 
 
 if __name__ == "__main__":

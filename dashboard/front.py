@@ -262,8 +262,17 @@ class AgentLink(asyncio.Protocol):
         if pending is None:
             self._send({"id": batch_id, **ack})
             return
-        pending.add_done_callback(lambda fut: self.front.loop.call_soon_threadsafe(
-            self._committed, batch_id, events, ack, fut))
+        pending.add_done_callback(
+            lambda fut: self._hand_back(self._committed, batch_id, events, ack, fut))
+
+    def _hand_back(self, *call) -> None:
+        """Writer thread: pass a commit's outcome to the loop. A stopping server has closed
+        its loop while the writer drains: the agent was not acknowledged and resends, so
+        there is nothing to do (and a traceback per queued batch would slow the drain)."""
+        try:
+            self.front.loop.call_soon_threadsafe(*call)
+        except RuntimeError:
+            pass
 
     def _committed(self, batch_id: int, events: list, ack: dict[str, Any],
                    fut: concurrent.futures.Future) -> None:

@@ -335,7 +335,8 @@ class Ingest:
         if not fresh:
             return 0
         with self.books.stamping() as now:
-            ids = self.store.insert_events(conn, job_id, session, fresh, now)
+            ids = self.store.insert_events(conn, job_id, session, fresh, now,
+                                           want_ids=self.cluster is None)
             self.admission.stored(session, last)
             self.counters["stored_events"] += len(fresh)
             if self.cluster is not None:  # the log's tail folds it, here and in the owner

@@ -195,6 +195,7 @@ class Store:
         self.write_errors = 0
         self._next_id: int | None = None  # see _allocate_ids
         self._deferred: list[tuple] = []  # event rows of this transaction, see insert_events
+        self._deferred_rows: list[dict[str, Any]] = []  # the same, other databases
         # Called on the writer thread after a failed transaction, so that whoever keeps
         # derived state in memory can drop it and re-read what was really stored.
         self.on_write_failure: Callable[[], None] | None = None
@@ -262,6 +263,7 @@ class Store:
     def _run(self, batch: list[tuple[Callable, concurrent.futures.Future, float]]) -> None:
         results = []
         self._deferred = []
+        self._deferred_rows = []
         try:
             with self.engine.begin() as conn:
                 if self.engine.dialect.name == "sqlite":
@@ -270,6 +272,8 @@ class Store:
                     results.append(task(conn))
                 if self._deferred:
                     conn.exec_driver_sql(_SQLITE_INSERT_EVENT, self._deferred)
+                if self._deferred_rows:
+                    conn.execute(sa.insert(events), self._deferred_rows)
             self.commits += 1
         except Exception as exc:
             self._next_id = None  # rolled back: number from what is really stored
@@ -308,15 +312,21 @@ class Store:
                                                 host=host, pid=pid, first_seen=now))
 
     def insert_events(self, conn: sa.Connection, job_id: int, session: str,
-                      rows: list[dict[str, Any]], now: float) -> list[int]:
-        """Insert events; returns their ids in order.
+                      rows: list[dict[str, Any]], now: float,
+                      want_ids: bool = True) -> list[int]:
+        """Insert events; returns their ids in order (``[]`` off SQLite with ``want_ids``
+        false).
 
         On SQLite, the one writer numbers the rows itself (from MAX(id), read once) and
         inserts all of a transaction's rows with one executemany of the
         driver just before it commits: a few microseconds a row, where a RETURNING insert
         through SQLAlchemy cost ~0.15 ms a batch, the largest share of the writer's time per
         rank. Other databases, which several server processes may write at once, number
-        rows themselves (RETURNING).
+        rows themselves (RETURNING). A caller that needs no ids (several processes: the
+        log's tail folds what was stored) has its rows inserted with the whole transaction's,
+        in one executemany before the commit: on PostgreSQL a RETURNING insert per batch is
+        one round trip each, which kept the one writer waiting on the network most of its
+        time at a few hundred ranks (``bench/capacity.py --processes``).
         """
         if not rows:
             return []
@@ -329,6 +339,9 @@ class Store:
         params = [{"job_id": job_id, "session": session, "seq": row.get("seq"), "t": row["t"],
                    "received_at": now, "kind": row["kind"], "body": encode_json(row["body"])}
                   for row in rows]
+        if not want_ids:
+            self._deferred_rows.extend(params)
+            return []
         result = conn.execute(
             sa.insert(events).returning(events.c.id, sort_by_parameter_order=True), params)
         return [r[0] for r in result]
