@@ -71,6 +71,7 @@ class Server:
 
     def start(self) -> "Server":
         self.app.extensions["pgdash_pusher"].start()
+        self.app.extensions["pgdash_compactor"].start()
         if self.front is not None:
             self.front.start()
         else:
@@ -83,13 +84,16 @@ class Server:
             self.front.stop()
         else:
             self._server.shutdown()
+        self.app.extensions["pgdash_compactor"].close()
         self.app.extensions["pgdash"].store.close()
 
 
 def make_server(db: str, host: str, port: int, token: str | None = None,
                 hang_after: float | None = None, tls: tuple[str, str] | None = None,
                 queue: str | None = None, lease: float | None = None,
-                notify: str | None = None, stall_after: float | None = None) -> Server:
+                notify: str | None = None, stall_after: float | None = None,
+                keep_full: float | None = None,
+                keep_around_findings: float | None = None) -> Server:
     from dashboard.app import create_app
     from dashboard.tls import TLSError, server_context
 
@@ -109,6 +113,10 @@ def make_server(db: str, host: str, port: int, token: str | None = None,
         config["NOTIFY"] = notify
     if stall_after is not None:
         config["STALL_AFTER"] = stall_after
+    if keep_full is not None:
+        config["KEEP_FULL_S"] = keep_full
+    if keep_around_findings is not None:
+        config["KEEP_AROUND_FINDINGS_S"] = keep_around_findings
     try:
         app = create_app(config)
     except ValueError as exc:
@@ -155,9 +163,19 @@ def make_server(db: str, host: str, port: int, token: str | None = None,
 @click.option("--notify", envvar="PGDASH_NOTIFY", show_envvar=True, metavar="URL",
               help="POST each new, escalated and resolved incident as JSON to this webhook "
                    "(Slack-compatible `text`).")
+@click.option("--keep-full", type=click.FloatRange(min=0), default=None,
+              envvar="PGDASH_KEEP_FULL_S", show_envvar=True,
+              help="Seconds of each job's newest events kept at full resolution; older routine "
+                   "events are thinned to one summary a minute (0: keep everything). "
+                   "Default 900.")
+@click.option("--keep-around-findings", type=click.FloatRange(min=0), default=None,
+              envvar="PGDASH_KEEP_AROUND_FINDINGS_S", show_envvar=True,
+              help="Seconds before and after every finding kept at full resolution. "
+                   "Default 300.")
 def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
           tls_cert: str | None, tls_key: str | None, hang_after: float, queue: str | None,
-          lease: float, stall_after: float, notify: str | None) -> None:
+          lease: float, stall_after: float, notify: str | None, keep_full: float | None,
+          keep_around_findings: float | None) -> None:
     """Run the server: agents report to it, browsers watch it."""
     if not token and not _is_loopback(host):
         if not insecure:
@@ -178,7 +196,7 @@ def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
         sys.exit(2)
     server = make_server(db, host, port, token, hang_after,
                          (tls_cert, tls_key) if tls_cert else None, queue, lease, notify,
-                         stall_after).start()
+                         stall_after, keep_full, keep_around_findings).start()
     _tune_gc()
     # A service manager stops with SIGTERM: stop as on Ctrl-C, so that with --queue this
     # process hands its jobs over at once instead of after its leases run out.

@@ -24,7 +24,7 @@ from dashboard.lag import LAG_WARN_S, IngestLag
 from dashboard.metrics import LiveJob
 from dashboard.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
-from dashboard.storage import Store, decode_json, describe_write_error
+from dashboard.storage import Store, describe_write_error, load_body
 
 
 log = logging.getLogger("pgdash.server")
@@ -544,7 +544,7 @@ class Ingest:
                 touched[row["job_id"]] = state.summary()
             state.apply({"id": row["id"], "session": row["session"], "seq": row["seq"],
                          "t": row["t"], "received_at": row["received_at"],
-                         "kind": row["kind"], "body": decode_json(row["body"])})
+                         "kind": row["kind"], "body": load_body(row)})
             if row["seq"] is not None:
                 newest[row["session"]] = max(row["t"], newest.get(row["session"], row["t"]))
         # Here the fold follows the log's tail, so the lag includes the time events took to

@@ -8,6 +8,14 @@ every ``spacing`` log positions while folding, spread out as they grow in number
 only of states of at most ``copy_sessions`` agent sessions: a 1,024-rank state is tens of
 megabytes, so a big job keeps its cursor alone (forward is cheap, backward refolds).
 
+Persistent checkpoints (the ``checkpoints`` table) are what a big job scrubs backwards from,
+and what any job starts from after a restart: while folding, the state is stored each time
+the fold crosses a multiple of ``persist_every_s`` seconds of arrival time (the state then
+holds exactly the events that arrived before that moment). One function pair stores and
+loads a state, dashboard.codec's ``encode_state`` / ``decode_state``. Their moments are
+multiples of the compaction cell (dashboard.compaction), so compaction never rewrites what
+a stored checkpoint holds half of; the in-memory points it may have, it is told to forget.
+
 Moments are arrival times (``received_at``), which the single writer thread stamps in log
 order; a state "at T" holds every event that arrived by T.
 """
@@ -18,11 +26,17 @@ import bisect
 import collections
 import copy
 import dataclasses
+import logging
+import math
+import queue
 import threading
 from typing import Callable, TypeVar
 
+from dashboard.codec import decode_state, encode_state
 from dashboard.state import JobState
 from dashboard.storage import Store
+
+log = logging.getLogger("pgdash.rewind")
 
 T = TypeVar("T")
 
@@ -36,8 +50,13 @@ class _Point:
 
 class Rewind:
     def __init__(self, store: Store, max_jobs: int = 4, checkpoints: int = 16,
-                 spacing: int = 2000, copy_sessions: int = 256):
+                 spacing: int = 2000, copy_sessions: int = 256,
+                 persist_every_s: float = 300.0):
         self.store = store
+        self.persist_every_s = persist_every_s  # PGDASH_CHECKPOINT_S; 0: none stored
+        self._persisted: dict[int, set[float]] = {}  # by job: moments stored already
+        self.checkpoints_loaded = 0  # for tests and the bench
+        self.checkpoints_saved = 0
         self.max_jobs, self.max_checkpoints = max_jobs, checkpoints
         self.spacing, self.copy_sessions = spacing, copy_sessions
         self._lock = threading.Lock()
@@ -64,19 +83,72 @@ class Rewind:
         marks = self._checkpoints.get(job_id, [])
         i = bisect.bisect_right([m.at for m in marks], at)
         best = marks[i - 1] if i else None
-        if cursor is not None and cursor.at <= at and (best is None or
-                                                       cursor.last_id >= best.last_id):
-            return cursor  # continue forward, in place
+        near = cursor if cursor is not None and cursor.at <= at else None
+        # A stored checkpoint costs a decode: worth it over the cursor only if far ahead.
+        above = max(best.last_id if best else 0, near.last_id + self.spacing if near else 0)
+        stored = self._load(job_id, at, above)
+        if stored is not None:
+            return stored
+        if near is not None and (best is None or near.last_id >= best.last_id):
+            return near
         if best is not None:
             return _Point(best.at, best.last_id, copy.deepcopy(best.state))
         return _Point(float("-inf"), 0, JobState(job_id, name))
+
+    def _load(self, job_id: int, at: float, above: int) -> _Point | None:
+        """The stored checkpoint nearest before ``at``, if it is ahead of id ``above``."""
+        if not self.persist_every_s:
+            return None
+        found = self.store.checkpoint_before(job_id, at, above)
+        if found is None:
+            return None
+        try:
+            state = decode_state(found[2])
+        except ValueError:
+            log.exception("pgdash: checkpoint %s of job %s unreadable; folding without it",
+                          found[0], job_id)
+            return None
+        self.checkpoints_loaded += 1
+        return _Point(found[1], found[0], state)
+
+    def _persist(self, job_id: int, boundary: float, last_id: int, state: JobState) -> None:
+        """Store the state as the checkpoint at ``boundary`` (once; never waits for it)."""
+        done = self._persisted.get(job_id)
+        if done is None:
+            done = self._persisted[job_id] = self.store.checkpoint_moments(job_id)
+        if boundary in done:
+            return
+        done.add(boundary)
+        data = encode_state(state)
+        try:
+            self.store.submit_nowait(lambda conn: self.store.save_checkpoint(
+                conn, job_id, last_id, boundary, data))
+            self.checkpoints_saved += 1
+        except queue.Full:  # an overloaded writer: a later fold stores it
+            done.discard(boundary)
+
+    def forget(self, job_id: int, start: float, end: float) -> None:
+        """Compaction rewrote the log's arrivals in [start, end): drop in-memory states whose
+        last event lies there (one may hold part of what a summary now stands for)."""
+        with self._lock:
+            cursor = self._cursors.get(job_id)
+            if cursor is not None and start <= cursor.at < end:
+                del self._cursors[job_id]
+            marks = self._checkpoints.get(job_id)
+            if marks:
+                marks[:] = [m for m in marks if not start <= m.at < end]
 
     def _fold(self, job_id: int, point: _Point, at: float) -> _Point:
         state, last_id, last_at = point.state, point.last_id, point.at
         marks = self._checkpoints.get(job_id) or []
         marked = max((m.last_id for m in marks if m.last_id <= last_id), default=0)
+        every = self.persist_every_s
         for ev in self.store.job_events(job_id, after=last_id):
             self.events_read += 1
+            if every and last_id:
+                boundary = math.floor(ev["received_at"] / every) * every
+                if last_at < boundary:  # the state holds exactly what arrived before it
+                    self._persist(job_id, boundary, last_id, state)
             if ev["received_at"] > at:
                 break
             state.apply(ev)
