@@ -1,8 +1,9 @@
 """Compaction: bounded storage, by thinning routine events once they are old and quiet.
 
 A job's log keeps every event at full resolution for its most recent ``keep_full_s``
-seconds (of arrival time, counted back from the job's newest event) and within
-``around_findings_s`` of every finding. Beyond that, the log is cut into cells of
+seconds (of arrival time, counted back from the job's newest event), each session's own
+last ``keep_full_s`` seconds (a rank that exited early keeps its final minutes), and
+within ``around_findings_s`` of every finding. Beyond that, the log is cut into cells of
 ``cell_s`` seconds, and within a cell each agent session keeps:
 
 - ``heartbeat``: its last one (progress and drop counts are "latest wins" in the fold);
@@ -125,7 +126,8 @@ def _throttled(body: dict[str, Any]) -> bool:
 
 def plan(events: Iterable[dict[str, Any]], cell_s: float,
          keep: list[tuple[float, float]] = (),
-         throttled: dict[str, bool] | None = None) -> tuple[dict[int, dict], list[int]]:
+         throttled: dict[str, bool] | None = None,
+         session_floor: dict[str, float] | None = None) -> tuple[dict[int, dict], list[int]]:
     """What to rewrite and delete to compact whole cells of one job's log (a pure function).
 
     Args:
@@ -134,6 +136,7 @@ def plan(events: Iterable[dict[str, Any]], cell_s: float,
         keep: (start, end) arrival-time ranges kept at full resolution.
         throttled: per session, whether its last GPU reading before these events was
             throttled (updated in place; unknown sessions keep their first reading).
+        session_floor: per session, the arrival time from which its events are all kept.
 
     Returns:
         (event id -> new body, ids to delete).
@@ -160,7 +163,10 @@ def plan(events: Iterable[dict[str, Any]], cell_s: float,
             by_key[(ev["session"], ev["kind"])].append(ev)
         if whole:
             continue
-        for (_, kind), group in by_key.items():
+        for (session, kind), group in by_key.items():
+            floor = (session_floor or {}).get(session)
+            if floor is not None:
+                group = [ev for ev in group if ev["received_at"] < floor]
             if len(group) < 2:
                 continue
             last = group[-1]
@@ -241,11 +247,13 @@ class Compactor:
                  f["last_seen"] + self.policy.around_findings_s)
                 for f in self.store.job_findings(job_id)]
         throttled = self._throttled.setdefault(job_id, {})
+        floors = {session: last - self.policy.keep_full_s
+                  for session, last in self.store.session_last_arrivals(job_id).items()}
         removed = 0
         while start < horizon and not self._stop.is_set():
             end = min(horizon, start + cell * self.cells_per_task)
             evs = list(self.store.events_until(job_id, self._done_id.get(job_id, 0), end))
-            updates, deletes = plan(evs, cell, keep, throttled)
+            updates, deletes = plan(evs, cell, keep, throttled, floors)
             if updates or deletes:
                 self.store.submit(lambda conn: self.store.compact_events(conn, updates,
                                                                           deletes),

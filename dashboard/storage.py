@@ -469,6 +469,17 @@ class Store:
                 out.append((job_id, at[lo], at[hi]))
             return out
 
+    def session_last_arrivals(self, job_id: int) -> dict[str, float]:
+        """Per agent session of the job, when its newest event arrived (index lookups)."""
+        newest = (sa.select(events.c.session, sa.func.max(events.c.id).label("last"))
+                  .where(events.c.session.in_(sa.select(sessions.c.id)
+                                              .where(sessions.c.job_id == job_id)))
+                  .group_by(events.c.session).subquery())
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(newest.c.session, events.c.received_at)
+                                .join(events, events.c.id == newest.c.last)).all()
+        return {session: at for session, at in rows}
+
     def events_until(self, job_id: int, after: int, end: float) -> Iterator[dict[str, Any]]:
         """The job's events after id ``after`` that arrived before ``end``, in log order."""
         for ev in self.job_events(job_id, chunk=2000, after=after):
