@@ -16,6 +16,7 @@ from dashboard.compaction import COMPACTABLE, Compactor, Policy, plan
 from dashboard.rewind import Rewind
 from dashboard.state import JobState
 from dashboard.storage import Store, upgrade
+from realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 
 T0 = 1_780_000_000.0
 RANKS = 4
@@ -269,5 +270,25 @@ def test_a_database_at_the_previous_revision_upgrades_and_reads_back_identically
         assert sorted(kinds) == [(0, 5), (1, len(events))]  # old rows left as they were
         got = list(store.job_events(1))
         assert [ev["body"] for ev in got] == [ev["body"] for ev in events + more]
+    finally:
+        store.close()
+
+
+def test_compaction_and_stored_checkpoints_work_on_postgres(pg_url):
+    store = Store(pg_url).start()
+    try:
+        events = _job_events(900, hang=(T0 + 300, T0 + 360))
+        job_id = _store_job(store, events)
+        removed = Compactor(store, Policy(keep_full_s=240, around_findings_s=60)).run_once()
+        stored = list(store.job_events(job_id))
+        assert removed == len(events) - len(stored) > len(events) // 2
+        assert _views(_fold(stored)) == _views(_fold(events))
+        first = Rewind(store, copy_sessions=0, persist_every_s=120.0)
+        first.view(job_id, "j", stored[-1]["received_at"], lambda s: None)
+        store.wait_idle()
+        restarted = Rewind(store, copy_sessions=0, persist_every_s=120.0)
+        at = T0 + 800.5  # inside the window: folds the same as the full log
+        assert restarted.view(job_id, "j", at, _views) == _views(_fold(stored, at))
+        assert restarted.checkpoints_loaded == 1
     finally:
         store.close()
