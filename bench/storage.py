@@ -84,7 +84,7 @@ def simulate(args, db: Path) -> dict:
     if Compactor is not None and args.keep_full > 0:
         compactor = Compactor(store, Policy(keep_full_s=args.keep_full,
                                             around_findings_s=args.keep_around_findings),
-                              on_compacted=ingest.rewind.forget)
+                              guard=ingest.rewind.compacting)
     rng = random.Random(args.seed)
     world = args.ranks
     groups = mesh_groups(world)

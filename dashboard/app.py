@@ -140,7 +140,7 @@ def _compactor(config: dict[str, Any], ingest: Ingest) -> Compactor:
         raise ValueError(f"PGDASH_CHECKPOINT_S ({every:g}) must be 0 (none) or a multiple of "
                          f"PGDASH_COMPACT_CELL_S ({policy.cell_s:g})")
     ingest.rewind.persist_every_s = every
-    return Compactor(ingest.store, policy, on_compacted=ingest.rewind.forget,
+    return Compactor(ingest.store, policy, guard=ingest.rewind.compacting,
                      owns=lambda job_id: ingest.cluster is None or ingest.cluster.owns(job_id))
 
 

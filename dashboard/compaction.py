@@ -32,12 +32,13 @@ connections and writes each batch of cells as one task on the store's writer thr
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import math
 import os
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, ContextManager, Iterable
 
 from dashboard.state import THROTTLE_REASONS
 from dashboard.storage import Store
@@ -186,16 +187,18 @@ class Compactor:
     Args:
         store: the database (reads here, writes through ``store.submit``).
         policy: the window and cell settings.
-        on_compacted: told ``(job_id, start, end)`` after cells in [start, end) of arrival
-            time were rewritten, so that whoever holds states folded from them forgets them.
+        guard: ``guard(job_id, start, end)``, a context held while cells in [start, end) of
+            arrival time are rewritten, so that whoever folds states from the log neither
+            reads them half rewritten nor keeps states it folded from them
+            (``Rewind.compacting``).
         owns: whether this process should compact a job (several server processes).
     """
 
     def __init__(self, store: Store, policy: Policy,
-                 on_compacted: Callable[[int, float, float], None] | None = None,
+                 guard: Callable[[int, float, float], ContextManager] | None = None,
                  owns: Callable[[int], bool] | None = None, cells_per_task: int = 5):
         self.store, self.policy = store, policy
-        self.on_compacted, self.owns = on_compacted, owns
+        self.guard, self.owns = guard, owns
         self.cells_per_task = cells_per_task
         self._done_upto: dict[int, float] = {}  # job -> cells below this are compacted
         self._done_id: dict[int, int] = {}  # job -> the last event id in those cells
@@ -255,11 +258,12 @@ class Compactor:
             evs = list(self.store.events_until(job_id, self._done_id.get(job_id, 0), end))
             updates, deletes = plan(evs, cell, keep, throttled, floors)
             if updates or deletes:
-                self.store.submit(lambda conn: self.store.compact_events(conn, updates,
-                                                                          deletes),
-                                  timeout=120.0)
-                if self.on_compacted is not None:
-                    self.on_compacted(job_id, start, end)
+                guard = self.guard(job_id, start, end) if self.guard else \
+                    contextlib.nullcontext()
+                with guard:
+                    self.store.submit(lambda conn: self.store.compact_events(conn, updates,
+                                                                              deletes),
+                                      timeout=120.0)
             removed += len(deletes)
             self.deleted += len(deletes)
             self.rewritten += len(updates)

@@ -14,7 +14,7 @@ the fold crosses a multiple of ``persist_every_s`` seconds of arrival time (the 
 holds exactly the events that arrived before that moment). One function pair stores and
 loads a state, dashboard.codec's ``encode_state`` / ``decode_state``. Their moments are
 multiples of the compaction cell (dashboard.compaction), so compaction never rewrites what
-a stored checkpoint holds half of; the in-memory points it may have, it is told to forget.
+a stored checkpoint holds half of; it holds ``compacting`` meanwhile, and in-memory points go.
 
 Moments are arrival times (``received_at``), which the single writer thread stamps in log
 order; a state "at T" holds every event that arrived by T.
@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import copy
 import dataclasses
 import logging
 import math
 import queue
 import threading
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from dashboard.codec import decode_state, encode_state
 from dashboard.state import JobState
@@ -127,10 +128,13 @@ class Rewind:
         except queue.Full:  # an overloaded writer: a later fold stores it
             done.discard(boundary)
 
-    def forget(self, job_id: int, start: float, end: float) -> None:
-        """Compaction rewrote the log's arrivals in [start, end): drop in-memory states whose
-        last event lies there (one may hold part of what a summary now stands for)."""
+    @contextlib.contextmanager
+    def compacting(self, job_id: int, start: float, end: float) -> Iterator[None]:
+        """Held while compaction rewrites the log's arrivals in [start, end): no fold reads
+        half of the old rows and half of the new. Then drop in-memory states whose last
+        event lies there (one may hold part of what a summary now stands for)."""
         with self._lock:
+            yield
             cursor = self._cursors.get(job_id)
             if cursor is not None and start <= cursor.at < end:
                 del self._cursors[job_id]

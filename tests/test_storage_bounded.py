@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import io
+import contextlib
 import os
 import pickle
 import random
@@ -202,8 +202,13 @@ def test_the_compactor_thins_a_stored_job_through_the_writer_and_export_still_wo
                "first_seen": T0 + 660, "last_seen": T0 + 700}
     store.submit(lambda conn: store.save_findings(conn, job_id, [finding]))
     told = []
-    compactor = Compactor(store, Policy(keep_full_s=300, around_findings_s=120),
-                          on_compacted=lambda *a: told.append(a))
+
+    @contextlib.contextmanager
+    def guard(*span):
+        told.append(span)
+        yield
+
+    compactor = Compactor(store, Policy(keep_full_s=300, around_findings_s=120), guard=guard)
     removed = compactor.run_once()
     stored = list(store.job_events(job_id))
     assert removed == len(events) - len(stored) > len(events) // 2
