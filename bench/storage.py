@@ -196,11 +196,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="pgdash-bench-") as tmp:
         db = args.db or Path(tmp) / "bench.db"
+        compaction = "off" if Compactor is None or not args.keep_full else \
+            f"--keep-full {args.keep_full:g} --keep-around-findings {args.keep_around_findings:g}"
         print(f"bench/storage: {args.ranks} ranks, {args.minutes:g} simulated minutes, "
               f"{args.ops} latency rows a summary, hang at minute {args.hang_at:g} for "
-              f"{args.hang_for:g} min; compaction "
-              f"{'off' if Compactor is None or not args.keep_full else f'--keep-full {args.keep_full:g}'}"
-              f"; {db}", flush=True)
+              f"{args.hang_for:g} min; compaction {compaction}; {db}", flush=True)
         run = simulate(args, db)
         store, ingest, job_id = run["store"], run["ingest"], run["job_id"]
         rank_hours = args.ranks * args.minutes / 60

@@ -6,7 +6,8 @@ request: minutes for a big job. Rewind keeps, per job, a cursor (the last state 
 and the last event in it) that a later moment continues from, and checkpoints (copies taken
 every ``spacing`` log positions while folding, spread out as they grow in number) that an earlier moment starts from. Copies are taken
 only of states of at most ``copy_sessions`` agent sessions: a 1,024-rank state is tens of
-megabytes, so a big job keeps its cursor alone (forward is cheap, backward refolds).
+megabytes, so a big job keeps its cursor alone in memory (backwards, it starts from the
+stored checkpoints below).
 
 Persistent checkpoints (the ``checkpoints`` table) are what a big job scrubs backwards from,
 and what any job starts from after a restart: while folding, the state is stored each time
