@@ -167,13 +167,21 @@ def disk_bytes(db: Path) -> tuple[int, int]:
     return db.stat().st_size, (pages - free) * size
 
 
-def scrub(ingest: Ingest, job_id: int, moments: list[float]) -> tuple[float, list[float]]:
-    times = []
+def scrub(ingest: Ingest, job_id: int, moments: list[float],
+          verbose: bool = False) -> tuple[float, list[float]]:
+    times, rewind, last = [], ingest.rewind, None
     for at in moments:
+        read, loaded = rewind.events_read, getattr(rewind, "checkpoints_loaded", 0)
         start = time.perf_counter()
         found = ingest.state_at(job_id, at)
         times.append(time.perf_counter() - start)
         assert found is not None and found["job"]["world_size"], "state?at= gave no job"
+        if verbose:
+            way = "" if last is None else ("forward" if at > last else "back")
+            print(f"    at +{at - moments[0]:8.0f} s {way:7} {times[-1] * 1000:7.0f} ms, "
+                  f"{rewind.events_read - read} events folded, stored checkpoint "
+                  f"{'loaded' if getattr(rewind, 'checkpoints_loaded', 0) > loaded else '-'}")
+        last = at
     return times[0], times[1:]
 
 
@@ -189,6 +197,7 @@ def main() -> None:
                         help="compactor's --keep-full (0: no compaction)")
     parser.add_argument("--keep-around-findings", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--verbose", action="store_true", help="each state?at= moment")
     parser.add_argument("--db", type=Path, help="keep the database here (default: a temp dir)")
     args = parser.parse_args()
     if args.hang_at + args.hang_for > args.minutes:
@@ -212,14 +221,14 @@ def main() -> None:
 
         rng = random.Random(args.seed)
         moments = [rng.uniform(run["t0"] + 30, run["end"]) for _ in range(args.moments)]
-        cold, warm = scrub(ingest, job_id, moments)
+        cold, warm = scrub(ingest, job_id, moments, args.verbose)
         print(f"state?at: first {cold * 1000:.0f} ms (folds up to it); then random moments "
               f"p50 {statistics.median(warm) * 1000:.0f} ms, p95 {pct(warm, 0.95) * 1000:.0f} ms, "
               f"max {max(warm) * 1000:.0f} ms ({len(warm)} moments, forward and backwards)")
         store.wait_idle()
         restarted = Ingest(store, clock=Clock(run["end"])).start()
         rng.shuffle(moments)
-        cold2, warm2 = scrub(restarted, job_id, moments)
+        cold2, warm2 = scrub(restarted, job_id, moments, args.verbose)
         print(f"state?at after a restart: first {cold2 * 1000:.0f} ms; then p50 "
               f"{statistics.median(warm2) * 1000:.0f} ms, p95 {pct(warm2, 0.95) * 1000:.0f} ms, "
               f"max {max(warm2) * 1000:.0f} ms")

@@ -493,6 +493,7 @@ class Ingest:
             return len(fresh)
         with self._states_lock:
             state = self.state(job_id)
+            self.rewind.checkpoint_live(conn, state, now)
             before = state.summary()
             for event_id, ev in zip(ids, fresh):
                 stored: StoredEvent = {"id": event_id, "session": session,

@@ -10,9 +10,11 @@ megabytes, so a big job keeps its cursor alone in memory (backwards, it starts f
 stored checkpoints below).
 
 Persistent checkpoints (the ``checkpoints`` table) are what a big job scrubs backwards from,
-and what any job starts from after a restart: while folding, the state is stored each time
-the fold crosses a multiple of ``persist_every_s`` seconds of arrival time (the state then
-holds exactly the events that arrived before that moment). One function pair stores and
+and what any job starts from after a restart: the state is stored each time a fold crosses
+a multiple of ``persist_every_s`` seconds of arrival time (the state then holds exactly the
+events that arrived before that moment), the live fold as it happens (on the writer
+thread, in the transaction of the batch that crosses it: no second fold), and a rewind
+fold where the live one did not (a job stored before, or while the server was down). One function pair stores and
 loads a state, dashboard.codec's ``encode_state`` / ``decode_state``. Their moments are
 multiples of the compaction cell (dashboard.compaction), so compaction never rewrites what
 a stored checkpoint holds half of; it holds ``compacting`` meanwhile, and in-memory points go.
@@ -59,6 +61,7 @@ class Rewind:
         self._persisted: dict[int, set[float]] = {}  # by job: moments stored already
         self.checkpoints_loaded = 0  # for tests and the bench
         self.checkpoints_saved = 0
+        self._live_period: dict[int, float] = {}  # by job: the period of its last live batch
         self.max_jobs, self.max_checkpoints = max_jobs, checkpoints
         self.spacing, self.copy_sessions = spacing, copy_sessions
         self._lock = threading.Lock()
@@ -128,6 +131,24 @@ class Rewind:
             self.checkpoints_saved += 1
         except queue.Full:  # an overloaded writer: a later fold stores it
             done.discard(boundary)
+
+    def checkpoint_live(self, conn, state: JobState, now: float) -> None:
+        """Writer thread, before a live batch that arrived at ``now`` is applied to the job's
+        live ``state``: store the state if ``now`` starts a new period (it then holds exactly
+        what arrived before the period's start)."""
+        every = self.persist_every_s
+        if not every:
+            return
+        boundary = math.floor(now / every) * every
+        previous = self._live_period.get(state.job_id)
+        self._live_period[state.job_id] = boundary
+        # Unknown previous period (first batch since the state was loaded): the state might
+        # hold events of this one already; the next period's start is stored instead.
+        if previous is None or boundary <= previous or not state.last_event_id:
+            return
+        self.store.save_checkpoint(conn, state.job_id, state.last_event_id, boundary,
+                                   encode_state(state))
+        self.checkpoints_saved += 1
 
     @contextlib.contextmanager
     def compacting(self, job_id: int, start: float, end: float) -> Iterator[None]:

@@ -501,9 +501,10 @@ class Store:
     @staticmethod
     def save_checkpoint(conn: sa.Connection, job_id: int, last_id: int, at: float,
                         state: bytes) -> None:
-        """Writer thread: store a checkpoint unless one of the same place exists."""
+        """Writer thread: store a checkpoint unless the job has one at that moment or place."""
         if conn.execute(sa.select(checkpoints.c.last_id).where(
-                checkpoints.c.job_id == job_id, checkpoints.c.last_id == last_id)).first():
+                checkpoints.c.job_id == job_id,
+                sa.or_(checkpoints.c.last_id == last_id, checkpoints.c.at == at))).first():
             return
         conn.execute(sa.insert(checkpoints).values(job_id=job_id, last_id=last_id, at=at,
                                                    state=state))

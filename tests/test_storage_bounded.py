@@ -297,3 +297,39 @@ def test_compaction_and_stored_checkpoints_work_on_postgres(pg_url):
         assert restarted.checkpoints_loaded == 1
     finally:
         store.close()
+
+
+def test_the_live_fold_stores_checkpoints_as_the_job_runs(store):
+    """No scrub needed: the writer stores the live state at each period's start, and a
+    restarted server's state?at starts from one of them."""
+    from dashboard.ingest import Ingest
+
+    clock = [T0]
+    ingest = Ingest(store, clock=lambda: clock[0]).start()
+    ingest.rewind.persist_every_s = 60.0
+    sessions = []
+    for r in range(RANKS):
+        session, job_id = ingest.connect({"v": 1, "session": f"live{r}", "job": "live",
+                                          "rank": r, "host": "h", "pid": 1})
+        sessions.append(session)
+    seq = {s: 0 for s in sessions}
+    by_second = {}
+    for ev in _job_events(400):
+        by_second.setdefault(int(ev["received_at"] - T0), []).append(ev)
+    for second, evs in sorted(by_second.items()):
+        clock[0] = T0 + second + 0.5
+        for ev in evs:
+            session = sessions[int(ev["session"][1:])]
+            seq[session] += 1
+            ack = ingest.batch(session, job_id, {"v": 1, "events": [
+                {"seq": seq[session], "t": ev["t"], "kind": ev["kind"], "body": ev["body"]}]})
+            assert ack["ok"], ack
+    store.wait_idle()
+    assert ingest.rewind.checkpoints_saved >= 5
+    restarted = Ingest(store, clock=lambda: clock[0]).start()
+    at = T0 + 250.7
+    got = restarted.rewind.view(job_id, "live", at, _views)
+    assert restarted.rewind.checkpoints_loaded == 1
+    assert restarted.rewind.events_read < 70 * 3 * RANKS  # from a checkpoint, not the start
+    assert got == _views(JobState(job_id, "live").apply_all(
+        ev for ev in store.job_events(job_id) if ev["received_at"] <= at))
