@@ -53,6 +53,7 @@ import random
 import re
 import sqlite3
 import statistics
+import string
 import subprocess
 import sys
 import threading
@@ -105,7 +106,10 @@ class WireAgent:
                 body = {"job": self.job, "rank": self.rank, "world_size": 1, "host": "bench",
                         "pid": 1}
             elif self.body_text:  # big events, to fill a disk quickly
-                body = {"where": "bench", "error_type": "Fill", "error": "x" * self.body_text}
+                # Random letters: the store compresses bodies, and a run of one letter
+                # would shrink to nothing.
+                text = "".join(random.choices(string.ascii_letters, k=self.body_text))
+                body = {"where": "bench", "error_type": "Fill", "error": text}
                 kind = "error"
             else:
                 body = {"groups": [], "buffered": self.seq}

@@ -29,6 +29,7 @@ from dashboard.lag import LAG_WARN_S
 from dashboard.live import Feed, ViewCache, sections
 from dashboard.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dashboard.metrics import Snapshot, exposition
+from dashboard.compaction import Compactor, Policy
 from dashboard.notify import Notifier
 from dashboard.resources import resource_dir
 from dashboard.storage import JOB_FIELDS as STORED_JOB_FIELDS
@@ -72,6 +73,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
                                       stall_after=float(app.config["STALL_AFTER"])),
                     on_incident=notifier).start()
     app.extensions["pgdash_notifier"] = notifier
+    app.extensions["pgdash_compactor"] = _compactor(app.config, ingest)
     socketio = SocketIO(app, async_mode="threading", async_handlers=False,
                         max_http_buffer_size=app.config["MAX_MESSAGE_BYTES"],
                         cors_allowed_origins=[], logger=False, engineio_logger=False,
@@ -93,6 +95,28 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         node.on_snapshot_request = pusher.send_snapshot
         ingest.cluster = pusher.cluster = node
     return app
+
+
+def _compactor(config: dict[str, Any], ingest: Ingest) -> Compactor:
+    """The background compactor (started with the server) and the checkpoint period."""
+    try:
+        policy = Policy(keep_full_s=float(config["KEEP_FULL_S"]),
+                        around_findings_s=float(config["KEEP_AROUND_FINDINGS_S"]),
+                        cell_s=float(config["COMPACT_CELL_S"]),
+                        every_s=float(config["COMPACT_EVERY_S"]))
+        every = float(config["CHECKPOINT_S"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"storage settings (PGDASH_KEEP_FULL_S, PGDASH_KEEP_AROUND_FINDINGS_S, "
+                         f"PGDASH_COMPACT_CELL_S, PGDASH_COMPACT_EVERY_S, "
+                         f"PGDASH_CHECKPOINT_S): {exc}") from None
+    if every < 0 or (every and (every / policy.cell_s) % 1):
+        # Compaction never rewrites part of what a stored checkpoint holds only if the
+        # checkpoints' moments are cell boundaries.
+        raise ValueError(f"PGDASH_CHECKPOINT_S ({every:g}) must be 0 (none) or a multiple of "
+                         f"PGDASH_COMPACT_CELL_S ({policy.cell_s:g})")
+    ingest.rewind.persist_every_s = every
+    return Compactor(ingest.store, policy, guard=ingest.rewind.compacting,
+                     owns=lambda job_id: ingest.cluster is None or ingest.cluster.owns(job_id))
 
 
 def _check_cluster_config(db: str, queue_url: str) -> None:

@@ -76,9 +76,19 @@ def _quiet_websocket_close(record: logging.LogRecord) -> bool:
 @click.option("--notify", envvar="PGDASH_NOTIFY", show_envvar=True, metavar="URL",
               help="POST each new, escalated and resolved incident as JSON to this webhook "
                    "(Slack-compatible `text`).")
+@click.option("--keep-full", type=click.FloatRange(min=0), default=None,
+              envvar="PGDASH_KEEP_FULL_S", show_envvar=True,
+              help="Seconds of each job's newest events kept at full resolution; older routine "
+                   "events are thinned to one summary a minute (0: keep everything). "
+                   "Default 900.")
+@click.option("--keep-around-findings", type=click.FloatRange(min=0), default=None,
+              envvar="PGDASH_KEEP_AROUND_FINDINGS_S", show_envvar=True,
+              help="Seconds before and after every finding kept at full resolution. "
+                   "Default 300.")
 def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
           tls_cert: str | None, tls_key: str | None, hang_after: float, queue: str | None,
-          lease: float, stall_after: float, notify: str | None) -> None:
+          lease: float, stall_after: float, notify: str | None, keep_full: float | None,
+          keep_around_findings: float | None) -> None:
     """Run the server: agents report to it, browsers watch it."""
     if not token and not _is_loopback(host):
         if not insecure:
@@ -99,6 +109,7 @@ def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
         sys.exit(2)
     server = _start(db, host, port, token=token, hang_after=hang_after, queue=queue,
                     lease_s=lease, notify=notify, stall_after=stall_after,
+                    keep_full_s=keep_full, keep_around_findings_s=keep_around_findings,
                     tls=(tls_cert, tls_key) if tls_cert else None)
     _tune_gc()
     # A service manager stops with SIGTERM: stop as on Ctrl-C, so that with --queue this

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from agent.wire import DEFAULT_PORT
 from dashboard import guard, limits
+from dashboard.compaction import Policy
 from dashboard.diagnosis import Settings
 from dashboard.trace import DEFAULT_MAX_EVENTS as DEFAULT_TRACE_MAX_EVENTS
 
@@ -41,6 +42,12 @@ DEFAULTS = {
     **guard.DEFAULTS,  # failed token attempts per client address (PGDASH_LOGIN_*)
     "QUEUE": None,  # redis://host:6379/0: several server processes (dashboard.cluster)
     "LEASE_S": 5.0,  # a job owner's lease, when several processes share the database
+    # Bounded storage (dashboard.compaction) and stored checkpoints (dashboard.rewind)
+    "KEEP_FULL_S": Policy.keep_full_s,  # --keep-full: seconds kept at full resolution
+    "KEEP_AROUND_FINDINGS_S": Policy.around_findings_s,  # --keep-around-findings
+    "COMPACT_CELL_S": Policy.cell_s,
+    "COMPACT_EVERY_S": Policy.every_s,
+    "CHECKPOINT_S": 300.0,  # a stored JobState every this many seconds of the log
 }
 
 __all__ = ["DEFAULTS", "DEFAULT_DB", "DEFAULT_HOST", "DEFAULT_PORT", "DIAGNOSE_EVERY_S",

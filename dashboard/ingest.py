@@ -34,7 +34,7 @@ from dashboard.metrics import LiveJob
 from dashboard.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
 from dashboard.statecache import StateCache
-from dashboard.storage import Store, decode_json, describe_write_error
+from dashboard.storage import Store, describe_write_error, load_body
 
 
 log = logging.getLogger("pgdash.server")
@@ -346,6 +346,9 @@ class Ingest:
                 state = self.state(job_id)
                 before = state.summary()
                 # The moments due before this batch arrived are judged without it.
+                # A stored checkpoint when this batch opens a new period: the state and the
+                # book as a replay would have them (dashboard.rewind).
+                self.rewind.checkpoint_live(conn, self.books.timeline(job_id, state), now)
                 self.books.before_fold(conn, job_id, state, now)
                 for event_id, ev in zip(ids, fresh):
                     stored: StoredEvent = {"id": event_id, "session": session,
@@ -394,7 +397,7 @@ class Ingest:
                 touched[row["job_id"]] = state.summary()
             state.apply({"id": row["id"], "session": row["session"], "seq": row["seq"],
                          "t": row["t"], "received_at": row["received_at"],
-                         "kind": row["kind"], "body": decode_json(row["body"])})
+                         "kind": row["kind"], "body": load_body(row)})
             if row["seq"] is not None:
                 newest[row["session"]] = max(row["t"], newest.get(row["session"], row["t"]))
         # Here the fold follows the log's tail, so the lag includes the time events took to

@@ -163,6 +163,12 @@ class LiveBooks:
     def held(self, job_id: int) -> Book | None:
         return self._books.get(job_id)
 
+    def timeline(self, job_id: int, state: JobState) -> Timeline | None:
+        """The live fold of a job as a replay's Timeline (the same objects, not copies: for
+        a checkpoint taken at once), or None while it has no book."""
+        book = self._books.get(job_id)
+        return None if book is None else Timeline.of(state, book)
+
     def findings(self, job_id: int) -> list[Finding]:
         """Every finding of a job held here, newest first (states lock held)."""
         return self.book(job_id, self.judged_at()).findings()

@@ -6,7 +6,18 @@ request: minutes for a big job. Rewind keeps, per job, a cursor (the last state 
 and the last event in it) that a later moment continues from, and checkpoints (copies taken
 every ``spacing`` log positions while folding, spread out as they grow in number) that an earlier moment starts from. Copies are taken
 only of states of at most ``copy_sessions`` agent sessions: a 1,024-rank state is tens of
-megabytes, so a big job keeps its cursor alone (forward is cheap, backward refolds).
+megabytes, so a big job keeps its cursor alone in memory (backwards, it starts from the
+stored checkpoints below).
+
+Persistent checkpoints (the ``checkpoints`` table) are what a big job scrubs backwards from,
+and what any job starts from after a restart: the state is stored each time a fold crosses
+a multiple of ``persist_every_s`` seconds of arrival time (the state then holds exactly the
+events that arrived before that moment), the live fold as it happens (on the writer
+thread, in the transaction of the batch that crosses it: no second fold), and a rewind
+fold where the live one did not (a job stored before, or while the server was down). One function pair stores and
+loads a state, dashboard.codec's ``encode_state`` / ``decode_state``. Their moments are
+multiples of the compaction cell (dashboard.compaction), so compaction never rewrites what
+a stored checkpoint holds half of; it holds ``compacting`` meanwhile, and in-memory points go.
 
 Moments are arrival times (``received_at``), which the single writer thread stamps in log
 order; a state "at T" holds every event that arrived by T.
@@ -16,13 +27,19 @@ from __future__ import annotations
 
 import bisect
 import collections
-import copy
+import contextlib
 import dataclasses
+import logging
+import math
+import queue
 import threading
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
+from dashboard.codec import decode_state, encode_state
 from dashboard.state import JobState
 from dashboard.storage import Store
+
+log = logging.getLogger("pgdash.rewind")
 
 T = TypeVar("T")
 
@@ -34,23 +51,39 @@ class _Point:
     state: Any  # a JobState, or what ``new_state`` makes (with ``apply`` and ``sessions``)
 
 
+@dataclasses.dataclass
+class _Copy:
+    """An in-memory checkpoint: the state as dashboard.codec bytes (a pickle is about ten
+    times quicker to take and to restore than a deep copy, and a tenth of its memory)."""
+
+    at: float
+    last_id: int
+    data: bytes
+
+
 class Rewind:
     """Args:
         new_state: ``(job_id, name) -> `` an empty fold: a JobState by default; Ingest
             folds a ``dashboard.diagnosis.book.Timeline`` (state and findings book), which
-            deep-copies and pickles like one.
+            dashboard.codec stores like one. Stored checkpoints hold what it makes.
     """
 
     def __init__(self, store: Store, max_jobs: int = 4, checkpoints: int = 16,
                  spacing: int = 2000, copy_sessions: int = 256,
+                 persist_every_s: float = 300.0,
                  new_state: Callable[[int, str], Any] = JobState):
         self.store = store
         self.new_state = new_state
+        self.persist_every_s = persist_every_s  # PGDASH_CHECKPOINT_S; 0: none stored
+        self._persisted: dict[int, set[float]] = {}  # by job: moments stored already
+        self.checkpoints_loaded = 0  # for tests and the bench
+        self.checkpoints_saved = 0
+        self._live_period: dict[int, float] = {}  # by job: the period of its last live batch
         self.max_jobs, self.max_checkpoints = max_jobs, checkpoints
         self.spacing, self.copy_sessions = spacing, copy_sessions
         self._lock = threading.Lock()
         self._cursors: collections.OrderedDict[int, _Point] = collections.OrderedDict()
-        self._checkpoints: dict[int, list[_Point]] = {}  # by job, in log order
+        self._checkpoints: dict[int, list[_Copy]] = {}  # by job, in log order
         self._spacing: dict[int, int] = {}  # by job: events between checkpoints
         self.events_read = 0  # for tests: what scrubbing cost
 
@@ -72,19 +105,98 @@ class Rewind:
         marks = self._checkpoints.get(job_id, [])
         i = bisect.bisect_right([m.at for m in marks], at)
         best = marks[i - 1] if i else None
-        if cursor is not None and cursor.at <= at and (best is None or
-                                                       cursor.last_id >= best.last_id):
-            return cursor  # continue forward, in place
+        near = cursor if cursor is not None and cursor.at <= at else None
+        # A stored checkpoint costs a decode: worth it over the cursor only if far ahead.
+        above = max(best.last_id if best else 0, near.last_id + self.spacing if near else 0)
+        stored = self._load(job_id, at, above)
+        if stored is not None:
+            return stored
+        if near is not None and (best is None or near.last_id >= best.last_id):
+            return near
         if best is not None:
-            return _Point(best.at, best.last_id, copy.deepcopy(best.state))
+            return _Point(best.at, best.last_id, decode_state(best.data))
         return _Point(float("-inf"), 0, self.new_state(job_id, name))
+
+    def _load(self, job_id: int, at: float, above: int) -> _Point | None:
+        """The stored checkpoint nearest before ``at``, if it is ahead of id ``above``."""
+        if not self.persist_every_s:
+            return None
+        found = self.store.checkpoint_before(job_id, at, above)
+        if found is None:
+            return None
+        try:
+            state = decode_state(found[2])
+        except ValueError:
+            log.exception("pgdash: checkpoint %s of job %s unreadable; folding without it",
+                          found[0], job_id)
+            return None
+        self.checkpoints_loaded += 1
+        return _Point(found[1], found[0], state)
+
+    def _persist(self, job_id: int, boundary: float, last_id: int, state: Any) -> None:
+        """Store the state as the checkpoint at ``boundary`` (once; never waits for it)."""
+        done = self._persisted.get(job_id)
+        if done is None:
+            done = self._persisted[job_id] = self.store.checkpoint_moments(job_id)
+        if boundary in done:
+            return
+        done.add(boundary)
+        data = encode_state(state)
+        try:
+            self.store.submit_nowait(lambda conn: self.store.save_checkpoint(
+                conn, job_id, last_id, boundary, data))
+            self.checkpoints_saved += 1
+        except queue.Full:  # an overloaded writer: a later fold stores it
+            done.discard(boundary)
+
+    def checkpoint_live(self, conn, state: Any, now: float) -> None:
+        """Writer thread, before a live batch that arrived at ``now`` is applied to the job's
+        live ``state``: store the state if ``now`` starts a new period (it then holds exactly
+        what arrived before the period's start)."""
+        every = self.persist_every_s
+        if not every or state is None:
+            return
+        boundary = math.floor(now / every) * every
+        previous = self._live_period.get(state.job_id)
+        self._live_period[state.job_id] = boundary
+        # Unknown previous period (first batch since the state was loaded): the state might
+        # hold events of this one already; the next period's start is stored instead.
+        if previous is None or boundary <= previous or not state.last_event_id:
+            return
+        # A findings book that judged moments past the period's start cannot stand for the
+        # state there (a scrub to such a moment would see later verdicts): a fold that
+        # passes this period stores it instead.
+        if (getattr(state, "judged_through", None) or boundary) > boundary:
+            return
+        self.store.save_checkpoint(conn, state.job_id, state.last_event_id, boundary,
+                                   encode_state(state))
+        self.checkpoints_saved += 1
+
+    @contextlib.contextmanager
+    def compacting(self, job_id: int, start: float, end: float) -> Iterator[None]:
+        """Held while compaction rewrites the log's arrivals in [start, end): no fold reads
+        half of the old rows and half of the new. Then drop in-memory states whose last
+        event lies there (one may hold part of what a summary now stands for)."""
+        with self._lock:
+            yield
+            cursor = self._cursors.get(job_id)
+            if cursor is not None and start <= cursor.at < end:
+                del self._cursors[job_id]
+            marks = self._checkpoints.get(job_id)
+            if marks:
+                marks[:] = [m for m in marks if not start <= m.at < end]
 
     def _fold(self, job_id: int, point: _Point, at: float) -> _Point:
         state, last_id, last_at = point.state, point.last_id, point.at
         marks = self._checkpoints.get(job_id) or []
         marked = max((m.last_id for m in marks if m.last_id <= last_id), default=0)
+        every = self.persist_every_s
         for ev in self.store.job_events(job_id, after=last_id):
             self.events_read += 1
+            if every and last_id:
+                boundary = math.floor(ev["received_at"] / every) * every
+                if last_at < boundary:  # the state holds exactly what arrived before it
+                    self._persist(job_id, boundary, last_id, state)
             if ev["received_at"] > at:
                 break
             state.apply(ev)
@@ -100,7 +212,7 @@ class Rewind:
         marks = self._checkpoints.setdefault(job_id, [])
         if any(m.last_id == point.last_id for m in marks):
             return
-        marks.append(_Point(point.at, point.last_id, copy.deepcopy(point.state)))
+        marks.append(_Copy(point.at, point.last_id, encode_state(point.state)))
         marks.sort(key=lambda m: m.last_id)
         if len(marks) > self.max_checkpoints:  # keep them spread: every other one, twice
             del marks[1::2]                     # as far apart from now on

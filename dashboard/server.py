@@ -44,6 +44,7 @@ class Server:
 
     def start(self) -> "Server":
         self.app.extensions["pgdash_pusher"].start()
+        self.app.extensions["pgdash_compactor"].start()
         if self.front is not None:
             self.front.start()
         else:
@@ -56,6 +57,7 @@ class Server:
             self.front.stop()
         else:
             self._server.shutdown()
+        self.app.extensions["pgdash_compactor"].close()
         self.app.extensions["pgdash"].store.close()
 
 

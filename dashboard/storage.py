@@ -4,7 +4,12 @@ Tables (created by the Alembic migrations in ``migrations/``):
 
 - ``jobs``: one row per job, with a cached summary (status, world size, ...) for fast listing;
 - ``sessions``: one row per agent process, mapping it to its job;
-- ``events``: the event log, the source of truth. ``(session, seq)`` is unique.
+- ``events``: the event log, the source of truth. ``(session, seq)`` is unique. Bodies are
+  stored compact (``body_z``, see dashboard.codec; ``body`` is then empty); rows written before
+  revision 0004 keep their JSON ``body`` and read back the same. dashboard.compaction thins
+  routine events beyond the recent window (see there for what detail that gives up);
+- ``checkpoints``: folded JobStates at moments of the log (dashboard.rewind), so that
+  scrubbing backwards starts from the nearest one, also after a restart.
 
 Writes go through one writer thread fed by a queue (one thread protects the single write
 connection, as SQLite wants), which groups whatever is queued into one transaction. Reads use
@@ -26,6 +31,7 @@ import msgspec
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 
+from dashboard.codec import decode_body, encode_body
 from dashboard.resources import resource_dir
 
 log = logging.getLogger("pgdash.storage")
@@ -69,7 +75,8 @@ events = sa.Table(
     sa.Column("t", sa.Float, nullable=False),
     sa.Column("received_at", sa.Float, nullable=False),
     sa.Column("kind", sa.String(32), nullable=False),
-    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),  # JSON; "" when body_z holds the body
+    sa.Column("body_z", sa.LargeBinary),  # dashboard.codec.encode_body (revision 0004)
     sa.UniqueConstraint("session", "seq", name="uq_events_session_seq"),
     sa.Index("ix_events_job_id_id", "job_id", "id"),
 )
@@ -86,8 +93,18 @@ findings = sa.Table(
     sa.Column("body", sa.Text, nullable=False),
 )
 
-_SQLITE_INSERT_EVENT = ("INSERT INTO events (id, job_id, session, seq, t, received_at, kind, body) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+# A folded JobState after every event that arrived before ``at`` (dashboard.rewind), as
+# dashboard.codec.encode_state bytes: written by the server only.
+checkpoints = sa.Table(
+    "checkpoints", metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("last_id", sa.Integer, primary_key=True),  # the state holds events up to this
+    sa.Column("at", sa.Float, nullable=False),  # arrival time of that last event
+    sa.Column("state", sa.LargeBinary, nullable=False),
+)
+
+_SQLITE_INSERT_EVENT = ("INSERT INTO events (id, job_id, session, seq, t, received_at, kind, "
+                        "body, body_z) VALUES (?, ?, ?, ?, ?, ?, ?, '', ?)")
 _json_encoder = msgspec.json.Encoder()
 
 
@@ -97,6 +114,12 @@ def encode_json(value: Any) -> str:
 
 
 decode_json = msgspec.json.decode
+
+
+def load_body(row: Any) -> dict[str, Any]:
+    """The body of a stored event row, whichever form it was stored in."""
+    packed = row["body_z"]
+    return decode_body(packed) if packed is not None else decode_json(row["body"])
 
 
 # One row per job that some server process owns (several processes share one database, see
@@ -334,10 +357,11 @@ class Store:
             first = self._allocate_ids(conn, len(rows))
             self._deferred.extend(
                 (first + i, job_id, session, row.get("seq"), row["t"], now, row["kind"],
-                 encode_json(row["body"])) for i, row in enumerate(rows))
+                 encode_body(row["body"])) for i, row in enumerate(rows))
             return list(range(first, first + len(rows)))
         params = [{"job_id": job_id, "session": session, "seq": row.get("seq"), "t": row["t"],
-                   "received_at": now, "kind": row["kind"], "body": encode_json(row["body"])}
+                   "received_at": now, "kind": row["kind"], "body": "",
+                   "body_z": encode_body(row["body"])}
                   for row in rows]
         if not want_ids:
             self._deferred_rows.extend(params)
@@ -365,8 +389,8 @@ class Store:
             conn.execute(sa.insert(events), [
                 {**({"id": first + i} if first is not None else {}),
                  "job_id": job_id, "session": r["session"], "seq": r["seq"], "t": r["t"],
-                 "received_at": r["received_at"], "kind": r["kind"],
-                 "body": encode_json(r["body"])} for i, r in enumerate(rows)])
+                 "received_at": r["received_at"], "kind": r["kind"], "body": "",
+                 "body_z": encode_body(r["body"])} for i, r in enumerate(rows)])
 
     @staticmethod
     def update_job(conn: sa.Connection, job_id: int, summary: dict[str, Any]) -> None:
@@ -435,10 +459,85 @@ class Store:
             for r in rows:
                 yield {"id": r["id"], "session": r["session"], "seq": r["seq"], "t": r["t"],
                        "received_at": r["received_at"], "kind": r["kind"],
-                       "body": decode_json(r["body"])}
+                       "body": load_body(r)}
             if len(rows) < chunk:
                 return
             last = rows[-1]["id"]
+
+    # -- compaction and checkpoints (dashboard.compaction, dashboard.rewind) -------------------
+
+    def event_spans(self) -> list[tuple[int, float, float]]:
+        """(job id, first and last arrival time) of every job with events (index lookups:
+        arrival order is id order)."""
+        with self.engine.connect() as conn:
+            out = []
+            for (job_id,) in conn.execute(sa.select(jobs.c.id).order_by(jobs.c.id)).all():
+                lo, hi = conn.execute(sa.select(sa.func.min(events.c.id)).where(
+                    events.c.job_id == job_id)).scalar(), conn.execute(sa.select(
+                        sa.func.max(events.c.id)).where(events.c.job_id == job_id)).scalar()
+                if lo is None:
+                    continue
+                at = dict(conn.execute(sa.select(events.c.id, events.c.received_at)
+                                       .where(events.c.id.in_((lo, hi)))).all())
+                out.append((job_id, at[lo], at[hi]))
+            return out
+
+    def session_last_arrivals(self, job_id: int) -> dict[str, float]:
+        """Per agent session of the job, when its newest event arrived (index lookups)."""
+        newest = (sa.select(events.c.session, sa.func.max(events.c.id).label("last"))
+                  .where(events.c.session.in_(sa.select(sessions.c.id)
+                                              .where(sessions.c.job_id == job_id)))
+                  .group_by(events.c.session).subquery())
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(newest.c.session, events.c.received_at)
+                                .join(events, events.c.id == newest.c.last)).all()
+        return {session: at for session, at in rows}
+
+    def events_until(self, job_id: int, after: int, end: float) -> Iterator[dict[str, Any]]:
+        """The job's events after id ``after`` that arrived before ``end``, in log order."""
+        for ev in self.job_events(job_id, chunk=2000, after=after):
+            if ev["received_at"] >= end:
+                return
+            yield ev
+
+    @staticmethod
+    def compact_events(conn: sa.Connection, updates: dict[int, dict[str, Any]],
+                       deletes: list[int]) -> None:
+        """Writer thread: rewrite summaries and delete the events they replace, atomically."""
+        if updates:
+            conn.execute(sa.update(events).where(events.c.id == sa.bindparam("event_id"))
+                         .values(body="", body_z=sa.bindparam("packed")),
+                         [{"event_id": i, "packed": encode_body(b)} for i, b in updates.items()])
+        for i in range(0, len(deletes), 500):
+            conn.execute(sa.delete(events).where(events.c.id.in_(deletes[i:i + 500])))
+
+    @staticmethod
+    def save_checkpoint(conn: sa.Connection, job_id: int, last_id: int, at: float,
+                        state: bytes) -> None:
+        """Writer thread: store a checkpoint unless the job has one at that moment or place."""
+        if conn.execute(sa.select(checkpoints.c.last_id).where(
+                checkpoints.c.job_id == job_id,
+                sa.or_(checkpoints.c.last_id == last_id, checkpoints.c.at == at))).first():
+            return
+        conn.execute(sa.insert(checkpoints).values(job_id=job_id, last_id=last_id, at=at,
+                                                   state=state))
+
+    def checkpoint_before(self, job_id: int, at: float,
+                          above: int = 0) -> tuple[int, float, bytes] | None:
+        """The newest stored checkpoint usable at moment ``at`` (last id, its moment, state
+        bytes), if one holds more of the log than id ``above``."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(checkpoints.c.last_id, checkpoints.c.at,
+                                         checkpoints.c.state)
+                               .where(checkpoints.c.job_id == job_id, checkpoints.c.at <= at,
+                                      checkpoints.c.last_id > above)
+                               .order_by(checkpoints.c.last_id.desc()).limit(1)).first()
+        return (row[0], row[1], bytes(row[2])) if row else None
+
+    def checkpoint_moments(self, job_id: int) -> set[float]:
+        with self.engine.connect() as conn:
+            return {r[0] for r in conn.execute(sa.select(checkpoints.c.at)
+                                               .where(checkpoints.c.job_id == job_id))}
 
     # -- several server processes (dashboard.cluster) -----------------------------------------
 
@@ -465,11 +564,11 @@ class Store:
     def _row_dict(r) -> dict[str, Any]:
         return {"id": r["id"], "job_id": r["job_id"], "session": r["session"], "seq": r["seq"],
                 "t": r["t"], "received_at": r["received_at"], "kind": r["kind"],
-                "body": r["body"]}
+                "body": r["body"], "body_z": r["body_z"]}
 
     def events_after(self, after: int, limit: int) -> list[dict[str, Any]]:
-        """Events of every job with an id above ``after``, in id order (bodies as JSON text:
-        the caller parses only those of the jobs it holds)."""
+        """Events of every job with an id above ``after``, in id order (bodies as stored:
+        the caller parses, with :func:`load_body`, only those of the jobs it holds)."""
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(events).where(events.c.id > after)
                                 .order_by(events.c.id).limit(limit)).mappings().all()

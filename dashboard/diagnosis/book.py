@@ -221,9 +221,28 @@ class Timeline:
         self.book = Book(settings)
         self.changes: list[Changes] | None = None  # kept only when asked (archive.replay)
 
+    @classmethod
+    def of(cls, state: JobState, book: Book) -> "Timeline":
+        """A timeline of a state and book advanced elsewhere (live ingest) in step."""
+        timeline = cls.__new__(cls)
+        timeline.state, timeline.book, timeline.changes = state, book, None
+        return timeline
+
     @property
     def sessions(self) -> dict[str, Any]:
         return self.state.sessions
+
+    @property
+    def job_id(self) -> int:
+        return self.state.job_id
+
+    @property
+    def last_event_id(self) -> int:
+        return self.state.last_event_id
+
+    @property
+    def judged_through(self) -> float | None:
+        return self.book.judged_through
 
     def apply(self, ev: StoredEvent) -> None:
         """Judge the moments due before ``ev`` arrived, then fold it."""

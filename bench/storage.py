@@ -1,0 +1,265 @@
+"""Bounded storage: bytes on disk per rank-hour, ``state?at=`` time, export/import time.
+
+What runs: a simulated job of ``--ranks`` ranks (default 64; the issue's figure is
+``--ranks 256``) for ``--minutes`` of simulated time (default 60), written through the real
+path (``Ingest.connect`` and ``Ingest.batch_nowait`` -> the Store's writer thread -> a real
+SQLite file, folded live into JobState) with a clock the bench moves forward. Each rank
+sends what a real agent sends once a second (bench/capacity.py's generator: a heartbeat,
+a latency summary of ``--ops`` rows, a GPU reading); at ``--hang-at`` minutes one rank
+stops entering the world group's collectives for ``--hang-for`` minutes (the others wait
+in an all_reduce), so diagnosis raises a hang that resolves: the "full resolution kept
+around findings" part of the figure. Live diagnosis runs every 10 simulated seconds; the
+compactor (dashboard.compaction, if this pgdash has it) runs every 5 simulated minutes,
+through the writer thread as in the server.
+
+Printed:
+
+* **bytes per rank-hour**: the SQLite file (after a WAL checkpoint) and the pages in use
+  (what a VACUUM would shrink it to; SQLite reuses the free ones), divided by ranks x hours;
+* **state?at**: ``Ingest.state_at`` (what ``GET /api/jobs/<id>/state?at=`` runs) for
+  ``--moments`` random moments in random order (forward and backwards): the first (cold)
+  one, then p50 / p95 / max; again with a fresh Ingest on the same file (a restart);
+* **export / import**: ``pgdash export``'s lines of the job into a file, and that file
+  imported as a new job (dashboard.archive), in seconds.
+
+Reference in the same run: the bytes of the same log as the JSON rows the first schema
+stored (one row per event, JSON body), computed from the events sent.
+
+A measurement, not a test: exit status 0 whatever the figures. From the repository root::
+
+    python bench/storage.py                          # 64 ranks, an hour (a few minutes)
+    python bench/storage.py --ranks 256              # the issue's job
+    python bench/storage.py --ranks 8 --minutes 20   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Appended, not prepended: PYTHONPATH=<another checkout> measures that one (a "before").
+sys.path.append(str(ROOT))
+sys.path.append(str(ROOT / "bench"))
+
+from capacity import mesh_groups, second_events, start_events  # noqa: E402
+
+from dashboard import archive  # noqa: E402
+from dashboard.ingest import Ingest  # noqa: E402
+from dashboard.storage import Store  # noqa: E402
+
+try:
+    from dashboard.compaction import Compactor, Policy
+except ImportError:  # a pgdash from before bounded storage
+    Compactor = Policy = None
+
+
+class Clock:
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def simulate(args, db: Path) -> dict:
+    t0 = 1_780_000_000.0  # a fixed start: the same cells and checkpoints every run
+    clock = Clock(t0)
+    store = Store(f"sqlite:///{db}", queue_limit=100_000).start()
+    ingest = Ingest(store, clock=clock).start()
+    compactor = None
+    if Compactor is not None and args.keep_full > 0:
+        compactor = Compactor(store, Policy(keep_full_s=args.keep_full,
+                                            around_findings_s=args.keep_around_findings),
+                              guard=ingest.rewind.compacting)
+    rng = random.Random(args.seed)
+    world = args.ranks
+    groups = mesh_groups(world)
+    sessions, seqs, job_id = [], [], None
+    json_bytes = 0  # the reference: the same events as first-schema JSON rows
+    for rank in range(world):
+        session = uuid.uuid4().hex
+        sessions.append(session)
+        seqs.append(0)
+        _, job_id = ingest.connect({"v": 1, "session": session, "job": "bench-storage",
+                                    "rank": rank, "host": f"node{rank // 8:04d}",
+                                    "pid": 10_000 + rank})
+
+    def send(rank: int, events: list) -> object:
+        nonlocal json_bytes
+        out = []
+        for kind, body, t in events:
+            seqs[rank] += 1
+            out.append({"seq": seqs[rank], "t": t, "kind": kind, "body": body})
+            json_bytes += len(json.dumps(body)) + 120  # + the row's other columns, indexes
+        ack, pending = ingest.batch_nowait(sessions[rank], job_id, out)
+        if not ack.get("ok"):
+            raise SystemExit(f"bench: batch refused: {ack}")
+        return pending
+
+    pending = []
+    for rank in range(world):
+        pending.append(send(rank, [(k, b, clock.t) for k, b, _ in
+                                   start_events(rank, world, "bench-storage", groups[rank])]))
+    hang_start = t0 + args.hang_at * 60
+    hang_end = hang_start + args.hang_for * 60
+    stuck = world // 2  # the rank that stops entering the world group's collectives
+    seconds = int(args.minutes * 60)
+    wall = time.perf_counter()
+    for s in range(1, seconds + 1):
+        base = t0 + s
+        for rank in range(world):
+            clock.t = base + rank / world  # each rank at its own phase within the second
+            events = second_events(rank, s, groups[rank], args.ops, rng)
+            t = clock.t - 0.05
+            hb, coll, gpu = events
+            coll[1]["start"], coll[1]["end"] = t - 1.0, t
+            if hang_start <= t < hang_end:
+                step = int(args.hang_at * 60)
+                for row in hb[1]["groups"]:
+                    if row["group"] == "0":
+                        entered = step * 20 + (0 if rank == stuck else 1)
+                        row.update(entered=entered, completed=step * 20,
+                                   inflight_op=None if rank == stuck else "all_reduce",
+                                   inflight_since=None if rank == stuck else hang_start)
+                events = [hb, gpu]  # nothing completes while the world group waits
+            pending.append(send(rank, [(k, b, t) for k, b, _ in events]))
+        for p in pending:
+            if p is not None:
+                p.result(timeout=600)
+        pending = []
+        if s % 10 == 0:
+            ingest.diagnose_live()
+        if compactor is not None and s % 300 == 0:
+            compactor.run_once()
+        if s % 600 == 0:
+            print(f"  simulated {s // 60} min of {args.minutes:g} "
+                  f"({time.perf_counter() - wall:.0f} s)", flush=True)
+    if compactor is not None:
+        compactor.run_once()
+    store.wait_idle()
+    findings = store.job_findings(job_id)
+    return {"store": store, "ingest": ingest, "job_id": job_id, "t0": t0,
+            "end": t0 + seconds + 1, "json_bytes": json_bytes, "findings": findings,
+            "ingest_s": time.perf_counter() - wall, "compactor": compactor}
+
+
+def disk_bytes(db: Path) -> tuple[int, int]:
+    """(file bytes after a WAL checkpoint, bytes of the pages in use)."""
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    pages, free, size = (con.execute(f"PRAGMA {p}").fetchone()[0]
+                         for p in ("page_count", "freelist_count", "page_size"))
+    con.close()
+    return db.stat().st_size, (pages - free) * size
+
+
+def scrub(ingest: Ingest, job_id: int, moments: list[float],
+          verbose: bool = False) -> tuple[float, list[float]]:
+    times, rewind, last = [], ingest.rewind, None
+    for at in moments:
+        read, loaded = rewind.events_read, getattr(rewind, "checkpoints_loaded", 0)
+        start = time.perf_counter()
+        found = ingest.state_at(job_id, at)
+        times.append(time.perf_counter() - start)
+        assert found is not None and found["job"]["world_size"], "state?at= gave no job"
+        if verbose:
+            way = "" if last is None else ("forward" if at > last else "back")
+            print(f"    at +{at - moments[0]:8.0f} s {way:7} {times[-1] * 1000:7.0f} ms, "
+                  f"{rewind.events_read - read} events folded, stored checkpoint "
+                  f"{'loaded' if getattr(rewind, 'checkpoints_loaded', 0) > loaded else '-'}")
+        last = at
+    return times[0], times[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=64)
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--ops", type=int, default=9, help="rows per latency summary")
+    parser.add_argument("--hang-at", type=float, default=30.0, help="minute the hang starts")
+    parser.add_argument("--hang-for", type=float, default=3.0, help="minutes it lasts")
+    parser.add_argument("--moments", type=int, default=20, help="random state?at= moments")
+    parser.add_argument("--keep-full", type=float, default=900.0,
+                        help="compactor's --keep-full (0: no compaction)")
+    parser.add_argument("--keep-around-findings", type=float, default=300.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--verbose", action="store_true", help="each state?at= moment")
+    parser.add_argument("--db", type=Path, help="keep the database here (default: a temp dir)")
+    args = parser.parse_args()
+    if args.hang_at + args.hang_for > args.minutes:
+        parser.error("--hang-at + --hang-for must lie inside --minutes")
+
+    with tempfile.TemporaryDirectory(prefix="pgdash-bench-") as tmp:
+        db = args.db or Path(tmp) / "bench.db"
+        compaction = "off" if Compactor is None or not args.keep_full else \
+            f"--keep-full {args.keep_full:g} --keep-around-findings {args.keep_around_findings:g}"
+        print(f"bench/storage: {args.ranks} ranks, {args.minutes:g} simulated minutes, "
+              f"{args.ops} latency rows a summary, hang at minute {args.hang_at:g} for "
+              f"{args.hang_for:g} min; compaction {compaction}; {db}", flush=True)
+        run = simulate(args, db)
+        store, ingest, job_id = run["store"], run["ingest"], run["job_id"]
+        rank_hours = args.ranks * args.minutes / 60
+        with store.engine.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT COUNT(*) FROM events").scalar()
+        print(f"ingest: {run['ingest_s']:.0f} s wall for {args.minutes:g} simulated min; "
+              f"{rows} event rows stored; findings: "
+              f"{sorted({f['kind'] for f in run['findings']}) or 'none'}")
+
+        rng = random.Random(args.seed)
+        moments = [rng.uniform(run["t0"] + 30, run["end"]) for _ in range(args.moments)]
+        cold, warm = scrub(ingest, job_id, moments, args.verbose)
+        print(f"state?at: first {cold * 1000:.0f} ms (folds up to it); then random moments "
+              f"p50 {statistics.median(warm) * 1000:.0f} ms, p95 {pct(warm, 0.95) * 1000:.0f} ms, "
+              f"max {max(warm) * 1000:.0f} ms ({len(warm)} moments, forward and backwards)")
+        store.wait_idle()
+        restarted = Ingest(store, clock=Clock(run["end"])).start()
+        rng.shuffle(moments)
+        cold2, warm2 = scrub(restarted, job_id, moments, args.verbose)
+        print(f"state?at after a restart: first {cold2 * 1000:.0f} ms; then p50 "
+              f"{statistics.median(warm2) * 1000:.0f} ms, p95 {pct(warm2, 0.95) * 1000:.0f} ms, "
+              f"max {max(warm2) * 1000:.0f} ms")
+        store.wait_idle()
+        size, used = disk_bytes(db)
+        with store.engine.connect() as conn:
+            kept = conn.exec_driver_sql(
+                "SELECT COALESCE(SUM(LENGTH(state)), 0), COUNT(*) FROM checkpoints").first() \
+                if Compactor is not None else (0, 0)
+
+        start = time.perf_counter()
+        path = Path(tmp) / "job.jsonl"
+        with open(path, "w") as out:
+            for line in archive.export_lines(store, job_id):
+                out.write(line)
+        exported = time.perf_counter() - start
+        start = time.perf_counter()
+        with open(path) as src:
+            loaded = archive.Archive.read(src, str(path))
+        new_id = archive.import_archive(store, loaded, run["end"])
+        imported = time.perf_counter() - start
+        print(f"export: {exported:.1f} s ({path.stat().st_size / 1e6:.1f} MB file); "
+              f"import: {imported:.1f} s (job {new_id}, {len(loaded.events)} events)")
+        print(f"checkpoints stored: {kept[1]} ({kept[0] / 1e6:.1f} MB)")
+        print(f"reference, first-schema JSON rows: "
+              f"{run['json_bytes'] / rank_hours / 1e3:.0f} kB per rank-hour")
+        print(f"disk: {size / rank_hours / 1e3:.0f} kB per rank-hour (file), "
+              f"{used / rank_hours / 1e3:.0f} kB per rank-hour (pages in use)  "
+              f"[goal <= 250 kB]")
+        store.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Codec: the compact bytes of stored event bodies and of stored JobState checkpoints.
+
+No SQL here (dashboard.storage stores the bytes). Two formats, each led by a version byte so
+that a later format can be added beside them and every stored row stays readable:
+
+- event bodies, ``b"\\x01"`` + zlib(MessagePack(body)) with a preset dictionary. An agent's
+  bodies are small (40 B - 2 kB) and mostly the same keys and op names again, which plain
+  zlib cannot learn from one body; the preset dictionary teaches it. **Never edit
+  ``_BODY_DICT_V1``**: rows written with it need exactly these bytes to be read. A better
+  dictionary is a new version byte.
+- checkpoints, ``b"\\x01"`` + zlib(pickle(state)). Pickle is only safe on bytes pgdash itself
+  wrote: these rows come from the server alone (``Rewind``), and :func:`decode_state` still
+  refuses any class outside an allow-list, so a tampered row fails instead of running code.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import zlib
+from typing import Any
+
+import msgspec
+
+BODY_V1 = 1
+STATE_V1 = 1
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+
+
+def _dictionary_v1() -> bytes:
+    """What an agent's bodies are made of: keys, op names, typical values (frozen, see above)."""
+    keys = ("groups", "group", "entered", "completed", "inflight_op", "inflight_since",
+            "inflight_seq", "dropped", "buffered", "fr_busy", "fr_samples", "start", "end",
+            "rows", "op", "count", "bytes", "sum_us", "max_us", "hist", "source", "timing",
+            "resolution_us", "wrapper", "flight_recorder", "host_poll", "uuid", "name", "lost",
+            "reasons", "xids", "values", "util_gpu", "util_mem", "mem_used", "mem_total",
+            "temp_c", "power_w", "power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz",
+            "ecc_uncorrected", "ecc_corrected", "pcie_replay", "remapped_correctable",
+            "remapped_uncorrectable", "remap_pending", "remap_failure", "all_reduce",
+            "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier", "send",
+            "recv", "all_to_all_single", "gather", "NVIDIA H200", "NVIDIA H100 80GB HBM3",
+            "GPU-", "coll_stats", "heartbeat")
+    sample = [
+        {"groups": [{"group": "0", "entered": 2000, "completed": 2000, "inflight_op": None,
+                     "inflight_since": None}], "dropped": {}, "buffered": 0},
+        {"start": 1.7e9, "end": 1.7e9, "rows": [
+            {"group": "0", "op": "all_reduce", "count": 20, "bytes": 83886080,
+             "sum_us": 20000.0, "max_us": 4000.0,
+             "hist": [[77, 1], [78, 2], [79, 3], [80, 1], [81, 2], [82, 1], [83, 1], [84, 2]]}]},
+        {"uuid": "GPU-0", "name": "NVIDIA H200", "lost": False, "reasons": [], "xids": [],
+         "values": {"util_gpu": 97.0, "util_mem": 40.0, "mem_used": 7.1e10,
+                    "mem_total": 1.4e11, "temp_c": 61.0, "power_w": 600.0,
+                    "power_limit_w": 700.0, "sm_clock_mhz": 1980.0,
+                    "sm_clock_max_mhz": 1980.0, "ecc_uncorrected": 0.0, "ecc_corrected": 0.0,
+                    "pcie_replay": 0.0, "remapped_correctable": 0.0,
+                    "remapped_uncorrectable": 0.0, "remap_pending": 0.0,
+                    "remap_failure": 0.0}},
+    ]
+    # zlib favours the dictionary's end for short matches: the samples go last.
+    return b"".join(_encoder.encode(k) for k in keys) + b"".join(map(_encoder.encode, sample))
+
+
+_BODY_DICT_V1 = _dictionary_v1()
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """The compact stored form of an event body."""
+    z = zlib.compressobj(6, zdict=_BODY_DICT_V1)
+    return bytes((BODY_V1,)) + z.compress(_encoder.encode(body)) + z.flush()
+
+
+def decode_body(data: bytes) -> dict[str, Any]:
+    """An event body from :func:`encode_body`'s bytes.
+
+    Raises:
+        ValueError: bytes of an unknown format (written by a newer pgdash).
+    """
+    data = bytes(data)  # PostgreSQL drivers hand out memoryviews
+    if not data or data[0] != BODY_V1:
+        raise ValueError(f"stored event body has format {data[:1].hex() or 'empty'}; this "
+                         "pgdash reads format 01 only: upgrade pgdash to read this database")
+    z = zlib.decompressobj(zdict=_BODY_DICT_V1)
+    return _decoder.decode(z.decompress(data[1:]) + z.flush())
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+
+# What a JobState is made of; anything else in a checkpoint row means it was not ours.
+_ALLOWED = {
+    ("dashboard.state", "JobState"), ("dashboard.state", "RankState"),
+    ("dashboard.state", "LatencyStats"), ("collections", "deque"),
+    ("collections", "Counter"), ("collections", "OrderedDict"), ("builtins", "set"),
+    ("builtins", "frozenset"), ("builtins", "dict"), ("builtins", "list"),
+    ("builtins", "tuple"), ("copyreg", "_reconstructor"), ("builtins", "object"),
+    # What a replay folds: the state with its findings book (dashboard.diagnosis.book)
+    ("dashboard.diagnosis.book", "Timeline"), ("dashboard.diagnosis.book", "Book"),
+    ("dashboard.diagnosis.core", "Settings"), ("dashboard.diagnosis.core", "Severity"),
+    ("agent.wire", "RankStatus"), ("agent.wire", "JobStatus"),
+}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"checkpoint refers to {module}.{name}, which a "
+                                         "JobState never holds: the row was not written by "
+                                         "pgdash; delete it from the checkpoints table")
+        return super().find_class(module, name)
+
+
+def encode_state(fold: Any) -> bytes:
+    """A checkpoint's bytes: a JobState, or a Timeline holding one (the state's memo caches
+    left out: they rebuild on use)."""
+    state = getattr(fold, "state", fold)
+    memo = (state._memo, state._summary_memo, state._ranks_memo)
+    state._memo, state._summary_memo, state._ranks_memo = {}, None, None
+    try:
+        raw = pickle.dumps(fold, protocol=pickle.HIGHEST_PROTOCOL)
+    finally:
+        state._memo, state._summary_memo, state._ranks_memo = memo
+    return bytes((STATE_V1,)) + zlib.compress(raw, 1)
+
+
+def decode_state(data: bytes) -> Any:
+    """The JobState or Timeline of :func:`encode_state`'s bytes.
+
+    Raises:
+        ValueError: an unknown format, or a row pgdash did not write.
+    """
+    data = bytes(data)
+    if not data or data[0] != STATE_V1:
+        raise ValueError(f"stored checkpoint has format {data[:1].hex() or 'empty'}; this "
+                         "pgdash reads format 01 only")
+    try:
+        return _Unpickler(io.BytesIO(zlib.decompress(data[1:]))).load()
+    except (pickle.UnpicklingError, zlib.error, EOFError) as exc:
+        raise ValueError(f"stored checkpoint cannot be read: {exc}") from None
+
+

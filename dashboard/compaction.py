@@ -1,0 +1,273 @@
+"""Compaction: bounded storage, by thinning routine events once they are old and quiet.
+
+A job's log keeps every event at full resolution for its most recent ``keep_full_s``
+seconds (of arrival time, counted back from the job's newest event), each session's own
+last ``keep_full_s`` seconds (a rank that exited early keeps its final minutes), and
+within ``around_findings_s`` of every finding. Beyond that, the log is cut into cells of
+``cell_s`` seconds, and within a cell each agent session keeps:
+
+- ``heartbeat``: its last one (progress and drop counts are "latest wins" in the fold);
+- ``coll_stats``: one summary, the sum of the cell's (counts, bytes, time, histograms
+  added; maximum and poll resolution the largest), stored in place of the cell's last one;
+- ``gpu``: its last reading, plus every reading with a fault (XID, lost, ECC, remapping)
+  and every one where throttling started or stopped, so fault and throttle times stay exact.
+
+Everything else (hello, rendezvous, groups, stacks, errors, exits, connects and
+disconnects) is never touched, and a cell holding any such event of any session is kept
+whole: a restart or a rank leaving changes how the fold reads what is around it.
+
+What the fold gives up beyond the window (JobState at a moment inside a thinned cell):
+the per-second latency series (``op_seconds``) and the straggler windows (``recent``) have
+one point per cell instead of one per second; the Flight Recorder tallies and GPU history
+have one entry per cell; cumulative latency statistics (``collectives``), progress, groups,
+GPU faults and throttling, errors and every rank's status are the same. At the job's newest
+moment (and at any moment inside the window or near a finding) nothing is lost, since the
+fold's windows (60 intervals, 120 readings) are shorter than ``keep_full_s`` must be.
+
+The :class:`Compactor` runs on its own thread: it reads with the store's pooled
+connections and writes each batch of cells as one task on the store's writer thread
+(``Store.submit``), never on the ingest path. Compacting a cell twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import threading
+from typing import Any, Callable, ContextManager, Iterable
+
+from dashboard.state import THROTTLE_REASONS
+from dashboard.storage import Store
+
+log = logging.getLogger("pgdash.compaction")
+
+COMPACTABLE = frozenset({"heartbeat", "coll_stats", "gpu"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """How much of the log stays at full resolution (each a named setting)."""
+
+    keep_full_s: float = 900.0  # --keep-full / PGDASH_KEEP_FULL_S; 0 turns compaction off
+    around_findings_s: float = 300.0  # --keep-around-findings / PGDASH_KEEP_AROUND_FINDINGS_S
+    cell_s: float = 60.0  # PGDASH_COMPACT_CELL_S: one summary per session, kind and cell
+    every_s: float = 30.0  # PGDASH_COMPACT_EVERY_S: how often the compactor looks
+
+    def __post_init__(self) -> None:
+        if self.cell_s <= 0 or self.every_s <= 0:
+            raise ValueError("PGDASH_COMPACT_CELL_S and PGDASH_COMPACT_EVERY_S must be above 0")
+        if self.keep_full_s and self.keep_full_s < max(180.0, 2 * self.cell_s):
+            # The fold's windows (60 latency intervals, two minutes of GPU readings) must lie
+            # inside the window, or the newest state would differ from a full log's.
+            raise ValueError(f"--keep-full / PGDASH_KEEP_FULL_S is {self.keep_full_s:g} s: "
+                             f"it must be 0 (keep everything) or at least "
+                             f"{max(180.0, 2 * self.cell_s):g} s")
+        if self.around_findings_s < 0:
+            raise ValueError("--keep-around-findings / PGDASH_KEEP_AROUND_FINDINGS_S must "
+                             "be 0 or more seconds")
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: float | None) -> "Policy":
+        """The policy from ``PGDASH_*`` variables, then explicit overrides (CLI flags)."""
+        env = os.environ if env is None else env
+        values: dict[str, float] = {}
+        for field, name in (("keep_full_s", "PGDASH_KEEP_FULL_S"),
+                            ("around_findings_s", "PGDASH_KEEP_AROUND_FINDINGS_S"),
+                            ("cell_s", "PGDASH_COMPACT_CELL_S"),
+                            ("every_s", "PGDASH_COMPACT_EVERY_S")):
+            if env.get(name):
+                try:
+                    values[field] = float(env[name])
+                except ValueError:
+                    raise ValueError(f"{name}={env[name]!r} is not a number of seconds") \
+                        from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _merge_coll_stats(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """One latency summary for several consecutive ones of a session (same shape)."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for body in bodies:
+        for row in body["rows"]:
+            key = (row["group"], row["op"], row.get("source"), row.get("timing"))
+            into = rows.get(key)
+            if into is None:
+                rows[key] = dict(row, hist=[list(b) for b in row["hist"]])
+                continue
+            into["count"] += row["count"]
+            into["bytes"] += row["bytes"]
+            into["sum_us"] += row["sum_us"]
+            into["max_us"] = max(into["max_us"], row["max_us"])
+            if "resolution_us" in row:
+                into["resolution_us"] = max(into.get("resolution_us", 0.0),
+                                            row["resolution_us"])
+            hist = dict((b, n) for b, n in into["hist"])
+            for b, n in row["hist"]:
+                hist[b] = hist.get(b, 0) + n
+            into["hist"] = [[b, hist[b]] for b in sorted(hist)]
+    return {**bodies[-1], "start": bodies[0]["start"], "end": bodies[-1]["end"],
+            "rows": list(rows.values())}
+
+
+def _gpu_notable(body: dict[str, Any]) -> bool:
+    v = body.get("values") or {}
+    return bool(body.get("xids") or body.get("lost")
+                or (v.get("ecc_uncorrected") or 0) > 0 or (v.get("remap_failure") or 0) > 0
+                or (v.get("remap_pending") or 0) > 0)
+
+
+def _throttled(body: dict[str, Any]) -> bool:
+    return any(reason in THROTTLE_REASONS for reason in body.get("reasons") or ())
+
+
+def plan(events: Iterable[dict[str, Any]], cell_s: float,
+         keep: list[tuple[float, float]] = (),
+         throttled: dict[str, bool] | None = None,
+         session_floor: dict[str, float] | None = None) -> tuple[dict[int, dict], list[int]]:
+    """What to rewrite and delete to compact whole cells of one job's log (a pure function).
+
+    Args:
+        events: every event of the cells in log order (StoredEvent dicts).
+        cell_s: cell length in seconds of arrival time.
+        keep: (start, end) arrival-time ranges kept at full resolution.
+        throttled: per session, whether its last GPU reading before these events was
+            throttled (updated in place; unknown sessions keep their first reading).
+        session_floor: per session, the arrival time from which its events are all kept.
+
+    Returns:
+        (event id -> new body, ids to delete).
+    """
+    throttled = {} if throttled is None else throttled
+    cells: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
+    for ev in events:
+        cells[math.floor(ev["received_at"] / cell_s)].append(ev)
+    updates: dict[int, dict] = {}
+    deletes: list[int] = []
+    for cell, evs in cells.items():
+        start, end = cell * cell_s, (cell + 1) * cell_s
+        whole = any(ev["kind"] not in COMPACTABLE for ev in evs) or \
+            any(a < end and b >= start for a, b in keep)
+        by_key: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
+        for ev in evs:
+            if ev["kind"] == "gpu":
+                # Throttle transitions are tracked across kept cells too, so the first
+                # reading after one is known.
+                now, before = _throttled(ev["body"]), throttled.get(ev["session"])
+                throttled[ev["session"]] = now
+                ev = dict(ev, _keep=before is None or before != now or
+                          _gpu_notable(ev["body"]))
+            by_key[(ev["session"], ev["kind"])].append(ev)
+        if whole:
+            continue
+        for (session, kind), group in by_key.items():
+            floor = (session_floor or {}).get(session)
+            if floor is not None:
+                group = [ev for ev in group if ev["received_at"] < floor]
+            if len(group) < 2:
+                continue
+            last = group[-1]
+            if kind == "coll_stats":
+                updates[last["id"]] = _merge_coll_stats([ev["body"] for ev in group])
+                deletes.extend(ev["id"] for ev in group[:-1])
+            elif kind == "heartbeat":
+                deletes.extend(ev["id"] for ev in group[:-1])
+            else:
+                deletes.extend(ev["id"] for ev in group[:-1] if not ev["_keep"])
+    return updates, deletes
+
+
+class Compactor:
+    """Compacts every job's log in the background, a few cells per writer task.
+
+    Args:
+        store: the database (reads here, writes through ``store.submit``).
+        policy: the window and cell settings.
+        guard: ``guard(job_id, start, end)``, a context held while cells in [start, end) of
+            arrival time are rewritten, so that whoever folds states from the log neither
+            reads them half rewritten nor keeps states it folded from them
+            (``Rewind.compacting``).
+        owns: whether this process should compact a job (several server processes).
+    """
+
+    def __init__(self, store: Store, policy: Policy,
+                 guard: Callable[[int, float, float], ContextManager] | None = None,
+                 owns: Callable[[int], bool] | None = None, cells_per_task: int = 5):
+        self.store, self.policy = store, policy
+        self.guard, self.owns = guard, owns
+        self.cells_per_task = cells_per_task
+        self._done_upto: dict[int, float] = {}  # job -> cells below this are compacted
+        self._done_id: dict[int, int] = {}  # job -> the last event id in those cells
+        self._throttled: dict[int, dict[str, bool]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.deleted = 0  # events removed so far
+        self.rewritten = 0  # summaries rewritten so far
+        self.errors = 0
+
+    def start(self) -> "Compactor":
+        if self.policy.keep_full_s > 0:
+            self._thread = threading.Thread(target=self._loop, name="pgdash-compactor",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.policy.every_s):
+            try:
+                self.run_once()
+            except Exception:  # keep trying: a failed pass loses nothing
+                self.errors += 1
+                log.exception("pgdash: compaction pass failed; retrying in %.0f s",
+                              self.policy.every_s)
+
+    def run_once(self) -> int:
+        """One pass over every job; returns the number of events removed."""
+        removed = 0
+        for job_id, first, last in self.store.event_spans():
+            if self._stop.is_set():
+                break
+            if self.owns is not None and not self.owns(job_id):
+                continue
+            removed += self.compact_job(job_id, first, last)
+        return removed
+
+    def compact_job(self, job_id: int, first_at: float, last_at: float) -> int:
+        """Compact the job's cells that lie wholly before its window."""
+        cell = self.policy.cell_s
+        horizon = math.floor((last_at - self.policy.keep_full_s) / cell) * cell
+        start = self._done_upto.get(job_id, math.floor(first_at / cell) * cell)
+        keep = [(f["first_seen"] - self.policy.around_findings_s,
+                 f["last_seen"] + self.policy.around_findings_s)
+                for f in self.store.job_findings(job_id)]
+        throttled = self._throttled.setdefault(job_id, {})
+        floors = {session: last - self.policy.keep_full_s
+                  for session, last in self.store.session_last_arrivals(job_id).items()}
+        removed = 0
+        while start < horizon and not self._stop.is_set():
+            end = min(horizon, start + cell * self.cells_per_task)
+            evs = list(self.store.events_until(job_id, self._done_id.get(job_id, 0), end))
+            updates, deletes = plan(evs, cell, keep, throttled, floors)
+            if updates or deletes:
+                guard = self.guard(job_id, start, end) if self.guard else \
+                    contextlib.nullcontext()
+                with guard:
+                    self.store.submit(lambda conn: self.store.compact_events(conn, updates,
+                                                                              deletes),
+                                      timeout=120.0)
+            removed += len(deletes)
+            self.deleted += len(deletes)
+            self.rewritten += len(updates)
+            if evs:
+                self._done_id[job_id] = evs[-1]["id"]
+            self._done_upto[job_id] = start = end
+        return removed

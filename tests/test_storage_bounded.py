@@ -1,0 +1,335 @@
+"""Bounded storage: compact bodies, the 0004 upgrade, compaction, stored checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import random
+
+import pytest
+import sqlalchemy as sa
+
+from dashboard import archive
+from dashboard.codec import decode_body, decode_state, encode_body, encode_state
+from dashboard.compaction import COMPACTABLE, Compactor, Policy, plan
+from dashboard.rewind import Rewind
+from dashboard.state import JobState
+from dashboard.storage import Store, upgrade
+from realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
+
+T0 = 1_780_000_000.0
+RANKS = 4
+
+
+def _job_events(seconds: int, *, hang: tuple[float, float] | None = None,
+                exit_rank_at: float | None = None, seed: int = 3) -> list[dict]:
+    """What RANKS agents send over ``seconds`` (arrival times included): a start, then per
+    second a heartbeat, a latency summary and a GPU reading; rank 1 throttles for a while,
+    rank 2 reports an XID once; optionally a hang of rank 0 and an early exit of rank 3."""
+    rng = random.Random(seed)
+    out, seq = [], {r: 0 for r in range(RANKS)}
+
+    def add(rank: int, t: float, kind: str, body: dict) -> None:
+        seq[rank] += 1
+        out.append({"session": f"s{rank}", "seq": seq[rank], "t": t, "received_at": t + 0.01,
+                    "kind": kind, "body": body})
+
+    for r in range(RANKS):
+        add(r, T0 + r * 0.001, "hello", {"job": "j", "rank": r, "world_size": RANKS,
+                                        "host": "h", "pid": 100 + r, "backend": "gloo"})
+        add(r, T0 + 0.1 + r * 0.001, "group", {"name": "0", "desc": "default_pg",
+                                              "backend": "gloo", "ranks": list(range(RANKS))})
+    for s in range(1, seconds):
+        for r in range(RANKS):
+            t = T0 + s + r * 0.01
+            if exit_rank_at is not None and r == 3 and t >= exit_rank_at:
+                if t - 1 < exit_rank_at:
+                    add(r, t, "exit", {"clean": True, "code": 0})
+                continue
+            hung = hang is not None and hang[0] <= t < hang[1]
+            add(r, t, "heartbeat", {"groups": [{
+                "group": "0", "entered": s * 10 + (1 if hung and r else 0),
+                "completed": s * 10, "inflight_op": "all_reduce" if hung and r else None,
+                "inflight_since": hang[0] if hung and r else None}],
+                "dropped": {"coll_stats": s // 500}, "buffered": 0})
+            if not hung:
+                add(r, t, "coll_stats", {"start": t - 1, "end": t, "rows": [
+                    {"group": "0", "op": op, "count": 10, "bytes": 4096 * 10,
+                     "sum_us": 10 * rng.uniform(50, 150), "max_us": rng.uniform(150, 900),
+                     "hist": [[70 + rng.randrange(6), 4], [80 + rng.randrange(3), 6]]}
+                    for op in ("all_reduce", "broadcast")]})
+            throttled = r == 1 and 400 <= s < 460
+            add(r, t, "gpu", {"uuid": f"GPU-{r}", "name": "H200", "lost": False,
+                              "reasons": ["hw_slowdown"] if throttled else [],
+                              "xids": [79] if r == 2 and s == 300 else [],
+                              "values": {"util_gpu": rng.uniform(80, 100), "mem_used": 1e9,
+                                         "temp_c": 60.0, "power_w": 500.0}})
+    out.sort(key=lambda e: e["received_at"])
+    for i, ev in enumerate(out, 1):
+        ev["id"] = i
+    return out
+
+
+def _views(state: JobState) -> dict:
+    """What the page and diagnosis read of a state, beyond the fold's short windows."""
+    return {"summary": state.summary(), "ranks": state.rank_rows(),
+            "collectives": state.collective_rows(), "progress": state.progress_rows(),
+            "gpus": state.gpu_rows(), "errors": state.error_rows(),
+            "faults": state.gpu_faults, "throttled": state.throttled_since,
+            "groups": state.group_rows(), "timeline": state.timeline_grid(),
+            "recent": {k: list(v) for k, v in state.recent.items()},
+            "gpu_history": {k: list(v) for k, v in state.gpu_history.items()}}
+
+
+def _compacted(events: list[dict], updates: dict, deletes: list[int]) -> list[dict]:
+    gone = set(deletes)
+    return [dict(ev, body=updates.get(ev["id"], ev["body"])) for ev in events
+            if ev["id"] not in gone]
+
+
+def _fold(events: list[dict], upto: float | None = None) -> JobState:
+    return JobState(1, "j").apply_all(ev for ev in events
+                                      if upto is None or ev["received_at"] <= upto)
+
+
+# -- the codec -------------------------------------------------------------------------------
+
+def test_compact_bodies_read_back_identically_and_are_far_smaller_than_json():
+    events = _job_events(30)
+    json_bytes = sum(len(msgspec_json(ev["body"])) for ev in events)
+    packed = [encode_body(ev["body"]) for ev in events]
+    assert [decode_body(p) for p in packed] == [ev["body"] for ev in events]
+    assert sum(map(len, packed)) * 2 < json_bytes
+    with pytest.raises(ValueError, match="format 02"):
+        decode_body(b"\x02abc")
+
+
+def msgspec_json(body: dict) -> bytes:
+    import msgspec
+    return msgspec.json.encode(body)
+
+
+def test_a_checkpoint_refuses_a_pickle_it_did_not_write():
+    state = _fold(_job_events(20))
+    again = decode_state(encode_state(state))
+    assert _views(again) == _views(state)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    import zlib
+    forged = b"\x01" + zlib.compress(pickle.dumps(Evil()))
+    with pytest.raises(ValueError, match="not written by pgdash"):
+        decode_state(forged)
+
+
+# -- compaction, pure ------------------------------------------------------------------------
+
+def test_a_compacted_log_folds_to_the_same_newest_state_and_keeps_every_lifecycle_event():
+    events = _job_events(900, exit_rank_at=T0 + 500.5)
+    cutoff = events[-1]["received_at"] - 200  # the window: its last 200 s stay whole
+    old = [ev for ev in events if ev["received_at"] < (cutoff // 60) * 60]
+    floors = {}
+    for ev in events:
+        floors[ev["session"]] = ev["received_at"] - 200
+    updates, deletes = plan(old, 60.0, keep=[], session_floor=floors)
+    assert len(deletes) > len(old) * 0.75  # it thins
+    compacted = _compacted(events, updates, deletes)
+    gone = set(deletes)
+    assert all(ev["id"] not in gone for ev in events if ev["kind"] not in COMPACTABLE)
+    # The newest state is the same for everything the page and diagnosis use...
+    assert _views(_fold(compacted)) == _views(_fold(events))
+    # ...and the cell holding rank 3's exit was kept whole.
+    exit_cell = (T0 + 500.5) // 60
+    assert all(ev["id"] not in gone for ev in events if ev["received_at"] // 60 == exit_cell)
+    # An XID reading and the throttle transitions of rank 1 are kept: exact fault times.
+    assert _fold(compacted).gpu_faults == _fold(events).gpu_faults
+    # At a moment beyond the window, cumulative statistics and progress agree at cell ends.
+    at = (T0 + 360) // 60 * 60 - 0.001
+    early_full, early_comp = _fold(events, at), _fold(compacted, at)
+    assert early_comp.collective_rows() == early_full.collective_rows()
+    assert early_comp.progress_rows() == early_full.progress_rows()
+    # Compacting again changes nothing.
+    assert plan([ev for ev in compacted if ev["received_at"] < (cutoff // 60) * 60],
+                60.0, keep=[], session_floor=floors) == ({}, [])
+
+
+def test_full_resolution_is_kept_around_a_finding():
+    events = _job_events(600)
+    keep = [(T0 + 200, T0 + 260)]
+    updates, deletes = plan(events, 60.0, keep=keep)
+    gone = set(deletes) | set(updates)
+    near = [ev for ev in events if T0 + 200 <= ev["received_at"] <= T0 + 260]
+    assert near and all(ev["id"] not in gone for ev in near)
+    assert any(ev["received_at"] < T0 + 140 for ev in events if ev["id"] in gone)
+    assert any(ev["received_at"] > T0 + 320 for ev in events if ev["id"] in gone)
+
+
+def test_policy_settings_are_named_when_wrong():
+    with pytest.raises(ValueError, match="PGDASH_KEEP_FULL_S"):
+        Policy(keep_full_s=30.0)
+    with pytest.raises(ValueError, match="PGDASH_KEEP_FULL_S='soon'"):
+        Policy.from_env({"PGDASH_KEEP_FULL_S": "soon"})
+    assert Policy.from_env({"PGDASH_KEEP_FULL_S": "600"}, around_findings_s=60.0) == \
+        Policy(keep_full_s=600.0, around_findings_s=60.0)
+
+
+# -- on a real database ----------------------------------------------------------------------
+
+def _store_job(store: Store, events: list[dict]) -> int:
+    def write(conn) -> int:
+        job_id = store.create_job(conn, "j", T0)
+        for r in range(RANKS):
+            store.create_session(conn, f"s{r}", job_id, r, "h", 100 + r, T0)
+        store.insert_archived_events(conn, job_id, events)
+        return job_id
+    return store.submit(write)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(f"sqlite:///{tmp_path / 'db.sqlite'}").start()
+    yield s
+    s.close()
+
+
+def test_the_compactor_thins_a_stored_job_through_the_writer_and_export_still_works(store):
+    events = _job_events(1500, hang=(T0 + 600, T0 + 700))
+    job_id = _store_job(store, events)
+    finding = {"id": "hang:0", "kind": "hang", "severity": "critical", "active": False,
+               "first_seen": T0 + 660, "last_seen": T0 + 700}
+    store.submit(lambda conn: store.save_findings(conn, job_id, [finding]))
+    told = []
+
+    @contextlib.contextmanager
+    def guard(*span):
+        told.append(span)
+        yield
+
+    compactor = Compactor(store, Policy(keep_full_s=300, around_findings_s=120), guard=guard)
+    removed = compactor.run_once()
+    stored = list(store.job_events(job_id))
+    assert removed == len(events) - len(stored) > len(events) // 2
+    assert told and all(end <= events[-1]["received_at"] - 300 for _, _, end in told)
+    by_id = {ev["id"]: ev for ev in stored}
+    # Nothing inside the window or near the finding is touched.
+    original = {i + 1: ev for i, ev in enumerate(events)}  # ids as stored (one writer)
+    for i, ev in original.items():
+        if ev["received_at"] >= events[-1]["received_at"] - 300 or \
+                T0 + 540 <= ev["received_at"] < T0 + 820:
+            assert by_id[i]["body"] == ev["body"], ev
+    assert _views(_fold(stored)) == _views(_fold(events))
+    assert compactor.run_once() == 0  # nothing more to do
+    # A compacted job exports and imports like any other.
+    lines = list(archive.export_lines(store, job_id))
+    loaded = archive.Archive.read(lines, "export")
+    new_id = archive.import_archive(store, loaded, T0 + 2000)
+    assert _views(_fold(list(store.job_events(new_id))))["collectives"] == \
+        _views(_fold(stored))["collectives"]
+
+
+def test_scrubbing_back_starts_from_a_stored_checkpoint_also_after_a_restart(store):
+    events = _job_events(1200)
+    job_id = _store_job(store, events)
+    # copy_sessions=0: no in-memory copies, as for a 1,024-rank job
+    first = Rewind(store, copy_sessions=0, persist_every_s=120.0)
+    first.view(job_id, "j", events[-1]["received_at"], lambda s: None)
+    store.wait_idle()
+    assert first.checkpoints_saved >= 8
+    restarted = Rewind(store, copy_sessions=0, persist_every_s=120.0)
+    for at in (T0 + 1000.5, T0 + 500.5, T0 + 130.0):  # backwards
+        before = restarted.events_read
+        got = restarted.view(job_id, "j", at, _views)
+        assert got == _views(_fold(events, at)), at
+        assert restarted.events_read - before < 130 * 3 * RANKS  # not from the start
+    assert restarted.checkpoints_loaded == 3
+
+
+def test_a_database_at_the_previous_revision_upgrades_and_reads_back_identically(tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    engine = sa.create_engine(url)
+    upgrade(engine, "0003")
+    events = _job_events(40)
+    with engine.begin() as conn:  # what pgdash up to revision 0003 wrote: JSON bodies
+        conn.exec_driver_sql("INSERT INTO jobs (id, name, created_at, status) "
+                             "VALUES (1, 'j', 0, 'running')")
+        for r in range(RANKS):
+            conn.exec_driver_sql("INSERT INTO sessions (id, job_id, rank, first_seen) "
+                                 f"VALUES ('s{r}', 1, {r}, 0)")
+        conn.exec_driver_sql(
+            "INSERT INTO events (id, job_id, session, seq, t, received_at, kind, body) "
+            "VALUES (?, 1, ?, ?, ?, ?, ?, ?)",
+            [(ev["id"], ev["session"], ev["seq"], ev["t"], ev["received_at"], ev["kind"],
+              msgspec_json(ev["body"]).decode()) for ev in events])
+    engine.dispose()
+    store = Store(url).start()  # upgrades to head
+    try:
+        assert list(store.job_events(1)) == events
+        more = [dict(ev, seq=ev["seq"] + 1000) for ev in events[:5]]
+        store.submit(lambda conn: store.insert_archived_events(conn, 1, more))
+        with store.engine.connect() as conn:
+            kinds = conn.exec_driver_sql(
+                "SELECT body_z IS NULL, COUNT(*) FROM events GROUP BY 1").all()
+        assert sorted(kinds) == [(0, 5), (1, len(events))]  # old rows left as they were
+        got = list(store.job_events(1))
+        assert [ev["body"] for ev in got] == [ev["body"] for ev in events + more]
+    finally:
+        store.close()
+
+
+def test_compaction_and_stored_checkpoints_work_on_postgres(pg_url):
+    store = Store(pg_url).start()
+    try:
+        events = _job_events(900, hang=(T0 + 300, T0 + 360))
+        job_id = _store_job(store, events)
+        removed = Compactor(store, Policy(keep_full_s=240, around_findings_s=60)).run_once()
+        stored = list(store.job_events(job_id))
+        assert removed == len(events) - len(stored) > len(events) // 2
+        assert _views(_fold(stored)) == _views(_fold(events))
+        first = Rewind(store, copy_sessions=0, persist_every_s=120.0)
+        first.view(job_id, "j", stored[-1]["received_at"], lambda s: None)
+        store.wait_idle()
+        restarted = Rewind(store, copy_sessions=0, persist_every_s=120.0)
+        at = T0 + 800.5  # inside the window: folds the same as the full log
+        assert restarted.view(job_id, "j", at, _views) == _views(_fold(stored, at))
+        assert restarted.checkpoints_loaded == 1
+    finally:
+        store.close()
+
+
+def test_the_live_fold_stores_checkpoints_as_the_job_runs(store):
+    """No scrub needed: the writer stores the live state at each period's start, and a
+    restarted server's state?at starts from one of them."""
+    from dashboard.ingest import Ingest
+
+    clock = [T0]
+    ingest = Ingest(store, clock=lambda: clock[0]).start()
+    ingest.rewind.persist_every_s = 60.0
+    sessions = []
+    for r in range(RANKS):
+        session, job_id = ingest.connect({"v": 1, "session": f"live{r}", "job": "live",
+                                          "rank": r, "host": "h", "pid": 1})
+        sessions.append(session)
+    seq = {s: 0 for s in sessions}
+    by_second = {}
+    for ev in _job_events(400):
+        by_second.setdefault(int(ev["received_at"] - T0), []).append(ev)
+    for second, evs in sorted(by_second.items()):
+        clock[0] = T0 + second + 0.5
+        for ev in evs:
+            session = sessions[int(ev["session"][1:])]
+            seq[session] += 1
+            ack = ingest.batch(session, job_id, {"v": 1, "events": [
+                {"seq": seq[session], "t": ev["t"], "kind": ev["kind"], "body": ev["body"]}]})
+            assert ack["ok"], ack
+    store.wait_idle()
+    assert ingest.rewind.checkpoints_saved >= 5
+    restarted = Ingest(store, clock=lambda: clock[0]).start()
+    at = T0 + 250.7
+    got = restarted.rewind.view(job_id, "live", at, _views)
+    assert restarted.rewind.checkpoints_loaded == 1
+    assert restarted.rewind.events_read < 70 * 3 * RANKS  # from a checkpoint, not the start
+    assert got == _views(JobState(job_id, "live").apply_all(
+        ev for ev in store.job_events(job_id) if ev["received_at"] <= at))
