@@ -10,7 +10,7 @@ import random
 import pytest
 import sqlalchemy as sa
 
-from dashboard import archive
+from dashboard import archive, views
 from dashboard.codec import decode_body, decode_state, encode_body, encode_state
 from dashboard.compaction import COMPACTABLE, Compactor, Policy, plan
 from dashboard.rewind import Rewind
@@ -73,11 +73,11 @@ def _job_events(seconds: int, *, hang: tuple[float, float] | None = None,
 
 def _views(state: JobState) -> dict:
     """What the page and diagnosis read of a state, beyond the fold's short windows."""
-    return {"summary": state.summary(), "ranks": state.rank_rows(),
-            "collectives": state.collective_rows(), "progress": state.progress_rows(),
-            "gpus": state.gpu_rows(), "errors": state.error_rows(),
+    return {"summary": state.summary(), "ranks": views.rank_rows(state),
+            "collectives": views.collective_rows(state), "progress": views.progress_rows(state),
+            "gpus": views.gpu_rows(state), "errors": views.error_rows(state),
             "faults": state.gpu_faults, "throttled": state.throttled_since,
-            "groups": state.group_rows(), "timeline": state.timeline_grid(),
+            "groups": views.group_rows(state), "timeline": views.timeline_grid(state),
             "recent": {k: list(v) for k, v in state.recent.items()},
             "gpu_history": {k: list(v) for k, v in state.gpu_history.items()}}
 
@@ -149,8 +149,8 @@ def test_a_compacted_log_folds_to_the_same_newest_state_and_keeps_every_lifecycl
     # At a moment beyond the window, cumulative statistics and progress agree at cell ends.
     at = (T0 + 360) // 60 * 60 - 0.001
     early_full, early_comp = _fold(events, at), _fold(compacted, at)
-    assert early_comp.collective_rows() == early_full.collective_rows()
-    assert early_comp.progress_rows() == early_full.progress_rows()
+    assert views.collective_rows(early_comp) == views.collective_rows(early_full)
+    assert views.progress_rows(early_comp) == views.progress_rows(early_full)
     # Compacting again changes nothing.
     assert plan([ev for ev in compacted if ev["received_at"] < (cutoff // 60) * 60],
                 60.0, keep=[], session_floor=floors) == ({}, [])
@@ -328,7 +328,8 @@ def test_the_live_fold_stores_checkpoints_as_the_job_runs(store):
     assert ingest.rewind.checkpoints_saved >= 5
     restarted = Ingest(store, clock=lambda: clock[0]).start()
     at = T0 + 250.7
-    got = restarted.rewind.view(job_id, "live", at, _views)
+    # (Ingest folds a Timeline: the state with its findings book, stored together.)
+    got = restarted.rewind.view(job_id, "live", at, lambda timeline: _views(timeline.state))
     assert restarted.rewind.checkpoints_loaded == 1
     assert restarted.rewind.events_read < 70 * 3 * RANKS  # from a checkpoint, not the start
     assert got == _views(JobState(job_id, "live").apply_all(
