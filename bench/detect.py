@@ -25,7 +25,7 @@ Goals (from issue 9), checked per run:
     crash       crash              rank 1 (raises)                               3 s
     kill        crash (rank_lost)  rank 1 (SIGKILL)                              3 s
     straggler   straggler          the last rank (steps 20% slower)              30 steps
-    init        init               rank 2 of 3 (never started)                   5 s after arrival
+    init        init               rank 2 of 3 (never started)                   12 s after arrival (init_grace 10 s)
     healthy     (none)             4-rank DDP + 2x2 mesh training                0 warnings/criticals
     checkpoint  (none)             the same, rank 0 checkpoints 5 s once         0 warnings/criticals
     mixed       (none)             2x2 mesh: warm-up of up to 4 s per rank,      0 warnings/criticals
@@ -130,8 +130,8 @@ def scenarios(a: argparse.Namespace) -> dict[str, Scenario]:
             30 * STRAGGLER_STEP_S, w,
             lambda rng: ["straggler", str(rng.randint(60, 120)), str(a.straggler_steps)],
             timeout_s=a.straggler_steps * STRAGGLER_STEP_S + 10),
-        "init": Scenario("init", "init", [2], "init_incomplete: <= 5 s after arrival",
-                         5.0, 3, ["healthy"], only=[0, 1]),
+        "init": Scenario("init", "init", [2], "init_incomplete: <= 12 s after arrival",
+                         12.0, 3, ["healthy"], only=[0, 1]),
         "healthy": Scenario("healthy", None, None, "healthy 4 ranks: 0 warnings/criticals",
                             None, 4, lambda rng: [], script="train_job.py"),
         "checkpoint": Scenario(

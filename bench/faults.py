@@ -458,7 +458,18 @@ def chromium_path() -> str | None:
 
 def page_dropped(url: str, job_id: int) -> dict[str, str] | None:
     """What the job page's header says about dropped events (``#job-dropped``: its text and
-    its per-kind title), read in headless Chromium; None without playwright or Chromium."""
+    its per-kind title), read in headless Chromium; None without playwright or Chromium.
+
+    In a subprocess of its own: Playwright's sync API allows one session per process, and a
+    test run may hold one already (the browser tests')."""
+    done = subprocess.run([sys.executable, __file__, "--read-page-dropped", url, str(job_id)],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"reading the job page failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def _read_page_dropped(url: str, job_id: int) -> dict[str, str] | None:
     try:
         from playwright.sync_api import expect, sync_playwright
     except ImportError:
@@ -884,6 +895,8 @@ def main() -> None:
               f"{'met' if total_bad == 0 else 'MISSED'}")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:2] == ["--read-page-dropped"]:
+    print(json.dumps(_read_page_dropped(sys.argv[2], int(sys.argv[3]))))
+elif __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()

@@ -280,7 +280,7 @@ class JobState:
             mean = point[2] / max(1, point[1])
             hist = point[3]
             # The histogram stays (compact) so that the straggler rule can pool intervals.
-            point[3:] = [_quantile_us(hist, 0.5, mean), _quantile_us(hist, 0.25, mean),
+            point[3:] = [quantile_us(hist, 0.5, mean), quantile_us(hist, 0.25, mean),
                          tuple(sorted(hist.items()))]
             window = self.recent.get((group, r.rank))
             if window is None:
@@ -550,15 +550,16 @@ def _status_of(by_rank: dict[int, RankState], world_size: int | None,
     return status, ended_at
 
 
-def _quantile_us(hist: dict[int, int], q: float, mean: float) -> float:
-    """Quantile ``q`` of one interval's latency histogram (its mean when it has none)."""
+def quantile_us(hist: dict[int, int], q: float, default: float) -> float:
+    """Quantile ``q`` of a latency histogram (bucket -> count): at least ``q`` of the
+    collectives took at most this long (the bucket's middle); ``default`` when it is empty."""
     total = sum(hist.values())
     seen = 0
     for bucket in sorted(hist):
         seen += hist[bucket]
         if seen >= q * total:
             return hist_bucket_value(bucket)
-    return mean
+    return default
 
 
 def rank_row(r: RankState) -> dict[str, Any]:

@@ -42,7 +42,11 @@ class Settings:
     # A rank whose connection closed is lost unless it is back this soon (an agent that
     # reconnects after a network blip, or after acks came late from a busy server).
     reconnect_grace: float = 1.5
-    init_grace: float = 3.0  # after the latest arrival, missing ranks are named
+    # After the latest arrival at rendezvous, missing ranks are named. 3 s named ranks that
+    # were only slow to start on a crowded host (bench/detect.py: a false init_incomplete in
+    # 2 of ~40 runs); a launcher starts ranks within seconds, a rank that never comes stays
+    # missing, and torch itself waits 30 minutes.
+    init_grace: float = 10.0
     # Stragglers (measured with bench/detect.py; see the rule's docstring and README):
     straggler_min_intervals: int = 1  # latency summaries (PGDASH_STATS_INTERVAL_S) a window spans
     straggler_min_calls: int = 16  # ... holding at least this many collectives on every rank

@@ -7,10 +7,10 @@ import collections
 import math
 from typing import Any, Callable, NamedTuple
 
-from agent.wire import RankStatus, hist_bucket, hist_bucket_value
+from agent.wire import RankStatus, hist_bucket
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, process_label
-from dashboard.state import JobState
+from dashboard.state import JobState, quantile_us
 
 
 def _windows(state: JobState, group: str, now: float) -> dict[int, list[tuple]]:
@@ -272,16 +272,16 @@ def _straggler_in(windows: dict[int, list[tuple]], back: int,
             return None
         recent = {rank: pts[-n:] for rank, pts in windows.items()}
         pooled = {rank: _pooled(pts) for rank, pts in recent.items()}
-        medians = {rank: _pooled_quantile(h, 0.5) for rank, h in pooled.items()}
+        medians = {rank: quantile_us(h, 0.5, 0.0) for rank, h in pooled.items()}
         slow = min(medians, key=medians.get)
-        lows = {rank: _pooled_quantile(h, 1.0 - s.straggler_late_share)
+        lows = {rank: quantile_us(h, 1.0 - s.straggler_late_share, 0.0)
                 for rank, h in pooled.items() if rank != slow}
         typical = _typical(lows, slow)
         if typical < s.straggler_ratio * medians[slow] or \
                 typical - medians[slow] < s.straggler_min_wait_us:
             continue
         if steady:
-            highs = {rank: _pooled_quantile(h, s.straggler_late_share)
+            highs = {rank: quantile_us(h, s.straggler_late_share, 0.0)
                      for rank, h in pooled.items() if rank != slow}
             if typical < s.straggler_steady * _typical(highs, slow):
                 continue
@@ -300,17 +300,6 @@ def _pooled(points: list[tuple]) -> dict[int, int]:
             out[hist_bucket(p[4] if len(p) > 4 else p[2] / p[1])] += p[1]
     return out
 
-
-def _pooled_quantile(hist: dict[int, int], q: float) -> float:
-    """Quantile ``q`` of a pooled histogram: at least ``q`` of the collectives took at most
-    this long (the bucket's middle)."""
-    total = sum(hist.values())
-    seen = 0
-    for bucket in sorted(hist):
-        seen += hist[bucket]
-        if seen >= q * total:
-            return hist_bucket_value(bucket)
-    return 0.0
 
 
 def _typical(means: dict[int, float], slow: int) -> float:
