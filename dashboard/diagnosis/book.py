@@ -140,15 +140,25 @@ class Book:
             self.start(self.moment(last))
             return []
         out = []
+        stride = self._stride(state)
         while self.ticked < last:
             if self.settled(state):  # nothing can change until the next event
                 self.ticked = last
                 break
             self.ticked += 1
+            if self.ticked % stride:
+                continue  # a big job: only the moments of its coarser grid are judged
             changes = self.update(state, self.moment(self.ticked))
             if changes.findings or changes.incidents:
                 out.append(changes)
         return out
+
+    def _stride(self, state: JobState) -> int:
+        """Judge every this many moments of the grid: 1, or coarser for a big job."""
+        s = self.settings
+        if len(state.rank_index()) <= s.large_job_ranks:
+            return 1
+        return max(1, round(s.large_job_every / s.diagnose_every))
 
     def update(self, state: JobState, now: float) -> Changes:
         """Fold the diagnosis at ``now`` into the book; returns what changed.

@@ -30,6 +30,11 @@ class Settings:
     # second, as agents summarise latencies (PGDASH_STATS_INTERVAL_S): a summary that makes
     # a straggler conclusive is judged at most this long after it arrives (bench/detect.py).
     diagnose_every: float = 0.5
+    # ... but a job of more ranks than this is judged on every second only: diagnosing 1,024
+    # ranks takes ~0.2 s of a core, and twice a second it took 40% of one (bench/capacity.py).
+    # A function of the state, so replay skips the same moments.
+    large_job_ranks: int = 256
+    large_job_every: float = 1.0
     hang_after: float = 60.0  # --hang-after: a collective waiting this long is a hang
     # A collective some ranks wait in while a peer has not entered it is a `stall` once the
     # wait reaches the largest of these (measured on real gloo jobs: see README, "Stall"):
