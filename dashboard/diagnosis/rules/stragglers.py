@@ -294,8 +294,9 @@ def _pooled(points: list[tuple]) -> dict[int, int]:
     out: dict[int, int] = collections.defaultdict(int)
     for p in points:
         if len(p) > 5:
-            for bucket, n in p[5]:
-                out[bucket] += n
+            flat = p[5]  # (bucket, count, bucket, count, ...)
+            for i in range(0, len(flat), 2):
+                out[flat[i]] += flat[i + 1]
         else:  # folded before histograms were kept: all its collectives at its quartile
             out[hist_bucket(p[4] if len(p) > 4 else p[2] / p[1])] += p[1]
     return out
