@@ -479,7 +479,14 @@ _msgpack_encoder = msgspec.msgpack.Encoder(enc_hook=_plain)
 _json_encoder = msgspec.json.Encoder()
 
 
-class RankStatus(str, enum.Enum):
+class TextEnum(str, enum.Enum):
+    """An enum whose members are their strings: equal to, printed as and sent as them."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RankStatus(TextEnum):
     """A rank's status as the server folds it (str-valued: equal to, and sent as, the string)."""
 
     INITIALIZING = "initializing"
@@ -488,20 +495,14 @@ class RankStatus(str, enum.Enum):
     FAILED = "failed"
     LOST = "lost"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class JobStatus(str, enum.Enum):
+class JobStatus(TextEnum):
     """A job's status as the server folds it (str-valued, like RankStatus)."""
 
     INITIALIZING = "initializing"
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 ENDED = (JobStatus.FINISHED, JobStatus.FAILED)  # job statuses that no longer change by

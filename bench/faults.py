@@ -417,16 +417,7 @@ def server_down(workdir: Path, steps: int = 300, buffer: int = 10
         wait_for(lambda: all("DROPPING" in (workdir / f"down-rank{r}.log").read_text()
                              for r in (0, 1)), 180, "both ranks dropping while the server is down")
         srv = ServerProcess(f"sqlite:///{db}", port=port, log_path=workdir / "down.log").start()
-        codes = wait_job(procs, 300, workdir)
-        assert codes == [0, 0], codes
-        job = wait_for(lambda: (j := job_by_name(srv, "down")) and j["status"] == "finished"
-                       and j, 60, "the job after the server came up")
-        ranks = srv.api(f"/api/jobs/{job['id']}")["ranks"]
-        results = []
-        for rank in (0, 1):
-            text = (workdir / f"down-rank{rank}.log").read_text()
-            line = next(x for x in text.splitlines() if x.startswith("RESULT "))
-            results.append(json.loads(line[len("RESULT "):]))
+        job, ranks, results = _finished_after_outage(srv, procs, workdir, "down")
         dropped_agent = sum(sum(r["dropped"].values()) for r in results)
         dropped_shown = sum(sum((r.get("dropped") or {}).values()) for r in ranks)
         max_buffered = max(r["max_buffered"] for r in results)
@@ -454,6 +445,22 @@ def chromium_path() -> str | None:
     candidate = os.environ.get("PGDASH_CHROMIUM") or shutil.which("chromium") or \
         "/usr/bin/chromium"
     return candidate if Path(candidate).is_file() and os.access(candidate, os.X_OK) else None
+
+
+def _finished_after_outage(srv, procs, workdir: Path, name: str):
+    """Once the server is back: the 2-rank job ``name`` finished cleanly; returns its job row,
+    its ranks as the API shows them, and each rank's RESULT line (what its agent counted)."""
+    codes = wait_job(procs, 300, workdir)
+    assert codes == [0, 0], codes
+    job = wait_for(lambda: (j := job_by_name(srv, name)) and j["status"] == "finished"
+                   and j, 60, "the job after the server came up")
+    ranks = srv.api(f"/api/jobs/{job['id']}")["ranks"]
+    results = []
+    for rank in (0, 1):
+        text = (workdir / f"{name}-rank{rank}.log").read_text()
+        line = next(x for x in text.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line[len("RESULT "):]))
+    return job, ranks, results
 
 
 def page_dropped(url: str, job_id: int) -> dict[str, str] | None:
@@ -539,16 +546,7 @@ def long_outage(workdir: Path, outage_s: float, buffer: int = 10, after_s: float
         time.sleep(outage_s)  # nobody listening: the outage
         srv = ServerProcess(f"sqlite:///{db}", port=port,
                             log_path=workdir / "outage-server.log").start()
-        codes = wait_job(procs, 300, workdir)
-        assert codes == [0, 0], codes
-        job = wait_for(lambda: (j := job_by_name(srv, "outage")) and j["status"] == "finished"
-                       and j, 60, "the job after the server came up")
-        ranks = srv.api(f"/api/jobs/{job['id']}")["ranks"]
-        results = []
-        for rank in (0, 1):
-            text = (workdir / f"outage-rank{rank}.log").read_text()
-            line = next(x for x in text.splitlines() if x.startswith("RESULT "))
-            results.append(json.loads(line[len("RESULT "):]))
+        job, ranks, results = _finished_after_outage(srv, procs, workdir, "outage")
         page = page_dropped(srv.url, job["id"]) if check_page else None
         with sqlite3.connect(db) as conn:
             seqs = {session: (n, distinct, top) for session, n, distinct, top in conn.execute(

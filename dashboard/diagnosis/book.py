@@ -20,18 +20,17 @@ checkpointed JobState. No Flask, no SQL, no clock.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from typing import Any, Iterable, NamedTuple
 
-from agent.wire import ENDED
+from agent.wire import ENDED, TextEnum
 from dashboard.diagnosis.core import Finding, Settings, Severity
 from dashboard.diagnosis.incidents import Incident, active_count, incidents
 from dashboard.diagnosis.rules import diagnose
 from dashboard.state import JobState, StoredEvent
 
 
-class Change(str, enum.Enum):
+class Change(TextEnum):
     """What happened to a finding or an incident at one tick (str-valued, as sent)."""
 
     NEW = "new"  # appeared, or came back after it had resolved
@@ -40,9 +39,6 @@ class Change(str, enum.Enum):
     RESOLVED = "resolved"
     ESCALATED = "escalated"  # an incident that turned critical (a stall that became a hang)
 
-    def __str__(self) -> str:
-        return self.value
-
 
 class Changes(NamedTuple):
     """What one tick changed: findings to store and push, incidents to tell."""
@@ -50,8 +46,6 @@ class Changes(NamedTuple):
     at: float
     findings: list[tuple[Change, Finding]]
     incidents: list[tuple[Change, Incident]]
-
-
 
 
 def _gist(f: Finding) -> tuple:

@@ -8,19 +8,17 @@ A finding names what is wrong, the rank(s) at fault, a next step, and its eviden
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Any, Iterable
 
+from agent.wire import TextEnum
 
-class Severity(str, enum.Enum):
+
+class Severity(TextEnum):
     """How bad a finding is (str-valued: JSON holds the same strings as before)."""
 
     CRITICAL = "critical"
     WARNING = "warning"
     INFO = "info"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclasses.dataclass(frozen=True)
