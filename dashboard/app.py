@@ -21,7 +21,7 @@ from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
 from dashboard import access, limits, views
 from dashboard import guard as login_guard
 from dashboard.archive import export_lines
-from dashboard.config import DEFAULTS, DIAGNOSE_EVERY_S, PAUSE_NOTICED_S
+from dashboard.config import DEFAULTS, DIAGNOSE_EVERY_S
 from dashboard.diagnosis import Settings
 from dashboard.diagnosis.incidents import incidents
 from dashboard.ingest import Ingest, Refused
@@ -79,6 +79,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
                         cors_allowed_origins=[], logger=False, engineio_logger=False,
                         message_queue=queue_url, channel="pgdash-socketio")
     app.extensions["pgdash"] = ingest
+    ingest.lag.start()  # the pause watchdog: a stopped server never blames a rank
     access.register(app, socketio, app.config["TOKEN"], guard)
     _register_pages(app)
     _register_api(app, ingest)
@@ -522,11 +523,8 @@ class LivePush:
         # Wake often, push each changed job as soon as its own interval allows: an update
         # waits ~0.05 s for the loop instead of half an interval on average.
         tick = min(self.interval, 0.05)
-        woke = time.monotonic()
         while not self._stop.wait(tick):
-            slept = time.monotonic() - woke
-            if slept > tick + PAUSE_NOTICED_S:  # this process was not running: say so first
-                self.ingest.lag.paused(slept - tick)
+            self.ingest.lag.check_pause()  # a pause is said before anything is judged
             try:
                 # Diagnosis of a 1,024-rank job takes ~45 ms of a GIL it shares with ingest:
                 # judge the moments of the findings book's grid (every 0.5 s) that no batch
@@ -558,4 +556,3 @@ class LivePush:
                             self._feeds.pop(job_id, None)
             except Exception:
                 log.exception("pgdash: live push failed; retrying next interval")
-            woke = time.monotonic()  # the loop's own work is not a pause

@@ -22,7 +22,6 @@ DEFAULT_HOST = "127.0.0.1"  # loopback: nothing beyond this machine reaches the 
 # The timer of live diagnosis: the findings book's grid (Settings.diagnose_every), which
 # live and replay judge on alike (dashboard.diagnosis.book).
 DIAGNOSE_EVERY_S = Settings().diagnose_every
-PAUSE_NOTICED_S = 1.0  # the push loop overslept by this much: the server itself was paused
 
 DEFAULTS = {
     "DB": DEFAULT_DB,
@@ -50,5 +49,4 @@ DEFAULTS = {
     "CHECKPOINT_S": 300.0,  # a stored JobState every this many seconds of the log
 }
 
-__all__ = ["DEFAULTS", "DEFAULT_DB", "DEFAULT_HOST", "DEFAULT_PORT", "DIAGNOSE_EVERY_S",
-           "PAUSE_NOTICED_S"]
+__all__ = ["DEFAULTS", "DEFAULT_DB", "DEFAULT_HOST", "DEFAULT_PORT", "DIAGNOSE_EVERY_S"]

@@ -349,7 +349,14 @@ class Ingest:
                 # A stored checkpoint when this batch opens a new period: the state and the
                 # book as a replay would have them (dashboard.rewind).
                 self.rewind.checkpoint_live(conn, self.books.timeline(job_id, state), now)
-                self.books.before_fold(conn, job_id, state, now)
+                self.lag.check_pause()  # the writer may be first to run after a pause
+                # A batch far later than its session's usual (the server stood still) says
+                # the others' news is late too: the moments it spans wait (dashboard.lag).
+                newest = max((ev["t"] for ev in fresh if ev.get("seq") is not None),
+                             default=None)
+                late = 0.0 if newest is None else self.lag.lateness(session, newest, now)
+                self.books.before_fold(conn, job_id, state, now,
+                                       late if late > LAG_WARN_S else 0.0)
                 for event_id, ev in zip(ids, fresh):
                     stored: StoredEvent = {"id": event_id, "session": session,
                                            "seq": ev.get("seq"), "t": ev["t"],
@@ -357,7 +364,6 @@ class Ingest:
                                            "body": ev["body"]}
                     state.apply(stored)
                 after = state.summary()
-        newest = max((ev["t"] for ev in fresh if ev.get("seq") is not None), default=None)
         if newest is not None:
             self.lag.folded(session, newest, now)
         if after != before:

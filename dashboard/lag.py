@@ -18,11 +18,15 @@ measure: right after it resumes, the silence it has not read yet would look like
 from __future__ import annotations
 
 import collections
+import threading
+import time
 from typing import Callable
 
 LAG_WINDOW_S = 5.0  # batches folded this recently make up the current lag
 LAG_QUANTILE = 0.9
 LAG_WARN_S = 5.0  # above this, the server says it is behind (log, /metrics, page)
+PAUSE_NOTICED_S = 1.0  # the watchdog overslept by this much: the server itself was paused
+WATCHDOG_S = 0.1  # how often the watchdog wakes
 MAX_SAMPLES = 8192  # bound of the window, whatever the rate
 MAX_SESSIONS = 1_000_000  # floors kept (one per agent process)
 
@@ -44,6 +48,30 @@ class IngestLag:
         self._samples: collections.deque[tuple[float, float]] = collections.deque(
             maxlen=MAX_SAMPLES)
         self._pauses: collections.deque[tuple[float, float]] = collections.deque(maxlen=64)
+        self._beat: float | None = None  # monotonic time the watchdog last ran
+
+    def start(self) -> "IngestLag":
+        """Run the pause watchdog: a thread that only sleeps, so that oversleeping means the
+        process stood still (SIGSTOP, swapped out, starved of the GIL)."""
+        self._beat = time.monotonic()
+        threading.Thread(target=self._watch, name="pgdash-pause-watchdog", daemon=True).start()
+        return self
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(WATCHDOG_S)
+            self.check_pause()
+
+    def check_pause(self) -> None:
+        """Record a pause if the watchdog has not run for PAUSE_NOTICED_S. Also called by
+        the writer before it judges anything: after SIGCONT it may run before the watchdog,
+        and the moments of the pause must not be judged on what was read before it."""
+        if self._beat is None:
+            return
+        now = time.monotonic()
+        gap, self._beat = now - self._beat, now
+        if gap > WATCHDOG_S + PAUSE_NOTICED_S:
+            self.paused(gap - WATCHDOG_S)
 
     def folded(self, session: str, newest_event_t: float, folded_at: float) -> None:
         """Record a batch of ``session`` whose newest event (agent time) was folded now."""
@@ -54,6 +82,13 @@ class IngestLag:
                 self._floor.clear()  # a server up for months: start the floors afresh
             self._floor[session] = floor = delay
         self._samples.append((folded_at, delay - floor))
+
+    def lateness(self, session: str, newest_event_t: float, folded_at: float) -> float:
+        """How much later than usual a batch of ``session`` is folded now (0 for a session
+        not seen before): a batch read after the server itself stood still is as late as
+        the pause, before any sample or the push loop has said so."""
+        floor = self._floor.get(session)
+        return 0.0 if floor is None else max(0.0, folded_at - newest_event_t - floor)
 
     def paused(self, seconds: float) -> None:
         """The server itself was not running for ``seconds`` (stopped, swapped out, starved

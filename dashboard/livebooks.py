@@ -69,10 +69,12 @@ class LiveBooks:
             with self._stamp_lock:
                 self._stamping = None
 
-    def before_fold(self, conn, job_id: int, state: JobState, received_at: float) -> None:
+    def before_fold(self, conn, job_id: int, state: JobState, received_at: float,
+                    late: float = 0.0) -> None:
         """Writer thread, states lock held: judge the moments due before a batch received at
         ``received_at`` is folded. While the server is behind, only those up to
-        ``judged_at()``."""
+        ``judged_at()``; for a batch ``late`` seconds late, only those up to its lateness
+        back (it may be the first thing read after the server stood still)."""
         book = self._books.get(job_id)
         if book is None:
             if state.applied:  # held since before its book could be rebuilt: from now
@@ -84,7 +86,7 @@ class LiveBooks:
         due = book.judged_through
         if due is not None and received_at - due <= self.settings.diagnose_every:
             return  # nothing due (cheap: no lag measured)
-        held = self.judged_at()
+        held = min(self.judged_at(), received_at - late)
         found = book.tick_through(state, held) if held < received_at else \
             book.tick_before(state, received_at)
         if found:
