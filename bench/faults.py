@@ -431,11 +431,7 @@ def server_down(workdir: Path, steps: int = 300, buffer: int = 10
                      "buffer": buffer, "dropped_agent": dropped_agent,
                      "dropped_shown": dropped_shown}
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        if srv is not None:
-            srv.stop()
+        _stop(procs, srv)
 
 
 def chromium_path() -> str | None:
@@ -445,6 +441,15 @@ def chromium_path() -> str | None:
     candidate = os.environ.get("PGDASH_CHROMIUM") or shutil.which("chromium") or \
         "/usr/bin/chromium"
     return candidate if Path(candidate).is_file() and os.access(candidate, os.X_OK) else None
+
+
+def _stop(procs, srv) -> None:
+    """Kill the ranks still running, then stop the server (if it was started)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    if srv is not None:
+        srv.stop()
 
 
 def _finished_after_outage(srv, procs, workdir: Path, name: str):
@@ -553,11 +558,7 @@ def long_outage(workdir: Path, outage_s: float, buffer: int = 10, after_s: float
                 "SELECT session, COUNT(*), COUNT(DISTINCT seq), MAX(seq) FROM events "
                 "WHERE seq IS NOT NULL GROUP BY session")}
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        if srv is not None:
-            srv.stop()
+        _stop(procs, srv)
     phases = [_phases(r) for r in results]
     # Every sequence number an agent gave out is stored, or was dropped and counted: a seq
     # that is neither was lost after the agent took it in.
@@ -737,9 +738,7 @@ def step_time_ratio(workdir: Path, rounds: int = 40, block_s: float = 4.0,
         codes = wait_job(procs, 120, workdir)
         assert codes == [0, 0], codes
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        _stop(procs, None)
         switch.down()
         srv.stop()
     results = []

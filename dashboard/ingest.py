@@ -198,14 +198,14 @@ class Ingest:
 
         def read(timeline: Timeline) -> dict[str, Any]:
             state, book = timeline.state, timeline.book_at(at)
-            found = book.findings()
-            # ``sections``: what the live feed sends (dashboard.live), judged at ``at``.
-            return {"at": at, "job": state.summary(), "ranks": views.rank_rows(state),
-                    "groups": views.group_rows(state),
+            # ``sections``: what the live feed sends (dashboard.live), judged at ``at``; the
+            # findings and incidents of the book then, grouped once, serve both.
+            shown = sections(state, at=at, findings=book.findings(), settings=self.settings)
+            return {"at": at, "job": shown["job"], "ranks": shown["ranks"],
+                    "groups": shown["groups"],
                     "progress": views.progress_rows(state),
-                    "findings": found, "incidents": book.incidents(),
-                    "sections": sections(state, at=at, findings=found,
-                                         settings=self.settings)}
+                    "findings": shown["findings"], "incidents": shown["incidents"],
+                    "sections": shown}
 
         return self.rewind.view(job_id, job["name"], at, read)
 
