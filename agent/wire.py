@@ -349,6 +349,9 @@ def _check(value: Any, shape: type, where: str) -> Any:
         if missing:
             raise WireError(f"{field}.{missing.group(1)} is missing") from None
         raise WireError(f"{field}: {problem}") from None
+    except UnicodeError:  # msgspec meets a lone surrogate while matching a text field
+        raise WireError(f"{where}: text that is not valid Unicode (a lone surrogate); "
+                        "send UTF-8 text") from None
 
 
 _MISSING = re.compile(r"Object missing required field `(\w+)`$")
