@@ -154,12 +154,15 @@ class Ingest:
     def diagnose_live(self) -> None:
         """Judge the grid's moments due by now (less the server's lag, when behind) for
         every job held here; store and mark what changed."""
+        def owns(job_id: int) -> bool:
+            return self.cluster is None or self.cluster.owns(job_id)
+
         with self.cache.lock:
-            changed = self.books.tick_all(
-                self.cache.items(),
-                lambda job_id: self.cluster is None or self.cluster.owns(job_id))
+            changed = self.books.tick_all(self.cache.items(), owns)
+            logs = self.books.take_logs(owns)
         for job_id, found in changed.items():
             self.books.save(job_id, found)
+        self.books.save_logs(logs)
 
     def _findings_changed(self, job_id: int, count_changed: bool) -> None:
         self.dirty.add(job_id)
@@ -188,9 +191,10 @@ class Ingest:
         then folded, and its findings and incidents as the book had them then (None if the
         job is unknown).
 
-        The same fold, rules and book, ticked on the same moments as live, so the findings
-        are those live showed, with the same first/last-seen times. Scrubbing forward
-        continues the last fold; see dashboard.rewind.
+        The findings are those live showed, with the same first/last-seen times: read from
+        the job's stored book log for the moments it covers, else judged by the same rules
+        and book on the same moments. Scrubbing forward continues the last fold; see
+        dashboard.rewind.
         """
         job = self.store.get_job(job_id)
         if job is None:
@@ -207,7 +211,9 @@ class Ingest:
                     "findings": shown["findings"], "incidents": shown["incidents"],
                     "sections": shown}
 
-        return self.rewind.view(job_id, job["name"], at, read)
+        log = self.books.book_log(job_id)
+        return self.rewind.view(job_id, job["name"], at, read,
+                                prepare=lambda timeline: timeline.use_log(log))
 
     def live_views(self) -> list[LiveJob]:
         """What /metrics exports of every job held in memory."""

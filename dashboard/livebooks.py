@@ -18,7 +18,7 @@ import threading
 from typing import Any, Callable, Iterable, Iterator
 
 from dashboard.diagnosis import Finding, Settings
-from dashboard.diagnosis.book import Book, Changes, Timeline
+from dashboard.diagnosis.book import Book, BookLog, Changes, LogRow, Timeline
 from dashboard.diagnosis.incidents import Incident
 from dashboard.state import JobState, StoredEvent
 from dashboard.storage import Store
@@ -81,6 +81,7 @@ class LiveBooks:
                 book = self.book(job_id, received_at)
             else:  # a new job: its grid starts at its first event, as in replay
                 book = self._books[job_id] = Book(self.settings)
+                book.record()
                 book.start(received_at)
                 return
         due = book.judged_through
@@ -130,19 +131,24 @@ class LiveBooks:
     # -- books -------------------------------------------------------------------------------
 
     def load(self, job_id: int, name: str, events: Iterable[StoredEvent]) -> JobState:
-        """Fold a job's log into its state and, while affordable, its book (states lock
-        held); past RECOMPUTE_MAX_DIAGNOSES the book starts from the stored findings."""
+        """Fold a job's log into its state and its book (states lock held): the moments its
+        stored book log covers are read, the others judged while affordable; past
+        RECOMPUTE_MAX_DIAGNOSES the book starts from the stored findings."""
         timeline: Timeline | None = Timeline(job_id, name, self.settings)
+        timeline.recording = True
+        if timeline.use_log(self.book_log(job_id)) and timeline.book is not None:
+            timeline.book.record()
         state = timeline.state
         for ev in events:
-            if timeline is not None and timeline.book.diagnosed > self.RECOMPUTE_MAX_DIAGNOSES:
+            if timeline is not None and timeline.book is not None and \
+                    timeline.book.diagnosed > self.RECOMPUTE_MAX_DIAGNOSES:
                 timeline = None
             if timeline is not None:
                 timeline.apply(ev)
             else:
                 state.apply(ev)
         if timeline is not None and state.applied:
-            book = timeline.book
+            book = timeline.current_book()
             self._tick_now()(book, state)
             if book.diagnosed <= self.RECOMPUTE_MAX_DIAGNOSES:
                 book.keep(self.store.job_findings(job_id))
@@ -151,12 +157,43 @@ class LiveBooks:
                     self.active_incidents[job_id] = book.active_incidents
         return state
 
+    def book_log(self, job_id: int) -> BookLog | None:
+        """The job's stored book log (None if it has none)."""
+        span = self.store.book_span(job_id)
+        if span is None:
+            return None
+
+        def read(until: float) -> tuple[list[LogRow], float | None]:
+            rows, judged = self.store.book_log_rows(job_id, until)
+            return [LogRow(*row) for row in rows], judged
+
+        return BookLog(self.settings, span[0], span[1], read)
+
+    def take_logs(self, owns: Callable[[int], bool]
+                  ) -> list[tuple[int, float | None, list[LogRow], float]]:
+        """States lock held: what each book recorded since last taken, with the moment it
+        is judged through: (job, since, rows, through), for :meth:`save_logs`."""
+        out = []
+        for job_id, book in self._books.items():
+            taken = book.take_log()  # a job another process owns: its owner stores its log
+            if taken is not None and owns(job_id):
+                out.append((job_id, taken[0], taken[1], book.judged_through))
+        return out
+
+    def save_logs(self, logs: list[tuple[int, float | None, list[LogRow], float]]) -> None:
+        """Store what :meth:`take_logs` took, in the order taken (never under the states
+        lock): a span claims its moments only with their rows."""
+        if logs:
+            self.store.submit(lambda conn: [self.store.save_book_log(conn, *log)
+                                            for log in logs])
+
     def book(self, job_id: int, now: float) -> Book:
         """The job's book (states lock held): one not rebuilt from its log begins with what
         earlier runs concluded, judged from ``now`` on."""
         book = self._books.get(job_id)
         if book is None:
             book = self._books[job_id] = Book(self.settings, self.store.job_findings(job_id))
+            book.record()
             book.start(now)
             if book.active_incidents:
                 self.active_incidents[job_id] = book.active_incidents

@@ -68,6 +68,11 @@ class Rewind:
             dashboard.codec stores like one. Stored checkpoints hold what it makes.
     """
 
+    # A copy costs about as much as folding this many events per agent session (a 256-rank
+    # state pickles in ~0.2 s, its fold runs ~30,000 events a second): copies further apart
+    # than that cost the fold under a tenth more (bench/storage.py).
+    EVENTS_PER_SESSION_COPIED = 100
+
     def __init__(self, store: Store, max_jobs: int = 4, checkpoints: int = 16,
                  spacing: int = 2000, copy_sessions: int = 256,
                  persist_every_s: float = 300.0,
@@ -87,10 +92,16 @@ class Rewind:
         self._spacing: dict[int, int] = {}  # by job: events between checkpoints
         self.events_read = 0  # for tests: what scrubbing cost
 
-    def view(self, job_id: int, name: str, at: float, read: Callable[[Any], T]) -> T:
-        """``read(state)`` of the job at moment ``at`` (the state is only valid inside)."""
+    def view(self, job_id: int, name: str, at: float, read: Callable[[Any], T],
+             prepare: Callable[[Any], bool] | None = None) -> T:
+        """``read(state)`` of the job at moment ``at`` (the state is only valid inside).
+        ``prepare(state)`` readies the state the fold starts from; False: it cannot be used
+        (the fold starts from the job's first event instead)."""
         with self._lock:
             start = self._start(job_id, name, at)
+            if prepare is not None and not prepare(start.state):
+                start = _Point(float("-inf"), 0, self.new_state(job_id, name))
+                prepare(start.state)
             point = self._fold(job_id, start, at)
             self._cursors[job_id] = point
             self._cursors.move_to_end(job_id)
@@ -99,6 +110,12 @@ class Rewind:
                 self._checkpoints.pop(old, None)
                 self._spacing.pop(old, None)
             return read(point.state)
+
+    def cursor(self, job_id: int) -> Any | None:
+        """The state the job's last view was read from (None if none is kept)."""
+        with self._lock:
+            point = self._cursors.get(job_id)
+            return None if point is None else point.state
 
     def _start(self, job_id: int, name: str, at: float) -> _Point:
         cursor = self._cursors.pop(job_id, None)
@@ -201,7 +218,8 @@ class Rewind:
                 break
             state.apply(ev)
             last_id, last_at = ev["id"], ev["received_at"]
-            if last_id - marked >= self._spacing.setdefault(job_id, self.spacing):
+            if last_id - marked >= self._spacing.get(job_id, self.spacing) and \
+                    last_id - marked >= self.EVENTS_PER_SESSION_COPIED * len(state.sessions):
                 marked = last_id
                 self._mark(job_id, _Point(last_at, last_id, state))
         return _Point(last_at, last_id, state)
@@ -216,4 +234,4 @@ class Rewind:
         marks.sort(key=lambda m: m.last_id)
         if len(marks) > self.max_checkpoints:  # keep them spread: every other one, twice
             del marks[1::2]                     # as far apart from now on
-            self._spacing[job_id] *= 2
+            self._spacing[job_id] = 2 * self._spacing.get(job_id, self.spacing)

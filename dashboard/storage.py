@@ -122,6 +122,25 @@ def load_body(row: Any) -> dict[str, Any]:
     return decode_body(packed) if packed is not None else decode_json(row["body"])
 
 
+# What each job's live findings book concluded, moment by moment (dashboard.diagnosis.book's
+# BookLog): ``state?at=`` and a restarted server read the book as of a moment here instead of
+# judging every moment again. ``id`` "" with no body marks a moment the book judged.
+book_log = sa.Table(
+    "book_log", metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("at", sa.Float, primary_key=True),
+    sa.Column("id", sa.String(160), primary_key=True),
+    sa.Column("body", sa.LargeBinary),  # dashboard.codec.encode_body of the finding
+)
+
+# The grid moments each job's book_log covers: every one from start_at to through_at.
+book_spans = sa.Table(
+    "book_spans", metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("start_at", sa.Float, nullable=False),
+    sa.Column("through_at", sa.Float, nullable=False),
+)
+
 # One row per job that some server process owns (several processes share one database, see
 # dashboard.cluster): the owner alone folds and diagnoses the job, while its lease lasts.
 job_owners = sa.Table(
@@ -409,7 +428,58 @@ class Store:
              "active": f["active"], "first_seen": f["first_seen"], "last_seen": f["last_seen"],
              "body": json.dumps(f)} for f in rows])
 
+    @staticmethod
+    def save_book_log(conn: sa.Connection, job_id: int, since: float | None,
+                      rows: list[tuple[float, str, dict[str, Any] | None]],
+                      through: float) -> None:
+        """Writer thread: add what a live book recorded, which covers its moments through
+        ``through``. ``since`` (first call of a book only): where its record begins; one
+        that does not continue the stored span starts the job's log afresh (the moments
+        between were judged by nobody)."""
+        span = conn.execute(sa.select(book_spans.c.start_at, book_spans.c.through_at)
+                            .where(book_spans.c.job_id == job_id)).first()
+        if since is not None and (span is None or not span[0] <= since <= span[1]):
+            conn.execute(sa.delete(book_log).where(book_log.c.job_id == job_id))
+            conn.execute(sa.delete(book_spans).where(book_spans.c.job_id == job_id))
+            conn.execute(sa.insert(book_spans).values(job_id=job_id, start_at=since,
+                                                      through_at=max(since, through)))
+        elif span is None:
+            return  # its span was started afresh by another record: these rows are not it
+        elif through > span[1]:
+            conn.execute(sa.update(book_spans).where(book_spans.c.job_id == job_id)
+                         .values(through_at=through))
+        if not rows:
+            return
+        values = [{"job_id": job_id, "at": at, "id": fid,
+                   "body": None if f is None else encode_body(f)} for at, fid, f in rows]
+        if conn.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        conn.execute(insert(book_log).on_conflict_do_nothing(), values)
+
     # -- reading -----------------------------------------------------------------------------
+
+    def book_span(self, job_id: int) -> tuple[float, float] | None:
+        """The moments the job's book log covers (start, through), if it has one."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(book_spans.c.start_at, book_spans.c.through_at)
+                               .where(book_spans.c.job_id == job_id)).first()
+        return (row[0], row[1]) if row else None
+
+    def book_log_rows(self, job_id: int, until: float
+                      ) -> tuple[list[tuple[float, str, dict[str, Any]]], float | None]:
+        """The job's book log up to ``until``: its finding rows in order, and the last
+        moment marked judged (None if none)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(book_log.c.at, book_log.c.id, book_log.c.body)
+                                .where(book_log.c.job_id == job_id, book_log.c.at <= until,
+                                       book_log.c.id != "")
+                                .order_by(book_log.c.at, book_log.c.id)).all()
+            judged = conn.execute(sa.select(sa.func.max(book_log.c.at))
+                                  .where(book_log.c.job_id == job_id, book_log.c.at <= until,
+                                         book_log.c.id == "")).scalar()
+        return [(at, fid, decode_body(body)) for at, fid, body in rows], judged
 
     def job_findings(self, job_id: int) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:

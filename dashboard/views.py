@@ -10,9 +10,9 @@ ingest lag); replay (``GET /api/jobs/<id>/state?at=``) judges at the moment aske
 page only renders what these return, so a replayed moment looks the same every time it is
 opened.
 
-Thresholds live here and in diagnosis ``Settings`` (one place each): ``stall_after`` (a wait
+Thresholds live in diagnosis ``Settings``: ``stall_after`` (a wait
 this long turns a group's laggards from amber to red, as the ``stall`` rule would warn) and
-:data:`BEHIND_AFTER_S`.
+``behind_after`` (how long the others wait before a rank shows "behind").
 """
 
 from __future__ import annotations
@@ -238,11 +238,6 @@ def _op_series(state: JobState, families: dict[str, str], order: list[str], firs
 
 # -- display states at a moment ---------------------------------------------------------------
 
-# Ranks of a moving job are routinely a few collectives apart (heartbeats are snapshots taken
-# at different moments): a rank is "behind" only once the others have waited in a collective
-# this long (the page's STALL_S before the server judged it).
-BEHIND_AFTER_S = 2.0
-
 # Display states of a rank, most serious first (the page's legend follows this order).
 RANK_STATES = ("failed", "lost", "hung", "stalled", "mismatch", "stuck", "straggling",
                "waiting", "running", "initializing", "exited", "unknown")
@@ -344,7 +339,7 @@ def group_states(state: JobState, at: float,
 
     Each row: ``{"group", "family", "max_seq", "oldest_wait" (when the oldest collective
     that members not behind are waiting in began, or None), "behind": [[rank, collectives
-    behind], ...] (only once the others waited BEHIND_AFTER_S, or ``hang_after`` if
+    behind], ...] (only once the others waited ``settings.behind_after``, or ``hang_after`` if
     shorter), "state"}`` (see GROUP_STATES; "overdue" once the others waited
     ``stall_after``, or ``hang_after``). Members are in the ``groups`` rows, who is inside
     a collective in ``progress``: a 1,024-rank job does not send them twice.
@@ -378,7 +373,7 @@ def group_states(state: JobState, at: float,
         waited = None if oldest is None else at - oldest
         # A wait long enough to be a hang is worth a colour whatever the usual thresholds.
         notable = waited is not None and bool(behind) and \
-            waited >= min(BEHIND_AFTER_S, settings.hang_after)
+            waited >= min(settings.behind_after, settings.hang_after)
         if notable and waited >= min(settings.stall_after, settings.hang_after):
             display = "overdue"
         elif notable:

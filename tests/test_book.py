@@ -11,10 +11,16 @@ import sys
 import time
 import urllib.request
 
+import pytest
+import sqlalchemy as sa
+
 from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for
 from dashboard.archive import Archive, replay_timeline
 from dashboard.diagnosis import Settings
-from dashboard.diagnosis.book import Book
+from dashboard.diagnosis.book import Book, BookLog, LogRow
+from dashboard.ingest import Ingest
+from dashboard.storage import Store, book_log, book_spans
+from realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 
 FLAGS = ["--stall-after", "3", "--hang-after", "8"]
 SETTINGS = Settings(stall_after=3.0, hang_after=8.0)  # as FLAGS tell the servers
@@ -107,6 +113,33 @@ def test_live_replay_import_and_state_at_give_the_same_findings_and_incidents(tm
         if other is not None:
             other.stop()
 
+    # 4. The live book's stored log answers state?at= without judging a moment again, and a
+    # restarted server's book continues it; with the log gone, every moment is judged again:
+    # the same findings.
+    store = Store(f"sqlite:///{tmp_path / 'live.db'}").start()
+    try:
+        span = store.book_span(job["id"])
+        assert span is not None and span[0] <= min(moments) and span[1] >= max(moments), span
+        logged = Ingest(store, settings=SETTINGS).start()
+        for at in moments:
+            then = logged.state_at(job["id"], at)
+            assert gist(then["findings"], FINDING) == gist(snapshots[at], FINDING), at
+            assert logged.rewind.cursor(job["id"]).book is None, "a moment was judged"
+        restarted = Ingest(store, clock=lambda: span[1] + 1, settings=SETTINGS).start()
+        assert restarted.state(job["id"]) is not None
+        book = restarted.books.held(job["id"])
+        assert gist(book.findings(), FINDING) == gist(findings, FINDING)
+        assert book.diagnosed <= 4, "the restarted book judged what the log holds"
+
+        store.submit(lambda conn: [conn.execute(sa.delete(t)) for t in (book_log, book_spans)])
+        judged = Ingest(store, settings=SETTINGS).start()
+        for at in moments:
+            then = judged.state_at(job["id"], at)
+            assert gist(then["findings"], FINDING) == gist(snapshots[at], FINDING), at
+        assert judged.rewind.cursor(job["id"]).book.diagnosed > 0
+    finally:
+        store.close()
+
 
 def test_the_book_keeps_first_seen_the_earliest_and_resolved_findings_inactive():
     """The lifecycle rules on plain data: a finding's first_seen is the earliest any moment
@@ -133,3 +166,59 @@ def test_the_book_keeps_first_seen_the_earliest_and_resolved_findings_inactive()
     assert [(ch.value, i["active"]) for ch, i in resolved.incidents] == [("resolved", False)]
     assert book.tick_through(log.state(), 110.0) == []  # nothing changes: nothing to tell
     assert [f["first_seen"] for f in book.findings()] == [106.0]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def log_store(request, tmp_path):
+    url = f"sqlite:///{tmp_path / 'log.db'}" if request.param == "sqlite" else \
+        request.getfixturevalue("pg_url")
+    store = Store(url).start()
+    yield store
+    store.close()
+
+
+def test_a_stored_book_log_gives_the_book_as_it_was_at_every_moment(log_store):
+    """A recording book's log, stored (SQLite and PostgreSQL), read back as of each moment,
+    equals the book as it was then: findings, first/last_seen, active, incidents."""
+    from test_diagnosis import progress, running
+
+    settings = Settings(hang_after=5.0, diagnose_every=1.0)
+    log = running(2)  # at t=100
+    progress(log, 0, 101, ("0", 3, 2, "all_reduce", 101.0))
+    progress(log, 1, 101, ("0", 2, 2, None, None))
+    book = Book(settings)
+    book.record()
+    book.start(100.0)
+    job_id = log_store.submit(lambda conn: log_store.create_job(conn, "logged", 100.0))
+    then: dict[float, Book] = {}
+    for at in range(101, 116):
+        if at == 110:  # the hang resolves
+            for r in (0, 1):
+                progress(log, r, 110, ("0", 3, 3, None, None))
+        book.tick_through(log.state(), float(at))
+        then[float(at)] = (book.findings(), book.incidents())
+        since, rows = book.take_log()
+        log_store.submit(lambda conn: log_store.save_book_log(conn, job_id, since, rows,
+                                                              book.judged_through))
+    # Stored twice (a retried write): the same log.
+    log_store.submit(lambda conn: log_store.save_book_log(conn, job_id, None, rows, 115.0))
+    span = log_store.book_span(job_id)
+    assert span == (100.0, 115.0)
+    stored = BookLog(settings, *span, lambda until: (
+        [LogRow(*r) for r in log_store.book_log_rows(job_id, until)[0]],
+        log_store.book_log_rows(job_id, until)[1]))
+    kinds = set()
+    for at, (findings, incidents) in then.items():
+        read = stored.book_at(at)
+        assert gist(read.findings(), FINDING) == gist(findings, FINDING), at
+        assert gist(read.incidents(), INCIDENT) == gist(incidents, INCIDENT), at
+        kinds |= {(f["kind"], f["active"]) for f in findings}
+    assert kinds == {("hang", True), ("hang", False)}  # the log saw it start and resolve
+
+    # A record that does not continue the span (a server that judged nothing meanwhile)
+    # starts the job's log afresh; one that continues it keeps it.
+    log_store.submit(lambda conn: log_store.save_book_log(conn, job_id, 115.0, [], 120.0))
+    assert log_store.book_span(job_id) == (100.0, 120.0)
+    log_store.submit(lambda conn: log_store.save_book_log(conn, job_id, 200.0, [], 201.0))
+    assert log_store.book_span(job_id) == (200.0, 201.0)
+    assert log_store.book_log_rows(job_id, 300.0) == ([], None)

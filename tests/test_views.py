@@ -176,7 +176,7 @@ def test_a_wait_is_judged_at_the_moment_asked_never_by_a_clock():
     # Half a second in: ranks are routinely a little apart, nobody is "behind" yet.
     assert early["state"] == "waiting" and early["behind"] == [] and early["max_seq"] == 5
     assert early["family"] == "default_pg"
-    (behind,) = views.group_states(s, 200.0 + views.BEHIND_AFTER_S, settings)
+    (behind,) = views.group_states(s, 200.0 + settings.behind_after, settings)
     assert behind["state"] == "behind" and behind["behind"] == [[2, 1]]
     assert behind["oldest_wait"] == 200.0
     (late,) = views.group_states(s, 200.0 + settings.stall_after, settings)

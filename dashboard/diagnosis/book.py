@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 from agent.wire import ENDED, TextEnum
 from dashboard.diagnosis.core import Finding, Settings, Severity
@@ -48,6 +48,19 @@ class Changes(NamedTuple):
     incidents: list[tuple[Change, Incident]]
 
 
+LOG_MAX = 100_000  # rows a recording book holds until taken (LiveBooks takes them each tick)
+
+
+class LogRow(NamedTuple):
+    """One row of a book's history: a finding as it became at moment ``at``, or (``id`` "",
+    ``finding`` None) a marker that the book judged moment ``at`` with some finding active
+    or changed (every active finding was seen then)."""
+
+    at: float
+    id: str
+    finding: Finding | None
+
+
 def _gist(f: Finding) -> tuple:
     """What makes a finding worth pushing and storing again (not its last_seen)."""
     return (f["active"], f["severity"], f["summary"], f["ranks"])
@@ -72,6 +85,8 @@ class Book:
         self.ticked: int | None = None  # index k of the last grid moment judged
         self._applied = -1  # state.applied at the last diagnosis
         self.diagnosed = 0  # moments judged (what building the book cost)
+        # What the book recorded since last taken (:meth:`record`): None while not asked
+        self._log: list[LogRow] | None = None
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -111,6 +126,39 @@ class Book:
         self._told = {i["id"]: (i["active"], i["severity"]) for i in found}
         self.active_incidents = active_count(found)
 
+    # -- its history (the stored book log, see BookLog) ---------------------------------------
+
+    def record(self) -> None:
+        """Keep what the book concludes from now on, for :meth:`take_log`: the findings it
+        holds when it begins (at the moment it has judged through), then at each moment it
+        judges the findings that changed and, when any changed or is active, a marker of the
+        moment (see :class:`BookLog`)."""
+        if self._log is None:
+            self._log, self._since, self._since_taken = [], None, False
+            self._begin_log()
+
+    def _begin_log(self) -> None:
+        if self._log is not None and self._since is None and self.ticked is not None:
+            self._since = self.judged_through
+            self._log[:0] = [LogRow(self._since, fid, f) for fid, f in self._findings.items()]
+
+    def take_log(self) -> tuple[float | None, list[LogRow]] | None:
+        """What was recorded since the last call, led (the first time only) by the moment
+        the record begins: (since or None, rows); None while nothing is recorded (not
+        asked, not started, or more than LOG_MAX rows were left untaken: the record stops)."""
+        if self._log is None or self._since is None:
+            return None
+        since = None if self._since_taken else self._since
+        self._since_taken = True
+        out, self._log = self._log, []
+        return since, out
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_log": None}  # a stored or copied book records nothing
+
+    def __setstate__(self, data: dict[str, Any]) -> None:
+        self.__dict__.update({"_log": None, **data})
+
     # -- ticking -----------------------------------------------------------------------------
 
     def start(self, at: float) -> None:
@@ -118,6 +166,7 @@ class Book:
         on a job already under way): moments up to it are not judged."""
         if self.ticked is None:
             self.ticked = math.floor(at / self.settings.diagnose_every)
+            self._begin_log()
 
     def tick_before(self, state: JobState, limit: float) -> list[Changes]:
         """Judge every due moment strictly before ``limit`` (an event received at ``limit``
@@ -187,6 +236,12 @@ class Book:
             else:
                 change = Change.UPDATED
             found.append((change, f))
+        if self._log is not None:
+            self._log.extend(LogRow(now, f["id"], f) for _, f in found)
+            if found or any(f["active"] for f in book.values()):
+                self._log.append(LogRow(now, "", None))  # judged here: bumps last_seen
+            if len(self._log) > LOG_MAX:
+                self._log = None  # nobody takes it: the stored log ends where it was taken
         told = self._track_incidents() if found else []
         return Changes(now, found, told)
 
@@ -215,22 +270,94 @@ class Book:
         return out
 
 
+class BookLog:
+    """A live book's stored history (dashboard.storage's ``book_log``), covering every grid
+    moment from ``start`` to ``through``: the book as of any of them, read instead of judged.
+
+    A replay that judged those moments again would come to the same findings (one grid, one
+    book: see the module docstring), at the cost of one diagnosis per moment, which a
+    1,024-rank job pays at ~0.1 s each; ``state?at=`` and a server's restart read them.
+
+    Args:
+        settings: the book's settings (the grid).
+        start, through: the moments covered (the book judged every grid moment between).
+        read: ``read(until) -> (rows, judged)``: the finding rows (``id`` not "") up to
+            ``until`` in order, and the last marker moment up to ``until`` (or None).
+    """
+
+    def __init__(self, settings: Settings, start: float, through: float,
+                 read: Callable[[float], tuple[list[LogRow], float | None]]):
+        self.settings, self.start, self.through, self._read = settings, start, through, read
+
+    def covers_before(self, received_at: float) -> bool:
+        """Whether every moment due before an event received at ``received_at`` is covered."""
+        g = self.settings.diagnose_every
+        return math.ceil(received_at / g) - 1 <= round(self.through / g)
+
+    def book_at(self, at: float) -> Book:
+        """The book as it was at moment ``at`` (at most ``through``), judged through it."""
+        at = min(at, self.through)
+        rows, judged = self._read(at)
+        latest: dict[str, LogRow] = {}
+        for row in rows:
+            latest[row.id] = row
+        known = []
+        for row in latest.values():
+            f = row.finding
+            if f["active"] and judged is not None and judged > row.at:
+                f = {**f, "last_seen": judged}  # still active when the book last judged
+            known.append(f)
+        book = Book(self.settings, known)
+        book.ticked = math.floor(at / self.settings.diagnose_every + 1e-9)
+        return book
+
+
 class Timeline:
     """A job's state and book advanced together through its log, in log order: what
     replay and ``state?at=`` fold. Quacks as much like JobState as dashboard.rewind needs
-    (``apply``, ``sessions``), and is as picklable."""
+    (``apply``, ``sessions``), and is as picklable.
+
+    Given a :class:`BookLog` (:meth:`use_log`), the moments it covers are read from it,
+    not judged: the book is then made from the log when the fold passes its end."""
 
     def __init__(self, job_id: int, name: str, settings: Settings = Settings()):
         self.state = JobState(job_id, name)
-        self.book = Book(settings)
+        self.book: Book | None = Book(settings)  # None: moments up to the log's end are read
         self.changes: list[Changes] | None = None  # kept only when asked (archive.replay)
+        self.log: BookLog | None = None
+        self.log_from = 0.0  # the start of the log the book was left to
+        self.recording = False  # a book made from the log records (live: LiveBooks.load)
 
     @classmethod
     def of(cls, state: JobState, book: Book) -> "Timeline":
         """A timeline of a state and book advanced elsewhere (live ingest) in step."""
         timeline = cls.__new__(cls)
-        timeline.state, timeline.book, timeline.changes = state, book, None
+        timeline.state, timeline.book, timeline.changes, timeline.log = state, book, None, None
+        timeline.log_from, timeline.recording = 0.0, False
         return timeline
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "log": None}  # the log is read again by whoever loads it
+
+    def __setstate__(self, data: dict[str, Any]) -> None:
+        self.__dict__.update({"log": None, "log_from": 0.0, "recording": False, **data})
+
+    def use_log(self, log: BookLog | None) -> bool:
+        """Read the moments ``log`` covers instead of judging them, where it covers every
+        moment this timeline's book has not judged. False if the timeline cannot go on: its
+        book was left to a log (it came from a checkpoint) that no longer covers its state."""
+        book, self.log = self.book, None
+        if log is None:
+            return book is not None
+        if book is None:  # left to a log before: this one must cover as much
+            if log.start > self.log_from or (self.state.last_event_at is not None and
+                                             not log.covers_before(self.state.last_event_at)):
+                return False
+        elif book.ticked is not None and not log.start <= book.judged_through <= log.through:
+            return True  # the book has judged past the log, or the log starts too late
+        self.log, self.log_from = log, log.start
+        self.book = None  # a fresh book: whether the log starts early enough, the first
+        return True       # event says (apply)
 
     @property
     def sessions(self) -> dict[str, Any]:
@@ -246,24 +373,48 @@ class Timeline:
 
     @property
     def judged_through(self) -> float | None:
-        return self.book.judged_through
+        return self.current_book().judged_through
+
+    def current_book(self) -> Book:
+        """The book, made from the log at its end if the fold has not passed it yet."""
+        if self.book is None:
+            self.book = self.log.book_at(self.log.through)
+            last = self.state.last_event_at
+            if last is not None and last < self.log.through:
+                # Live judged this state after its last event: an ended job's book may be
+                # settled (Book.settled), as live's was, rather than judge again.
+                self.book._applied = self.state.applied
+            if self.recording:
+                self.book.record()
+        return self.book
 
     def apply(self, ev: StoredEvent) -> None:
         """Judge the moments due before ``ev`` arrived, then fold it."""
-        if self.book.ticked is None:
-            self.book.start(ev["received_at"])
+        if self.book is None:
+            if not self.state.applied and self.log.start > ev["received_at"]:
+                self.book, self.log = Book(self.log.settings), None  # a log begun later
+                if self.recording:
+                    self.book.record()
+            elif self.log.covers_before(ev["received_at"]):
+                self.state.apply(ev)  # the log has those moments
+                return
+        book = self.current_book()
+        if book.ticked is None:
+            book.start(ev["received_at"])
         else:
-            self._keep(self.book.tick_before(self.state, ev["received_at"]))
+            self._keep(book.tick_before(self.state, ev["received_at"]))
         self.state.apply(ev)
 
     def advance(self, at: float) -> None:
         """Judge the moments due up to ``at`` (no event received by then may come later)."""
-        self._keep(self.book.tick_through(self.state, at))
+        self._keep(self.current_book().tick_through(self.state, at))
 
     def book_at(self, at: float) -> Book:
         """The book as of ``at``, leaving this timeline where it is (a cursor that a later
         event continues from must not have judged moments past that event)."""
-        book = _copy_book(self.book)
+        if self.log is not None and at <= self.log.through:
+            return self.log.book_at(at)
+        book = _copy_book(self.current_book())
         book.tick_through(self.state, at)
         return book
 
@@ -277,6 +428,7 @@ def _copy_book(book: Book) -> Book:
     other = Book.__new__(Book)
     other.__dict__.update(book.__dict__)
     other._findings = dict(book._findings)
+    other._log = None
     other._told = dict(book._told)
     return other
 

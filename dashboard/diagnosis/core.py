@@ -34,6 +34,10 @@ class Settings:
     large_job_ranks: int = 256
     large_job_every: float = 1.0
     hang_after: float = 60.0  # --hang-after: a collective waiting this long is a hang
+    # Ranks of a moving job are routinely a few collectives apart (heartbeats are snapshots
+    # taken at different moments): the page shows a rank "behind" only once the others have
+    # waited in a collective this long (dashboard.views.group_states).
+    behind_after: float = 2.0
     # A collective some ranks wait in while a peer has not entered it is a `stall` once the
     # wait reaches the largest of these (measured on real gloo jobs: see README, "Stall"):
     stall_after: float = 10.0  # --stall-after: the floor, well above a checkpoint's pause

@@ -184,14 +184,19 @@
       ctx.fillText("r" + spec.ranks[0], left - 9, 6);
       ctx.fillText("r" + spec.ranks[n - 1], left - 9, plotH - 6);
     }
-    // Time axis: seconds before the newest bin.
+    // Time axis: seconds before the newest bin, which is "now" live and the moment shown in
+    // replay (spec.endLabel).
+    const endLabel = spec.endLabel || "now";
+    const endWidth = ctx.measureText(endLabel).width;
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
     ctx.fillStyle = "#656d76";
     for (let b = 0; b < cols; b += Math.max(1, Math.round(cols / 6))) {
-      ctx.fillText(b - cols + 1 === 0 ? "now" : String(b - cols + 1) + " s", left + (b + 0.5) * cw, plotH + 4);
+      const x = left + (b + 0.5) * cw;
+      if (x < width - 4 - endWidth - 24) ctx.fillText(String(b - cols + 1) + " s", x, plotH + 4);
     }
-    ctx.fillText("now", left + (cols - 0.5) * cw, plotH + 4);
+    ctx.textAlign = "right";
+    ctx.fillText(endLabel, width - 4, plotH + 4);
     box.__heat = { spec: spec, rowH: rowH, left: left, cw: cw, plotH: plotH };
     box.dataset.ranks = String(n);
     if (!box.__heatWired) {

@@ -152,7 +152,7 @@ export function renderCharts(grid, hl, describe) {
   const heat = $("heatmap");
   if (!grid) clear(heat, PG.empty("Waiting for live data\u2026"));
   else if (!fam) clear(heat, PG.empty("No collectives in the last " + grid.bins + " s."));
-  else PGCharts.heatmap(heat, { ranks: fam.ranks, busy: fam.busy, end: grid.end, bins: grid.bins, highlight: hl, describe: (r) => describe(r).split("\n")[0] });
+  else PGCharts.heatmap(heat, { ranks: fam.ranks, busy: fam.busy, end: grid.end, bins: grid.bins, highlight: hl, endLabel: state.replay ? "at " + PG.fmtTime(state.replay.at).slice(11) : "now", describe: (r) => describe(r).split("\n")[0] });
   const legend = $("heat-legend");
   if (!legend.firstChild) {
     clear(
