@@ -135,9 +135,8 @@ class LiveBooks:
         stored book log covers are read, the others judged while affordable; past
         RECOMPUTE_MAX_DIAGNOSES the book starts from the stored findings."""
         timeline: Timeline | None = Timeline(job_id, name, self.settings)
-        timeline.recording = True
-        if timeline.use_log(self.book_log(job_id)) and timeline.book is not None:
-            timeline.book.record()
+        timeline.use_log(self.book_log(job_id))
+        timeline.record()
         state = timeline.state
         for ev in events:
             if timeline is not None and timeline.book is not None and \

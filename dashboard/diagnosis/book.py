@@ -326,7 +326,7 @@ class Timeline:
         self.changes: list[Changes] | None = None  # kept only when asked (archive.replay)
         self.log: BookLog | None = None
         self.log_from = 0.0  # the start of the log the book was left to
-        self.recording = False  # a book made from the log records (live: LiveBooks.load)
+        self.recording = False  # whether the book records its history (record)
 
     @classmethod
     def of(cls, state: JobState, book: Book) -> "Timeline":
@@ -337,7 +337,8 @@ class Timeline:
         return timeline
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "log": None}  # the log is read again by whoever loads it
+        # The log is read again by whoever loads it; a stored timeline records nothing.
+        return {**self.__dict__, "log": None, "recording": False}
 
     def __setstate__(self, data: dict[str, Any]) -> None:
         self.__dict__.update({"log": None, "log_from": 0.0, "recording": False, **data})
@@ -358,6 +359,12 @@ class Timeline:
         self.log, self.log_from = log, log.start
         self.book = None  # a fresh book: whether the log starts early enough, the first
         return True       # event says (apply)
+
+    def record(self) -> None:
+        """Have the book record its history (Book.record), also a book made from the log."""
+        self.recording = True
+        if self.book is not None:
+            self.book.record()
 
     @property
     def sessions(self) -> dict[str, Any]:
