@@ -162,7 +162,9 @@ class Ingest:
             logs = self.books.take_logs(owns)
         for job_id, found in changed.items():
             self.books.save(job_id, found)
-        self.books.save_logs(logs)
+        if not self.books.save_logs(logs):
+            with self.cache.lock:
+                self.books.stop_recording(job_id for job_id, *_ in logs)
 
     def _findings_changed(self, job_id: int, count_changed: bool) -> None:
         self.dirty.add(job_id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import queue
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
@@ -179,12 +180,28 @@ class LiveBooks:
                 out.append((job_id, taken[0], taken[1], book.judged_through))
         return out
 
-    def save_logs(self, logs: list[tuple[int, float | None, list[LogRow], float]]) -> None:
-        """Store what :meth:`take_logs` took, in the order taken (never under the states
-        lock): a span claims its moments only with their rows."""
-        if logs:
-            self.store.submit(lambda conn: [self.store.save_book_log(conn, *log)
-                                            for log in logs])
+    def save_logs(self, logs: list[tuple[int, float | None, list[LogRow], float]]) -> bool:
+        """Queue what :meth:`take_logs` took for the writer, in the order taken, without
+        waiting (never under the states lock). False if the writer's queue is full: those
+        jobs must stop recording (:meth:`stop_recording`), or a later record would claim
+        the moments of these rows without them. (A failed write drops every book.)"""
+        if not logs:
+            return True
+        try:
+            self.store.submit_nowait(lambda conn: [self.store.save_book_log(conn, *log)
+                                                   for log in logs])
+        except queue.Full:
+            self.counters["book_log_dropped"] += 1
+            return False
+        return True
+
+    def stop_recording(self, job_ids: Iterable[int]) -> None:
+        """States lock held: these books record nothing more (their stored log ends where
+        it was last stored; a later load records again from there)."""
+        for job_id in job_ids:
+            book = self._books.get(job_id)
+            if book is not None:
+                book.stop_recording()
 
     def book(self, job_id: int, now: float) -> Book:
         """The job's book (states lock held): one not rebuilt from its log begins with what

@@ -222,3 +222,24 @@ def test_a_stored_book_log_gives_the_book_as_it_was_at_every_moment(log_store):
     log_store.submit(lambda conn: log_store.save_book_log(conn, job_id, 200.0, [], 201.0))
     assert log_store.book_span(job_id) == (200.0, 201.0)
     assert log_store.book_log_rows(job_id, 300.0) == ([], None)
+
+
+def test_a_log_the_writer_cannot_queue_stops_that_book_recording(tmp_path):
+    """A full write queue must not leave a hole in a stored log: the book whose rows could
+    not be queued records nothing more, so its stored span never claims their moments."""
+    import collections
+
+    from dashboard.livebooks import LiveBooks
+    from dashboard.state import JobState
+
+    store = Store(f"sqlite:///{tmp_path / 'full.db'}", queue_limit=1)  # writer not started
+    books = LiveBooks(store, Settings(), lambda: 100.0, lambda: 100.0, None,
+                      collections.Counter(), lambda job_id, changed: None)
+    books.before_fold(None, 1, JobState(1, "j"), 100.0)  # a new job's book, recording
+    assert books.held(1) is not None
+    assert books.save_logs([(1, 100.0, [], 100.0)])  # queued
+    assert not books.save_logs(books.take_logs(lambda job_id: True))  # the queue is full
+    assert books.counters["book_log_dropped"] == 1
+    books.stop_recording([1])
+    assert books.take_logs(lambda job_id: True) == []
+    store.engine.dispose()

@@ -153,6 +153,9 @@ class Book:
         out, self._log = self._log, []
         return since, out
 
+    def stop_recording(self) -> None:
+        self._log = None
+
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_log": None}  # a stored or copied book records nothing
 
