@@ -279,7 +279,7 @@ class BookLog:
 
     A replay that judged those moments again would come to the same findings (one grid, one
     book: see the module docstring), at the cost of one diagnosis per moment, which a
-    1,024-rank job pays at ~0.1 s each; ``state?at=`` and a server's restart read them.
+    256-rank job pays at 45-80 ms each; ``state?at=`` and a server's restart read them.
 
     Args:
         settings: the book's settings (the grid).
