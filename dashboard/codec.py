@@ -27,6 +27,10 @@ import msgspec
 
 BODY_V1 = 1
 STATE_V1 = 1
+# zlib level of checkpoints: at 256 ranks (a 10.6 MB pickle) level 6 stores 19% less than
+# level 1 (2.66 against 3.29 MB) for 0.2 s more on the writer thread every PGDASH_CHECKPOINT_S,
+# and inflates faster (21 against 29 ms). Any level reads back with the same format byte.
+STATE_LEVEL = 6
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -123,7 +127,7 @@ def encode_state(fold: Any) -> bytes:
         raw = pickle.dumps(fold, protocol=pickle.HIGHEST_PROTOCOL)
     finally:
         state._memo, state._summary_memo, state._ranks_memo = memo
-    return bytes((STATE_V1,)) + zlib.compress(raw, 1)
+    return bytes((STATE_V1,)) + zlib.compress(raw, STATE_LEVEL)
 
 
 def decode_state(data: bytes) -> Any:

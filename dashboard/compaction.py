@@ -215,6 +215,7 @@ class Compactor:
         self._done_upto: dict[int, float] = {}  # job -> cells below this are compacted
         self._done_id: dict[int, int] = {}  # job -> the last event id in those cells
         self._packed_upto: dict[int, float] = {}  # job -> cells below this are packed
+        self._thinned_before: dict[int, tuple[float, list]] = {}  # job -> (horizon, keep)
         self._packed_id: dict[int, int] = {}  # job -> the last event id in those cells
         self._throttled: dict[int, dict[str, bool]] = {}
         self._stop = threading.Event()
@@ -223,6 +224,8 @@ class Compactor:
         self.rewritten = 0  # summaries rewritten so far
         self.packed = 0  # packs written so far
         self.checkpoints_deleted = 0
+        if policy.checkpoint_keep_s > 0:
+            store.checkpoint_span = self.checkpoint_span
         self.errors = 0
 
     def start(self) -> "Compactor":
@@ -278,8 +281,20 @@ class Compactor:
         if begin < pack_h:  # newer: packed at full resolution, thinned once it is old
             removed += self._walk(job_id, begin, pack_h, keep, final=False)
         if policy.checkpoint_keep_s > 0 and thin_h > -math.inf:
-            self._thin_checkpoints(job_id, thin_h, keep)
+            self._thinned_before[job_id] = (thin_h, keep)
+            self._thin_checkpoints(job_id)
         return removed
+
+    def checkpoint_span(self, job_id: int, at: float) -> tuple[float, float] | None:
+        """Where old checkpoints are thinned: the stretch of arrival time that keeps one
+        checkpoint around moment ``at`` (None: every checkpoint there is kept). The store
+        asks before it saves one, so that a scrub does not store again what was removed."""
+        horizon, keep = self._thinned_before.get(job_id, (-math.inf, ()))
+        if at >= horizon or any(a <= at <= b for a, b in keep):
+            return None
+        every = self.policy.checkpoint_keep_s
+        bucket = math.floor(at / every)
+        return bucket * every, (bucket + 1) * every
 
     def _walk(self, job_id: int, start: float, horizon: float,
               keep: list[tuple[float, float]], final: bool) -> int:
@@ -354,18 +369,17 @@ class Compactor:
                 self.store.compact_events(conn, row_updates, [])
         return write
 
-    def _thin_checkpoints(self, job_id: int, horizon: float,
-                          keep: list[tuple[float, float]]) -> None:
+    def _thin_checkpoints(self, job_id: int) -> None:
         """Beyond the window and away from findings, keep the first stored checkpoint of
         every ``checkpoint_keep_s`` (a state at any moment starts from the one before it)."""
-        every, seen, drop = self.policy.checkpoint_keep_s, set(), []
-        for last_id, at in self.store.checkpoint_list(job_id):
-            if at >= horizon or any(a <= at <= b for a, b in keep):
+        seen, drop = set(), []
+        for last_id, at in sorted(self.store.checkpoint_list(job_id), key=lambda c: c[1]):
+            span = self.checkpoint_span(job_id, at)
+            if span is None:
                 continue
-            bucket = math.floor(at / every)
-            if bucket in seen:
+            if span in seen:
                 drop.append(last_id)
-            seen.add(bucket)
+            seen.add(span)
         if drop:
             self.store.submit(lambda conn: self.store.delete_checkpoints(conn, job_id, drop),
                               timeout=120.0)

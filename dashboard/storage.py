@@ -254,6 +254,9 @@ class Store:
         self.commits = 0
         self.write_errors = 0
         self.unreadable_packs = 0  # passed over by events_after / events_by_id (logged)
+        # (job id, moment) -> the [start, end) of arrival time that keeps one checkpoint, where
+        # the compactor thins them (dashboard.compaction), else None.
+        self.checkpoint_span: Callable[[int, float], tuple[float, float] | None] | None = None
         self._next_id: int | None = None  # see _allocate_ids
         self._deferred: list[tuple] = []  # event rows of this transaction, see insert_events
         self._deferred_rows: list[dict[str, Any]] = []  # the same, other databases
@@ -510,34 +513,37 @@ class Store:
         every job's): (rows, pack rows, cutoff), complete up to id ``cutoff`` (None: to the
         end). Rows are read first: a cell packed between the two statements (PostgreSQL
         reads each in its own snapshot) then shows up twice, never not at all."""
+        pwhere = [] if job_id is None else [event_packs.c.job_id == job_id]
+        ahead = [*pwhere, event_packs.c.first_id > after]
+        if upto is not None:
+            ahead.append(event_packs.c.first_id <= upto)
+        firsts = conn.execute(sa.select(event_packs.c.first_id).where(*ahead)
+                              .order_by(event_packs.c.first_id)
+                              .limit(packs_ahead + 1)).scalars().all()
+        cutoff = upto
+        if len(firsts) > packs_ahead:
+            # Every pack not read starts above this: the log is complete below it.
+            cutoff = firsts[-1] - 1 if cutoff is None else min(cutoff, firsts[-1] - 1)
         where = [events.c.id > after]
-        pwhere = []
         if job_id is not None:
             where.append(events.c.job_id == job_id)
-            pwhere.append(event_packs.c.job_id == job_id)
-        if upto is not None:
-            where.append(events.c.id <= upto)
+        if cutoff is not None:
+            where.append(events.c.id <= cutoff)
         rows = conn.execute(sa.select(events).where(*where).order_by(events.c.id)
                             .limit(limit)).mappings().all()
-        cutoff = upto
         if len(rows) == limit:
             cutoff = rows[-1]["id"] if cutoff is None else min(cutoff, rows[-1]["id"])
+        # The packs' bytes after the rows, by range: one committed since the first statement
+        # is read too (its rows were then gone already).
         cols = (event_packs.c.job_id, event_packs.c.first_id, event_packs.c.last_id,
                 event_packs.c.data)
-        packs = list(conn.execute(sa.select(*cols).where(
-            *pwhere, event_packs.c.first_id <= after, event_packs.c.last_id > after)))
-        ahead_where = [*pwhere, event_packs.c.first_id > after]
+        packs = conn.execute(sa.select(*cols).where(
+            *pwhere, event_packs.c.first_id <= after, event_packs.c.last_id > after)).all()
         if cutoff is not None:
-            ahead_where.append(event_packs.c.first_id <= cutoff)
-        ahead = list(conn.execute(sa.select(*cols).where(*ahead_where)
-                                  .order_by(event_packs.c.first_id).limit(packs_ahead + 1)))
-        if len(ahead) > packs_ahead:
-            # Every pack not read starts above this: the log is complete below it.
-            edge = ahead.pop().first_id - 1
-            cutoff = edge if cutoff is None else min(cutoff, edge)
-        if cutoff is not None:
-            rows = [r for r in rows if r["id"] <= cutoff]
-        return rows, packs + ahead, cutoff
+            ahead.append(event_packs.c.first_id <= cutoff)
+        packs += conn.execute(sa.select(*cols).where(*ahead)
+                              .order_by(event_packs.c.first_id)).all()
+        return rows, packs, cutoff
 
     @staticmethod
     def _open(row: Any) -> Pack:
@@ -678,14 +684,19 @@ class Store:
             conn.execute(sa.delete(checkpoints).where(
                 checkpoints.c.job_id == job_id, checkpoints.c.last_id.in_(last_ids[i:i + 500])))
 
-    @staticmethod
-    def save_checkpoint(conn: sa.Connection, job_id: int, last_id: int, at: float,
+    def save_checkpoint(self, conn: sa.Connection, job_id: int, last_id: int, at: float,
                         state: bytes) -> None:
-        """Writer thread: store a checkpoint unless the job has one at that moment or place."""
+        """Writer thread: store a checkpoint unless the job has one at that moment or place,
+        or the compactor thinned that stretch of the log to fewer (``checkpoint_span``)."""
         if conn.execute(sa.select(checkpoints.c.last_id).where(
                 checkpoints.c.job_id == job_id,
                 sa.or_(checkpoints.c.last_id == last_id, checkpoints.c.at == at))).first():
             return
+        span = self.checkpoint_span(job_id, at) if self.checkpoint_span else None
+        if span is not None and conn.execute(sa.select(checkpoints.c.last_id).where(
+                checkpoints.c.job_id == job_id, checkpoints.c.at >= span[0],
+                checkpoints.c.at < at)).first():
+            return  # a scrub would store again what thinning removed, each time
         conn.execute(sa.insert(checkpoints).values(job_id=job_id, last_id=last_id, at=at,
                                                    state=state))
 
