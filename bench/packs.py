@@ -9,7 +9,8 @@ body per row (dashboard.codec.encode_body, what revision 0004 stores) and that r
 format's decode rate. Printed per encoding: bytes per event and decode events/s (inflate +
 MessagePack + the StoredEvent dicts, as ``Store.job_events`` needs them).
 
-A measurement, not a test::
+The file is brought to this pgdash's schema first (``pgdash db upgrade``). A measurement, not
+a test::
 
     python bench/storage.py --ranks 8 --minutes 60 --db /tmp/b8.db
     python bench/packs.py /tmp/b8.db
@@ -31,7 +32,7 @@ sys.path.append(str(ROOT))
 
 from dashboard.codec import (_BODY_DICT_V1, decode_body, encode_body,  # noqa: E402
                              Pack, pack_payload)
-from dashboard.storage import Store  # noqa: E402
+from dashboard.storage import Store, upgrade  # noqa: E402
 
 
 def zlib_dict(level: int):
@@ -75,6 +76,7 @@ def main() -> None:
     last = con.execute("SELECT MAX(received_at) FROM events WHERE job_id = ?",
                        (args.job,)).fetchone()[0]
     con.close()
+    upgrade(f"sqlite:///{args.db}")
     store = Store(f"sqlite:///{args.db}")
     start = (last - args.minutes * 60) // args.cell * args.cell
     cells = collections.defaultdict(list)
