@@ -24,9 +24,18 @@ GPU faults and throttling, errors and every rank's status are the same. At the j
 moment (and at any moment inside the window or near a finding) nothing is lost, since the
 fold's windows (60 intervals, 120 readings) are shorter than ``keep_full_s`` must be.
 
+Packs: every cell older than ``pack_after_s`` (behind the job's newest arrival) becomes one
+row of ``event_packs`` holding all the job's events of that cell (dashboard.codec's pack
+format; every session together, which is where the bytes go: ranks send near-identical
+bodies). A cell inside the window is packed whole; once it leaves the window it is packed
+again, thinned as above (once). Each session's newest event, and its newest with a seq, stay
+rows (dashboard.storage). Stored checkpoints beyond the window and away from findings are
+thinned to one per ``checkpoint_keep_s``.
+
 The :class:`Compactor` runs on its own thread: it reads with the store's pooled
-connections and writes each batch of cells as one task on the store's writer thread
-(``Store.submit``), never on the ingest path. Compacting a cell twice changes nothing.
+connections, encodes packs there, and writes each batch of cells as one task on the store's
+writer thread (``Store.submit``; a pack and the deletion of what it replaces in one
+transaction), never on the ingest path. Compacting or packing a cell twice changes nothing.
 """
 
 from __future__ import annotations
