@@ -351,3 +351,19 @@ def test_packs_on_postgres(pg_url):
             [ev for ev in stored_before if mid < ev["id"] <= mid + 50]
     finally:
         store.close()
+
+
+def test_a_pack_write_that_fails_midway_leaves_the_rows_as_they_were(store):
+    """Writing a pack and deleting its rows is one transaction: a failure after both
+    statements (a crash before the commit) leaves the log as it was."""
+    events = _stored(_job_events(120))
+    job_id = _store_job(store, events)
+    pack = store.pack_row(job_id, events[:200], False)
+
+    def task(conn) -> None:
+        store.write_pack(conn, job_id, pack, [], [ev["id"] for ev in events[:200]])
+        raise RuntimeError("the process died here")
+    with pytest.raises(RuntimeError):
+        store.submit(task)
+    assert not store.job_packs(job_id)
+    assert list(store.job_events(job_id)) == events
