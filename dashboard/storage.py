@@ -767,8 +767,9 @@ class Store:
             self.unreadable_packs += 1
             log.error("pgdash: %s", exc)
             return []
-        return [dict(ev, job_id=pack_row.job_id, body_z=None)
-                for ev in pack.events(after, upto) if only is None or ev["id"] in only]
+        found = pack.events(after, upto) if only is None else \
+            (ev for i in sorted(only) for ev in pack.events(i - 1, i))  # no other body built
+        return [dict(ev, job_id=pack_row.job_id, body_z=None) for ev in found]
 
     def events_by_id(self, ids: list[int]) -> list[dict[str, Any]]:
         if not ids:
