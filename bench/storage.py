@@ -82,8 +82,11 @@ def simulate(args, db: Path) -> dict:
     ingest = Ingest(store, clock=clock).start()
     compactor = None
     if Compactor is not None and args.keep_full > 0:
+        more = {} if args.pack_after is None else {"pack_after_s": args.pack_after,
+                                                   "checkpoint_keep_s": args.checkpoint_keep}
         compactor = Compactor(store, Policy(keep_full_s=args.keep_full,
-                                            around_findings_s=args.keep_around_findings),
+                                            around_findings_s=args.keep_around_findings,
+                                            **more),
                               guard=ingest.rewind.compacting)
     rng = random.Random(args.seed)
     world = args.ranks
@@ -196,6 +199,11 @@ def main() -> None:
     parser.add_argument("--keep-full", type=float, default=900.0,
                         help="compactor's --keep-full (0: no compaction)")
     parser.add_argument("--keep-around-findings", type=float, default=300.0)
+    parser.add_argument("--pack-after", type=float,
+                        help="compactor's PGDASH_PACK_AFTER_S (default: the server's default; "
+                             "0: no packs)")
+    parser.add_argument("--checkpoint-keep", type=float, default=1800.0,
+                        help="compactor's PGDASH_CHECKPOINT_KEEP_S, with --pack-after")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--verbose", action="store_true", help="each state?at= moment")
     parser.add_argument("--db", type=Path, help="keep the database here (default: a temp dir)")
@@ -207,6 +215,9 @@ def main() -> None:
         db = args.db or Path(tmp) / "bench.db"
         compaction = "off" if Compactor is None or not args.keep_full else \
             f"--keep-full {args.keep_full:g} --keep-around-findings {args.keep_around_findings:g}"
+        if args.pack_after is not None and compaction != "off":
+            compaction += (f" --pack-after {args.pack_after:g} "
+                           f"--checkpoint-keep {args.checkpoint_keep:g}")
         print(f"bench/storage: {args.ranks} ranks, {args.minutes:g} simulated minutes, "
               f"{args.ops} latency rows a summary, hang at minute {args.hang_at:g} for "
               f"{args.hang_for:g} min; compaction {compaction}; {db}", flush=True)
@@ -215,8 +226,16 @@ def main() -> None:
         rank_hours = args.ranks * args.minutes / 60
         with store.engine.connect() as conn:
             rows = conn.exec_driver_sql("SELECT COUNT(*) FROM events").scalar()
+            try:  # revision 0005 on (dashboard.compaction's packs)
+                packs = conn.exec_driver_sql(
+                    "SELECT COUNT(*), COALESCE(SUM(n), 0), COALESCE(SUM(LENGTH(data)), 0) "
+                    "FROM event_packs").first()
+            except Exception:
+                packs = None
+        packed = "" if packs is None else \
+            f" + {packs[1]} events in {packs[0]} packs ({packs[2] / 1e6:.1f} MB)"
         print(f"ingest: {run['ingest_s']:.0f} s wall for {args.minutes:g} simulated min; "
-              f"{rows} event rows stored; findings: "
+              f"{rows} event rows{packed} stored; findings: "
               f"{sorted({f['kind'] for f in run['findings']}) or 'none'}")
 
         rng = random.Random(args.seed)

@@ -24,9 +24,18 @@ GPU faults and throttling, errors and every rank's status are the same. At the j
 moment (and at any moment inside the window or near a finding) nothing is lost, since the
 fold's windows (60 intervals, 120 readings) are shorter than ``keep_full_s`` must be.
 
+Packs: every cell older than ``pack_after_s`` (behind the job's newest arrival) becomes one
+row of ``event_packs`` holding all the job's events of that cell (dashboard.codec's pack
+format; every session together, which is where the bytes go: ranks send near-identical
+bodies). A cell inside the window is packed whole; once it leaves the window it is packed
+again, thinned as above (once). Each session's newest event, and its newest with a seq, stay
+rows (dashboard.storage). Stored checkpoints beyond the window and away from findings are
+thinned to one per ``checkpoint_keep_s``.
+
 The :class:`Compactor` runs on its own thread: it reads with the store's pooled
-connections and writes each batch of cells as one task on the store's writer thread
-(``Store.submit``), never on the ingest path. Compacting a cell twice changes nothing.
+connections, encodes packs there, and writes each batch of cells as one task on the store's
+writer thread (``Store.submit``; a pack and the deletion of what it replaces in one
+transaction), never on the ingest path. Compacting or packing a cell twice changes nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ import logging
 import math
 import os
 import threading
-from typing import Any, Callable, ContextManager, Iterable
+from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 from dashboard.state import THROTTLE_REASONS
 from dashboard.storage import Store
@@ -56,10 +65,20 @@ class Policy:
     around_findings_s: float = 300.0  # --keep-around-findings / PGDASH_KEEP_AROUND_FINDINGS_S
     cell_s: float = 60.0  # PGDASH_COMPACT_CELL_S: one summary per session, kind and cell
     every_s: float = 30.0  # PGDASH_COMPACT_EVERY_S: how often the compactor looks
+    pack_after_s: float = 120.0  # PGDASH_PACK_AFTER_S: a cell this old becomes a pack; 0: never
+    checkpoint_keep_s: float = 1800.0  # PGDASH_CHECKPOINT_KEEP_S: old checkpoints, one per
 
     def __post_init__(self) -> None:
         if self.cell_s <= 0 or self.every_s <= 0:
             raise ValueError("PGDASH_COMPACT_CELL_S and PGDASH_COMPACT_EVERY_S must be above 0")
+        if self.pack_after_s and self.pack_after_s < self.cell_s:
+            # A pack holds a whole cell: one that may still get events is not packed yet.
+            raise ValueError(f"PGDASH_PACK_AFTER_S is {self.pack_after_s:g} s: it must be 0 "
+                             f"(never pack) or at least PGDASH_COMPACT_CELL_S "
+                             f"({self.cell_s:g} s)")
+        if self.checkpoint_keep_s < 0:
+            raise ValueError(f"PGDASH_CHECKPOINT_KEEP_S is {self.checkpoint_keep_s:g} s: it "
+                             "must be 0 (keep every stored checkpoint) or more seconds")
         if self.keep_full_s and self.keep_full_s < max(180.0, 2 * self.cell_s):
             # The fold's windows (60 latency intervals, two minutes of GPU readings) must lie
             # inside the window, or the newest state would differ from a full log's.
@@ -78,7 +97,9 @@ class Policy:
         for field, name in (("keep_full_s", "PGDASH_KEEP_FULL_S"),
                             ("around_findings_s", "PGDASH_KEEP_AROUND_FINDINGS_S"),
                             ("cell_s", "PGDASH_COMPACT_CELL_S"),
-                            ("every_s", "PGDASH_COMPACT_EVERY_S")):
+                            ("every_s", "PGDASH_COMPACT_EVERY_S"),
+                            ("pack_after_s", "PGDASH_PACK_AFTER_S"),
+                            ("checkpoint_keep_s", "PGDASH_CHECKPOINT_KEEP_S")):
             if env.get(name):
                 try:
                     values[field] = float(env[name])
@@ -202,15 +223,22 @@ class Compactor:
         self.cells_per_task = cells_per_task
         self._done_upto: dict[int, float] = {}  # job -> cells below this are compacted
         self._done_id: dict[int, int] = {}  # job -> the last event id in those cells
+        self._packed_upto: dict[int, float] = {}  # job -> cells below this are packed
+        self._thinned_before: dict[int, tuple[float, list]] = {}  # job -> (horizon, keep)
+        self._packed_id: dict[int, int] = {}  # job -> the last event id in those cells
         self._throttled: dict[int, dict[str, bool]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.deleted = 0  # events removed so far
         self.rewritten = 0  # summaries rewritten so far
+        self.packed = 0  # packs written so far
+        self.checkpoints_deleted = 0
+        if policy.checkpoint_keep_s > 0:
+            store.checkpoint_span = self.checkpoint_span
         self.errors = 0
 
     def start(self) -> "Compactor":
-        if self.policy.keep_full_s > 0:
+        if self.policy.keep_full_s > 0 or self.policy.pack_after_s > 0:
             self._thread = threading.Thread(target=self._loop, name="pgdash-compactor",
                                             daemon=True)
             self._thread.start()
@@ -242,32 +270,142 @@ class Compactor:
         return removed
 
     def compact_job(self, job_id: int, first_at: float, last_at: float) -> int:
-        """Compact the job's cells that lie wholly before its window."""
-        cell = self.policy.cell_s
-        horizon = math.floor((last_at - self.policy.keep_full_s) / cell) * cell
+        """Compact the job's cells that lie wholly before its window, pack those older than
+        ``pack_after_s`` at full resolution, and thin its old checkpoints."""
+        policy, cell = self.policy, self.policy.cell_s
+        thin_h = math.floor((last_at - policy.keep_full_s) / cell) * cell \
+            if policy.keep_full_s > 0 else -math.inf
+        pack_h = math.floor((last_at - policy.pack_after_s) / cell) * cell \
+            if policy.pack_after_s > 0 else -math.inf
         start = self._done_upto.get(job_id, math.floor(first_at / cell) * cell)
-        keep = [(f["first_seen"] - self.policy.around_findings_s,
-                 f["last_seen"] + self.policy.around_findings_s)
+        if start >= max(thin_h, pack_h):
+            return 0
+        keep = [(f["first_seen"] - policy.around_findings_s,
+                 f["last_seen"] + policy.around_findings_s)
                 for f in self.store.job_findings(job_id)]
+        removed = 0
+        if start < thin_h:  # final: thinned as plan() decides, then packed
+            removed += self._walk(job_id, start, thin_h, keep, final=True)
+        begin = max(self._done_upto.get(job_id, start), self._packed_upto.get(job_id, start))
+        if begin < pack_h:  # newer: packed at full resolution, thinned once it is old
+            removed += self._walk(job_id, begin, pack_h, keep, final=False)
+        if policy.checkpoint_keep_s > 0 and thin_h > -math.inf:
+            self._thinned_before[job_id] = (thin_h, keep)
+            self._thin_checkpoints(job_id)
+        return removed
+
+    def checkpoint_span(self, job_id: int, at: float) -> tuple[float, float] | None:
+        """Where old checkpoints are thinned: the stretch of arrival time that keeps one
+        checkpoint around moment ``at`` (None: every checkpoint there is kept). The store
+        asks before it saves one, so that a scrub does not store again what was removed."""
+        horizon, keep = self._thinned_before.get(job_id, (-math.inf, ()))
+        if at >= horizon or any(a <= at <= b for a, b in keep):
+            return None
+        every = self.policy.checkpoint_keep_s
+        bucket = math.floor(at / every)
+        return bucket * every, (bucket + 1) * every
+
+    def _walk(self, job_id: int, start: float, horizon: float,
+              keep: list[tuple[float, float]], final: bool) -> int:
+        """Cells [start, horizon) of the job, a few per writer task; returns events removed.
+
+        ``final``: the cells are thinned (plan()) and their packs marked final, and the walk
+        starts from the job's last final cell; else packed whole, from the last packed one.
+        """
+        cell, packing = self.policy.cell_s, self.policy.pack_after_s > 0
         throttled = self._throttled.setdefault(job_id, {})
         floors = {session: last - self.policy.keep_full_s
                   for session, last in self.store.session_last_arrivals(job_id).items()}
+        newest = self.store.session_newest_ids(job_id) if packing else set()
+        packs = {p["first_id"]: p for p in self.store.job_packs(job_id)} if packing else {}
+        done_id = self._done_id if final else self._packed_id
         removed = 0
         while start < horizon and not self._stop.is_set():
             end = min(horizon, start + cell * self.cells_per_task)
-            evs = list(self.store.events_until(job_id, self._done_id.get(job_id, 0), end))
-            updates, deletes = plan(evs, cell, keep, throttled, floors)
-            if updates or deletes:
-                guard = self.guard(job_id, start, end) if self.guard else \
+            after = max(self._done_id.get(job_id, 0), done_id.get(job_id, 0))
+            evs = list(self.store.events_until(job_id, after, end))
+            writes, thinning, gone = [], False, 0
+            for evs_cell in _cells(evs, cell):
+                updates, deletes = plan(evs_cell, cell, keep, throttled, floors) \
+                    if final else ({}, [])
+                thinning = thinning or bool(updates or deletes)
+                gone += len(deletes)
+                if not packing:
+                    if updates or deletes:
+                        writes.append(lambda conn, u=updates, d=deletes:
+                                      self.store.compact_events(conn, u, d))
+                    continue
+                write = self._pack_cell(job_id, evs_cell, updates, set(deletes), newest,
+                                        packs, final)
+                if write is not None:
+                    writes.append(write)
+            if writes:
+                guard = self.guard(job_id, start, end) if self.guard and thinning else \
                     contextlib.nullcontext()
                 with guard:
-                    self.store.submit(lambda conn: self.store.compact_events(conn, updates,
-                                                                              deletes),
-                                      timeout=120.0)
-            removed += len(deletes)
-            self.deleted += len(deletes)
-            self.rewritten += len(updates)
+                    self.store.submit(lambda conn: [w(conn) for w in writes], timeout=120.0)
+            removed += gone
+            self.deleted += gone
             if evs:
-                self._done_id[job_id] = evs[-1]["id"]
-            self._done_upto[job_id] = start = end
+                done_id[job_id] = evs[-1]["id"]
+            (self._done_upto if final else self._packed_upto)[job_id] = start = end
         return removed
+
+    def _pack_cell(self, job_id: int, evs: list[dict[str, Any]], updates: dict[int, dict],
+                   deletes: set[int], newest: set[int], packs: dict[int, dict],
+                   final: bool) -> Callable | None:
+        """The writer task that makes one cell's events one pack (None: it is one already).
+
+        Each session's newest event (and newest with a seq) stays a row; a summary plan()
+        rewrote and the events it deleted go."""
+        kept = [dict(ev, body=updates[ev["id"]]) if ev["id"] in updates else ev
+                for ev in evs if ev["id"] not in deletes and ev["id"] not in newest]
+        old = [i for i in (ev["id"] for ev in evs) if i in packs]
+        if not updates and not deletes and len(old) == 1 and packs[old[0]]["n"] == len(kept) \
+                and packs[old[0]]["thinned"] == final:
+            return None  # packed as it should be: packing twice changes nothing
+        if not kept and not old and not deletes:
+            return None  # only rows that must stay rows
+        row_updates = {i: b for i, b in updates.items() if i in newest}
+        pack = self.store.pack_row(job_id, kept, final) if kept else None
+        row_ids = [ev["id"] for ev in evs if ev["id"] not in newest]
+        self.rewritten += len(updates)
+        self.packed += pack is not None
+
+        def write(conn) -> None:
+            self.store.write_pack(conn, job_id, pack, old, row_ids)
+            if row_updates:
+                self.store.compact_events(conn, row_updates, [])
+        return write
+
+    def _thin_checkpoints(self, job_id: int) -> None:
+        """Beyond the window and away from findings, keep the first stored checkpoint of
+        every ``checkpoint_keep_s`` (a state at any moment starts from the one before it)."""
+        seen, drop = set(), []
+        for last_id, at in sorted(self.store.checkpoint_list(job_id), key=lambda c: c[1]):
+            span = self.checkpoint_span(job_id, at)
+            if span is None:
+                continue
+            if span in seen:
+                drop.append(last_id)
+            seen.add(span)
+        if drop:
+            self.store.submit(lambda conn: self.store.delete_checkpoints(conn, job_id, drop),
+                              timeout=120.0)
+            self.checkpoints_deleted += len(drop)
+
+
+def _cells(evs: list[dict[str, Any]], cell_s: float) -> Iterator[list[dict[str, Any]]]:
+    """Consecutive runs of events (id order) by cell of arrival time: a cell's pack then
+    holds a contiguous range of the job's ids, even where arrival times are out of order."""
+    run: list[dict[str, Any]] = []
+    current = None
+    for ev in evs:
+        cell = math.floor(ev["received_at"] / cell_s)
+        if current is None or cell > current:
+            if run:
+                yield run
+            run, current = [], cell
+        run.append(ev)
+    if run:
+        yield run

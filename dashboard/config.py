@@ -46,6 +46,8 @@ DEFAULTS = {
     "KEEP_AROUND_FINDINGS_S": Policy.around_findings_s,  # --keep-around-findings
     "COMPACT_CELL_S": Policy.cell_s,
     "COMPACT_EVERY_S": Policy.every_s,
+    "PACK_AFTER_S": Policy.pack_after_s,  # a cell this old is stored as one pack; 0: never
+    "CHECKPOINT_KEEP_S": Policy.checkpoint_keep_s,  # old checkpoints: one per this; 0: all
     "CHECKPOINT_S": 300.0,  # a stored JobState every this many seconds of the log
 }
 

@@ -8,6 +8,12 @@ Tables (created by the Alembic migrations in ``migrations/``):
   stored compact (``body_z``, see dashboard.codec; ``body`` is then empty); rows written before
   revision 0004 keep their JSON ``body`` and read back the same. dashboard.compaction thins
   routine events beyond the recent window (see there for what detail that gives up);
+- ``event_packs``: older events of ``events``, one job's events of one compaction cell per
+  row, stored column by column and compressed together (dashboard.codec's pack format;
+  written by dashboard.compaction). Every read of the log merges packs and rows in id order,
+  so readers see one log. Each agent session's newest event, and its newest with a seq,
+  always stay rows: what admission (``max_seqs``, ``session_max_seq``) and the compactor
+  (``session_last_arrivals``) read of a session's end needs no pack;
 - ``checkpoints``: folded JobStates at moments of the log (dashboard.rewind), so that
   scrubbing backwards starts from the nearest one, also after a restart.
 
@@ -19,6 +25,7 @@ their own pooled connections; SQLite runs in WAL mode so they never block the wr
 from __future__ import annotations
 
 import concurrent.futures
+import heapq
 import json
 import logging
 import queue
@@ -31,7 +38,7 @@ import msgspec
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 
-from dashboard.codec import decode_body, encode_body
+from dashboard.codec import Pack, decode_body, encode_body, encode_pack, open_pack
 from dashboard.resources import resource_dir
 
 log = logging.getLogger("pgdash.storage")
@@ -103,6 +110,29 @@ checkpoints = sa.Table(
     sa.Column("state", sa.LargeBinary, nullable=False),
 )
 
+# One job's events of one compaction cell (dashboard.compaction), as dashboard.codec pack
+# bytes; the events it holds are no longer rows of ``events`` (revision 0005).
+event_packs = sa.Table(
+    "event_packs", metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("first_id", sa.Integer, primary_key=True),  # the ids of its first
+    sa.Column("last_id", sa.Integer, nullable=False),  # and last event
+    sa.Column("first_at", sa.Float, nullable=False),  # their arrival times
+    sa.Column("last_at", sa.Float, nullable=False),
+    sa.Column("n", sa.Integer, nullable=False),  # events in it
+    sa.Column("thinned", sa.Boolean, nullable=False),  # compacted as its age asks: final
+    sa.Column("data", sa.LargeBinary, nullable=False),
+    sa.Index("ix_event_packs_first_id", "first_id"),
+    sa.Index("ix_event_packs_last_id", "last_id"),
+)
+
+PACKS_AHEAD = 1  # packs a job's read decodes per round trip (one is a whole cell)
+
+
+class UnreadablePack(ValueError):
+    """A stored pack this pgdash cannot read; the message names the row and what to do."""
+
+
 _SQLITE_INSERT_EVENT = ("INSERT INTO events (id, job_id, session, seq, t, received_at, kind, "
                         "body, body_z) VALUES (?, ?, ?, ?, ?, ?, ?, '', ?)")
 _json_encoder = msgspec.json.Encoder()
@@ -116,8 +146,15 @@ def encode_json(value: Any) -> str:
 decode_json = msgspec.json.decode
 
 
+def _event_id(ev: dict[str, Any]) -> int:
+    return ev["id"]
+
+
 def load_body(row: Any) -> dict[str, Any]:
-    """The body of a stored event row, whichever form it was stored in."""
+    """The body of a stored event row, whichever form it was stored in (a dict already for
+    an event read from a pack)."""
+    if isinstance(row["body"], dict):
+        return row["body"]
     packed = row["body_z"]
     return decode_body(packed) if packed is not None else decode_json(row["body"])
 
@@ -235,6 +272,10 @@ class Store:
         self._stopping = False
         self.commits = 0
         self.write_errors = 0
+        self.unreadable_packs = 0  # passed over by events_after / events_by_id (logged)
+        # (job id, moment) -> the [start, end) of arrival time that keeps one checkpoint, where
+        # the compactor thins them (dashboard.compaction), else None.
+        self.checkpoint_span: Callable[[int, float], tuple[float, float] | None] | None = None
         self._next_id: int | None = None  # see _allocate_ids
         self._deferred: list[tuple] = []  # event rows of this transaction, see insert_events
         self._deferred_rows: list[dict[str, Any]] = []  # the same, other databases
@@ -516,40 +557,109 @@ class Store:
     def job_events(self, job_id: int, chunk: int = 5000, after: int = 0,
                    upto: int | None = None) -> Iterator[dict[str, Any]]:
         """The job's events in log order (those with an id above ``after``, and at most
-        ``upto`` when given), as StoredEvent dicts."""
-        last = after
+        ``upto`` when given), as StoredEvent dicts: rows and packs merged.
+
+        Raises:
+            UnreadablePack: a pack of this job that this pgdash cannot read (the message
+                names it and what to do); other jobs read on.
+        """
         while True:
-            where = [events.c.job_id == job_id, events.c.id > last]
-            if upto is not None:
-                where.append(events.c.id <= upto)
             with self.engine.connect() as conn:
-                rows = conn.execute(
-                    sa.select(events).where(*where)
-                    .order_by(events.c.id).limit(chunk)).mappings().all()
-            for r in rows:
-                yield {"id": r["id"], "session": r["session"], "seq": r["seq"], "t": r["t"],
-                       "received_at": r["received_at"], "kind": r["kind"],
-                       "body": load_body(r)}
-            if len(rows) < chunk:
+                rows, packs, cutoff = self._read_log(conn, job_id, after, upto, chunk,
+                                                     PACKS_AHEAD)
+            last = after
+            for ev in self._merge(rows, packs, after, cutoff):
+                if ev["id"] != last:  # a row packed between the two reads comes twice
+                    last = ev["id"]
+                    yield ev
+            if cutoff is None or (upto is not None and cutoff >= upto):
                 return
-            last = rows[-1]["id"]
+            after = cutoff
+
+    def _read_log(self, conn: sa.Connection, job_id: int | None, after: int,
+                  upto: int | None, limit: int, packs_ahead: int
+                  ) -> tuple[list[Any], list[Any], int | None]:
+        """Rows and packs holding the log's next events after id ``after`` (one job's, or
+        every job's): (rows, pack rows, cutoff), complete up to id ``cutoff`` (None: to the
+        end). Rows are read first: a cell packed between the two statements (PostgreSQL
+        reads each in its own snapshot) then shows up twice, never not at all."""
+        pwhere = [] if job_id is None else [event_packs.c.job_id == job_id]
+        ahead = [*pwhere, event_packs.c.first_id > after]
+        if upto is not None:
+            ahead.append(event_packs.c.first_id <= upto)
+        firsts = conn.execute(sa.select(event_packs.c.first_id).where(*ahead)
+                              .order_by(event_packs.c.first_id)
+                              .limit(packs_ahead + 1)).scalars().all()
+        cutoff = upto
+        if len(firsts) > packs_ahead:
+            # Every pack not read starts above this: the log is complete below it.
+            cutoff = firsts[-1] - 1 if cutoff is None else min(cutoff, firsts[-1] - 1)
+        where = [events.c.id > after]
+        if job_id is not None:
+            where.append(events.c.job_id == job_id)
+        if cutoff is not None:
+            where.append(events.c.id <= cutoff)
+        rows = conn.execute(sa.select(events).where(*where).order_by(events.c.id)
+                            .limit(limit)).mappings().all()
+        if len(rows) == limit:
+            cutoff = rows[-1]["id"] if cutoff is None else min(cutoff, rows[-1]["id"])
+        # The packs' bytes after the rows, by range: one committed since the first statement
+        # is read too (its rows were then gone already).
+        cols = (event_packs.c.job_id, event_packs.c.first_id, event_packs.c.last_id,
+                event_packs.c.data)
+        packs = conn.execute(sa.select(*cols).where(
+            *pwhere, event_packs.c.first_id <= after, event_packs.c.last_id > after)).all()
+        if cutoff is not None:
+            ahead.append(event_packs.c.first_id <= cutoff)
+        packs += conn.execute(sa.select(*cols).where(*ahead)
+                              .order_by(event_packs.c.first_id)).all()
+        return rows, packs, cutoff
+
+    @staticmethod
+    def _open(row: Any) -> Pack:
+        try:
+            return open_pack(row.data)
+        except ValueError as exc:
+            raise UnreadablePack(
+                f"table event_packs, job {row.job_id}, the pack of events {row.first_id} to "
+                f"{row.last_id}: {exc}. If a newer pgdash wrote this database, upgrade "
+                f"pgdash; otherwise delete that row (DELETE FROM event_packs WHERE job_id = "
+                f"{row.job_id} AND first_id = {row.first_id}): its events are lost, the rest "
+                f"of the job reads on") from None
+
+    def _merge(self, rows: list[Any], packs: list[Any], after: int,
+               cutoff: int | None) -> Iterator[dict[str, Any]]:
+        """StoredEvent dicts of rows and packs in id order (a pack's decoded lazily)."""
+        row_events = ({"id": r["id"], "session": r["session"], "seq": r["seq"], "t": r["t"],
+                       "received_at": r["received_at"], "kind": r["kind"],
+                       "body": load_body(r)} for r in rows)
+        if not packs:
+            return row_events
+        return heapq.merge(row_events, *(self._open(p).events(after, cutoff) for p in packs),
+                           key=_event_id)
 
     # -- compaction and checkpoints (dashboard.compaction, dashboard.rewind) -------------------
 
     def event_spans(self) -> list[tuple[int, float, float]]:
         """(job id, first and last arrival time) of every job with events (index lookups:
-        arrival order is id order)."""
+        arrival order is id order; a job's newest events are rows, its oldest maybe packed)."""
         with self.engine.connect() as conn:
             out = []
             for (job_id,) in conn.execute(sa.select(jobs.c.id).order_by(jobs.c.id)).all():
                 lo, hi = conn.execute(sa.select(sa.func.min(events.c.id)).where(
                     events.c.job_id == job_id)).scalar(), conn.execute(sa.select(
                         sa.func.max(events.c.id)).where(events.c.job_id == job_id)).scalar()
-                if lo is None:
+                packed = conn.execute(sa.select(sa.func.min(event_packs.c.first_at),
+                                                sa.func.max(event_packs.c.last_at))
+                                      .where(event_packs.c.job_id == job_id)).first()
+                if lo is None and packed[0] is None:
                     continue
                 at = dict(conn.execute(sa.select(events.c.id, events.c.received_at)
-                                       .where(events.c.id.in_((lo, hi)))).all())
-                out.append((job_id, at[lo], at[hi]))
+                                       .where(events.c.id.in_((lo, hi)))).all()) \
+                    if lo is not None else {}
+                firsts = [x for x in (at.get(lo), packed[0]) if x is not None]
+                lasts = [x for x in (at.get(hi), packed[1]) if x is not None]
+                out.append((job_id, min(firsts), max(lasts)))
             return out
 
     def session_last_arrivals(self, job_id: int) -> dict[str, float]:
@@ -581,14 +691,82 @@ class Store:
         for i in range(0, len(deletes), 500):
             conn.execute(sa.delete(events).where(events.c.id.in_(deletes[i:i + 500])))
 
+    def session_newest_ids(self, job_id: int) -> set[int]:
+        """Per agent session of the job, the ids of its newest event and of its newest with
+        a seq: the events that stay rows (see the module's docstring)."""
+        in_job = events.c.session.in_(sa.select(sessions.c.id)
+                                      .where(sessions.c.job_id == job_id))
+        with self.engine.connect() as conn:
+            newest = conn.execute(sa.select(sa.func.max(events.c.id)).where(in_job)
+                                  .group_by(events.c.session)).scalars().all()
+            with_seq = conn.execute(sa.select(sa.func.max(events.c.id))
+                                    .where(in_job, events.c.seq.is_not(None))
+                                    .group_by(events.c.session)).scalars().all()
+        return set(newest) | set(with_seq)
+
+    def job_packs(self, job_id: int) -> list[dict[str, Any]]:
+        """The job's packs without their bytes (first_id, last_id, first_at, last_at, n,
+        thinned), in log order."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(
+                event_packs.c.first_id, event_packs.c.last_id, event_packs.c.first_at,
+                event_packs.c.last_at, event_packs.c.n, event_packs.c.thinned)
+                .where(event_packs.c.job_id == job_id)
+                .order_by(event_packs.c.first_id)).mappings().all()
+        return [dict(r) for r in rows]
+
     @staticmethod
-    def save_checkpoint(conn: sa.Connection, job_id: int, last_id: int, at: float,
+    def pack_row(job_id: int, events_in: list[dict[str, Any]],
+                 thinned: bool) -> dict[str, Any]:
+        """The ``event_packs`` row of StoredEvent dicts (id order), encoded here: on the
+        caller's thread, not the writer's."""
+        return {"job_id": job_id, "first_id": events_in[0]["id"],
+                "last_id": events_in[-1]["id"],
+                "first_at": min(ev["received_at"] for ev in events_in),
+                "last_at": max(ev["received_at"] for ev in events_in), "n": len(events_in),
+                "thinned": thinned, "data": encode_pack(events_in)}
+
+    @staticmethod
+    def write_pack(conn: sa.Connection, job_id: int, pack: dict[str, Any] | None,
+                   replaces: list[int], row_ids: list[int]) -> None:
+        """Writer thread: store ``pack`` (a :meth:`pack_row`) in place of the job's packs
+        starting at ids ``replaces`` and of the rows ``row_ids`` (those still rows; the
+        others were packed already), in the caller's transaction: a crash leaves either the
+        old form or the new, never neither."""
+        if replaces:
+            conn.execute(sa.delete(event_packs).where(event_packs.c.job_id == job_id,
+                                                      event_packs.c.first_id.in_(replaces)))
+        for i in range(0, len(row_ids), 500):
+            conn.execute(sa.delete(events).where(events.c.id.in_(row_ids[i:i + 500])))
+        if pack is not None:
+            conn.execute(sa.insert(event_packs).values(**pack))
+
+    def checkpoint_list(self, job_id: int) -> list[tuple[int, float]]:
+        """(last id, moment) of the job's stored checkpoints, oldest first."""
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(
+                sa.select(checkpoints.c.last_id, checkpoints.c.at)
+                .where(checkpoints.c.job_id == job_id).order_by(checkpoints.c.last_id))]
+
+    @staticmethod
+    def delete_checkpoints(conn: sa.Connection, job_id: int, last_ids: list[int]) -> None:
+        for i in range(0, len(last_ids), 500):
+            conn.execute(sa.delete(checkpoints).where(
+                checkpoints.c.job_id == job_id, checkpoints.c.last_id.in_(last_ids[i:i + 500])))
+
+    def save_checkpoint(self, conn: sa.Connection, job_id: int, last_id: int, at: float,
                         state: bytes) -> None:
-        """Writer thread: store a checkpoint unless the job has one at that moment or place."""
+        """Writer thread: store a checkpoint unless the job has one at that moment or place,
+        or the compactor thinned that stretch of the log to fewer (``checkpoint_span``)."""
         if conn.execute(sa.select(checkpoints.c.last_id).where(
                 checkpoints.c.job_id == job_id,
                 sa.or_(checkpoints.c.last_id == last_id, checkpoints.c.at == at))).first():
             return
+        span = self.checkpoint_span(job_id, at) if self.checkpoint_span else None
+        if span is not None and conn.execute(sa.select(checkpoints.c.last_id).where(
+                checkpoints.c.job_id == job_id, checkpoints.c.at >= span[0],
+                checkpoints.c.at < at)).first():
+            return  # a scrub would store again what thinning removed, each time
         conn.execute(sa.insert(checkpoints).values(job_id=job_id, last_id=last_id, at=at,
                                                    state=state))
 
@@ -638,11 +816,30 @@ class Store:
 
     def events_after(self, after: int, limit: int) -> list[dict[str, Any]]:
         """Events of every job with an id above ``after``, in id order (bodies as stored:
-        the caller parses, with :func:`load_body`, only those of the jobs it holds)."""
+        the caller parses, with :func:`load_body`, only those of the jobs it holds). Those
+        read from packs carry their body parsed already; a pack this pgdash cannot read is
+        logged and passed over (its ids then look missing), so one job's damage never stops
+        the others' tail."""
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(events).where(events.c.id > after)
-                                .order_by(events.c.id).limit(limit)).mappings().all()
-        return [self._row_dict(r) for r in rows]
+            rows, packs, cutoff = self._read_log(conn, None, after, None, limit, 4)
+        out = {r["id"]: self._row_dict(r) for r in rows}
+        for p in packs:
+            for ev in self._pack_events(p, after, cutoff):
+                out.setdefault(ev["id"], ev)
+        return [out[i] for i in sorted(out)]
+
+    def _pack_events(self, pack_row: Any, after: int = 0, upto: int | None = None,
+                     only: set[int] | None = None) -> list[dict[str, Any]]:
+        """Events of a pack as ``events_after`` rows (with ``job_id``), [] if unreadable."""
+        try:
+            pack = self._open(pack_row)
+        except UnreadablePack as exc:
+            self.unreadable_packs += 1
+            log.error("pgdash: %s", exc)
+            return []
+        found = pack.events(after, upto) if only is None else \
+            (ev for i in sorted(only) for ev in pack.events(i - 1, i))  # no other body built
+        return [dict(ev, job_id=pack_row.job_id, body_z=None) for ev in found]
 
     def events_by_id(self, ids: list[int]) -> list[dict[str, Any]]:
         if not ids:
@@ -650,7 +847,17 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(events).where(events.c.id.in_(ids))
                                 .order_by(events.c.id)).mappings().all()
-        return [self._row_dict(r) for r in rows]
+            found = {r["id"]: self._row_dict(r) for r in rows}
+            missing = set(ids) - set(found)
+            packs = conn.execute(sa.select(
+                event_packs.c.job_id, event_packs.c.first_id, event_packs.c.last_id,
+                event_packs.c.data).where(event_packs.c.first_id <= max(missing),
+                                          event_packs.c.last_id >= min(missing))).all() \
+                if missing else []
+        for p in packs:
+            for ev in self._pack_events(p, only=missing):
+                found.setdefault(ev["id"], ev)
+        return [found[i] for i in sorted(found)]
 
     def claim_job(self, job_id: int, owner: str, now: float,
                   expires_at: float) -> tuple[bool, bool]:

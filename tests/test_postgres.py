@@ -22,15 +22,19 @@ def test_db_upgrade_on_postgres_makes_the_schema_with_the_right_types(pg_url):
     try:
         inspector = sa.inspect(engine)
         assert {"jobs", "sessions", "events", "findings", "job_owners", "checkpoints",
-                "book_log", "book_spans", "alembic_version"} <= set(inspector.get_table_names())
+                "event_packs", "book_log", "book_spans",
+                "alembic_version"} <= set(inspector.get_table_names())
         types = {t: {c["name"]: type(c["type"]).__name__ for c in inspector.get_columns(t)}
-                 for t in ("events", "findings", "job_owners", "book_log", "book_spans")}
+                 for t in ("events", "findings", "job_owners", "event_packs", "book_log",
+                           "book_spans")}
         # Unix seconds need a double: a 4-byte REAL would round them to ~2 minutes.
         assert types["events"]["t"] == types["events"]["received_at"] == "DOUBLE_PRECISION"
         assert types["events"]["body"] == "TEXT"
         assert types["events"]["body_z"] == "BYTEA"
         assert types["findings"]["active"] == "BOOLEAN"
         assert types["job_owners"]["expires_at"] == "DOUBLE_PRECISION"
+        assert types["event_packs"]["first_at"] == "DOUBLE_PRECISION"
+        assert types["event_packs"]["data"] == "BYTEA"
         assert types["book_log"]["at"] == types["book_spans"]["through_at"] == "DOUBLE_PRECISION"
         assert types["book_log"]["body"] == "BYTEA"
         uniques = {u["name"]: u["column_names"] for u in inspector.get_unique_constraints("events")}

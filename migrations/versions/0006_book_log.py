@@ -5,14 +5,14 @@ judging every moment of the job again (dashboard.diagnosis.book.BookLog). Jobs s
 have no log and are judged as before; the first time one is loaded its book is recorded.
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-12-01
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

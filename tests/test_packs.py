@@ -1,0 +1,369 @@
+"""Packs: a job's older events stored one cell per row (event_packs), read back as the log."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from dashboard import archive
+from dashboard.cluster import LogTail
+from dashboard.codec import decode_pack, encode_body, encode_pack, encode_state
+from dashboard.compaction import Compactor, Policy
+from dashboard.rewind import Rewind
+from dashboard.state import JobState
+from dashboard.storage import Store, UnreadablePack, load_body, upgrade
+from realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
+from test_storage_bounded import RANKS, T0, _fold, _job_events, _store_job, _views
+
+# Every cell older than a minute packed, nothing thinned: the whole log at full resolution.
+FULL = Policy(keep_full_s=3600, pack_after_s=60)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(f"sqlite:///{tmp_path / 'db.sqlite'}").start()
+    yield s
+    s.close()
+
+
+def _stored(events: list[dict], first_id: int = 1) -> list[dict]:
+    """The events as the store numbers them (one writer: consecutive ids)."""
+    return [dict(ev, id=first_id + i) for i, ev in enumerate(events)]
+
+
+def _rows_and_packs(store: Store) -> tuple[int, int, int]:
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT COUNT(*) FROM events").scalar()
+        packs, packed = conn.exec_driver_sql(
+            "SELECT COUNT(*), COALESCE(SUM(n), 0) FROM event_packs").first()
+    return rows, packs, packed
+
+
+def _pack_data(store: Store) -> list[tuple]:
+    with store.engine.connect() as conn:
+        return conn.exec_driver_sql(
+            "SELECT job_id, first_id, last_id, n, thinned, data FROM event_packs "
+            "ORDER BY job_id, first_id").all()
+
+
+# -- the codec -------------------------------------------------------------------------------
+
+def test_a_pack_reads_back_every_field_and_skips_what_is_asked():
+    events = _stored(_job_events(30))
+    events[5] = dict(events[5], seq=None, kind="disconnect", body={})  # a server event
+    data = encode_pack(events)
+    assert decode_pack(data) == events
+    assert decode_pack(data, after=events[9]["id"], upto=events[19]["id"]) == events[10:20]
+    assert sum(len(encode_body(ev["body"])) for ev in events) > 1.5 * len(data)
+    with pytest.raises(ValueError, match="format 07"):
+        decode_pack(b"\x07" + data[1:])
+    with pytest.raises(ValueError, match="cannot be read"):
+        decode_pack(data[:-20])
+
+
+# -- on a real database ----------------------------------------------------------------------
+
+def test_a_packed_log_folds_to_the_same_state_at_every_event_and_exports_the_same(store):
+    events = _stored(_job_events(400))
+    job_id = _store_job(store, events)
+    before = list(archive.export_lines(store, job_id))
+    compactor = Compactor(store, FULL)
+    assert compactor.run_once() == 0  # nothing thinned...
+    rows, packs, packed = _rows_and_packs(store)
+    assert packs >= 5 and packed + rows == len(events) and rows < len(events) // 4  # ...packed
+    # Each session's newest event stays a row (admission and the compactor read those).
+    newest = {}
+    for ev in events:
+        newest[ev["session"]] = ev["id"]
+    with store.engine.connect() as conn:
+        kept = {r[0] for r in conn.exec_driver_sql("SELECT id FROM events")}
+    assert set(newest.values()) <= kept
+    stored = list(store.job_events(job_id))
+    assert stored == events
+    # The same state after every event, folded from the packed log and from the original.
+    full, packed_fold = JobState(job_id, "j"), JobState(job_id, "j")
+    for i, (a, b) in enumerate(zip(events, stored)):
+        full.apply(a)
+        packed_fold.apply(b)
+        assert packed_fold.summary() == full.summary(), i
+        if i % 500 == 0:
+            assert _views(packed_fold) == _views(full), i
+    # state?at (a fresh Rewind: from the log) at moments all over the packed part.
+    rewind = Rewind(store, copy_sessions=0, persist_every_s=120.0)
+    for at in (T0 + 350.5, T0 + 20.25, T0 + 200.0, T0 + 61.7, T0 + 300.01):
+        assert rewind.view(job_id, "j", at, _views) == _views(_fold(events, at)), at
+    assert list(archive.export_lines(store, job_id)) == before
+    # Packing again changes nothing.
+    data = _pack_data(store)
+    compactor.run_once()
+    assert _pack_data(store) == data
+
+
+def test_job_events_is_right_across_pack_and_row_boundaries(store):
+    events = _stored(_job_events(300))
+    job_id = _store_job(store, events)
+    Compactor(store, FULL).run_once()
+    packs = store.job_packs(job_id)
+    assert len(packs) >= 3
+    edges = {0, len(events), len(events) + 5}
+    for p in packs:
+        edges |= {p["first_id"] - 1, p["first_id"], p["first_id"] + 1, p["last_id"] - 1,
+                  p["last_id"], p["last_id"] + 1, (p["first_id"] + p["last_id"]) // 2}
+    with store.engine.connect() as conn:  # rows left inside packs' ranges, and after them
+        edges |= {r[0] for r in conn.exec_driver_sql("SELECT id FROM events LIMIT 40")}
+    edges = sorted(edges)
+    for after in edges[::3]:
+        for upto in [None] + [e for e in edges[1::4] if e >= after]:
+            want = [ev for ev in events
+                    if ev["id"] > after and (upto is None or ev["id"] <= upto)]
+            assert list(store.job_events(job_id, after=after, upto=upto)) == want, (after, upto)
+            assert list(store.job_events(job_id, chunk=7, after=after, upto=upto)) == want
+
+
+def test_the_cluster_tail_sees_packed_events_of_every_job(store):
+    """A follower that lags behind the packing reads every event, in id order, from two
+    jobs whose ids interleave (their packs overlap in id)."""
+    one, two = _job_events(240, seed=1), _job_events(240, seed=2)
+
+    def write(conn) -> tuple[int, int]:
+        ids = []
+        for name in ("a", "b"):
+            job = store.create_job(conn, name, T0)
+            for r in range(RANKS):
+                store.create_session(conn, f"{name}{r}", job, r, "h", 1, T0)
+            ids.append(job)
+        for x, y in zip(one, two):  # interleaved, as two live jobs are stored
+            store.insert_archived_events(conn, ids[0], [dict(x, session="a" + x["session"][1:])])
+            store.insert_archived_events(conn, ids[1], [dict(y, session="b" + y["session"][1:])])
+        return tuple(ids)
+    jobs = store.submit(write)
+    Compactor(store, FULL).run_once()
+    assert {p["first_id"] for p in store.job_packs(jobs[0])} and store.job_packs(jobs[1])
+    tail = LogTail(store, chunk=333)
+    got = []
+    for _ in range(1000):
+        rows = tail.poll()
+        if not rows:
+            break
+        got.extend(rows)
+    assert [r["id"] for r in got] == list(range(1, 2 * len(one) + 1))
+    by_job = {jobs[0]: one, jobs[1]: two}
+    seen = {jobs[0]: 0, jobs[1]: 0}
+    for row in got:
+        want = by_job[row["job_id"]][seen[row["job_id"]]]
+        seen[row["job_id"]] += 1
+        assert (row["seq"], row["kind"], load_body(row)) == \
+            (want["seq"], want["kind"], want["body"])
+    # A late id (passed over, fetched by id) comes out of a pack too.
+    some = [5, 6, 400, 401, 2 * len(one)]
+    assert [r["id"] for r in store.events_by_id(some)] == some
+    assert load_body(store.events_by_id([400])[0]) == got[399]["body"]
+
+
+def test_a_database_at_revision_0004_upgrades_reads_back_identically_then_packs(tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    engine = sa.create_engine(url)
+    upgrade(engine, "0004")
+    events = _stored(_job_events(200))
+    with engine.begin() as conn:  # what pgdash at revision 0004 wrote: compact rows
+        conn.exec_driver_sql("INSERT INTO jobs (id, name, created_at, status) "
+                             "VALUES (1, 'j', 0, 'running')")
+        for r in range(RANKS):
+            conn.exec_driver_sql("INSERT INTO sessions (id, job_id, rank, first_seen) "
+                                 f"VALUES ('s{r}', 1, {r}, 0)")
+        conn.exec_driver_sql(
+            "INSERT INTO events (id, job_id, session, seq, t, received_at, kind, body, body_z) "
+            "VALUES (?, 1, ?, ?, ?, ?, ?, '', ?)",
+            [(ev["id"], ev["session"], ev["seq"], ev["t"], ev["received_at"], ev["kind"],
+              encode_body(ev["body"])) for ev in events])
+    engine.dispose()
+    store = Store(url).start()  # upgrades to head
+    try:
+        assert list(store.job_events(1)) == events
+        Compactor(store, FULL).run_once()
+        assert _rows_and_packs(store)[1] >= 2
+        assert list(store.job_events(1)) == events
+    finally:
+        store.close()
+    # And back: a downgrade unpacks, losing nothing.
+    engine = sa.create_engine(url)
+    upgrade(engine, "0005")
+    from alembic import command
+    from alembic.config import Config
+
+    from dashboard.resources import resource_dir
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resource_dir("migrations", "env.py")))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0004")
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM events").scalar() == len(events)
+    engine.dispose()
+
+
+def test_after_a_restart_admission_still_refuses_a_packed_seq(tmp_path):
+    from dashboard.ingest import Ingest
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    store = Store(url).start()
+    events = _stored(_job_events(300))
+    job_id = _store_job(store, events)
+    Compactor(store, FULL).run_once()
+    store.close()
+    store = Store(url).start()  # a restart
+    try:
+        top = {}
+        for ev in events:
+            top[ev["session"]] = ev["seq"]
+        assert store.max_seqs() == top
+        with store.engine.connect() as conn:
+            assert store.session_max_seq(conn, "s0") == top["s0"]
+        ingest = Ingest(store, clock=lambda: T0 + 400).start()
+        session, got_job = ingest.connect({"v": 1, "session": "s0", "job": "j", "rank": 0,
+                                           "host": "h", "pid": 100})
+        assert got_job == job_id
+        old = next(ev for ev in events if ev["session"] == "s0" and ev["seq"] == 7)
+        ack, pending = ingest.batch_nowait(session, job_id, [
+            {"seq": 7, "t": old["t"], "kind": old["kind"], "body": old["body"]},
+            {"seq": top["s0"] + 1, "t": T0 + 400, "kind": "heartbeat", "body": {
+                "groups": [], "dropped": {}, "buffered": 0}}])
+        assert ack["ok"]
+        assert pending.result(timeout=30) == 1  # the packed seq 7 refused as a duplicate
+        assert ingest.counters["duplicate_events"] == 1
+        seqs = [ev["seq"] for ev in store.job_events(job_id) if ev["session"] == "s0"]
+        assert seqs.count(7) == 1 and seqs[-1] == top["s0"] + 1
+    finally:
+        store.close()
+
+
+def test_an_unreadable_pack_names_its_row_and_the_other_jobs_read_on(store):
+    first = _store_job(store, _stored(_job_events(200)))
+    second_events = _stored(_job_events(200, seed=9), first_id=len(_job_events(200)) + 1)
+
+    def write(conn) -> int:
+        job = store.create_job(conn, "k", T0)
+        for r in range(RANKS):
+            store.create_session(conn, f"k{r}", job, r, "h", 1, T0)
+        store.insert_archived_events(conn, job, [dict(ev, session="k" + ev["session"][1:])
+                                                 for ev in second_events])
+        return job
+    second = store.submit(write)
+    Compactor(store, FULL).run_once()
+    bad = store.job_packs(first)[1]["first_id"]
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE event_packs SET data = ? WHERE first_id = ?",
+                             (b"\x09future", bad))
+    with pytest.raises(UnreadablePack, match=r"table event_packs, job 1, .*format 09.*"
+                                             r"upgrade pgdash.*DELETE FROM event_packs"):
+        list(store.job_events(first))
+    assert [ev["id"] for ev in store.job_events(second)] == [ev["id"] for ev in second_events]
+    tail_ids = [r["id"] for r in store.events_after(0, 100_000)]
+    assert store.unreadable_packs == 1
+    assert set(ev["id"] for ev in second_events) <= set(tail_ids)
+    assert len(tail_ids) == 2 * len(second_events) - store.job_packs(first)[1]["n"]
+
+
+def test_a_full_resolution_pack_is_thinned_once_it_ages_past_the_window(store):
+    events = _stored(_job_events(1500))
+    split = next(i for i, ev in enumerate(events) if ev["received_at"] > T0 + 500)
+
+    def add(part: list[dict]) -> None:
+        store.submit(lambda conn: store.insert_archived_events(conn, 1, part))
+    _store_job(store, events[:split])
+    compactor = Compactor(store, Policy(keep_full_s=300, around_findings_s=60,
+                                        pack_after_s=60))
+    compactor.run_once()
+    early = store.job_packs(1)
+    assert any(not p["thinned"] for p in early) and any(p["thinned"] for p in early)
+    add(events[split:])
+    compactor.run_once()
+    horizon = events[-1]["received_at"] - 300
+    packs = store.job_packs(1)
+    assert all(p["thinned"] == (p["last_at"] < (horizon // 60) * 60) for p in packs)
+    stored = list(store.job_events(1))
+    assert len(stored) < len(events) // 2
+    assert _views(_fold(stored)) == _views(_fold(events))
+    # The same as compacting the whole log at once, on a fresh server (no memory of it).
+    data = _pack_data(store)
+    again = Compactor(store, Policy(keep_full_s=300, around_findings_s=60, pack_after_s=60))
+    assert again.run_once() == 0 and again.packed == 0
+    assert _pack_data(store) == data
+
+
+def test_old_checkpoints_are_thinned_but_not_near_findings_or_in_the_window(store):
+    events = _stored(_job_events(1500))
+    job_id = _store_job(store, events)
+    finding = {"id": "hang:0", "kind": "hang", "severity": "critical", "active": False,
+               "first_seen": T0 + 600, "last_seen": T0 + 610}
+    store.submit(lambda conn: store.save_findings(conn, job_id, [finding]))
+    state = encode_state(_fold(events[:50]))
+    moments = [T0 - T0 % 60 + 60 * k for k in range(1, 25)]  # a checkpoint a minute
+    for k, at in enumerate(moments):
+        store.submit(lambda conn, k=k, at=at: store.save_checkpoint(conn, job_id, 10 * k + 1,
+                                                                    at, state))
+    policy = Policy(keep_full_s=300, around_findings_s=60, checkpoint_keep_s=600)
+    Compactor(store, policy).run_once()
+    left = [at for _, at in store.checkpoint_list(job_id)]
+    horizon = (events[-1]["received_at"] - 300) // 60 * 60
+    near = [at for at in moments if T0 + 540 <= at <= T0 + 670]
+    assert near and set(near) <= set(left)
+    assert all(at in left for at in moments if at >= horizon)
+    old = [at for at in left if at < horizon and at not in near]
+    assert len({at // 600 for at in old}) == len(old)  # one per 600 s...
+    assert {at // 600 for at in old} == {at // 600 for at in moments
+                                         if at < horizon and at not in near}  # ...each
+    # A scrub that folds across a removed one does not store it again.
+    removed = next(at for at in moments if at < horizon and at not in left)
+    store.submit(lambda conn: store.save_checkpoint(conn, job_id, 9999, removed, state))
+    assert [at for _, at in store.checkpoint_list(job_id)] == left
+
+
+def test_pack_settings_are_named_when_wrong():
+    with pytest.raises(ValueError, match="PGDASH_PACK_AFTER_S"):
+        Policy(pack_after_s=10)
+    with pytest.raises(ValueError, match="PGDASH_PACK_AFTER_S='later'"):
+        Policy.from_env({"PGDASH_PACK_AFTER_S": "later"})
+    with pytest.raises(ValueError, match="PGDASH_CHECKPOINT_KEEP_S"):
+        Policy(checkpoint_keep_s=-1)
+    assert Policy.from_env({"PGDASH_PACK_AFTER_S": "0"}).pack_after_s == 0
+
+
+def test_packs_on_postgres(pg_url):
+    store = Store(pg_url).start()
+    try:
+        events = _job_events(400)
+        job_id = _store_job(store, events)
+        stored_before = list(store.job_events(job_id))
+        Compactor(store, FULL).run_once()
+        assert store.job_packs(job_id)
+        assert list(store.job_events(job_id)) == stored_before
+        got, after = [], stored_before[0]["id"] - 1
+        for _ in range(1000):  # as the cluster's tail reads: a few packs at a time
+            batch = store.events_after(after, 1000)
+            if not batch:
+                break
+            got.extend(batch)
+            after = batch[-1]["id"]
+        assert [r["id"] for r in got] == [ev["id"] for ev in stored_before]
+        mid = stored_before[len(stored_before) // 2]["id"]
+        assert list(store.job_events(job_id, after=mid, upto=mid + 50)) == \
+            [ev for ev in stored_before if mid < ev["id"] <= mid + 50]
+    finally:
+        store.close()
+
+
+def test_a_pack_write_that_fails_midway_leaves_the_rows_as_they_were(store):
+    """Writing a pack and deleting its rows is one transaction: a failure after both
+    statements (a crash before the commit) leaves the log as it was."""
+    events = _stored(_job_events(120))
+    job_id = _store_job(store, events)
+    pack = store.pack_row(job_id, events[:200], False)
+
+    def task(conn) -> None:
+        store.write_pack(conn, job_id, pack, [], [ev["id"] for ev in events[:200]])
+        raise RuntimeError("the process died here")
+    with pytest.raises(RuntimeError):
+        store.submit(task)
+    assert not store.job_packs(job_id)
+    assert list(store.job_events(job_id)) == events
