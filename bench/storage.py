@@ -153,6 +153,8 @@ def simulate(args, db: Path) -> dict:
                   f"({time.perf_counter() - wall:.0f} s)", flush=True)
     if compactor is not None:
         compactor.run_once()
+    if hasattr(ingest.rewind, "wait_saved"):  # live checkpoints compress off the writer
+        ingest.rewind.wait_saved()
     store.wait_idle()
     findings = store.job_findings(job_id)
     return {"store": store, "ingest": ingest, "job_id": job_id, "t0": t0,

@@ -117,17 +117,26 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def encode_state(fold: Any) -> bytes:
+def encode_state(fold: Any, level: int = STATE_LEVEL) -> bytes:
     """A checkpoint's bytes: a JobState, or a Timeline holding one (the state's memo caches
-    left out: they rebuild on use)."""
+    left out: they rebuild on use). ``level``: zlib's (1 for copies kept in memory)."""
+    return compress_state(pickle_state(fold), level)
+
+
+def pickle_state(fold: Any) -> bytes:
+    """The first half of :func:`encode_state`: what must be taken while nothing folds into
+    the state (the second, :func:`compress_state`, may run elsewhere)."""
     state = getattr(fold, "state", fold)
     memo = (state._memo, state._summary_memo, state._ranks_memo)
     state._memo, state._summary_memo, state._ranks_memo = {}, None, None
     try:
-        raw = pickle.dumps(fold, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(fold, protocol=pickle.HIGHEST_PROTOCOL)
     finally:
         state._memo, state._summary_memo, state._ranks_memo = memo
-    return bytes((STATE_V1,)) + zlib.compress(raw, STATE_LEVEL)
+
+
+def compress_state(raw: bytes, level: int = STATE_LEVEL) -> bytes:
+    return bytes((STATE_V1,)) + zlib.compress(raw, level)
 
 
 def decode_state(data: bytes) -> Any:

@@ -324,6 +324,7 @@ def test_the_live_fold_stores_checkpoints_as_the_job_runs(store):
             ack = ingest.batch(session, job_id, {"v": 1, "events": [
                 {"seq": seq[session], "t": ev["t"], "kind": ev["kind"], "body": ev["body"]}]})
             assert ack["ok"], ack
+    ingest.rewind.wait_saved()  # compressed off the writer thread, then queued
     store.wait_idle()
     assert ingest.rewind.checkpoints_saved >= 5
     restarted = Ingest(store, clock=lambda: clock[0]).start()
