@@ -207,6 +207,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-keep", type=float, default=1800.0,
                         help="compactor's PGDASH_CHECKPOINT_KEEP_S, with --pack-after")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-export", action="store_true",
+                        help="skip export / import (minutes for a 256-rank hour)")
     parser.add_argument("--verbose", action="store_true", help="each state?at= moment")
     parser.add_argument("--db", type=Path, help="keep the database here (default: a temp dir)")
     args = parser.parse_args()
@@ -260,19 +262,22 @@ def main() -> None:
                 "SELECT COALESCE(SUM(LENGTH(state)), 0), COUNT(*) FROM checkpoints").first() \
                 if Compactor is not None else (0, 0)
 
-        start = time.perf_counter()
-        path = Path(tmp) / "job.jsonl"
-        with open(path, "w") as out:
-            for line in archive.export_lines(store, job_id):
-                out.write(line)
-        exported = time.perf_counter() - start
-        start = time.perf_counter()
-        with open(path) as src:
-            loaded = archive.Archive.read(src, str(path))
-        new_id = archive.import_archive(store, loaded, run["end"])
-        imported = time.perf_counter() - start
-        print(f"export: {exported:.1f} s ({path.stat().st_size / 1e6:.1f} MB file); "
-              f"import: {imported:.1f} s (job {new_id}, {len(loaded.events)} events)")
+        if args.no_export:
+            print("export / import: skipped (--no-export)")
+        else:
+            start = time.perf_counter()
+            path = Path(tmp) / "job.jsonl"
+            with open(path, "w") as out:
+                for line in archive.export_lines(store, job_id):
+                    out.write(line)
+            exported = time.perf_counter() - start
+            start = time.perf_counter()
+            with open(path) as src:
+                loaded = archive.Archive.read(src, str(path))
+            new_id = archive.import_archive(store, loaded, run["end"])
+            imported = time.perf_counter() - start
+            print(f"export: {exported:.1f} s ({path.stat().st_size / 1e6:.1f} MB file); "
+                  f"import: {imported:.1f} s (job {new_id}, {len(loaded.events)} events)")
         print(f"checkpoints stored: {kept[1]} ({kept[0] / 1e6:.1f} MB)")
         print(f"reference, first-schema JSON rows: "
               f"{run['json_bytes'] / rank_hours / 1e3:.0f} kB per rank-hour")

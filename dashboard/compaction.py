@@ -65,7 +65,7 @@ class Policy:
     around_findings_s: float = 300.0  # --keep-around-findings / PGDASH_KEEP_AROUND_FINDINGS_S
     cell_s: float = 60.0  # PGDASH_COMPACT_CELL_S: one summary per session, kind and cell
     every_s: float = 30.0  # PGDASH_COMPACT_EVERY_S: how often the compactor looks
-    pack_after_s: float = 120.0  # PGDASH_PACK_AFTER_S: a cell this old becomes a pack; 0: never
+    pack_after_s: float = 60.0  # PGDASH_PACK_AFTER_S: a cell this old becomes a pack; 0: never
     checkpoint_keep_s: float = 1800.0  # PGDASH_CHECKPOINT_KEEP_S: old checkpoints, one per
 
     def __post_init__(self) -> None:
