@@ -261,12 +261,15 @@ class Compactor:
     def run_once(self) -> int:
         """One pass over every job; returns the number of events removed."""
         removed = 0
+        before = (self.packed, self.checkpoints_deleted)
         for job_id, first, last in self.store.event_spans():
             if self._stop.is_set():
                 break
             if self.owns is not None and not self.owns(job_id):
                 continue
             removed += self.compact_job(job_id, first, last)
+        if removed or (self.packed, self.checkpoints_deleted) != before:
+            self.store.reclaim()
         return removed
 
     def compact_job(self, job_id: int, first_at: float, last_at: float) -> int:

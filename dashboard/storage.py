@@ -208,6 +208,9 @@ def make_engine(url: str, busy_timeout_s: float = 30.0) -> sa.Engine:
         @sa_event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):
             cur = dbapi_conn.cursor()
+            # Only a new file takes it (before its first table): then Store.reclaim gives
+            # the pages compaction frees back to the file system.
+            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
@@ -740,6 +743,18 @@ class Store:
             conn.execute(sa.delete(events).where(events.c.id.in_(row_ids[i:i + 500])))
         if pack is not None:
             conn.execute(sa.insert(event_packs).values(**pack))
+
+    def reclaim(self) -> None:
+        """SQLite: give the file's free pages back to the file system (after compaction). A
+        database created before pgdash set ``auto_vacuum`` keeps reusing them instead."""
+        if self.engine.dialect.name != "sqlite":
+            return  # PostgreSQL's autovacuum makes the space reusable
+        raw = self.engine.raw_connection()
+        try:
+            # executescript steps the pragma to its end (a plain execute frees one page)
+            raw.driver_connection.executescript("PRAGMA incremental_vacuum;")
+        finally:
+            raw.close()
 
     def checkpoint_list(self, job_id: int) -> list[tuple[int, float]]:
         """(last id, moment) of the job's stored checkpoints, oldest first."""

@@ -209,9 +209,12 @@ def test_the_compactor_thins_a_stored_job_through_the_writer_and_export_still_wo
         yield
 
     compactor = Compactor(store, Policy(keep_full_s=300, around_findings_s=120), guard=guard)
+    size_before = _file_bytes(store)
     removed = compactor.run_once()
     stored = list(store.job_events(job_id))
     assert removed == len(events) - len(stored) > len(events) // 2
+    # The pages it freed went back to the file system (a new SQLite file, auto_vacuum).
+    assert _file_bytes(store) < size_before / 2
     assert told and all(end <= events[-1]["received_at"] - 300 for _, _, end in told)
     by_id = {ev["id"]: ev for ev in stored}
     # Nothing inside the window or near the finding is touched.
@@ -228,6 +231,13 @@ def test_the_compactor_thins_a_stored_job_through_the_writer_and_export_still_wo
     new_id = archive.import_archive(store, loaded, T0 + 2000)
     assert _views(_fold(list(store.job_events(new_id))))["collectives"] == \
         _views(_fold(stored))["collectives"]
+
+
+def _file_bytes(store: Store) -> int:
+    """The SQLite file's size once its write-ahead log is folded in."""
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    return os.path.getsize(store.engine.url.database)
 
 
 def test_scrubbing_back_starts_from_a_stored_checkpoint_also_after_a_restart(store):
