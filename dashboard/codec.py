@@ -186,6 +186,8 @@ def _untransposed(kidx: list[int], lengths: list[int], blob: bytes) -> list[memo
         for r, i in enumerate(members):
             bodies[i] = view[r * size:(r + 1) * size]
     return bodies
+
+
 def _shuffled(values: list[float]) -> bytes:
     """Floats as their 8-byte forms, byte planes apart: arrival times of one minute share
     their leading bytes, which then lie together for the compressor."""
