@@ -16,6 +16,7 @@ import collections
 import contextlib
 import queue
 import threading
+import time
 from typing import Any, Callable, Iterable, Iterator
 
 from dashboard.diagnosis import Finding, Settings
@@ -38,9 +39,12 @@ class LiveBooks:
 
     # A job first held since this server started (an old job opened, an imported one, one
     # running across a restart) has its book rebuilt from its log, on the grid, as replay
-    # builds it, unless that takes more than this many diagnoses (a long job: about two
-    # hours of moments): then the findings stored by earlier runs are its book.
+    # builds it (the moments its book log covers are read, not judged), unless that takes
+    # more than this many diagnoses (a long job: about an hour of moments) or this long (a
+    # big job: 256 ranks judge ~15 moments a second, and ingest waits meanwhile): then the
+    # findings stored by earlier runs are its book.
     RECOMPUTE_MAX_DIAGNOSES = 7200
+    RECOMPUTE_MAX_S = 10.0
 
     def __init__(self, store: Store, settings: Settings, clock: Callable[[], float],
                  judged_at: Callable[[], float],
@@ -134,14 +138,19 @@ class LiveBooks:
     def load(self, job_id: int, name: str, events: Iterable[StoredEvent]) -> JobState:
         """Fold a job's log into its state and its book (states lock held): the moments its
         stored book log covers are read, the others judged while affordable; past
-        RECOMPUTE_MAX_DIAGNOSES the book starts from the stored findings."""
+        RECOMPUTE_MAX_DIAGNOSES or RECOMPUTE_MAX_S the book starts from the stored findings."""
         timeline: Timeline | None = Timeline(job_id, name, self.settings)
         timeline.use_log(self.book_log(job_id))
         timeline.record()
         state = timeline.state
+        deadline = time.monotonic() + self.RECOMPUTE_MAX_S
+
+        def too_dear(book: Book | None) -> bool:
+            return book is not None and book.diagnosed > 0 and (
+                book.diagnosed > self.RECOMPUTE_MAX_DIAGNOSES or time.monotonic() > deadline)
+
         for ev in events:
-            if timeline is not None and timeline.book is not None and \
-                    timeline.book.diagnosed > self.RECOMPUTE_MAX_DIAGNOSES:
+            if timeline is not None and too_dear(timeline.book):
                 timeline = None
             if timeline is not None:
                 timeline.apply(ev)
@@ -150,7 +159,7 @@ class LiveBooks:
         if timeline is not None and state.applied:
             book = timeline.current_book()
             self._tick_now()(book, state)
-            if book.diagnosed <= self.RECOMPUTE_MAX_DIAGNOSES:
+            if not too_dear(book):
                 book.keep(self.store.job_findings(job_id))
                 self._books[job_id] = book
                 if book.active_incidents:
