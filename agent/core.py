@@ -473,7 +473,10 @@ class Agent:
         if self._failed:
             reason = ("uncaught exception" if self._exitcode is None
                       else f"exit status {self._exitcode}")
-        self.detach(reason=reason)
+        try:
+            self.detach(reason=reason)
+        except KeyboardInterrupt:
+            pass  # interrupted again while flushing at exit: the user wants out, now
 
 
 def _merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
