@@ -67,7 +67,6 @@ import math
 import os
 import random
 import re
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -83,6 +82,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import ServerProcess, launch_job  # noqa: E402
+from dashboard.storage import Store  # noqa: E402
 
 STRAGGLER_STEP_S = 0.06  # one straggler step of fault_job (the slow rank's sleep)
 STRAGGLER_GOAL_STEPS = 30  # issue 9: named within 30 steps
@@ -264,15 +264,14 @@ def slow_steps(logdir: Path, job: str, until: float) -> int:
 
 
 def init_arrivals(db: Path, job_id: int) -> dict[int, float]:
-    """rank -> init_start event time, from the server's event log (read-only)."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    """rank -> init_start event time, from the server's event log (its rows and packs)."""
+    store = Store(f"sqlite:///{db}")  # not started: reads only
     try:
-        rows = con.execute(
-            "SELECT s.rank, e.t FROM events e JOIN sessions s ON s.id = e.session "
-            "WHERE e.job_id = ? AND e.kind = 'init_start'", (job_id,)).fetchall()
+        rank_of = {s["id"]: s["rank"] for s in store.job_sessions(job_id)}
+        return {rank_of[ev["session"]]: ev["t"] for ev in store.job_events(job_id)
+                if ev["kind"] == "init_start"}
     finally:
-        con.close()
-    return {rank: t for rank, t in rows}
+        store.engine.dispose()
 
 
 def tail(logdir: Path, job: str, chars: int = 600) -> str:

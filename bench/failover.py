@@ -44,7 +44,7 @@ import socketio  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
 from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION  # noqa: E402
-from conftest import ServerProcess, get_json, launch_job, wait_for  # noqa: E402
+from conftest import ServerProcess, get_json, launch_job, stored_events, wait_for  # noqa: E402
 from realservers import PostgresServer, RedisServer, postgres_bin  # noqa: E402
 from tcp_balancer import Balancer  # noqa: E402
 
@@ -191,16 +191,15 @@ def main() -> int:
             s.stopping.set()
         for s in senders:
             s.join(timeout=30)
-        with engine.connect() as conn:
-            lost = stored_total = acked_total = 0
-            for s in senders:
-                stored = {seq for (seq,) in conn.execute(sa.text(
-                    "SELECT seq FROM events WHERE session = :s AND seq IS NOT NULL"),
-                    {"s": s.session})}
-                lost += len(s.acked - stored)
-                stored_total += len(stored)
-                acked_total += len(s.acked)
-            reconnects = sum(s.reconnects for s in senders)
+        log = stored_events(url)  # rows and packs: the senders outlast PGDASH_PACK_AFTER_S
+        lost = stored_total = acked_total = 0
+        for s in senders:
+            stored = {ev["seq"] for ev in log if ev["session"] == s.session
+                      and ev["seq"] is not None}
+            lost += len(s.acked - stored)
+            stored_total += len(stored)
+            acked_total += len(s.acked)
+        reconnects = sum(s.reconnects for s in senders)
         refs, fos, takes = zip(*rows)
         print(f"\n{args.rounds} round(s), --lease {args.lease:g}, --hang-after "
               f"{args.hang_after:g}, 2 processes, PostgreSQL + Redis on this machine")

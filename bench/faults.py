@@ -68,8 +68,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 import socketio  # noqa: E402
 
 from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION  # noqa: E402
-from conftest import (ServerProcess, free_port, job_by_name, launch_job, wait_for,  # noqa: E402
-                      wait_job)
+from conftest import (ServerProcess, free_port, job_by_name, launch_job, stored_events,  # noqa: E402
+                      wait_for, wait_job)
 
 
 @dataclasses.dataclass
@@ -179,14 +179,12 @@ class WireAgent:
 
 
 def stored_counts(db: Path, sessions: list[str]) -> dict[str, dict[int, int]]:
-    """seq -> how many times it is stored, per session (read straight from the file)."""
-    with sqlite3.connect(db, timeout=30) as conn:
-        out: dict[str, dict[int, int]] = {s: {} for s in sessions}
-        for session, seq, n in conn.execute(
-                "SELECT session, seq, COUNT(*) FROM events WHERE seq IS NOT NULL "
-                "GROUP BY session, seq"):
-            if session in out:
-                out[session][seq] = n
+    """seq -> how many times it is stored, per session (read from the file, packs too)."""
+    out: dict[str, dict[int, int]] = {s: {} for s in sessions}
+    for ev in stored_events(f"sqlite:///{db}"):
+        if ev["seq"] is not None and ev["session"] in out:
+            seqs = out[ev["session"]]
+            seqs[ev["seq"]] = seqs.get(ev["seq"], 0) + 1
     return out
 
 
@@ -421,9 +419,7 @@ def server_down(workdir: Path, steps: int = 300, buffer: int = 10
         dropped_agent = sum(sum(r["dropped"].values()) for r in results)
         dropped_shown = sum(sum((r.get("dropped") or {}).values()) for r in ranks)
         max_buffered = max(r["max_buffered"] for r in results)
-        with sqlite3.connect(db) as conn:
-            stored = conn.execute("SELECT COUNT(*) FROM events WHERE seq IS NOT NULL"
-                                  ).fetchone()[0]
+        stored = sum(ev["seq"] is not None for ev in stored_events(f"sqlite:///{db}"))
         row = Row("server down while training", 0, stored, 0, 0,
                   f"agent buffer peak {max_buffered} <= {buffer}; dropped {dropped_agent} "
                   f"(counted), {dropped_shown} shown in /api/jobs/<id>")
@@ -553,10 +549,11 @@ def long_outage(workdir: Path, outage_s: float, buffer: int = 10, after_s: float
                             log_path=workdir / "outage-server.log").start()
         job, ranks, results = _finished_after_outage(srv, procs, workdir, "outage")
         page = page_dropped(srv.url, job["id"]) if check_page else None
-        with sqlite3.connect(db) as conn:
-            seqs = {session: (n, distinct, top) for session, n, distinct, top in conn.execute(
-                "SELECT session, COUNT(*), COUNT(DISTINCT seq), MAX(seq) FROM events "
-                "WHERE seq IS NOT NULL GROUP BY session")}
+        seqs = {}
+        for ev in stored_events(f"sqlite:///{db}"):
+            if ev["seq"] is not None:
+                seqs.setdefault(ev["session"], []).append(ev["seq"])
+        seqs = {session: (len(got), len(set(got)), max(got)) for session, got in seqs.items()}
     finally:
         _stop(procs, srv)
     phases = [_phases(r) for r in results]

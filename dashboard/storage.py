@@ -435,7 +435,9 @@ class Store:
 
     def _allocate_ids(self, conn: sa.Connection, n: int) -> int:
         """Writer thread, SQLite: the first of ``n`` fresh event ids. The one writer is the
-        only one to insert events, so MAX(id) is read once (and again after a rollback)."""
+        only one to insert events, so MAX(id) is read once (and again after a rollback).
+        Packs never hide the newest id: the compactor leaves each session's newest event a
+        row (dashboard.compaction), and a deleted job's ids are nobody's."""
         if self._next_id is None:
             self._next_id = (conn.exec_driver_sql("SELECT MAX(id) FROM events").scalar()
                              or 0) + 1

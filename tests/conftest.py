@@ -179,3 +179,18 @@ def wait_job(procs, timeout: float, tmp_path: Path | None = None) -> list[int]:
 
 def job_by_name(server: ServerProcess, name: str):
     return next((j for j in server.api("/api/jobs")["jobs"] if j["name"] == name), None)
+
+
+def stored_events(db_url: str, job_ids: list[int] | None = None) -> list[dict]:
+    """Every stored event of these jobs (of all jobs when None) as pgdash reads its log: the
+    ``events`` table and the packs the compactor moves a job's older events into. A raw
+    SELECT on ``events`` misses those once a job outlasts PGDASH_PACK_AFTER_S."""
+    from dashboard.storage import Store
+
+    store = Store(db_url)  # not started: reads only, beside the server that writes
+    try:
+        if job_ids is None:
+            job_ids = [job["id"] for job in store.list_jobs(limit=1_000_000)]
+        return [ev for job_id in job_ids for ev in store.job_events(job_id)]
+    finally:
+        store.engine.dispose()
