@@ -13,7 +13,8 @@ from dashboard.rewind import Rewind
 from dashboard.state import JobState
 from dashboard.storage import Store, UnreadablePack, load_body, upgrade
 from realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
-from test_storage_bounded import RANKS, T0, _fold, _job_events, _store_job, _views
+from test_storage_bounded import (RANKS, T0, _fold, _job_events, _store_job, _views,
+                                  insert_old_job)
 
 # Every cell older than a minute packed, nothing thinned: the whole log at full resolution.
 FULL = Policy(keep_full_s=3600, pack_after_s=60)
@@ -166,11 +167,7 @@ def test_a_database_at_revision_0004_upgrades_reads_back_identically_then_packs(
     upgrade(engine, "0004")
     events = _stored(_job_events(200))
     with engine.begin() as conn:  # what pgdash at revision 0004 wrote: compact rows
-        conn.exec_driver_sql("INSERT INTO jobs (id, name, created_at, status) "
-                             "VALUES (1, 'j', 0, 'running')")
-        for r in range(RANKS):
-            conn.exec_driver_sql("INSERT INTO sessions (id, job_id, rank, first_seen) "
-                                 f"VALUES ('s{r}', 1, {r}, 0)")
+        insert_old_job(conn)
         conn.exec_driver_sql(
             "INSERT INTO events (id, job_id, session, seq, t, received_at, kind, body, body_z) "
             "VALUES (?, 1, ?, ?, ?, ?, ?, '', ?)",

@@ -257,17 +257,22 @@ def test_scrubbing_back_starts_from_a_stored_checkpoint_also_after_a_restart(sto
     assert restarted.checkpoints_loaded == 3
 
 
+def insert_old_job(conn) -> None:
+    """Job 1 and its RANKS sessions s0, s1, ... as an older pgdash wrote them (raw SQL)."""
+    conn.exec_driver_sql("INSERT INTO jobs (id, name, created_at, status) "
+                         "VALUES (1, 'j', 0, 'running')")
+    for r in range(RANKS):
+        conn.exec_driver_sql("INSERT INTO sessions (id, job_id, rank, first_seen) "
+                             f"VALUES ('s{r}', 1, {r}, 0)")
+
+
 def test_a_database_at_the_previous_revision_upgrades_and_reads_back_identically(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.sqlite'}"
     engine = sa.create_engine(url)
     upgrade(engine, "0003")
     events = _job_events(40)
     with engine.begin() as conn:  # what pgdash up to revision 0003 wrote: JSON bodies
-        conn.exec_driver_sql("INSERT INTO jobs (id, name, created_at, status) "
-                             "VALUES (1, 'j', 0, 'running')")
-        for r in range(RANKS):
-            conn.exec_driver_sql("INSERT INTO sessions (id, job_id, rank, first_seen) "
-                                 f"VALUES ('s{r}', 1, {r}, 0)")
+        insert_old_job(conn)
         conn.exec_driver_sql(
             "INSERT INTO events (id, job_id, session, seq, t, received_at, kind, body) "
             "VALUES (?, 1, ?, ?, ?, ?, ?, ?)",
