@@ -62,6 +62,9 @@ except ImportError:  # a pgdash from before bounded storage
     Compactor = Policy = None
 
 
+T0 = 1_780_000_000.0  # the job's start: the same cells and checkpoints every run
+
+
 class Clock:
     def __init__(self, t: float):
         self.t = t
@@ -76,7 +79,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def simulate(args, db: Path) -> dict:
-    t0 = 1_780_000_000.0  # a fixed start: the same cells and checkpoints every run
+    t0 = T0
     clock = Clock(t0)
     store = Store(f"sqlite:///{db}", queue_limit=100_000).start()
     ingest = Ingest(store, clock=clock).start()
@@ -187,7 +190,34 @@ def scrub(ingest: Ingest, job_id: int, moments: list[float],
                   f"{rewind.events_read - read} events folded, stored checkpoint "
                   f"{'loaded' if getattr(rewind, 'checkpoints_loaded', 0) > loaded else '-'}")
         last = at
+    if hasattr(ingest.rewind, "wait_saved"):  # what the scrubs stored, before a restart
+        ingest.rewind.wait_saved(timeout=300)
     return times[0], times[1:]
+
+
+def random_moments(args, t0: float, end: float) -> list[float]:
+    rng = random.Random(args.seed)
+    return [rng.uniform(t0 + 30, end) for _ in range(args.moments)]
+
+
+def report_scrub(what: str, cold: float, warm: list[float]) -> None:
+    print(f"{what}: first {cold * 1000:.0f} ms; then p50 {statistics.median(warm) * 1000:.0f} "
+          f"ms, p95 {pct(warm, 0.95) * 1000:.0f} ms, max {max(warm) * 1000:.0f} ms")
+
+
+def scrub_again(args) -> None:
+    """--scrub-only: the restart half of a run's scrub, on the job it left in --db."""
+    store = Store(f"sqlite:///{args.db}").start()
+    try:
+        job_id = next(j["id"] for j in store.list_jobs() if j["name"] == "bench-storage")
+        end = T0 + int(args.minutes * 60) + 1
+        moments = random_moments(args, T0, end)
+        random.Random(args.seed).shuffle(moments)
+        ingest = Ingest(store, clock=Clock(end)).start()
+        report_scrub(f"state?at on {args.db}", *scrub(ingest, job_id, moments, args.verbose))
+        store.wait_idle()
+    finally:
+        store.close()
 
 
 def main() -> None:
@@ -210,10 +240,19 @@ def main() -> None:
     parser.add_argument("--no-export", action="store_true",
                         help="skip export / import (minutes for a 256-rank hour)")
     parser.add_argument("--verbose", action="store_true", help="each state?at= moment")
+    parser.add_argument("--scrub-only", action="store_true",
+                        help="only scrub the job a run with the same flags left in --db (a "
+                             "server started on it: its moments, as after a restart); with "
+                             "PYTHONPATH=<another checkout>, that pgdash's scrub of it")
     parser.add_argument("--db", type=Path, help="keep the database here (default: a temp dir)")
     args = parser.parse_args()
     if args.hang_at + args.hang_for > args.minutes:
         parser.error("--hang-at + --hang-for must lie inside --minutes")
+    if args.scrub_only:
+        if args.db is None or not args.db.exists():
+            parser.error("--scrub-only needs --db FILE, written by a run with the same flags")
+        scrub_again(args)
+        return
 
     with tempfile.TemporaryDirectory(prefix="pgdash-bench-") as tmp:
         db = args.db or Path(tmp) / "bench.db"
@@ -242,19 +281,16 @@ def main() -> None:
               f"{rows} event rows{packed} stored; findings: "
               f"{sorted({f['kind'] for f in run['findings']}) or 'none'}")
 
-        rng = random.Random(args.seed)
-        moments = [rng.uniform(run["t0"] + 30, run["end"]) for _ in range(args.moments)]
+        moments = random_moments(args, run["t0"], run["end"])
         cold, warm = scrub(ingest, job_id, moments, args.verbose)
         print(f"state?at: first {cold * 1000:.0f} ms (folds up to it); then random moments "
               f"p50 {statistics.median(warm) * 1000:.0f} ms, p95 {pct(warm, 0.95) * 1000:.0f} ms, "
               f"max {max(warm) * 1000:.0f} ms ({len(warm)} moments, forward and backwards)")
         store.wait_idle()
         restarted = Ingest(store, clock=Clock(run["end"])).start()
-        rng.shuffle(moments)
-        cold2, warm2 = scrub(restarted, job_id, moments, args.verbose)
-        print(f"state?at after a restart: first {cold2 * 1000:.0f} ms; then p50 "
-              f"{statistics.median(warm2) * 1000:.0f} ms, p95 {pct(warm2, 0.95) * 1000:.0f} ms, "
-              f"max {max(warm2) * 1000:.0f} ms")
+        random.Random(args.seed).shuffle(moments)
+        report_scrub("state?at after a restart", *scrub(restarted, job_id, moments,
+                                                          args.verbose))
         store.wait_idle()
         size, used = disk_bytes(db)
         with store.engine.connect() as conn:

@@ -4,7 +4,8 @@
 moment after another. Folding the log from its start each time costs the whole log per
 request: minutes for a big job. Rewind keeps, per job, a cursor (the last state it built
 and the last event in it) that a later moment continues from, and checkpoints (copies taken
-every ``spacing`` log positions while folding, spread out as they grow in number) that an earlier moment starts from. Copies are taken
+every ``spacing`` events folded, and at least EVENTS_PER_SESSION_COPIED per agent session,
+spread out as they grow in number) that an earlier moment starts from. Copies are taken
 only of states of at most ``copy_sessions`` agent sessions: a 1,024-rank state is tens of
 megabytes, so a big job keeps its cursor alone in memory (backwards, it starts from the
 stored checkpoints below).
@@ -50,6 +51,7 @@ class _Point:
     at: float  # when the last event in the state arrived: usable for any moment from then
     last_id: int  # the state holds the events up to this id
     state: Any  # a JobState, or what ``new_state`` makes (with ``apply`` and ``sessions``)
+    folded: int = 0  # events folded into it since it was copied, loaded or made
 
 
 @dataclasses.dataclass
@@ -161,13 +163,8 @@ class Rewind:
         if boundary in done:
             return
         done.add(boundary)
-        data = encode_state(state)
-        try:
-            self.store.submit_nowait(lambda conn: self.store.save_checkpoint(
-                conn, job_id, last_id, boundary, data))
-            self.checkpoints_saved += 1
-        except queue.Full:  # an overloaded writer: a later fold stores it
-            done.discard(boundary)
+        if self.store.checkpoint_wanted(job_id, last_id, boundary):
+            self._save(job_id, last_id, boundary, state)
 
     def checkpoint_live(self, conn, state: Any, now: float) -> None:
         """Writer thread, before a live batch that arrived at ``now`` is applied to the job's
@@ -188,10 +185,14 @@ class Rewind:
         # passes this period stores it instead.
         if (getattr(state, "judged_through", None) or boundary) > boundary:
             return
-        # Pickled here (nothing folds meanwhile), compressed and stored off the writer
-        # thread: zlib 6 of a 1,024-rank state takes about a second.
-        raw, job_id, last_id = pickle_state(state), state.job_id, state.last_event_id
-        self._compressor.submit(self._save_compressed, job_id, last_id, boundary, raw)
+        self._save(state.job_id, state.last_event_id, boundary, state)
+
+    def _save(self, job_id: int, last_id: int, at: float, state: Any) -> None:
+        """Store ``state`` as the checkpoint at ``at``: pickled here (before the fold goes
+        on), compressed and queued for the writer on another thread (zlib 6 of a 1,024-rank
+        state takes about a second: neither the writer nor a scrub waits for it)."""
+        self._compressor.submit(self._save_compressed, job_id, last_id, at,
+                                pickle_state(state))
         self.checkpoints_saved += 1
 
     def _save_compressed(self, job_id: int, last_id: int, at: float, raw: bytes) -> None:
@@ -199,8 +200,9 @@ class Rewind:
         try:
             self.store.submit_nowait(lambda conn: self.store.save_checkpoint(
                 conn, job_id, last_id, at, data))
-        except queue.Full:  # an overloaded writer: a scrub that passes this moment stores it
+        except queue.Full:  # an overloaded writer: a fold that passes this moment stores it
             self.checkpoints_saved -= 1
+            self._persisted.get(job_id, set()).discard(at)
 
     def wait_saved(self, timeout: float = 30.0) -> None:
         """Wait until the live checkpoints taken so far are queued for the writer."""
@@ -221,9 +223,7 @@ class Rewind:
                 marks[:] = [m for m in marks if not start <= m.at < end]
 
     def _fold(self, job_id: int, point: _Point, at: float) -> _Point:
-        state, last_id, last_at = point.state, point.last_id, point.at
-        marks = self._checkpoints.get(job_id) or []
-        marked = max((m.last_id for m in marks if m.last_id <= last_id), default=0)
+        state, last_id, last_at, folded = point.state, point.last_id, point.at, point.folded
         every = self.persist_every_s
         for ev in self.store.job_events(job_id, after=last_id):
             self.events_read += 1
@@ -235,11 +235,14 @@ class Rewind:
                 break
             state.apply(ev)
             last_id, last_at = ev["id"], ev["received_at"]
-            if last_id - marked >= self._spacing.get(job_id, self.spacing) and \
-                    last_id - marked >= self.EVENTS_PER_SESSION_COPIED * len(state.sessions):
-                marked = last_id
+            # Counted in events folded, not ids: where compaction thinned the log, ids are
+            # far apart (a copy every few events cost a 256-rank scrub seconds).
+            folded += 1
+            if folded >= self._spacing.get(job_id, self.spacing) and \
+                    folded >= self.EVENTS_PER_SESSION_COPIED * len(state.sessions):
+                folded = 0
                 self._mark(job_id, _Point(last_at, last_id, state))
-        return _Point(last_at, last_id, state)
+        return _Point(last_at, last_id, state, folded)
 
     def _mark(self, job_id: int, point: _Point) -> None:
         if len(point.state.sessions) > self.copy_sessions:

@@ -773,19 +773,29 @@ class Store:
 
     def save_checkpoint(self, conn: sa.Connection, job_id: int, last_id: int, at: float,
                         state: bytes) -> None:
-        """Writer thread: store a checkpoint unless the job has one at that moment or place,
-        or the compactor thinned that stretch of the log to fewer (``checkpoint_span``)."""
+        """Writer thread: store a checkpoint unless :meth:`checkpoint_wanted` says no."""
+        if self._checkpoint_wanted(conn, job_id, last_id, at):
+            conn.execute(sa.insert(checkpoints).values(job_id=job_id, last_id=last_id, at=at,
+                                                       state=state))
+
+    def checkpoint_wanted(self, job_id: int, last_id: int, at: float) -> bool:
+        """Whether a checkpoint of the job's log up to ``last_id`` at moment ``at`` would be
+        stored: not if the job has one at that moment or place, or if the compactor thinned
+        that stretch of the log to fewer (``checkpoint_span``; a scrub would store again
+        what thinning removed, each time). Asked before the state is encoded."""
+        with self.engine.connect() as conn:
+            return self._checkpoint_wanted(conn, job_id, last_id, at)
+
+    def _checkpoint_wanted(self, conn: sa.Connection, job_id: int, last_id: int,
+                           at: float) -> bool:
         if conn.execute(sa.select(checkpoints.c.last_id).where(
                 checkpoints.c.job_id == job_id,
                 sa.or_(checkpoints.c.last_id == last_id, checkpoints.c.at == at))).first():
-            return
+            return False
         span = self.checkpoint_span(job_id, at) if self.checkpoint_span else None
-        if span is not None and conn.execute(sa.select(checkpoints.c.last_id).where(
-                checkpoints.c.job_id == job_id, checkpoints.c.at >= span[0],
-                checkpoints.c.at < at)).first():
-            return  # a scrub would store again what thinning removed, each time
-        conn.execute(sa.insert(checkpoints).values(job_id=job_id, last_id=last_id, at=at,
-                                                   state=state))
+        return span is None or not conn.execute(sa.select(checkpoints.c.last_id).where(
+            checkpoints.c.job_id == job_id, checkpoints.c.at >= span[0],
+            checkpoints.c.at < at)).first()
 
     def checkpoint_before(self, job_id: int, at: float,
                           above: int = 0) -> tuple[int, float, bytes] | None:

@@ -142,7 +142,9 @@ def test_live_replay_import_and_state_at_give_the_same_findings_and_incidents(tm
         hurried = Ingest(store, settings=SETTINGS).start()
         hurried.books.RECOMPUTE_MAX_S = 0.0
         assert hurried.state(job["id"]) is not None and hurried.books.held(job["id"]) is None
-        assert gist(hurried.findings(job["id"]), FINDING) == gist(findings, FINDING)
+        # They are live's, as it last stored them: a last_seen that moved alone may lag.
+        assert gist(hurried.findings(job["id"]), FINDING[:-2] + ("active",)) == \
+            gist(findings, FINDING[:-2] + ("active",))
     finally:
         store.close()
 

@@ -246,6 +246,7 @@ def test_scrubbing_back_starts_from_a_stored_checkpoint_also_after_a_restart(sto
     # copy_sessions=0: no in-memory copies, as for a 1,024-rank job
     first = Rewind(store, copy_sessions=0, persist_every_s=120.0)
     first.view(job_id, "j", events[-1]["received_at"], lambda s: None)
+    first.wait_saved()  # compressed off the scrub's thread, then queued
     store.wait_idle()
     assert first.checkpoints_saved >= 8
     restarted = Rewind(store, copy_sessions=0, persist_every_s=120.0)
@@ -305,6 +306,7 @@ def test_compaction_and_stored_checkpoints_work_on_postgres(pg_url):
         assert _views(_fold(stored)) == _views(_fold(events))
         first = Rewind(store, copy_sessions=0, persist_every_s=120.0)
         first.view(job_id, "j", stored[-1]["received_at"], lambda s: None)
+        first.wait_saved()
         store.wait_idle()
         restarted = Rewind(store, copy_sessions=0, persist_every_s=120.0)
         at = T0 + 800.5  # inside the window: folds the same as the full log
