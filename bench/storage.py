@@ -83,14 +83,7 @@ def simulate(args, db: Path) -> dict:
     clock = Clock(t0)
     store = Store(f"sqlite:///{db}", queue_limit=100_000).start()
     ingest = Ingest(store, clock=clock).start()
-    compactor = None
-    if Compactor is not None and args.keep_full > 0:
-        more = {} if args.pack_after is None else {"pack_after_s": args.pack_after,
-                                                   "checkpoint_keep_s": args.checkpoint_keep}
-        compactor = Compactor(store, Policy(keep_full_s=args.keep_full,
-                                            around_findings_s=args.keep_around_findings,
-                                            **more),
-                              guard=ingest.rewind.compacting)
+    compactor = make_compactor(args, store, ingest)
     rng = random.Random(args.seed)
     world = args.ranks
     groups = mesh_groups(world)
@@ -195,6 +188,17 @@ def scrub(ingest: Ingest, job_id: int, moments: list[float],
     return times[0], times[1:]
 
 
+def make_compactor(args, store: Store, ingest: Ingest):
+    """The server's compactor with the bench's flags (None without compaction)."""
+    if Compactor is None or args.keep_full <= 0:
+        return None
+    more = {} if args.pack_after is None else {"pack_after_s": args.pack_after,
+                                               "checkpoint_keep_s": args.checkpoint_keep}
+    return Compactor(store, Policy(keep_full_s=args.keep_full,
+                                   around_findings_s=args.keep_around_findings, **more),
+                     guard=ingest.rewind.compacting)
+
+
 def random_moments(args, t0: float, end: float) -> list[float]:
     rng = random.Random(args.seed)
     return [rng.uniform(t0 + 30, end) for _ in range(args.moments)]
@@ -214,6 +218,9 @@ def scrub_again(args) -> None:
         moments = random_moments(args, T0, end)
         random.Random(args.seed).shuffle(moments)
         ingest = Ingest(store, clock=Clock(end)).start()
+        compactor = make_compactor(args, store, ingest)
+        if compactor is not None:  # as a server's: it knows where it thinned checkpoints
+            compactor.run_once()
         report_scrub(f"state?at on {args.db}", *scrub(ingest, job_id, moments, args.verbose))
         store.wait_idle()
     finally:
