@@ -168,8 +168,11 @@ def disk_bytes(db: Path) -> tuple[int, int]:
     return db.stat().st_size, (pages - free) * size
 
 
-def scrub(ingest: Ingest, job_id: int, moments: list[float],
-          verbose: bool = False) -> tuple[float, list[float]]:
+def scrub(ingest: Ingest, job_id: int, moments: list[float], verbose: bool = False,
+          origin: float | None = None) -> tuple[float, list[float]]:
+    """(the first moment's time, the others'); verbose: each moment, in seconds after
+    ``origin`` (the first moment)."""
+    origin = moments[0] if origin is None else origin
     times, rewind, last = [], ingest.rewind, None
     for at in moments:
         read, loaded = rewind.events_read, getattr(rewind, "checkpoints_loaded", 0)
@@ -179,7 +182,7 @@ def scrub(ingest: Ingest, job_id: int, moments: list[float],
         assert found is not None and found["job"]["world_size"], "state?at= gave no job"
         if verbose:
             way = "" if last is None else ("forward" if at > last else "back")
-            print(f"    at +{at - moments[0]:8.0f} s {way:7} {times[-1] * 1000:7.0f} ms, "
+            print(f"    at +{at - origin:8.0f} s {way:7} {times[-1] * 1000:7.0f} ms, "
                   f"{rewind.events_read - read} events folded, stored checkpoint "
                   f"{'loaded' if getattr(rewind, 'checkpoints_loaded', 0) > loaded else '-'}")
         last = at
@@ -215,13 +218,17 @@ def scrub_again(args) -> None:
     try:
         job_id = next(j["id"] for j in store.list_jobs() if j["name"] == "bench-storage")
         end = T0 + int(args.minutes * 60) + 1
-        moments = random_moments(args, T0, end)
-        random.Random(args.seed).shuffle(moments)
+        if args.at:
+            moments = [T0 + a for a in args.at]
+        else:
+            moments = random_moments(args, T0, end)
+            random.Random(args.seed).shuffle(moments)
         ingest = Ingest(store, clock=Clock(end)).start()
         compactor = make_compactor(args, store, ingest)
         if compactor is not None:  # as a server's: it knows where it thinned checkpoints
             compactor.run_once()
-        report_scrub(f"state?at on {args.db}", *scrub(ingest, job_id, moments, args.verbose))
+        report_scrub(f"state?at on {args.db}", *scrub(ingest, job_id, moments, args.verbose,
+                                                      T0 if args.at else None))
         store.wait_idle()
     finally:
         store.close()
@@ -247,6 +254,9 @@ def main() -> None:
     parser.add_argument("--no-export", action="store_true",
                         help="skip export / import (minutes for a 256-rank hour)")
     parser.add_argument("--verbose", action="store_true", help="each state?at= moment")
+    parser.add_argument("--at", type=float, nargs="+", metavar="SECONDS",
+                        help="with --scrub-only: these moments (seconds after the job's "
+                             "start, in this order) instead of random ones")
     parser.add_argument("--scrub-only", action="store_true",
                         help="only scrub the job a run with the same flags left in --db (a "
                              "server started on it: its moments, as after a restart); with "
