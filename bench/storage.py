@@ -30,6 +30,10 @@ A measurement, not a test: exit status 0 whatever the figures. From the reposito
     python bench/storage.py                          # 64 ranks, an hour (a few minutes)
     python bench/storage.py --ranks 256              # the issue's job
     python bench/storage.py --ranks 8 --minutes 20   # quick look
+    python bench/storage.py --ranks 256 --no-export --db job.db      # keep the job, then
+    python bench/storage.py --ranks 256 --scrub-only --db job.db --at 1250 950 --verbose
+        # scrub it again (PYTHONPATH=<another checkout>: that pgdash; on a copy of the file,
+        # since scrubs store the checkpoints they pass)
 """
 
 from __future__ import annotations
