@@ -71,9 +71,9 @@ class Rewind:
             dashboard.codec stores like one. Stored checkpoints hold what it makes.
     """
 
-    # A copy costs about as much as folding this many events per agent session (a 256-rank
-    # state pickles in ~0.2 s, its fold runs ~30,000 events a second): copies further apart
-    # than that cost the fold under a tenth more (bench/storage.py).
+    # Copies this many events folded per agent session apart cost a scrub about a seventh
+    # more than the fold alone: a 256-rank state copies in ~0.35 s (pickle and zlib 1) and
+    # folds ~10,000 events a second (bench/storage.py --scrub-only --verbose).
     EVENTS_PER_SESSION_COPIED = 100
 
     def __init__(self, store: Store, max_jobs: int = 4, checkpoints: int = 16,
