@@ -205,7 +205,8 @@ class Rewind:
             self._persisted.get(job_id, set()).discard(at)
 
     def wait_saved(self, timeout: float = 30.0) -> None:
-        """Wait until the live checkpoints taken so far are queued for the writer."""
+        """Wait until the checkpoints taken so far (live and by scrubs) are queued for the
+        writer."""
         self._compressor.submit(lambda: None).result(timeout=timeout)
 
     @contextlib.contextmanager
