@@ -20,6 +20,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "jobs"
+# How long a test's Socket.IO client waits for its namespace to connect: python-socketio's
+# default (1 s) failed a browser test once on a loaded machine.
+WAIT_S = 10.0
 
 
 def free_port() -> int:

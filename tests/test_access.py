@@ -16,7 +16,8 @@ import pytest
 import socketio
 
 from agent.wire import PROTOCOL_VERSION, UI_NAMESPACE
-from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for, wait_job
+from conftest import (ROOT, WAIT_S, ServerProcess, job_by_name, launch_job, wait_for,
+                      wait_job)
 from dashboard.access import COOKIE, Access
 
 TOKEN = "tok-3f9a-very-secret"
@@ -114,7 +115,7 @@ def ui_client(server, headers=None):
     client.on("connect_error", reasons.append, namespace=UI_NAMESPACE)
     try:
         client.connect(server.url, namespaces=[UI_NAMESPACE], transports=["websocket"],
-                       headers=headers or {})
+                       headers=headers or {}, wait_timeout=WAIT_S)
     except socketio.exceptions.ConnectionError:
         client.disconnect()
         raise AssertionError(f"refused: {reasons}") from None
@@ -242,7 +243,8 @@ def test_browser_logs_in_and_the_page_goes_live(locked, tmp_path):
     agent = socketio.Client(reconnection=False)
     agent.connect(locked.url, namespaces=["/agent"], transports=["websocket"],
                   auth={"v": PROTOCOL_VERSION, "session": "s-browser", "job": "seen",
-                        "rank": 0, "host": "node-a", "pid": 1, "token": TOKEN})
+                        "rank": 0, "host": "node-a", "pid": 1, "token": TOKEN},
+                  wait_timeout=WAIT_S)
     try:
         ack = agent.call("batch", {"v": PROTOCOL_VERSION, "events": [
             {"seq": 1, "t": 1.0, "kind": "hello", "body": {"job": "seen", "rank": 0,

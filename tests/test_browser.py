@@ -29,7 +29,7 @@ import pytest
 import socketio
 
 from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
-from conftest import ServerProcess, job_by_name, wait_for
+from conftest import WAIT_S, ServerProcess, job_by_name, wait_for
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -125,7 +125,8 @@ class FakeAgent:
         self.client = socketio.Client(reconnection=False)
         self.client.connect(url, namespaces=[AGENT_NAMESPACE], transports=["websocket"],
                             auth={"v": PROTOCOL_VERSION, "session": uuid.uuid4().hex,
-                                  "job": job, "rank": rank, "host": host, "pid": 1000 + rank})
+                                  "job": job, "rank": rank, "host": host, "pid": 1000 + rank},
+                            wait_timeout=WAIT_S)
         self.send("hello", {"job": job, "rank": rank, "world_size": world_size,
                             "local_rank": rank, "host": host, "pid": 1000 + rank,
                             "backend": "gloo", "device": device})
@@ -676,7 +677,8 @@ class AttemptRank:
         self.client.connect(url, namespaces=[AGENT_NAMESPACE], transports=["websocket"],
                             auth={"v": PROTOCOL_VERSION, "session": uuid.uuid4().hex,
                                   "job": job, "rank": rank, "host": "node-a",
-                                  "pid": 100 * attempt + rank, "attempt": attempt})
+                                  "pid": 100 * attempt + rank, "attempt": attempt},
+                            wait_timeout=WAIT_S)
         self.send("hello", {"job": job, "rank": rank, "world_size": 2, "local_rank": rank,
                             "host": "node-a", "pid": 100 * attempt + rank,
                             "backend": "gloo", "device": "cpu", "attempt": attempt})

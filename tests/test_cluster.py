@@ -16,7 +16,8 @@ import socketio
 import sqlalchemy as sa
 
 from agent.wire import UI_NAMESPACE
-from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for, wait_job
+from conftest import (ROOT, WAIT_S, ServerProcess, job_by_name, launch_job, wait_for,
+                      wait_job)
 from realservers import pg_url, postgres_server, redis_url  # noqa: F401  (fixtures)
 from tcp_balancer import Balancer
 
@@ -85,7 +86,8 @@ def test_split_job_is_diagnosed_once_and_seen_live_from_the_other_process(
         other = b if _owns(a, owners[0][0]) else a
 
         # A browser on the process that does NOT own the job watches it live.
-        ui.connect(other.url, namespaces=[UI_NAMESPACE], transports=["websocket"])
+        ui.connect(other.url, namespaces=[UI_NAMESPACE], transports=["websocket"],
+                   wait_timeout=WAIT_S)
         assert ui.call("watch", {"job": job["id"]}, namespace=UI_NAMESPACE) == {"ok": True}
         # The owner's deltas may reach the room before the snapshot it was asked for;
         # the page ignores those too (they build on a version it does not have yet).
