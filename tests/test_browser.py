@@ -115,6 +115,27 @@ def watched(browser):
 
 # --------------------------------------------------------------------------- fake agent --
 
+def agent_client(url: str, auth: dict) -> socketio.Client:
+    """A Socket.IO client connected to the agent namespace. Connecting is tried twice, as
+    the real agent retries: beside a CPU hog the first agent connection to a fresh server
+    has twice gone unanswered for 10 s (an open defect, not yet understood)."""
+    try:
+        return _agent_client(url, auth)
+    except socketio.exceptions.ConnectionError:
+        return _agent_client(url, auth)
+
+
+def _agent_client(url: str, auth: dict) -> socketio.Client:
+    client = socketio.Client(reconnection=False)
+    try:
+        client.connect(url, namespaces=[AGENT_NAMESPACE], transports=["websocket"],
+                       auth=auth, wait_timeout=WAIT_S)
+    except socketio.exceptions.ConnectionError:
+        client.disconnect()
+        raise
+    return client
+
+
 class FakeAgent:
     """One rank's agent, played over a real websocket with the real wire format."""
 
@@ -122,11 +143,9 @@ class FakeAgent:
                  world_size: int = 2, device: str | None = "cpu"):
         self.job, self.rank, self.host = job, rank, host
         self.seq = 0
-        self.client = socketio.Client(reconnection=False)
-        self.client.connect(url, namespaces=[AGENT_NAMESPACE], transports=["websocket"],
-                            auth={"v": PROTOCOL_VERSION, "session": uuid.uuid4().hex,
-                                  "job": job, "rank": rank, "host": host, "pid": 1000 + rank},
-                            wait_timeout=WAIT_S)
+        self.client = agent_client(url, {"v": PROTOCOL_VERSION, "session": uuid.uuid4().hex,
+                                         "job": job, "rank": rank, "host": host,
+                                         "pid": 1000 + rank})
         self.send("hello", {"job": job, "rank": rank, "world_size": world_size,
                             "local_rank": rank, "host": host, "pid": 1000 + rank,
                             "backend": "gloo", "device": device})
@@ -673,12 +692,9 @@ class AttemptRank:
 
     def __init__(self, url: str, job: str, rank: int, attempt: int):
         self.seq = 0
-        self.client = socketio.Client(reconnection=False)
-        self.client.connect(url, namespaces=[AGENT_NAMESPACE], transports=["websocket"],
-                            auth={"v": PROTOCOL_VERSION, "session": uuid.uuid4().hex,
-                                  "job": job, "rank": rank, "host": "node-a",
-                                  "pid": 100 * attempt + rank, "attempt": attempt},
-                            wait_timeout=WAIT_S)
+        self.client = agent_client(url, {"v": PROTOCOL_VERSION, "session": uuid.uuid4().hex,
+                                         "job": job, "rank": rank, "host": "node-a",
+                                         "pid": 100 * attempt + rank, "attempt": attempt})
         self.send("hello", {"job": job, "rank": rank, "world_size": 2, "local_rank": rank,
                             "host": "node-a", "pid": 100 * attempt + rank,
                             "backend": "gloo", "device": "cpu", "attempt": attempt})
