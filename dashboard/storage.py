@@ -209,8 +209,11 @@ def make_engine(url: str, busy_timeout_s: float = 30.0) -> sa.Engine:
         def _sqlite_pragmas(dbapi_conn, _record):
             cur = dbapi_conn.cursor()
             # Only a new file takes it (before its first table): then Store.reclaim gives
-            # the pages compaction frees back to the file system.
-            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            # the pages compaction frees back to the file system. Asked only of an empty
+            # file: on any other it waits for the lock of a write in progress (busy
+            # timeout), and a connection opened inside a writer task waited for itself.
+            if cur.execute("PRAGMA page_count").fetchone()[0] == 0:
+                cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")

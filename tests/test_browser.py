@@ -116,16 +116,7 @@ def watched(browser):
 # --------------------------------------------------------------------------- fake agent --
 
 def agent_client(url: str, auth: dict) -> socketio.Client:
-    """A Socket.IO client connected to the agent namespace. Connecting is tried twice, as
-    the real agent retries: beside a CPU hog the first agent connection to a fresh server
-    has twice gone unanswered for 10 s (an open defect, not yet understood)."""
-    try:
-        return _agent_client(url, auth)
-    except socketio.exceptions.ConnectionError:
-        return _agent_client(url, auth)
-
-
-def _agent_client(url: str, auth: dict) -> socketio.Client:
+    """A Socket.IO client connected to the agent namespace."""
     client = socketio.Client(reconnection=False)
     try:
         client.connect(url, namespaces=[AGENT_NAMESPACE], transports=["websocket"],

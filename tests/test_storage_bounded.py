@@ -352,3 +352,25 @@ def test_the_live_fold_stores_checkpoints_as_the_job_runs(store):
     assert restarted.rewind.events_read < 70 * 3 * RANKS  # from a checkpoint, not the start
     assert got == _views(JobState(job_id, "live").apply_all(
         ev for ev in store.job_events(job_id) if ev["received_at"] <= at))
+
+
+def test_a_read_inside_a_write_opens_its_connection_at_once_and_new_files_still_reclaim(
+        tmp_path):
+    # A pooled connection opened while a write is in progress once asked SQLite for
+    # auto_vacuum, which waits for that write's lock: the live diagnosis read a new job's
+    # findings that way, under the lock the writer wanted next, and the agent's first
+    # connection to a new server hung for the whole busy timeout.
+    store = Store(f"sqlite:///{tmp_path / 'p.db'}", busy_timeout_s=2.0).start()
+    try:
+        store.submit(lambda conn: store.create_job(conn, "first", T0))
+
+        def write_then_read(conn):
+            store.create_job(conn, "second", T0)
+            store.engine.dispose()  # the read below opens a new connection
+            return store.list_jobs()  # what was committed before this write
+
+        assert [j["name"] for j in store.submit(write_then_read, timeout=30)] == ["first"]
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA auto_vacuum").scalar() == 2  # incremental
+    finally:
+        store.close()
