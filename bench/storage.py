@@ -15,7 +15,9 @@ through the writer thread as in the server.
 Printed:
 
 * **bytes per rank-hour**: the SQLite file (after a WAL checkpoint) and the pages in use
-  (what a VACUUM would shrink it to; SQLite reuses the free ones), divided by ranks x hours;
+  (what a VACUUM would shrink it to; SQLite reuses the free ones), divided by ranks x hours:
+  at the job's end, and once the compactor has seen it quiet (a stored job: its newest
+  cells packed too);
 * **state?at**: ``Ingest.state_at`` (what ``GET /api/jobs/<id>/state?at=`` runs) for
   ``--moments`` random moments in random order (forward and backwards): the first (cold)
   one, then p50 / p95 / max; again with a fresh Ingest on the same file (a restart);
@@ -39,6 +41,7 @@ A measurement, not a test: exit status 0 whatever the figures. From the reposito
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import random
 import sqlite3
@@ -87,7 +90,7 @@ def simulate(args, db: Path) -> dict:
     clock = Clock(t0)
     store = Store(f"sqlite:///{db}", queue_limit=100_000).start()
     ingest = Ingest(store, clock=clock).start()
-    compactor = make_compactor(args, store, ingest)
+    compactor = make_compactor(args, store, ingest, clock)
     rng = random.Random(args.seed)
     world = args.ranks
     groups = mesh_groups(world)
@@ -159,7 +162,7 @@ def simulate(args, db: Path) -> dict:
     findings = store.job_findings(job_id)
     return {"store": store, "ingest": ingest, "job_id": job_id, "t0": t0,
             "end": t0 + seconds + 1, "json_bytes": json_bytes, "findings": findings,
-            "ingest_s": time.perf_counter() - wall, "compactor": compactor}
+            "ingest_s": time.perf_counter() - wall, "compactor": compactor, "clock": clock}
 
 
 def disk_bytes(db: Path) -> tuple[int, int]:
@@ -195,15 +198,16 @@ def scrub(ingest: Ingest, job_id: int, moments: list[float], verbose: bool = Fal
     return times[0], times[1:]
 
 
-def make_compactor(args, store: Store, ingest: Ingest):
+def make_compactor(args, store: Store, ingest: Ingest, clock: Clock):
     """The server's compactor with the bench's flags (None without compaction)."""
     if Compactor is None or args.keep_full <= 0:
         return None
     more = {} if args.pack_after is None else {"pack_after_s": args.pack_after,
                                                "checkpoint_keep_s": args.checkpoint_keep}
+    timed = {"clock": clock} if "clock" in inspect.signature(Compactor).parameters else {}
     return Compactor(store, Policy(keep_full_s=args.keep_full,
                                    around_findings_s=args.keep_around_findings, **more),
-                     guard=ingest.rewind.compacting)
+                     guard=ingest.rewind.compacting, **timed)
 
 
 def random_moments(args, t0: float, end: float) -> list[float]:
@@ -228,7 +232,7 @@ def scrub_again(args) -> None:
             moments = random_moments(args, T0, end)
             random.Random(args.seed).shuffle(moments)
         ingest = Ingest(store, clock=Clock(end)).start()
-        compactor = make_compactor(args, store, ingest)
+        compactor = make_compactor(args, store, ingest, Clock(end))
         if compactor is not None:  # as a server's: it knows where it thinned checkpoints
             compactor.run_once()
         report_scrub(f"state?at on {args.db}", *scrub(ingest, job_id, moments, args.verbose,
@@ -318,6 +322,14 @@ def main() -> None:
             kept = conn.exec_driver_sql(
                 "SELECT COALESCE(SUM(LENGTH(state)), 0), COUNT(*) FROM checkpoints").first() \
                 if Compactor is not None else (0, 0)
+        quiet = None
+        compactor = run["compactor"]
+        if getattr(compactor, "clock", None) is not None and compactor.policy.pack_after_s:
+            # The job ended: once the compactor sees it quiet, its newest cells pack too.
+            run["clock"].t = run["end"] + compactor.policy.pack_after_s + compactor.policy.cell_s
+            compactor.run_once()
+            store.wait_idle()
+            quiet = disk_bytes(db)
 
         if args.no_export:
             print("export / import: skipped (--no-export)")
@@ -340,7 +352,11 @@ def main() -> None:
               f"{run['json_bytes'] / rank_hours / 1e3:.0f} kB per rank-hour")
         print(f"disk: {size / rank_hours / 1e3:.0f} kB per rank-hour (file), "
               f"{used / rank_hours / 1e3:.0f} kB per rank-hour (pages in use)  "
-              f"[goal <= 250 kB]")
+              f"[goal <= 250 kB]; at the job's end")
+        if quiet is not None:
+            print(f"disk once the job has been quiet for PGDASH_PACK_AFTER_S and a cell (its "
+                  f"newest cells packed too): {quiet[0] / rank_hours / 1e3:.0f} kB per rank-hour "
+                  f"(file), {quiet[1] / rank_hours / 1e3:.0f} kB (pages in use)")
         store.close()
 
 

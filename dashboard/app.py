@@ -119,7 +119,8 @@ def _compactor(config: dict[str, Any], ingest: Ingest) -> Compactor:
                          f"PGDASH_COMPACT_CELL_S ({policy.cell_s:g})")
     ingest.rewind.persist_every_s = every
     return Compactor(ingest.store, policy, guard=ingest.rewind.compacting,
-                     owns=lambda job_id: ingest.cluster is None or ingest.cluster.owns(job_id))
+                     owns=lambda job_id: ingest.cluster is None or ingest.cluster.owns(job_id),
+                     clock=ingest.clock)
 
 
 def _check_cluster_config(db: str, queue_url: str) -> None:

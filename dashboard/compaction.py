@@ -24,13 +24,14 @@ GPU faults and throttling, errors and every rank's status are the same. At the j
 moment (and at any moment inside the window or near a finding) nothing is lost, since the
 fold's windows (60 intervals, 120 readings) are shorter than ``keep_full_s`` must be.
 
-Packs: every cell older than ``pack_after_s`` (behind the job's newest arrival) becomes one
-row of ``event_packs`` holding all the job's events of that cell (dashboard.codec's pack
-format; every session together, which is where the bytes go: ranks send near-identical
-bodies). A cell inside the window is packed whole; once it leaves the window it is packed
-again, thinned as above (once). Each session's newest event, and its newest with a seq, stay
-rows (dashboard.storage). Stored checkpoints beyond the window and away from findings are
-thinned to one per ``checkpoint_keep_s``.
+Packs: every cell older than ``pack_after_s`` (behind the job's newest arrival; every cell,
+once the job has been quiet that long and a cell more) becomes one row of ``event_packs``
+holding all the job's events of that cell (dashboard.codec's pack format; every session
+together, which is where the bytes go: ranks send near-identical bodies). A cell inside
+the window is packed whole; once it leaves the window it is packed again, thinned as above
+(once). Each session's newest event, and its newest with a seq, stay rows
+(dashboard.storage). Stored checkpoints beyond the window and away from findings are thinned
+to one per ``checkpoint_keep_s``.
 
 The :class:`Compactor` runs on its own thread: it reads with the store's pooled
 connections, encodes packs there, and writes each batch of cells as one task on the store's
@@ -47,6 +48,7 @@ import logging
 import math
 import os
 import threading
+import time
 from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 from dashboard.state import THROTTLE_REASONS
@@ -213,13 +215,15 @@ class Compactor:
             reads them half rewritten nor keeps states it folded from them
             (``Rewind.compacting``).
         owns: whether this process should compact a job (several server processes).
+        clock: the time arrivals are stamped with (the server's), for quiet jobs.
     """
 
     def __init__(self, store: Store, policy: Policy,
                  guard: Callable[[int, float, float], ContextManager] | None = None,
-                 owns: Callable[[int], bool] | None = None, cells_per_task: int = 5):
+                 owns: Callable[[int], bool] | None = None, cells_per_task: int = 5,
+                 clock: Callable[[], float] = time.time):
         self.store, self.policy = store, policy
-        self.guard, self.owns = guard, owns
+        self.guard, self.owns, self.clock = guard, owns, clock
         self.cells_per_task = cells_per_task
         self._done_upto: dict[int, float] = {}  # job -> cells below this are compacted
         self._done_id: dict[int, int] = {}  # job -> the last event id in those cells
@@ -280,6 +284,10 @@ class Compactor:
             if policy.keep_full_s > 0 else -math.inf
         pack_h = math.floor((last_at - policy.pack_after_s) / cell) * cell \
             if policy.pack_after_s > 0 else -math.inf
+        if policy.pack_after_s > 0 and self.clock() - last_at >= policy.pack_after_s + cell:
+            # A quiet job (ended, or its agents gone): its newest cells get nothing more
+            # either (what arrives now lies a cell past them), so they are packed too.
+            pack_h = math.floor(last_at / cell) * cell + cell
         start = self._done_upto.get(job_id, math.floor(first_at / cell) * cell)
         if start >= max(thin_h, pack_h):
             return 0

@@ -100,6 +100,31 @@ def test_a_packed_log_folds_to_the_same_state_at_every_event_and_exports_the_sam
     assert _pack_data(store) == data
 
 
+def test_a_quiet_job_packs_its_newest_cells_too_and_goes_on_after_them(store):
+    events = _stored(_job_events(150))
+    job_id = _store_job(store, events)
+    last = events[-1]["received_at"]
+    now = last + 30
+    compactor = Compactor(store, FULL, clock=lambda: now)
+    compactor.run_once()
+    rows, _, _ = _rows_and_packs(store)
+    assert rows > 4 * RANKS  # the newest cells may still get events: rows
+    now = last + FULL.pack_after_s + FULL.cell_s  # quiet that long: an ended job
+    compactor.run_once()
+    rows, packs, packed = _rows_and_packs(store)
+    assert rows == RANKS and packed + rows == len(events)  # each session's newest stays
+    assert list(store.job_events(job_id)) == events
+    # The job goes on (its agents come back): later events read after the packs.
+    more = _stored([dict(ev, seq=ev["seq"] + 10_000, t=ev["t"] + 400,
+                         received_at=ev["received_at"] + 400) for ev in events[-40:]],
+                   first_id=len(events) + 1)
+    store.submit(lambda conn: store.insert_archived_events(conn, job_id, more))
+    now = more[-1]["received_at"] + 1
+    compactor.run_once()
+    assert list(store.job_events(job_id)) == events + more
+    assert _views(_fold(list(store.job_events(job_id)))) == _views(_fold(events + more))
+
+
 def test_job_events_is_right_across_pack_and_row_boundaries(store):
     events = _stored(_job_events(300))
     job_id = _store_job(store, events)
@@ -255,7 +280,10 @@ def test_an_unreadable_pack_names_its_row_and_the_other_jobs_read_on(store):
                                              r"upgrade pgdash.*DELETE FROM event_packs"):
         list(store.job_events(first))
     assert [ev["id"] for ev in store.job_events(second)] == [ev["id"] for ev in second_events]
-    tail_ids = [r["id"] for r in store.events_after(0, 100_000)]
+    tail_ids, after = [], 0  # page by page, as the cluster's tail reads it
+    while page := store.events_after(after, 100_000):
+        tail_ids += [r["id"] for r in page]
+        after = page[-1]["id"]
     assert store.unreadable_packs == 1
     assert set(ev["id"] for ev in second_events) <= set(tail_ids)
     assert len(tail_ids) == 2 * len(second_events) - store.job_packs(first)[1]["n"]
