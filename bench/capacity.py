@@ -135,14 +135,18 @@ def second_events(rank: int, step: int, groups, ops: int, rng: random.Random):
     for i in range(ops):
         g = groups[i % len(groups)][0]
         base = 77 + (i % 5) * 6
+        # Rounded as the agent sends them (agent.wire.LatencySummary.row: to the nanosecond).
         rows.append({"group": g, "op": OPS[i % len(OPS)], "count": 20,
-                     "bytes": 20 * (4 << (20 - i)), "sum_us": 20 * 1000.0 * (1 + rng.random()),
-                     "max_us": 4000.0 * (1 + rng.random()),
+                     "bytes": 20 * (4 << (20 - i)),
+                     "sum_us": round(20 * 1000.0 * (1 + rng.random()), 3),
+                     "max_us": round(4000.0 * (1 + rng.random()), 3),
                      "hist": [[base + j, 1 + rng.randrange(4)] for j in range(8)]})
     gpu = {"uuid": "GPU-0", "name": "NVIDIA H200", "lost": False, "reasons": [], "xids": [],
            "values": {"util_gpu": 97.0, "util_mem": 40.0, "mem_used": 7.1e10,
-                      "mem_total": 1.4e11, "temp_c": 61.0 + rng.random(),
-                      "power_w": 600.0 + 50 * rng.random(), "power_limit_w": 700.0,
+                      # NVML's whole degrees and milliwatts, as agent.gpu reports them
+                      "mem_total": 1.4e11, "temp_c": float(61 + rng.randrange(3)),
+                      "power_w": (600_000 + rng.randrange(50_000)) / 1000,
+                      "power_limit_w": 700.0,
                       "sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0,
                       "ecc_uncorrected": 0.0, "ecc_corrected": 0.0, "pcie_replay": 0.0,
                       "remapped_correctable": 0.0, "remapped_uncorrectable": 0.0,

@@ -2,9 +2,9 @@
 
 What runs: the events of a job stored by ``bench/storage.py --db FILE`` (its newest
 ``--minutes``, which the compactor left at full resolution), cut into compaction cells
-(60 s of arrival time); each cell is packed (dashboard.codec.pack_payload) and compressed
-several ways: zlib at levels 1, 6 and 9, zlib with the body format's preset dictionary,
-lzma (stdlib). Reference in the same run: the bytes of the same events as one compressed
+(60 s of arrival time); each cell is packed (dashboard.codec.pack_payload: format 1, and
+format 2, which stores the agent's decimals as integer columns) and compressed several
+ways: zlib at levels 1, 6 and 9, zlib with the body format's preset dictionary, lzma. Reference in the same run: the bytes of the same events as one compressed
 body per row (dashboard.codec.encode_body, what revision 0004 stores) and that row
 format's decode rate. Printed per encoding: bytes per event and decode events/s (inflate +
 MessagePack + the StoredEvent dicts, as ``Store.job_events`` needs them).
@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 
-from dashboard.codec import (_BODY_DICT_V1, decode_body, encode_body,  # noqa: E402
-                             Pack, pack_payload)
+from dashboard.codec import (_BODY_DICT_V1, PACK_V1, PACK_V2, decode_body,  # noqa: E402
+                             encode_body, Pack, pack_payload)
 from dashboard.storage import Store, upgrade  # noqa: E402
 
 
@@ -94,19 +94,25 @@ def main() -> None:
     row_s = time.perf_counter() - t
     print(f"  reference, one body per row (0004): {sum(map(len, rows)) / n:6.1f} B/event "
           f"(bodies alone), decode {n / row_s:9,.0f} events/s (bodies alone)")
-    payloads = [pack_payload(cell) for cell in cells.values()]
     by_kind = collections.Counter()
-    for name, (enc, dec) in ENCODINGS.items():
+    # Format 1 (no decimal columns) with zlib 6 as the reference, then format 2 every way.
+    for version, encodings in ((PACK_V1, {"zlib 6": ENCODINGS["zlib 6"]}),
+                               (PACK_V2, ENCODINGS)):
         t = time.perf_counter()
-        packed = [enc(p) for p in payloads]
-        enc_s = time.perf_counter() - t
-        t = time.perf_counter()
-        for data in packed:
-            for _ in Pack(dec(data)).events():
-                pass
-        dec_s = time.perf_counter() - t
-        print(f"  pack, {name:26}: {sum(map(len, packed)) / n:6.1f} B/event, "
-              f"decode {n / dec_s:9,.0f} events/s, encode {n / enc_s:9,.0f} events/s")
+        payloads = [pack_payload(cell, decimals=version >= PACK_V2) for cell in cells.values()]
+        payload_s = time.perf_counter() - t
+        for name, (enc, dec) in encodings.items():
+            t = time.perf_counter()
+            packed = [enc(p) for p in payloads]
+            enc_s = payload_s + time.perf_counter() - t
+            t = time.perf_counter()
+            for data in packed:
+                for _ in Pack(dec(data), version).events():
+                    pass
+            dec_s = time.perf_counter() - t
+            print(f"  pack format {version}, {name:26}: {sum(map(len, packed)) / n:6.1f} "
+                  f"B/event, decode {n / dec_s:9,.0f} events/s, encode {n / enc_s:9,.0f} "
+                  f"events/s")
     # Bytes per event of each kind alone (zlib 6), packed per cell.
     for kind in sorted({ev["kind"] for ev in events}):
         size = count = 0

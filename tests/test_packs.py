@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
+import msgspec
 import pytest
 import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dashboard import archive
 from dashboard.cluster import LogTail
-from dashboard.codec import decode_pack, encode_body, encode_pack, encode_state
+from dashboard.codec import (PACK_V1, decode_pack, encode_body, encode_pack, encode_state,
+                            open_pack)
 from dashboard.compaction import Compactor, Policy
 from dashboard.rewind import Rewind
 from dashboard.state import JobState
@@ -60,6 +66,60 @@ def test_a_pack_reads_back_every_field_and_skips_what_is_asked():
         decode_pack(b"\x07" + data[1:])
     with pytest.raises(ValueError, match="cannot be read"):
         decode_pack(data[:-20])
+
+
+def _agent_like(events: list[dict]) -> list[dict]:
+    """The events with their latencies and watts rounded as the agent sends them
+    (agent.wire rounds to the nanosecond; NVML reports milliwatts)."""
+    out = []
+    for ev in events:
+        body = ev["body"]
+        if ev["kind"] == "coll_stats":
+            body = dict(body, rows=[dict(r, sum_us=round(r["sum_us"], 3),
+                                         max_us=round(r["max_us"], 3)) for r in body["rows"]])
+        out.append(dict(ev, body=body))
+    return out
+
+
+def test_format_2_stores_the_agents_decimals_as_integers_and_format_1_still_reads():
+    events = _stored(_agent_like(_job_events(120)))
+    v1, v2 = encode_pack(events, version=PACK_V1), encode_pack(events)
+    assert v1[0] == 1 and v2[0] == 2
+    assert decode_pack(v1) == events and decode_pack(v2) == events
+    assert len(v2) < 0.8 * len(v1)  # the measured floats were most of the bytes
+    # A decimal column that does not fit its bodies is named, not misread.
+    import zlib
+    fields = msgspec.msgpack.decode(zlib.decompress(v2[1:]))
+    assert fields[11], "no decimal column found"
+    fields[11][0][1] = 10_000  # an offset past the end of its bodies
+    damaged = b"\x02" + zlib.compress(msgspec.msgpack.encode(fields))
+    with pytest.raises(ValueError, match="cannot be read: a decimal column"):
+        open_pack(damaged)
+
+
+_FLOATS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-10**12, 10**12).map(lambda k: k / 1000),  # decimals: integer columns
+    st.sampled_from([0.0, -0.0, 0.1, 1e-3, 5e-324, 2.0 ** 53 / 1000, 9007199254740.993,
+                     -123.456, 1e300]))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(_FLOATS, _FLOATS, st.integers(0, 127)), min_size=1, max_size=30),
+       st.booleans())
+def test_any_floats_read_back_bit_for_bit(values, nested):
+    # Bodies of one layout and length (one group): every float's bytes must come back
+    # exactly, decimal or not (-0.0, NaN payloads, 1e300, a string holding 0xcb).
+    events = []
+    for i, (x, y, k) in enumerate(values):
+        body = {"x": x, "s": "\u00cb\xcb", "k": k, "w": [y, [x, None]] if nested else y}
+        events.append({"id": i + 1, "session": "s", "seq": i + 1, "t": 1.5, "received_at": 2.5,
+                       "kind": "gpu", "body": body})
+    back = decode_pack(encode_pack(events))
+    assert [msgspec.msgpack.encode(ev["body"]) for ev in back] == \
+        [msgspec.msgpack.encode(ev["body"]) for ev in events]
+    assert all(math.copysign(1, a["body"]["x"]) == math.copysign(1, b["body"]["x"])
+               for a, b in zip(back, events))
 
 
 # -- on a real database ----------------------------------------------------------------------
