@@ -57,8 +57,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(ROOT / "bench"))
 
-from capacity import mesh_groups, second_events, start_events  # noqa: E402
-
 from dashboard import archive  # noqa: E402
 from dashboard.ingest import Ingest  # noqa: E402
 from dashboard.storage import Store  # noqa: E402
@@ -67,6 +65,10 @@ try:
     from dashboard.compaction import Compactor, Policy
 except ImportError:  # a pgdash from before bounded storage
     Compactor = Policy = None
+
+# After dashboard: capacity puts this checkout first on sys.path, which would make a
+# PYTHONPATH "before" measure this pgdash instead.
+from capacity import mesh_groups, second_events, start_events  # noqa: E402
 
 
 T0 = 1_780_000_000.0  # the job's start: the same cells and checkpoints every run
