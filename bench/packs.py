@@ -4,10 +4,11 @@ What runs: the events of a job stored by ``bench/storage.py --db FILE`` (its new
 ``--minutes``, which the compactor left at full resolution), cut into compaction cells
 (60 s of arrival time); each cell is packed (dashboard.codec.pack_payload: format 1, and
 format 2, which stores the agent's decimals as integer columns) and compressed several
-ways: zlib at levels 1, 6 and 9, zlib with the body format's preset dictionary, lzma. Reference in the same run: the bytes of the same events as one compressed
-body per row (dashboard.codec.encode_body, what revision 0004 stores) and that row
-format's decode rate. Printed per encoding: bytes per event and decode events/s (inflate +
-MessagePack + the StoredEvent dicts, as ``Store.job_events`` needs them).
+ways: zlib at levels 1, 6 and 9, zlib with the body format's preset dictionary, lzma.
+Reference in the same run: the bytes of the same events as one compressed body per row
+(dashboard.codec.encode_body, what revision 0004 stores) and that row format's decode rate.
+Printed per encoding: bytes per event and decode events/s (inflate + MessagePack + the
+StoredEvent dicts, as ``Store.job_events`` needs them).
 
 The file is brought to this pgdash's schema first (``pgdash db upgrade``). A measurement, not
 a test::

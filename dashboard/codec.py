@@ -192,8 +192,8 @@ def _untransposed(kidx: list[int], lengths: list[int], blob: bytes,
         if not 0 <= g < len(groups):
             raise ValueError("a decimal column lies outside its bodies")
         cut.setdefault(g, []).append((offset, planes))
-    if sum(m * (size - 8 * len(cut.get(g, ()))) for g, ((_, size), m) in
-           enumerate((key, len(members)) for key, members in groups.items())) != len(blob):
+    if sum(len(members) * (size - 8 * len(cut.get(g, ())))
+           for g, ((_, size), members) in enumerate(groups.items())) != len(blob):
         raise ValueError("its bodies' lengths do not add up")
     bodies: list[Any] = [None] * len(kidx)
     pos = 0

@@ -288,7 +288,7 @@ class JobState:
             # (bucket, count, bucket, count, ...) tuple, a third of the memory of pairs (a
             # 1,024-rank job holds 60 of them per rank and group).
             items = sorted(hist.items())
-            p50, p25 = _medians(items, mean)
+            p25, p50 = quantiles_us(items, (0.25, 0.5), mean)
             point[3:] = [p50, p25, tuple(itertools.chain.from_iterable(items))]
             window = self.recent.get((group, r.rank))
             if window is None:
@@ -561,29 +561,23 @@ def _status_of(by_rank: dict[int, RankState], world_size: int | None,
 def quantile_us(hist: dict[int, int], q: float, default: float) -> float:
     """Quantile ``q`` of a latency histogram (bucket -> count): at least ``q`` of the
     collectives took at most this long (the bucket's middle); ``default`` when it is empty."""
-    total = sum(hist.values())
-    seen = 0
-    for bucket in sorted(hist):
-        seen += hist[bucket]
-        if seen >= q * total:
-            return hist_bucket_value(bucket)
-    return default
+    return quantiles_us(sorted(hist.items()), (q,), default)[0]
 
 
-def _medians(items: list[tuple[int, int]], default: float) -> tuple[float, float]:
-    """quantile_us at 0.5 and 0.25 of a histogram's sorted (bucket, count) items, in one
-    pass (the fold's hottest quantiles: one pair per rank, group and latency summary)."""
+def quantiles_us(items: list[tuple[int, int]], qs: tuple[float, ...],
+                 default: float) -> list[float]:
+    """:func:`quantile_us` at each of ``qs`` (ascending) of a histogram's sorted (bucket,
+    count) items, in one pass (the fold takes two per rank, group and latency summary)."""
     total = sum(n for _, n in items)
-    p50 = p25 = None
+    out: list[float] = []
     seen = 0
     for bucket, n in items:
         seen += n
-        if p25 is None and seen >= 0.25 * total:
-            p25 = hist_bucket_value(bucket)
-        if seen >= 0.5 * total:
-            p50 = hist_bucket_value(bucket)
+        while len(out) < len(qs) and seen >= qs[len(out)] * total:
+            out.append(hist_bucket_value(bucket))
+        if len(out) == len(qs):
             break
-    return (default if p50 is None else p50), (default if p25 is None else p25)
+    return out + [default] * (len(qs) - len(out))
 
 
 def rank_row(r: RankState) -> dict[str, Any]:
