@@ -20,6 +20,9 @@ from agent import attach
 
 
 def _stop(signum, frame):
+    # One clean stop: a second SIGTERM (it can come at once) must not interrupt the teardown
+    # with a traceback.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
