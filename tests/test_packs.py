@@ -376,6 +376,42 @@ def test_a_full_resolution_pack_is_thinned_once_it_ages_past_the_window(store):
     assert _pack_data(store) == data
 
 
+def test_after_a_restart_the_compactor_goes_on_where_the_packs_end(tmp_path):
+    """A fresh compactor (a restarted server) reads only what lies past the stored packs,
+    and leaves the same packs as one that never stopped."""
+    events = _stored(_job_events(1500))
+    split = next(i for i, ev in enumerate(events) if ev["received_at"] > T0 + 800)
+    policy = Policy(keep_full_s=300, around_findings_s=60, pack_after_s=60)
+    stores = [Store(f"sqlite:///{tmp_path / f'{i}.sqlite'}").start() for i in range(2)]
+    try:
+        for s in stores:
+            _store_job(s, events[:split])
+        kept = Compactor(stores[0], policy)
+        kept.run_once()
+        Compactor(stores[1], policy).run_once()
+        before = stores[1].job_packs(1)
+        assert any(p["thinned"] for p in before) and any(not p["thinned"] for p in before)
+        for s in stores:
+            s.submit(lambda conn, s=s: s.insert_archived_events(conn, 1, events[split:]))
+        read: list[int] = []
+        walk = stores[1].events_until
+        stores[1].events_until = lambda job_id, after, end: (
+            read.append(ev["id"]) or ev for ev in walk(job_id, after, end))
+        kept.run_once()
+        restarted = Compactor(stores[1], policy)
+        restarted.run_once()
+        assert _pack_data(stores[1]) == _pack_data(stores[0])
+        assert restarted.packed == kept.packed - len(before)
+        # What it read: the events past the newest pack, and no event of a final pack.
+        final_upto = max(p["last_id"] for p in before if p["thinned"])
+        assert read and min(read) > final_upto
+        assert sum(i <= before[-1]["last_id"] for i in read) <= len(read) - len(events[split:])
+        assert list(stores[1].job_events(1)) == list(stores[0].job_events(1))
+    finally:
+        for s in stores:
+            s.close()
+
+
 def test_old_checkpoints_are_thinned_but_not_near_findings_or_in_the_window(store):
     events = _stored(_job_events(1500))
     job_id = _store_job(store, events)
