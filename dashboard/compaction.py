@@ -51,6 +51,7 @@ import threading
 import time
 from typing import Any, Callable, ContextManager, Iterable, Iterator
 
+from dashboard.codec import body_of
 from dashboard.state import THROTTLE_REASONS
 from dashboard.storage import Store
 
@@ -155,7 +156,8 @@ def plan(events: Iterable[dict[str, Any]], cell_s: float,
     """What to rewrite and delete to compact whole cells of one job's log (a pure function).
 
     Args:
-        events: every event of the cells in log order (StoredEvent dicts).
+        events: every event of the cells in log order (StoredEvent dicts; a body may be
+            a dashboard.codec.RawBody, read only where the plan needs it).
         cell_s: cell length in seconds of arrival time.
         keep: (start, end) arrival-time ranges kept at full resolution.
         throttled: per session, whether its last GPU reading before these events was
@@ -180,10 +182,10 @@ def plan(events: Iterable[dict[str, Any]], cell_s: float,
             if ev["kind"] == "gpu":
                 # Throttle transitions are tracked across kept cells too, so the first
                 # reading after one is known.
-                now, before = _throttled(ev["body"]), throttled.get(ev["session"])
+                body = body_of(ev["body"])
+                now, before = _throttled(body), throttled.get(ev["session"])
                 throttled[ev["session"]] = now
-                ev = dict(ev, _keep=before is None or before != now or
-                          _gpu_notable(ev["body"]))
+                ev = dict(ev, _keep=before is None or before != now or _gpu_notable(body))
             by_key[(ev["session"], ev["kind"])].append(ev)
         if whole:
             continue
@@ -195,7 +197,7 @@ def plan(events: Iterable[dict[str, Any]], cell_s: float,
                 continue
             last = group[-1]
             if kind == "coll_stats":
-                updates[last["id"]] = _merge_coll_stats([ev["body"] for ev in group])
+                updates[last["id"]] = _merge_coll_stats([body_of(ev["body"]) for ev in group])
                 deletes.extend(ev["id"] for ev in group[:-1])
             elif kind == "heartbeat":
                 deletes.extend(ev["id"] for ev in group[:-1])
@@ -358,7 +360,7 @@ class Compactor:
         while start < horizon and not self._stop.is_set():
             end = min(horizon, start + cell * self.cells_per_task)
             after = max(self._done_id.get(job_id, 0), done_id.get(job_id, 0))
-            evs = list(self.store.events_until(job_id, after, end))
+            evs = list(self.store.events_until(job_id, after, end, raw=True))
             writes, thinning, gone = [], False, 0
             for evs_cell in _cells(evs, cell):
                 updates, deletes = plan(evs_cell, cell, keep, throttled, floors) \

@@ -38,7 +38,7 @@ import msgspec
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 
-from dashboard.codec import Pack, decode_body, encode_body, encode_pack, open_pack
+from dashboard.codec import Pack, decode_body, encode_body, encode_pack, open_pack, raw_body
 from dashboard.resources import resource_dir
 
 log = logging.getLogger("pgdash.storage")
@@ -563,9 +563,10 @@ class Store:
         return [dict(r) for r in rows]
 
     def job_events(self, job_id: int, chunk: int = 5000, after: int = 0,
-                   upto: int | None = None) -> Iterator[dict[str, Any]]:
+                   upto: int | None = None, raw: bool = False) -> Iterator[dict[str, Any]]:
         """The job's events in log order (those with an id above ``after``, and at most
-        ``upto`` when given), as StoredEvent dicts: rows and packs merged.
+        ``upto`` when given), as StoredEvent dicts: rows and packs merged (``raw``: bodies
+        as dashboard.codec.RawBody where they are MessagePack, for moving them unread).
 
         Raises:
             UnreadablePack: a pack of this job that this pgdash cannot read (the message
@@ -576,7 +577,7 @@ class Store:
                 rows, packs, cutoff = self._read_log(conn, job_id, after, upto, chunk,
                                                      PACKS_AHEAD)
             last = after
-            for ev in self._merge(rows, packs, after, cutoff):
+            for ev in self._merge(rows, packs, after, cutoff, raw):
                 if ev["id"] != last:  # a row packed between the two reads comes twice
                     last = ev["id"]
                     yield ev
@@ -636,15 +637,17 @@ class Store:
                 f"of the job reads on") from None
 
     def _merge(self, rows: list[Any], packs: list[Any], after: int,
-               cutoff: int | None) -> Iterator[dict[str, Any]]:
+               cutoff: int | None, raw: bool = False) -> Iterator[dict[str, Any]]:
         """StoredEvent dicts of rows and packs in id order (a pack's decoded lazily)."""
+        body = (lambda r: raw_body(r["body_z"]) if r["body_z"] is not None else load_body(r)) \
+            if raw else load_body
         row_events = ({"id": r["id"], "session": r["session"], "seq": r["seq"], "t": r["t"],
                        "received_at": r["received_at"], "kind": r["kind"],
-                       "body": load_body(r)} for r in rows)
+                       "body": body(r)} for r in rows)
         if not packs:
             return row_events
-        return heapq.merge(row_events, *(self._open(p).events(after, cutoff) for p in packs),
-                           key=_event_id)
+        return heapq.merge(row_events, *(self._open(p).events(after, cutoff, raw)
+                                         for p in packs), key=_event_id)
 
     # -- compaction and checkpoints (dashboard.compaction, dashboard.rewind) -------------------
 
@@ -681,9 +684,10 @@ class Store:
                                 .join(events, events.c.id == newest.c.last)).all()
         return {session: at for session, at in rows}
 
-    def events_until(self, job_id: int, after: int, end: float) -> Iterator[dict[str, Any]]:
+    def events_until(self, job_id: int, after: int, end: float,
+                     raw: bool = False) -> Iterator[dict[str, Any]]:
         """The job's events after id ``after`` that arrived before ``end``, in log order."""
-        for ev in self.job_events(job_id, chunk=2000, after=after):
+        for ev in self.job_events(job_id, chunk=2000, after=after, raw=raw):
             if ev["received_at"] >= end:
                 return
             yield ev
