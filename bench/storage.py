@@ -18,6 +18,8 @@ Printed:
   (what a VACUUM would shrink it to; SQLite reuses the free ones), divided by ranks x hours:
   at the job's end, and once the compactor has seen it quiet (a stored job: its newest
   cells packed too);
+* **compaction**: the seconds the compactor's passes took while the job ran (a share of
+  the ingest time: in the server it is a thread competing with ingest for the GIL);
 * **state?at**: ``Ingest.state_at`` (what ``GET /api/jobs/<id>/state?at=`` runs) for
   ``--moments`` random moments in random order (forward and backwards): the first (cold)
   one, then p50 / p95 / max; again with a fresh Ingest on the same file (a restart);
@@ -126,7 +128,7 @@ def simulate(args, db: Path) -> dict:
     hang_end = hang_start + args.hang_for * 60
     stuck = world // 2  # the rank that stops entering the world group's collectives
     seconds = int(args.minutes * 60)
-    wall = time.perf_counter()
+    wall, compact_s = time.perf_counter(), 0.0
     for s in range(1, seconds + 1):
         base = t0 + s
         for rank in range(world):
@@ -152,19 +154,24 @@ def simulate(args, db: Path) -> dict:
         if s % 10 == 0:
             ingest.diagnose_live()
         if compactor is not None and s % 300 == 0:
+            start = time.perf_counter()
             compactor.run_once()
+            compact_s += time.perf_counter() - start
         if s % 600 == 0:
             print(f"  simulated {s // 60} min of {args.minutes:g} "
                   f"({time.perf_counter() - wall:.0f} s)", flush=True)
     if compactor is not None:
+        start = time.perf_counter()
         compactor.run_once()
+        compact_s += time.perf_counter() - start
     if hasattr(ingest.rewind, "wait_saved"):  # live checkpoints compress off the writer
         ingest.rewind.wait_saved()
     store.wait_idle()
     findings = store.job_findings(job_id)
     return {"store": store, "ingest": ingest, "job_id": job_id, "t0": t0,
             "end": t0 + seconds + 1, "json_bytes": json_bytes, "findings": findings,
-            "ingest_s": time.perf_counter() - wall, "compactor": compactor, "clock": clock}
+            "ingest_s": time.perf_counter() - wall, "compactor": compactor, "clock": clock,
+            "compact_s": compact_s}
 
 
 def disk_bytes(db: Path) -> tuple[int, int]:
@@ -307,6 +314,9 @@ def main() -> None:
         print(f"ingest: {run['ingest_s']:.0f} s wall for {args.minutes:g} simulated min; "
               f"{rows} event rows{packed} stored; findings: "
               f"{sorted({f['kind'] for f in run['findings']}) or 'none'}")
+        if run["compactor"] is not None:
+            print(f"compaction: {run['compact_s']:.1f} s of that in its passes (every 5 "
+                  "simulated min and once at the end)")
 
         moments = random_moments(args, run["t0"], run["end"])
         cold, warm = scrub(ingest, job_id, moments, args.verbose)
