@@ -132,7 +132,7 @@ class Agent:
         """Flush what is buffered, report a clean exit and stop. Never raises.
 
         Returns True if everything was acknowledged by the server within ``timeout`` seconds
-        (default PGDASH_FLUSH_TIMEOUT_S).
+        (default PGDASH_FLUSH_TIMEOUT_S); False at once if the server refused the agent.
         """
         if self._detached:
             return True
@@ -154,7 +154,10 @@ class Agent:
                                                   "exitcode": self._exitcode})
             deadline = time.monotonic() + (self.config.flush_timeout_s if timeout is None
                                            else timeout)
-            while not self.sender.idle() and time.monotonic() < deadline:
+            # A server that refused this agent will not take the rest either: training's exit
+            # is not held back for it (the refusal was logged when it happened).
+            while not self.sender.idle() and not self.sender.refused and \
+                    time.monotonic() < deadline:
                 time.sleep(0.02)
             flushed = self.sender.idle()
             self.sender.stop()

@@ -92,6 +92,9 @@ class Sender(threading.Thread):
         self.connected = False
         self.rejected = 0  # events the server refused as invalid (never resent)
         self.last_error: str | None = None
+        # The server said no to the last connection attempt (wrong token, too many guesses):
+        # a flush at exit then cannot deliver anything, and does not wait for it.
+        self.refused = False
         self._warned = False
         self._quiet_until = 0.0  # monotonic; the server asked us to wait (rate limit)
 
@@ -215,6 +218,7 @@ class Sender(threading.Thread):
                 self._client_factory = functools.partial(socketio_client, self.config.ca_file)
                 self._may_fall_back, self.wire = False, "v1"
                 return self._connect()
+            self.refused = bool(refusals)
             reason = refusals[-1] if refusals else f"{type(exc).__name__}: {exc}"
             if isinstance(reason, dict):
                 reason = reason.get("message", reason)
@@ -229,6 +233,7 @@ class Sender(threading.Thread):
             return False
         self._client = client
         self.connected = True
+        self.refused = False
         self._warned = False
         log.info("pgdash: connected to %s", self.config.server)
         return True

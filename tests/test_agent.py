@@ -66,10 +66,12 @@ def test_unreachable_server_training_runs_and_keeps_a_bounded_buffer():
 def test_refused_agent_reports_the_servers_reason(tmp_path):
     srv = ServerProcess(f"sqlite:///{tmp_path / 'db.sqlite'}", extra=["--token", "right"]).start()
     try:
-        stats, _, _ = run_single(5, {"PGDASH_SERVER": srv.url, "PGDASH_TOKEN": "wrong",
-                                     "PGDASH_FLUSH_TIMEOUT_S": "5"})
+        stats, _, elapsed = run_single(5, {"PGDASH_SERVER": srv.url, "PGDASH_TOKEN": "wrong",
+                                           "PGDASH_FLUSH_TIMEOUT_S": "120"}, timeout=180)
         assert "wrong or missing token; set PGDASH_TOKEN" in stats["last_error"]
         assert srv.api("/api/jobs") == {"jobs": []}
+        # The exit does not wait out the flush timeout for a server that said no.
+        assert not stats["flushed"] and elapsed < 90
     finally:
         srv.stop()
 
