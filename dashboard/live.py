@@ -74,7 +74,7 @@ def sections(state: JobState, cache: "ViewCache | None" = None, *, at: float | N
                               lambda: compact_grid(views.timeline_grid(state, TIMELINE_BINS))),
         "rendezvous": part("rendezvous", lambda: views.rendezvous_rows(state)),
         "errors": views.error_rows(state),
-        "gpus": part("gpus", lambda: views.gpu_rows(state)),
+        "gpus": part("gpus", lambda: views.gpu_rows(state, history=False)),
         # Attempts of a restarted job (torchrun --max-restarts): a count of ranks and the
         # failed or lost ones, small at 1,024 ranks (/api/jobs/<id> has every rank row).
         "attempts": part("attempts", lambda: [

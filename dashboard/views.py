@@ -111,13 +111,19 @@ def _progress_rows(state: JobState) -> list[dict[str, Any]]:
     return rows
 
 
-def gpu_rows(state: JobState) -> list[dict[str, Any]]:
-    """Latest GPU reading per rank, its faults and recent history."""
+def gpu_rows(state: JobState, history: bool = True) -> list[dict[str, Any]]:
+    """Latest GPU reading per rank and its faults; with ``history``, its recent readings
+    (``[t, util, mem, temp, W]``: the API's; the page draws none, and at 1,024 ranks they
+    were 7 MB of JSON a snapshot)."""
     hosts = {r.rank: r.host for r in state.ranks()}
-    return [{"rank": rank, "host": hosts.get(rank), **reading,
-             "faults": dict(state.gpu_faults.get(rank, {})),
-             "history": [list(p) for p in state.gpu_history.get(rank, ())]}
-            for rank, reading in sorted(state.gpus.items())]
+    rows = []
+    for rank, reading in sorted(state.gpus.items()):
+        row = {"rank": rank, "host": hosts.get(rank), **reading,
+               "faults": dict(state.gpu_faults.get(rank, {}))}
+        if history:
+            row["history"] = [list(p) for p in state.gpu_history.get(rank, ())]
+        rows.append(row)
+    return rows
 
 
 def error_rows(state: JobState) -> list[dict[str, Any]]:

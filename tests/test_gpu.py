@@ -4,6 +4,7 @@ The real NVML path is exercised on a GPU machine by bench/gpu_check.py."""
 
 from agent.gpu import GpuSampler
 from dashboard import views
+from dashboard.live import sections
 from dashboard.diagnosis import Settings, diagnose
 from fake_nvml import FakeNvml
 from test_state import Log, hello
@@ -105,6 +106,9 @@ def test_gpu_rows_have_latest_reading_and_history():
     (row,) = views.gpu_rows(log.state())
     assert row["rank"] == 1 and row["host"] == "node1" and row["util_gpu"] == 11.0
     assert [p[:2] for p in row["history"]] == [[10, 10.0], [11, 11.0]]
+    # The page's section (live and state?at) leaves the history out: the page draws none.
+    (shown,) = sections(log.state(), at=12.0)["gpus"]
+    assert "history" not in shown and shown == {k: v for k, v in row.items() if k != "history"}
 
 
 def test_agent_gpu_readings_reach_the_api_and_the_findings(server, tmp_path):
