@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 from typing import Any, Callable, Hashable, Iterable, TypedDict
 
-from agent.wire import hist_bucket_value
+from agent.wire import hist_bucket, hist_bucket_value
 
 TERMINAL_RANK = ("exited", "failed", "lost")
 # Events that leave the job summary (status, world size, backend, start) as it was, unless
@@ -131,9 +131,10 @@ class JobState:
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
-        # (group, rank) -> recent (t, count, sum_us, p50_us, p25_us, histogram) summaries, for
-        # the straggler and slow rules (quantiles tell a peer late at nearly every collective
-        # from a few long waits, or from waits spread at random)
+        # (group, rank) -> recent (end, count, sum_us, histogram) summaries, all ops of the
+        # group together, for the straggler and slow rules (the histograms' quantiles tell a
+        # peer late at nearly every collective from a few long waits, or from waits spread
+        # at random) and the heat map; the histogram is flat: (bucket, count, bucket, ...)
         self.recent: dict[tuple[str, int], collections.deque] = {}
         # (group, rank) -> per heartbeat (t, samples in flight, samples) of the Flight Recorder,
         # for groups whose collectives run in C++ (how long a rank waits inside DDP's)
@@ -156,6 +157,15 @@ class JobState:
         self._ranks_memo: tuple[int, dict[int, RankState]] | None = None
         self._memo: dict[Hashable, Any] = {}  # see memo()
         self._memo_applied = 0
+
+    def __setstate__(self, data: dict[str, Any]) -> None:
+        """A stored checkpoint's state; one an earlier pgdash stored has its latency
+        summaries upgraded to (end, count, sum_us, histogram) (see _upgraded_point)."""
+        self.__dict__.update(data)
+        for key, window in self.recent.items():
+            if any(len(p) != 4 or not isinstance(p[3], tuple) for p in window):
+                self.recent[key] = collections.deque(map(_upgraded_point, window),
+                                                     maxlen=window.maxlen)
 
     # -- the fold ----------------------------------------------------------------------------
 
@@ -281,20 +291,16 @@ class JobState:
             hist = point[3]
             for bucket, n in row["hist"]:
                 hist[bucket] = hist.get(bucket, 0) + n
-        for group, point in per_group.items():
-            mean = point[2] / max(1, point[1])
-            hist = point[3]
+        for group, (end, count, sum_us, hist) in per_group.items():
             # The histogram stays so that the straggler rule can pool intervals: one flat
             # (bucket, count, bucket, count, ...) tuple, a third of the memory of pairs (a
             # 1,024-rank job holds 60 of them per rank and group).
-            items = sorted(hist.items())
-            p25, p50 = quantiles_us(items, (0.25, 0.5), mean)
-            point[3:] = [p50, p25, tuple(itertools.chain.from_iterable(items))]
             window = self.recent.get((group, r.rank))
             if window is None:
                 window = self.recent[(group, r.rank)] = collections.deque(
                     maxlen=RECENT_INTERVALS)
-            window.append(tuple(point))
+            window.append((end, count, sum_us,
+                           tuple(itertools.chain.from_iterable(sorted(hist.items())))))
 
     def _on_heartbeat(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.status == "lost":
@@ -538,6 +544,18 @@ class JobState:
                    for s, r in self.sessions.items())
 
 
+def _upgraded_point(point: tuple) -> tuple:
+    """A latency summary point as older checkpoints stored it, in today's layout: (end, count,
+    sum_us, p50_us, p25_us, histogram) drops its two quantiles (nothing read them); (end,
+    count, sum_us, p50_us, p25_us), kept before histograms were, puts all its collectives in
+    the bucket of its lower quartile (of its mean, before quartiles were kept)."""
+    if len(point) >= 6:
+        return tuple(point[:3]) + (point[5],)
+    end, count, sum_us = point[:3]
+    typical = point[4] if len(point) > 4 else sum_us / max(1, count)
+    return end, count, sum_us, (hist_bucket(typical), count) if count > 0 else ()
+
+
 def _status_of(by_rank: dict[int, RankState], world_size: int | None,
                last_event_at: float | None) -> tuple[str, float | None]:
     """(status, ended_at) of a job, or of one attempt, from its ranks."""
@@ -561,23 +579,13 @@ def _status_of(by_rank: dict[int, RankState], world_size: int | None,
 def quantile_us(hist: dict[int, int], q: float, default: float) -> float:
     """Quantile ``q`` of a latency histogram (bucket -> count): at least ``q`` of the
     collectives took at most this long (the bucket's middle); ``default`` when it is empty."""
-    return quantiles_us(sorted(hist.items()), (q,), default)[0]
-
-
-def quantiles_us(items: list[tuple[int, int]], qs: tuple[float, ...],
-                 default: float) -> list[float]:
-    """:func:`quantile_us` at each of ``qs`` (ascending) of a histogram's sorted (bucket,
-    count) items, in one pass (the fold takes two per rank, group and latency summary)."""
-    total = sum(n for _, n in items)
-    out: list[float] = []
+    target = q * sum(hist.values())
     seen = 0
-    for bucket, n in items:
-        seen += n
-        while len(out) < len(qs) and seen >= qs[len(out)] * total:
-            out.append(hist_bucket_value(bucket))
-        if len(out) == len(qs):
-            break
-    return out + [default] * (len(qs) - len(out))
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen >= target:
+            return hist_bucket_value(bucket)
+    return default
 
 
 def rank_row(r: RankState) -> dict[str, Any]:

@@ -179,3 +179,27 @@ def test_half_second_summaries_share_a_heat_map_second():
     grid = views.timeline_grid(log.state(), bins=4)
     assert grid["end"] == 23
     assert grid["families"][0]["busy"][0] == [60, 60, None, 40]
+
+
+def test_latency_summaries_are_kept_with_their_histogram_and_old_checkpoints_upgrade():
+    from agent.wire import hist_bucket
+    from dashboard.codec import decode_state, encode_state
+    from dashboard.diagnosis.rules.stragglers import _pooled
+
+    log = two_running_ranks()
+    log.add("s0", "coll_stats", stats("0", "all_reduce", 4, 100.0), t=20)
+    state = log.state()
+    (point,) = state.recent[("0", 0)]
+    assert point == (1, 4, 400.0, (hist_bucket(100.0), 4))
+    # What earlier pgdash versions stored: two quantiles before the histogram, and before
+    # that no histogram at all (its collectives then count at its lower quartile).
+    state.recent[("0", 0)].extend([(2, 4, 400.0, 90.0, 80.0, point[3]),
+                                   (3, 2, 300.0, 160.0, 150.0)])
+    state.recent[("0", 1)] = type(state.recent[("0", 0)])([(3, 2, 300.0, 160.0, 150.0)],
+                                                          maxlen=60)
+    loaded = decode_state(encode_state(state))
+    assert list(loaded.recent[("0", 0)]) == [point, (2, 4, 400.0, point[3]),
+                                             (3, 2, 300.0, (hist_bucket(150.0), 2))]
+    assert list(loaded.recent[("0", 1)]) == [(3, 2, 300.0, (hist_bucket(150.0), 2))]
+    assert loaded.recent[("0", 0)].maxlen == 60
+    assert _pooled(loaded.recent[("0", 0)]) == {hist_bucket(100.0): 8, hist_bucket(150.0): 2}

@@ -7,16 +7,16 @@ import collections
 import math
 from typing import Any, Callable, NamedTuple
 
-from agent.wire import RankStatus, hist_bucket
+from agent.wire import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, process_label
 from dashboard.state import JobState, quantile_us
 
 
 def _windows(state: JobState, group: str, now: float) -> dict[int, list[tuple]]:
-    """Recent (end, count, sum_us) summaries with calls, per running rank of a group, up to
-    ``now``. Straggler and slow_collective both ask, per group: built once per state version
-    and time for all groups."""
+    """Recent (end, count, sum_us, histogram) summaries with calls, per running rank of a
+    group, up to ``now``. Straggler and slow_collective both ask, per group: built once per
+    state version and time for all groups."""
     return state.memo(("windows", now), lambda: _all_windows(state, now)).get(group, {})
 
 
@@ -293,12 +293,9 @@ def _pooled(points: list[tuple]) -> dict[int, int]:
     """The latency histogram of all the collectives of some intervals together."""
     out: dict[int, int] = collections.defaultdict(int)
     for p in points:
-        if len(p) > 5:
-            flat = p[5]  # (bucket, count, bucket, count, ...)
-            for i in range(0, len(flat), 2):
-                out[flat[i]] += flat[i + 1]
-        else:  # folded before histograms were kept: all its collectives at its quartile
-            out[hist_bucket(p[4] if len(p) > 4 else p[2] / p[1])] += p[1]
+        flat = p[3]  # (bucket, count, bucket, count, ...)
+        for i in range(0, len(flat), 2):
+            out[flat[i]] += flat[i + 1]
     return out
 
 
