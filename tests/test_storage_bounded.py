@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import random
@@ -123,6 +124,25 @@ def test_a_checkpoint_refuses_a_pickle_it_did_not_write():
     forged = b"\x01" + zlib.compress(pickle.dumps(Evil()))
     with pytest.raises(ValueError, match="not written by pgdash"):
         decode_state(forged)
+    assert gc.isenabled()  # decoding pauses the garbage collector, and only meanwhile
+
+
+def test_pausing_the_garbage_collector_nests_and_keeps_it_off_if_it_was():
+    from dashboard.codec import gc_paused
+
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause still holds
+    assert gc.isenabled()
+    gc.disable()  # a program that runs without it: pgdash does not turn it back on
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 # -- compaction, pure ------------------------------------------------------------------------
