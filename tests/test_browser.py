@@ -622,6 +622,26 @@ def test_replay_slider_shows_the_hang_after_it_was_resolved(hang_server, watched
         expect(page.locator("#topology .rk[data-rank='1']")).to_have_attribute(
             "data-state", "stuck")
 
+        # A moment slow to come (a big job's takes the server seconds) says so, and the page
+        # meanwhile goes on showing the moment before it, said as such.
+        held = []
+
+        def hold(route):
+            held.append(route)
+
+        page.route(re.compile(r"/state\?at="), hold)
+        slider.evaluate("el => { el.value = '1000'; el.dispatchEvent(new Event('input')); }")
+        expect(page.locator("#job-page")).to_have_class(re.compile(r"\breplay-pending\b"))
+        expect(page.locator("#replay-when")).to_contain_text("loading")
+        expect(page.locator("#replay-when")).to_contain_text("showing")
+        expect(replayed).not_to_have_class(re.compile(r"\bresolved\b"))
+        assert len(held) == 1
+        held[0].continue_()
+        page.unroute(re.compile(r"/state\?at="))
+        expect(page.locator("#job-page")).not_to_have_class(re.compile(r"\breplay-pending\b"))
+        expect(page.locator("#replay-when")).not_to_contain_text("loading")
+        expect(replayed).to_have_class(re.compile(r"\bresolved\b"))
+
         page.locator("#replay-live").click()
         expect(page.locator("#job-page")).not_to_have_class(re.compile(r"\breplaying\b"))
         expect(page.locator("#job-status")).to_have_text("finished")

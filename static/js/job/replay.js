@@ -10,6 +10,9 @@ import { forgetExpanded, haveLive, showLive, showSections } from "./live.js";
 
 const REPLAY_STEPS = 1000;
 const PLAY_TICK_MS = 500; // how often playing asks for the next moment
+// A moment slower than this to come says so: the sections below are still the last moment's
+// (a big job's moment can take the server seconds to fold).
+const PENDING_AFTER_MS = 300;
 const IDLE_TEXT = "drag to see the whole page as it was at that moment";
 
 /** What main.js provides: render(), showError(), refresh(). */
@@ -19,6 +22,7 @@ let request = 0; // answers to older requests are dropped
 let inFlight = false;
 let dragTimer = null;
 let playTimer = null;
+let pendingTimer = null;
 let range = null; // [start, end] of the job (Unix seconds), from GET /api/jobs/<id>
 
 /** The job's span: its start to its end, or to now while it runs. */
@@ -57,10 +61,30 @@ export function showReplayBar() {
   if (bar.hidden && bounds()) bar.hidden = false;
 }
 
-function describe(at) {
+function describe(at, pending) {
   const b = bounds();
-  $("replay-when").textContent = PG.fmtTime(at) + (b ? " (+" + PG.fmtDuration(at - b[0]) + ")" : "");
+  let text = PG.fmtTime(at) + (b ? " (+" + PG.fmtDuration(at - b[0]) + ")" : "");
+  if (pending && state.replay && state.replay.shown) text += " \u00b7 loading\u2026 (showing " + PG.fmtTime(state.replay.at) + ")";
+  else if (pending) text += " \u00b7 loading\u2026";
+  $("replay-when").textContent = text;
   $("replay-when").classList.add("replaying");
+}
+
+/** `at` is asked for: if it is slow to come, say that the page still shows another moment. */
+function awaitMoment(at) {
+  clearTimeout(pendingTimer);
+  pendingTimer = setTimeout(() => {
+    page.classList.add("replay-pending");
+    page.dataset.pending = String(at); // tests wait for this
+    describe(at, true);
+  }, PENDING_AFTER_MS);
+}
+
+function momentSettled() {
+  clearTimeout(pendingTimer);
+  pendingTimer = null;
+  page.classList.remove("replay-pending");
+  delete page.dataset.pending;
 }
 
 function placeSlider(at) {
@@ -72,21 +96,25 @@ function placeSlider(at) {
 export async function loadReplay(at) {
   const ticket = ++request;
   inFlight = true;
+  awaitMoment(at);
   let data;
   try {
     data = await PG.fetchJSON("/api/jobs/" + JOB_ID + "/state?at=" + at);
   } catch (err) {
     if (ticket === request) {
       inFlight = false;
+      momentSettled();
       pause();
       showReplayError("Could not show the job at that moment: " + err.message);
       if (!state.replay || !state.replay.shown) leaveReplay(); // nothing replayed yet: live
+      else describe(state.replay.at); // the label says the moment the page still shows
     }
     return false;
   } finally {
     if (ticket === request) inFlight = false;
   }
   if (ticket !== request) return false;
+  momentSettled();
   state.replay = { at: at, shown: true };
   showReplayError("");
   PG.setViewAt(at); // "5 s ago" is measured from the moment shown, never from now
@@ -137,6 +165,7 @@ function backToLive() {
 
 function leaveReplay() {
   request++;
+  momentSettled();
   pause();
   clearTimeout(dragTimer);
   state.replay = null;
