@@ -68,8 +68,12 @@ def _run_as() -> str | None:
             return name
         except KeyError:
             continue
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                    "pgdash-test"], check=True)
+    made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                           "/usr/sbin/nologin", "pgdash-test"], capture_output=True, text=True)
+    try:  # another test worker (tools/test runs two) may have made it first
+        pwd.getpwnam("pgdash-test")
+    except KeyError:
+        raise RuntimeError(f"cannot create the pgdash-test user: {made.stderr}") from None
     return "pgdash-test"
 
 
