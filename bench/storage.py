@@ -34,6 +34,8 @@ A measurement, not a test: exit status 0 whatever the figures. From the reposito
     python bench/storage.py                          # 64 ranks, an hour (a few minutes)
     python bench/storage.py --ranks 256              # the issue's job
     python bench/storage.py --ranks 8 --minutes 20   # quick look
+    python bench/storage.py --ranks 256 --checkpoint-every 60   # denser checkpoints: the
+        # scrub time they buy against the bytes they cost
     python bench/storage.py --ranks 256 --no-export --db job.db      # keep the job, then
     python bench/storage.py --ranks 256 --scrub-only --db job.db --at 1250 950 --verbose
         # scrub it again (PYTHONPATH=<another checkout>: that pgdash; on a copy of the file,
@@ -93,7 +95,7 @@ def simulate(args, db: Path) -> dict:
     t0 = T0
     clock = Clock(t0)
     store = Store(f"sqlite:///{db}", queue_limit=100_000).start()
-    ingest = Ingest(store, clock=clock).start()
+    ingest = make_ingest(args, store, clock)
     compactor = make_compactor(args, store, ingest, clock)
     rng = random.Random(args.seed)
     world = args.ranks
@@ -207,6 +209,14 @@ def scrub(ingest: Ingest, job_id: int, moments: list[float], verbose: bool = Fal
     return times[0], times[1:]
 
 
+def make_ingest(args, store: Store, clock: Clock) -> Ingest:
+    """The server's ingest, storing checkpoints every --checkpoint-every seconds."""
+    ingest = Ingest(store, clock=clock)
+    if args.checkpoint_every is not None:
+        ingest.rewind.persist_every_s = args.checkpoint_every
+    return ingest.start()
+
+
 def make_compactor(args, store: Store, ingest: Ingest, clock: Clock):
     """The server's compactor with the bench's flags (None without compaction)."""
     if Compactor is None or args.keep_full <= 0:
@@ -240,7 +250,7 @@ def scrub_again(args) -> None:
         else:
             moments = random_moments(args, T0, end)
             random.Random(args.seed).shuffle(moments)
-        ingest = Ingest(store, clock=Clock(end)).start()
+        ingest = make_ingest(args, store, Clock(end))
         compactor = make_compactor(args, store, ingest, Clock(end))
         if compactor is not None:  # as a server's: it knows where it thinned checkpoints
             compactor.run_once()
@@ -267,6 +277,9 @@ def main() -> None:
                              "0: no packs)")
     parser.add_argument("--checkpoint-keep", type=float, default=1800.0,
                         help="compactor's PGDASH_CHECKPOINT_KEEP_S, with --pack-after")
+    parser.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
+                        help="PGDASH_CHECKPOINT_S: a stored state every this many seconds of "
+                             "the log (default: the server's, 300; a multiple of the cell)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-export", action="store_true",
                         help="skip export / import (minutes for a 256-rank hour)")
@@ -295,9 +308,11 @@ def main() -> None:
         if args.pack_after is not None and compaction != "off":
             compaction += (f" --pack-after {args.pack_after:g} "
                            f"--checkpoint-keep {args.checkpoint_keep:g}")
+        every = "" if args.checkpoint_every is None else \
+            f"; checkpoints every {args.checkpoint_every:g} s"
         print(f"bench/storage: {args.ranks} ranks, {args.minutes:g} simulated minutes, "
               f"{args.ops} latency rows a summary, hang at minute {args.hang_at:g} for "
-              f"{args.hang_for:g} min; compaction {compaction}; {db}", flush=True)
+              f"{args.hang_for:g} min; compaction {compaction}{every}; {db}", flush=True)
         run = simulate(args, db)
         store, ingest, job_id = run["store"], run["ingest"], run["job_id"]
         rank_hours = args.ranks * args.minutes / 60
@@ -324,7 +339,7 @@ def main() -> None:
               f"p50 {statistics.median(warm) * 1000:.0f} ms, p95 {pct(warm, 0.95) * 1000:.0f} ms, "
               f"max {max(warm) * 1000:.0f} ms ({len(warm)} moments, forward and backwards)")
         store.wait_idle()
-        restarted = Ingest(store, clock=Clock(run["end"])).start()
+        restarted = make_ingest(args, store, Clock(run["end"]))
         random.Random(args.seed).shuffle(moments)
         report_scrub("state?at after a restart", *scrub(restarted, job_id, moments,
                                                           args.verbose))
