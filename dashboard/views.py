@@ -17,6 +17,7 @@ this long turns a group's laggards from amber to red, as the ``stall`` rule woul
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Iterable
 
 from dashboard.diagnosis import Settings
@@ -183,19 +184,24 @@ def timeline_grid(state: JobState, bins: int = 30) -> dict[str, Any]:
     first = last - bins + 1
     busy_of: dict[str, dict[int, list]] = {}  # family -> rank -> busy percent per bin
     for (g, rank), window in state.recent.items():
+        # The summaries on the grid are the window's newest (one agent's summaries end in
+        # the order it sent them): back to the first before the grid, whose end starts the
+        # interval of the first on it, then forward. At 256 ranks this is most of a moment's
+        # views, and about half a window lies before the grid.
+        start = len(window)
+        while start and window[start - 1][0] >= first:
+            start -= 1
+        if start == len(window):
+            continue
         rows = busy_of.setdefault(families.get(g, g), {})
         row = rows.get(rank)
-        prev_end = None
-        # The whole window (RECENT_INTERVALS summaries): at half-second summaries the
-        # newest ``bins`` of them would cover half the grid.
-        for end, _count, sum_us, *_ in window:
+        if row is None:
+            row = rows[rank] = [None] * bins
+        prev_end = window[start - 1][0] if start else None
+        for end, _count, sum_us, _hist in itertools.islice(window, start, None):
             b = int(end) - first
             dt = end - prev_end if prev_end is not None else 1.0
             prev_end = end
-            if b < 0:
-                continue
-            if row is None:
-                row = rows[rank] = [None] * bins
             # Summaries of under a second (PGDASH_STATS_INTERVAL_S) share a bin: their busy
             # times add up; a longer one is spread over its seconds.
             pct = round(sum_us / 1e4 / (dt if 1.0 < dt < 10 else 1.0))
@@ -219,11 +225,12 @@ def timeline_grid(state: JobState, bins: int = 30) -> dict[str, Any]:
 def _op_series(state: JobState, families: dict[str, str], order: list[str], first: int,
                bins: int) -> list[dict[str, Any]]:
     merged: dict[tuple[str, str, str], list[LatencyStats | None]] = {}
+    seconds = range(first, first + bins)
     for (g, op, src), series in state.op_seconds.items():
         cells = merged.setdefault((families.get(g, g), op, src), [None] * bins)
-        for second, stats in series.items():
-            b = second - first
-            if 0 <= b < bins:
+        for b, second in enumerate(seconds):
+            stats = series.get(second)
+            if stats is not None:
                 cell = cells[b]
                 if cell is None:
                     cell = cells[b] = LatencyStats()
