@@ -163,7 +163,8 @@ class JobState:
         summaries upgraded to (end, count, sum_us, histogram) (see _upgraded_point)."""
         self.__dict__.update(data)
         for key, window in self.recent.items():
-            if any(len(p) != 4 or not isinstance(p[3], tuple) for p in window):
+            # A window is all old or all new (a loaded state is upgraded whole): its ends tell.
+            if window and not (_current_point(window[0]) and _current_point(window[-1])):
                 self.recent[key] = collections.deque(map(_upgraded_point, window),
                                                      maxlen=window.maxlen)
 
@@ -544,11 +545,17 @@ class JobState:
                    for s, r in self.sessions.items())
 
 
+def _current_point(point: tuple) -> bool:
+    return len(point) == 4 and isinstance(point[3], tuple)
+
+
 def _upgraded_point(point: tuple) -> tuple:
     """A latency summary point as older checkpoints stored it, in today's layout: (end, count,
     sum_us, p50_us, p25_us, histogram) drops its two quantiles (nothing read them); (end,
     count, sum_us, p50_us, p25_us), kept before histograms were, puts all its collectives in
     the bucket of its lower quartile (of its mean, before quartiles were kept)."""
+    if _current_point(point):
+        return point
     if len(point) >= 6:
         return tuple(point[:3]) + (point[5],)
     end, count, sum_us = point[:3]

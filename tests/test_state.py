@@ -194,7 +194,7 @@ def test_latency_summaries_are_kept_with_their_histogram_and_old_checkpoints_upg
     # What earlier pgdash versions stored: two quantiles before the histogram, and before
     # that no histogram at all (its collectives then count at its lower quartile).
     state.recent[("0", 0)].extend([(2, 4, 400.0, 90.0, 80.0, point[3]),
-                                   (3, 2, 300.0, 160.0, 150.0)])
+                                   (3, 2, 300.0, 160.0, 150.0)])  # (never mixed, but safe)
     state.recent[("0", 1)] = type(state.recent[("0", 0)])([(3, 2, 300.0, 160.0, 150.0)],
                                                           maxlen=60)
     loaded = decode_state(encode_state(state))
