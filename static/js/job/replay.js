@@ -75,7 +75,6 @@ function awaitMoment(at) {
   clearTimeout(pendingTimer);
   pendingTimer = setTimeout(() => {
     page.classList.add("replay-pending");
-    page.dataset.pending = String(at); // tests wait for this
     describe(at, true);
   }, PENDING_AFTER_MS);
 }
@@ -84,7 +83,6 @@ function momentSettled() {
   clearTimeout(pendingTimer);
   pendingTimer = null;
   page.classList.remove("replay-pending");
-  delete page.dataset.pending;
 }
 
 function placeSlider(at) {
