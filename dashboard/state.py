@@ -104,16 +104,9 @@ class LatencyStats:
 
     def percentile(self, q: float) -> float | None:
         """Latency (us) at quantile q from the histogram, never above the true maximum."""
-        total = sum(self.hist.values())
-        if not total:
+        if not sum(self.hist.values()):
             return None
-        target = q * total
-        seen = 0
-        for bucket in sorted(self.hist):
-            seen += self.hist[bucket]
-            if seen >= target:
-                return round(min(hist_bucket_value(bucket), self.max_us), 3)
-        return round(self.max_us, 3)
+        return round(min(quantile_us(self.hist, q, self.max_us), self.max_us), 3)
 
 
 class JobState:
