@@ -209,8 +209,6 @@ def gc_paused() -> Iterator[None]:
                 gc.enable()
 
 
-
-
 # -- packs: one compaction cell of a job's log ------------------------------------------------
 
 PACK_V1 = 1  # pack_payload without its decimal columns

@@ -64,8 +64,10 @@ export function showReplayBar() {
 function describe(at, pending) {
   const b = bounds();
   let text = PG.fmtTime(at) + (b ? " (+" + PG.fmtDuration(at - b[0]) + ")" : "");
-  if (pending && state.replay && state.replay.shown) text += " \u00b7 loading\u2026 (showing " + PG.fmtTime(state.replay.at) + ")";
-  else if (pending) text += " \u00b7 loading\u2026";
+  if (pending) {
+    text += " \u00b7 loading\u2026";
+    if (state.replay && state.replay.shown) text += " (showing " + PG.fmtTime(state.replay.at) + ")";
+  }
   $("replay-when").textContent = text;
   $("replay-when").classList.add("replaying");
 }
