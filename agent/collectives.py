@@ -51,6 +51,11 @@ OPS: dict[str, tuple[str | None, bool, bool, bool]] = {
     "irecv": ("tensor", False, True, True),
 }
 
+# Point-to-point ops: (peer parameter, group-relative peer parameter, direction).
+P2P_PEER = {"send": ("dst", "group_dst", "send"), "isend": ("dst", "group_dst", "send"),
+            "recv": ("src", "group_src", "recv"), "irecv": ("src", "group_src", "recv")}
+MAX_P2P_KEYS = 64  # (direction, peer, tag) counts kept per group; more peers are not matched
+
 # Wrapped ops that call other wrapped ops (torch 2.13: send -> isend, recv -> irecv).
 NESTING_OPS = frozenset({"send", "recv"})
 NESTED_OPS = frozenset({"isend", "irecv"})
@@ -90,6 +95,14 @@ class GroupTrack:
     # Up to here every number counts as the wrapper's: intervals that could not be kept
     # (bounded queues full) must never be counted again from the Flight Recorder.
     fr_lost_upto: int = -1
+    # Point-to-point: ops posted per (direction, peer, tag) so far, "send:3:0" -> count (the
+    # server matches a recv's number against its peer's sends: P2P has no group-wide sequence
+    # number), and the blocking send/recv in flight as (op, peer, tag, number, perf_counter).
+    p2p_posted: dict = None  # type: ignore[assignment]
+    p2p_wait: tuple | None = None
+
+    def __post_init__(self) -> None:
+        self.p2p_posted = {}
 
 
 def _list_bytes(tensors) -> tuple[Any, int]:
@@ -135,6 +148,9 @@ class CollectiveTracker:
         self.fr_failed: collections.deque = collections.deque()  # (track, lo, hi) of raised calls
         self._originals: list[tuple[Any, str, Any]] = []
         self.wrapper_code = None
+        # Called (training thread) when an async work is added to an empty ``pending``: the
+        # agent's background thread then polls every PGDASH_ASYNC_POLL_S instead of 0.1 s.
+        self.wake: Callable[[], None] = lambda: None
         self._lock = threading.Lock()  # guards slow-path registration only
         self._local = threading.local()  # per thread: inside a wrapped call already?
 
@@ -189,6 +205,10 @@ class CollectiveTracker:
         g_pos = params.index("group")
         a_pos = params.index("async_op") if "async_op" in params else None
         t_pos = params.index(payload_name) if payload_name else None
+        if p2p:
+            peer_name, gpeer_name, direction = P2P_PEER[op]
+            peer_pos, gpeer_pos = params.index(peer_name), params.index(gpeer_name)
+            tag_pos = params.index("tag")
         tracker = self
         tracks = self.tracks
         records = self.records
@@ -229,24 +249,35 @@ class CollectiveTracker:
                 fr_seq = track.fr_seq
                 if p2p:
                     track.p2p += 1
-                    seq = track.p2p
+                    seq = _p2p_key(track, op, direction, args, kwargs, peer_pos, peer_name,
+                                   gpeer_pos, gpeer_name, tag_pos)
                     lo = None
                 else:
                     track.entered += 1
                     seq = track.entered
                     track.inflight = (op, dtype, nbytes)
                     lo = track.fr_open = fr_seq() if fr_seq is not None else None
-                t0 = track.inflight_since = clock()
+                if p2p:
+                    t0 = clock()
+                    if not is_async:
+                        track.p2p_wait = seq + (t0,)
+                else:
+                    t0 = track.inflight_since = clock()
             except Exception:
                 tracker.internal_errors += 1
                 return fn(*args, **kwargs)
             try:
                 result = call(*args, **kwargs)
             except BaseException as exc:
+                if p2p:
+                    track.p2p_wait = None
+                    seq = track.p2p
                 tracker.on_error(track, op, seq, exc)
                 if lo is not None:
                     tracker.fr_mark_failed(track, lo)
                 raise
+            if p2p and not is_async:
+                track.p2p_wait = None
             hi = None
             if lo is not None:
                 try:
@@ -256,6 +287,8 @@ class CollectiveTracker:
                     hi = lo
             if is_async and result is not None:
                 if len(pending) < cap:
+                    if not pending:  # the background thread sleeps up to 0.1 s without
+                        tracker.wake()  # any: its poll times the completion
                     pending.append((result, track, op, p2p, seq, nbytes, t0, lo, hi))
                 else:
                     tracker.dropped_records += 1
@@ -375,6 +408,10 @@ class CollectiveTracker:
         ``flight`` adds the Flight Recorder's counters per group name (see agent.flight).
         """
         rows = []
+        waits = {}  # track -> the oldest point-to-point op it has not seen complete
+        for item in list(self.pending):
+            if item[3] and item[1] not in waits:
+                waits[item[1]] = item[4] + (item[6],)
         for track in list(self.by_name.values()):
             inflight = track.inflight
             busy = track.entered > track.completed and inflight is not None
@@ -385,6 +422,15 @@ class CollectiveTracker:
             if busy:  # the signature ranks must agree on at this sequence number (desync)
                 row["inflight_dtype"] = _dtype_name(inflight[1])
                 row["inflight_bytes"] = inflight[2]
+            if busy and track.fr_open is not None:  # its place in the Flight Recorder's order
+                row["inflight_fr"] = track.fr_open + 1
+            if track.p2p_posted:
+                row["p2p_posted"] = dict(track.p2p_posted)
+                wait = track.p2p_wait or waits.get(track)
+                if wait is not None:
+                    op, peer, tag, n, since = wait
+                    row.update(p2p_op=op, p2p_peer=peer, p2p_tag=tag, p2p_n=n,
+                               p2p_since=round(perf_to_wall(since), 6))
             if flight and track.name in flight:
                 row.update(flight[track.name])
             rows.append(row)
@@ -396,6 +442,30 @@ class CollectiveTracker:
         return [t for t in list(self.by_name.values())
                 if t.inflight is not None and t.entered > t.completed
                 and now - t.inflight_since > older_than]
+
+
+def _p2p_key(track: GroupTrack, op: str, direction: str, args: tuple, kwargs: dict,
+             peer_pos: int, peer_name: str, gpeer_pos: int, gpeer_name: str,
+             tag_pos: int) -> tuple[str, int, int, int]:
+    """Count one point-to-point op by (direction, global peer, tag); its (op, peer, tag, n):
+    the n-th op of this rank to that peer with that tag, which the peer's n-th opposite op
+    matches. A recv from any source has peer -1 and matches nothing."""
+    n = len(args)
+    peer = args[peer_pos] if n > peer_pos else kwargs.get(peer_name)
+    if peer is None:
+        gpeer = args[gpeer_pos] if n > gpeer_pos else kwargs.get(gpeer_name)
+        if gpeer is not None:
+            peer = track.ranks[gpeer] if 0 <= gpeer < len(track.ranks) else gpeer
+    peer = -1 if peer is None else int(peer)
+    tag = args[tag_pos] if n > tag_pos else kwargs.get("tag", 0)
+    tag = int(tag or 0)
+    key = f"{direction}:{peer}:{tag}"
+    posted = track.p2p_posted
+    count = posted.get(key)
+    if count is None and len(posted) >= MAX_P2P_KEYS:
+        return op, peer, tag, 0
+    posted[key] = count = (count or 0) + 1
+    return op, peer, tag, count
 
 
 def _sequence_reader(pg: Any, track: GroupTrack) -> Callable[[], int] | None:

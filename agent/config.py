@@ -42,6 +42,9 @@ class AgentConfig:
     fr_read_s: float = 1.0  # PGDASH_FR_READ_S: least time between two full reads
     fr_budget: float = 0.005  # PGDASH_FR_BUDGET: most share of one core the reads may take
     fr_poll_s: float = 0.05  # PGDASH_FR_POLL_S: status polls that time their completion
+    # PGDASH_DDP_HOOK: 0 leaves DDP models unhooked (see agent.ddp: their gradient all-reduce
+    # then shows only in the Flight Recorder, untimed on gloo)
+    ddp_hook: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":

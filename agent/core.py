@@ -24,6 +24,7 @@ from agent import identity
 from agent.collectives import CollectiveTracker, GroupTrack
 from agent.config import AgentConfig
 from agent.flight import FlightRecorderProbe
+from agent.ddp import DDPHooks
 from agent.flight_stats import FlightStats
 from agent.gpu import GpuSampler
 from agent.outbox import Outbox
@@ -96,6 +97,8 @@ class Agent:
         self._xids: list[int] = []  # XIDs not sent yet (kept across disconnects)
         self._identity: dict[str, Any] = {}
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set on stop, and when an async work starts
+        self.tracker.wake = self._wake.set
         self._thread = threading.Thread(target=self._loop, name="pgdash-agent", daemon=True)
         self._failed = False
         self._exitcode: int | None = None  # the program's exit status, when it is known
@@ -105,6 +108,7 @@ class Agent:
         # (group, op) -> the last sequence number whose stack was sent: one entry per group,
         # however long the job runs.
         self._stacks_sent: dict[tuple[str, str], int] = {}
+        self.ddp = DDPHooks()
         self._stats_start = time.time()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -116,6 +120,9 @@ class Agent:
 
         self.tracker.install([dist, c10d])
         self._patch_init(dist, c10d)
+        self._patch_destroy(dist, c10d)
+        if self.config.ddp_hook:
+            self.ddp.install()
         if c10d.is_initialized():
             self.tracker.set_default(c10d._world.default_pg)
         if pg is not None:
@@ -140,9 +147,11 @@ class Agent:
         try:
             self.tracker.enabled = False
             self.tracker.uninstall()
+            self.ddp.uninstall()
             for module, name, fn in self._patched:
                 setattr(module, name, fn)
             self._stop.set()
+            self._wake.set()
             self._thread.join(timeout=2.0)
             if self.gpu is not None:
                 self.gpu.close()
@@ -290,7 +299,8 @@ class Agent:
             wait = self.config.async_poll_s if self.tracker.pending else 0.1
             if self._flight:  # wake for the next sample, not on a fixed 0.1 s grid
                 wait = min(wait, max(0.01, self._flight_sample_at - time.monotonic()))
-            self._stop.wait(min(wait, max(0.0, min(next_tick, next_stats) - time.monotonic())))
+            self._wake.wait(min(wait, max(0.0, min(next_tick, next_stats) - time.monotonic())))
+            self._wake.clear()
         try:
             self.tracker.poll_async()
             self._scan_groups()
@@ -342,15 +352,17 @@ class Agent:
                 frame = frame.f_back
             if frame is not None:
                 frames[id(frame.f_locals.get("track"))] = frame
+        # Collectives issued from C++ (DDP) show only in the Flight Recorder, and an async
+        # one (DDP's through the agent's comm hook) left its wrapper at once: the training
+        # thread is then blocked in C++ under its last Python frame, on the main thread.
+        main = threads.get(threading.main_thread().ident)
         for track in stuck:
             frame = frames.get(id(track))
+            frame = frame.f_back if frame is not None else main
             inflight = track.inflight
             if frame is not None and inflight is not None:
                 self._send_stack(track.name, track.entered, inflight[0],
-                                 self._wall(track.inflight_since), frame.f_back)
-        # Collectives issued from C++ (DDP) show only in the Flight Recorder: the training
-        # thread is then blocked in C++ under its last Python frame, on the main thread.
-        main = threads.get(threading.main_thread().ident)
+                                 self._wall(track.inflight_since), frame)
         if main is not None:
             for name, fr in stuck_fr:
                 self._send_stack(name, fr["fr_enqueued"], "c++ collective",
@@ -399,6 +411,38 @@ class Agent:
         for module in modules:
             self._patched.append((module, "init_process_group", module.init_process_group))
             module.init_process_group = init_process_group
+
+    def _patch_destroy(self, *modules: Any) -> None:
+        """Report ``destroy_process_group``: a rank that leaves while its peers still issue
+        collectives is the cause of what happens to them next (``rank_exited_early``). The
+        final progress goes first, so the server knows how far the rank got."""
+        original = modules[0].destroy_process_group
+        if getattr(original, "__pgdash_wrapped__", False):
+            return
+        agent = self
+
+        def destroy_process_group(group=None):
+            agent._left(group)
+            return original(group)
+
+        destroy_process_group.__pgdash_wrapped__ = True
+        destroy_process_group.__wrapped__ = original
+        destroy_process_group.__doc__ = original.__doc__
+        for module in modules:
+            self._patched.append((module, "destroy_process_group", module.destroy_process_group))
+            module.destroy_process_group = destroy_process_group
+
+    def _left(self, group: Any) -> None:
+        try:
+            track = None if group is None else self.tracker.track_for(group)
+            if group is not None and track is None:
+                return  # not a group of this rank
+            self._heartbeat(force=True)
+            self.outbox.put(time.time(), "left", {
+                "group": None if track is None else track.name,
+                "reason": "destroy_process_group"})
+        except Exception:
+            self.tracker.internal_errors += 1
 
     def _init_start(self, signature: inspect.Signature, args: tuple, kwargs: dict) -> None:
         try:

@@ -175,6 +175,18 @@ class GroupProgress(_Shape):
     # Of the recorder's samples since the last heartbeat, how many found one in flight.
     fr_busy: _Count = 0
     fr_samples: _Count = 0
+    # Optional (newer agents): the Flight Recorder's number of the wrapped collective in
+    # flight, which places a Python-issued collective in the order of C++-issued ones.
+    inflight_fr: Optional[_Count] = None
+    # Optional (newer agents): point-to-point ops posted per "direction:peer:tag" (direction
+    # send or recv, peer a global rank, -1 for any source), and the oldest one not complete:
+    # its op, peer, tag, number among that key's ops, and since when (Unix seconds).
+    p2p_posted: _CountMap = {}
+    p2p_op: Optional[_Name] = None
+    p2p_peer: Optional[_Int] = None
+    p2p_tag: Optional[_Int] = None
+    p2p_n: Optional[_Count] = None
+    p2p_since: Optional[_Num] = None
 
 
 class CollRow(_Shape):
@@ -293,11 +305,20 @@ class Exit(_Shape):
     exitcode: Optional[_Int] = None
 
 
+class Left(_Shape):
+    """The rank left distributed training while its process goes on: it destroyed its
+    process group(s) (``group`` None: ``destroy_process_group()``, the default group and with
+    it every group). Sent after a heartbeat with its final progress."""
+
+    group: Optional[_Name] = None
+    reason: Optional[_Text] = None
+
+
 #: Event kinds an agent may send, and the shape of each body.
 EVENT_KINDS: dict[str, type[_Shape]] = {
     "hello": Hello, "init_start": InitStart, "init_done": InitDone, "init_failed": InitFailed,
     "group": Group, "coll_stats": CollStats, "heartbeat": Heartbeat, "error": Error,
-    "stack": Stack, "gpu": Gpu, "exit": Exit,
+    "stack": Stack, "gpu": Gpu, "exit": Exit, "left": Left,
 }
 
 

@@ -61,6 +61,9 @@ class RankState:
     last_seen: float = 0.0
     hello_at: float | None = None
     exit_at: float | None = None
+    # When the rank destroyed its default process group (``left`` event): it left
+    # distributed training, though its process may go on.
+    left_at: float | None = None
     versions: dict[str, Any] = dataclasses.field(default_factory=dict)
     env: dict[str, Any] = dataclasses.field(default_factory=dict)
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -124,6 +127,9 @@ class JobState:
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
+        # (group, rank) -> the progress row as it was when the rank exited (the row itself
+        # then shows nothing in flight): what it was waiting in when a hung job was stopped
+        self.exit_rows: dict[tuple[str, int], dict[str, Any]] = {}
         # (group, rank) -> recent (end, count, sum_us, histogram) summaries, all ops of the
         # group together, for the straggler and slow rules (the histograms' quantiles tell a
         # peer late at nearly every collective from a few long waits, or from waits spread
@@ -155,6 +161,7 @@ class JobState:
         """A stored checkpoint's state; one an earlier pgdash stored has its latency
         summaries upgraded to (end, count, sum_us, histogram) (see _upgraded_point)."""
         self.__dict__.update(data)
+        self.__dict__.setdefault("exit_rows", {})  # checkpoints of earlier versions
         for key, window in self.recent.items():
             # A window is all old or all new (a loaded state is upgraded whole): its ends tell.
             if window and not (_current_point(window[0]) and _current_point(window[-1])):
@@ -351,7 +358,12 @@ class JobState:
             return
         for key, row in self.progress.items():
             if key[1] == r.rank:
-                row["inflight_op"] = row["inflight_since"] = None
+                self.exit_rows[key] = dict(row)
+                row["inflight_op"] = row["inflight_since"] = row["p2p_op"] = None
+
+    def _on_left(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if body.get("group") is None and r.left_at is None:
+            r.left_at = t
 
     def _on_connect(self, r: RankState, body: dict[str, Any], t: float) -> None:
         self._set_attempt(r, body.get("attempt"), t)

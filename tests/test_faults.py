@@ -72,11 +72,16 @@ def test_stuck_collectives_are_blamed_on_the_right_rank(diag_server, tmp_path, s
         stop(procs)
 
 
-def test_hang_inside_ddp_is_seen_through_the_flight_recorder(diag_server, tmp_path):
-    name, procs = run_fault(diag_server, tmp_path, "ddp-hang", 3)
+@pytest.mark.parametrize("hook, source", [("0", "flight_recorder"), ("1", "python")],
+                         ids=["flight-recorder", "ddp-comm-hook"])
+def test_hang_inside_ddp_is_seen(diag_server, tmp_path, hook, source):
+    """Through the Flight Recorder when DDP is left alone (PGDASH_DDP_HOOK=0), through the
+    wrappers with the agent's comm hook (the default): the same culprit either way."""
+    name, procs = run_fault(diag_server, tmp_path, "ddp-hang", 3,
+                            env={"PGDASH_DDP_HOOK": hook})
     try:
         f = wait_finding(diag_server, name, "hang", group="0")
-        assert f["ranks"] == [2] and f["evidence"]["source"] == "flight_recorder"
+        assert f["ranks"] == [2] and f["evidence"]["source"] == source
         # Ranks pass --hang-after one by one; soon both are listed as waiting.
         wait_for(lambda: next((x for x in findings(diag_server, name) if x["kind"] == "hang"
                                and x["evidence"]["waiting"] == [0, 1]), None),
@@ -172,7 +177,10 @@ def test_a_straggler_behind_ddp_is_named_not_the_peer_waiting_for_it(diag_server
         found = stragglers()
         assert [f["ranks"] for f in found] == [[3]] * len(found), [
             (f["group"], f["ranks"], f["first_seen"], f["evidence"]) for f in found]
-        via = [f["evidence"]["waits_in_cpp"] for f in found if "waits_in_cpp" in f["evidence"]]
+        # Rank 1 waits for rank 3 in DDP's all-reduce: seen by the wrappers through the
+        # agent's comm hook ("chain"), or by the Flight Recorder's samples ("waits_in_cpp").
+        via = [f["evidence"].get("chain") or f["evidence"]["waits_in_cpp"] for f in found
+               if {"chain", "waits_in_cpp"} & set(f["evidence"])]
         assert via and all(chain[0]["waits"] == 1 and chain[0]["rank"] == 3 for chain in via)
     finally:
         stop(procs)

@@ -4,6 +4,8 @@ the Flight Recorder, each exactly once: never again when a Python wrapper saw it
 import json
 import urllib.request
 
+import pytest
+
 from agent.flight_stats import FlightStats, WrappedIntervals, entry_bytes, op_name
 from conftest import launch_job, wait_for, wait_job
 
@@ -15,12 +17,19 @@ def _rows(server, job_id, **filters):
     return server.api(f"/api/jobs/{job_id}/collectives?{query}")["collectives"]
 
 
-def test_ddp_funcol_and_python_collectives_each_counted_once(server, tmp_path):
+@pytest.mark.parametrize("hook", [False, True], ids=["flight-recorder", "ddp-comm-hook"])
+def test_ddp_funcol_and_python_collectives_each_counted_once(server, tmp_path, hook):
+    """DDP's bucket all-reduces are counted once: by the Flight Recorder reader when the
+    agent leaves DDP alone (PGDASH_DDP_HOOK=0), by the wrappers through the agent's comm hook
+    (the default, agent.ddp); functional collectives only ever by the Flight Recorder."""
     out = tmp_path / "expected.json"
     procs = launch_job("ddp_job.py", 2, server.url, "fr-ddp", tmp_path,
-                       args=["--steps", str(STEPS), "--out", str(out)])
+                       args=["--steps", str(STEPS), "--out", str(out)],
+                       env={"PGDASH_DDP_HOOK": "1" if hook else "0"})
     assert wait_job(procs, 180, tmp_path) == [0, 0]
     expected = json.loads(out.read_text())
+    cpp = expected["ddp_buckets"] * (not hook) + expected["funcol"]  # the recorder's share
+    python = expected["python"] + expected["ddp_buckets"] * hook  # the wrappers'
     job = wait_for(lambda: next((j for j in server.api("/api/jobs")["jobs"]
                                  if j["name"] == "fr-ddp" and j["status"] == "finished"), None),
                    60, "the job to finish")
@@ -30,8 +39,7 @@ def test_ddp_funcol_and_python_collectives_each_counted_once(server, tmp_path):
                         30, f"rank {rank}'s Flight Recorder all_reduce row")
         # DDP's buckets and the functional all-reduces, all on the default group ("0"); the
         # Python all-reduces of the loss on the same group are not among them.
-        assert [(r["group"], r["count"]) for r in rows] == [
-            ("0", expected["ddp_buckets"] + expected["funcol"])]
+        assert [(r["group"], r["count"]) for r in rows] == [("0", cpp)]
         row = rows[0]
         assert row["timing"] == "host_poll" and row["resolution_us"] > 0
         assert 0 < row["p50_us"] <= row["p99_us"] <= row["max_us"]
@@ -39,7 +47,7 @@ def test_ddp_funcol_and_python_collectives_each_counted_once(server, tmp_path):
         assert row["bytes"] >= 4 * 4 * expected["funcol"]
         wrapped = [r for r in _rows(server, job["id"], rank=rank) if r["source"] == "wrapper"]
         assert {(r["group"], r["op"]): r["count"] for r in wrapped} == {
-            ("0", "all_reduce"): expected["python"], ("1", "all_reduce"): expected["side"]}
+            ("0", "all_reduce"): python, ("1", "all_reduce"): expected["side"]}
         # The side group only ever ran Python collectives: nothing from the recorder there.
         assert not [r for r in _rows(server, job["id"], rank=rank, group="1")
                     if r["source"] == "flight_recorder"]
@@ -48,10 +56,9 @@ def test_ddp_funcol_and_python_collectives_each_counted_once(server, tmp_path):
                for r in _rows(server, job["id"], rank=0))
     with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:
         metrics = resp.read().decode()
-    total = expected["ddp_buckets"] + expected["funcol"]
     count = 'pgdash_collective_latency_seconds_count{family="default_pg",job="fr-ddp"'
-    assert f'{count},op="all_reduce",source="flight_recorder"}} {2 * total}.0' in metrics
-    assert f'{count},op="all_reduce",source="wrapper"}} {2 * expected["python"]}.0' in metrics
+    assert f'{count},op="all_reduce",source="flight_recorder"}} {2 * cpp}.0' in metrics
+    assert f'{count},op="all_reduce",source="wrapper"}} {2 * python}.0' in metrics
 
 
 # -- the reader on recorded entries (shapes as torch 2.13 gloo writes them) --------------------

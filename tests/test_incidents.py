@@ -39,7 +39,7 @@ def test_stall_names_the_missing_rank_after_the_floor_then_hang_takes_over():
     (f,) = diagnose(log.state(), 120.5, S)
     assert (f["kind"], f["severity"], f["ranks"], f["group"]) == ("stall", "warning", [2], "0")
     assert f["first_seen"] == 120.0 and f["evidence"]["waiting"] == [0, 1]
-    assert f["evidence"]["threshold_s"] == 10.0 and "rank 2" in f["summary"]
+    assert f["evidence"]["threshold_s"] == 10.0 and f["summary"].startswith("Rank 2 ")
     # At --hang-after the stall becomes the critical hang; never both at once.
     waiting_for(log, 2, 61, since=110.0, t=170.5)  # heartbeats go on
     assert [x["kind"] for x in diagnose(log.state(), 171.0, S)] == ["hang"]

@@ -24,7 +24,8 @@ Incident = dict[str, Any]
 # Kinds that are a root cause themselves, and the class of incident each one opens.
 CAUSES = {"rank_failed": "crash", "rank_lost": "crash", "gpu_fault": "gpu",
           "gpu_throttle": "gpu", "desync": "desync", "init_failed": "init",
-          "init_incomplete": "init", "config_mismatch": "config"}
+          "init_incomplete": "init", "config_mismatch": "config",
+          "rank_exited_early": "exit"}
 # Kinds that are what a cause looks like from the other ranks: they join a cause on the same
 # ranks (a hang on a rank that crashed, a straggler on a throttled GPU) or each other.
 SYMPTOMS = {"hang": "hang", "stall": "hang", "straggler": "straggler",

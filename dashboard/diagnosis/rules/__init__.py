@@ -11,6 +11,7 @@ from typing import Callable
 
 from dashboard.diagnosis.core import SEVERITY_ORDER, Finding, Settings
 from dashboard.diagnosis.rules.crash import rank_failed, rank_lost
+from dashboard.diagnosis.rules.departures import rank_exited_early
 from dashboard.diagnosis.rules.desync import desync
 from dashboard.diagnosis.rules.gpu import gpu_fault, gpu_throttle
 from dashboard.diagnosis.rules.hangs import hang, stall
@@ -19,7 +20,8 @@ from dashboard.diagnosis.rules.stragglers import slow_collective, straggler
 from dashboard.state import JobState
 
 RULES: list[Callable[[JobState, float, Settings], list[Finding]]] = [
-    init_incomplete, init_failed, config_mismatch, rank_lost, rank_failed, hang, stall, desync,
+    init_incomplete, init_failed, config_mismatch, rank_lost, rank_failed, rank_exited_early,
+    hang, stall, desync,
     straggler, slow_collective, gpu_fault, gpu_throttle,
 ]
 
@@ -29,10 +31,10 @@ def diagnose(state: JobState, now: float, settings: Settings = Settings()) -> li
     found: list[Finding] = []
     for rule in RULES:
         found.extend(f for f in rule(state, now, settings) if f["first_seen"] <= now)
-    desyncs = {(f["group"], f["evidence"]["seq"]) for f in found if f["kind"] == "desync"}
-    # A mismatched collective usually hangs every rank on gloo: say desync, not hang.
-    found = [f for f in found if not (f["kind"] in ("hang", "stall") and
-                                      (f["group"], f["evidence"]["seq"]) in desyncs)]
+    desyncs = {f["group"] for f in found if f["kind"] == "desync"}
+    # A mismatched collective usually hangs every rank of its group on gloo: say desync, not
+    # hang (whichever view's sequence number the hang was seen at).
+    found = [f for f in found if not (f["kind"] in ("hang", "stall") and f["group"] in desyncs)]
     for f in found:
         f["last_seen"] = now
         # Each attempt of a restarted job has its own findings: attempt 0's keep their ids.

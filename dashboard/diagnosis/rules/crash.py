@@ -8,7 +8,13 @@ from dashboard.errors import classify
 from agent.wire import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import process_label
+from dashboard.diagnosis.rules.departures import departures
+from dashboard.diagnosis.rules.hangs import job_stop
 from dashboard.state import JobState, RankState
+
+# A rank that ends this long after another rank's crash or departure was ended because of it
+# (torchrun terminates every worker once one fails; a scheduler kills the whole job).
+CONSEQUENCE_AFTER_S = 0.2
 
 
 def _last_error(state: JobState, rank: int) -> dict[str, Any] | None:
@@ -21,9 +27,38 @@ def _is_init_failure(state: JobState, r: RankState) -> bool:
     return bool((state.init.get(r.session) or {}).get("error"))
 
 
+def _crashed_at(state: JobState) -> float | None:
+    """When the first rank crashed with an error of its own (not one that waited on a peer)."""
+    times = []
+    for r in state.ranks():
+        if r.status == RankStatus.FAILED and not _is_init_failure(state, r):
+            err = _last_error(state, r.rank)
+            cause = classify(err["error"], err.get("error_type")) if err else None
+            if err and cause is not None and not cause.victim:
+                times.append(err["t"])
+    return min(times) if times else None
+
+
+def _consequence(state: JobState, r: RankState, s: Settings) -> bool:
+    """Whether a rank ended because something else ended it first: a hung job being stopped
+    (rules.hangs.job_stop), a peer that left early (rules.departures), or a peer's crash
+    (torchrun terminates every worker once one fails; a scheduler kills the whole job)."""
+    stop = job_stop(state, s)
+    if stop is not None and r.rank in stop.ranks:
+        return True
+    for d in departures(state):
+        if r.rank in d.victims or (r.exit_at is not None and r.exit_at >= d.at):
+            return True
+    crashed = _crashed_at(state)
+    return (r.status == RankStatus.LOST and crashed is not None and r.exit_at is not None
+            and r.exit_at >= crashed + CONSEQUENCE_AFTER_S)
+
+
 def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
     for r in state.ranks():
+        if r.status == RankStatus.LOST and _consequence(state, r, s):
+            continue
         if r.status == RankStatus.LOST:
             since, how = r.exit_at or r.last_seen, "its connection closed without a clean exit"
             if now - since < s.reconnect_grace:
@@ -57,6 +92,12 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         err = _last_error(state, r.rank)
         cause = classify(err["error"], err.get("error_type")) if err else None
         causes[r.rank] = (err, cause)
+    # After a rank left early, or a hung job was stopped, failures that only waited on a peer
+    # (or said nothing) are that cause's evidence: not findings, and nobody to blame here.
+    failed = [r for r in failed if not ((causes[r.rank][1] is None or causes[r.rank][1].victim)
+                                        and _consequence(state, r, s))]
+    if not failed:
+        return []
     lost = [r.rank for r in state.ranks() if r.status == RankStatus.LOST]
     culprits = [r for r in failed if causes[r.rank][1] is None or not causes[r.rank][1].victim]
     victims = [r for r in failed if r not in culprits]

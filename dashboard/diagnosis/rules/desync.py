@@ -9,9 +9,15 @@ from dashboard.diagnosis.text import group_label, ranks_label
 from dashboard.state import JobState
 
 
+CPP = "a C++ collective"  # DDP's or FSDP's, seen only by the Flight Recorder
+
+
 def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
-    out = []
+    out = _mixed(state, now, s)
+    mixed = {f["group"] for f in out}
     for group in sorted(state.groups, key=str):
+        if group in mixed:
+            continue
         by_seq: dict[int, dict[int, tuple]] = collections.defaultdict(dict)
         since: dict[int, float] = {}
         for rank, row in state.progress_of(group).items():
@@ -43,4 +49,60 @@ def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
                 {"seq": seq, "signatures": described, "expected": {
                     "op": majority[0], "dtype": majority[1], "bytes": majority[2]}},
                 since[seq], key=f"{seq}"))
+    return out
+
+
+def _mixed(state: JobState, now: float, s: Settings) -> list[Finding]:
+    """Ranks of one group at the same place in the Flight Recorder's order (which counts
+    Python- and C++-issued collectives alike), some inside a collective Python issued and the
+    others inside one C++ issued (DDP's bucket all-reduce, FSDP's all-gather): they called
+    different collectives. The typical case: one rank left the training loop (its data ran
+    out) and waits in the end-of-epoch barrier while the others wait in DDP's all-reduce.
+    Held for ``behind_after`` (two heartbeats) before it is said: both views are snapshots."""
+    out = []
+    for group in sorted(state.groups, key=str):
+        by_seq: dict[int, dict[int, str]] = collections.defaultdict(dict)
+        since: dict[int, float] = {}
+        for rank, row in state.progress_of(group).items():
+            if row.get("fr_inflight_since") is None:
+                continue
+            seq = row.get("fr_enqueued", 0)
+            if row.get("inflight_op") and row.get("inflight_fr") == seq:
+                by_seq[seq][rank] = row["inflight_op"]
+            elif not row.get("inflight_op") and row.get("p2p_op") is None:
+                by_seq[seq][rank] = CPP
+            else:
+                continue
+            since[seq] = max(since.get(seq, 0.0), row["fr_inflight_since"],
+                             row.get("inflight_since") or 0.0)
+        for seq, sigs in by_seq.items():
+            kinds = set(sigs.values())
+            if CPP not in kinds or len(kinds) < 2 or now - since[seq] < s.behind_after:
+                continue
+            counts = collections.Counter(sigs.values())
+            # The fewest ranks called the odd collective; on a tie, the Python-issued one
+            # (the training loop's collectives are the C++ ones: a rank that left it is odd).
+            odd_sig = min(counts, key=lambda sig: (counts[sig], sig == CPP))
+            odd = sorted(r for r, sig in sigs.items() if sig == odd_sig)
+            others = sorted(r for r in sigs if r not in odd)
+            other_sig = collections.Counter(sigs[r] for r in others).most_common(1)[0][0]
+            out.append(finding(
+                "desync", Severity.CRITICAL, odd, group,
+                f"{ranks_label(odd).capitalize()} called {odd_sig} as collective #{seq} on "
+                f"{group_label(state, group)} (the Flight Recorder's count), where "
+                f"{ranks_label(others)} are inside {other_sig}: "
+                f"{'it' if len(odd) == 1 else 'they'} left the others' sequence of "
+                "collectives.",
+                f"{ranks_label(odd).capitalize()} issued a different collective than "
+                f"{ranks_label(others)} at the same point. With DDP or FSDP this is most often "
+                "uneven inputs: one rank's data ran out and it went on (to a barrier, an "
+                "evaluation, the next epoch) while the others still run backward. Give every "
+                "rank the same number of batches (`DistributedSampler(..., drop_last=True)`), "
+                "or wrap the loop in `torch.distributed.algorithms.Join` (`with "
+                "Join([model]):`). Otherwise look for a rank-dependent branch before that "
+                "point.",
+                {"seq": seq, "source": "flight_recorder",
+                 "signatures": {str(r): {"op": sig} for r, sig in sorted(sigs.items())},
+                 "expected": {"op": other_sig}},
+                since[seq] + s.behind_after, key=f"fr{seq}"))
     return out

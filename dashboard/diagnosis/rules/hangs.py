@@ -1,5 +1,13 @@
-"""Rules for collectives that do not complete: the `stall` warning and the `hang`, with the
-chain of waits followed across groups to the rank at fault."""
+"""Rules for collectives and point-to-point ops that do not complete: the `stall` warning and
+the `hang`, with the chain of waits followed across groups and along pipelines to the rank at
+fault; and a job stopped while it hangs, which keeps that verdict.
+
+Where ranks wait is read three ways (``_View``): the agent's wrappers (Python-issued
+collectives), the Flight Recorder (collectives issued from C++: DDP, FSDP's reducer), and
+point-to-point ops (``send``/``recv``/``isend``/``irecv``, as pipelines use them), which have
+no group-wide sequence number: a rank's n-th receive from a peer with a tag is matched with
+that peer's n-th send to it with that tag (``p2p_posted``, counted by the agent).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,7 @@ from typing import Any, NamedTuple
 from agent.wire import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, have, ranks_label
-from dashboard.state import JobState
+from dashboard.state import TERMINAL_RANK, JobState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,14 +38,74 @@ class _View:
 
 PYTHON = _View("entered", "inflight_since", "python")
 FLIGHT = _View("fr_enqueued", "fr_inflight_since", "flight_recorder")
+P2P = _View("p2p_n", "p2p_since", "p2p")
+
+
+class Stop(NamedTuple):
+    """The end of a job that hung: its ranks stopped together after the verdict stood."""
+
+    at: float  # when the first of them ended
+    ranks: list[int]  # the ranks that ended from then on
+    findings: list[Finding]  # the hang or stall verdict as it stood then
+
+
+class Frame(NamedTuple):
+    """The moment a rule judges, and whether it judges a job as it was when it was stopped."""
+
+    now: float
+    stop: Stop | None = None
+
+
+def _rows(state: JobState, group: str, frame: Frame) -> dict[int, dict[str, Any]]:
+    rows = state.progress_of(group)
+    if frame.stop is None:
+        return rows
+    # A rank that exited shows nothing in flight any more: read where it was then.
+    return {rank: state.exit_rows.get((group, rank), row) for rank, row in rows.items()}
+
+
+def _running(state: JobState, rank: int, frame: Frame) -> bool:
+    r = state.rank_index().get(rank)
+    if r is None or r.status == RankStatus.RUNNING:
+        return True
+    return (frame.stop is not None and r.exit_at is not None
+            and r.exit_at >= frame.stop.at)
 
 
 def _behind(state: JobState, group: str, seq: int, waiting: set[int],
-            view: _View = PYTHON) -> list[int]:
-    rows = state.progress_of(group)
+            view: _View = PYTHON, rows: dict[int, dict[str, Any]] | None = None) -> list[int]:
+    rows = state.progress_of(group) if rows is None else rows
     members = (state.groups.get(group) or {}).get("ranks") or sorted(rows)
+    # Where the waiting ranks' Python-issued collective stands among every collective of the
+    # group (the Flight Recorder also counts C++-issued ones): a peer that got that far is
+    # not behind, it is inside another collective at the same point (rules.desync).
+    point = None
+    if view is PYTHON:
+        marks = [(rows.get(w) or {}).get("inflight_fr") for w in waiting]
+        if marks and None not in marks:
+            point = min(marks)
     return [m for m in members
-            if m not in waiting and (rows.get(m) or {}).get(view.seq, 0) < seq]
+            if m not in waiting and (rows.get(m) or {}).get(view.seq, 0) < seq
+            and not (point is not None and (rows.get(m) or {}).get("fr_enqueued", 0) >= point)]
+
+
+def _p2p_peer_behind(rank: int, row: dict[str, Any],
+                     rows: dict[int, dict[str, Any]]) -> int | None:
+    """The peer a rank's oldest point-to-point op waits for, if that peer has not posted the
+    matching op (its n-th opposite op with this rank and tag); else None."""
+    peer, n, op = row.get("p2p_peer"), row.get("p2p_n"), row.get("p2p_op")
+    if peer is None or peer < 0 or not n or not op:
+        return None
+    opposite = "recv" if op in ("send", "isend") else "send"
+    posted = ((rows.get(peer) or {}).get("p2p_posted") or {}).get(
+        f"{opposite}:{rank}:{row.get('p2p_tag') or 0}", 0)
+    return peer if posted < n else None
+
+
+def _p2p_label(row: dict[str, Any]) -> str:
+    op = row.get("p2p_op")
+    way = "to" if op in ("send", "isend") else "from"
+    return f"{op} {way} rank {row.get('p2p_peer')} (tag {row.get('p2p_tag') or 0}, #{row.get('p2p_n')})"
 
 
 class Stuck(NamedTuple):
@@ -56,35 +124,65 @@ class GroupHistory(NamedTuple):
     calls: int  # collectives per member
 
 
-def _stuck(state: JobState, group: str, now: float, s: Settings,
+def _stuck(state: JobState, group: str, frame: Frame, s: Settings,
            view: _View) -> Stuck | None:
     """The collective of ``group`` stuck past hang_after, or None."""
-    ranks = state.rank_index()
-    rows = state.progress_of(group)
+    rows = _rows(state, group, frame)
     stuck = {rank: row for rank, row in rows.items()
-             if view.busy(row) and now - row[view.since] >= s.hang_after
-             and (ranks.get(rank) is None or ranks[rank].status == RankStatus.RUNNING)}
+             if view.busy(row) and frame.now - row[view.since] >= s.hang_after
+             and _running(state, rank, frame)}
     if not stuck:
         return None
     seq = max(row[view.seq] for row in stuck.values())
     return Stuck(seq, {rank for rank, row in stuck.items() if row[view.seq] == seq}, rows)
 
 
-def hang(state: JobState, now: float, s: Settings) -> list[Finding]:
+def _p2p_waits(state: JobState, group: str, frame: Frame, rows: dict[int, dict[str, Any]],
+               longer_than: float) -> dict[int, int]:
+    """Ranks of ``group`` waiting in a point-to-point op longer than ``longer_than`` for a
+    peer that has not posted its side: rank -> that peer."""
+    out = {}
+    for rank, row in rows.items():
+        if (P2P.busy(row) and row.get("p2p_op") and frame.now - row["p2p_since"] >= longer_than
+                and _running(state, rank, frame)):
+            peer = _p2p_peer_behind(rank, row, rows)
+            if peer is not None:
+                out[rank] = peer
+    return out
+
+
+def _stopped(state: JobState, frame: Frame) -> str:
+    stop = frame.stop
+    if stop is None:
+        return ""
+    return (f" The job was then stopped ({ranks_label(stop.ranks)} ended from "
+            f"{stop.at:.0f} s, Unix time, on): this stays its verdict.")
+
+
+def _stop_evidence(frame: Frame) -> dict[str, Any]:
+    return {} if frame.stop is None else {"stopped": {"at": frame.stop.at,
+                                                      "ranks": frame.stop.ranks}}
+
+
+def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
     out = []
     ranks = state.rank_index()
+    now = frame.now
     for group in sorted(state.groups, key=str):
         # The wrappers' view names the op; the Flight Recorder's also sees C++ collectives.
-        view, found = PYTHON, _stuck(state, group, now, s, PYTHON)
+        view, found = PYTHON, _stuck(state, group, frame, s, PYTHON)
         if found is None:
-            view, found = FLIGHT, _stuck(state, group, now, s, FLIGHT)
+            view, found = FLIGHT, _stuck(state, group, frame, s, FLIGHT)
         if found is None:
+            p2p = _p2p_finding(state, group, frame, s, s.hang_after, "hang")
+            if p2p is not None:
+                out.append(p2p)
             continue
         seq, waiting, rows = found
         op = view.op(rows[min(waiting)])
         since = min(rows[r][view.since] for r in waiting)
-        behind = _behind(state, group, seq, waiting, view)
-        chain, roots = _follow(state, group, behind, view)
+        behind = _behind(state, group, seq, waiting, view, rows)
+        chain, roots = _follow(state, group, behind, frame, view)
         if not roots:  # every member is inside the collective: nobody to wait for
             roots = sorted(waiting)
             summary = (f"{ranks_label(waiting).capitalize()} {have(waiting)} been inside "
@@ -97,9 +195,10 @@ def hang(state: JobState, now: float, s: Settings) -> list[Finding]:
                     "on gloo) and compare the stacks in the evidence.")
         else:
             first = ranks.get(roots[0])
-            summary = (f"{ranks_label(waiting).capitalize()} {have(waiting)} waited "
-                       f"{now - since:.0f} s in {op} #{seq} on {group_label(state, group)} "
-                       f"for {ranks_label(roots)}.")
+            summary = (f"{ranks_label(roots).capitalize()} never reached {op} #{seq} on "
+                       f"{group_label(state, group)}: {ranks_label(waiting)} "
+                       f"{have(waiting)} waited {now - since:.0f} s for "
+                       f"{'it' if len(roots) == 1 else 'them'}{_chain_text(state, chain)}.")
             hint = (f"{ranks_label(roots).capitalize()} never reached that collective. See "
                     f"where it is: `py-spy dump --pid {first.pid if first else '<pid>'}` on "
                     f"{first.host if first else 'its host'} (its last collectives and stack are "
@@ -113,14 +212,74 @@ def hang(state: JobState, now: float, s: Settings) -> list[Finding]:
                   and (g != group or state.stacks[(g, rank)]["seq"] == seq
                        or view is FLIGHT)}
         out.append(finding(
-            "hang", Severity.CRITICAL, roots, group, summary, hint,
+            "hang", Severity.CRITICAL, roots, group, summary + _stopped(state, frame), hint,
             {"seq": seq, "op": op, "source": view.source, "waiting": sorted(waiting),
              "since": since,
              "behind": {str(b): {k: (rows.get(b) or {}).get(k) for k in
                                  (view.seq, "completed", "inflight_op")} for b in behind},
-             "chain": chain, "stacks": stacks},
+             "chain": chain, "stacks": stacks, **_stop_evidence(frame)},
             since + s.hang_after, key=f"{seq}" if view is PYTHON else f"fr{seq}"))
     return out
+
+
+def _chain_text(state: JobState, chain: list[dict[str, Any]]) -> str:
+    """'; rank 1 waits for rank 3 in ...' for each hop of a chain of waits."""
+    text = ""
+    for hop in chain:
+        if hop.get("for"):
+            where = (hop["op"] if hop.get("source") == "p2p"
+                     else f"{hop['op']} #{hop['seq']}")
+            text += (f"; rank {hop['rank']} itself waits in {where} on "
+                     f"{group_label(state, hop['waits_in'])} for "
+                     f"{ranks_label(hop['for'])}")
+    return text
+
+
+def _p2p_finding(state: JobState, group: str, frame: Frame, s: Settings, after: float,
+                 kind: str) -> Finding | None:
+    """A `stall` or `hang` of point-to-point ops in ``group``: ranks waiting longer than
+    ``after`` for peers that never posted their side, followed along the pipeline."""
+    rows = _rows(state, group, frame)
+    waits = _p2p_waits(state, group, frame, rows, after)
+    if kind == "stall":  # the hang speaks for waits past hang_after
+        waits = {r: p for r, p in waits.items()
+                 if frame.now - rows[r]["p2p_since"] < s.hang_after}
+    if not waits:
+        return None
+    chain, roots = _follow(state, group, [], frame, P2P, starts=sorted(waits))
+    if not roots:
+        return None
+    waiting = sorted(set(waits) - set(roots))
+    since = min(rows[r]["p2p_since"] for r in waits)
+    first = state.rank_index().get(roots[0])
+    where = (f"`py-spy dump --pid {first.pid}` on {first.host}" if first and first.pid
+             else "a stack dump of it")
+    direct = sorted({r for r, p in waits.items() if p in roots})
+    lead = direct[0] if direct else waiting[0]
+    summary = (f"{ranks_label(roots).capitalize()} {have(roots)} not sent or received what "
+               f"{ranks_label(waiting or sorted(waits))} wait for on "
+               f"{group_label(state, group)}: rank {lead} has waited "
+               f"{frame.now - rows[lead]['p2p_since']:.0f} s in {_p2p_label(rows[lead])}"
+               f"{_chain_text(state, [c for c in chain if c['rank'] != lead])}")
+    if kind == "stall":
+        summary += (", far longer than this group's operations take (stall after "
+                    f"{after:.0f} s)")
+    hint = (f"{ranks_label(roots).capitalize()} never posted the matching send or receive: "
+            f"see where it is with {where}. In a pipeline this is the stage that stopped "
+            "(compute that never ends, data loading, a stage that skipped a micro-batch or "
+            "ran a different schedule); its neighbours only wait for it.")
+    if kind == "stall":
+        hint += f" If it does not move, this becomes a hang after {s.hang_after:g} s."
+    return finding(
+        kind, Severity.CRITICAL if kind == "hang" else Severity.WARNING, roots, group,
+        summary + "." + _stopped(state, frame), hint,
+        {"seq": rows[lead].get("p2p_n"), "op": rows[lead].get("p2p_op"), "source": "p2p",
+         "waiting": sorted(waits), "since": since, "threshold_s": round(after, 3),
+         "waits": {str(r): {"op": rows[r].get("p2p_op"), "peer": rows[r].get("p2p_peer"),
+                            "tag": rows[r].get("p2p_tag"), "n": rows[r].get("p2p_n"),
+                            "since": rows[r].get("p2p_since")} for r in sorted(waits)},
+         "chain": chain, **_stop_evidence(frame)},
+        since + after, key="p2p")
 
 
 def _group_history(state: JobState) -> dict[str, GroupHistory]:
@@ -159,7 +318,7 @@ def _stall_threshold(state: JobState, group: str, view: _View, rows: dict[int, d
     return threshold, {"history_calls": calls, "p99_us": p99_us, "longest_us": longest_us}
 
 
-def stall(state: JobState, now: float, s: Settings) -> list[Finding]:
+def _stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
     """A collective some ranks have waited in, for a peer that has not entered it, far longer
     than the group's own history: named long before --hang-after. Becomes the `hang` at
     --hang-after (this rule then stays quiet), or resolves by itself when the peer arrives.
@@ -168,34 +327,36 @@ def stall(state: JobState, now: float, s: Settings) -> list[Finding]:
     """
     out = []
     ranks = state.rank_index()
+    now = frame.now
     for group in sorted(state.groups, key=str):
-        if any(_stuck(state, group, now, s, v) is not None for v in (PYTHON, FLIGHT)):
+        if any(_stuck(state, group, frame, s, v) is not None for v in (PYTHON, FLIGHT)):
             continue  # the hang rule speaks for this group now
-        rows = state.progress_of(group)
+        rows = _rows(state, group, frame)
         for view in (PYTHON, FLIGHT):
             busy = {rank: row for rank, row in rows.items()
                     if view.busy(row) and now - row[view.since] < s.hang_after
-                    and (ranks.get(rank) is None or ranks[rank].status == RankStatus.RUNNING)}
+                    and _running(state, rank, frame)}
             if not busy:
                 continue
             seq = max(row[view.seq] for row in busy.values())
             waiting = {rank for rank, row in busy.items() if row[view.seq] == seq}
-            behind = _behind(state, group, seq, waiting, view)
+            behind = _behind(state, group, seq, waiting, view, rows)
             if not behind:
                 continue
             since = min(rows[r][view.since] for r in waiting)
             threshold, basis = _stall_threshold(state, group, view, rows, s)
             if now - since < threshold:
                 continue
-            chain, roots = _follow(state, group, behind, view)
+            chain, roots = _follow(state, group, behind, frame, view)
             op = view.op(rows[min(waiting)])
             first = ranks.get(roots[0])
             out.append(finding(
                 "stall", Severity.WARNING, roots, group,
-                f"{ranks_label(waiting).capitalize()} {have(waiting)} waited "
-                f"{now - since:.0f} s in {op} #{seq} on {group_label(state, group)} for "
-                f"{ranks_label(roots)}, far longer than this group's collectives take "
-                f"(stall after {threshold:.0f} s).",
+                f"{ranks_label(roots).capitalize()} {have(roots)} not reached {op} #{seq} on "
+                f"{group_label(state, group)}: {ranks_label(waiting)} {have(waiting)} "
+                f"waited {now - since:.0f} s for {'it' if len(roots) == 1 else 'them'}"
+                f"{_chain_text(state, chain)}, far longer than this group's collectives take "
+                f"(stall after {threshold:.0f} s)." + _stopped(state, frame),
                 f"{ranks_label(roots).capitalize()} {have(roots)} not reached that "
                 f"collective yet. See what it does: `py-spy dump --pid "
                 f"{first.pid if first and first.pid else '<pid>'}` on "
@@ -206,37 +367,110 @@ def stall(state: JobState, now: float, s: Settings) -> list[Finding]:
                  "since": since, "threshold_s": round(threshold, 3), **basis,
                  "behind": {str(b): {k: (rows.get(b) or {}).get(k) for k in
                                      (view.seq, "completed", "inflight_op")} for b in behind},
-                 "chain": chain},
+                 "chain": chain, **_stop_evidence(frame)},
                 since + threshold, key=f"{seq}" if view is PYTHON else f"fr{seq}"))
             break
+        else:
+            threshold, _ = _stall_threshold(state, group, PYTHON, rows, s)
+            p2p = _p2p_finding(state, group, frame, s, threshold, "stall")
+            if p2p is not None:
+                out.append(p2p)
     return out
 
 
-def _follow(state: JobState, group: str, behind: list[int],
-            view: _View = PYTHON) -> tuple[list[dict], list[int]]:
-    """Follow ranks that are behind to where they wait themselves, across groups."""
+def _follow(state: JobState, group: str, behind: list[int], frame: Frame,
+            view: _View = PYTHON, starts: list[int] = ()) -> tuple[list[dict], list[int]]:
+    """Follow ranks that are behind to where they wait themselves, across groups and along
+    point-to-point ops; the ranks at the ends that wait for nobody are the roots.
+
+    ``starts``: ranks whose own point-to-point waits in ``group`` start the walk (a pipeline
+    has no collective everybody waits in)."""
     chain: list[dict[str, Any]] = []
     roots: list[int] = []
     seen: set[tuple[str, int]] = set()
-    todo = [(group, b) for b in behind]
+    todo: list[tuple[str, int]] = [(group, b) for b in behind]
+    todo += [("", r) for r in starts]  # "": look at every group, the start's own included
     while todo:
         g, rank = todo.pop(0)
-        if (g, rank) in seen:
+        if (g, rank) in seen or ("", rank) in seen:
             continue
         seen.add((g, rank))
-        # Where it waits itself: a collective Python saw, else one only the Flight
-        # Recorder saw (a rank stuck in DDP's C++ all-reduce).
-        elsewhere = [(og, row, v) for v in (PYTHON, FLIGHT)
-                     for (og, r), row in sorted(state.progress.items())
-                     if r == rank and og != g and v.busy(row)]
-        if not elsewhere:
+        wait = _waits_elsewhere(state, rank, g, frame)
+        if wait is None:
             roots.append(rank)
             continue
-        og, row, v = elsewhere[0]
-        next_behind = _behind(state, og, row[v.seq], {rank}, v)
-        chain.append({"rank": rank, "waits_in": og, "seq": row[v.seq],
-                      "op": v.op(row), "for": next_behind})
+        og, seq, op, source, next_behind = wait
+        chain.append({"rank": rank, "waits_in": og, "seq": seq, "op": op, "source": source,
+                      "for": next_behind})
         if not next_behind:
             roots.append(rank)
-        todo.extend((og, b) for b in next_behind)
+        todo.extend(("" if source == "p2p" else og, b) for b in next_behind)
     return chain, sorted(set(roots))
+
+
+def _waits_elsewhere(state: JobState, rank: int, group: str,
+                     frame: Frame) -> tuple[str, int, str, str, list[int]] | None:
+    """Where ``rank`` waits itself, other than inside ``group``'s collective it is behind in:
+    a collective Python saw, else one only the Flight Recorder saw (a rank stuck in DDP's C++
+    all-reduce), else a point-to-point op: (group, seq, op, source, ranks it waits for)."""
+    progress = sorted((og, row) for (og, r), row in state.progress.items() if r == rank)
+    if frame.stop is not None:
+        progress = [(og, state.exit_rows.get((og, rank), row)) for og, row in progress]
+    for v in (PYTHON, FLIGHT):
+        for og, row in progress:
+            if og != group and v.busy(row):
+                rows = _rows(state, og, frame)
+                return og, row[v.seq], v.op(row), v.source, _behind(
+                    state, og, row[v.seq], {rank}, v, rows)
+    for og, row in progress:
+        if P2P.busy(row) and row.get("p2p_op"):
+            peer = _p2p_peer_behind(rank, row, _rows(state, og, frame))
+            if peer is not None:
+                return og, row.get("p2p_n") or 0, _p2p_label(row), "p2p", [peer]
+    return None
+
+
+# -- a job stopped while it hangs -------------------------------------------------------------
+
+def job_stop(state: JobState, s: Settings) -> Stop | None:
+    """The end of a job that hung, if it ended so: ranks ended (killed by the launcher on
+    Ctrl-C, a scheduler, a collective timeout, the NCCL watchdog) after a `hang` or `stall`
+    verdict stood. That verdict, as it stood when the first of them ended, stays the job's;
+    the departures are its last evidence, not findings of their own (see rules.crash)."""
+    def build() -> Stop | None:
+        ends = sorted({r.exit_at for r in state.ranks()
+                       if r.status in TERMINAL_RANK and r.exit_at is not None})
+        tried = 0
+        for at in ends:  # the first few separate ends: a stop is one of the first
+            if tried >= 3:
+                break
+            tried += 1
+            ended = sorted(r.rank for r in state.ranks()
+                           if r.status in TERMINAL_RANK and r.exit_at is not None
+                           and r.exit_at >= at)
+            probe = Stop(at, ended, [])
+            frame = Frame(at, probe)
+            found = [f for f in _hangs(state, frame, s) + _stalls(state, frame, s)
+                     if f["first_seen"] <= at]
+            if found:
+                return probe._replace(findings=found)
+        return None
+    return state.memo(("job_stop",), build)
+
+
+def hang(state: JobState, now: float, s: Settings) -> list[Finding]:
+    return _with_stop(state, now, s, "hang", _hangs)
+
+
+def stall(state: JobState, now: float, s: Settings) -> list[Finding]:
+    return _with_stop(state, now, s, "stall", _stalls)
+
+
+def _with_stop(state: JobState, now: float, s: Settings, kind: str, rule) -> list[Finding]:
+    found = rule(state, Frame(now), s)
+    stop = job_stop(state, s)
+    if stop is None or stop.at > now:
+        return found
+    kept = [dict(f) for f in stop.findings if f["kind"] == kind]  # diagnose() stamps them
+    ids = {f["id"] for f in kept}
+    return kept + [f for f in found if f["id"] not in ids]

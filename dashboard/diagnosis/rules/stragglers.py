@@ -79,7 +79,9 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
     for group, (slow, means, typical, n, recent) in verdicts.items():
         # A rank late here only because it waited for another rank in a different group is
         # a victim: follow such waits, as hangs do, to the rank that made it late.
-        chain = _late_chain(state, group, slow, verdicts)
+        chain = _late_chain(state, group, slow, verdicts, now, s)
+        if chain is None:
+            continue  # whom it waits for elsewhere is not known yet
         last = chain[-1]["rank"] if chain else slow
         checked: list[dict[str, Any]] = []
         hidden = _hidden_chain(state, last, group, now, s, checked)
@@ -88,10 +90,11 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
         chain += hidden
         root = chain[-1]["rank"] if chain else slow
         r = state.rank_index().get(root)
-        summary = (f"The other ranks of {group_label(state, group)} keep waiting for rank "
-                   f"{slow}: {typical / 1000:.1f} ms or more at {s.straggler_late_share:.0%} of "
-                   f"their collectives, "
-                   f"against {means[slow] / 1000:.1f} ms (median) for rank {slow} itself")
+        waits_for = "it" if not chain else f"rank {slow}"
+        summary = (f"Rank {root} is a straggler: the other ranks of "
+                   f"{group_label(state, group)} wait {typical / 1000:.1f} ms or more for "
+                   f"{waits_for} at {s.straggler_late_share:.0%} of their collectives, against "
+                   f"{means[slow] / 1000:.1f} ms (median) for rank {slow} itself")
         for hop in chain:
             where = ("'s C++ collectives (DDP)" if hop.get("source") != "python" else "")
             summary += (f"; rank {hop['waits']} waits for rank {hop['rank']} inside "
@@ -141,23 +144,46 @@ def _walk(group: str, rank: int, next_hop: Callable[[int, set[str]], Any]) -> li
     return chain
 
 
-def _late_chain(state: JobState, group: str, slow: int,
-                verdicts: dict[str, StragglerVerdict]) -> list[dict[str, Any]]:
+def _late_chain(state: JobState, group: str, slow: int, verdicts: dict[str, StragglerVerdict],
+                now: float, s: Settings) -> list[dict[str, Any]] | None:
     """Hops from ``slow``, the straggler of ``group``, through groups where it is itself one
     of the ranks kept waiting by another straggler (``[{"waits", "rank", "group",
-    "source"}]``; empty when it waits for nobody)."""
-    def next_hop(rank: int, seen: set[str]) -> dict[str, Any] | None:
-        for other, verdict in sorted(verdicts.items(), key=lambda kv: str(kv[0])):
+    "source"}]``; empty when it waits for nobody; None while a group where it waits long
+    cannot name whom it waits for yet: DDP's all-reduce, seen by the wrappers through the
+    agent's comm hook, is such a group for a rank late in a tensor-parallel group)."""
+    def next_hop(rank: int, seen: set[str]) -> Any:
+        for other in sorted(state.groups, key=str):
             members = (state.groups.get(other) or {}).get("ranks") or ()
-            if other in seen or rank not in members or verdict.rank == rank:
+            if other in seen or rank not in members:
                 continue
-            means, typical = verdict.medians, verdict.typical
-            if rank in means and means[rank] >= typical * 0.5:  # it is one who waits there
-                return {"waits": rank, "rank": verdict.rank, "group": other,
-                        "source": "python", "wait_us": round(means[rank], 1)}
+            verdict = verdicts.get(other)
+            windows = None
+            if verdict is None:  # not conclusive there yet: what its newest window says
+                windows = _windows(state, other, now)
+                verdict = _straggler_in(windows, 0, s) if len(windows) >= 2 else None
+            if verdict is not None and verdict.rank != rank:
+                means, typical = verdict.medians, verdict.typical
+                if rank in means and means[rank] >= typical * 0.5:  # it is one who waits there
+                    return {"waits": rank, "rank": verdict.rank, "group": other,
+                            "source": "python", "wait_us": round(means[rank], 1)}
+            elif verdict is None and windows and _waits_long(windows, rank, s):
+                return _UNKNOWN
         return None
 
-    return _walk(group, slow, next_hop) or []
+    return _walk(group, slow, next_hop)
+
+
+def _waits_long(windows: dict[int, list[tuple]], rank: int, s: Settings,
+                intervals: int = 4) -> bool:
+    """Whether ``rank`` waits clearly longer than a peer in a group's newest summaries."""
+    if rank not in windows:
+        return False
+    medians = {r: quantile_us(_pooled(pts[-intervals:]), 0.5, 0.0)
+               for r, pts in windows.items() if pts}
+    least = min((v for r, v in medians.items() if r != rank), default=None)
+    mine = medians.get(rank)
+    return (least is not None and mine is not None and mine >= s.straggler_ratio * least
+            and mine - least >= s.straggler_min_wait_us)
 
 
 def _hidden_chain(state: JobState, rank: int, group: str, now: float, s: Settings,

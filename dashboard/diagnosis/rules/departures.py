@@ -1,0 +1,121 @@
+"""Rule for a rank that left training early: it returned from its loop, destroyed its process
+group or exited cleanly while its peers still issue collectives with it. Their waits and
+errors that follow (gloo's "Connection closed by peer", NCCL's "remote process exited") are its
+evidence, not findings of their own (see rules.crash)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from agent.wire import RankStatus
+from dashboard.diagnosis.core import Finding, Settings, Severity, finding
+from dashboard.diagnosis.text import group_label, process_label, ranks_label
+from dashboard.errors import classify
+from dashboard.state import JobState, RankState
+
+# How far a peer's error may precede the departure it follows (clocks of two hosts, and an
+# exit reported after the sockets it closed).
+ERROR_SLACK_S = 2.0
+
+
+class Departure(NamedTuple):
+    rank: int
+    at: float  # when it left (destroyed its default group, or exited cleanly)
+    how: str
+    ahead: dict[str, list[int]]  # group -> peers that issued collectives it never joined
+    victims: dict[int, dict[str, Any]]  # peers failed after it left -> their error
+
+
+def _left_at(r: RankState) -> tuple[float, str] | None:
+    if r.left_at is not None:
+        return r.left_at, "destroyed its process group"
+    if r.status == RankStatus.EXITED and r.exit_at is not None:
+        return r.exit_at, "exited cleanly (status 0)"
+    return None
+
+
+def _ahead(mine: dict[str, Any], theirs: dict[str, Any], rank: int, peer: int) -> bool:
+    """Whether a peer's progress row shows an op the departed rank never joined."""
+    if theirs.get("entered", 0) > mine.get("entered", 0):
+        return True
+    if theirs.get("fr_enqueued", 0) > mine.get("fr_enqueued", 0):
+        return True
+    if theirs.get("p2p_peer") == rank and theirs.get("p2p_op") and theirs.get("p2p_n"):
+        opposite = "recv" if theirs["p2p_op"] in ("send", "isend") else "send"
+        key = f"{opposite}:{peer}:{theirs.get('p2p_tag') or 0}"
+        return (mine.get("p2p_posted") or {}).get(key, 0) < theirs["p2p_n"]
+    return False
+
+
+def departures(state: JobState) -> list[Departure]:
+    """Ranks that left while their peers went on: every peer still running issued at least
+    one collective (or point-to-point op) with it that it never joined, or failed after it
+    left with an error that names a lost peer. Built once per state version."""
+    def build() -> list[Departure]:
+        ranks = state.rank_index()
+        out = []
+        for r in ranks.values():
+            left = _left_at(r)
+            if left is None:
+                continue
+            at, how = left
+            ahead: dict[str, list[int]] = {}
+            for name, group in state.groups.items():
+                members = group.get("ranks") or []
+                if r.rank not in members:
+                    continue
+                mine = state.exit_rows.get((name, r.rank)) or \
+                    state.progress.get((name, r.rank)) or {}
+                late = []
+                for peer in members:
+                    p = ranks.get(peer)
+                    if peer == r.rank or p is None or _left_at(p) is not None:
+                        continue
+                    theirs = state.exit_rows.get((name, peer)) or \
+                        state.progress.get((name, peer)) or {}
+                    if _ahead(mine, theirs, r.rank, peer):
+                        late.append(peer)
+                if late:
+                    ahead[name] = late
+            victims = {}
+            for e in state.errors:
+                if (e.get("rank") is not None and e["rank"] != r.rank
+                        and e.get("attempt", 0) == state.attempt
+                        and e["t"] >= at - ERROR_SLACK_S):
+                    cause = classify(e["error"], e.get("error_type"))
+                    if cause is not None and cause.victim:
+                        victims.setdefault(e["rank"], e)
+            if ahead or victims:
+                out.append(Departure(r.rank, at, how, ahead, victims))
+        return out
+    return state.memo(("departures",), build)
+
+
+def rank_exited_early(state: JobState, now: float, s: Settings) -> list[Finding]:
+    out = []
+    ranks = state.rank_index()
+    for d in departures(state):
+        r = ranks.get(d.rank)
+        peers = sorted({p for late in d.ahead.values() for p in late} | set(d.victims))
+        groups = sorted(d.ahead, key=str)
+        where = (f" on {', '.join(group_label(state, g) for g in groups[:3])}"
+                 f"{' and more' if len(groups) > 3 else ''}" if groups else "")
+        summary = (f"Rank {d.rank} left the job early{process_label(r)}: it {d.how} while "
+                   f"{ranks_label(peers)} still issued collectives with it{where}")
+        if d.victims:
+            summary += (f"; {ranks_label(d.victims)} then failed waiting for it "
+                        "(their errors are consequences)")
+        out.append(finding(
+            "rank_exited_early", Severity.CRITICAL, [d.rank], groups[0] if groups else None,
+            summary + ".",
+            "Every rank must leave the training loop at the same step. If one rank decides to "
+            "stop (early stopping, a step or time budget, running out of data), share the "
+            "decision first: all-reduce a stop flag every step and break on it everywhere. For "
+            "uneven inputs with DDP wrap the loop in `torch.distributed.algorithms.Join` "
+            "(`with Join([model]):`), or give every rank the same number of batches "
+            "(`DistributedSampler(..., drop_last=True)` or `drop_last=True` in the "
+            "DataLoader).",
+            {"left_at": d.at, "how": d.how, "ahead": {g: d.ahead[g] for g in groups},
+             "victims": {str(k): v.get("error") for k, v in sorted(d.victims.items())}},
+            d.at, key=f"r{d.rank}"))
+    return [f for f in out if f["first_seen"] <= now]

@@ -1,0 +1,181 @@
+"""Rules for the training code people run, on hand-made event logs: pipelines' point-to-point
+waits, a rank that leaves early, a hung job that is stopped, and a rank that calls a Python
+collective where its peers are inside DDP's C++ one. Real jobs of each: tests/test_corpus.py."""
+
+from dashboard.diagnosis import Settings, diagnose
+from test_diagnosis import kinds, running
+
+S = Settings()  # the server's defaults: stall floor 10 s, hang at 60 s
+
+
+def p2p_row(group, posted, wait=None, entered=0):
+    """A progress row with point-to-point counts {"send:1:0": n} and the op it waits in:
+    wait = (op, peer, tag, n, since)."""
+    row = {"group": group, "entered": entered, "completed": entered, "inflight_op": None,
+           "inflight_since": None, "p2p_posted": posted}
+    if wait is not None:
+        op, peer, tag, n, since = wait
+        row.update(p2p_op=op, p2p_peer=peer, p2p_tag=tag, p2p_n=n, p2p_since=since)
+    return row
+
+
+def history(log, world, t=101.0, n=40, us=2000.0):
+    """n short operations per rank on group 0 (so the stall floor decides)."""
+    rows = [{"group": "0", "op": "recv", "count": n, "bytes": 16 * n, "sum_us": us * n,
+             "max_us": us, "hist": [[int(8 * 11), n]]}]
+    for r in range(world):
+        log.add(f"s{r}", "coll_stats", {"start": t - 1, "end": t, "rows": rows}, t=t)
+
+
+def frozen_pipeline(log, t, since):
+    """4 stages; stage 2 froze in its forward after it received micro-batch 50 from stage 1.
+    Stage 3 waits for 2's activations, stage 1 for 2's gradients, stage 0 for 1's."""
+    log.add("s0", "heartbeat", {"groups": [p2p_row("0", {"send:1:0": 51, "recv:1:0": 49},
+                                                   ("irecv", 1, 0, 50, since))]}, t=t)
+    log.add("s1", "heartbeat", {"groups": [p2p_row(
+        "0", {"recv:0:0": 51, "send:2:0": 51, "recv:2:0": 49, "send:0:0": 49},
+        ("irecv", 2, 0, 50, since + 0.01))]}, t=t)
+    log.add("s2", "heartbeat", {"groups": [p2p_row(
+        "0", {"recv:1:0": 51, "send:3:0": 50, "recv:3:0": 49, "send:1:0": 49})]}, t=t)
+    log.add("s3", "heartbeat", {"groups": [p2p_row(
+        "0", {"recv:2:0": 51, "send:2:0": 50}, ("irecv", 2, 0, 51, since + 0.02))]}, t=t)
+
+
+def test_a_frozen_pipeline_stage_is_the_culprit_of_a_stall_then_a_hang_with_its_chain():
+    log = running(4)
+    history(log, 4)
+    frozen_pipeline(log, t=111.0, since=100.5)
+    assert diagnose(log.state(), 110.0, S) == []
+    (f,) = diagnose(log.state(), 111.0, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("stall", "warning", [2])
+    assert f["summary"].startswith("Rank 2 has not sent or received")
+    assert f["evidence"]["waiting"] == [0, 1, 3] and f["first_seen"] == 110.5
+    hops = {c["rank"]: c["for"] for c in f["evidence"]["chain"]}
+    assert hops == {0: [1], 1: [2], 3: [2]}  # 0 -> 1 -> 2 and 3 -> 2, along the pipeline
+    frozen_pipeline(log, t=161.0, since=100.5)  # heartbeats go on, nobody moves
+    (f,) = diagnose(log.state(), 161.0, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("hang", "critical", [2])
+
+
+def test_a_pipeline_in_its_bubble_is_no_stall():
+    log = running(4)
+    history(log, 4)
+    frozen_pipeline(log, t=103.0, since=102.5)  # waits of half a second: a bubble
+    assert diagnose(log.state(), 103.0, S) == []
+    # The peer posted its send (stage 2 moved on): nothing to blame however long it took.
+    log.add("s2", "heartbeat", {"groups": [p2p_row(
+        "0", {"recv:1:0": 51, "send:3:0": 51, "recv:3:0": 50, "send:1:0": 50})]}, t=104.0)
+    log.add("s3", "heartbeat", {"groups": [p2p_row(
+        "0", {"recv:2:0": 51, "send:2:0": 50}, ("irecv", 2, 0, 51, 90.0))]}, t=104.0)
+    assert [f for f in diagnose(log.state(), 104.0, S) if f["ranks"] == [3]] == []
+
+
+def leave(log, rank, t, entered, fr=0, how="left"):
+    log.add(f"s{rank}", "heartbeat", {"groups": [
+        {"group": "0", "entered": entered, "completed": entered, "inflight_op": None,
+         "inflight_since": None, "fr_enqueued": fr, "fr_completed": fr}]}, t=t)
+    if how == "left":
+        log.add(f"s{rank}", "left", {"group": None, "reason": "destroy_process_group"}, t=t)
+    else:
+        log.add(f"s{rank}", "exit", {"clean": True, "reason": "exit", "exitcode": 0}, t=t)
+
+
+def test_a_rank_that_leaves_early_is_named_and_its_peers_errors_are_its_evidence():
+    log = running(3)
+    leave(log, 2, 105.0, entered=40)
+    for r in (0, 1):  # the others go on: their next all_reduce
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 41, "completed": 40, "inflight_op": "all_reduce",
+             "inflight_since": 105.5}]}, t=105.6)
+    (f,) = diagnose(log.state(), 105.6, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("rank_exited_early", "critical", [2])
+    assert f["summary"].startswith("Rank 2 left the job early")
+    assert f["evidence"]["ahead"] == {"0": [0, 1]} and f["first_seen"] == 105.0
+    assert "Join" in f["hint"] and "drop_last" in f["hint"]
+    # Their collective fails on the closed connection; they exit non-zero; torchrun stops.
+    closed = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+              "by peer [127.0.0.1]:13221")
+    for r in (0, 1):
+        log.add(f"s{r}", "error", {"where": "collective", "error_type": "RuntimeError",
+                                   "error": closed, "group": "0", "op": "all_reduce",
+                                   "seq": 41}, t=105.7)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.8)
+    log.add("s2", "exit", {"clean": True, "reason": "exit", "exitcode": 0}, t=106.0)
+    found = diagnose(log.state(), 120.0, S)
+    assert kinds(found) == [("rank_exited_early", [2])], found
+    assert set(found[0]["evidence"]["victims"]) == {"0", "1"}
+
+
+def test_ranks_that_all_finish_together_are_not_early():
+    log = running(3)
+    for r in range(3):
+        leave(log, r, 200.0 + r, entered=40, fr=12, how=("left", "exit", "left")[r])
+    assert diagnose(log.state(), 210.0, S) == []
+
+
+def test_a_hung_job_that_is_stopped_keeps_its_hang_and_blames_no_one_else():
+    log = running(4)
+    for r in (0, 1, 3):  # rank 2 never comes to all_reduce #41
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 41, "completed": 40, "inflight_op": "all_reduce",
+             "inflight_since": 100.0}]}, t=170.0)
+    log.add("s2", "heartbeat", {"groups": [
+        {"group": "0", "entered": 40, "completed": 40, "inflight_op": None,
+         "inflight_since": None}]}, t=170.0)
+    (hang,) = diagnose(log.state(), 170.0, S)
+    assert (hang["kind"], hang["ranks"]) == ("hang", [2])
+    # Ctrl-C on torchrun: SIGTERM to every worker, their connections close within a second.
+    for r, t in ((0, 171.0), (1, 171.2), (2, 171.3), (3, 171.9)):
+        log.add(f"s{r}", "disconnect", {}, t=t)
+    for now in (172.0, 180.0, 400.0):
+        found = diagnose(log.state(), now, S)
+        assert kinds(found) == [("hang", [2])], (now, found)
+        assert found[0]["evidence"]["stopped"] == {"at": 171.0, "ranks": [0, 1, 2, 3]}
+        assert found[0]["id"] == hang["id"]  # the same verdict, not a new one
+
+
+def test_ranks_that_time_out_in_a_hung_collective_are_victims_of_the_hang():
+    log = running(3)
+    history(log, 3)
+    for r in (0, 1):
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 41, "completed": 40, "inflight_op": "all_reduce",
+             "inflight_since": 100.0}]}, t=111.0)
+    log.add("s2", "heartbeat", {"groups": [
+        {"group": "0", "entered": 40, "completed": 40, "inflight_op": None,
+         "inflight_since": None}]}, t=111.0)
+    assert kinds(diagnose(log.state(), 111.0, S)) == [("stall", [2])]
+    timeout = ("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+               "waiting 15000ms for recv operation to complete")
+    for r in (0, 1):  # the collective's own timeout (15 s) ends them
+        log.add(f"s{r}", "error", {"where": "collective", "error_type": "RuntimeError",
+                                   "error": timeout, "group": "0", "op": "all_reduce",
+                                   "seq": 41}, t=115.0)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=115.1)
+    log.add("s2", "disconnect", {}, t=115.5)  # torchrun terminates the rest
+    found = diagnose(log.state(), 130.0, S)
+    assert kinds(found) == [("stall", [2])], found
+
+
+def test_a_python_barrier_where_the_others_are_inside_ddp_is_a_desync_of_that_rank():
+    log = running(4)
+
+    def heartbeats(t):
+        for r in (0, 1, 2):  # inside DDP's bucket all-reduce: the Flight Recorder's #301
+            log.add(f"s{r}", "heartbeat", {"groups": [
+                {"group": "0", "entered": 10, "completed": 10, "inflight_op": None,
+                 "inflight_since": None, "fr_enqueued": 301, "fr_completed": 300,
+                 "fr_inflight_since": 150.0}]}, t=t)
+        # Rank 3's data ran out: it went on to the end-of-epoch barrier, also #301 there.
+        log.add("s3", "heartbeat", {"groups": [
+            {"group": "0", "entered": 11, "completed": 10, "inflight_op": "barrier",
+             "inflight_since": 150.0, "inflight_fr": 301, "fr_enqueued": 301,
+             "fr_completed": 300, "fr_inflight_since": 150.0}]}, t=t)
+
+    heartbeats(151.0)
+    assert diagnose(log.state(), 151.0, S) == []  # held two heartbeats: both are snapshots
+    for now in (152.0, 175.0, 230.0):  # and no stall or hang blames the ranks in DDP
+        heartbeats(now)
+        found = diagnose(log.state(), now, S)
+        assert kinds(found) == [("desync", [3])], (now, found)
+    assert "barrier" in found[0]["summary"] and "Join" in found[0]["hint"]
