@@ -179,3 +179,19 @@ def test_a_python_barrier_where_the_others_are_inside_ddp_is_a_desync_of_that_ra
         found = diagnose(log.state(), now, S)
         assert kinds(found) == [("desync", [3])], (now, found)
     assert "barrier" in found[0]["summary"] and "Join" in found[0]["hint"]
+
+
+def test_ranks_the_launcher_terminates_after_a_kill_are_not_blamed():
+    log = running(4)
+    log.add("s1", "disconnect", {}, t=110.0)  # SIGKILL: the OOM killer
+    for r, t in ((0, 110.12), (2, 110.13), (3, 110.2)):  # torchrun stops the rest
+        log.add(f"s{r}", "disconnect", {}, t=t)
+    assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [1])]
+
+
+def test_ranks_killed_together_are_each_named():
+    log = running(4)
+    for r in (1, 2):
+        log.add(f"s{r}", "disconnect", {}, t=110.0)
+    assert sorted(kinds(diagnose(log.state(), 112.0, S))) == [("rank_lost", [1]),
+                                                              ("rank_lost", [2])]

@@ -12,9 +12,10 @@ from dashboard.diagnosis.rules.departures import departures
 from dashboard.diagnosis.rules.hangs import job_stop
 from dashboard.state import JobState, RankState
 
-# A rank that ends this long after another rank's crash or departure was ended because of it
-# (torchrun terminates every worker once one fails; a scheduler kills the whole job).
-CONSEQUENCE_AFTER_S = 0.2
+# A rank lost this long after another rank crashed or was lost was ended because of it: torchrun
+# notices a dead worker within its --monitor-interval (0.1 s) and terminates the others; a
+# scheduler kills the whole job. Ranks killed together (within this) are each named.
+CONSEQUENCE_AFTER_S = 0.01
 
 
 def _last_error(state: JobState, rank: int) -> dict[str, Any] | None:
@@ -27,31 +28,37 @@ def _is_init_failure(state: JobState, r: RankState) -> bool:
     return bool((state.init.get(r.session) or {}).get("error"))
 
 
-def _crashed_at(state: JobState) -> float | None:
-    """When the first rank crashed with an error of its own (not one that waited on a peer)."""
-    times = []
-    for r in state.ranks():
-        if r.status == RankStatus.FAILED and not _is_init_failure(state, r):
-            err = _last_error(state, r.rank)
-            cause = classify(err["error"], err.get("error_type")) if err else None
-            if err and cause is not None and not cause.victim:
-                times.append(err["t"])
-    return min(times) if times else None
+def _ends(state: JobState) -> list[tuple[float, int]]:
+    """(time, rank) of each rank that crashed with an error of its own (not one that waited
+    on a peer) or was lost, earliest first: what can end other ranks."""
+    def build() -> list[tuple[float, int]]:
+        out = []
+        for r in state.ranks():
+            if r.status == RankStatus.LOST and r.exit_at is not None:
+                out.append((r.exit_at, r.rank))
+            elif r.status == RankStatus.FAILED and not _is_init_failure(state, r):
+                err = _last_error(state, r.rank)
+                cause = classify(err["error"], err.get("error_type")) if err else None
+                if err and cause is not None and not cause.victim:
+                    out.append((err["t"], r.rank))
+        return sorted(out)
+    return state.memo(("ends",), build)
 
 
 def _consequence(state: JobState, r: RankState, s: Settings) -> bool:
     """Whether a rank ended because something else ended it first: a hung job being stopped
-    (rules.hangs.job_stop), a peer that left early (rules.departures), or a peer's crash
-    (torchrun terminates every worker once one fails; a scheduler kills the whole job)."""
+    (rules.hangs.job_stop), a peer that left early (rules.departures), or a peer's crash or
+    loss just before (see CONSEQUENCE_AFTER_S)."""
     stop = job_stop(state, s)
     if stop is not None and r.rank in stop.ranks:
         return True
     for d in departures(state):
         if r.rank in d.victims or (r.exit_at is not None and r.exit_at >= d.at):
             return True
-    crashed = _crashed_at(state)
-    return (r.status == RankStatus.LOST and crashed is not None and r.exit_at is not None
-            and r.exit_at >= crashed + CONSEQUENCE_AFTER_S)
+    if r.status != RankStatus.LOST or r.exit_at is None:
+        return False
+    first = next(((t, rank) for t, rank in _ends(state) if rank != r.rank), None)
+    return first is not None and r.exit_at >= first[0] + CONSEQUENCE_AFTER_S
 
 
 def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
