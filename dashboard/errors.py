@@ -302,6 +302,8 @@ _DERIVED = {"missing": ("joined", "expected"), "peer": ("peers",)}
 _GENERIC_HINT = ("pgdash has no rule for this error yet: read this rank's full log around the first "
                  "error, then rerun with `TORCH_DISTRIBUTED_DEBUG=DETAIL` (and `NCCL_DEBUG=INFO` "
                  "on NCCL) for a more specific message.")
+INTERRUPTED_HINT = ("This rank was interrupted (Ctrl-C in the launcher's terminal, or SIGINT): "
+                    "someone stopped the job; it did not fail by itself.")
 _TYPE_HINTS = {
     "DistStoreError": "A DistStoreError comes from the TCPStore rendezvous: check that rank 0 is up "
                       "and that MASTER_ADDR, MASTER_PORT and WORLD_SIZE match on every rank.",
@@ -326,6 +328,9 @@ def classify(text: str | bytes | None, error_type: str | None = None) -> Cause:
     try:
         scanned = _scannable(text)
         kind = error_type[:MAX_ERROR_TYPE_CHARS] if isinstance(error_type, str) else None
+        if kind == "KeyboardInterrupt":
+            return Cause("interrupted", "interrupted (Ctrl-C or SIGINT)", INTERRUPTED_HINT,
+                         True, {"error_type": kind})
         for rule in RULES:
             match = rule.pattern.search(scanned)
             if match:

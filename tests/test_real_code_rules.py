@@ -195,3 +195,15 @@ def test_ranks_killed_together_are_each_named():
         log.add(f"s{r}", "disconnect", {}, t=110.0)
     assert sorted(kinds(diagnose(log.state(), 112.0, S))) == [("rank_lost", [1]),
                                                               ("rank_lost", [2])]
+
+
+def test_ranks_interrupted_by_ctrl_c_are_not_blamed():
+    """Ctrl-C in torchrun's terminal reaches every worker: they fail with KeyboardInterrupt
+    out of their collective. Someone stopped the job; no rank is at fault."""
+    log = running(2)
+    for r in (0, 1):
+        log.add(f"s{r}", "error", {"where": "collective", "error_type": "KeyboardInterrupt",
+                                   "error": "KeyboardInterrupt()", "group": "0",
+                                   "op": "all_reduce", "seq": 7}, t=105.0)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "exit"}, t=105.1)
+    assert diagnose(log.state(), 110.0, S) == []

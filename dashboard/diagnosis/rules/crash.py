@@ -101,8 +101,10 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         causes[r.rank] = (err, cause)
     # After a rank left early, or a hung job was stopped, failures that only waited on a peer
     # (or said nothing) are that cause's evidence: not findings, and nobody to blame here.
+    # A rank interrupted by Ctrl-C was stopped by someone, not at fault.
     failed = [r for r in failed if not ((causes[r.rank][1] is None or causes[r.rank][1].victim)
-                                        and _consequence(state, r, s))]
+                                        and _consequence(state, r, s))
+              and (causes[r.rank][1] is None or causes[r.rank][1].cause != "interrupted")]
     if not failed:
         return []
     lost = [r.rank for r in state.ranks() if r.status == RankStatus.LOST]
