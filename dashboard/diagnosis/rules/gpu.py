@@ -45,8 +45,8 @@ def gpu_fault(state: JobState, now: float, s: Settings) -> list[Finding]:
         text = "; ".join(d for d, _ in described.values())
         out.append(finding(
             "gpu_fault", Severity.CRITICAL if hardware else Severity.WARNING, [rank], None,
-            f"GPU of rank {rank} ({gpu.get('name') or 'GPU'} {gpu.get('uuid', '')}) on {host}: "
-            f"{text}.",
+            f"Rank {rank}'s GPU ({gpu.get('name') or 'GPU'} {gpu.get('uuid', '')}) on {host} "
+            f"faulted: {text}.",
             (f"Take {host} out of the pool and check it: `nvidia-smi -q -d ECC,ROW_REMAPPER` "
              f"and `dmesg -T | grep -i xid` on {host}; XID 79, 95 or a remap failure need a GPU "
              "reset or an RMA. Restart the job without that GPU."
@@ -68,7 +68,7 @@ def gpu_throttle(state: JobState, now: float, s: Settings) -> list[Finding]:
         reasons = [r for r in gpu.get("reasons", []) if r != "gpu_idle"]
         out.append(finding(
             "gpu_throttle", Severity.WARNING, [rank], None,
-            f"GPU of rank {rank} is slowed down ({', '.join(reasons)}): SM clock "
+            f"Rank {rank}'s GPU is slowed down ({', '.join(reasons)}): SM clock "
             f"{gpu.get('sm_clock_mhz') or '?'} of {gpu.get('sm_clock_max_mhz') or '?'} MHz, "
             f"{gpu.get('temp_c') or '?'} °C, {gpu.get('power_w') or '?'} W.",
             "A throttled GPU makes its rank a straggler for the whole job. Check cooling and "

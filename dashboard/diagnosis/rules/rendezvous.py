@@ -33,8 +33,9 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
     target = f"{addr}:{port}" if addr and port else "MASTER_ADDR:MASTER_PORT"
     return [finding(
         "init_incomplete", Severity.CRITICAL, missing, None,
-        f"Rendezvous is waiting: {len(arrived)} of {world} ranks arrived; "
-        f"{ranks_label(missing)} never did.",
+        f"{ranks_label(missing).capitalize()} never arrived at rendezvous: "
+        f"{len(arrived)} of {world} ranks did, and init_process_group waits for "
+        f"{'it' if len(missing) == 1 else 'them'}.",
         f"Check that {ranks_label(missing)} were launched at all (the launcher's log, "
         f"`squeue`/`kubectl get pods`), that they use WORLD_SIZE={world} and reach {target} "
         f"(`nc -zv {addr or '<MASTER_ADDR>'} {port or '<MASTER_PORT>'}` from their hosts).",
@@ -54,7 +55,7 @@ def init_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         rank = r.rank if r.rank is not None else entry.get("rank")
         out.append(finding(
             "init_failed", Severity.CRITICAL, [rank] if rank is not None and rank >= 0 else [], None,
-            f"init_process_group raised on rank {rank}{process_label(r)}: {cause.title}.",
+            f"Rank {rank}'s init_process_group raised{process_label(r)}: {cause.title}.",
             cause.hint,
             {"error": err["error"], "error_type": err.get("error_type"), "cause": cause.cause,
              "details": cause.details, "init_method": entry.get("init_method"),
@@ -106,7 +107,8 @@ def config_mismatch(state: JobState, now: float, s: Settings) -> list[Finding]:
         by = {r.rank: r for r in ranks}
         out.append(finding(
             "config_mismatch", severity, odd, None,
-            f"Ranks disagree on {key}: {odd_values}; the others have "
+            f"{ranks_label(odd).capitalize()} {'has' if len(odd) == 1 else 'have'} another "
+            f"{key} than the others: {odd_values}; the others have "
             f"{majority if majority != 'None' else '(unset)'}.",
             f"Set {key} the same on every rank (the launcher's environment, the job script); "
             f"compare `env | grep -E 'NCCL|GLOO|MASTER|WORLD'` on "
