@@ -207,3 +207,31 @@ def test_ranks_interrupted_by_ctrl_c_are_not_blamed():
                                    "op": "all_reduce", "seq": 7}, t=105.0)
         log.add(f"s{r}", "exit", {"clean": False, "reason": "exit"}, t=105.1)
     assert diagnose(log.state(), 110.0, S) == []
+
+
+def test_a_straggler_that_the_others_wait_for_once_a_step_among_many_collectives():
+    """FSDP: six collectives a step (all-gathers, reduce-scatters); the others wait 60 ms for
+    rank 2 at the step's first one only, one in six: never nine in ten."""
+    from test_diagnosis import half_seconds
+
+    step_others = [60.0] + [0.5] * 5
+    step_slow = [0.4] * 6
+    log = running(3)
+    for r in (0, 1):
+        half_seconds(log, r, [step_others * 4] * 3)
+    half_seconds(log, 2, [step_slow * 4] * 3)
+    (f,) = diagnose(log.state(), 102.0, S)
+    assert (f["kind"], f["ranks"]) == ("straggler", [2])
+    assert f["summary"].startswith("Rank 2 is a straggler") and "17%" in f["summary"]
+
+
+def test_one_pause_among_many_collectives_is_no_straggler():
+    """Rank 0 checkpoints for 5 s once: the others wait once, long; nothing else differs."""
+    from test_diagnosis import half_seconds
+
+    log = running(3)
+    calm = [0.5] * 24
+    for r in (1, 2):
+        half_seconds(log, r, [calm, [5000.0] + [0.5] * 23, calm])
+    half_seconds(log, 0, [calm, [0.4] * 24, calm])
+    assert diagnose(log.state(), 102.0, S) == []

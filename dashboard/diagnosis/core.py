@@ -66,6 +66,12 @@ class Settings:
     # step; jitter, or a crowded host's scheduler, spreads them); else on twice the calls
     straggler_steady: float = 0.5
     straggler_persist: int = 1  # ... judged so on this many consecutive windows
+    # ... or, for groups that run several collectives a step (FSDP, DDP's buckets: the others
+    # wait at the step's first one only), on a window of this many collectives per rank, the
+    # others waited long at this share of theirs and the straggler at a quarter of it at most
+    # (see rules.stragglers._sparse_straggler)
+    straggler_sparse_calls: int = 48
+    straggler_sparse_share: float = 0.08
     straggler_ratio: float = 3.0  # the others wait this many times longer than the straggler
     straggler_min_wait_us: float = 2000.0  # ... and at least this much longer per collective
     slow_history: int = 10  # intervals of history before slow_collective can judge

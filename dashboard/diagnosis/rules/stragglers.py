@@ -7,7 +7,7 @@ import collections
 import math
 from typing import Any, Callable, NamedTuple
 
-from agent.wire import RankStatus
+from agent.wire import RankStatus, hist_bucket_value
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, process_label
 from dashboard.state import JobState, quantile_us
@@ -76,7 +76,7 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
             continue
         verdicts[group] = found[0]
     out = []
-    for group, (slow, means, typical, n, recent) in verdicts.items():
+    for group, (slow, means, typical, n, recent, share) in verdicts.items():
         # A rank late here only because it waited for another rank in a different group is
         # a victim: follow such waits, as hangs do, to the rank that made it late.
         chain = _late_chain(state, group, slow, verdicts, now, s)
@@ -93,7 +93,7 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
         waits_for = "it" if not chain else f"rank {slow}"
         summary = (f"Rank {root} is a straggler: the other ranks of "
                    f"{group_label(state, group)} wait {typical / 1000:.1f} ms or more for "
-                   f"{waits_for} at {s.straggler_late_share:.0%} of their collectives, against "
+                   f"{waits_for} at {share:.0%} of their collectives, against "
                    f"{means[slow] / 1000:.1f} ms (median) for rank {slow} itself")
         for hop in chain:
             where = ("'s C++ collectives (DDP)" if hop.get("source") != "python" else "")
@@ -101,7 +101,7 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
                         f"{group_label(state, hop['group'])}{where}")
         evidence = {"median_wait_us": {str(k): round(v, 1) for k, v in sorted(means.items())},
                     "others_wait_us": round(typical, 1),
-                    "late_share": s.straggler_late_share,
+                    "late_share": share,
                     "mean_wait_us": {str(k): round(_mean_us(pts), 1)
                                      for k, pts in sorted(recent.items())},
                     "intervals": n, "collectives": sum(p[1] for p in recent[slow])}
@@ -267,6 +267,7 @@ class StragglerVerdict(NamedTuple):
     typical: float  # the others' typical wait at their straggler_late_share least-waited, us
     intervals: int  # summaries (PGDASH_STATS_INTERVAL_S each) the window spans
     recent: dict[int, list[tuple]]  # those summaries, per rank
+    share: float  # at this share of their collectives the others waited ``typical`` or more
 
 
 def _straggler_in(windows: dict[int, list[tuple]], back: int,
@@ -311,8 +312,49 @@ def _straggler_in(windows: dict[int, list[tuple]], back: int,
                      for rank, h in pooled.items() if rank != slow}
             if typical < s.straggler_steady * _typical(highs, slow):
                 continue
-        return StragglerVerdict(slow, medians, typical, n, recent)
-    return None
+        return StragglerVerdict(slow, medians, typical, n, recent, s.straggler_late_share)
+    return _sparse_straggler(windows, depth, s)
+
+
+def _sparse_straggler(windows: dict[int, list[tuple]], depth: int,
+                      s: Settings) -> StragglerVerdict | None:
+    """A straggler of a group that runs several collectives a step (FSDP's all-gathers and
+    reduce-scatters per layer, DDP's buckets): the others wait for it once a step, at the
+    step's first collective, so at one in k of theirs, never nine in ten.
+
+    On a window of ``straggler_sparse_calls`` collectives per rank (pooled histograms): the
+    rank with the least mean wait is the candidate; a wait is long above ``straggler_ratio``
+    times its p90 (and ``straggler_min_wait_us`` more); the others must have long waits at
+    ``straggler_sparse_share`` or more of their collectives (a pause of one rank, however long,
+    is one long wait among those; random jitter makes the candidate's own p90 long too), and
+    the candidate at a quarter of that share at most."""
+    n = s.straggler_min_intervals
+    while n <= depth and any(sum(p[1] for p in pts[-n:]) < s.straggler_sparse_calls
+                             for pts in windows.values()):
+        n += 1
+    if n > depth:
+        return None
+    recent = {rank: pts[-n:] for rank, pts in windows.items()}
+    pooled = {rank: _pooled(pts) for rank, pts in recent.items()}
+    means = {rank: _mean_us(pts) for rank, pts in recent.items()}
+    slow = min(means, key=means.get)
+    p90 = quantile_us(pooled[slow], 0.9, 0.0)
+    long_us = max(s.straggler_ratio * p90, p90 + s.straggler_min_wait_us)
+    shares = {rank: _share_above(h, long_us) for rank, h in pooled.items() if rank != slow}
+    share = _typical(shares, slow)
+    if share < s.straggler_sparse_share or _share_above(pooled[slow], long_us) > share / 4:
+        return None
+    typical = _typical({rank: quantile_us(h, 1.0 - share, 0.0) for rank, h in pooled.items()
+                        if rank != slow}, slow)
+    medians = {rank: quantile_us(h, 0.5, 0.0) for rank, h in pooled.items()}
+    return StragglerVerdict(slow, medians, typical, n, recent, round(share, 2))
+
+
+def _share_above(hist: dict[int, int], us: float) -> float:
+    """The share of a histogram's collectives that took longer than ``us``."""
+    total = sum(hist.values())
+    above = sum(c for b, c in hist.items() if hist_bucket_value(b) > us)
+    return above / total if total else 0.0
 
 
 def _pooled(points: list[tuple]) -> dict[int, int]:
