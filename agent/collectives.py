@@ -151,6 +151,7 @@ class CollectiveTracker:
         # Called (training thread) when an async work is added to an empty ``pending``: the
         # agent's background thread then polls every PGDASH_ASYNC_POLL_S instead of 0.1 s.
         self.wake: Callable[[], None] = lambda: None
+        self.waiting: dict[int, float] = {}  # id(work) -> perf_counter() its wait() began
         self._lock = threading.Lock()  # guards slow-path registration only
         self._local = threading.local()  # per thread: inside a wrapped call already?
 
@@ -193,6 +194,30 @@ class CollectiveTracker:
                     wrapper = wrapped[id(fn)] = self._wrap(fn, op)
                 self._originals.append((module, op, fn))
                 setattr(module, op, wrapper)
+
+    def install_wait(self, work_cls: Any) -> None:
+        """Note which works a thread waits on (``Work.wait``, the class's method): a
+        point-to-point op is reported as what a rank waits in only while it is waited on. A
+        pipeline posts its next receives ahead, then computes: a stage frozen in compute holds
+        posted receives it does not wait in, and is the one its neighbours wait for."""
+        original = getattr(work_cls, "wait", None)
+        if original is None or getattr(original, "__pgdash_wrapped__", False):
+            return
+        waiting, clock = self.waiting, self.clock
+
+        def wait(work, *args, **kwargs):
+            key = id(work)
+            waiting[key] = clock()
+            try:
+                return original(work, *args, **kwargs)
+            finally:
+                waiting.pop(key, None)
+
+        wait.__pgdash_wrapped__ = True
+        wait.__wrapped__ = original
+        wait.__doc__ = original.__doc__
+        self._originals.append((work_cls, "wait", original))
+        setattr(work_cls, "wait", wait)
 
     def uninstall(self) -> None:
         for module, op, fn in reversed(self._originals):
@@ -408,10 +433,13 @@ class CollectiveTracker:
         ``flight`` adds the Flight Recorder's counters per group name (see agent.flight).
         """
         rows = []
-        waits = {}  # track -> the oldest point-to-point op it has not seen complete
+        waits = {}  # track -> the oldest point-to-point op a thread waits on, not complete
+        waiting = self.waiting
         for item in list(self.pending):
             if item[3] and item[1] not in waits:
-                waits[item[1]] = item[4] + (item[6],)
+                began = waiting.get(id(item[0]))
+                if began is not None:
+                    waits[item[1]] = item[4] + (began,)
         for track in list(self.by_name.values()):
             inflight = track.inflight
             busy = track.entered > track.completed and inflight is not None

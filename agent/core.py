@@ -119,6 +119,7 @@ class Agent:
         import torch.distributed as dist
 
         self.tracker.install([dist, c10d])
+        self.tracker.install_wait(getattr(c10d, "Work", None))
         self._patch_init(dist, c10d)
         self._patch_destroy(dist, c10d)
         if self.config.ddp_hook:

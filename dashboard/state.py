@@ -20,6 +20,7 @@ TERMINAL_RANK = ("exited", "failed", "lost")
 # Events that leave the job summary (status, world size, backend, start) as it was, unless
 # the rank was lost (a heartbeat revives it), the event starts the job earlier, or the job
 # has ended (its end time then follows the last event).
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})  # agent.collectives' point-to-point ops
 ROUTINE_KINDS = frozenset({"heartbeat", "coll_stats", "stack", "gpu", "group"})
 FLIGHT_OP = "C++ collective"  # what progress_rows calls a collective only the Flight Recorder saw
 MEMO_ENTRIES = 16  # JobState.memo(): a quiet job is diagnosed at ever new times
@@ -280,9 +281,11 @@ class JobState:
                 if len(series) > OP_SECONDS:
                     del series[min(series)]
             merged.add(row)
-            if row.get("timing") == "host_poll":
+            if row.get("timing") == "host_poll" or row["op"] in P2P_OPS:
                 # Timed to a poll gap, not the collective: kept out of the time-inside-
                 # collectives windows (heat map, straggler), which would read the gaps as waits.
+                # A pipeline's receives wait for the stage before it to compute: no straggler
+                # there either (its bubble makes the first stage wait least, always).
                 continue
             point = per_group.get(row["group"])
             if point is None:

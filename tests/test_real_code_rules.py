@@ -235,3 +235,15 @@ def test_one_pause_among_many_collectives_is_no_straggler():
         half_seconds(log, r, [calm, [5000.0] + [0.5] * 23, calm])
     half_seconds(log, 0, [calm, [0.4] * 24, calm])
     assert diagnose(log.state(), 102.0, S) == []
+
+
+def test_two_ranks_that_both_receive_first_deadlock_and_are_both_named():
+    log = running(2)
+    history(log, 2)
+    log.add("s0", "heartbeat", {"groups": [p2p_row("0", {"recv:1:0": 1},
+                                                   ("recv", 1, 0, 1, 100.0))]}, t=111.0)
+    log.add("s1", "heartbeat", {"groups": [p2p_row("0", {"recv:0:0": 1},
+                                                   ("recv", 0, 0, 1, 100.0))]}, t=111.0)
+    (f,) = diagnose(log.state(), 111.0, S)
+    assert (f["kind"], f["ranks"]) == ("stall", [0, 1])
+    assert "wait for each other" in f["summary"] and "batch_isend_irecv" in f["hint"]

@@ -247,27 +247,39 @@ def _p2p_finding(state: JobState, group: str, frame: Frame, s: Settings, after: 
     if not waits:
         return None
     chain, roots = _follow(state, group, [], frame, P2P, starts=sorted(waits))
-    if not roots:
-        return None
+    cycle = not roots  # they wait for each other: a deadlock of point-to-point ops
+    if cycle:
+        roots = sorted(waits)
     waiting = sorted(set(waits) - set(roots))
     since = min(rows[r]["p2p_since"] for r in waits)
     first = state.rank_index().get(roots[0])
     where = (f"`py-spy dump --pid {first.pid}` on {first.host}" if first and first.pid
              else "a stack dump of it")
     direct = sorted({r for r, p in waits.items() if p in roots})
-    lead = direct[0] if direct else waiting[0]
-    summary = (f"{ranks_label(roots).capitalize()} {have(roots)} not sent or received what "
-               f"{ranks_label(waiting or sorted(waits))} wait for on "
-               f"{group_label(state, group)}: rank {lead} has waited "
-               f"{frame.now - rows[lead]['p2p_since']:.0f} s in {_p2p_label(rows[lead])}"
-               f"{_chain_text(state, [c for c in chain if c['rank'] != lead])}")
+    lead = direct[0] if direct else (waiting or roots)[0]
+    lead_wait = (f"rank {lead} has waited {frame.now - rows[lead]['p2p_since']:.0f} s in "
+                 f"{_p2p_label(rows[lead])}")
+    if cycle:
+        summary = (f"{ranks_label(roots).capitalize()} wait for each other on "
+                   f"{group_label(state, group)}, each in a point-to-point op whose peer "
+                   f"never posted the matching one: {lead_wait}"
+                   f"{_chain_text(state, [c for c in chain if c['rank'] != lead])}")
+        hint = ("A deadlock of point-to-point ops: each rank waits for a peer that waits for "
+                "it (both receive first, or blocking sends larger than the transport buffers "
+                "in a ring). Order them so that one side sends first (even ranks send, odd "
+                "ranks receive, then the reverse), or post both with `dist.batch_isend_irecv`.")
+    else:
+        summary = (f"{ranks_label(roots).capitalize()} {have(roots)} not sent or received "
+                   f"what {ranks_label(waiting or sorted(waits))} wait for on "
+                   f"{group_label(state, group)}: {lead_wait}"
+                   f"{_chain_text(state, [c for c in chain if c['rank'] != lead])}")
+        hint = (f"{ranks_label(roots).capitalize()} never posted the matching send or "
+                f"receive: see where it is with {where}. In a pipeline this is the stage that "
+                "stopped (compute that never ends, data loading, a stage that skipped a "
+                "micro-batch or ran a different schedule); its neighbours only wait for it.")
     if kind == "stall":
         summary += (", far longer than this group's operations take (stall after "
                     f"{after:.0f} s)")
-    hint = (f"{ranks_label(roots).capitalize()} never posted the matching send or receive: "
-            f"see where it is with {where}. In a pipeline this is the stage that stopped "
-            "(compute that never ends, data loading, a stage that skipped a micro-batch or "
-            "ran a different schedule); its neighbours only wait for it.")
     if kind == "stall":
         hint += f" If it does not move, this becomes a hang after {s.hang_after:g} s."
     return finding(
