@@ -27,6 +27,10 @@ class Departure(NamedTuple):
 
 
 def _left_at(r: RankState) -> tuple[float, str] | None:
+    """When and how a rank left, if it did so by itself: a rank that destroyed its group on
+    its way out of an exception (a ``finally:``) and then failed crashed (rules.crash)."""
+    if r.status in (RankStatus.FAILED, RankStatus.LOST):
+        return None
     if r.left_at is not None:
         return r.left_at, "destroyed its process group"
     if r.status == RankStatus.EXITED and r.exit_at is not None:

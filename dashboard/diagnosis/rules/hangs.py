@@ -17,7 +17,9 @@ from typing import Any, NamedTuple
 from agent.wire import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, have, ranks_label
-from dashboard.state import TERMINAL_RANK, JobState
+from dashboard.state import JobState
+
+STOPPED = (RankStatus.LOST, RankStatus.FAILED)  # how the ranks of a stopped job end
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +70,7 @@ def _running(state: JobState, rank: int, frame: Frame) -> bool:
     r = state.rank_index().get(rank)
     if r is None or r.status == RankStatus.RUNNING:
         return True
-    return (frame.stop is not None and r.exit_at is not None
-            and r.exit_at >= frame.stop.at)
+    return frame.stop is not None and r.rank in frame.stop.ranks
 
 
 def _behind(state: JobState, group: str, seq: int, waiting: set[int],
@@ -450,16 +451,15 @@ def job_stop(state: JobState, s: Settings) -> Stop | None:
     verdict stood. That verdict, as it stood when the first of them ended, stays the job's;
     the departures are its last evidence, not findings of their own (see rules.crash)."""
     def build() -> Stop | None:
-        ends = sorted({r.exit_at for r in state.ranks()
-                       if r.status in TERMINAL_RANK and r.exit_at is not None})
+        # Stopped ranks were killed or failed: one that exited cleanly was waiting no more.
+        stopped = [r for r in state.ranks()
+                   if r.status in STOPPED and r.exit_at is not None]
         tried = 0
-        for at in ends:  # the first few separate ends: a stop is one of the first
+        for at in sorted({r.exit_at for r in stopped}):  # a stop is one of the first ends
             if tried >= 3:
                 break
             tried += 1
-            ended = sorted(r.rank for r in state.ranks()
-                           if r.status in TERMINAL_RANK and r.exit_at is not None
-                           and r.exit_at >= at)
+            ended = sorted(r.rank for r in stopped if r.exit_at >= at)
             probe = Stop(at, ended, [])
             frame = Frame(at, probe)
             found = [f for f in _hangs(state, frame, s) + _stalls(state, frame, s)
