@@ -11,6 +11,7 @@ import math
 import threading
 import time
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import msgspec
 from flask import Flask, abort, current_app, jsonify, render_template, request
@@ -30,10 +31,11 @@ from dashboard.live import Feed, ViewCache, sections
 from dashboard.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dashboard.metrics import Snapshot, exposition
 from dashboard.compaction import Compactor, Policy
+from dashboard.console import IncidentLog, RefusalLog, listeners
 from dashboard.notify import Notifier
 from dashboard.resources import resource_dir
 from dashboard.storage import JOB_FIELDS as STORED_JOB_FIELDS
-from dashboard.storage import Store
+from dashboard.storage import Store, database_url
 from dashboard.trace import TraceError, build_trace, json_chunks, trace_query
 
 log = logging.getLogger("pgdash.server")
@@ -68,11 +70,14 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     # Token guesses are counted per address on every door: pages, API, /ui and agents.
     guard = login_guard.from_config(app.config) if app.config["TOKEN"] else None
     app.extensions["pgdash_login_guard"] = guard
+    refusals = _refusal_log(app.config)
+    console = IncidentLog() if _flag(app.config["LOG_INCIDENTS"]) else None
     ingest = Ingest(store, token=app.config["TOKEN"], guard=guard,
                     settings=Settings(hang_after=float(app.config["HANG_AFTER"]),
                                       stall_after=float(app.config["STALL_AFTER"])),
-                    on_incident=notifier).start()
+                    on_incident=listeners(notifier, console), refusals=refusals).start()
     app.extensions["pgdash_notifier"] = notifier
+    app.extensions["pgdash_refusals"] = refusals
     app.extensions["pgdash_compactor"] = _compactor(app.config, ingest)
     socketio = SocketIO(app, async_mode="threading", async_handlers=False,
                         max_http_buffer_size=app.config["MAX_MESSAGE_BYTES"],
@@ -96,6 +101,18 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         node.on_snapshot_request = pusher.send_snapshot
         ingest.cluster = pusher.cluster = node
     return app
+
+
+def _refusal_log(config: dict[str, Any]) -> RefusalLog:
+    """The console's log of refused agents, from PGDASH_REFUSAL_REPORT_S / _MAX_AGENTS."""
+    try:
+        every, most = float(config["REFUSAL_REPORT_S"]), int(config["REFUSAL_MAX_AGENTS"])
+    except (TypeError, ValueError):
+        raise ValueError(f"PGDASH_REFUSAL_REPORT_S (seconds) and PGDASH_REFUSAL_MAX_AGENTS (a "
+                         f"count) must be positive numbers, got "
+                         f"{config['REFUSAL_REPORT_S']!r:.40} and "
+                         f"{config['REFUSAL_MAX_AGENTS']!r:.40}") from None
+    return RefusalLog(every_s=every, max_agents=most)
 
 
 def _compactor(config: dict[str, Any], ingest: Ingest) -> Compactor:
@@ -125,6 +142,11 @@ def _compactor(config: dict[str, Any], ingest: Ingest) -> Compactor:
 
 def _check_cluster_config(db: str, queue_url: str) -> None:
     """Several processes need a shared database and a reachable Redis; say which is wrong."""
+    if urlsplit(queue_url).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"--queue / PGDASH_QUEUE must be a Redis URL such as "
+                         f"redis://127.0.0.1:6379/0 (what several server processes share), "
+                         f"got {queue_url!r:.200}")
+    database_url(db)  # a wrong --db is named as such, before what --queue needs of it
     if not db.startswith("postgresql"):
         raise ValueError(f"--queue / PGDASH_QUEUE ({queue_url}) runs several server processes, "
                          f"which must share one PostgreSQL database: pass --db "
@@ -137,8 +159,9 @@ def _check_cluster_config(db: str, queue_url: str) -> None:
     try:
         redis.Redis.from_url(queue_url, socket_connect_timeout=5).ping()
     except (redis.RedisError, ValueError) as exc:
-        raise ValueError(f"--queue / PGDASH_QUEUE {queue_url!r}: cannot reach Redis "
-                         f"({exc}); expected e.g. redis://127.0.0.1:6379/0") from None
+        raise ValueError(f"--queue / PGDASH_QUEUE {queue_url!r:.200}: cannot reach Redis "
+                         f"({' '.join(str(exc).split())}); check that Redis runs and listens "
+                         f"there, e.g. redis://127.0.0.1:6379/0") from None
 
 
 def _job_or_404(ingest: Ingest, job_id: int, view):
@@ -183,9 +206,16 @@ def _register_pages(app: Flask) -> None:
 def _register_api(app: Flask, ingest: Ingest) -> None:
     @app.errorhandler(404)
     def not_found(exc):
-        if request.path.startswith("/api/"):
-            return jsonify(error=getattr(exc, "description", "not found")), 404
-        return exc
+        if not request.path.startswith("/api/"):
+            return exc
+        if request.url_rule is None:  # no route: say which there are (a job id is digits)
+            routes = sorted({rule.rule.replace("<int:job_id>", "<id>")
+                             for rule in app.url_map.iter_rules()
+                             if rule.rule.startswith("/api/")})
+            return jsonify(error=f"no API route {request.path!r:.120}: the routes are "
+                                 f"{', '.join(routes)}, where <id> is a job's id, a positive "
+                                 "integer (GET /api/jobs lists them)"), 404
+        return jsonify(error=getattr(exc, "description", "not found")), 404
 
     @app.errorhandler(HTTPException)
     def api_http_error(exc):  # 400, 405, ...: the API answers JSON whatever went wrong
@@ -325,11 +355,11 @@ def _register_agent_namespace(socketio: SocketIO, ingest: Ingest,
     def agent_connect(auth=None):
         try:
             guard = current_app.extensions["pgdash_login_guard"]
-            address = guard.address(request.remote_addr, request.headers) if guard else None
+            address = guard.address(request.remote_addr, request.headers) if guard else \
+                request.remote_addr
             sessions[request.sid] = ingest.connect(auth, address)
             rates[request.sid] = new_limits()
-        except Refused as exc:
-            log.warning("%s", exc)
+        except Refused as exc:  # ingest's refusal log says it, once per agent
             from flask_socketio import ConnectionRefusedError
 
             raise ConnectionRefusedError(str(exc)) from None

@@ -79,7 +79,8 @@ class Archive:
             try:
                 obj = json.loads(text)
             except ValueError as exc:
-                raise ArchiveError(f"{where}: not JSON ({exc})") from None
+                raise ArchiveError(f"{where}: not JSON ({exc}); a pgdash session file (made "
+                                   "by `pgdash export`) holds one JSON object per line") from None
             except RecursionError:
                 raise ArchiveError(f"{where}: JSON nested too deeply") from None
             if not isinstance(obj, dict):
@@ -123,7 +124,9 @@ def _header(obj: dict[str, Any], where: str) -> dict[str, Any]:
     job = obj.get("job")
     if not isinstance(job, dict) or not isinstance(job.get("name"), str) or \
             not job["name"] or len(job["name"]) > 256:
-        raise ArchiveError(f"{where}: job.name must be a non-empty string of at most 256")
+        name = job.get("name") if isinstance(job, dict) else None
+        raise ArchiveError(f"{where}: job.name must be a non-empty string of at most 256 "
+                           f"characters, got {name!r:.60}{'...' if len(repr(name)) > 60 else ''}")
     return job
 
 

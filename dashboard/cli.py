@@ -17,6 +17,13 @@ from dashboard.demo import DEMO_HANG_AFTER, SCENARIOS
 from dashboard.server import Server, ServerError, make_server
 
 
+class BadInput(click.ClickException):
+    """What a command was given cannot work: a database URL, a file, a setting. One line
+    ("Error: ..."), exit status 2 as click's own usage errors, never a traceback."""
+
+    exit_code = 2
+
+
 def _db_option(f):
     return click.option(
         "--db", "db", default=lambda: os.environ.get("PGDASH_DB") or DEFAULT_DB,
@@ -110,13 +117,14 @@ def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
     server = _start(db, host, port, token=token, hang_after=hang_after, queue=queue,
                     lease_s=lease, notify=notify, stall_after=stall_after,
                     keep_full_s=keep_full, keep_around_findings_s=keep_around_findings,
-                    tls=(tls_cert, tls_key) if tls_cert else None)
+                    tls=(tls_cert, tls_key) if tls_cert else None, log_incidents=True)
     _tune_gc()
     # A service manager stops with SIGTERM: stop as on Ctrl-C, so that with --queue this
     # process hands its jobs over at once instead of after its leases run out.
     signal.signal(signal.SIGTERM, _interrupt)
-    shared = f", queue {queue}" if queue else ""
-    click.echo(f"pgdash: serving on {server.url}/  (database {db}{shared}; Ctrl-C stops)")
+    shared = f", queue {_shown(queue)}" if queue else ""
+    click.echo(f"pgdash: serving on {server.url}/  (database {_shown(db)}{shared}; "
+               "Ctrl-C stops)")
     if notify:
         click.echo(f"pgdash: incidents are posted to {notify}")
     try:
@@ -132,7 +140,7 @@ def _start(db: str, host: str, port: int, **settings: Any) -> Server:
     try:
         return make_server(db, host, port, **settings).start()
     except ServerError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -169,8 +177,19 @@ def demo(ranks: int, port: int, scenario: str, hang_after: float, steps: int, db
     """Start a server and a real CPU training job with the agent attached."""
     from dashboard.demo import run_demo
 
-    sys.exit(run_demo(ranks=ranks, port=port, scenario=scenario, steps=steps, db=db,
-                      hang_after=hang_after))
+    try:
+        code = run_demo(ranks=ranks, port=port, scenario=scenario, steps=steps, db=db,
+                        hang_after=hang_after)
+    except ServerError as exc:
+        raise BadInput(str(exc)) from None
+    sys.exit(code)
+
+
+def _shown(db: str) -> str:
+    """The --db URL as it may be printed (its password hidden)."""
+    from dashboard.storage import display_url
+
+    return display_url(db)
 
 
 def _open_store(db: str):
@@ -179,7 +198,7 @@ def _open_store(db: str):
     try:
         return Store(db).start()
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
 
 
 def _read_archive(path: str):
@@ -189,12 +208,13 @@ def _read_archive(path: str):
         with open(path, encoding="utf-8") as f:
             return Archive.read(f, source=path)
     except OSError as exc:
-        raise click.ClickException(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}; pass a session file "
+                       "made by `pgdash export JOB -o FILE`") from None
     except UnicodeDecodeError:
-        raise click.ClickException(f"{path} is not a text file: expected a pgdash session "
-                                   "file (made by `pgdash export`)") from None
+        raise BadInput(f"{path} is not a text file: expected a pgdash session "
+                       "file (made by `pgdash export`)") from None
     except ArchiveError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
 
 
 @cli.command("export")
@@ -229,8 +249,8 @@ def export_cmd(job_id: int, output: str, as_trace: bool, start: float | None,
     try:
         lines = export_lines(store, job_id)
         if lines is None:
-            raise click.ClickException(f"no job with id {job_id} in {db}; the jobs list at / "
-                                       "or GET /api/jobs shows their ids")
+            raise BadInput(f"no job with id {job_id} in {_shown(db)}; the jobs list at / "
+                           "or GET /api/jobs shows their ids")
         count = 0
         with click.open_file(output, "w", encoding="utf-8", atomic=output != "-") as out:
             for line in lines:
@@ -250,15 +270,15 @@ def _export_trace(job_id: int, output: str, start: float | None, end: float | No
     if max_events is None:
         raw = os.environ.get("PGDASH_TRACE_MAX_EVENTS") or str(DEFAULT_MAX_EVENTS)
         if not raw.isdigit() or int(raw) < 1:
-            raise click.ClickException(f"PGDASH_TRACE_MAX_EVENTS must be a positive integer, "
-                                       f"got {raw!r:.40}; or pass --max-events")
+            raise BadInput(f"PGDASH_TRACE_MAX_EVENTS must be a positive integer, "
+                           f"got {raw!r:.40}; or pass --max-events")
         max_events = int(raw)
     store = _open_store(db)
     try:
         job = store.get_job(job_id)
         if job is None:
-            raise click.ClickException(f"no job with id {job_id} in {db}; the jobs list at / "
-                                       "or GET /api/jobs shows their ids")
+            raise BadInput(f"no job with id {job_id} in {_shown(db)}; the jobs list at / "
+                           "or GET /api/jobs shows their ids")
         from dashboard.diagnosis.incidents import incidents
 
         findings = store.job_findings(job_id)
@@ -297,7 +317,7 @@ def import_cmd(path: str, db: str) -> None:
     finally:
         store.close()
     click.echo(f"pgdash: imported {path} as job {job_id} ({archive.job['name']}, "
-               f"{len(archive.events)} events); `pgdash serve --db {db}` shows it at "
+               f"{len(archive.events)} events); `pgdash serve --db {_shown(db)}` shows it at "
                f"/jobs/{job_id}")
 
 
@@ -321,8 +341,8 @@ def replay_cmd(job: str, step: float, hang_after: float, db: str) -> None:
         try:
             lines = export_lines(store, int(job))
             if lines is None:
-                raise click.ClickException(f"no job with id {job} in {db}; pass a job id or "
-                                           "a session file")
+                raise BadInput(f"no job with id {job} in {_shown(db)}; pass a job id or "
+                               "a session file")
             archive = Archive.read(list(lines), source=f"job {job}")
         finally:
             store.close()
@@ -361,8 +381,8 @@ def db_upgrade(db: str) -> None:
     try:
         upgrade(db)
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"pgdash: database {db} is up to date")
+        raise BadInput(str(exc)) from None
+    click.echo(f"pgdash: database {_shown(db)} is up to date")
 
 
 def _tune_gc() -> None:

@@ -49,11 +49,13 @@ import math
 import os
 import threading
 import time
-from typing import Any, Callable, ContextManager, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator
 
 from dashboard.codec import body_of
 from dashboard.state import THROTTLE_REASONS
-from dashboard.storage import Store
+
+if TYPE_CHECKING:  # the command line reads Policy's defaults without loading SQLAlchemy
+    from dashboard.storage import Store
 
 log = logging.getLogger("pgdash.compaction")
 

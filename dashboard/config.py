@@ -32,6 +32,9 @@ DEFAULTS = {
     "NOTIFY_TIMEOUT": 5.0,
     "NOTIFY_RETRIES": 3,
     "NOTIFY_QUEUE": 256,
+    "LOG_INCIDENTS": False,  # one console line per incident event (`pgdash serve` turns it on)
+    "REFUSAL_REPORT_S": 60.0,  # a refused agent: one line, then counts at most this often
+    "REFUSAL_MAX_AGENTS": 1024,  # refused agents remembered for those counts
     "PUSH_INTERVAL": 0.5,  # seconds between live updates of one job (throttle)
     "MAX_MESSAGE_BYTES": 4_000_000,
     "TRACE_MAX_EVENTS": DEFAULT_TRACE_MAX_EVENTS,  # GET /api/jobs/<id>/trace: the most events

@@ -106,20 +106,18 @@ def _tell_incidents(found: list[dict], told: dict[str, tuple]) -> None:
 
 def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str,
              hang_after: float = DEMO_HANG_AFTER) -> int:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:  # the ranks import it, not this process
         raise click.ClickException(
             "pgdash demo runs a real PyTorch job and needs torch on this machine: "
-            "pip install torch") from None
+            "pip install torch")
     from dashboard.config import DEFAULT_HOST
-    from dashboard.server import ServerError, make_server
+    from dashboard.server import make_server
 
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the demo as Ctrl-C does
-    try:
-        server = make_server(db, DEFAULT_HOST, port, hang_after=hang_after).start()
-    except ServerError as exc:
-        raise click.ClickException(str(exc)) from None
+    # A ServerError (the database, the port) goes up to the command line, which says it.
+    server = make_server(db, DEFAULT_HOST, port, hang_after=hang_after).start()
     job = f"demo-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
     click.echo(f"pgdash demo: {ranks} ranks, scenario {scenario!r} ({SCENARIOS[scenario]}), "
                f"job {job}")

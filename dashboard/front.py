@@ -222,9 +222,10 @@ class AgentLink(asyncio.Protocol):
             self.ws.send_response(self.ws.reject(404, "no such endpoint\n"))
             return
         guard = self.ingest.admission.guard
-        if guard is not None and self.transport is not None:
+        if self.transport is not None:
             peer = self.transport.get_extra_info("peername")
-            self.address = guard.address(peer[0] if peer else None, request.headers)
+            remote = peer[0] if peer else None
+            self.address = guard.address(remote, request.headers) if guard else remote
         self.ws.send_response(self.ws.accept(request))
 
     # -- pgdash ------------------------------------------------------------------------------
@@ -298,8 +299,7 @@ class AgentLink(asyncio.Protocol):
 
         try:
             session, job_id = future.result()
-        except Refused as exc:
-            log.warning("%s", exc)
+        except Refused as exc:  # ingest's refusal log says it, once per agent
             self._send({"ok": False, "error": str(exc), "retry": False})
             self._close("refused")
             return

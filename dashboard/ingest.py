@@ -22,6 +22,7 @@ from typing import Any, Callable
 from agent.wire import Ack, WireError, validate_batch_envelope, validate_events
 from dashboard import views
 from dashboard.admission import Admission, Refused
+from dashboard.console import RefusalLog
 from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.book import Timeline
 from dashboard.diagnosis.incidents import Incident
@@ -53,14 +54,17 @@ class Ingest:
         settings: the diagnosis rules' settings.
         on_incident: told ``("new" | "resolved" | "escalated", job summary, incident)`` on
             the writer or push thread, so it must not block (dashboard.notify queues).
+        refusals: told of each refused agent (dashboard.console: one line per agent, then
+            counts); None says nothing.
     """
 
     def __init__(self, store: Store, token: str | None = None,
                  clock: Callable[[], float] = time.time, max_cached_jobs: int = 32,
                  settings: Settings = Settings(),
                  on_incident: Callable[[str, dict[str, Any], Incident], None] | None = None,
-                 guard: LoginGuard | None = None):
+                 guard: LoginGuard | None = None, refusals: RefusalLog | None = None):
         self.store = store
+        self.refusals = refusals
         self.token = token
         self.clock = clock
         self.dirty: set[int] = set()  # jobs changed since the UI last looked
@@ -243,7 +247,12 @@ class Ingest:
         Raises:
             Refused: bad token or malformed auth (the message says what to fix).
         """
-        auth = self.admission.check(auth, address)
+        try:
+            auth = self.admission.check(auth, address)
+        except Refused as exc:
+            if self.refusals is not None:
+                self.refusals.refused(auth, address, str(exc))
+            raise
         session = auth["session"]
         connected = self._server_event("connect", {"rank": auth.get("rank"),
                                                    "host": auth.get("host"),

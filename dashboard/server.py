@@ -3,6 +3,8 @@ benchmarks and tests."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import threading
 from typing import Any
 
@@ -22,11 +24,17 @@ class Server:
         from dashboard.front import Front
 
         self.app = app
+        said = io.StringIO()
         try:
-            self._server = make_server(host, port, app, threaded=True, ssl_context=ssl_context)
-        except OSError as exc:
+            # Werkzeug prints why it cannot bind and exits; say it once, here, instead.
+            with contextlib.redirect_stderr(said):
+                self._server = make_server(host, port, app, threaded=True,
+                                           ssl_context=ssl_context)
+        except (OSError, SystemExit) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else \
+                (said.getvalue().strip().splitlines() or ["it cannot bind"])[0]
             raise ServerError(
-                f"cannot listen on {host}:{port}: {exc.strerror or exc}. "
+                f"cannot listen on {host}:{port}: {reason or exc}. "
                 "Pick another --port (0 picks a free one).") from None
         self.host = host
         self.port = self._server.server_port
@@ -59,6 +67,7 @@ class Server:
             self._server.shutdown()
         self.app.extensions["pgdash_compactor"].close()
         self.app.extensions["pgdash"].store.close()
+        self.app.extensions["pgdash_refusals"].close()  # the counts not told yet
 
 
 def make_server(db: str, host: str, port: int, *, tls: tuple[str, str] | None = None,

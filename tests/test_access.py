@@ -169,13 +169,13 @@ def test_serving_beyond_loopback_without_a_token_is_refused(tmp_path):
     assert done.returncode == 2 and "--tls-key" in done.stderr
     done = serve(["--tls-cert", str(tmp_path / "nope.pem"), "--tls-key",
                   str(tmp_path / "nope.key"), "--db", db])
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert "cannot read --tls-cert (PGDASH_TLS_CERT) file" in done.stderr
     assert "nope.pem" in done.stderr
     (tmp_path / "junk.pem").write_text("not a certificate\n")
     done = serve(["--tls-cert", str(tmp_path / "junk.pem"), "--tls-key",
                   str(tmp_path / "junk.pem"), "--db", db])
-    assert done.returncode == 1 and "must be PEM files" in done.stderr
+    assert done.returncode == 2 and "must be PEM files" in done.stderr
 
 
 def test_insecure_allows_an_open_non_loopback_server(tmp_path):
