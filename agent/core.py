@@ -406,12 +406,17 @@ class Agent:
             agent._init_end(started, None)
             return result
 
-        init_process_group.__pgdash_wrapped__ = True
-        init_process_group.__wrapped__ = original
-        init_process_group.__doc__ = original.__doc__
+        self._replace(modules, init_process_group, original)
+
+    def _replace(self, modules: tuple, fn: Any, original: Any) -> None:
+        """Put ``fn`` in place of ``original`` (same name) in each module, undone at detach."""
+        name = original.__name__
+        fn.__pgdash_wrapped__ = True
+        fn.__wrapped__ = original
+        fn.__doc__ = original.__doc__
         for module in modules:
-            self._patched.append((module, "init_process_group", module.init_process_group))
-            module.init_process_group = init_process_group
+            self._patched.append((module, name, getattr(module, name)))
+            setattr(module, name, fn)
 
     def _patch_destroy(self, *modules: Any) -> None:
         """Report ``destroy_process_group``: a rank that leaves while its peers still issue
@@ -426,12 +431,7 @@ class Agent:
             agent._left(group)
             return original(group)
 
-        destroy_process_group.__pgdash_wrapped__ = True
-        destroy_process_group.__wrapped__ = original
-        destroy_process_group.__doc__ = original.__doc__
-        for module in modules:
-            self._patched.append((module, "destroy_process_group", module.destroy_process_group))
-            module.destroy_process_group = destroy_process_group
+        self._replace(modules, destroy_process_group, original)
 
     def _left(self, group: Any) -> None:
         try:

@@ -291,11 +291,8 @@ def _straggler_in(windows: dict[int, list[tuple]], back: int,
     # A window of straggler_min_calls where the others' waits are also steady (a rank slower
     # by about the same time at every step); else twice as many collectives (waits spread).
     for calls, steady in ((s.straggler_min_calls, True), (2 * s.straggler_min_calls, False)):
-        n = s.straggler_min_intervals
-        while n <= depth and any(sum(p[1] for p in pts[-n:]) < calls
-                                 for pts in windows.values()):
-            n += 1
-        if n > depth:
+        n = _intervals_holding(windows, depth, calls, s)
+        if n is None:
             return None
         recent = {rank: pts[-n:] for rank, pts in windows.items()}
         pooled = {rank: _pooled(pts) for rank, pts in recent.items()}
@@ -328,11 +325,8 @@ def _sparse_straggler(windows: dict[int, list[tuple]], depth: int,
     ``straggler_sparse_share`` or more of their collectives (a pause of one rank, however long,
     is one long wait among those; random jitter makes the candidate's own p90 long too), and
     the candidate at a quarter of that share at most."""
-    n = s.straggler_min_intervals
-    while n <= depth and any(sum(p[1] for p in pts[-n:]) < s.straggler_sparse_calls
-                             for pts in windows.values()):
-        n += 1
-    if n > depth:
+    n = _intervals_holding(windows, depth, s.straggler_sparse_calls, s)
+    if n is None:
         return None
     recent = {rank: pts[-n:] for rank, pts in windows.items()}
     pooled = {rank: _pooled(pts) for rank, pts in recent.items()}
@@ -348,6 +342,16 @@ def _sparse_straggler(windows: dict[int, list[tuple]], depth: int,
                         if rank != slow}, slow)
     medians = {rank: quantile_us(h, 0.5, 0.0) for rank, h in pooled.items()}
     return StragglerVerdict(slow, medians, typical, n, recent, round(share, 2))
+
+
+def _intervals_holding(windows: dict[int, list[tuple]], depth: int, calls: int,
+                       s: Settings) -> int | None:
+    """How many of the newest summaries hold ``calls`` collectives on every rank (at least
+    ``straggler_min_intervals``); None if all ``depth`` of them do not."""
+    n = s.straggler_min_intervals
+    while n <= depth and any(sum(p[1] for p in pts[-n:]) < calls for pts in windows.values()):
+        n += 1
+    return n if n <= depth else None
 
 
 def _share_above(hist: dict[int, int], us: float) -> float:
