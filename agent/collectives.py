@@ -95,6 +95,7 @@ class GroupTrack:
     # Up to here every number counts as the wrapper's: intervals that could not be kept
     # (bounded queues full) must never be counted again from the Flight Recorder.
     fr_lost_upto: int = -1
+    fr_last: int | None = None  # the number after the last wrapped call: up to it, all Python's
     # Point-to-point: ops posted per (direction, peer, tag) so far, "send:3:0" -> count (the
     # server matches a recv's number against its peer's sends: P2P has no group-wide sequence
     # number), and the blocking send/recv in flight as (op, peer, tag, number, perf_counter).
@@ -310,6 +311,7 @@ class CollectiveTracker:
                 except Exception:
                     tracker.internal_errors += 1
                     hi = lo
+                track.fr_last = hi
             if is_async and result is not None:
                 if len(pending) < cap:
                     if not pending:  # the background thread sleeps up to 0.1 s without
@@ -397,6 +399,7 @@ class CollectiveTracker:
         raises."""
         try:
             hi = track.fr_seq() if track.fr_seq is not None else lo
+            track.fr_last = hi
             if len(self.fr_failed) < self.max_records:
                 self.fr_failed.append((track, lo, hi))
             elif hi > track.fr_lost_upto:
@@ -452,6 +455,8 @@ class CollectiveTracker:
                 row["inflight_bytes"] = inflight[2]
             if busy and track.fr_open is not None:  # its place in the Flight Recorder's order
                 row["inflight_fr"] = track.fr_open + 1
+            if track.fr_last is not None:
+                row["fr_wrapped"] = track.fr_last
             if track.p2p_posted:
                 row["p2p_posted"] = dict(track.p2p_posted)
                 wait = track.p2p_wait or waits.get(track)

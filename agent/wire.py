@@ -178,6 +178,9 @@ class GroupProgress(_Shape):
     # Optional (newer agents): the Flight Recorder's number of the wrapped collective in
     # flight, which places a Python-issued collective in the order of C++-issued ones.
     inflight_fr: Optional[_Count] = None
+    # ... and the number after the last wrapped one ended: an entry up to it in flight is a
+    # Python call that returned (or raised), not a C++-issued collective.
+    fr_wrapped: Optional[_Count] = None
     # Optional (newer agents): point-to-point ops posted per "direction:peer:tag" (direction
     # send or recv, peer a global rank, -1 for any source), and the oldest one not complete:
     # its op, peer, tag, number among that key's ops, and since when (Unix seconds).

@@ -247,3 +247,24 @@ def test_two_ranks_that_both_receive_first_deadlock_and_are_both_named():
     (f,) = diagnose(log.state(), 111.0, S)
     assert (f["kind"], f["ranks"]) == ("stall", [0, 1])
     assert "wait for each other" in f["summary"] and "batch_isend_irecv" in f["hint"]
+
+
+def test_an_entry_left_open_by_a_python_call_that_raised_is_no_cpp_collective():
+    """After a mismatch, a rank's all_reduce raised: the Flight Recorder keeps its entry open
+    (#301) while the wrappers say it ended (fr_wrapped 301). A peer in a Python collective at
+    #301 is not 'odd' against it."""
+    log = running(2)
+
+    def heartbeats(t):
+        log.add("s0", "heartbeat", {"groups": [
+            {"group": "0", "entered": 11, "completed": 11, "inflight_op": None,
+             "inflight_since": None, "fr_enqueued": 301, "fr_completed": 300,
+             "fr_inflight_since": 150.0, "fr_wrapped": 301}]}, t=t)
+        log.add("s1", "heartbeat", {"groups": [
+            {"group": "0", "entered": 11, "completed": 10, "inflight_op": "all_gather",
+             "inflight_since": 150.0, "inflight_fr": 301, "fr_enqueued": 301,
+             "fr_completed": 300, "fr_inflight_since": 150.0, "fr_wrapped": 301}]}, t=t)
+
+    for now in (151.0, 160.0):
+        heartbeats(now)
+        assert [f for f in diagnose(log.state(), now, S) if f["kind"] == "desync"] == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 
+from agent.wire import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, ranks_label
 from dashboard.state import JobState
@@ -60,16 +61,21 @@ def _mixed(state: JobState, now: float, s: Settings) -> list[Finding]:
     out) and waits in the end-of-epoch barrier while the others wait in DDP's all-reduce.
     Held for ``behind_after`` (two heartbeats) before it is said: both views are snapshots."""
     out = []
+    ranks = state.rank_index()
     for group in sorted(state.groups, key=str):
         by_seq: dict[int, dict[int, str]] = collections.defaultdict(dict)
         since: dict[int, float] = {}
         for rank, row in state.progress_of(group).items():
-            if row.get("fr_inflight_since") is None:
+            r = ranks.get(rank)
+            if row.get("fr_inflight_since") is None or (r is not None and
+                                                         r.status != RankStatus.RUNNING):
                 continue
             seq = row.get("fr_enqueued", 0)
             if row.get("inflight_op") and row.get("inflight_fr") == seq:
                 by_seq[seq][rank] = row["inflight_op"]
-            elif not row.get("inflight_op") and row.get("p2p_op") is None:
+            elif (not row.get("inflight_op") and row.get("p2p_op") is None
+                  and seq > (row.get("fr_wrapped") or -1)):
+                # (an entry the Python calls made, left open by one that raised, is not C++'s)
                 by_seq[seq][rank] = CPP
             else:
                 continue
