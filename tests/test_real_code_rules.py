@@ -268,3 +268,19 @@ def test_an_entry_left_open_by_a_python_call_that_raised_is_no_cpp_collective():
     for now in (151.0, 160.0):
         heartbeats(now)
         assert [f for f in diagnose(log.state(), now, S) if f["kind"] == "desync"] == []
+
+
+def test_a_desync_seen_on_two_of_four_ranks_waits_for_the_others_to_say_who_is_odd():
+    log = running(4)
+
+    def inflight(rank, op, t):
+        log.add(f"s{rank}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 103, "completed": 102, "inflight_op": op,
+             "inflight_since": 150.0, "inflight_dtype": "float32", "inflight_bytes": 4}]}, t=t)
+
+    inflight(0, "all_gather", 150.2)
+    inflight(1, "all_reduce", 150.3)
+    assert [f for f in diagnose(log.state(), 150.5, S) if f["kind"] == "desync"] == []
+    inflight(2, "all_reduce", 150.6)
+    (f,) = [f for f in diagnose(log.state(), 151.0, S) if f["kind"] == "desync"]
+    assert f["ranks"] == [0]

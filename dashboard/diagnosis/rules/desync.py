@@ -32,6 +32,9 @@ def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
                 continue
             counts = collections.Counter(sigs.values())
             top = max(counts.values())
+            members = (state.groups.get(group) or {}).get("ranks") or ()
+            if list(counts.values()).count(top) > 1 and len(sigs) < len(members):
+                continue  # a tie among the ranks seen so far: the others' heartbeats decide
             majority = min((sig for sig, n in counts.items() if n == top),
                            key=lambda sig: min(r for r, v in sigs.items() if v == sig))
             odd = sorted(r for r, sig in sigs.items() if sig != majority)
