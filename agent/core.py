@@ -409,12 +409,18 @@ class Agent:
         self._replace(modules, init_process_group, original)
 
     def _replace(self, modules: tuple, fn: Any, original: Any) -> None:
-        """Put ``fn`` in place of ``original`` (same name) in each module, undone at detach."""
+        """Put ``fn`` in place of ``original`` (same name) in each module, and in every
+        torch.distributed module loaded already that imported it by name (DeviceMesh's
+        ``init_device_mesh`` calls its own ``init_process_group``); undone at detach."""
         name = original.__name__
         fn.__pgdash_wrapped__ = True
         fn.__wrapped__ = original
         fn.__doc__ = original.__doc__
-        for module in modules:
+        holders = list(modules) + [
+            m for key, m in list(sys.modules.items())
+            if key.startswith("torch.distributed") and m not in modules
+            and getattr(m, name, None) is original]
+        for module in holders:
             self._patched.append((module, name, getattr(module, name)))
             setattr(module, name, fn)
 

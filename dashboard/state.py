@@ -309,6 +309,11 @@ class JobState:
     def _on_heartbeat(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.status == "lost":
             r.status, r.exit_at = "running", None
+        elif r.status == "initializing" and body["groups"] and r.session not in self.init:
+            # Progress of a group, though no init_process_group was seen (one imported by
+            # name before the agent came, as DeviceMesh's): the rank is past its rendezvous.
+            r.status = "running"
+            self._summary_version += 1
         r.dropped = dict(body.get("dropped") or {})
         if r.rank is None or self._stale(r):
             return
