@@ -19,6 +19,7 @@ it really makes.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import inspect
 import threading
 import time
@@ -99,11 +100,8 @@ class GroupTrack:
     # Point-to-point: ops posted per (direction, peer, tag) so far, "send:3:0" -> count (the
     # server matches a recv's number against its peer's sends: P2P has no group-wide sequence
     # number), and the blocking send/recv in flight as (op, peer, tag, number, perf_counter).
-    p2p_posted: dict = None  # type: ignore[assignment]
+    p2p_posted: dict[str, int] = dataclasses.field(default_factory=dict)
     p2p_wait: tuple | None = None
-
-    def __post_init__(self) -> None:
-        self.p2p_posted = {}
 
 
 def _list_bytes(tensors) -> tuple[Any, int]:
@@ -273,7 +271,7 @@ class CollectiveTracker:
                 is_async = always_async or (
                     a_pos is not None and (args[a_pos] if n > a_pos else kwargs.get("async_op")))
                 fr_seq = track.fr_seq
-                if p2p:
+                if p2p:  # seq: (op, peer, tag, n), what the peer's n-th opposite op matches
                     track.p2p += 1
                     seq = _p2p_key(track, op, direction, args, kwargs, peer_pos, peer_name,
                                    gpeer_pos, gpeer_name, tag_pos)
