@@ -57,16 +57,26 @@ runs few. Run it from the repository root::
     python bench/detect.py                          # every scenario once
     python bench/detect.py --repeat 3 --healthy-seconds 60
     python bench/detect.py --only hang desync --repeat 5 --json /tmp/detect.json
+
+``--corpus`` judges pgdash on the corpus of real fault scripts in ``bench/corpus/`` instead
+(each script's docstring says what must be said: see the comment above ``CORPUS_DIR``); each
+script runs alone against its own fresh ``pgdash serve`` (defaults, new SQLite file)::
+
+    python bench/detect.py --corpus                                  # every script once
+    python bench/detect.py --corpus --only hang_allreduce pp_gpipe_freeze --repeat 3
+    python bench/detect.py --corpus --pgdash-root /tmp/pgdash-before --json /tmp/before.json
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import math
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -82,6 +92,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import ServerProcess, launch_job  # noqa: E402
+from conftest import get_json as api_json  # noqa: E402  (closes its socket on a timeout)
 from dashboard.storage import Store  # noqa: E402
 
 STRAGGLER_STEP_S = 0.06  # one straggler step of fault_job (the slow rank's sleep)
@@ -605,7 +616,652 @@ def report(runs: list[Run], a: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+# -- the corpus (--corpus) --------------------------------------------------------------------
+#
+# bench/corpus/*.py: short standalone training scripts, each with a header in its docstring:
+#
+#     """One line: what the script does and what goes wrong.
+#     EXPECT kind=hang culprit=2 ranks=4 launch=torchrun class=p2p [stop_after=25 stop=sigint]
+#     """
+#
+# kind       the finding kind that is the right verdict: a design.md kind, `stall`,
+#            `rank_exited_early`, several as `desync|hang`, or `none` (a healthy script: no
+#            warning/critical finding or incident may appear at all). `hang` accepts a `stall`
+#            (the warning that comes first) or a `hang`.
+# culprit    the rank(s) the verdict must blame, exactly (comma separated)
+# ranks      world size; launch: `torchrun` (python -m torch.distributed.run --nproc-per-node N
+#            --master-port P -m agent SCRIPT) or `agent` (one `python -m agent SCRIPT` per rank
+#            with a torchrun-style environment, as tests/conftest.py's launch_job does)
+# class      the row of the table the script counts in
+# stop_after seconds after the FAULT line at which the runner stops the job: stop=sigint sends
+#            SIGINT to the launcher and every rank (as Ctrl-C in a terminal does: the whole
+#            foreground process group), stop=sigterm sends SIGTERM to every rank
+# restarts   torchrun --max-restarts (an elastic restart: the next attempt of the same job)
+# absent     ranks the runner never starts (a node that never comes up; launch=agent only)
+# goal       overrides the goal (seconds, or slow steps for a straggler)
+#
+# The runner sets CORPUS_SEED (each script draws the step of its fault from it, so timing
+# varies run to run), PGDASH_SERVER and PGDASH_JOB (unique per run). A script prints
+# ``FAULT <unix time> <what>`` on the rank that injects the fault just before injecting it;
+# a straggler prints ``STEP <n> <unix time>`` as it ends every slow step after that.
+
+CORPUS_DIR = ROOT / "bench" / "corpus"
+EXPECT_RE = re.compile(r"^EXPECT (.*)$", re.MULTILINE)
+ANY_FAULT_RE = re.compile(r"FAULT (\d+\.\d+) ([^\n]*)")
+ANY_STEP_RE = re.compile(r"STEP (\d+) (\d+\.\d+)")
+# Kinds a header's kind accepts as the right verdict.
+KIND_ALIASES = {"hang": {"stall", "hang"}, "stall": {"stall", "hang"}}
+# Goals per kind: (limit, unit). hang/stall <= 15 s, crash/exit <= 3 s, straggler <= 30 steps.
+KIND_GOALS = {"hang": (15.0, "s"), "stall": (15.0, "s"), "init_incomplete": (15.0, "s"),
+              "straggler": (30.0, "steps"), "rank_failed": (3.0, "s"), "rank_lost": (3.0, "s"),
+              "rank_exited_early": (3.0, "s"), "desync": (3.0, "s"), "init_failed": (3.0, "s")}
+# How long after the FAULT line the runner keeps looking for the right verdict (it records a
+# late one too, to say how late): long enough for the server's 60 s hang.
+KIND_WAIT = {"hang": 75.0, "stall": 75.0, "init_incomplete": 45.0, "straggler": 60.0}
+DEFAULT_WAIT = 30.0
+
+
+@dataclass
+class Spec:
+    name: str
+    path: Path
+    title: str
+    kind: str  # as written: "hang", "desync|hang", "none", ...
+    kinds: set[str]  # finding kinds accepted as the right verdict (empty: healthy)
+    culprit: list[int]
+    ranks: int
+    launch: str
+    cls: str
+    goal: float | None
+    unit: str
+    wait_s: float
+    stop_after: float | None = None
+    stop: str | None = None
+    restarts: int = 0
+    absent: list[int] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.kinds
+
+
+def parse_spec(path: Path) -> Spec:
+    """The script's EXPECT header; raises ValueError naming the script when it is broken."""
+    text = path.read_text()
+    m = re.match(r'\s*(?:#[^\n]*\n\s*)*[rR]?"""(.*?)"""', text, re.DOTALL)
+    doc = m.group(1) if m else ""
+    h = EXPECT_RE.search(doc)
+    if not h:
+        raise ValueError(f"{path.name}: no EXPECT line in its module docstring")
+    fields = dict(part.split("=", 1) for part in h.group(1).split())
+    try:
+        kind = fields["kind"]
+        kinds: set[str] = set()
+        if kind != "none":
+            for k in kind.split("|"):
+                kinds |= KIND_ALIASES.get(k, {k})
+        first = kind.split("|")[0]
+        goal, unit = KIND_GOALS.get(first, (15.0, "s")) if kinds else (None, "")
+        if "desync" in kind and "hang" in kind:  # either is right: the hang's goal
+            goal, unit = KIND_GOALS["hang"]
+        if "goal" in fields:
+            goal = float(fields["goal"])
+        culprit = sorted(int(r) for r in fields.get("culprit", "").split(",") if r != "")
+        spec = Spec(
+            name=path.stem, path=path, title=doc.strip().splitlines()[0], kind=kind,
+            kinds=kinds, culprit=culprit, ranks=int(fields["ranks"]), launch=fields["launch"],
+            cls=fields.get("class", first), goal=goal, unit=unit,
+            wait_s=max(KIND_WAIT.get(k, DEFAULT_WAIT) for k in kind.split("|")),
+            stop_after=float(fields["stop_after"]) if "stop_after" in fields else None,
+            stop=fields.get("stop"), restarts=int(fields.get("restarts", 0)),
+            absent=[int(r) for r in fields.get("absent", "").split(",") if r != ""])
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"{path.name}: bad EXPECT line {h.group(1)!r}: {exc!r}") from None
+    if spec.launch not in ("torchrun", "agent"):
+        raise ValueError(f"{path.name}: launch must be torchrun or agent, not {spec.launch}")
+    if spec.kinds and not spec.culprit:
+        raise ValueError(f"{path.name}: kind={kind} needs culprit=")
+    if spec.stop_after is not None and spec.stop not in ("sigint", "sigterm"):
+        raise ValueError(f"{path.name}: stop_after needs stop=sigint or stop=sigterm")
+    if spec.absent and spec.launch != "agent":
+        raise ValueError(f"{path.name}: absent= needs launch=agent")
+    return spec
+
+
+def corpus_specs(folder: Path = CORPUS_DIR, only: list[str] | None = None) -> list[Spec]:
+    specs = [parse_spec(p) for p in sorted(folder.glob("*.py")) if not p.name.startswith("_")]
+    if only:
+        known = {s.name for s in specs}
+        missing = [n for n in only if n.removesuffix(".py") not in known]
+        if missing:
+            raise ValueError(f"no such corpus script(s): {missing}; known: {sorted(known)}")
+        want = [n.removesuffix(".py") for n in only]
+        specs = [s for s in specs if s.name in want]
+    return specs
+
+
+@dataclass
+class CorpusRun:
+    script: str
+    rep: int
+    cls: str
+    kind: str
+    culprit: list[int]
+    launch: str
+    seed: int
+    job: str
+    status: str = "ERROR"  # PASS, FAIL, or ERROR (the script or the bench broke)
+    why: str = ""
+    goal: float | None = None
+    unit: str = ""
+    fault_t: float | None = None
+    fault_what: str = ""
+    verdict: dict[str, Any] | None = None  # the first right verdict (finding or incident)
+    verdict_t: float | None = None  # wall time of the first poll answer that held it
+    detect_s: float | None = None
+    steps: int | None = None  # straggler: slow steps ended before the verdict
+    within_goal: bool = False
+    stop_t: float | None = None
+    loud: list[dict[str, Any]] = field(default_factory=list)  # every loud finding, once
+    loud_incidents: list[dict[str, Any]] = field(default_factory=list)
+    victims: list[dict[str, Any]] = field(default_factory=list)  # loud, blaming another rank
+    right: int = 0  # loud findings of the expected kind blaming exactly the culprit
+    wrong: int = 0  # every other loud finding
+    exit_codes: list[int | None] = field(default_factory=list)
+    duration_s: float = 0.0
+    polls: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class CorpusServer:
+    """``pgdash serve`` at its defaults from ``root`` (cwd and PYTHONPATH), stopped by PID."""
+
+    def __init__(self, root: Path, db: Path, log: Path):
+        self.root, self.db, self.log = root, db, log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60.0) -> "CorpusServer":
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dashboard", "serve", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--db", f"sqlite:///{self.db}"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=self.root, env=child_env(self.root))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"pgdash serve exited ({self.proc.returncode}): "
+                                   f"{self.log.read_text(errors='replace')[-1500:]}")
+            try:
+                api_json(self.url + "/api/jobs", timeout=2.0)
+                return self
+            except (OSError, http.client.HTTPException, ValueError):
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"pgdash serve did not answer on {self.url} within {timeout:g} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the server and the ranks: ``root`` first on PYTHONPATH, this
+    checkout nowhere on it (unless it is ``root``), no PGDASH_* setting of the caller's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGDASH_")}
+    keep = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+            if p and Path(p).resolve() not in (ROOT, root.resolve())]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *keep])
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def launch_corpus(spec: Spec, root: Path, url: str, job: str, seed: int,
+                  logdir: Path) -> list[subprocess.Popen]:
+    """Start the script as its header says; returns the processes this bench started."""
+    master_port = str(free_port())
+    base = {"PGDASH_SERVER": url, "PGDASH_JOB": job, "CORPUS_SEED": str(seed)}
+    if spec.launch == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+               str(spec.ranks), "--master-addr", "127.0.0.1", "--master-port", master_port]
+        if spec.restarts:
+            cmd += ["--max-restarts", str(spec.restarts)]
+        cmd += ["-m", "agent", str(spec.path)]
+        with open(logdir / f"{job}-torchrun.log", "ab") as out:
+            return [subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root,
+                                     env=child_env(root, base))]
+    procs = []
+    for rank in range(spec.ranks):
+        if rank in spec.absent:
+            continue
+        env = child_env(root, {**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                               "WORLD_SIZE": str(spec.ranks), "LOCAL_WORLD_SIZE": str(spec.ranks),
+                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master_port})
+        with open(logdir / f"{job}-rank{rank}.log", "ab") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", "agent", str(spec.path)],
+                                          stdout=out, stderr=subprocess.STDOUT, cwd=root,
+                                          env=env))
+    return procs
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc), children before grandchildren."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        kids: list[int] = []
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    kids += [int(k) for k in f.read().split()]
+        except OSError:
+            pass
+        out += kids
+        todo += kids
+    return out
+
+
+def send_each(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def rank_pids(spec: Spec, procs: list[subprocess.Popen]) -> list[int]:
+    if spec.launch == "agent":
+        return [p.pid for p in procs if p.poll() is None]
+    return [pid for p in procs for pid in descendants(p.pid)]
+
+
+def stop_tree(procs: list[subprocess.Popen]) -> list[int | None]:
+    """Kill what this bench started (and the ranks a torchrun started), each by its PID."""
+    pids = [pid for p in procs if p.poll() is None for pid in descendants(p.pid)]
+    send_each([p.pid for p in procs if p.poll() is None], signal.SIGKILL)
+    send_each(pids, signal.SIGKILL)
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=15))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    return codes
+
+
+def read_logs(logdir: Path, job: str) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted(logdir.glob(f"{job}-*.log")))
+
+
+def log_tail(logdir: Path, job: str, chars: int = 800) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}"
+                     for p in sorted(logdir.glob(f"{job}-*.log")))
+
+
+def brief(f: dict[str, Any]) -> dict[str, Any]:
+    return {k: f.get(k) for k in ("id", "kind", "severity", "ranks", "group", "first_seen",
+                                  "summary", "active", "seen_at")}
+
+
+def say(f: dict[str, Any]) -> str:
+    return f"{f['kind']} {f['ranks']} ({f['severity']})"
+
+
+class CorpusPoller:
+    """Polls one job's findings and incidents; remembers every loud one and when it came."""
+
+    def __init__(self, base: str, job: str):
+        self.base, self.job = base, job
+        self.job_id: int | None = None
+        self.status: str | None = None
+        self.findings: dict[str, dict[str, Any]] = {}  # id -> first loud sighting
+        self.incidents: dict[str, dict[str, Any]] = {}
+        self.polls = self.errors = 0
+
+    def poll(self) -> float | None:
+        """One round; returns the wall time the answers arrived (None: nothing to read yet)."""
+        try:
+            if self.job_id is None:
+                job = next((j for j in api_json(self.base + "/api/jobs")["jobs"]
+                            if j["name"] == self.job), None)
+                if job is None:
+                    return None
+                self.job_id = job["id"]
+            found = api_json(f"{self.base}/api/jobs/{self.job_id}/findings")["findings"]
+            incs = api_json(f"{self.base}/api/jobs/{self.job_id}/incidents")["incidents"]
+            self.status = api_json(f"{self.base}/api/jobs/{self.job_id}")["status"]
+        except (OSError, http.client.HTTPException, ValueError, KeyError):
+            self.errors += 1
+            return None
+        now = time.time()
+        self.polls += 1
+        for mine, theirs in ((self.findings, found), (self.incidents, incs)):
+            for f in theirs:
+                key = f"{f['id']}|{f['kind']}|{f['severity']}|{sorted(f['ranks'])}"
+                if f["severity"] in LOUD and key not in mine:
+                    mine[key] = dict(f, ranks=sorted(f["ranks"]), seen_at=now)
+        return now
+
+
+def run_corpus_script(spec: Spec, rep: int, seed: int, root: Path, workdir: Path,
+                      poll_s: float = 0.2, settle_s: float = 5.0,
+                      start_timeout: float = 120.0) -> CorpusRun:
+    """Run one corpus script against a fresh ``pgdash serve`` (defaults, new SQLite file) and
+    judge what the server said. Never raises for a failure of the script or of pgdash."""
+    job = f"{spec.name}-{rep}-{seed}"
+    run = CorpusRun(spec.name, rep, spec.cls, spec.kind, spec.culprit, spec.launch, seed, job,
+                    goal=spec.goal, unit=spec.unit)
+    logdir = workdir / job
+    logdir.mkdir(parents=True, exist_ok=True)
+    server = CorpusServer(root, logdir / "pgdash.db", logdir / "server.log")
+    procs: list[subprocess.Popen] = []
+    t0 = time.time()
+    try:
+        try:
+            server.start()
+        except RuntimeError as exc:
+            run.why = f"the server did not start: {exc}"
+            return run
+        poller = CorpusPoller(server.url, job)
+        procs = launch_corpus(spec, root, server.url, job, seed, logdir)
+        _watch(spec, run, poller, procs, logdir, poll_s, settle_s, start_timeout)
+        run.polls = poller.polls
+        _judge(spec, run, poller, logdir)
+        if run.status == "ERROR" and not any(n.startswith("---") for n in run.notes):
+            run.notes.append(log_tail(logdir, job))
+        return run
+    except Exception:  # the bench broke: say so, go on with the next script
+        run.status, run.why = "ERROR", "bench error"
+        run.notes.append(traceback.format_exc())
+        return run
+    finally:
+        codes = stop_tree(procs)
+        if not run.exit_codes:
+            run.exit_codes = codes
+        server.stop()
+        run.duration_s = round(time.time() - t0, 1)
+
+
+def _right(spec: Spec, f: dict[str, Any]) -> bool:
+    return f["kind"] in spec.kinds and f["ranks"] == spec.culprit and f["severity"] in LOUD
+
+
+def _watch(spec: Spec, run: CorpusRun, poller: CorpusPoller, procs: list[subprocess.Popen],
+           logdir: Path, poll_s: float, settle_s: float, start_timeout: float) -> None:
+    """Poll until the run has said what it will say; fills fault/verdict/stop times."""
+    launched = time.monotonic()
+    exited_at = None
+    hard_cap = launched + start_timeout + spec.wait_s + (spec.stop_after or 0) + 120
+    while True:
+        t_loop = time.monotonic()
+        at = poller.poll()
+        now_wall = time.time()
+        text = read_logs(logdir, run.job)
+        if run.fault_t is None:
+            m = ANY_FAULT_RE.search(text)
+            if m:
+                run.fault_t, run.fault_what = float(m.group(1)), m.group(2).strip()
+        if at is not None and run.verdict is None and not spec.healthy:
+            hits = [f for f in [*poller.findings.values(), *poller.incidents.values()]
+                    if _right(spec, f)]
+            if hits:
+                first = min(hits, key=lambda f: (f["seen_at"], f["first_seen"]))
+                run.verdict, run.verdict_t = brief(first), first["seen_at"]
+        alive = any(p.poll() is None for p in procs)
+        if not alive and exited_at is None:
+            exited_at = time.monotonic()
+        if time.monotonic() > hard_cap:
+            run.notes.append("the bench's hard cap for this script passed")
+            return
+        if spec.healthy:
+            if exited_at is not None and (time.monotonic() - exited_at >= settle_s and
+                                          poller.status in ("finished", "failed")
+                                          or time.monotonic() - exited_at >= 30):
+                return
+            if exited_at is None and time.monotonic() - launched > start_timeout + 60:
+                run.notes.append("the healthy job did not end in time")
+                return
+        else:
+            if run.fault_t is None:
+                if exited_at is not None and time.monotonic() - exited_at > 2:
+                    run.notes.append("every process exited before a FAULT line")
+                    return
+                if time.monotonic() - launched > start_timeout:
+                    run.notes.append(f"no FAULT line within {start_timeout:g} s of launch")
+                    return
+            else:
+                since_fault = now_wall - run.fault_t
+                if spec.stop_after is not None:
+                    if run.stop_t is None and since_fault >= spec.stop_after:
+                        run.stop_t = time.time()
+                        pids = rank_pids(spec, procs)
+                        if spec.stop == "sigint":  # Ctrl-C: the launcher and every rank
+                            send_each([p.pid for p in procs if p.poll() is None] + pids,
+                                      signal.SIGINT)
+                        else:
+                            send_each(pids, signal.SIGTERM)
+                        run.notes.append(f"sent {spec.stop.upper()} to "
+                                         f"{'the launcher and ' if spec.stop == 'sigint' else ''}"
+                                         f"ranks {pids} {since_fault:.1f} s after the fault")
+                    if run.stop_t is not None:
+                        if exited_at is not None and time.monotonic() - exited_at >= settle_s + 3:
+                            return
+                        if time.time() - run.stop_t > 60:
+                            run.notes.append("the job did not end within 60 s of the stop")
+                            return
+                else:
+                    # An elastic job (restarts=) is watched to its end: the next attempt
+                    # must run clean, and what the restart does to the others counts too.
+                    if run.verdict_t is not None and now_wall - run.verdict_t >= settle_s \
+                            and not spec.restarts:
+                        return
+                    if exited_at is not None:  # what the server says after the exits
+                        after_exit = time.monotonic() - exited_at
+                        if after_exit >= (settle_s if run.verdict_t is not None else 20.0):
+                            return
+                    if since_fault >= (spec.wait_s if not spec.restarts or run.verdict_t is None
+                                       else spec.wait_s + 90):
+                        return
+        time.sleep(max(0.0, poll_s - (time.monotonic() - t_loop)))
+
+
+def _judge(spec: Spec, run: CorpusRun, poller: CorpusPoller, logdir: Path) -> None:
+    loud = sorted(poller.findings.values(), key=lambda f: f["seen_at"])
+    run.loud = [brief(f) for f in loud]
+    run.loud_incidents = [brief(f) for f in sorted(poller.incidents.values(),
+                                                   key=lambda f: f["seen_at"])]
+    # one verdict per finding id (a finding may change severity: count it once)
+    by_id: dict[str, dict[str, Any]] = {}
+    for f in loud:
+        by_id.setdefault(f["id"], f)
+        if _right(spec, f):
+            by_id[f["id"]] = f
+    run.right = sum(1 for f in by_id.values() if _right(spec, f))
+    run.wrong = len(by_id) - run.right
+    culprit = set(spec.culprit)
+    everything = [*loud, *poller.incidents.values()]
+    if spec.healthy:
+        run.victims = [brief(f) for f in everything]
+    else:
+        run.victims = [brief(f) for f in everything if set(f["ranks"]) - culprit]
+    text = read_logs(logdir, run.job)
+    if spec.healthy:
+        bad = [c for c in run.exit_codes if c not in (0, None)]
+        live = [p for p in run.exit_codes if p is None]
+        if run.notes and any("did not end" in n for n in run.notes):
+            run.why = "the healthy job did not end (a corpus defect)"
+            return
+        if bad or live:
+            run.why = f"the healthy job exited {run.exit_codes} (a corpus defect)"
+            return
+        if run.victims:
+            run.status = "FAIL"
+            run.why = "said " + ", ".join(sorted({say(f) for f in run.victims}))
+        else:
+            run.status, run.why = "PASS", "no warning/critical finding"
+        return
+    if run.fault_t is None:
+        run.why = "no FAULT line (the script did not reach its fault: a corpus defect)"
+        return
+    if spec.restarts and run.exit_codes != [0]:
+        run.notes.append(f"the restarted job did not end cleanly: exit {run.exit_codes}")
+    if run.verdict_t is not None:
+        run.detect_s = round(run.verdict_t - run.fault_t, 2)
+        if spec.unit == "steps":
+            run.steps = sum(1 for m in ANY_STEP_RE.finditer(text)
+                            if run.fault_t <= float(m.group(2)) <= run.verdict_t)
+            run.within_goal = run.detect_s >= 0 and run.steps <= (spec.goal or 0)
+        else:
+            run.within_goal = 0 <= run.detect_s <= (spec.goal or 0)
+    others = sorted({say(f) for f in loud if not _right(spec, f)})
+    if run.verdict is None:
+        run.status = "FAIL"
+        run.why = (f"no {spec.kind} blaming {spec.culprit}; said "
+                   + (", ".join(others) if others else "nothing loud"))
+    else:
+        got = (f"{run.verdict['kind']} {run.verdict['ranks']} after "
+               + (f"{run.steps} slow steps ({run.detect_s:.1f} s)" if spec.unit == "steps"
+                  else f"{run.detect_s:.1f} s"))
+        problems = []
+        if not run.within_goal:
+            problems.append(f"late (goal {spec.goal:g} {spec.unit})")
+        if run.victims:
+            problems.append("victim blamed: " + ", ".join(sorted({say(f) for f in run.victims})))
+        run.status = "FAIL" if problems else "PASS"
+        run.why = got + ("; " + "; ".join(problems) if problems else "")
+        if others and not run.victims:
+            run.notes.append("also said: " + ", ".join(others))
+
+
+def corpus_table(runs: list[CorpusRun]) -> str:
+    import statistics
+
+    lines = ["| class | runs | right verdict | within goal | victim blamed | PASS | median | "
+             "max | goal |", "|---|---|---|---|---|---|---|---|---|"]
+    by: dict[str, list[CorpusRun]] = {}
+    for r in runs:
+        by.setdefault(r.cls, []).append(r)
+    for cls_, rs in sorted(by.items(), key=lambda kv: (kv[0] == "healthy", kv[0])):
+        healthy = rs[0].kind == "none"
+        unit = rs[0].unit
+        vals = [(r.steps if unit == "steps" else r.detect_s) for r in rs
+                if r.verdict is not None]
+        vals = [v for v in vals if v is not None]
+        med = "-" if not vals else f"{statistics.median(vals):.1f} {unit}"
+        mx = "-" if not vals else f"{max(vals):.1f} {unit}"
+        goal = "0 loud" if healthy else f"<= {rs[0].goal:g} {unit}"
+        right = "-" if healthy else str(sum(1 for r in rs if r.verdict is not None))
+        within = "-" if healthy else str(sum(1 for r in rs if r.within_goal))
+        victims = sum(1 for r in rs if r.victims)
+        errors = sum(1 for r in rs if r.status == "ERROR")
+        passed = sum(1 for r in rs if r.status == "PASS")
+        lines.append(f"| {cls_} | {len(rs)}{f' ({errors} ERROR)' if errors else ''} | {right} | "
+                     f"{within} | {victims} | {passed} | {med} | {mx} | {goal} |")
+    valid = [r for r in runs if r.status != "ERROR"]
+    right = sum(r.right for r in valid)
+    loud = sum(r.right + r.wrong for r in valid)
+    faults = [r for r in valid if r.kind != "none"]
+    recalled = sum(1 for r in faults if r.within_goal)
+    healthy = [r for r in valid if r.kind == "none"]
+    lines += ["", f"precision {right}/{loud} = "
+              + (f"{right / loud:.2f}" if loud else "-")
+              + " (loud findings of the expected kind blaming exactly the culprit / all loud "
+              "findings, every run)",
+              f"recall    {recalled}/{len(faults)} = "
+              + (f"{recalled / len(faults):.2f}" if faults else "-")
+              + " (fault runs with the right verdict within the goal / fault runs)",
+              f"healthy runs without any warning/critical: "
+              f"{sum(1 for r in healthy if not r.victims)}/{len(healthy)}; "
+              f"fault runs that blamed a victim: {sum(1 for r in faults if r.victims)}"
+              f"/{len(faults)}; ERROR runs (not counted): {len(runs) - len(valid)}"]
+    lines += ["", "Per script:"]
+    for r in runs:
+        expect = "kind=none" if r.kind == "none" else f"kind={r.kind} culprit={r.culprit}"
+        lines.append(f"{r.status:5} {r.script} #{r.rep} [{r.cls}, {r.launch}, {expect}]: "
+                     f"{r.why}")
+    return "\n".join(lines)
+
+
+def corpus_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="detect.py --corpus",
+        description="Run bench/corpus/*.py against pgdash serve (its defaults) and judge the "
+                    "verdicts: see the comment above CORPUS_DIR in bench/detect.py.")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="scripts to run (file stems)")
+    p.add_argument("--repeat", type=int, default=1, help="runs per script (1)")
+    p.add_argument("--seed", type=int, default=None, help="base seed (default: time)")
+    p.add_argument("--json", type=Path, help="write every run as JSON here")
+    p.add_argument("--pgdash-root", type=Path, default=ROOT,
+                   help="checkout the server and the agent run from (default: this one)")
+    p.add_argument("--corpus-dir", type=Path, default=CORPUS_DIR)
+    p.add_argument("--poll", type=float, default=0.2, help="poll period (0.2 s)")
+    p.add_argument("--keep", type=Path, help="keep databases and logs in this folder")
+    a = p.parse_args(argv)
+    root = a.pgdash_root.resolve()
+    if not (root / "dashboard").is_dir() or not (root / "agent").is_dir():
+        p.error(f"--pgdash-root {root} has no dashboard/ and agent/")
+    try:
+        specs = corpus_specs(a.corpus_dir, a.only)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if a.seed is None:
+        a.seed = int(time.time()) % 100_000
+    tmp = None
+    if a.keep:
+        a.keep.mkdir(parents=True, exist_ok=True)
+        workdir = a.keep
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="pgdash-corpus-")
+        workdir = Path(tmp.name)
+    print(f"corpus: {len(specs)} scripts x {a.repeat}, pgdash from {root}, seed {a.seed}, "
+          f"work dir {workdir}", flush=True)
+    runs: list[CorpusRun] = []
+    try:
+        for spec in specs:
+            for rep in range(1, a.repeat + 1):
+                seed = random.Random(f"{a.seed}-{spec.name}-{rep}").randint(0, 999_999)
+                print(f"{spec.name} #{rep} (seed {seed}) ...", flush=True)
+                run = run_corpus_script(spec, rep, seed, root, workdir, poll_s=a.poll)
+                runs.append(run)
+                print(f"  {run.status}: {run.why} [{run.duration_s:.0f} s]", flush=True)
+                if run.status == "ERROR":
+                    for n in run.notes:
+                        print("    " + n.replace("\n", "\n    "), flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    print()
+    print(corpus_table(runs))
+    if a.json:
+        a.json.write_text(json.dumps([asdict(r) for r in runs], indent=1, default=str))
+    broke = any(r.why == "bench error" or r.why.startswith("the server did not start")
+                for r in runs)
+    return 1 if broke or len(runs) < len(specs) * a.repeat else 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--corpus" in argv:
+        return corpus_main([x for x in argv if x != "--corpus"])
     names = ["hang", "chain", "desync", "straggler", "kill", "crash", "init", *HEALTHY]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
