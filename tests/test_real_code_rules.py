@@ -284,3 +284,30 @@ def test_a_desync_seen_on_two_of_four_ranks_waits_for_the_others_to_say_who_is_o
     inflight(2, "all_reduce", 150.6)
     (f,) = [f for f in diagnose(log.state(), 151.0, S) if f["kind"] == "desync"]
     assert f["ranks"] == [0]
+
+
+def test_others_waiting_at_a_barrier_for_rank_0s_checkpoint_is_no_stall_for_30_s():
+    """Rank 0 saves a checkpoint (20 s) while the others wait at the barrier after it; the
+    Flight Recorder shows the barrier in flight too (it numbers Python's collectives): it is
+    the wrappers' view that judges it, with the barrier's own floor."""
+    log = running(3)
+    history(log, 3)
+
+    def heartbeats(t):
+        for r in (1, 2):
+            log.add(f"s{r}", "heartbeat", {"groups": [
+                {"group": "0", "entered": 41, "completed": 40, "inflight_op": "barrier",
+                 "inflight_since": 100.0, "inflight_fr": 41, "fr_enqueued": 41,
+                 "fr_completed": 40, "fr_inflight_since": 100.2, "fr_wrapped": 40}]}, t=t)
+        log.add("s0", "heartbeat", {"groups": [
+            {"group": "0", "entered": 40, "completed": 40, "inflight_op": None,
+             "inflight_since": None, "fr_enqueued": 40, "fr_completed": 40,
+             "fr_wrapped": 40}]}, t=t)
+
+    for now in (111.0, 120.0, 129.0):
+        heartbeats(now)
+        assert diagnose(log.state(), now, S) == [], now
+    heartbeats(131.0)
+    (f,) = diagnose(log.state(), 131.0, S)
+    assert (f["kind"], f["ranks"], f["evidence"]["source"]) == ("stall", [0], "python")
+    assert f["evidence"]["barrier"] is True and f["evidence"]["threshold_s"] == 30.0

@@ -45,6 +45,9 @@ class Settings:
     stall_max_factor: float = 1.5  # ... this many times the longest one the group completed
     stall_min_calls: int = 20  # collectives per rank before the group's history counts...
     stall_warmup_after: float = 30.0  # ... before that (warm-up, compilation), this floor
+    # A barrier is where ranks wait for one rank's own work (rank 0 saves a checkpoint,
+    # evaluates, downloads the data set): a wait there is a stall only after this long.
+    stall_barrier_after: float = 30.0
     lost_after: float = 15.0  # a running rank silent this long (no heartbeat) is lost
     # A rank whose connection closed is lost unless it is back this soon (an agent that
     # reconnects after a network blip, or after acks came late from a busy server).

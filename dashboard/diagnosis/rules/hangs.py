@@ -31,8 +31,17 @@ class _View:
     source: str
 
     def busy(self, row: dict[str, Any]) -> bool:
-        return row.get(self.since) is not None and (
-            self.source != "python" or bool(row.get("inflight_op")))
+        if row.get(self.since) is None:
+            return False
+        if self.source == "python":
+            return bool(row.get("inflight_op"))
+        if self.source == "flight_recorder":
+            # The recorder numbers Python-issued collectives too: one the wrappers saw (in
+            # flight, or ended by a call that raised) is the Python view's, whose history
+            # and op name are better.
+            seq = row.get(self.seq, 0)
+            return not (row.get("inflight_fr") == seq or seq <= (row.get("fr_wrapped") or -1))
+        return True
 
     def op(self, row: dict[str, Any]) -> str:
         return row.get("inflight_op") if self.source == "python" else "a C++ collective (DDP)"
@@ -316,8 +325,11 @@ def _group_history(state: JobState) -> dict[str, GroupHistory]:
     return state.memo(("group_history",), build)
 
 
+BARRIERS = ("barrier", "monitored_barrier")
+
+
 def _stall_threshold(state: JobState, group: str, view: _View, rows: dict[int, dict],
-                     s: Settings) -> tuple[float, dict[str, Any]]:
+                     s: Settings, op: str | None = None) -> tuple[float, dict[str, Any]]:
     """Seconds a wait in ``group`` must last to be a stall, and what that was derived from."""
     if view is FLIGHT:  # C++ collectives: no latency history, only how many ran
         calls = min((row.get("fr_completed") or 0) for row in rows.values())
@@ -328,7 +340,10 @@ def _stall_threshold(state: JobState, group: str, view: _View, rows: dict[int, d
         return s.stall_warmup_after, {"history_calls": calls, "warmup": True}
     threshold = max(s.stall_after, s.stall_p99_factor * (p99_us or 0) / 1e6,
                     s.stall_max_factor * (longest_us or 0) / 1e6)
-    return threshold, {"history_calls": calls, "p99_us": p99_us, "longest_us": longest_us}
+    basis = {"history_calls": calls, "p99_us": p99_us, "longest_us": longest_us}
+    if op in BARRIERS and threshold < s.stall_barrier_after:
+        return s.stall_barrier_after, {**basis, "barrier": True}
+    return threshold, basis
 
 
 def _stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
@@ -357,11 +372,11 @@ def _stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
             if not behind:
                 continue
             since = min(rows[r][view.since] for r in waiting)
-            threshold, basis = _stall_threshold(state, group, view, rows, s)
+            op = view.op(rows[min(waiting)])
+            threshold, basis = _stall_threshold(state, group, view, rows, s, op)
             if now - since < threshold:
                 continue
             chain, roots = _follow(state, group, behind, frame, view)
-            op = view.op(rows[min(waiting)])
             first = ranks.get(roots[0])
             out.append(finding(
                 "stall", Severity.WARNING, roots, group,
