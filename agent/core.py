@@ -340,8 +340,9 @@ class Agent:
         """
         stuck = self.tracker.stuck(self.config.stack_after_s)
         now = time.time()
+        python = {t.name for t in stuck}  # the recorder numbers those too: one stack each
         stuck_fr = [(name, fr) for name, fr in self._flight.items()
-                    if fr.get("fr_inflight_since") is not None
+                    if fr.get("fr_inflight_since") is not None and name not in python
                     and now - fr["fr_inflight_since"] > self.config.stack_after_s]
         if not stuck and not stuck_fr:
             return  # the usual case: no frames to walk

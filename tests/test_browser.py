@@ -418,7 +418,7 @@ def test_hang_finding_shows_its_hint_and_highlights_the_rank_at_fault(hang_serve
         expect(page.locator("#live-text")).to_have_text("Live")
         finding = page.locator("#findings li.finding[data-kind='hang']")
         expect(finding).to_have_count(1, timeout=LIVE_MS)
-        expect(finding.locator(".finding-summary")).to_contain_text("for rank 2")
+        expect(finding.locator(".finding-summary")).to_contain_text("Rank 2 never reached")
         expect(finding.locator(".blamed")).to_have_text("rank 2")
         expect(finding.locator(".finding-hint")).to_contain_text(
             "Rank 2 never reached that collective")

@@ -469,19 +469,16 @@ def job_stop(state: JobState, s: Settings) -> Stop | None:
         # Stopped ranks were killed or failed: one that exited cleanly was waiting no more.
         stopped = [r for r in state.ranks()
                    if r.status in STOPPED and r.exit_at is not None]
-        tried = 0
-        for at in sorted({r.exit_at for r in stopped}):  # a stop is one of the first ends
-            if tried >= 3:
-                break
-            tried += 1
-            ended = sorted(r.rank for r in stopped if r.exit_at >= at)
-            probe = Stop(at, ended, [])
-            frame = Frame(at, probe)
-            found = [f for f in _hangs(state, frame, s) + _stalls(state, frame, s)
-                     if f["first_seen"] <= at]
-            if found:
-                return probe._replace(findings=found)
-        return None
+        if not stopped:
+            return None
+        # The verdict must stand when the first rank ends: a hang that forms only after a
+        # rank crashed or was killed is that death's consequence (rules.crash names it).
+        at = min(r.exit_at for r in stopped)
+        probe = Stop(at, sorted(r.rank for r in stopped), [])
+        frame = Frame(at, probe)
+        found = [f for f in _hangs(state, frame, s) + _stalls(state, frame, s)
+                 if f["first_seen"] <= at]
+        return probe._replace(findings=found) if found else None
     return state.memo(("job_stop",), build)
 
 
