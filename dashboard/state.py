@@ -62,6 +62,8 @@ class RankState:
     last_seen: float = 0.0
     hello_at: float | None = None
     exit_at: float | None = None
+    # What its exit said (``exit`` event's reason, e.g. "SIGTERM from torchrun"), for the page
+    exit_reason: str | None = None
     # When the rank destroyed its default process group (``left`` event): it left
     # distributed training, though its process may go on.
     left_at: float | None = None
@@ -362,6 +364,7 @@ class JobState:
     def _on_exit(self, r: RankState, body: dict[str, Any], t: float) -> None:
         r.status = "exited" if body["clean"] else "failed"
         r.exit_at = t
+        r.exit_reason = body.get("reason")
         if self._stale(r):
             return
         for key, row in self.progress.items():

@@ -21,6 +21,7 @@ import itertools
 from typing import Any, Iterable
 
 from dashboard.diagnosis import Settings
+from dashboard.diagnosis.text import group_label, ranks_label
 from dashboard.state import FLIGHT_OP, JobState, LatencyStats, family_of, group_order, rank_row
 
 
@@ -175,14 +176,22 @@ def timeline_grid(state: JobState, bins: int = 30) -> dict[str, Any]:
     ``bytes`` and latency ``p50_us``/``p99_us`` from their merged histograms (None where
     none ran). Compact on purpose: 1,024 ranks in four families are about 120,000 small
     integers. Bins are whole seconds of the agents' own clocks (``end`` of a summary).
+
+    Collectives issued from C++ (DDP's gradient all-reduces, seen by the Flight Recorder)
+    count too: their summaries are in ``ops``, and where a rank's group has no timed
+    summaries its busy cells are the share of the agent's Flight Recorder samples that found
+    it inside one (a family drawn so, in part or whole, carries ``"sampled": true``).
     """
     families = state.families()
     ends = [w[-1][0] for w in state.recent.values() if w]
+    ends += [max(series) for series in state.op_seconds.values() if series]
+    ends += [tallies[-1][0] for tallies in state.fr_tallies.values() if tallies]
     if not ends:
         return {"end": None, "step": 1, "bins": bins, "families": [], "ops": []}
     last = int(max(ends))
     first = last - bins + 1
     busy_of: dict[str, dict[int, list]] = {}  # family -> rank -> busy percent per bin
+    sampled: set[str] = set()  # families with rows from the Flight Recorder's samples
     for (g, rank), window in state.recent.items():
         # The summaries on the grid are the window's newest (one agent's summaries end in
         # the order it sent them): back to the first before the grid, whose end starts the
@@ -206,6 +215,25 @@ def timeline_grid(state: JobState, bins: int = 30) -> dict[str, Any]:
             # times add up; a longer one is spread over its seconds.
             pct = round(sum_us / 1e4 / (dt if 1.0 < dt < 10 else 1.0))
             row[b] = min(100, pct if row[b] is None else row[b] + pct)
+    for (g, rank), tallies in state.fr_tallies.items():
+        # C++-issued collectives are timed to the agent's poll gap, not to the collective:
+        # their busy share comes from how many of its samples found the rank inside one.
+        if (g, rank) in state.recent and state.recent[(g, rank)] and \
+                state.recent[(g, rank)][-1][0] >= first:
+            continue
+        cells = [(int(t) - first, busy, n) for t, busy, n in tallies
+                 if n and int(t) >= first]
+        if not cells:
+            continue
+        family = families.get(g, g)
+        rows = busy_of.setdefault(family, {})
+        row = rows.get(rank)
+        if row is None:
+            row = rows[rank] = [None] * bins
+        for b, busy, n in cells:
+            pct = round(100 * busy / n)
+            row[b] = pct if row[b] is None else max(row[b], pct)
+        sampled.add(family)
     order = list(dict.fromkeys(families[name] for name in sorted(state.groups,
                                                                  key=group_order)))
     order += sorted(f for f in busy_of if f not in order)
@@ -215,9 +243,12 @@ def timeline_grid(state: JobState, bins: int = 30) -> dict[str, Any]:
         if not rows:
             continue
         ranks = sorted(rows)
-        out.append({"family": family, "groups": sorted(
+        fam = {"family": family, "groups": sorted(
             (g for g, f in families.items() if f == family), key=group_order),
-            "ranks": ranks, "busy": [rows[r] for r in ranks]})
+            "ranks": ranks, "busy": [rows[r] for r in ranks]}
+        if family in sampled:
+            fam["sampled"] = True
+        out.append(fam)
     return {"end": last, "step": 1, "bins": bins, "families": out,
             "ops": _op_series(state, families, order, first, bins)}
 
@@ -263,39 +294,58 @@ GROUP_STATES = ("overdue", "behind", "waiting", "moving", "idle")
 def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
                 settings: Settings = Settings(),
                 groups: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """One display state per rank (in rank order) as judged at ``at``.
+    """One display state per rank (in rank order) as judged at ``at``: the page's only one.
 
-    Each row: ``{"rank", "state"}``, with ``"findings": [ids of active findings blaming it
-    or naming it as waiting]`` when there are any, ``"overdue": true`` when it is, and, for
-    a rank waiting in a collective on others
-    or overdue in it, ``"waiting": {"group", "op", "since", "on": [ranks it waits for]}``
-    (its oldest in-flight one).
+    The ranks table, the topology, progress and the charts all show this row's state, so a
+    rank never reads "running" in one place and "hung" in another.
+
+    Each row: ``{"rank", "state"}`` (see RANK_STATES), with ``"reason"`` (one line: why it
+    is in that state, e.g. the summary of the finding that blames it, the error it failed
+    with, the collective it waits in) and ``"since"`` (Unix seconds: when that began) where
+    there is something to say; ``"findings": [ids of active findings blaming it or naming it
+    as waiting]`` when there are any, ``"overdue": true`` when it is, and, for a rank
+    waiting in a collective on others or overdue in it, ``"waiting": {"group", "op",
+    "since", "on": [ranks it waits for]}`` (its oldest in-flight one).
     ``overdue``: it has sat in a collective ``settings.stall_after`` seconds or more (or
     ``hang_after``, if that is shorter). ``groups``: ``group_states(state, at, settings)``
     if the caller has it already.
+
+    A plain "running" or "waiting" row carries no reason (a moving 1,024-rank job sends
+    these rows on every change: what each rank is in, progress says).
     """
     blamed: dict[int, list[str]] = {}  # rank -> ids of findings that explain its state
     role: dict[int, str] = {}  # rank -> the most serious finding-derived state
+    because: dict[int, dict[str, Any]] = {}  # rank -> the finding that set that state
+    blames: dict[int, dict[str, Any]] = {}  # rank -> the most severe finding blaming it
     order = {s: i for i, s in enumerate(RANK_STATES)}
+    severity = {"critical": 0, "warning": 1, "info": 2}
 
-    def mark(rank: int, fid: str, display: str | None) -> None:
+    def mark(rank: int, f: dict[str, Any], display: str | None) -> None:
         ids = blamed.setdefault(rank, [])
-        if fid not in ids:
-            ids.append(fid)
+        if f.get("id") not in ids:
+            ids.append(f.get("id"))
         if display and order[display] < order[role.get(rank, "unknown")]:
             role[rank] = display
+            because[rank] = f
 
     for f in findings:
         if not f.get("active"):
             continue
-        kind, fid = f.get("kind"), f.get("id")
+        kind = f.get("kind")
+        # A rank the rules call lost (silent past the threshold, its connection still open)
+        # or failed is that on the whole page, whatever its agent last said.
         own = {"hang": "hung", "stall": "stalled", "desync": "mismatch",
-               "straggler": "straggling"}.get(kind)
+               "straggler": "straggling", "rank_lost": "lost", "rank_failed": "failed",
+               "init_failed": "failed"}.get(kind)
         for r in f.get("ranks") or []:
-            mark(r, fid, own)
+            mark(r, f, own)
+            best = blames.get(r)
+            if best is None or severity.get(f.get("severity"), 3) < severity.get(
+                    best.get("severity"), 3):
+                blames[r] = f
         if kind in ("hang", "stall"):
             for r in (f.get("evidence") or {}).get("waiting") or []:
-                mark(r, fid, "stuck")
+                mark(r, f, "stuck")
 
     if groups is None:
         groups = group_states(state, at, settings)
@@ -311,6 +361,10 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
             on = [b for b in behind_in.get(row["group"], ()) if b != row["rank"]]
             inflight[row["rank"]] = {"group": row["group"], "op": row["inflight_op"],
                                      "since": since, "on": on}
+    last_error: dict[int, dict[str, Any]] = {}
+    for e in state.errors:
+        if e.get("rank") is not None:
+            last_error[e["rank"]] = e
 
     out = []
     for r in state.ranks():
@@ -341,8 +395,65 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
                 row["waiting"] = wait
         if overdue:
             row["overdue"] = True
+        reason, since = _rank_reason(state, r, display, because.get(r.rank),
+                                     blames.get(r.rank), wait, row.get("waiting"),
+                                     last_error.get(r.rank))
+        if reason is not None:
+            row["reason"] = reason
+        if since is not None:
+            row["since"] = since
         out.append(row)
     return out
+
+
+def _rank_reason(state: JobState, r: Any, display: str, cause: dict[str, Any] | None,
+                 blame: dict[str, Any] | None, flight: dict[str, Any] | None,
+                 wait: dict[str, Any] | None,
+                 error: dict[str, Any] | None) -> tuple[str | None, float | None]:
+    """Why a rank is in its display state, in one line, and since when (see rank_states).
+
+    ``cause``: the active finding that gave it a finding-derived state; ``blame``: the most
+    severe active finding that blames it; ``flight``: its oldest collective in flight, and
+    ``wait`` the same when it is notable (rank_states' ``waiting``); ``error``: the last
+    error it reported.
+    """
+    def waits_in(w: dict[str, Any], on: list[int]) -> str:
+        text = f"in {w['op']} on {group_label(state, w['group'])}"
+        return text + (f", waiting for {ranks_label(on)}" if on else "")
+
+    if display == "stuck" and cause is not None:
+        culprits = [x for x in cause.get("ranks") or [] if x != r.rank]
+        if flight is not None:
+            return waits_in(flight, culprits or flight["on"]), flight["since"]
+        return (f"waiting for {ranks_label(culprits)}" if culprits else cause.get("summary"),
+                cause.get("first_seen"))
+    if cause is not None:
+        return cause.get("summary"), cause.get("first_seen")
+    if display == "failed":
+        if blame is not None:
+            return blame.get("summary"), r.exit_at or blame.get("first_seen")
+        if error is not None:
+            first = str(error.get("error") or "").strip().splitlines()
+            return (f"{error.get('error_type')}: {first[-1] if first else ''}".rstrip(": "),
+                    error.get("t"))
+        return f"exited with an error: {r.exit_reason}" if r.exit_reason else \
+            "exited with an error", r.exit_at
+    if display == "lost":
+        if blame is not None:
+            return blame.get("summary"), r.exit_at
+        return "its agent's connection dropped without a clean exit", r.exit_at
+    if display == "exited":
+        if blame is not None:
+            return blame.get("summary"), r.exit_at
+        return ("exited cleanly" + (f": {r.exit_reason}" if r.exit_reason not in (
+            None, "", "exit") else "")), r.exit_at
+    if display == "waiting" and wait is not None:
+        return waits_in(wait, wait["on"]), wait["since"]
+    if blame is not None:
+        return blame.get("summary"), blame.get("first_seen")
+    if display == "running" and r.left_at is not None:
+        return "left distributed training (destroyed its process group)", r.left_at
+    return None, None
 
 
 def group_states(state: JobState, at: float,

@@ -97,3 +97,138 @@ def test_progress_travels_as_a_row_per_group_with_columns():
          "completed": [5, 5], "inflight": [[1, "all_reduce", 9.5]]},
         {"group": "1", "source": "flight_recorder", "ranks": [1], "entered": [40],
          "completed": [40], "inflight": []}]
+
+
+# -- one state per rank: what every section of the page shows of a rank ---------------------
+
+import itertools  # noqa: E402
+
+from dashboard.diagnosis import Settings, diagnose  # noqa: E402
+from dashboard.live import sections as page_sections  # noqa: E402
+from dashboard.state import JobState  # noqa: E402
+
+_ids = itertools.count(1)
+
+
+def ev(session, kind, body, t):
+    return {"id": next(_ids), "session": session, "seq": None, "t": t, "received_at": t,
+            "kind": kind, "body": body}
+
+
+def job(ranks: int = 3) -> JobState:
+    s = JobState(1, "j")
+    for r in range(ranks):
+        s.apply(ev(f"s{r}", "hello", {"job": "j", "rank": r, "world_size": ranks, "host": "h",
+                                      "pid": 10 + r, "backend": "gloo"}, 100.0))
+    s.apply(ev("s0", "group", {"name": "0", "desc": "default_pg",
+                               "ranks": list(range(ranks))}, 100.0))
+    return s
+
+
+def page_at(s: JobState, at: float, settings: Settings = Settings()) -> dict:
+    """The page's sections at ``at`` with the findings the rules find then (as live does)."""
+    return page_sections(s, at=at, findings=diagnose(s, at, settings), settings=settings)
+
+
+def one_state_per_rank(shown: dict) -> dict[int, dict]:
+    """Every rank the page lists has exactly one display state row, and no other rank."""
+    rows = shown["rank_states"]
+    assert sorted(r["rank"] for r in rows) == sorted(r["rank"] for r in shown["ranks"])
+    assert len({r["rank"] for r in rows}) == len(rows)
+    return {r["rank"]: r for r in rows}
+
+
+def test_a_hung_rank_is_hung_with_the_findings_reason_and_its_peers_wait_for_it():
+    s = job(3)
+    for r in range(3):  # ranks 0 and 1 wait in all_reduce #5 since t=200; rank 2 sleeps at #4
+        s.apply(ev(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 5 if r < 2 else 4, "completed": 4,
+             "inflight_op": "all_reduce" if r < 2 else None,
+             "inflight_since": 200.0 if r < 2 else None}]}, 201.0 + 0.1 * r))
+    settings = Settings(hang_after=5.0)
+    shown = page_at(s, 208.0, settings)
+    hang = next(f for f in shown["findings"] if f["kind"] == "hang")
+    states = one_state_per_rank(shown)
+    # The rank that never arrived is "hung", never "running" (its agent's own status).
+    assert states[2]["state"] == "hung" and states[2]["reason"] == hang["summary"]
+    assert states[2]["findings"] == [hang["id"]]
+    for r in (0, 1):
+        assert states[r]["state"] == "stuck"
+        assert states[r]["reason"] == "in all_reduce on group 0 (default_pg), waiting for rank 2"
+        assert states[r]["since"] == 200.0
+    # Before the wait is anything, the same rank is plainly running, with nothing to explain.
+    early = one_state_per_rank(page_at(s, 200.5, settings))
+    assert early[2] == {"rank": 2, "state": "running"}
+    assert early[0]["state"] == "waiting" and "reason" not in early[0]
+
+
+def test_a_crashed_rank_says_its_error_and_an_exited_one_says_it_finished():
+    s = job(3)
+    for r in range(3):
+        s.apply(ev(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 9, "completed": 9}]}, 150.0))
+    s.apply(ev("s1", "error", {"where": "uncaught", "error_type": "RuntimeError",
+                               "error": "Traceback (most recent call last):\n  ...\n"
+                                        "RuntimeError: CUDA out of memory"}, 160.0))
+    s.apply(ev("s1", "exit", {"clean": False, "reason": "uncaught exception",
+                              "exitcode": 1}, 160.5))
+    s.apply(ev("s2", "exit", {"clean": True, "reason": "exit"}, 161.0))
+    s.apply(ev("s0", "heartbeat", {"groups": [
+        {"group": "0", "entered": 9, "completed": 9}]}, 169.0))
+    shown = page_at(s, 170.0)
+    states = one_state_per_rank(shown)
+    assert states[1]["state"] == "failed"
+    failed = next(f for f in shown["findings"] if f["kind"] == "rank_failed")
+    assert states[1]["reason"] == failed["summary"]  # "Rank 1 failed (...): ... GPU memory."
+    assert states[1]["since"] == 160.0  # its error came then
+    assert states[2]["state"] == "exited"
+    assert states[2]["since"] == 161.0
+    assert states[0]["state"] == "running"
+
+
+def test_a_lost_rank_is_lost_and_a_clean_exit_of_the_whole_job_reads_exited():
+    s = job(2)
+    s.apply(ev("s0", "exit", {"clean": True, "reason": "exit"}, 150.0))
+    s.apply(ev("s1", "disconnect", {"reason": "transport close"}, 151.0))
+    settings = Settings()
+    states = one_state_per_rank(page_at(s, 151.0 + settings.reconnect_grace + 5, settings))
+    assert states[0] == {"rank": 0, "state": "exited", "reason": "exited cleanly",
+                         "since": 150.0}
+    assert states[1]["state"] == "lost" and states[1]["since"] == 151.0
+    assert states[1]["reason"]  # the rank_lost finding's summary, or what a loss is
+
+    done = job(2)
+    for r in range(2):
+        done.apply(ev(f"s{r}", "exit", {"clean": True, "reason": "exit"}, 150.0 + r))
+    states = one_state_per_rank(page_at(done, 160.0))
+    assert [states[r]["state"] for r in range(2)] == ["exited", "exited"]
+    assert all(states[r]["reason"] == "exited cleanly" for r in range(2))
+
+
+def test_collectives_only_the_flight_recorder_saw_are_on_the_charts_and_the_heat_map():
+    """A DDP-only job: every collective is C++-issued (host-poll timed) and no summary of a
+    Python wrapper exists; the charts draw them all the same."""
+    s = job(2)
+    for i in range(5):
+        t = 200.0 + i
+        for r in range(2):
+            s.apply(ev(f"s{r}", "coll_stats", {"start": t - 1, "end": t, "rows": [
+                {"group": "0", "op": "all_reduce", "count": 8, "bytes": 8 * 4096,
+                 "sum_us": 8 * 9000.0, "max_us": 20000.0, "hist": [[100, 8]],
+                 "source": "flight_recorder", "timing": "host_poll",
+                 "resolution_us": 25000.0}]}, t))
+            s.apply(ev(f"s{r}", "heartbeat", {"groups": [
+                {"group": "0", "entered": 0, "completed": 0, "fr_enqueued": 8 * (i + 1),
+                 "fr_completed": 8 * (i + 1), "fr_busy": 10 * (r + 1), "fr_samples": 20}]},
+                t + 0.1))
+    grid = page_sections(s, at=205.0, findings=[])["timeline_grid"]
+    assert grid["end"] == 204
+    (op,) = grid["ops"]
+    assert (op["family"], op["op"], op["source"]) == ("default_pg", "all_reduce",
+                                                       "flight_recorder")
+    assert op["count"][-5:] == [16] * 5
+    (fam,) = grid["families"]
+    assert fam["family"] == "default_pg" and fam["ranks"] == [0, 1] and fam["sampled"]
+    digits = grid["busy_digits"]
+    # Rank 0 was inside one in half of its samples, rank 1 in all of them.
+    assert fam["busy"][0][-5:] == digits[25] * 5 and fam["busy"][1][-5:] == digits[50] * 5
