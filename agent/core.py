@@ -16,10 +16,10 @@ import random
 import sys
 import threading
 import time
-import traceback
 import uuid
 from typing import Any, Callable, Mapping
 
+from agent import frames as pyframes
 from agent import identity
 from agent.collectives import CollectiveTracker, GroupTrack
 from agent.config import AgentConfig
@@ -374,7 +374,7 @@ class Agent:
         if self._stacks_sent.get((group, op)) == seq:
             return
         self._stacks_sent[(group, op)] = seq
-        text = "".join(traceback.format_stack(frame, limit=40))
+        text = pyframes.format_stack(frame)  # the user's frames, not the agent's wrappers
         self.outbox.put(time.time(), "stack", {"group": group, "seq": seq, "op": op,
                                                "since": since, "stack": text[-60_000:]})
 
@@ -488,19 +488,26 @@ class Agent:
 
     def _excepthook(self, exc_type, exc, tb) -> None:
         try:
-            self.note_uncaught(exc_type, exc)
+            self.note_uncaught(exc_type, exc, tb)
         finally:
             self._previous_excepthook(exc_type, exc, tb)
 
-    def note_uncaught(self, exc_type: type, exc: BaseException) -> None:
+    def note_uncaught(self, exc_type: type, exc: BaseException, tb: Any = None) -> None:
         """Report an exception that ends the program (the excepthook's, or one a launcher
-        caught, e.g. torch.multiprocessing's). Never raises."""
+        caught, e.g. torch.multiprocessing's), with its traceback (``tb``, else the
+        exception's own) as the user reads it (agent.frames). Never raises."""
         try:
             if os.getpid() == self.pid and not issubclass(exc_type, KeyboardInterrupt):
                 self._failed = True
-                self.outbox.put(time.time(), "error", {
-                    "where": "uncaught", "error_type": exc_type.__name__,
-                    "error": _error_text(exc)})
+                body = {"where": "uncaught", "error_type": exc_type.__name__,
+                        "error": _error_text(exc)}
+                frames, omitted = pyframes.traceback_frames(
+                    tb if tb is not None else getattr(exc, "__traceback__", None))
+                if frames:
+                    body["traceback"] = frames
+                if omitted:
+                    body["traceback_omitted"] = omitted
+                self.outbox.put(time.time(), "error", body)
             elif issubclass(exc_type, KeyboardInterrupt):
                 self._failed = True
         except Exception:

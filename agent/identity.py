@@ -89,6 +89,9 @@ def _int_env(environ: Mapping[str, str], name: str) -> int | None:
 
 def versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": platform.python_version()}
+    from agent.frames import py_spy
+
+    found["py-spy"] = py_spy()  # None: absent (hints then say how to get a stack without it)
     try:
         import torch
 

@@ -220,4 +220,4 @@ def _note_uncaught(typ: Any, exc: BaseException, tb: Any) -> None:
 
     agent = current()
     if agent is not None:
-        agent.note_uncaught(typ, exc)
+        agent.note_uncaught(typ, exc, tb)

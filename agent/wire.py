@@ -272,6 +272,21 @@ class Heartbeat(_Shape):
     buffered: _Count = 0
 
 
+MAX_TRACEBACK_FRAMES = 40  # agent.frames keeps the first few and the innermost rest
+
+
+class TracebackFrame(_Shape):
+    """One frame of an exception's traceback (agent.frames): the file as Python names it, the
+    line, the function, the source line, and whether the file is the standard library's or an
+    installed package's (then the training code's own line is further out)."""
+
+    file: _limited(str, max_length=1024)
+    line: _Count
+    function: _Name
+    code: Optional[_limited(str, max_length=1024)] = None
+    library: bool = False
+
+
 class Error(_Shape):
     where: _Name
     error_type: _Name
@@ -279,6 +294,11 @@ class Error(_Shape):
     group: Optional[_Name] = None
     op: Optional[_Name] = None
     seq: Optional[_Count] = None
+    # Optional (older agents omit it): the traceback of an exception that ended the program,
+    # outermost frame first as Python prints it, pgdash's own frames left out; and how many
+    # frames were left out past MAX_TRACEBACK_FRAMES (a deep recursion).
+    traceback: Optional[_limited(list[TracebackFrame], max_length=MAX_TRACEBACK_FRAMES)] = None
+    traceback_omitted: Optional[_Count] = None
 
 
 class Stack(_Shape):

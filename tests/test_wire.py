@@ -78,7 +78,31 @@ def test_fields_this_version_does_not_know_are_not_stored():
          "hist": [[5, 1]]}]}
 
 
+FRAME = {"file": "/home/me/train.py", "line": 42, "function": "step", "code": "x / n"}
+
+
+def test_an_error_with_a_traceback_is_stored_and_an_old_agents_without_one_too():
+    body = {"where": "uncaught", "error_type": "ZeroDivisionError", "error": "division by zero",
+            "traceback": [{**FRAME, "library": True}, FRAME], "traceback_omitted": 3}
+    stored = validate_event(ev("error", body))
+    assert stored["body"]["traceback"] == [{**FRAME, "library": True}, FRAME]
+    assert stored["body"]["traceback_omitted"] == 3
+    old = validate_event(ev("error", {"where": "uncaught", "error_type": "E", "error": "x"}))
+    assert "traceback" not in old["body"]
+
+
 @pytest.mark.parametrize("event, message", [
+    (ev("error", {"where": "uncaught", "error_type": "E", "error": "x",
+                  "traceback": [FRAME] * 41}), "body.traceback: .* length <= 40"),
+    (ev("error", {"where": "uncaught", "error_type": "E", "error": "x",
+                  "traceback": [{**FRAME, "line": -1}]}),
+     r"body.traceback\[0\].line: Expected `int` >= 0"),
+    (ev("error", {"where": "uncaught", "error_type": "E", "error": "x",
+                  "traceback": [{"line": 1, "function": "f"}]}),
+     r"body.traceback\[0\].file is missing"),
+    (ev("error", {"where": "uncaught", "error_type": "E", "error": "x",
+                  "traceback": [{**FRAME, "code": "x" * 2000}]}),
+     r"body.traceback\[0\].code: .* length <= 1024"),
     (ev("nonsense", {}), "kind 'nonsense' is not one of"),
     (ev("exit", {"clean": "yes"}), "body.clean: Expected `bool`, got `str`"),
     (ev("group", {"name": "0", "ranks": [0, "1"]}), r"body.ranks\[1\]: Expected `int`"),
