@@ -108,6 +108,13 @@ RULES: tuple[Rule, ...] = (
           "size or activation memory on this rank, and try "
           "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` if the message shows much memory "
           "reserved but unallocated."),
+    _rule(r"CUDA error: (?P<what>[^\n]{1,200}?)\s*(?:\n|$)",
+          "cuda_error", "a CUDA error on this rank's GPU ({what})", False,
+          "CUDA reports a failed kernel at a later call, so the line in the traceback may not be "
+          "the one that failed: rerun this rank with `CUDA_LAUNCH_BLOCKING=1` to see the kernel. "
+          "A device-side assert is most often an index out of range (embedding ids, a loss's "
+          "class targets); an illegal memory access can also be a faulty GPU "
+          "(`dmesg -T | grep -i xid` on this host)."),
     # --- NCCL: reports that name the rank at fault ----------------------------------------------
     _rule(r"ranks \[(?P<peers>" + _RANKS + r")\] are the lagging ranks that caused this timeout",
           "nccl_watchdog_timeout", "NCCL collective timed out; rank(s) {peers} never joined any collective",
@@ -302,6 +309,7 @@ _DERIVED = {"missing": ("joined", "expected"), "peer": ("peers",)}
 _GENERIC_HINT = ("pgdash has no rule for this error yet: read this rank's full log around the first "
                  "error, then rerun with `TORCH_DISTRIBUTED_DEBUG=DETAIL` (and `NCCL_DEBUG=INFO` "
                  "on NCCL) for a more specific message.")
+_GLOO_HINT = _GENERIC_HINT.replace(" (and `NCCL_DEBUG=INFO` on NCCL)", "")  # a gloo job's
 INTERRUPTED_HINT = ("This rank was interrupted (Ctrl-C in the launcher's terminal, or SIGINT): "
                     "someone stopped the job; it did not fail by itself.")
 _TYPE_HINTS = {
@@ -314,7 +322,8 @@ _TYPE_HINTS = {
 }
 
 
-def classify(text: str | bytes | None, error_type: str | None = None) -> Cause:
+def classify(text: str | bytes | None, error_type: str | None = None,
+             backend: str | None = None) -> Cause:
     """Names the cause of one rank's error text.
 
     Never raises: whatever the input, the answer is a Cause (``"unknown"`` when no rule matches).
@@ -324,6 +333,8 @@ def classify(text: str | bytes | None, error_type: str | None = None) -> Cause:
             huge text are scanned (``MAX_SCAN_CHARS`` in all).
         error_type: the exception class name (``"DistStoreError"``, ``"RuntimeError"``, ...);
             it sharpens the hint for texts no rule knows.
+        backend: the job's backend when known (``"gloo"``: the hint for texts no rule knows
+            leaves NCCL's advice out).
     """
     try:
         scanned = _scannable(text)
@@ -335,7 +346,7 @@ def classify(text: str | bytes | None, error_type: str | None = None) -> Cause:
             match = rule.pattern.search(scanned)
             if match:
                 return _cause(rule, match, scanned, kind)
-        return _unknown(scanned, kind)
+        return _unknown(scanned, kind, backend)
     except Exception:  # a diagnosis helper must never take down the ingest path that calls it
         return _unknown("", None)
 
@@ -409,8 +420,8 @@ class _Fill(dict):
         return f"<{key}>"
 
 
-def _unknown(scanned: str, error_type: str | None) -> Cause:
-    hint = _GENERIC_HINT
+def _unknown(scanned: str, error_type: str | None, backend: str | None = None) -> Cause:
+    hint = _GLOO_HINT if backend == "gloo" else _GENERIC_HINT
     if error_type in _TYPE_HINTS:
         hint = f"{_TYPE_HINTS[error_type]} {hint}"
     details = _typed(_extract(scanned))

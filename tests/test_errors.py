@@ -347,3 +347,21 @@ def test_hints_stay_short():
         got = classify(text)
         assert len(got.hint) <= 450, (got.cause, len(got.hint))
         assert len(got.title) <= 100, got.title
+
+
+CUDA_ASSERT = ("CUDA error: device-side assert triggered\nCUDA kernel errors might be "
+               "asynchronously reported at some other API call, so the stacktrace below might "
+               "be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1")
+
+
+def test_a_cuda_error_is_this_ranks_and_its_traceback_line_may_not_be_the_kernel():
+    got = classify(CUDA_ASSERT, "RuntimeError")
+    assert (got.cause, got.victim) == ("cuda_error", False)
+    assert got.title == "a CUDA error on this rank's GPU (device-side assert triggered)"
+    assert "CUDA_LAUNCH_BLOCKING=1" in got.hint
+
+
+def test_an_unknown_error_on_a_gloo_job_gets_no_nccl_advice():
+    assert "NCCL_DEBUG" in classify("something odd").hint
+    hint = classify("something odd", backend="gloo").hint
+    assert "NCCL" not in hint and "TORCH_DISTRIBUTED_DEBUG=DETAIL" in hint

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from dashboard.diagnosis.core import SEVERITY_ORDER, Finding
+from dashboard.diagnosis.text import agree, ranks_label, them
 
 Incident = dict[str, Any]
 
@@ -80,24 +81,22 @@ def _rank(f: Finding) -> tuple:
             f["first_seen"], f["id"])
 
 
-def _label(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
 def _link(f: Finding, primary: Finding) -> dict[str, Any]:
     """How one finding belongs to its incident (one row of the incident's chain)."""
     ev = f.get("evidence") or {}
     where = f"group {f['group']}" if f.get("group") is not None else "the job"
     if f["kind"] in ("hang", "stall"):
-        text = (f"{_label(ev.get('waiting') or [])} wait in {where} for "
-                f"{_label(f['ranks'])}")
+        waiting = ev.get("waiting") or []
+        text = (f"{ranks_label(waiting)} {agree(waiting, 'waits', 'wait')} in {where} for "
+                f"{ranks_label(f['ranks'])}" if waiting else
+                f"{ranks_label(f['ranks'])} {agree(f['ranks'], 'hangs', 'hang')} in {where}")
         for hop in ev.get("chain") or []:
-            text += (f"; rank {hop.get('rank')} waits in group {hop.get('waits_in')} for "
-                     f"{_label(hop.get('for') or [])}")
+            text += (f"; rank {hop.get('rank')} waits in group {hop.get('waits_in')}"
+                     + (f" for {ranks_label(hop['for'])}" if hop.get("for") else ""))
     elif f["kind"] == "straggler":
-        text = f"the ranks of {where} keep waiting for {_label(f['ranks'])}"
+        text = f"the ranks of {where} keep waiting for {ranks_label(f['ranks'])}"
     else:
-        text = f"{f['kind']} on {where}, blaming {_label(f['ranks'])}"
+        text = f"{f['kind']} on {where}, blaming {ranks_label(f['ranks'])}"
     if f is primary:
         text = "root cause: " + text
     return {"finding": f["id"], "kind": f["kind"], "group": f.get("group"),
@@ -114,8 +113,11 @@ def _summary(cls: str, primary: Finding, members: list[Finding], ranks: list[int
         groups = sorted({str(f["group"]) for f in stuck if f.get("group") is not None})
         since = min((f.get("evidence") or {}).get("since", f["first_seen"]) for f in stuck)
         last = max(f["last_seen"] for f in stuck)
-        state = "hangs the job" if primary["kind"] == "hang" else "holds up the job"
-        return (f"{_label(ranks).capitalize()} {state}: {_label(waiting)} wait for it in "
+        state = (agree(ranks, "hangs", "hang") if primary["kind"] == "hang"
+                 else agree(ranks, "holds up", "hold up"))
+        who = (f"{ranks_label(waiting)} {agree(waiting, 'waits', 'wait')} for {them(ranks)}"
+               if waiting else f"the others wait for {them(ranks)}")
+        return (f"{ranks_label(ranks).capitalize()} {state} the job: {who} in "
                 f"{len(groups)} group{'s' if len(groups) != 1 else ''} "
                 f"({', '.join(groups)}), the longest for {last - since:.0f} s.")
     text = primary["summary"]

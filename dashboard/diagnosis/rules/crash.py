@@ -7,7 +7,7 @@ from typing import Any
 from dashboard.errors import classify
 from agent.wire import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
-from dashboard.diagnosis.text import process_label
+from dashboard.diagnosis.text import backend_of, frame_label, process_label, sentence
 from dashboard.diagnosis.rules.departures import departures
 from dashboard.diagnosis.rules.hangs import job_stop
 from dashboard.state import JobState, RankState
@@ -16,6 +16,46 @@ from dashboard.state import JobState, RankState
 # notices a dead worker within its --monitor-interval (0.1 s) and terminates the others; a
 # scheduler kills the whole job. Ranks killed together (within this) are each named.
 CONSEQUENCE_AFTER_S = 0.01
+
+
+# Exceptions of torch.distributed and its launcher: never a plain bug of the training code.
+DISTRIBUTED_ERRORS = frozenset({
+    "DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "QueueEmptyError",
+    "ChildFailedError", "RendezvousError", "RendezvousTimeoutError", "RendezvousClosedError",
+    "NCCLError", "ProcessRaisedException", "ProcessExitedException"})
+# Python's own exceptions that only the program's code raises: a bug of the training code
+# (or of the data it read) even without a traceback (older agents send none).
+PLAIN_ERRORS = frozenset({
+    "ZeroDivisionError", "ArithmeticError", "FloatingPointError", "OverflowError",
+    "IndexError", "KeyError", "LookupError", "TypeError", "ValueError", "AttributeError",
+    "NameError", "UnboundLocalError", "AssertionError", "NotImplementedError",
+    "RecursionError", "ImportError", "ModuleNotFoundError", "FileNotFoundError",
+    "IsADirectoryError", "NotADirectoryError", "StopIteration", "UnicodeDecodeError",
+    "UnicodeEncodeError", "SyntaxError", "IndentationError"})
+
+
+def _distributed_file(path: str) -> bool:
+    path = path.replace("\\", "/")
+    return "/torch/distributed/" in path or path.endswith("/torch/nn/parallel/distributed.py")
+
+
+def code_bug(err: dict[str, Any] | None, cause: Any) -> dict[str, Any] | None:
+    """Where an error that ended a rank is a bug of the training code rather than a
+    distributed fault: the frame of the training code's line that raised it (the innermost
+    frame that is no library's), ``{}`` when the agent sent no traceback; None when the error
+    is distributed, known, or not an exception of the program."""
+    if err is None or cause is None or cause.cause != "unknown" or \
+            err.get("where") != "uncaught":
+        return None
+    error_type = err.get("error_type") or ""
+    if error_type in DISTRIBUTED_ERRORS:
+        return None
+    frames = err.get("traceback") or []
+    if not frames:
+        return {} if error_type in PLAIN_ERRORS else None
+    if _distributed_file(str(frames[-1].get("file") or "")):
+        return None  # raised inside torch.distributed: a collective's error no rule knows
+    return next((f for f in reversed(frames) if not f.get("library")), frames[-1])
 
 
 def _last_error(state: JobState, rank: int) -> dict[str, Any] | None:
@@ -97,7 +137,7 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
     causes = {}
     for r in failed:
         err = _last_error(state, r.rank)
-        cause = classify(err["error"], err.get("error_type")) if err else None
+        cause = classify(err["error"], err.get("error_type"), backend_of(state)) if err else None
         causes[r.rank] = (err, cause)
     # After a rank left early, or a hung job was stopped, failures that only waited on a peer
     # (or said nothing) are that cause's evidence: not findings, and nobody to blame here.
@@ -118,22 +158,54 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
     for r in culprits:
         err, cause = causes[r.rank]
         text = err["error"] if err else "the process exited unsuccessfully"
+        bug = code_bug(err, cause)
+        first = text.strip().splitlines()[0][:160] if text.strip() else ""
+        at = frame_label(bug) if bug else None
         if cause is None:
             title = "exited with an error"
         elif cause.cause == "unknown":  # the error's own words say more than "unrecognised"
-            first = text.strip().splitlines()[0] if text.strip() else ""
-            title = f"{err.get('error_type') or 'error'}: {first[:160]}"
+            error_type = err.get("error_type") or "error"
+            title = (f"{error_type} at {at}" if at else error_type) + (f": {first}" if first
+                                                                         else "")
         else:
             title = cause.title
+        if bug is not None:
+            hint = _bug_hint(r.rank, err, bug)
+        elif cause is not None and err.get("where") == "exit":
+            hint = (f"The program ended itself with a non-zero status (`sys.exit`, or a "
+                    f"library that called it): the reason is at the end of rank {r.rank}'s "
+                    "log.")
+        else:
+            hint = cause.hint if cause else "Read the end of this rank's log."
         out.append(finding(
             "rank_failed", Severity.CRITICAL, [r.rank], err.get("group") if err else None,
-            f"Rank {r.rank} failed{process_label(r)}: {title}.",
-            (cause.hint if cause else "Read the end of this rank's log.") +
-            (" The other failures are consequences of this one." if victims else ""),
-            {"error": text, "error_type": err.get("error_type") if err else None,
+            sentence(f"Rank {r.rank} failed{process_label(r)}: {title}"),
+            hint + (" The other failures are consequences of this one." if victims else ""),
+            {**({"at": at} if at else {}),
+             "error": text, "error_type": err.get("error_type") if err else None,
              "where": err.get("where") if err else None, "op": err.get("op") if err else None,
              "seq": err.get("seq") if err else None,
-             "cause": cause.cause if cause else None, "details": cause.details if cause else {},
-             "victims": {str(v.rank): (causes[v.rank][0] or {}).get("error") for v in victims}},
+             "cause": "code_bug" if bug is not None else cause.cause if cause else None, "details": cause.details if cause else {},
+             "victims": {str(v.rank): (causes[v.rank][0] or {}).get("error") for v in victims},
+             **({"traceback": err["traceback"]} if err and err.get("traceback") else {}),
+             **({"traceback_omitted": err["traceback_omitted"]}
+                if err and err.get("traceback_omitted") else {})},
             (err or {}).get("t") or r.exit_at or r.last_seen, key=f"r{r.rank}"))
     return out
+
+
+def _bug_hint(rank: int, err: dict[str, Any], bug: dict[str, Any]) -> str:
+    """The next step for a bug of the training code: the line, not distributed debugging."""
+    error_type = err.get("error_type") or "an exception"
+    if not bug:
+        return (f"This is a bug in the training code (or in the data it read), not a "
+                f"distributed fault: rank {rank} raised {error_type}. Its traceback, at the "
+                f"end of rank {rank}'s log, names the line to fix.")
+    raised = (err.get("traceback") or [bug])[-1]
+    inside = (f", raised inside {frame_label(raised)}" if raised is not bug else "")
+    code = f" (`{bug['code']}`)" if bug.get("code") else ""
+    function = bug.get("function")
+    in_function = f" in {function}()" if function and function != "<module>" else ""
+    return (f"This is a bug in the training code (or in the data it read), not a distributed "
+            f"fault: rank {rank} raised {error_type} at {bug.get('file')}:{bug.get('line')}"
+            f"{in_function}{code}{inside}. Fix that line; the whole traceback is in the evidence.")

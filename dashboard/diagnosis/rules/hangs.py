@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 from agent.wire import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
-from dashboard.diagnosis.text import group_label, have, ranks_label
+from dashboard.diagnosis.text import (agree, backend_of, group_label, have, ranks_label,
+                                      stack_commands, them, what_ends_the_wait)
 from dashboard.state import JobState
 
 STOPPED = (RankStatus.LOST, RankStatus.FAILED)  # how the ranks of a stopped job end
@@ -176,7 +177,6 @@ def _stop_evidence(frame: Frame) -> dict[str, Any]:
 
 def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
     out = []
-    ranks = state.rank_index()
     now = frame.now
     for group in sorted(state.groups, key=str):
         # The wrappers' view names the op; the Flight Recorder's also sees C++ collectives.
@@ -193,34 +193,34 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
         since = min(rows[r][view.since] for r in waiting)
         behind = _behind(state, group, seq, waiting, view, rows)
         chain, roots = _follow(state, group, behind, frame, view)
-        if not roots:  # every member is inside the collective: nobody to wait for
+        all_inside = not roots  # every member is inside the collective: nobody to wait for
+        if all_inside:
             roots = sorted(waiting)
-            summary = (f"{ranks_label(waiting).capitalize()} {have(waiting)} been inside "
-                       f"{op} #{seq} on "
-                       f"{group_label(state, group)} for {now - since:.0f} s, and no rank is "
-                       "missing from it.")
-            hint = ("All ranks entered the same collective and none completes: suspect the "
-                    "transport (network, NCCL/gloo), a mismatched collective, or a GIL "
-                    "deadlock. Rerun with NCCL_DEBUG=INFO (or TORCH_DISTRIBUTED_DEBUG=DETAIL "
-                    "on gloo) and compare the stacks in the evidence.")
-        else:
-            first = ranks.get(roots[0])
-            summary = (f"{ranks_label(roots).capitalize()} never reached {op} #{seq} on "
-                       f"{group_label(state, group)}: {ranks_label(waiting)} "
-                       f"{have(waiting)} waited {now - since:.0f} s for "
-                       f"{'it' if len(roots) == 1 else 'them'}{_chain_text(state, chain)}.")
-            hint = (f"{ranks_label(roots).capitalize()} never reached that collective. See "
-                    f"where it is: `py-spy dump --pid {first.pid if first else '<pid>'}` on "
-                    f"{first.host if first else 'its host'} (its last collectives and stack are "
-                    "in the evidence): data loading, a rank-dependent branch that skips a "
-                    "collective, or compute that never ends. Without pgdash the NCCL watchdog "
-                    "would report this only after its timeout (TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
-                    "keeps a Flight Recorder dump).")
         involved = set(waiting) | set(roots) | {c["rank"] for c in chain}
         stacks = {str(rank): state.stacks[(g, rank)]["stack"]
                   for (g, rank) in state.stacks if rank in involved
                   and (g != group or state.stacks[(g, rank)]["seq"] == seq
                        or view is FLIGHT)}
+        if all_inside:
+            summary = (f"{ranks_label(waiting).capitalize()} {have(waiting)} been inside "
+                       f"{op} #{seq} on "
+                       f"{group_label(state, group)} for {now - since:.0f} s, and no rank is "
+                       "missing from it.")
+            debug = ("NCCL_DEBUG=INFO" if backend_of(state, group) == "nccl" else
+                     "TORCH_DISTRIBUTED_DEBUG=DETAIL (it checks that every rank calls the same "
+                     "collective)")
+            hint = ("All ranks entered the same collective and none completes: suspect the "
+                    "transport (the network, the backend), a mismatched collective, or a GIL "
+                    f"deadlock. Rerun with {debug}. {_compare_text(state, roots, stacks)}")
+        else:
+            summary = (f"{ranks_label(roots).capitalize()} never reached {op} #{seq} on "
+                       f"{group_label(state, group)}: {ranks_label(waiting)} "
+                       f"{have(waiting)} waited {now - since:.0f} s for "
+                       f"{them(roots)}{_chain_text(state, chain)}.")
+            hint = (f"{ranks_label(roots).capitalize()} never reached that collective: look "
+                    "for data loading, a rank-dependent branch that skips a collective, or "
+                    f"compute that never ends. {_stacks_text(state, roots, stacks)} "
+                    f"{what_ends_the_wait(state, group)}")
         out.append(finding(
             "hang", Severity.CRITICAL, roots, group, summary + _stopped(state, frame), hint,
             {"seq": seq, "op": op, "source": view.source, "waiting": sorted(waiting),
@@ -230,6 +230,38 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
              "chain": chain, "stacks": stacks, **_stop_evidence(frame)},
             since + s.hang_after, key=f"{seq}" if view is PYTHON else f"fr{seq}"))
     return out
+
+
+def _stacks_text(state: JobState, culprits: list[int], stacks: dict[str, str]) -> str:
+    """What the evidence holds of the ranks' stacks, and how to get the culprits' own."""
+    culprits = sorted(culprits)
+    shown = sorted(int(r) for r in stacks)
+    missing = [r for r in culprits if str(r) not in stacks]
+    others = [r for r in shown if r not in culprits]
+    if not missing:
+        return (f"The stack of {agree(culprits, 'the culprit', 'each culprit')} is in the "
+                "evidence.")
+    needs = (f"the {agree(missing, 'culprit', 'culprits')}' own "
+             f"{agree(missing, 'stack needs a snapshot', 'stacks need snapshots')}: "
+             f"{stack_commands(state, missing)}.").replace("culprit' ", "culprit's ")
+    if others:
+        return (f"The {agree(others, 'stack', 'stacks')} of the waiting "
+                f"{agree(others, 'rank', 'ranks')} ({ranks_label(others)}) "
+                f"{agree(others, 'is', 'are')} in the evidence; {needs}")
+    return f"No stack is in the evidence yet; {needs}"
+
+
+def _compare_text(state: JobState, ranks: list[int], stacks: dict[str, str]) -> str:
+    """Where ranks that are all inside one collective wait: their stacks in the evidence, and
+    how to get the ones that are not."""
+    shown = sorted(int(r) for r in stacks)
+    missing = [r for r in sorted(ranks) if str(r) not in stacks]
+    text = (f"Compare the {agree(shown, 'stack', 'stacks')} of {ranks_label(shown)} in the "
+            "evidence" if shown else "No stack is in the evidence yet")
+    if missing:
+        text += (f"; {agree(missing, 'a snapshot', 'snapshots')} of {ranks_label(missing)}: "
+                 f"{stack_commands(state, missing)}")
+    return text + "."
 
 
 def _chain_text(state: JobState, chain: list[dict[str, Any]]) -> str:
@@ -262,9 +294,6 @@ def _p2p_finding(state: JobState, group: str, frame: Frame, s: Settings, after: 
         roots = sorted(waits)
     waiting = sorted(set(waits) - set(roots))
     since = min(rows[r]["p2p_since"] for r in waits)
-    first = state.rank_index().get(roots[0])
-    where = (f"`py-spy dump --pid {first.pid}` on {first.host}" if first and first.pid
-             else "a stack dump of it")
     direct = sorted({r for r, p in waits.items() if p in roots})
     lead = direct[0] if direct else (waiting or roots)[0]
     lead_wait = (f"rank {lead} has waited {frame.now - rows[lead]['p2p_since']:.0f} s in "
@@ -280,18 +309,23 @@ def _p2p_finding(state: JobState, group: str, frame: Frame, s: Settings, after: 
                 "ranks receive, then the reverse), or post both with `dist.batch_isend_irecv`.")
     else:
         summary = (f"{ranks_label(roots).capitalize()} {have(roots)} not sent or received "
-                   f"what {ranks_label(waiting or sorted(waits))} wait for on "
+                   f"what {ranks_label(waiting or sorted(waits))} "
+                   f"{agree(waiting or waits, 'waits', 'wait')} for on "
                    f"{group_label(state, group)}: {lead_wait}"
                    f"{_chain_text(state, [c for c in chain if c['rank'] != lead])}")
         hint = (f"{ranks_label(roots).capitalize()} never posted the matching send or "
-                f"receive: see where it is with {where}. In a pipeline this is the stage that "
-                "stopped (compute that never ends, data loading, a stage that skipped a "
-                "micro-batch or ran a different schedule); its neighbours only wait for it.")
+                f"receive: see where {agree(roots, 'it is', 'they are')} with "
+                f"{stack_commands(state, roots)}. In a pipeline "
+                f"{agree(roots, 'this is the stage', 'these are the stages')} that stopped "
+                "(compute that never ends, data loading, a stage that skipped a micro-batch "
+                f"or ran a different schedule); {agree(roots, 'its', 'their')} neighbours only "
+                f"wait for {them(roots)}.")
     if kind == "stall":
         summary += (", far longer than this group's operations take (stall after "
                     f"{after:.0f} s)")
     if kind == "stall":
-        hint += f" If it does not move, this becomes a hang after {s.hang_after:g} s."
+        hint += (f" If {agree(roots, 'it does', 'they do')} not move, this becomes a hang "
+                 f"after {s.hang_after:g} s.")
     return finding(
         kind, Severity.CRITICAL if kind == "hang" else Severity.WARNING, roots, group,
         summary + "." + _stopped(state, frame), hint,
@@ -354,7 +388,6 @@ def _stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
     Unlike `hang`, a collective every member entered is not a stall: nobody to name yet.
     """
     out = []
-    ranks = state.rank_index()
     now = frame.now
     for group in sorted(state.groups, key=str):
         if any(_stuck(state, group, frame, s, v) is not None for v in (PYTHON, FLIGHT)):
@@ -377,18 +410,16 @@ def _stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
             if now - since < threshold:
                 continue
             chain, roots = _follow(state, group, behind, frame, view)
-            first = ranks.get(roots[0])
             out.append(finding(
                 "stall", Severity.WARNING, roots, group,
                 f"{ranks_label(roots).capitalize()} {have(roots)} not reached {op} #{seq} on "
                 f"{group_label(state, group)}: {ranks_label(waiting)} {have(waiting)} "
-                f"waited {now - since:.0f} s for {'it' if len(roots) == 1 else 'them'}"
+                f"waited {now - since:.0f} s for {them(roots)}"
                 f"{_chain_text(state, chain)}, far longer than this group's collectives take "
                 f"(stall after {threshold:.0f} s)." + _stopped(state, frame),
                 f"{ranks_label(roots).capitalize()} {have(roots)} not reached that "
-                f"collective yet. See what it does: `py-spy dump --pid "
-                f"{first.pid if first and first.pid else '<pid>'}` on "
-                f"{first.host if first and first.host else 'its host'}. A checkpoint or an "
+                f"collective yet. See what {agree(roots, 'it does', 'they do')}: "
+                f"{stack_commands(state, roots)}. A checkpoint or an "
                 "evaluation that runs on one rank only looks like this too; if it is not one, "
                 f"this becomes a hang after {s.hang_after:g} s (--hang-after).",
                 {"seq": seq, "op": op, "source": view.source, "waiting": sorted(waiting),

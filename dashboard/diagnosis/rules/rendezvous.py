@@ -8,7 +8,7 @@ from typing import Any
 
 from dashboard.errors import classify
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
-from dashboard.diagnosis.text import process_label, ranks_label
+from dashboard.diagnosis.text import agree, backend_of, have, process_label, ranks_label, them
 from dashboard.state import JobState, RankState
 
 
@@ -35,10 +35,13 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
         "init_incomplete", Severity.CRITICAL, missing, None,
         f"{ranks_label(missing).capitalize()} never arrived at rendezvous: "
         f"{len(arrived)} of {world} ranks did, and init_process_group waits for "
-        f"{'it' if len(missing) == 1 else 'them'}.",
-        f"Check that {ranks_label(missing)} were launched at all (the launcher's log, "
-        f"`squeue`/`kubectl get pods`), that they use WORLD_SIZE={world} and reach {target} "
-        f"(`nc -zv {addr or '<MASTER_ADDR>'} {port or '<MASTER_PORT>'}` from their hosts).",
+        f"{them(missing)}.",
+        f"Check that {ranks_label(missing)} {agree(missing, 'was', 'were')} launched at all "
+        "(the launcher's log, "
+        f"`squeue`/`kubectl get pods`), that {agree(missing, 'it uses', 'they use')} "
+        f"WORLD_SIZE={world} and {agree(missing, 'reaches', 'reach')} {target} "
+        f"(`nc -zv {addr or '<MASTER_ADDR>'} {port or '<MASTER_PORT>'}` from "
+        f"{agree(missing, 'its host', 'their hosts')}).",
         {"world_size": world, "arrived": sorted(arrived), "missing": missing,
          "waiting_since": min(e["arrived_at"] for e in waiting), "master": target},
         last_arrival + s.init_grace)]
@@ -51,7 +54,7 @@ def init_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         if not err:
             continue
         r = state.sessions[sess]
-        cause = classify(err["error"], err.get("error_type"))
+        cause = classify(err["error"], err.get("error_type"), backend_of(state))
         rank = r.rank if r.rank is not None else entry.get("rank")
         out.append(finding(
             "init_failed", Severity.CRITICAL, [rank] if rank is not None and rank >= 0 else [], None,
@@ -107,7 +110,7 @@ def config_mismatch(state: JobState, now: float, s: Settings) -> list[Finding]:
         by = {r.rank: r for r in ranks}
         out.append(finding(
             "config_mismatch", severity, odd, None,
-            f"{ranks_label(odd).capitalize()} {'has' if len(odd) == 1 else 'have'} another "
+            f"{ranks_label(odd).capitalize()} {have(odd)} another "
             f"{key} than the others: {odd_values}; the others have "
             f"{majority if majority != 'None' else '(unset)'}.",
             f"Set {key} the same on every rank (the launcher's environment, the job script); "

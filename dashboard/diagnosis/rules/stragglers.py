@@ -9,7 +9,7 @@ from typing import Any, Callable, NamedTuple
 
 from agent.wire import RankStatus, hist_bucket_value
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
-from dashboard.diagnosis.text import group_label, process_label
+from dashboard.diagnosis.text import backend_of, group_label, process_label
 from dashboard.state import JobState, quantile_us
 
 
@@ -410,9 +410,12 @@ def slow_collective(state: JobState, now: float, s: Settings) -> list[Finding]:
             f"Collectives on {group_label(state, group)} take {latest / 1000:.1f} ms, "
             f"{latest / baseline:.0f}x their usual {baseline / 1000:.2f} ms in this job.",
             "The transfer itself slowed down on every rank (not one late rank): check the "
-            "links between these ranks' hosts (NCCL_DEBUG=INFO shows the transport; "
-            "`ibstat`, NVLink/PCIe errors in GPU health), other jobs sharing the network, "
-            "and a sudden growth in message size.",
+            "links between these ranks' hosts ("
+            + ("NCCL_DEBUG=INFO shows the transport; `ibstat`, NVLink/PCIe errors in GPU "
+               "health" if backend_of(state, group) == "nccl" else
+               "gloo runs over TCP on the interface GLOO_SOCKET_IFNAME names; `ip -s link` "
+               "shows its errors and drops")
+            + "), other jobs sharing the network, and a sudden growth in message size.",
             {"current_us": round(latest, 1), "baseline_us": round(baseline, 1),
              "ranks": members, "intervals": s.slow_persist},
             max(pts[-1][0] for pts in windows.values()), key="latest"))

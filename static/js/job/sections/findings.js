@@ -53,6 +53,10 @@ function evidenceNode(f, findGroup) {
       }
     } else if ((key === "error" || key === "stack") && typeof v === "string") {
       blocks.push(el("div", { class: "ev-block" }, el("div", { class: "ev-label", text: key === "error" ? "Error text (verbatim)" : "Stack" }), el("pre", { class: "ev-text", text: v })));
+    } else if (key === "traceback" && Array.isArray(v)) {
+      // As Python prints it (the raising frame last); pgdash's own frames were left out.
+      const lines = v.map((fr) => '  File "' + String(fr && fr.file) + '", line ' + String(fr && fr.line) + ", in " + String(fr && fr.function) + (fr && fr.code ? "\n    " + String(fr.code) : ""));
+      blocks.push(el("div", { class: "ev-block" }, el("div", { class: "ev-label", text: "Traceback (most recent call last)" }), el("pre", { class: "ev-text", text: lines.join("\n") })));
     } else if (key === "chain" && Array.isArray(v)) {
       fields.push([
         "chain",
