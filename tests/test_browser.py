@@ -29,7 +29,7 @@ import pytest
 import socketio
 
 from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
-from conftest import WAIT_S, ServerProcess, job_by_name, wait_for
+from conftest import WAIT_S, ServerProcess, job_by_name, launch_job, wait_for, wait_job
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -204,7 +204,7 @@ def test_job_page_updates_live_without_reload(server, agents, watched):
     expect(page.locator("#live-text")).to_have_text("Live")
     expect(page.locator("#job-name")).to_have_text("live")
     expect(rank_row(page, 0).locator("td").nth(COLLECTIVES)).to_have_text("3")
-    expect(rank_row(page, 0).locator("td").nth(STATUS)).to_have_text("running")
+    expect(rank_row(page, 0).locator(".rank-state")).to_have_text("running")
     expect(page.locator("#groups-body")).to_contain_text("world")
     page.evaluate("window.__sameDocument = true")  # gone if anything reloads the page
 
@@ -242,9 +242,9 @@ def test_job_page_updates_live_without_reload(server, agents, watched):
     expect(rank_row(page, 1).locator("td").nth(9)).to_contain_text("all_reduce")
 
     r0.send("exit", {"clean": True, "exitcode": 0})
-    expect(rank_row(page, 0).locator("td").nth(STATUS)).to_have_text("exited", timeout=LIVE_MS)
+    expect(rank_row(page, 0).locator(".rank-state")).to_have_text("exited", timeout=LIVE_MS)
     r1.send("exit", {"clean": False, "reason": "SIGTERM", "exitcode": -15})
-    expect(rank_row(page, 1).locator("td").nth(STATUS)).to_have_text("failed", timeout=LIVE_MS)
+    expect(rank_row(page, 1).locator(".rank-state")).to_have_text("failed", timeout=LIVE_MS)
     expect(page.locator("#job-status")).to_have_text("failed", timeout=LIVE_MS)
     expect(page.locator("#job-meta")).to_contain_text("Ended")
 
@@ -840,3 +840,143 @@ def test_a_moment_opened_by_its_address_looks_the_same_every_time(hang_server, w
             t.start()
         for t in closers:
             t.join(timeout=15)
+
+
+# -- one page, one story: every section says the same of a rank, of the collectives, of when --
+
+def test_a_hung_rank_reads_hung_in_the_table_the_topology_and_progress_alike(hang_server,
+                                                                           watched):
+    """Rank 1 of two never reaches all_reduce #5 (its agent says it runs, idle between
+    collectives); once the server calls it a hang, the ranks table says "hung" with the
+    finding's reason, exactly as the topology, and never "running" or "idle"."""
+    page = watched.page
+    agents = [FakeAgent(hang_server.url, "hung2", rank) for rank in range(2)]
+    try:
+        agents[0].send("group", {"name": "0", "desc": "world", "backend": "gloo",
+                                 "ranks": [0, 1]})
+        agents[0].send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 4,
+                                                 "inflight_op": "all_reduce",
+                                                 "inflight_since": time.time() - 5}]})
+        agents[1].send("heartbeat", {"groups": [{"group": "0", "entered": 4,
+                                                 "completed": 4}]})
+        jid = job_id(hang_server, "hung2")
+        hang = wait_for(lambda: next((f for f in hang_server.api(
+            f"/api/jobs/{jid}/findings")["findings"] if f["kind"] == "hang"), None),
+            10, "the hang finding")
+        assert hang["ranks"] == [1]
+
+        page.goto(f"{hang_server.url}/jobs/{jid}")
+        topology = page.locator("#topology .rk[data-rank='1']")
+        expect(topology).to_have_attribute("data-state", "hung", timeout=LIVE_MS)
+        row = rank_row(page, 1)
+        expect(row).to_have_attribute("data-state", "hung")
+        state_cell = row.locator("td").nth(STATUS)
+        expect(state_cell.locator(".rank-state")).to_have_text("hung (at fault)")
+        # Its reason is the finding's summary (whose "waited N s" moves on).
+        expect(state_cell.locator(".rank-reason")).to_contain_text(
+            hang["summary"].split(":")[0] + ": rank 0 has waited")
+        expect(state_cell).not_to_contain_text("running")
+        expect(row.locator("td").nth(9)).not_to_contain_text("idle")
+        # Its victim: waiting on it, in the table as on the topology.
+        expect(page.locator("#topology .rk[data-rank='0']")).to_have_attribute(
+            "data-state", "stuck")
+        expect(rank_row(page, 0).locator(".rank-state")).to_have_text("waiting on a hang")
+        expect(rank_row(page, 0).locator(".rank-reason")).to_contain_text(
+            "in all_reduce on group 0 (world), waiting for rank 1")
+        # The counts above the table are of the same states as the topology's legend.
+        expect(page.locator("#ranks-summary")).to_contain_text("1 hung (at fault)")
+        expect(page.locator("#ranks-summary")).not_to_contain_text("running")
+        expect(page.locator("#topology-legend")).to_contain_text("hung (at fault) 1")
+        # Progress names the same state for the rank behind.
+        expect(page.locator("#progress .pg-cell[data-rank='1']")).to_have_attribute(
+            "title", re.compile(r"hung \(at fault\)"))
+        expect(page.locator("#job-verdict")).to_have_text("1 critical incident · at fault: rank 1")
+        assert page.evaluate("window.pgdashJob.rankState(1)") == "hung"
+    finally:
+        closers = [threading.Thread(target=a.close, daemon=True) for a in agents]
+        for t in closers:
+            t.start()
+        for t in closers:
+            t.join(timeout=15)
+    watched.assert_clean()
+
+
+def test_a_ddp_only_job_draws_its_cpp_collectives_on_every_chart(server, watched, tmp_path):
+    """A real 2-rank DDP job whose only collectives are DDP's gradient all-reduces, issued
+    from C++ (PGDASH_DDP_HOOK=0: the agent sees them through the Flight Recorder only). The
+    charts and the heat map draw them, as the table below them lists them."""
+    page = watched.page
+    procs = launch_job("ddp_only_job.py", 2, server.url, "ddp-only", tmp_path,
+                       env={"PGDASH_DDP_HOOK": "0"}, args=["150", "0.1"])
+    try:
+        jid = job_id(server, "ddp-only")
+        wait_for(lambda: any(r["source"] == "flight_recorder" for r in server.api(
+            f"/api/jobs/{jid}/collectives")["collectives"]) or None, 60,
+            "collectives from the Flight Recorder")
+        assert not any(r["source"] == "wrapper" for r in server.api(
+            f"/api/jobs/{jid}/collectives")["collectives"])  # C++ only: nothing Python issued
+
+        page.goto(f"{server.url}/jobs/{jid}")
+        expect(page.locator("#coll-body")).to_contain_text("all_reduce (C++)", timeout=LIVE_MS)
+        expect(page.locator("#latency-chart")).to_contain_text("all_reduce (C++) p50",
+                                                               timeout=LIVE_MS)
+        expect(page.locator("#latency-chart canvas")).not_to_have_count(0)
+        expect(page.locator("#bytes-chart canvas")).not_to_have_count(0)
+        expect(page.locator("#heatmap canvas")).to_have_count(1, timeout=LIVE_MS)
+        expect(page.locator("#heat-note")).to_contain_text("Flight Recorder")
+        for chart in ("#latency-chart", "#bytes-chart", "#heatmap"):
+            expect(page.locator(chart)).not_to_contain_text("No collectives")
+        assert wait_job(procs, 90, tmp_path) == [0, 0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    watched.assert_clean()
+
+
+def test_a_replayed_moment_says_replay_not_live_and_an_ended_job_says_it_ended(server, agents,
+                                                                             watched):
+    """/jobs/<id>?at=T: the indicator says "Replay" and the moment instead of "Live", with
+    the way back; once the job ended its page says so (no "Live"), and a replay of it
+    counts back from its end."""
+    page = watched.page
+    ranks = [agents("replayed", r) for r in range(2)]
+    for r in ranks:
+        r.send("group", {"name": "0", "desc": "world", "backend": "gloo", "ranks": [0, 1]})
+        r.collectives(10)
+    jid = job_id(server, "replayed")
+    moment = time.time()
+    time.sleep(1.0)
+
+    page.goto(f"{server.url}/jobs/{jid}?at={moment}")
+    expect(page.locator("#job-page")).to_have_attribute("data-replayed", re.compile(r"^\d"),
+                                                        timeout=LIVE_MS)
+    live = page.locator("#live")
+    expect(live).to_have_attribute("data-state", "replay")
+    expect(page.locator("#live-text")).to_contain_text("Replay")
+    expect(page.locator("#live-text")).to_contain_text(
+        page.evaluate(f"PG.fmtTime({moment}).slice(11)"))
+    expect(page.locator("#live-text")).to_contain_text("ago")  # the job still runs
+    expect(page.locator("#live-updated")).to_have_text("")
+    page.wait_for_timeout(1500)  # the socket's messages keep coming: still a replay
+    expect(page.locator("#live-text")).not_to_contain_text("Live")
+    back = page.locator("#replay-live")
+    expect(back).to_have_text("Back to live")
+    back.click()
+    expect(page.locator("#live-text")).to_have_text("Live", timeout=LIVE_MS)
+    expect(live).to_have_attribute("data-state", "live")
+
+    for r in ranks:
+        r.send("exit", {"clean": True, "reason": "exit"})
+    expect(page.locator("#job-status")).to_have_text("finished", timeout=LIVE_MS)
+    expect(live).to_have_attribute("data-state", "ended")
+    expect(page.locator("#live-text")).to_contain_text("Ended")
+    expect(page.locator("#live-text")).not_to_contain_text("Live")
+
+    page.goto(f"{server.url}/jobs/{jid}?at={moment}")
+    expect(page.locator("#job-page")).to_have_attribute("data-replayed", re.compile(r"^\d"),
+                                                        timeout=LIVE_MS)
+    expect(page.locator("#live-text")).to_contain_text("before the end", timeout=LIVE_MS)
+    expect(page.locator("#replay-live")).to_have_text("Back to the end")
+    watched.assert_clean()

@@ -9,7 +9,8 @@
  *            clock corrected by the server's Date header), tick()
  *   data     url(), fetchJSON(), changed()
  *   sorting  sortBy(), sortHeader()
- *   live     connectLive()  (Socket.IO namespace /ui, re-watches on every reconnect)
+ *   live     connectLive()  (Socket.IO namespace /ui, re-watches on every reconnect),
+ *            setMoment() (the indicator says "Replay" or "Ended" instead of "Live")
  *
  * Server data only ever reaches the page through textContent / setAttribute on
  * elements built here; nothing in pgdash parses server data as HTML.
@@ -387,13 +388,34 @@
     offline: "Offline",
   };
   let lastUpdate = null;
+  let socketState = "connecting";
+  // What the page shows instead of the connection, when "Live" would not be true of it:
+  // {state, text, title} (the job page: a replayed moment, or a job that ended), else null.
+  let moment = null;
 
   function setLiveState(state) {
+    socketState = state;
+    paintLive();
+  }
+
+  function paintLive() {
     const box = document.getElementById("live");
     if (!box) return;
-    box.dataset.state = state;
+    box.dataset.state = moment ? moment.state : socketState;
+    box.title = moment && moment.title ? moment.title : "";
     const text = document.getElementById("live-text");
-    if (text) text.textContent = LIVE_TEXT[state] || state;
+    if (text) text.textContent = moment ? moment.text : LIVE_TEXT[socketState] || socketState;
+    renderUpdated();
+  }
+
+  /**
+   * Say what the page shows when it is not the live present: `m` = {state: "replay" |
+   * "ended", text, title}; null gives the connection's state back to the indicator.
+   */
+  function setMoment(m) {
+    const same = JSON.stringify(m || null) === JSON.stringify(moment);
+    moment = m ? { state: String(m.state), text: String(m.text), title: m.title ? String(m.title) : "" } : null;
+    if (!same) paintLive();
   }
 
   /** Record that fresh data arrived (REST or socket). */
@@ -405,8 +427,10 @@
   function renderUpdated() {
     const node = document.getElementById("live-updated");
     if (!node) return;
-    if (lastUpdate === null) {
-      node.textContent = "";
+    if (lastUpdate === null || moment) {
+      node.textContent = ""; // a replayed moment or an ended job is not "updated 3 s ago"
+      const box = document.getElementById("live");
+      if (box) box.classList.remove("stale");
       return;
     }
     const age = Date.now() / 1000 - lastUpdate;
@@ -510,7 +534,7 @@
     DASH, isNum, fmtNum, fmtUs, fmtBytes, fmtDuration, fmtAgo, fmtTime, fmtRanks,
     badge, ago, since, timeCell, overdueAt,
     now, clockNow, setViewAt, tick,
-    url, fetchJSON, changed, markUpdated,
+    url, fetchJSON, changed, markUpdated, setMoment,
     sortBy, sortHeader,
     connectLive,
   });

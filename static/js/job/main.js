@@ -16,7 +16,7 @@
  */
 import { $, JOB_ID, page, hooks, state, highlighted, indexGroups, viewAt } from "./ctx.js";
 import { liveHooks, onDelta, onSnapshot } from "./live.js";
-import { replayHooks, setupReplay, showReplayBar } from "./replay.js";
+import { replayHooks, setupReplay, showIndicator, showReplayBar } from "./replay.js";
 import { opRows, renderCharts, renderCollectives } from "./sections/collectives.js";
 import { renderFindings, renderIncidents } from "./sections/findings.js";
 import { agentDrops, renderAttempts, renderHeader, renderVerdict } from "./sections/header.js";
@@ -52,6 +52,7 @@ function renderSections() {
   if (job && PG.changed("header", [jobHead, state.replay && state.replay.at, openIncidents])) renderHeader(job);
   if (job && PG.changed("attempts", job.attempts)) renderAttempts(job.attempts);
   if (job) showReplayBar();
+  showIndicator(); // "Replay" or "Ended" instead of "Live" when that is what the page shows
   if (state.incidents !== null) {
     renderVerdict(state.incidents);
     const stableInc = state.incidents.map((i) => Object.assign({}, i, { last_seen: i.active ? null : i.last_seen }));
@@ -67,7 +68,7 @@ function renderSections() {
   if (job) renderProgress(groups, state.progress, findGroup, hl, describe);
   const rows = state.ops !== null || state.collectives !== null ? opRows(state.ops, state.collectives, findGroup) : null;
   renderCollectives(rows, findGroup);
-  if (state.live || state.replay) renderCharts(state.grid, hl, describe);
+  if (state.live || state.replay) renderCharts(state.grid, hl, describe, rows);
   if (PG.changed("rendezvous", [state.rendezvous, job && job.world_size, selKey])) renderRendezvous(state.rendezvous, job, hl);
   if (PG.changed("errors", state.errors)) renderErrors(state.errors);
   if (PG.changed("gpus", [state.gpus, selKey])) renderGpus(state.gpus, hl);

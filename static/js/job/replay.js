@@ -56,6 +56,52 @@ function showReplayError(msg) {
   if (msg) page.dataset.replayed = "error";
 }
 
+/** Whether the job has ended (its span is known and closed, or the live job says so). */
+function jobEnded() {
+  const job = state.replay ? null : state.job; // a replayed header says what was known then
+  if (job) return job.status === "finished" || job.status === "failed";
+  return Boolean(range && !range.running);
+}
+
+/**
+ * The indicator at the top (base.html #live) says what the page shows: "Replay" and the
+ * moment while a past one is on screen, "Ended" for a job that ended, else the connection
+ * ("Live"). The way back says where it leads: the live job, or the end of an ended one.
+ */
+export function showIndicator() {
+  const ended = jobEnded();
+  if (ended && range && range.running && !state.replay && PG.isNum(state.job.ended_at)) {
+    range = { start: range.start, end: state.job.ended_at, running: false }; // it ended while watched
+  }
+  $("replay-live").textContent = ended ? "Back to the end" : "Back to live";
+  if (state.replay) {
+    const at = state.replay.at;
+    let rel = "";
+    if (range && !range.running) {
+      const before = range.end - at;
+      rel = before < 1 ? "the end" : PG.fmtDuration(before) + " before the end";
+    } else if (range) {
+      rel = PG.fmtDuration(PG.clockNow() - at) + " ago"; // a label: the job runs on
+    }
+    PG.setMoment({
+      state: "replay",
+      text: "\u23f8 Replay \u00b7 " + PG.fmtTime(at).slice(11) + (rel ? " (" + rel + ")" : ""),
+      title: "The page shows the job as it was at " + PG.fmtTime(at) + ", not live. " + (ended ? "\u201cBack to the end\u201d shows how it ended." : "\u201cBack to live\u201d follows it again."),
+    });
+    return;
+  }
+  const job = state.job;
+  if (job && (job.status === "finished" || job.status === "failed")) {
+    PG.setMoment({
+      state: "ended",
+      text: "\u25a0 Ended" + (PG.isNum(job.ended_at) ? " \u00b7 " + PG.fmtTime(job.ended_at).slice(11) : ""),
+      title: "This job " + (job.status === "failed" ? "failed" : "finished") + (PG.isNum(job.ended_at) ? " at " + PG.fmtTime(job.ended_at) : "") + ": the page shows how it ended.",
+    });
+    return;
+  }
+  PG.setMoment(null);
+}
+
 export function showReplayBar() {
   const bar = $("replay");
   if (bar.hidden && bounds()) bar.hidden = false;
@@ -197,7 +243,8 @@ export function setupReplay() {
   });
   $("replay-play").addEventListener("click", () => (playTimer ? pause() : play()));
   $("replay-live").addEventListener("click", backToLive);
-  learnRange().catch(() => {}); // without it the slider spans what the page knows
+  learnRange().catch(() => {}).then(showIndicator); // without it the slider spans what the page knows
+  PG.tick(() => state.replay && range && range.running && showIndicator()); // "(2 m ago)" moves on
 
   const raw = new URLSearchParams(location.search).get("at");
   if (raw === null) return false;
@@ -208,6 +255,7 @@ export function setupReplay() {
   }
   state.replay = { at: at }; // the live feed and the REST load wait behind it
   PG.setViewAt(at);
+  showIndicator();
   page.classList.add("replaying");
   $("replay-live").hidden = false;
   describe(at);

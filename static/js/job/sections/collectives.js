@@ -113,11 +113,22 @@ function bytesRates() {
   return out;
 }
 
-export function renderCharts(grid, hl, describe) {
+/**
+ * What an empty chart says: exactly what there is none of, in agreement with the table
+ * below it (`rows`: the table's rows, over the whole job; the charts show the last seconds).
+ */
+export function noCollectivesText(grid, rows) {
+  if (!grid) return "Waiting for live data\u2026";
+  const total = (rows || []).reduce((n, r) => n + (PG.isNum(r.count) ? r.count : 0), 0);
+  if (!total) return "No collectives recorded yet.";
+  return "No collectives in the last " + grid.bins + " s; the table below counts all " + PG.fmtNum(total) + " since the job began.";
+}
+
+export function renderCharts(grid, hl, describe, rows) {
   const fams = grid && Array.isArray(grid.families) ? grid.families : [];
   const ops = grid && Array.isArray(grid.ops) ? grid.ops : [];
   const x = grid && grid.end != null ? Array.from({ length: grid.bins }, (_, i) => grid.end - grid.bins + 1 + i + 0.5) : [];
-  const waiting = grid ? "No collectives yet." : "Waiting for live data\u2026";
+  const waiting = noCollectivesText(grid, rows);
 
   // Latency per family and op: p50 solid, p99 dashed, from every rank's merged histograms.
   const latSeries = [];
@@ -150,8 +161,14 @@ export function renderCharts(grid, hl, describe) {
   select.hidden = !names.length;
   const fam = fams.find((f) => String(f.family) === state.heatFamily);
   const heat = $("heatmap");
-  if (!grid) clear(heat, PG.empty("Waiting for live data\u2026"));
-  else if (!fam) clear(heat, PG.empty("No collectives in the last " + grid.bins + " s."));
+  // Collectives issued from C++ (DDP's) are timed to the agent's polls: their busy share is
+  // sampled from the Flight Recorder, and the caption says so.
+  $("heat-note").textContent = fam && fam.sampled ? "C++ collectives (DDP's): share of the agent's Flight Recorder samples inside one" : "";
+  if (!grid || !fam) {
+    // The charts above may still have some (point-to-point ops, or C++ ones without samples).
+    const named = Array.from(new Set(ops.map((o) => opLabel(o))));
+    clear(heat, PG.empty(grid && named.length ? "No time inside collectives measured in the last " + grid.bins + " s: it had only " + named.join(", ") + ", which this map does not draw." : waiting));
+  }
   else PGCharts.heatmap(heat, { ranks: fam.ranks, busy: fam.busy, end: grid.end, bins: grid.bins, highlight: hl, endLabel: state.replay ? "at " + PG.fmtTime(state.replay.at).slice(11) : "now", describe: (r) => describe(r).split("\n")[0] });
   const legend = $("heat-legend");
   if (!legend.firstChild) {

@@ -82,7 +82,7 @@ export function renderProgress(groups, progress, findGroup, hl, describe) {
             const row = gp.byRank.get(rank);
             const hlc = hl.has(rank) ? " hl" : "";
             if (!row) {
-              return el("div", { class: "pg-cell nodata" + hlc, dataset: { rank: String(rank) }, title: "rank " + rank + ": no progress reported" }, el("span", { class: "pg-rank", text: "r" + rank }), el("span", { class: "pg-seq", text: DASH }));
+              return el("div", { class: "pg-cell nodata" + hlc, dataset: { rank: String(rank) }, title: describe(rank).split("\n")[0] + "\nno progress reported" }, el("span", { class: "pg-rank", text: "r" + rank }), el("span", { class: "pg-seq", text: DASH }));
             }
             const lag = gp.behind.get(rank);
             const cell = el(
@@ -90,7 +90,8 @@ export function renderProgress(groups, progress, findGroup, hl, describe) {
               {
                 class: "pg-cell" + (lag !== undefined ? " behind" + (gp.overdue ? " overdue" : "") : "") + (row.inflight_op != null ? " busy" : "") + hlc,
                 dataset: { rank: String(rank) },
-                title: "rank " + rank + ": entered " + text(row.entered) + ", completed " + text(row.completed) + (lag !== undefined ? " \u2014 furthest behind" : ""),
+                // The rank's state as everywhere on the page (the server's), then its progress.
+                title: describe(rank).split("\n").slice(0, 2).join("\n") + "\nentered " + text(row.entered) + ", completed " + text(row.completed) + (lag !== undefined ? " \u2014 furthest behind" : ""),
               },
               el("span", { class: "pg-rank", text: "r" + rank }),
               el("span", { class: "pg-seq" }, text(row.entered), el("span", { class: "pg-slash", text: " / " }), text(row.completed)),

@@ -23,21 +23,51 @@ const STATE_TEXT = {
 };
 
 /**
- * The server's display states (state.rankStates) as look-ups: states (rank -> state),
+ * The server's display states (state.rankStates, dashboard/views.py rank_states) as
+ * look-ups: states (rank -> state), rows (rank -> its row: reason, since, waiting),
  * blamedBy (rank -> kinds of the findings that explain it), overdue (ranks that sat in a
- * collective past the stall threshold). Nothing is judged here.
+ * collective past the stall threshold). Nothing is judged here: the table, the topology,
+ * progress and the heat map all read a rank's state from this one place. Before the live
+ * feed's first message (the REST load) the ranks' own status from the same server stands
+ * in, everywhere alike.
  */
 export function derivedStates() {
   const kinds = new Map((state.findings || []).map((f) => [f.id, f.kind]));
   const states = new Map();
+  const rows = new Map();
   const blamedBy = new Map();
   const overdue = new Set();
-  for (const row of state.rankStates || []) {
+  const judged = Array.isArray(state.rankStates) && state.rankStates.length ? state.rankStates : null;
+  for (const row of judged || []) {
     states.set(row.rank, row.state);
+    rows.set(row.rank, row);
     if (Array.isArray(row.findings) && row.findings.length) blamedBy.set(row.rank, row.findings.map((id) => kinds.get(id) || id));
     if (row.overdue) overdue.add(row.rank);
   }
-  return { states, blamedBy, overdue };
+  if (!judged) {
+    for (const r of (state.job && state.job.ranks) || []) states.set(r.rank, STATE_TEXT[r.status] ? r.status : "unknown");
+  }
+  return { states, rows, blamedBy, overdue };
+}
+
+/** A rank's state as the page says it everywhere: its label, and why (server's words). */
+export function stateLabel(st) {
+  return STATE_TEXT[st] || STATE_TEXT.unknown;
+}
+
+/** "since 17:25:03" of a state row (a time of day: the same whenever it is looked at). */
+function sinceText(row) {
+  return row && PG.isNum(row.since) ? "since " + PG.fmtTime(row.since).slice(11) : "";
+}
+
+/** The state cell of the ranks table: the state's badge, then its reason. */
+function stateCell(st, row) {
+  const why = row && row.reason ? String(row.reason) : "";
+  const when = sinceText(row);
+  return [
+    el("span", { class: "rank-state", dataset: { state: st } }, stateLabel(st)),
+    why || when ? el("span", { class: "rank-reason", text: [why, when].filter(Boolean).join(" \u00b7 ") }) : null,
+  ];
 }
 
 export function rankDescriber(ranks, derived, progress) {
@@ -50,9 +80,10 @@ export function rankDescriber(ranks, derived, progress) {
       if (r.host) parts.push(String(r.host));
       if (r.device) parts.push(String(r.device));
     }
-    const st = derived.states.get(rank) || "unknown";
-    parts.push(STATE_TEXT[st] + (r && r.status && r.status !== st ? " (" + r.status + ")" : ""));
+    parts.push(stateLabel(derived.states.get(rank) || "unknown"));
     let out = parts.join(" \u00b7 ");
+    const row = derived.rows.get(rank);
+    if (row && row.reason) out += "\n" + row.reason + (sinceText(row) ? " (" + sinceText(row) + ")" : "");
     for (const f of flights.get(rank) || []) {
       // PG.now(): the replayed moment, else the clock (a label, never a verdict)
       out += "\nin " + f.op + " on group " + f.group + (PG.isNum(f.since) ? " for " + PG.fmtDuration(PG.now() - f.since) : "");
@@ -119,21 +150,23 @@ export function renderRanks(ranks, progress, findGroup, derived, hl) {
   const inflight = inflightByRank(progress);
 
   const hosts = new Set(list.map((r) => r.host));
-  const byStatus = {};
-  for (const r of list) byStatus[r.status] = (byStatus[r.status] || 0) + 1;
+  // Counted by the one state each rank has on the page (the topology's legend counts the same).
+  const stateOf = (r) => derived.states.get(r.rank) || "unknown";
+  const byState = new Map();
+  for (const r of list) byState.set(stateOf(r), (byState.get(stateOf(r)) || 0) + 1);
   $("ranks-summary").textContent =
     list.length + (list.length === 1 ? " rank on " : " ranks on ") + hosts.size + (hosts.size === 1 ? " host \u00b7 " : " hosts \u00b7 ") +
-    Object.entries(byStatus).map(([s, n]) => n + " " + s).join(", ");
+    STATES.filter((st) => byState.get(st)).map((st) => byState.get(st) + " " + stateLabel(st)).join(", ");
 
   // Filter ("517", "node003", "hung"); highlighted and troubled ranks come first when
   // there are more ranks than rows.
   const needle = state.ranksFilter.trim().toLowerCase();
   let shown = list;
   if (needle) {
-    shown = list.filter((r) => String(r.rank) === needle || String(r.host || "").toLowerCase().includes(needle) || (derived.states.get(r.rank) || "").startsWith(needle) || String(r.status || "").startsWith(needle));
+    shown = list.filter((r) => String(r.rank) === needle || String(r.host || "").toLowerCase().includes(needle) || stateOf(r).startsWith(needle) || stateLabel(stateOf(r)).startsWith(needle));
   }
   if (shown.length > RANK_ROWS) {
-    const first = shown.filter((r) => hl.has(r.rank) || !["running", "waiting", "exited"].includes(derived.states.get(r.rank)));
+    const first = shown.filter((r) => hl.has(r.rank) || !["running", "waiting", "exited"].includes(stateOf(r)));
     const firstSet = new Set(first.map((r) => r.rank));
     shown = first.concat(shown.filter((r) => !firstSet.has(r.rank))).slice(0, RANK_ROWS);
   }
@@ -146,16 +179,17 @@ export function renderRanks(ranks, progress, findGroup, derived, hl) {
           const s = stats.get(r.rank);
           const top = s && s.top;
           const flights = inflight.get(r.rank) || [];
-          const bad = r.status === "failed" || r.status === "lost";
+          const st = stateOf(r);
+          const bad = st === "failed" || st === "lost" || st === "hung";
           return el(
             "tr",
-            { class: (bad ? "row-bad" : "") + (hl.has(r.rank) ? " hl" : "") || null, dataset: { rank: String(r.rank), state: derived.states.get(r.rank) || "unknown" } },
+            { class: (bad ? "row-bad" : "") + (hl.has(r.rank) ? " hl" : "") || null, dataset: { rank: String(r.rank), state: st } },
             el("td", { class: "num strong", text: text(r.rank) }),
             el("td", { class: "mono", text: text(r.host) }),
             el("td", { class: "num", text: text(r.local_rank) }),
             el("td", { class: "num mono", text: text(r.pid) }),
             el("td", { class: "mono", text: text(r.device) }),
-            el("td", null, PG.badge(r.status)),
+            el("td", { class: "state-cell" }, stateCell(st, derived.rows.get(r.rank))),
             el("td", null, PG.ago(r.last_seen)),
             el("td", { class: "num", text: s ? PG.fmtNum(s.total) : DASH }),
             el(
@@ -170,7 +204,7 @@ export function renderRanks(ranks, progress, findGroup, derived, hl) {
               null,
               flights.length
                 ? flights.map((f) => el("div", null, inflightNode(findGroup, Object.assign({ overdue: derived.overdue.has(r.rank) }, f), true)))
-                : el("span", { class: "muted", text: progress !== null && (r.status === "running" || r.status === "initializing") ? "idle" : DASH })
+                : el("span", { class: "muted", text: DASH })
             )
           );
         })
