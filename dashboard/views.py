@@ -361,9 +361,9 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
             on = [b for b in behind_in.get(row["group"], ()) if b != row["rank"]]
             inflight[row["rank"]] = {"group": row["group"], "op": row["inflight_op"],
                                      "since": since, "on": on}
-    last_error: dict[int, dict[str, Any]] = {}
+    last_error: dict[int, dict[str, Any]] = {}  # of the current attempt
     for e in state.errors:
-        if e.get("rank") is not None:
+        if e.get("rank") is not None and e.get("attempt", 0) == state.attempt:
             last_error[e["rank"]] = e
 
     out = []

@@ -85,7 +85,7 @@ export function showIndicator() {
     }
     PG.setMoment({
       state: "replay",
-      text: "\u23f8 Replay \u00b7 " + PG.fmtTime(at).slice(11) + (rel ? " (" + rel + ")" : ""),
+      text: "Replay \u00b7 " + PG.fmtTime(at).slice(11) + (rel ? " (" + rel + ")" : ""),
       title: "The page shows the job as it was at " + PG.fmtTime(at) + ", not live. " + (ended ? "\u201cBack to the end\u201d shows how it ended." : "\u201cBack to live\u201d follows it again."),
     });
     return;
@@ -94,7 +94,7 @@ export function showIndicator() {
   if (job && (job.status === "finished" || job.status === "failed")) {
     PG.setMoment({
       state: "ended",
-      text: "\u25a0 Ended" + (PG.isNum(job.ended_at) ? " \u00b7 " + PG.fmtTime(job.ended_at).slice(11) : ""),
+      text: "Ended" + (PG.isNum(job.ended_at) ? " \u00b7 " + PG.fmtTime(job.ended_at).slice(11) : ""),
       title: "This job " + (job.status === "failed" ? "failed" : "finished") + (PG.isNum(job.ended_at) ? " at " + PG.fmtTime(job.ended_at) : "") + ": the page shows how it ended.",
     });
     return;

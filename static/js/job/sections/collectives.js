@@ -58,7 +58,8 @@ export function renderCollectives(rows, findGroup) {
   const rates = bytesRates();
   const list = (rows || []).map((r) => Object.assign({}, r, { rate: rates.get(String(r.family)) == null ? null : rates.get(String(r.family)).get(opLabel(r)) }));
   const total = list.reduce((n, r) => n + (r.count || 0), 0);
-  $("coll-count").textContent = list.length ? PG.fmtNum(total) + " collectives in " + list.length + (list.length === 1 ? " kind" : " kinds") : "";
+  // Each rank's call counts: a collective of 8 ranks is 8 calls (progress counts it once).
+  $("coll-count").textContent = list.length ? PG.fmtNum(total) + " calls over all ranks, " + list.length + (list.length === 1 ? " kind" : " kinds") : "";
   const body = $("coll-body");
   if (list.length === 0) {
     clear(body, PG.emptyRow(COLL_COLUMNS.length, rows === null ? "Loading\u2026" : "No collectives recorded yet."));
@@ -113,6 +114,14 @@ function bytesRates() {
   return out;
 }
 
+/** The heat map's right edge: the moment replayed, an ended job's last second on it, else now. */
+function heatEnd(grid) {
+  if (state.replay) return "at " + PG.fmtTime(state.replay.at).slice(11);
+  const job = state.job;
+  if (job && (job.status === "finished" || job.status === "failed")) return "at " + PG.fmtTime(grid.end + 1).slice(11);
+  return "now";
+}
+
 /**
  * What an empty chart says: exactly what there is none of, in agreement with the table
  * below it (`rows`: the table's rows, over the whole job; the charts show the last seconds).
@@ -121,7 +130,7 @@ export function noCollectivesText(grid, rows) {
   if (!grid) return "Waiting for live data\u2026";
   const total = (rows || []).reduce((n, r) => n + (PG.isNum(r.count) ? r.count : 0), 0);
   if (!total) return "No collectives recorded yet.";
-  return "No collectives in the last " + grid.bins + " s; the table below counts all " + PG.fmtNum(total) + " since the job began.";
+  return "No collectives in the last " + grid.bins + " s; the table below counts all " + PG.fmtNum(total) + " calls since the job began.";
 }
 
 export function renderCharts(grid, hl, describe, rows) {
@@ -169,7 +178,7 @@ export function renderCharts(grid, hl, describe, rows) {
     const named = Array.from(new Set(ops.map((o) => opLabel(o))));
     clear(heat, PG.empty(grid && named.length ? "No time inside collectives measured in the last " + grid.bins + " s: it had only " + named.join(", ") + ", which this map does not draw." : waiting));
   }
-  else PGCharts.heatmap(heat, { ranks: fam.ranks, busy: fam.busy, end: grid.end, bins: grid.bins, highlight: hl, endLabel: state.replay ? "at " + PG.fmtTime(state.replay.at).slice(11) : "now", describe: (r) => describe(r).split("\n")[0] });
+  else PGCharts.heatmap(heat, { ranks: fam.ranks, busy: fam.busy, end: grid.end, bins: grid.bins, highlight: hl, endLabel: heatEnd(grid), describe: (r) => describe(r).split("\n")[0] });
   const legend = $("heat-legend");
   if (!legend.firstChild) {
     clear(
