@@ -43,6 +43,7 @@ class CompactClient:
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
         self.connected = False
+        self.job_id: Any = None  # the server's id of this agent's job (its answer to auth)
 
     def on(self, event: str, handler: Callable[..., Any] | None = None, namespace: str | None = None):
         """Register a handler (``disconnect`` or ``connect_error``), as socketio.Client does."""
@@ -80,6 +81,7 @@ class CompactClient:
                 handler({"message": reason})
             raise Refused(str(reason))
         ws.settimeout(None)
+        self.job_id = reply.get("job")
         self._ws = ws
         self.connected = True
         self._reader = threading.Thread(target=self._read, name="pgdash-acks", daemon=True)

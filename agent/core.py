@@ -96,6 +96,8 @@ class Agent:
         self._gpu_checked = not config.gpu  # True once we know whether there is a GPU
         self._xids: list[int] = []  # XIDs not sent yet (kept across disconnects)
         self._identity: dict[str, Any] = {}
+        self._init_method: Any = None  # init_process_group's, once called (see _init_start)
+        self._announced = False  # the console line naming the job's page (see _announce)
         self._stop = threading.Event()
         self._wake = threading.Event()  # set on stop, and when an async work starts
         self.tracker.wake = self._wake.set
@@ -170,6 +172,7 @@ class Agent:
                     time.monotonic() < deadline:
                 time.sleep(0.02)
             flushed = self.sender.idle()
+            self._announce()  # a job done before the server answered still says where it is
             self.sender.stop()
             self.sender.join(timeout=2.0)
             return flushed
@@ -195,7 +198,8 @@ class Agent:
                 "attempt": self._identity.get("attempt")}
 
     def _send_hello(self) -> None:
-        self._identity = identity.hello(self.job, self.environ)
+        launch = identity.launch_of(self.environ, init_method=self._init_method)
+        self._identity = identity.hello(self.job, self.environ, launch)
         self.outbox.put(time.time(), "hello", self._identity)
 
     def _dropped(self) -> dict[str, int]:
@@ -294,6 +298,7 @@ class Agent:
                 else:
                     self.tracker.summarise()
                     self._sample_flight(now)
+                self._announce()
             except Exception as exc:
                 self.tracker.internal_errors += 1
                 log.debug("pgdash: agent loop: %s", exc)
@@ -306,6 +311,21 @@ class Agent:
             self.tracker.poll_async()
             self._scan_groups()
         except Exception:
+            pass
+
+    def _announce(self) -> None:
+        """Rank 0 says once, on its console, which job it reports to and where its page is,
+        as soon as the server has taken the job (a rank that cannot reach the server says
+        that instead: agent.sender). Other ranks stay quiet: one line per job, not per rank.
+        Once the program failed, its traceback stays the last thing it printed."""
+        if self._announced or self._identity.get("rank") != 0 or not self.sender.accepted \
+                or self._failed:
+            return
+        self._announced = True
+        try:
+            print(announcement(self.job, self.config.server, self.sender.job_id),
+                  file=sys.stderr, flush=True)
+        except Exception:  # a closed or broken stderr: nothing to say it on
             pass
 
     def _sample_gpu(self) -> None:
@@ -456,6 +476,7 @@ class Agent:
         try:
             bound = signature.bind_partial(*args, **kwargs).arguments
             timeout = bound.get("timeout")
+            self._init_method = bound.get("init_method")  # names the launch in the Hello
             env = self.environ
             self.outbox.put(time.time(), "init_start", {
                 "init_method": _str_or_none(bound.get("init_method")),
@@ -539,6 +560,14 @@ class Agent:
             self.detach(reason=reason)
         except KeyboardInterrupt:
             pass  # interrupted again while flushing at exit: the user wants out, now
+
+
+def announcement(job: str, server: str, job_id: int | None) -> str:
+    """The console line that tells a user where to watch their job. A server too old to say
+    the job's id gets its jobs list as the page."""
+    base = server.rstrip("/")
+    page = f"{base}/jobs/{job_id}" if job_id is not None else f"{base}/"
+    return f"pgdash: reporting job \"{job}\" to {base} \u2014 page {page}"
 
 
 def _merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -151,11 +151,10 @@ def _undo() -> None:
 def _attach_for_init(args: tuple, kwargs: dict) -> None:
     from agent import attach
 
-    job = None
-    if identity.job_name(os.environ) == identity.UNNAMED:
-        init_method = kwargs.get("init_method", args[1] if len(args) > 1 else None)
-        job = identity.job_from_init_method(init_method)
-    attach(job=job)
+    # The environment may not name the launch (MASTER_ADDR set only for init, or a tcp://
+    # init_method): the rendezvous address does, for every rank alike.
+    init_method = kwargs.get("init_method", args[1] if len(args) > 1 else None)
+    attach(job=identity.job_name(os.environ, init_method=init_method))
 
 
 class SpawnedRank:

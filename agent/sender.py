@@ -95,6 +95,10 @@ class Sender(threading.Thread):
         # The server said no to the last connection attempt (wrong token, too many guesses):
         # a flush at exit then cannot deliver anything, and does not wait for it.
         self.refused = False
+        # The server took this agent and said (or could not say: an older server) which job
+        # it stored it under: its id is in the v2 handshake's answer and in v1 acks.
+        self.accepted = False
+        self.job_id: int | None = None
         self._warned = False
         self._quiet_until = 0.0  # monotonic; the server asked us to wait (rate limit)
 
@@ -179,6 +183,8 @@ class Sender(threading.Thread):
             self.outbox.requeue(events)
             return
         if ack.get("ok"):
+            self._note_job(ack.get("job"))
+            self.accepted = True
             rejected = ack.get("rejected") or []
             if rejected:
                 self.rejected += len(rejected)
@@ -224,8 +230,14 @@ class Sender(threading.Thread):
                 reason = reason.get("message", reason)
             if str(self.config.server).startswith("https://"):
                 reason = _tls_problem(self.config.server, self.config.ca_file) or reason
-            self._note_error(f"cannot connect to {self.config.server} (PGDASH_SERVER): "
-                             f"{reason}")
+            if self.refused:
+                self._note_error(f"cannot connect to {self.config.server} (PGDASH_SERVER): "
+                                 f"{reason}")
+            else:
+                self._note_error(f"cannot reach the pgdash server at {self.config.server} "
+                                 f"({reason}); training continues, and the agent keeps "
+                                 "trying. Start the server with `pgdash serve`, or set "
+                                 "PGDASH_SERVER to where it runs")
             try:
                 client.disconnect()
             except Exception:
@@ -234,9 +246,15 @@ class Sender(threading.Thread):
         self._client = client
         self.connected = True
         self.refused = False
+        self._note_job(getattr(client, "job_id", None))
+        self.accepted = self.accepted or self.job_id is not None
         self._warned = False
         log.info("pgdash: connected to %s", self.config.server)
         return True
+
+    def _note_job(self, job_id: Any) -> None:
+        if isinstance(job_id, int) and not isinstance(job_id, bool) and job_id > 0:
+            self.job_id = job_id
 
     def _drop_connection(self) -> None:
         """Forget the connection; everything unacknowledged goes back to the outbox."""

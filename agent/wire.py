@@ -36,6 +36,7 @@ MAX_NAME = 256
 MAX_RANKS = 1_048_576
 MAX_LIST = 10_000
 MAX_ENV = 512
+MAX_COMMAND = 512  # a Hello's command line
 MAX_TIME = 1e11  # event times are Unix seconds: anything past the year 5138 is garbage
 
 # Latency histograms: bucket i holds latencies in [2**(i/8), 2**((i+1)/8)) microseconds,
@@ -115,6 +116,7 @@ class Ack(TypedDict, total=False):
     error: str  # when ok is false: the whole batch was refused
     retry: bool  # when ok is false: whether sending the same batch again can succeed
     retry_after: float  # with retry: seconds to wait first (the connection is rate-limited)
+    job: int  # optional (older servers omit it): the id of the job the session is stored in
 
 
 def event(seq: int, t: float, kind: str, body: dict[str, Any]) -> Event:
@@ -228,6 +230,13 @@ class Hello(_Shape):
     env: _StrMap = {}
     # Optional (older agents omit it): 0 for the first launch, n after n restarts.
     attempt: Optional[_Count] = None
+    # Optional (older agents omit them): how the process was started (agent.identity.Launch):
+    # the program's command line (secrets masked), the launcher (torchrun, slurm, mp.spawn,
+    # python) and what tells this launch from another (torchrun's run id, the SLURM step, the
+    # rendezvous address).
+    command: Optional[_limited(str, max_length=MAX_COMMAND)] = None
+    launcher: Optional[_Name] = None
+    launcher_id: Optional[_Name] = None
 
 
 class InitStart(_Shape):

@@ -86,7 +86,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.extensions["pgdash"] = ingest
     ingest.lag.start()  # the pause watchdog: a stopped server never blames a rank
     access.register(app, socketio, app.config["TOKEN"], guard)
-    _register_pages(app)
+    _register_pages(app, ingest)
     _register_api(app, ingest)
     app.extensions["pgdash_limits"] = _rate_limits(app.config)
     _register_agent_namespace(socketio, ingest, app.extensions["pgdash_limits"])
@@ -193,14 +193,27 @@ def replay_moment_error(job: dict[str, Any], at: float, now: float) -> str | Non
     return None
 
 
-def _register_pages(app: Flask) -> None:
+def _utc(ts: float, form: str = "%Y-%m-%d %H:%M UTC") -> str:
+    """A Unix time as a page states it once, server-side (the scripts show local times)."""
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime(form)
+
+
+def _register_pages(app: Flask, ingest: Ingest) -> None:
+    app.add_template_filter(_utc, "utc")
+
     @app.get("/")
     def jobs_page():
         return render_template("jobs.html")
 
     @app.get("/jobs/<int:job_id>")
     def job_page(job_id: int):
-        return render_template("job.html", job_id=job_id)
+        # The header's launch line (command, launcher, run, import) is the job's row: facts
+        # that do not change as the job runs, so the page states them once.
+        row = ingest.store.get_job(job_id)
+        return render_template("job.html", job_id=job_id,
+                               job=None if row is None else {**row, **row_facts(row)})
 
 
 def _register_api(app: Flask, ingest: Ingest) -> None:
@@ -249,7 +262,8 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
 
     @app.get("/api/jobs/<int:job_id>")
     def api_job(job_id: int):
-        return _job_or_404(ingest, job_id, views.detail)
+        detail = _job_or_404(ingest, job_id, views.detail)
+        return {**detail, **row_facts(ingest.store.get_job(job_id) or {})}
 
     @app.get("/api/jobs/<int:job_id>/collectives")
     def api_collectives(job_id: int):
@@ -376,7 +390,9 @@ def _register_agent_namespace(socketio: SocketIO, ingest: Ingest,
             ingest.hold(known[0], payload.get("events") if isinstance(payload, dict) else None)
             return {"ok": False, "error": refusal.reason, "retry": True,
                     "retry_after": refusal.retry_after}
-        return ingest.batch(known[0], known[1], payload)
+        ack = ingest.batch(known[0], known[1], payload)
+        # The job's id lets the agent name its page (v2 says it in the handshake).
+        return {**ack, "job": known[1]} if ack.get("ok") else ack
 
     @socketio.on("disconnect", namespace=AGENT_NAMESPACE)
     def agent_disconnect(*_args):
@@ -405,10 +421,18 @@ MAX_JOB_ID = 2**63 - 1  # the largest integer the database stores
 JOB_FIELDS = ("id", "name", *STORED_JOB_FIELDS)  # what GET /api/jobs lists per job
 
 
+def row_facts(job: dict[str, Any]) -> dict[str, Any]:
+    """What a job's row says beside its summary: which run of its name it is, and whether
+    ``pgdash import`` made it (from which file, exported when)."""
+    return {"run": job.get("run"), "imported": job.get("imported_from") is not None,
+            "imported_from": job.get("imported_from"), "exported_at": job.get("exported_at")}
+
+
 def jobs_payload(ingest: Ingest) -> dict[str, Any]:
     """The jobs list, newest first (from the jobs table, so it stays cheap with many jobs)."""
     counts = ingest.active_incidents  # known for jobs diagnosed since the server started
-    return {"jobs": [{**{k: job[k] for k in JOB_FIELDS}, "incidents": counts.get(job["id"])}
+    return {"jobs": [{**{k: job[k] for k in JOB_FIELDS}, **row_facts(job),
+                      "incidents": counts.get(job["id"])}
                      for job in ingest.store.list_jobs()]}
 
 

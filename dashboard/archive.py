@@ -2,12 +2,14 @@
 
 The file is JSON Lines (``pgdash export``, ``GET /api/jobs/<id>/export``)::
 
-    {"format": "pgdash-session", "version": 1, "job": {"name", "status", ...}}
+    {"format": "pgdash-session", "version": 1, "job": {"name", "status", ...},
+     "exported_at": unix seconds}                                  (older files: no time)
     {"session": {"id", "rank", "host", "pid", "first_seen"}}      one per agent session
     {"event": {"session", "seq", "t", "received_at", "kind", "body"}}   the log, in order
 
 ``pgdash import`` validates every line (the event bodies as the server validates an agent's)
-and stores the job anew, or nothing. ``pgdash replay`` folds the log with the same JobState
+and stores the job anew, or nothing; the new job is marked imported, with the file's name and
+the export's time. ``pgdash replay`` folds the log with the same JobState
 and judges it with the same findings book on the same moments as live, so it prints the
 findings the live page showed, when it showed them.
 """
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 import uuid
 from typing import Any, Iterable, Iterator
 
@@ -34,15 +38,18 @@ class ArchiveError(ValueError):
     """A session file that cannot be read; the message names the line and what is wrong."""
 
 
-def export_lines(store: Store, job_id: int) -> Iterator[str] | None:
-    """The job as lines of the session file (None if there is no such job)."""
+def export_lines(store: Store, job_id: int, now: float | None = None) -> Iterator[str] | None:
+    """The job as lines of the session file, exported at ``now`` (default: the clock's);
+    None if there is no such job."""
     job = store.get_job(job_id)
     if job is None:
         return None
+    exported_at = time.time() if now is None else now
 
     def lines() -> Iterator[str]:
         yield _line({"format": FORMAT, "version": VERSION,
-                     "job": {"name": job["name"], **{k: job[k] for k in JOB_FIELDS}}})
+                     "job": {"name": job["name"], **{k: job[k] for k in JOB_FIELDS}},
+                     "exported_at": exported_at})
         for session in store.job_sessions(job_id):
             yield _line({"session": session})
         for ev in store.job_events(job_id):
@@ -60,13 +67,14 @@ class Archive:
     """A session file read and validated: ``job``, ``sessions``, ``events`` (log order)."""
 
     def __init__(self, job: dict[str, Any], sessions: list[dict[str, Any]],
-                 events: list[dict[str, Any]]):
+                 events: list[dict[str, Any]], exported_at: float | None = None):
         self.job, self.sessions, self.events = job, sessions, events
+        self.exported_at = exported_at  # when the file was made, if it says (pgdash >= 0007)
 
     @classmethod
     def read(cls, lines: Iterable[str], source: str = "the file") -> "Archive":
         """Parse and check every line; raises ArchiveError naming the first bad one."""
-        job = None
+        job = exported_at = None
         sessions: dict[str, dict[str, Any]] = {}
         events: list[dict[str, Any]] = []
         seen: set[tuple[str, int]] = set()
@@ -87,6 +95,8 @@ class Archive:
                 raise ArchiveError(f"{where}: expected a JSON object")
             if job is None:
                 job = _header(obj, where)
+                exported_at = obj.get("exported_at") if _finite(obj.get("exported_at")) \
+                    else None
             elif "session" in obj:
                 session = _session(obj["session"], where)
                 sessions[session["id"]] = session
@@ -104,7 +114,7 @@ class Archive:
         if job is None:
             raise ArchiveError(f"{source} is empty: expected a pgdash session file "
                                "(made by `pgdash export`)")
-        return cls(job, list(sessions.values()), events)
+        return cls(job, list(sessions.values()), events, exported_at)
 
     def state(self) -> JobState:
         return JobState(0, self.job["name"]).apply_all(self.stored_events())
@@ -169,17 +179,22 @@ def _finite(value: Any) -> bool:
         math.isfinite(value)
 
 
-def import_archive(store: Store, archive: Archive, now: float) -> int:
+def import_archive(store: Store, archive: Archive, now: float, source: str = "") -> int:
     """Store the archive as a new job, in one transaction; returns its id.
 
-    Session ids get a fresh prefix, so a file imported twice (or next to the job it came
-    from) stays a job of its own.
+    The job keeps the original's name and is marked imported from ``source`` (the file's
+    path; its name is kept) at the archive's export time: a stored mark, not a changed
+    name, so the name still finds the original's exports, traces and notes, while no agent
+    reporting under that name joins the record (Store.latest_job). Session ids get a fresh
+    prefix, so a file imported twice (or next to the job it came from) stays a job of its own.
     """
     prefix = uuid.uuid4().hex[:8] + ":"
     state = archive.state()
+    origin = (os.path.basename(source.rstrip("/")) or "a session file")[:256]
 
     def write(conn) -> int:
-        job_id = store.create_job(conn, archive.job["name"], now)
+        job_id = store.create_job(conn, archive.job["name"], now, imported_from=origin,
+                                  exported_at=archive.exported_at)
         for s in archive.sessions:
             store.create_session(conn, (prefix + s["id"])[:64], job_id, s["rank"], s["host"],
                                  s["pid"], s["first_seen"])

@@ -313,7 +313,7 @@ def import_cmd(path: str, db: str) -> None:
     archive = _read_archive(path)
     store = _open_store(db)
     try:
-        job_id = import_archive(store, archive, time.time())
+        job_id = import_archive(store, archive, time.time(), source=path)
     finally:
         store.close()
     click.echo(f"pgdash: imported {path} as job {job_id} ({archive.job['name']}, "

@@ -67,6 +67,11 @@ class RankState:
     # When the rank destroyed its default process group (``left`` event): it left
     # distributed training, though its process may go on.
     left_at: float | None = None
+    # How the process was started, as its hello said (agent.identity.Launch); None from
+    # older agents (and in checkpoints stored before: the class default stands in).
+    command: str | None = None
+    launcher: str | None = None
+    launcher_id: str | None = None
     versions: dict[str, Any] = dataclasses.field(default_factory=dict)
     env: dict[str, Any] = dataclasses.field(default_factory=dict)
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -225,7 +230,7 @@ class JobState:
             r.hello_at = t
         self._set_attempt(r, body.get("attempt"), t)
         for key in ("rank", "host", "local_rank", "pid", "device", "backend", "world_size",
-                    "versions", "env"):
+                    "versions", "env", "command", "launcher", "launcher_id"):
             if body.get(key) is not None:
                 setattr(r, key, body[key])
         if body.get("backend") and r.status == "initializing":
@@ -438,10 +443,12 @@ class JobState:
     def summary(self) -> dict[str, Any]:
         """The job as /api/jobs lists it; the properties above read it.
 
-        World size and backend are what most ranks say. Ingest asks before and after every
-        batch, so at 1,024 ranks it is one pass over the sessions, remembered until an event
-        that may change it is applied (not the routine heartbeats and summaries of a running
-        job: see ROUTINE_KINDS).
+        World size and backend are what most ranks say; how the job was launched (command,
+        launcher, launcher_id) is what rank 0 of the current attempt said, else the first
+        session of it that said it; ``attempt`` is the current attempt. Ingest asks before
+        and after every batch, so at 1,024 ranks it is one pass over the sessions, remembered
+        until an event that may change it is applied (not the routine heartbeats and
+        summaries of a running job: see ROUTINE_KINDS).
         """
         memo = self._summary_memo
         if memo is not None and memo[0] == self._summary_version:
@@ -459,9 +466,16 @@ class JobState:
         world_size = max(sizes, key=sizes.get) if sizes else None  # first of the most common
         backend = max(backends, key=backends.get) if backends else None
         status, ended_at = _status_of(by_rank, world_size, self.last_event_at)
+        launched = by_rank.get(0)
+        if launched is None or launched.launcher is None:
+            launched = next((r for r in self.sessions.values()
+                             if r.attempt == self.attempt and r.launcher is not None), None)
         summary = {"id": self.job_id, "name": self.name, "status": status,
                    "world_size": world_size, "backend": backend,
-                   "started_at": self.started_at, "ended_at": ended_at}
+                   "started_at": self.started_at, "ended_at": ended_at,
+                   "attempt": self.attempt,
+                   **{key: getattr(launched, key, None)
+                      for key in ("command", "launcher", "launcher_id")}}
         self._summary_memo = (self._summary_version, summary)
         return dict(summary)
 

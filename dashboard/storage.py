@@ -61,6 +61,15 @@ jobs = sa.Table(
     sa.Column("backend", sa.String(64)),
     sa.Column("started_at", sa.Float),
     sa.Column("ended_at", sa.Float),
+    # How the job was launched (its rank 0's Hello) and its current attempt (migration 0007).
+    sa.Column("command", sa.String(512)),
+    sa.Column("launcher", sa.String(64)),
+    sa.Column("launcher_id", sa.String(256)),
+    sa.Column("attempt", sa.Integer),
+    # A job ``pgdash import`` made: the file's name and when the original was exported (the
+    # file says, from pgdash 0007 on). NULL for a job agents reported here.
+    sa.Column("imported_from", sa.String(256)),
+    sa.Column("exported_at", sa.Float),
 )
 
 sessions = sa.Table(
@@ -187,7 +196,19 @@ job_owners = sa.Table(
     sa.Column("expires_at", sa.Float, nullable=False),
 )
 
-JOB_FIELDS = ("status", "world_size", "backend", "started_at", "ended_at")
+# What a job's summary (JobState.summary) keeps up to date in its row.
+JOB_FIELDS = ("status", "world_size", "backend", "started_at", "ended_at", "command",
+              "launcher", "launcher_id", "attempt")
+
+
+def _with_run(query: sa.Select) -> sa.Select:
+    """``query`` over ``jobs`` with a ``run`` column: the jobs of the same name up to each
+    (by the name's index)."""
+    earlier = jobs.alias("earlier")
+    run = (sa.select(sa.func.count()).select_from(earlier)
+           .where(earlier.c.name == jobs.c.name, earlier.c.id <= jobs.c.id)
+           .scalar_subquery())
+    return query.add_columns(run.label("run"))
 
 
 class DatabaseUnusable(ValueError):
@@ -511,14 +532,19 @@ class Store:
 
     @staticmethod
     def latest_job(conn: sa.Connection, name: str) -> dict[str, Any] | None:
-        row = conn.execute(sa.select(jobs).where(jobs.c.name == name)
+        """The newest job agents reported under ``name`` (an imported job is a record of
+        another server's: no agent joins it)."""
+        row = conn.execute(sa.select(jobs).where(jobs.c.name == name,
+                                                 jobs.c.imported_from.is_(None))
                            .order_by(jobs.c.id.desc()).limit(1)).mappings().first()
         return dict(row) if row else None
 
     @staticmethod
-    def create_job(conn: sa.Connection, name: str, now: float) -> int:
-        return conn.execute(sa.insert(jobs).values(name=name, created_at=now,
-                                                   status="initializing")).inserted_primary_key[0]
+    def create_job(conn: sa.Connection, name: str, now: float, imported_from: str | None = None,
+                   exported_at: float | None = None) -> int:
+        return conn.execute(sa.insert(jobs).values(
+            name=name, created_at=now, status="initializing", imported_from=imported_from,
+            exported_at=exported_at)).inserted_primary_key[0]
 
     @staticmethod
     def create_session(conn: sa.Connection, session: str, job_id: int, rank: int | None,
@@ -589,7 +615,7 @@ class Store:
     @staticmethod
     def update_job(conn: sa.Connection, job_id: int, summary: dict[str, Any]) -> None:
         conn.execute(sa.update(jobs).where(jobs.c.id == job_id)
-                     .values(**{k: summary[k] for k in JOB_FIELDS}))
+                     .values(**{k: summary[k] for k in JOB_FIELDS if k in summary}))
 
     @staticmethod
     def save_findings(conn: sa.Connection, job_id: int, rows: list[dict[str, Any]]) -> None:
@@ -669,13 +695,18 @@ class Store:
             return {s: m for s, m in rows}
 
     def list_jobs(self, limit: int = 500) -> list[dict[str, Any]]:
+        """The newest jobs first, each with ``run``: how many jobs of its name came up to it
+        (1 for the first), which tells apart launches that reused a name."""
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(jobs).order_by(jobs.c.id.desc()).limit(limit))
+            rows = conn.execute(_with_run(sa.select(jobs)).order_by(jobs.c.id.desc())
+                                .limit(limit))
             return [dict(r) for r in rows.mappings()]
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:
+        """The job's row and its ``run`` (see list_jobs), or None."""
         with self.engine.connect() as conn:
-            row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
+            row = conn.execute(_with_run(sa.select(jobs)).where(jobs.c.id == job_id)) \
+                .mappings().first()
             return dict(row) if row else None
 
     def job_sessions(self, job_id: int) -> list[dict[str, Any]]:

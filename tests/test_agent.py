@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -54,10 +55,19 @@ def test_bad_setting_leaves_training_untouched():
 def test_unreachable_server_training_runs_and_keeps_a_bounded_buffer():
     url = f"http://127.0.0.1:{free_port()}"  # nobody listens here
     stats, proc, elapsed = run_single(500, {"PGDASH_SERVER": url, "PGDASH_FLUSH_TIMEOUT_S": "1",
-                                            "PGDASH_INTERVAL_S": "0.1"})
+                                            "PGDASH_INTERVAL_S": "0.1",
+                                            "PGDASH_RECONNECT_MAX_S": "0.2"})
     assert stats["attached"] and not stats["flushed"] and not stats["connected"]
-    assert "cannot connect to " + url in stats["last_error"]
-    assert "PGDASH_SERVER" in stats["last_error"]
+    # It says so once, however often it tries again, with what to do; and never that it
+    # reports anywhere.
+    said = [line for line in proc.stderr.splitlines() if "pgdash:" in line]
+    assert len(said) == 1, proc.stderr
+    assert said[0].startswith(f"pgdash: cannot reach the pgdash server at {url} (")
+    for words in ("training continues", "`pgdash serve`", "set PGDASH_SERVER"):
+        assert words in said[0]
+    assert said[0] == "pgdash: " + stats["last_error"]
+    # attach() named the job after the script and the rendezvous address, as every rank would
+    assert re.fullmatch(r"single_rank_job\.py \u00b7 127\.0\.0\.1:\d+", stats["job"])
     # hello, init_start, hello, init_done, group(s), the final summary, heartbeat and exit
     assert 5 <= stats["buffered"] <= 12
     assert elapsed < 30

@@ -1,12 +1,14 @@
-"""Launchers and attempts on plain data: job names, ranks from SLURM, the attempt of a
-process, and a restarted job folded and diagnosed attempt by attempt (no server, no clock)."""
+"""Launchers and attempts on plain data: job names, the program and command line of each
+launch, ranks from SLURM, the attempt of a process, and a restarted job folded and diagnosed
+attempt by attempt (no server, no clock)."""
 
 import os
 
 import pytest
 
 from agent import identity
-from agent.wire import PROTOCOL_VERSION, WireError, validate_auth, validate_event
+from agent.wire import (MAX_COMMAND, MAX_NAME, PROTOCOL_VERSION, WireError, decode_v2,
+                        encode_v2, validate_auth, validate_event)
 from dashboard import views
 from dashboard.diagnosis import Settings, diagnose
 from dashboard.ingest import Ingest
@@ -16,17 +18,133 @@ from test_state import Log, hello
 S = Settings(hang_after=10.0, lost_after=15.0)
 
 
+PY = "/usr/bin/python3"
+AGENT_MAIN = os.path.join(os.path.dirname(identity.__file__), "__main__.py")
+RUN_ID = "6fd5bf1d-2c3e-4b5a-9d8e-0123456789ab"  # torchrun --standalone makes a uuid4
+TRAIN = (["train.py", "--lr", "3e-4"], [PY, "-u", "train.py", "--lr", "3e-4"])
+
+
 @pytest.mark.parametrize("env, name", [
     ({"PGDASH_JOB": "mine", "TORCHELASTIC_RUN_ID": "r", "SLURM_JOB_ID": "7"}, "mine"),
+    ({"TORCHELASTIC_RUN_ID": RUN_ID, "MASTER_ADDR": "a", "MASTER_PORT": "1"},
+     "train.py \u00b7 6fd5bf1d"),
     ({"TORCHELASTIC_RUN_ID": "r1", "SLURM_JOB_ID": "7", "MASTER_ADDR": "a",
-      "MASTER_PORT": "1"}, "r1"),
-    ({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2"}, "slurm-7.2"),
-    ({"SLURM_JOB_ID": "7", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "slurm-7"),
-    ({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, "10.0.0.1:29500"),
-    ({}, identity.UNNAMED),
+      "MASTER_PORT": "1"}, "train.py \u00b7 r1"),  # --rdzv-id as the user gave it
+    ({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2"},
+     "train.py \u00b7 slurm-7.2"),
+    ({"SLURM_JOB_ID": "7", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "train.py \u00b7 slurm-7"),
+    ({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, "train.py \u00b7 10.0.0.1:29500"),
+    ({}, "train.py"),
 ])
 def test_job_name_from_each_launcher(env, name):
-    assert identity.job_name(env) == name
+    assert identity.job_name(env, *TRAIN) == name
+
+
+def test_job_name_without_a_program_is_the_launch_alone():
+    assert identity.job_name({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, ["-c"],
+                             [PY, "-c", "pass"]) == "10.0.0.1:29500"
+    assert identity.job_name({}, [""], [PY]) == identity.UNNAMED
+
+
+def test_job_name_from_init_method_when_the_environment_has_no_address():
+    assert identity.job_name({}, *TRAIN, init_method="tcp://10.0.0.1:23456") == \
+        "train.py \u00b7 10.0.0.1:23456"
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert identity.job_name(env, *TRAIN, init_method="tcp://10.0.0.1:23456") == \
+        "train.py \u00b7 127.0.0.1:29500"
+
+
+@pytest.mark.parametrize("argv, orig_argv, program, command", [
+    # python train.py ARGS, and torchrun's workers (python -u train.py ARGS)
+    (*TRAIN, "train.py", "train.py --lr 3e-4"),
+    # python -m agent train.py / torchrun -m agent train.py: attached before the launcher
+    # hands sys.argv to the program ...
+    ([AGENT_MAIN, "train.py", "--lr", "3e-4"], [PY, "-u", "-m", "agent", "train.py", "--lr",
+                                                "3e-4"], "train.py", "train.py --lr 3e-4"),
+    # ... or after it (attached at init_process_group): the interpreter's argv still says it
+    (["/w/train.py", "--lr", "3e-4"], [PY, "-m", "agent", "train.py", "--lr", "3e-4"],
+     "train.py", "train.py --lr 3e-4"),
+    # pgdash's launcher by path, and by its other name
+    ([AGENT_MAIN, "t.py"], [PY, AGENT_MAIN, "t.py"], "t.py", "t.py"),
+    (["/w/t.py"], [PY, "-m", "pgdash_agent", "t.py", "x y"], "t.py", "t.py 'x y'"),
+    # modules: under the launcher, and plain (sys.argv[0] is then the module's file)
+    (["/w/pkg/train.py", "x"], [PY, "-m", "agent", "-m", "pkg.train", "x"], "pkg.train",
+     "-m pkg.train x"),
+    (["/w/pkg/train.py"], [PY, "-X", "dev", "-W", "ignore", "-Bmpkg.train"], "pkg.train",
+     "-m pkg.train"),
+    # a process multiprocessing's spawn started: -c there, its parent's sys.argv restored
+    (["/w/spawn_ddp.py", "2"], [PY, "-c", "from multiprocessing.spawn import spawn_main; "
+                                "spawn_main()", "--multiprocessing-fork"], "spawn_ddp.py",
+     "/w/spawn_ddp.py 2"),
+    # -c code and the REPL run no program
+    (["-c"], [PY, "-c", "pass"], None, None),
+    ([""], [PY], None, None),
+])
+def test_the_program_is_the_users_not_pgdashs_launcher(argv, orig_argv, program, command):
+    launch = identity.launch_of({}, argv, orig_argv, spawned=False)
+    assert (launch.program, launch.command) == (program, command)
+
+
+@pytest.mark.parametrize("env, spawned, launcher, launcher_id", [
+    ({"TORCHELASTIC_RUN_ID": RUN_ID, "SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}, False,
+     "torchrun", "6fd5bf1d"),
+    ({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "h", "MASTER_PORT": "2"}, False,
+     "torchrun", "h:2"),
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1"}, False, "slurm",
+     "slurm-7.0"),
+    # a process that a SLURM task spawned is no task, but the launch is the same step
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1"}, True, "mp.spawn",
+     "slurm-7.0"),
+    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "12355"}, True, "mp.spawn",
+     "127.0.0.1:12355"),
+    ({}, False, "python", None),
+])
+def test_the_launcher_and_its_id(env, spawned, launcher, launcher_id):
+    launch = identity.launch_of(env, *TRAIN, spawned=spawned)
+    assert (launch.launcher, launch.launcher_id) == (launcher, launcher_id)
+
+
+def test_the_command_line_never_carries_a_secret():
+    env = {"PGDASH_TOKEN": "s3cr3t-value"}
+    args = ["--token", "abc", "--api-key=def", "wandb.api_key=ghi", "--data",
+            "http://me:pw@host/x", "--note", "s3cr3t-value", "--lr", "3"]
+    launch = identity.launch_of(env, ["t.py"], [PY, "t.py", *args], spawned=False)
+    assert launch.command == ("t.py --token REDACTED --api-key=REDACTED "
+                              "wandb.api_key=REDACTED --data http://REDACTED@host/x "
+                              "--note REDACTED --lr 3")
+
+
+def test_a_name_and_a_command_stay_within_the_wire_limits():
+    script = "x" * 400 + ".py"
+    launch = identity.launch_of({"TORCHELASTIC_RUN_ID": "r" * 300}, [script],
+                                [PY, script, *["--arg"] * 300], spawned=False)
+    assert len(launch.job_name()) <= MAX_NAME and len(launch.command) == MAX_COMMAND
+    body = decode_v2(encode_v2(identity.hello(launch.job_name(), {}, launch)))  # as sent
+    stored = validate_event({"seq": 1, "t": 1.0, "kind": "hello", "body": body})["body"]
+    assert (stored["command"], stored["launcher"], stored["launcher_id"]) == (
+        launch.command, "torchrun", launch.launcher_id)
+
+
+def test_a_job_says_how_it_was_launched_as_its_rank_0_said_it():
+    launch = {"command": "train.py --lr 3e-4", "launcher": "torchrun",
+              "launcher_id": "6fd5bf1d"}
+
+    def launched(state):
+        s = state.summary()
+        return {k: s[k] for k in ("command", "launcher", "launcher_id", "attempt")}
+
+    log = Log().add("s1", "hello", dict(hello(1), command="rank 1's", launcher="torchrun",
+                                        launcher_id="6fd5bf1d"), 1.0)
+    assert launched(log.state())["command"] == "rank 1's"  # the only one so far
+    log.add("s0", "hello", dict(hello(0), **launch), 2.0)
+    assert launched(log.state()) == {**launch, "attempt": 0}
+    # torchrun restarts the job: the new attempt's rank 0 says it again
+    log.add("s2", "hello", dict(hello(0), **launch, attempt=1), 3.0)
+    assert launched(log.state()) == {**launch, "attempt": 1}
+    # an older agent's hello says nothing of it
+    old = Log().add("s0", "hello", hello(0), 1.0).state()
+    assert launched(old) == {"command": None, "launcher": None, "launcher_id": None,
+                             "attempt": 0}
 
 
 def test_job_name_from_init_method():
@@ -69,6 +187,9 @@ def test_attempt_is_optional_on_the_wire():
         validate_auth(dict(auth, attempt="1"))
     body = {"job": "j", "host": "h", "pid": 1}
     validate_event({"seq": 1, "t": 1.0, "kind": "hello", "body": body})  # an older agent
+    with pytest.raises(WireError, match="command: Expected `str` of length <= 512"):
+        validate_event({"seq": 1, "t": 1.0, "kind": "hello",
+                        "body": dict(body, command="x" * 513)})
     with pytest.raises(WireError, match="attempt"):
         validate_event({"seq": 1, "t": 1.0, "kind": "hello", "body": dict(body, attempt=-1)})
 

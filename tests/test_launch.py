@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -81,7 +82,8 @@ def test_ddp_tutorial_under_torchrun(server, tmp_path):
                     args=["--steps", str(steps), "--lr", "3e-4"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"trained {steps} steps, lr 0.0003" in done.stdout  # the script's own argv
-    job = finished_job(server, "tut-ddp", 2)  # torchrun's --rdzv-id names the job
+    # the program and torchrun's --rdzv-id name the job
+    job = finished_job(server, "ddp.py \u00b7 tut-ddp", 2)
     assert job["status"] == "finished"
     assert [(r["rank"], r["attempt"], r["status"]) for r in job["ranks"]] == [
         (0, 0, "exited"), (1, 0, "exited")]
@@ -101,11 +103,34 @@ def test_ddp_tutorial_under_torchrun(server, tmp_path):
     assert serious(server, job["id"]) == []
 
 
+def test_torchrun_standalone_job_is_named_and_rank_0_says_where_its_page_is(server, tmp_path):
+    """`torchrun --standalone` makes a UUID run id: every rank names the job after the
+    program and the id's first 8 characters; rank 0, and only rank 0, says on the console
+    which job it reports and where its page is."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", "--tee", "2", "-m", "agent", str(TUTORIAL / "ddp.py"), "--steps", "2",
+           "--lr", "3e-4"]
+    done = run(cmd, _env(server.url), tmp_path, "standalone.log")
+    assert done.returncode == 0, done.stderr[-3000:]
+    jobs = server.api("/api/jobs")["jobs"]
+    assert len(jobs) == 1, jobs  # both ranks derived the same name
+    name = jobs[0]["name"]
+    assert re.fullmatch(r"ddp\.py \u00b7 [0-9a-f]{8}", name), name
+    job = finished_job(server, name, 2)
+    assert (job["launcher"], job["launcher_id"], job["attempt"], job["imported"]) == (
+        "torchrun", name[-8:], 0, False)
+    assert job["command"] == f"{TUTORIAL / 'ddp.py'} --steps 2 --lr 3e-4"
+    said = [line for line in (done.stdout + done.stderr).splitlines()
+            if "pgdash: reporting job" in line]
+    assert said == [f'[default0]:pgdash: reporting job "{name}" to {server.url} \u2014 page '
+                    f'{server.url}/jobs/{job["id"]}'], done.stderr[-3000:]
+
+
 def test_fsdp2_tutorial_under_torchrun(server, tmp_path):
     steps, units = 3, 3  # two fully_shard layers and the root
     done = torchrun("fsdp2.py", 2, "tut-fsdp2", server, tmp_path, args=["--steps", str(steps)])
     assert done.returncode == 0, done.stderr[-3000:]
-    job = finished_job(server, "tut-fsdp2", 2)
+    job = finished_job(server, "fsdp2.py \u00b7 tut-fsdp2", 2)
     assert job["status"] == "finished"
     # Per step: each unit all-gathers for forward; all but the root (which keeps its
     # parameters after forward) all-gather again for backward; each reduce-scatters grads.
@@ -121,7 +146,7 @@ def test_2d_device_mesh_under_torchrun(server, tmp_path):
     steps = 4
     done = torchrun("mesh2d.py", 4, "tut-mesh", server, tmp_path, args=["--steps", str(steps)])
     assert done.returncode == 0, done.stderr[-3000:]
-    job = finished_job(server, "tut-mesh", 4)
+    job = finished_job(server, "mesh2d.py \u00b7 tut-mesh", 4)
     assert job["status"] == "finished"
     groups = {(g["desc"], tuple(g["ranks"])): g["name"] for g in job["groups"]}
     dp = {ranks: name for (desc, ranks), name in groups.items() if desc == "mesh_dp"}
@@ -145,9 +170,11 @@ def test_torchrun_restart_is_the_next_attempt_of_the_same_job(server, tmp_path):
     done = torchrun("flaky.py", 2, "tut-restart", server, tmp_path,
                     extra=["--max-restarts", "1"], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    jobs = [j for j in server.api("/api/jobs")["jobs"] if j["name"] == "tut-restart"]
+    name = "flaky.py \u00b7 tut-restart"
+    jobs = [j for j in server.api("/api/jobs")["jobs"] if j["name"] == name]
     assert len(jobs) == 1, jobs  # one job, not one per attempt
-    job = finished_job(server, "tut-restart", 2)
+    assert (jobs[0]["attempt"], jobs[0]["launcher"]) == (1, "torchrun")
+    job = finished_job(server, name, 2)
     assert job["status"] == "finished"
     first, second = job["attempts"]
     assert (first["attempt"], first["status"]) == (0, "failed")
@@ -166,14 +193,22 @@ def test_torchrun_restart_is_the_next_attempt_of_the_same_job(server, tmp_path):
 
 def test_multiprocessing_spawn_ranks_form_one_job(server, tmp_path):
     """The parent only spawns the ranks: it is no rank and makes no job; each spawned rank
-    attaches at its init_process_group and they land in one job named by its rendezvous."""
+    attaches at its init_process_group and they land in one job named by the program and
+    its rendezvous."""
     port = free_port()
     done = run([sys.executable, "-m", "agent", str(TUTORIAL / "spawn_ddp.py"), "2", str(port),
                 "3"], _env(server.url), tmp_path, "spawn.log")
     assert done.returncode == 0, done.stderr[-3000:]
-    job = finished_job(server, f"127.0.0.1:{port}", 2)
+    name = f"spawn_ddp.py \u00b7 127.0.0.1:{port}"
+    job = finished_job(server, name, 2)
     assert job["status"] == "finished"
-    assert [j["name"] for j in server.api("/api/jobs")["jobs"]] == [f"127.0.0.1:{port}"]
+    assert [j["name"] for j in server.api("/api/jobs")["jobs"]] == [name]
+    assert (job["launcher"], job["launcher_id"], job["command"]) == (
+        "mp.spawn", f"127.0.0.1:{port}", f"{TUTORIAL / 'spawn_ddp.py'} 2 {port} 3")
+    # rank 0 said where its page is, once; the parent, no rank, said nothing
+    said = [line for line in done.stderr.splitlines() if "pgdash: reporting job" in line]
+    assert said == [f'pgdash: reporting job "{name}" to {server.url} \u2014 page '
+                    f'{server.url}/jobs/{job["id"]}'], done.stderr[-3000:]
     # 3 steps: DDP's gradient all-reduce (through the agent's comm hook, agent.ddp) and the
     # script's own all_reduce of the loss, each step.
     assert counts(server, job["id"]) == {("0", "all_reduce", 0): 6, ("0", "all_reduce", 1): 6,
@@ -186,7 +221,7 @@ def test_multiprocessing_spawn_ranks_form_one_job(server, tmp_path):
     done = run([sys.executable, "-m", "agent", str(TUTORIAL / "spawn_ddp.py"), "2", str(port),
                 "3", "1"], _env(server.url), tmp_path, "spawn-fail.log")
     assert done.returncode == 1
-    job = finished_job(server, f"127.0.0.1:{port}", 2)
+    job = finished_job(server, f"spawn_ddp.py \u00b7 127.0.0.1:{port}", 2)
     assert job["status"] == "failed"
     failed = wait_for(lambda: [f for f in server.api(f"/api/jobs/{job['id']}/findings")[
         "findings"] if f["kind"] == "rank_failed"], 30, "the spawned rank's failure")
@@ -241,8 +276,9 @@ def test_program_argv_exit_codes_and_tracebacks(server, tmp_path):
 
 
 def test_slurm_tasks_form_one_job_named_after_the_step(server, tmp_path):
-    """Two tasks as `srun` starts them (SLURM's variables, no RANK): one job,
-    slurm-<job id>.<step id>, each rank known from SLURM_PROCID before init_process_group."""
+    """Two tasks as `srun` starts them (SLURM's variables, no RANK): one job, named by the
+    program and slurm-<job id>.<step id>, each rank known from SLURM_PROCID before
+    init_process_group."""
     port = str(free_port())
     procs = []
     for task in (0, 1):
@@ -260,8 +296,9 @@ def test_slurm_tasks_form_one_job_named_after_the_step(server, tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    job = finished_job(server, "slurm-4242.0", 2)
+    job = finished_job(server, "slurm_job.py \u00b7 slurm-4242.0", 2)
     assert job["status"] == "finished"
+    assert (job["launcher"], job["launcher_id"]) == ("slurm", "slurm-4242.0")
     assert [(r["rank"], r["local_rank"]) for r in job["ranks"]] == [(0, 0), (1, 1)]
     # the agents knew their ranks when they connected: from SLURM, before init
     with urllib.request.urlopen(f"{server.url}/api/jobs/{job['id']}/export") as resp:

@@ -45,7 +45,8 @@ HELLO = {"job": "edge", "rank": 0, "world_size": 1, "host": "h", "pid": 1, "back
 def test_bad_batches_are_refused_with_reasons_and_lose_nothing(server):
     client = agent_client(server.url)
     try:
-        assert send(client, [ev(1, "hello", HELLO)]) == {"ok": True, "stored": 1, "rejected": []}
+        first = send(client, [ev(1, "hello", HELLO)])
+        assert first == {"ok": True, "stored": 1, "rejected": [], "job": first.get("job")}
         ack = client.call("batch", "garbage", namespace=AGENT_NAMESPACE, timeout=10)
         assert ack == {"ok": False, "error": "batch must be an object, got str", "retry": False}
         assert send(client, "garbage")["error"] == "batch.events must be a list"
@@ -61,6 +62,7 @@ def test_bad_batches_are_refused_with_reasons_and_lose_nothing(server):
     finally:
         client.disconnect()
     job = wait_for(lambda: job_by_name(server, "edge"), 10, "the job")
+    assert first["job"] == job["id"]  # the agent can name the job's page
     detail = server.api(f"/api/jobs/{job['id']}")
     assert detail["groups"] == [{"id": "0", "name": "0", "desc": None, "backend": None,
                                  "ranks": [0], "family": "0"}]

@@ -92,7 +92,8 @@ def test_summary_is_what_the_properties_say_and_follows_every_event():
 
     def by_properties():
         return {"id": s.job_id, "name": s.name, "status": s.status, "world_size": s.world_size,
-                "backend": s.backend, "started_at": s.started_at, "ended_at": s.ended_at}
+                "backend": s.backend, "started_at": s.started_at, "ended_at": s.ended_at,
+                "attempt": s.attempt, "command": None, "launcher": None, "launcher_id": None}
 
     assert s.summary() == by_properties() and s.summary()["status"] == "running"
     for r in range(4):
