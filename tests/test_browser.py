@@ -295,6 +295,42 @@ def test_jobs_list_updates_live_and_filters_by_name(server, agents, watched):
     watched.assert_clean()
 
 
+def test_jobs_list_tells_apart_launches_that_share_a_name(server, agents, watched):
+    """Two launches under one name: the list says which is run 2, and each row and the job
+    page's header say how it was launched (the command is data: text, never markup)."""
+    page = watched.page
+    command = "train.py --note " + HOSTILE_HOST
+    launch = {"command": command, "launcher": "torchrun", "launcher_id": "6fd5bf1d"}
+    first = agents("same-name", 0)
+    first.send("hello", {"job": "same-name", "rank": 0, "world_size": 2, "host": "node-a",
+                         "pid": 1000, "backend": "gloo", "attempt": 1, **launch})
+    first_id = job_id(server, "same-name")
+    second = agents("same-name", 0)  # rank 0 again: a new launch reusing the name
+    second.send("hello", {"job": "same-name", "rank": 0, "world_size": 2, "host": "node-a",
+                          "pid": 1000, "backend": "gloo", **launch, "launcher_id": "0a1b2c3d"})
+    wait_for(lambda: len([j for j in server.api("/api/jobs")["jobs"]
+                          if j["name"] == "same-name" and j["launcher"]]) == 2, 10, "2 jobs")
+
+    page.goto(server.url + "/")
+    rows = page.locator("#jobs-body tr")
+    expect(rows).to_have_count(2)
+    newest, oldest = rows.nth(0), rows.nth(1)
+    expect(newest.locator(".tag-run")).to_have_text("run 2")
+    expect(oldest.locator(".tag-run")).to_have_count(0)
+    expect(newest.locator(".launch-cmd")).to_have_text(command)
+    expect(newest.locator("td.launcher")).to_have_text("torchrun \u00b7 0a1b2c3d")
+    expect(oldest.locator("td.launcher")).to_have_text("torchrun \u00b7 6fd5bf1d")
+    expect(oldest.locator("td").nth(4)).to_have_text("1")  # restarts: attempt 1 is the latest
+    assert_no_markup_from_data(page)
+
+    page.goto(f"{server.url}/jobs/{first_id}")
+    expect(page.locator("#job-launch .launch-cmd")).to_have_text(command)
+    expect(page.locator("#job-launcher")).to_have_text("torchrun \u00b7 6fd5bf1d")
+    expect(page.locator("#job-launch .tag-run")).to_have_count(0)
+    assert_no_markup_from_data(page)
+    watched.assert_clean()
+
+
 HOSTILE_HOST = "<img src=x onerror=alert(1)>"
 HOSTILE_ERROR = "boom <script>alert(2)</script> after"
 HOSTILE_JOB = "esc<script>alert(3)</script>"

@@ -33,6 +33,38 @@
     return el("td", { class: "num incidents" + (n > 0 ? " has-incidents" : ""), text: String(n) });
   }
 
+  /** The name, with what tells it apart: "run 2" when a launch reused the name, "imported"
+   *  (from which file) for a job `pgdash import` made, and the program's command line. */
+  function nameCell(job) {
+    const name = job.name == null || job.name === "" ? "job " + job.id : job.name;
+    const tags = [];
+    if (PG.isNum(job.run) && job.run > 1) {
+      tags.push(el("span", { class: "tag tag-run", title: "Launch " + job.run + " under this name", text: "run " + job.run }));
+    }
+    if (job.imported) {
+      const from = job.imported_from ? "Imported from " + job.imported_from : "Imported";
+      const when = PG.isNum(job.exported_at) ? ", exported " + PG.fmtTime(job.exported_at) : "";
+      tags.push(el("span", { class: "tag tag-imported", title: from + when, text: "imported" }));
+    }
+    return el(
+      "td",
+      { class: "name" },
+      el("a", { href: PG.url("/jobs/" + encodeURIComponent(job.id)), text: name }),
+      tags,
+      job.command ? el("div", { class: "launch-cmd", title: job.command, text: job.command }) : null
+    );
+  }
+
+  function launcherCell(job) {
+    if (!job.launcher) return el("td", { class: "muted", text: PG.DASH });
+    return el(
+      "td",
+      { class: "launcher" },
+      el("span", { text: job.launcher }),
+      job.launcher_id ? el("span", { class: "muted", text: " \u00b7 " + job.launcher_id }) : null
+    );
+  }
+
   function jobRow(job) {
     const started = job.started_at;
     const ended = job.ended_at;
@@ -41,13 +73,14 @@
     else if (PG.isNum(started) && (job.status === "running" || job.status === "initializing")) duration = PG.since(started);
     else duration = el("span", { class: "muted", text: PG.DASH });
 
-    const name = job.name == null || job.name === "" ? "job " + job.id : job.name;
     return el(
       "tr",
-      null,
-      el("td", { class: "name" }, el("a", { href: PG.url("/jobs/" + encodeURIComponent(job.id)), text: name })),
+      { dataset: { job: String(job.id) } },
+      nameCell(job),
       el("td", null, PG.badge(job.status)),
+      launcherCell(job),
       el("td", { class: "num", text: PG.fmtNum(job.world_size) }),
+      el("td", { class: "num" + (job.attempt > 0 ? "" : " muted"), text: PG.isNum(job.attempt) ? String(job.attempt) : PG.DASH }),
       el("td", { text: job.backend == null ? PG.DASH : job.backend }),
       el("td", null, PG.timeCell(started)),
       el("td", null, PG.timeCell(ended)),
@@ -61,9 +94,9 @@
     const needle = state.filter.trim().toLowerCase();
     const shown = state.jobs.filter((job) => matches(job, needle));
     if (state.jobs.length === 0) {
-      clear(body, PG.emptyRow(8, "No jobs yet. Jobs appear here as soon as an agent reports in."));
+      clear(body, PG.emptyRow(10, "No jobs yet. Jobs appear here as soon as an agent reports in."));
     } else if (shown.length === 0) {
-      clear(body, PG.emptyRow(8, "No jobs match \u201c" + state.filter.trim() + "\u201d"));
+      clear(body, PG.emptyRow(10, "No jobs match \u201c" + state.filter.trim() + "\u201d"));
     } else {
       clear(body, shown.map(jobRow));
     }
@@ -87,7 +120,7 @@
   function showError(msg) {
     errorBox.textContent = msg;
     errorBox.hidden = false;
-    if (state.jobs === null) clear(body, PG.emptyRow(8, "Could not load jobs."));
+    if (state.jobs === null) clear(body, PG.emptyRow(10, "Could not load jobs."));
   }
 
   async function refresh() {
