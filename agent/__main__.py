@@ -1,8 +1,8 @@
-"""``python -m agent SCRIPT [ARGS]`` / ``python -m agent -m MODULE [ARGS]`` (see agent.launch)."""
+"""``python -m agent ...``, the first name of ``python -m pgdash_agent ...``."""
 
 import sys
 
-from agent.launch import main
+from pgdash_agent.launch import main
 
 if __name__ == "__main__":
     sys.exit(main())

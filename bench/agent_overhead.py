@@ -128,7 +128,7 @@ def worker(result_path: str, blocks: int, calls: int, warmup: int) -> int:
     world = int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 
-    import agent as pgdash_agent
+    import pgdash_agent
 
     attached = pgdash_agent.attach()
     if attached is None:
@@ -280,7 +280,7 @@ def micro(calls: int = 5_000, rounds: int = 40) -> dict:
     """
     import torch
 
-    from agent.collectives import CollectiveTracker
+    from pgdash_agent.collectives import CollectiveTracker
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
         return None

@@ -4,7 +4,7 @@ What runs: a real ``pgdash serve`` process (this repository's, on 127.0.0.1, a f
 file), and N simulated agents in one asyncio process speaking the real agent protocol over
 real websockets (the ``websockets`` package): ``--wire v1`` is the Socket.IO ``/agent``
 namespace every agent up to 0.1 speaks, ``--wire v2`` the compact path beside it
-(``agent.wire`` ``AGENT_V2_PATH``, MessagePack frames). Each agent connects, sends what a
+(``pgdash_agent.wire`` ``AGENT_V2_PATH``, MessagePack frames). Each agent connects, sends what a
 real agent sends at start (hello, the rendezvous, its process groups of a DP x PP x TP mesh),
 then once a second, at its own random phase, one batch: a heartbeat (progress per group), a
 latency summary (``coll_stats``: ``--ops`` rows with latency histograms) and a GPU reading:
@@ -73,7 +73,7 @@ sys.path.insert(0, str(ROOT))
 
 import websockets  # noqa: E402
 
-from agent import wire  # noqa: E402
+from pgdash_agent import wire  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -135,7 +135,7 @@ def second_events(rank: int, step: int, groups, ops: int, rng: random.Random):
     for i in range(ops):
         g = groups[i % len(groups)][0]
         base = 77 + (i % 5) * 6
-        # Rounded as the agent sends them (agent.wire.LatencySummary.row: to the nanosecond).
+        # Rounded as the agent sends them (pgdash_agent.wire.LatencySummary.row: to the nanosecond).
         rows.append({"group": g, "op": OPS[i % len(OPS)], "count": 20,
                      "bytes": 20 * (4 << (20 - i)),
                      "sum_us": round(20 * 1000.0 * (1 + rng.random()), 3),
@@ -265,7 +265,7 @@ class SocketIOAgent(Agent):
 
 
 class CompactAgent(Agent):
-    """Protocol v2: a plain websocket, one MessagePack frame per batch (agent.wire)."""
+    """Protocol v2: a plain websocket, one MessagePack frame per batch (pgdash_agent.wire)."""
 
     async def _connect(self) -> None:
         self.ws = await websockets.connect(f"{self.ws_url}{wire.AGENT_V2_PATH}", max_size=None,

@@ -3,7 +3,7 @@
 What is measured: the step time (forward, backward with DDP's C++ gradient all-reduces,
 optimizer step) of a small MLP under ``DistributedDataParallel``, 2 ranks, gloo, CPU, one
 thread per rank, with the agent attached (``agent.attach()`` before ``init_process_group``, as
-``python -m agent`` does) and without it. Each launch is one mode; launches alternate in the
+``python -m pgdash_agent`` does) and without it. Each launch is one mode; launches alternate in the
 palindromic order bare, agent, agent, bare, ... so that a drift of the machine cancels out. A
 launch warms up, then times ``steps`` steps one by one on rank 0; its median is one sample.
 Reported: per mode the median of the launch medians, the ratio agent / bare, and the ratio of
@@ -46,7 +46,7 @@ def worker(result_path: str, mode: str, steps: int, warmup: int) -> int:
 
     attached = None
     if mode == "agent":
-        import agent as pgdash_agent
+        import pgdash_agent
 
         attached = pgdash_agent.attach()
         if attached is None:

@@ -630,7 +630,7 @@ def report(runs: list[Run], a: argparse.Namespace) -> str:
 #            (the warning that comes first) or a `hang`.
 # culprit    the rank(s) the verdict must blame, exactly (comma separated)
 # ranks      world size; launch: `torchrun` (python -m torch.distributed.run --nproc-per-node N
-#            --master-port P -m agent SCRIPT) or `agent` (one `python -m agent SCRIPT` per rank
+#            --master-port P -m pgdash_agent SCRIPT) or `agent` (one `python -m pgdash_agent SCRIPT` per rank
 #            with a torchrun-style environment, as tests/conftest.py's launch_job does)
 # class      the row of the table the script counts in
 # stop_after seconds after the FAULT line at which the runner stops the job: stop=sigint sends
@@ -842,7 +842,7 @@ def launch_corpus(spec: Spec, root: Path, url: str, job: str, seed: int,
                str(spec.ranks), "--master-addr", "127.0.0.1", "--master-port", master_port]
         if spec.restarts:
             cmd += ["--max-restarts", str(spec.restarts)]
-        cmd += ["-m", "agent", str(spec.path)]
+        cmd += ["-m", "pgdash_agent", str(spec.path)]
         with open(logdir / f"{job}-torchrun.log", "ab") as out:
             return [subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root,
                                      env=child_env(root, base))]
@@ -854,7 +854,7 @@ def launch_corpus(spec: Spec, root: Path, url: str, job: str, seed: int,
                                "WORLD_SIZE": str(spec.ranks), "LOCAL_WORLD_SIZE": str(spec.ranks),
                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master_port})
         with open(logdir / f"{job}-rank{rank}.log", "ab") as out:
-            procs.append(subprocess.Popen([sys.executable, "-m", "agent", str(spec.path)],
+            procs.append(subprocess.Popen([sys.executable, "-m", "pgdash_agent", str(spec.path)],
                                           stdout=out, stderr=subprocess.STDOUT, cwd=root,
                                           env=env))
     return procs

@@ -43,7 +43,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import socketio  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
-from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION  # noqa: E402
+from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION  # noqa: E402
 from conftest import ServerProcess, get_json, launch_job, stored_events, wait_for  # noqa: E402
 from realservers import PostgresServer, RedisServer, postgres_bin  # noqa: E402
 from tcp_balancer import Balancer  # noqa: E402

@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import socketio  # noqa: E402
 
-from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION  # noqa: E402
+from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION  # noqa: E402
 from conftest import (ServerProcess, free_port, job_by_name, launch_job, stored_events,  # noqa: E402
                       wait_for, wait_job)
 

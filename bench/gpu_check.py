@@ -1,6 +1,6 @@
 """The GPU-only checks, for a machine with an NVIDIA GPU (CI has none).
 
-1. Real NVML: ``agent.gpu.GpuSampler`` on this machine's GPU 0 (every field, clock-event
+1. Real NVML: ``pgdash_agent.gpu.GpuSampler`` on this machine's GPU 0 (every field, clock-event
    reasons, XID event registration).
 2. NCCL with the agent: one rank, all_reduce on a CUDA tensor (sync and async_op) and DDP on
    the GPU, reporting to a real pgdash server in this process; the API must show exact
@@ -40,7 +40,7 @@ def free_port() -> int:
 def check_nvml() -> None:
     import torch
 
-    from agent.gpu import GpuSampler
+    from pgdash_agent.gpu import GpuSampler
 
     uuid = str(torch.cuda.get_device_properties(0).uuid)
     sampler = GpuSampler(uuid)
@@ -55,7 +55,7 @@ def check_nvml() -> None:
 RANK_SCRIPT = r'''
 import os, sys, time, json, torch, torch.distributed as dist
 sys.path.insert(0, os.environ["PGDASH_ROOT"])
-from agent import attach
+from pgdash_agent import attach
 mode = sys.argv[1]
 torch.cuda.set_device(0)
 agent = attach()
@@ -80,7 +80,7 @@ if mode == "job":
         except Exception as exc:
             fr[name] = f"{type(exc).__name__}: {exc}"
     print("FR", json.dumps(fr), flush=True)
-    print("PROBE", json.dumps(agent.flight.read()), flush=True)
+    print("PROBE", json.dumps(pgdash_agent.flight.read()), flush=True)
     time.sleep(2.5)  # GPU readings reach the server
 elif mode == "overhead":
     t = torch.zeros(1, device="cuda")

@@ -57,7 +57,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.wire import PROTOCOL_VERSION  # noqa: E402
+from pgdash_agent.wire import PROTOCOL_VERSION  # noqa: E402
 from dashboard.live import sections  # noqa: E402
 from dashboard.server import make_server  # noqa: E402
 

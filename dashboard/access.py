@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 from flask import Flask, jsonify, redirect, render_template, request
 
-from agent.wire import AGENT_V2_PATH, UI_NAMESPACE
+from pgdash_agent.wire import AGENT_V2_PATH, UI_NAMESPACE
 from dashboard import guard as login_guard
 
 COOKIE = "pgdash_session"

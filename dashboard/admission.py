@@ -13,7 +13,7 @@ import hmac
 import time
 from typing import Any, Callable
 
-from agent.wire import ENDED, Ack, Auth, WireError, validate_auth
+from pgdash_agent.wire import ENDED, Ack, Auth, WireError, validate_auth
 from dashboard.guard import LoginGuard
 from dashboard.state import JobState
 from dashboard.storage import Store

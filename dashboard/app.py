@@ -18,7 +18,7 @@ from flask import Flask, abort, current_app, jsonify, render_template, request
 from flask_socketio import SocketIO, join_room, leave_room, rooms
 from werkzeug.exceptions import HTTPException
 
-from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
+from pgdash_agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
 from dashboard import access, limits, views
 from dashboard import guard as login_guard
 from dashboard.archive import export_lines

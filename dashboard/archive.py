@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import Any, Iterable, Iterator
 
-from agent.wire import SERVER_KINDS, WireError, validate_event, validate_server_event
+from pgdash_agent.wire import SERVER_KINDS, WireError, validate_event, validate_server_event
 from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.book import Change, Timeline, with_grid
 from dashboard.state import JobState, StoredEvent

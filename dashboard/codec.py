@@ -131,12 +131,15 @@ _ALLOWED = {
     # What a replay folds: the state with its findings book (dashboard.diagnosis.book)
     ("dashboard.diagnosis.book", "Timeline"), ("dashboard.diagnosis.book", "Book"),
     ("dashboard.diagnosis.core", "Settings"), ("dashboard.diagnosis.core", "Severity"),
-    ("agent.wire", "RankStatus"), ("agent.wire", "JobStatus"),
+    ("pgdash_agent.wire", "RankStatus"), ("pgdash_agent.wire", "JobStatus"),
 }
+# Checkpoints stored before the agent's code moved from ``agent`` to ``pgdash_agent``.
+_MOVED = {"agent.wire": "pgdash_agent.wire"}
 
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        module = _MOVED.get(module, module)
         if (module, name) not in _ALLOWED:
             raise pickle.UnpicklingError(f"checkpoint refers to {module}.{name}, which a "
                                          "JobState never holds: the row was not written by "

@@ -10,7 +10,7 @@ value is written once.
 
 from __future__ import annotations
 
-from agent.wire import DEFAULT_PORT
+from pgdash_agent.wire import DEFAULT_PORT
 from dashboard import guard, limits
 from dashboard.compaction import Policy
 from dashboard.diagnosis import Settings

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 
-from agent import attach
+from pgdash_agent import attach
 
 
 

@@ -2,7 +2,7 @@
 
 Werkzeug (and so Flask-SocketIO's threading mode) spends a thread per open websocket, two in
 fact, with a condition-variable hand-off for every message: at 1,024 agents that is ~4,000
-threads and most of the server's CPU. Agents that speak protocol v2 (``agent.wire``: binary
+threads and most of the server's CPU. Agents that speak protocol v2 (``pgdash_agent.wire``: binary
 MessagePack frames on a plain websocket at ``AGENT_V2_PATH``) are instead served here, all
 on one asyncio loop thread, with websockets' sans-I/O protocol doing the framing.
 
@@ -27,7 +27,7 @@ from websockets.frames import Opcode
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
-from agent.wire import AGENT_V2_PATH, WireError, decode_v2, encode_v2
+from pgdash_agent.wire import AGENT_V2_PATH, WireError, decode_v2, encode_v2
 
 log = logging.getLogger("pgdash.server")
 _quiet = logging.getLogger("pgdash.server.websocket")  # "connection open" per agent: noise

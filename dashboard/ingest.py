@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from agent.wire import Ack, WireError, validate_batch_envelope, validate_events
+from pgdash_agent.wire import Ack, WireError, validate_batch_envelope, validate_events
 from dashboard import views
 from dashboard.admission import Admission, Refused
 from dashboard.console import RefusalLog

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
-from agent.wire import HIST_BUCKETS_PER_OCTAVE
+from pgdash_agent.wire import HIST_BUCKETS_PER_OCTAVE
 from dashboard.diagnosis.incidents import incidents
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 from typing import Any, Callable, Hashable, Iterable, TypedDict
 
-from agent.wire import hist_bucket, hist_bucket_value
+from pgdash_agent.wire import hist_bucket, hist_bucket_value
 
 TERMINAL_RANK = ("exited", "failed", "lost")
 # Events that leave the job summary (status, world size, backend, start) as it was, unless
@@ -67,7 +67,7 @@ class RankState:
     # When the rank destroyed its default process group (``left`` event): it left
     # distributed training, though its process may go on.
     left_at: float | None = None
-    # How the process was started, as its hello said (agent.identity.Launch); None from
+    # How the process was started, as its hello said (pgdash_agent.identity.Launch); None from
     # older agents (and in checkpoints stored before: the class default stands in).
     command: str | None = None
     launcher: str | None = None

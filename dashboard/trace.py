@@ -14,7 +14,7 @@ process group the rank reported ("group 0 · default_pg"). Thread ids are unique
 file and kept apart from pids, so no viewer takes a group's thread for another rank's process.
 Times are the ranks' own clocks (Unix time in microseconds, as the agents sent it).
 
-What the agent sends, and what it becomes here (``agent/core.py``, ``agent/collectives.py``):
+What the agent sends, and what it becomes here (``pgdash_agent/core.py``, ``pgdash_agent/collectives.py``):
 
 - ``heartbeat`` (every PGDASH_INTERVAL_S, 1 s by default): per group the sequence numbers
   entered and completed and the collective in flight (op, dtype, bytes, since when). A
@@ -66,7 +66,7 @@ import json
 import math
 from typing import Any, Hashable, Iterable, Iterator, Mapping
 
-from agent.wire import MAX_RANKS, hist_bucket_value
+from pgdash_agent.wire import MAX_RANKS, hist_bucket_value
 from dashboard.state import StoredEvent
 
 DEFAULT_MAX_EVENTS = 1_000_000  # PGDASH_TRACE_MAX_EVENTS / --max-events

@@ -15,7 +15,7 @@ import urllib.parse
 import pytest
 import socketio
 
-from agent.wire import PROTOCOL_VERSION, UI_NAMESPACE
+from pgdash_agent.wire import PROTOCOL_VERSION, UI_NAMESPACE
 from conftest import (ROOT, WAIT_S, ServerProcess, job_by_name, launch_job, wait_for,
                       wait_job)
 from dashboard.access import COOKIE, Access

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from agent.config import AgentConfig
-from agent.outbox import Outbox
+from pgdash_agent.config import AgentConfig
+from pgdash_agent.outbox import Outbox
 from conftest import JOBS, ROOT, ServerProcess, free_port, job_by_name, wait_for
 
 

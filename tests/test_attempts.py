@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from agent import identity
-from agent.wire import (MAX_COMMAND, MAX_NAME, PROTOCOL_VERSION, WireError, decode_v2,
+from pgdash_agent import identity
+from pgdash_agent.wire import (MAX_COMMAND, MAX_NAME, PROTOCOL_VERSION, WireError, decode_v2,
                         encode_v2, validate_auth, validate_event)
 from dashboard import views
 from dashboard.diagnosis import Settings, diagnose
@@ -57,18 +57,18 @@ def test_job_name_from_init_method_when_the_environment_has_no_address():
 @pytest.mark.parametrize("argv, orig_argv, program, command", [
     # python train.py ARGS, and torchrun's workers (python -u train.py ARGS)
     (*TRAIN, "train.py", "train.py --lr 3e-4"),
-    # python -m agent train.py / torchrun -m agent train.py: attached before the launcher
+    # python -m pgdash_agent train.py / torchrun -m pgdash_agent train.py: attached before the launcher
     # hands sys.argv to the program ...
-    ([AGENT_MAIN, "train.py", "--lr", "3e-4"], [PY, "-u", "-m", "agent", "train.py", "--lr",
+    ([AGENT_MAIN, "train.py", "--lr", "3e-4"], [PY, "-u", "-m", "pgdash_agent", "train.py", "--lr",
                                                 "3e-4"], "train.py", "train.py --lr 3e-4"),
     # ... or after it (attached at init_process_group): the interpreter's argv still says it
-    (["/w/train.py", "--lr", "3e-4"], [PY, "-m", "agent", "train.py", "--lr", "3e-4"],
+    (["/w/train.py", "--lr", "3e-4"], [PY, "-m", "pgdash_agent", "train.py", "--lr", "3e-4"],
      "train.py", "train.py --lr 3e-4"),
     # pgdash's launcher by path, and by its other name
     ([AGENT_MAIN, "t.py"], [PY, AGENT_MAIN, "t.py"], "t.py", "t.py"),
     (["/w/t.py"], [PY, "-m", "pgdash_agent", "t.py", "x y"], "t.py", "t.py 'x y'"),
     # modules: under the launcher, and plain (sys.argv[0] is then the module's file)
-    (["/w/pkg/train.py", "x"], [PY, "-m", "agent", "-m", "pkg.train", "x"], "pkg.train",
+    (["/w/pkg/train.py", "x"], [PY, "-m", "pgdash_agent", "-m", "pkg.train", "x"], "pkg.train",
      "-m pkg.train x"),
     (["/w/pkg/train.py"], [PY, "-X", "dev", "-W", "ignore", "-Bmpkg.train"], "pkg.train",
      "-m pkg.train"),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import pytest
 import socketio
 
-from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
+from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
 from conftest import ROOT, WAIT_S, ServerProcess, launch_job, wait_job
 
 TOKEN = "bad-input-test-token-0123456789"

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import pytest
 import socketio
 
-from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
+from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
 from conftest import WAIT_S, ServerProcess, job_by_name, launch_job, wait_for, wait_job
 
 try:

@@ -15,7 +15,7 @@ import pytest
 import socketio
 import sqlalchemy as sa
 
-from agent.wire import UI_NAMESPACE
+from pgdash_agent.wire import UI_NAMESPACE
 from conftest import (ROOT, WAIT_S, ServerProcess, job_by_name, launch_job, wait_for,
                       wait_job)
 from realservers import pg_url, postgres_server, redis_url  # noqa: F401  (fixtures)

@@ -11,7 +11,7 @@ import sys
 import pytest
 import websocket
 
-from agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
+from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
 from conftest import (JOBS, ROOT, ServerProcess, job_by_name, launch_job, wait_for,
                       wait_job)
 from test_server import HELLO, ev

@@ -1,5 +1,5 @@
-"""A crash's traceback and a stuck rank's stack as evidence: the user's frames only (agent.frames),
-bounded, the training code's line named first; real gloo jobs under ``python -m agent`` and
+"""A crash's traceback and a stuck rank's stack as evidence: the user's frames only (pgdash_agent.frames),
+bounded, the training code's line named first; real gloo jobs under ``python -m pgdash_agent`` and
 with ``attach()``."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import frames
+from pgdash_agent import frames
 from conftest import JOBS, ROOT, free_port, job_by_name, stored_events, wait_for
 
 AGENT_FILE = os.path.join(frames.AGENT_DIR, "collectives.py")  # a frame "of the agent"
@@ -107,7 +107,7 @@ def _stop(procs):
         p.wait()
 
 
-@pytest.mark.parametrize("how", ["python -m agent", "attach"])
+@pytest.mark.parametrize("how", ["python -m pgdash_agent", "attach"])
 def test_a_plain_python_bug_on_rank_1_names_its_line_with_the_users_traceback(
         server, tmp_path, how):
     script = JOBS / "bug_job.py"
@@ -115,7 +115,7 @@ def test_a_plain_python_bug_on_rank_1_names_its_line_with_the_users_traceback(
                 if "return total / count" in text)
     job = f"bug-{how.split()[-1]}"
     procs = _launch(tmp_path, server.url, job,
-                    ["-m", "agent", str(script)] if how != "attach" else [str(script)],
+                    ["-m", "pgdash_agent", str(script)] if how != "attach" else [str(script)],
                     {"BUG_JOB_ATTACH": "1"} if how == "attach" else None)
     try:
         codes = [p.wait(timeout=120) for p in procs]
@@ -144,7 +144,7 @@ def test_a_plain_python_bug_on_rank_1_names_its_line_with_the_users_traceback(
 
 def test_a_stuck_ranks_stack_has_no_pgdash_frames(server, tmp_path):
     procs = _launch(tmp_path, server.url, "stuck",
-                    ["-m", "agent", str(JOBS / "fault_job.py"), "hang"])
+                    ["-m", "pgdash_agent", str(JOBS / "fault_job.py"), "hang"])
     try:
         stack = wait_for(lambda: next((e["body"]["stack"] for e in stored_events(server.db_url)
                                        if e["kind"] == "stack"), None), 90, "a stack")

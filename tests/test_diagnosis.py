@@ -193,7 +193,7 @@ def test_replay_gives_the_same_findings_at_the_same_moment():
 
 def intervals(log, rank, group, waits_ms, start=101.0, per=20):
     """One coll_stats per second for ``rank``: ``per`` collectives waiting ``waits_ms`` each."""
-    from agent.wire import hist_bucket
+    from pgdash_agent.wire import hist_bucket
 
     for i, ms in enumerate(waits_ms):
         us = ms * 1000
@@ -231,7 +231,7 @@ def test_no_straggler_when_waits_are_short_or_spread():
 def half_seconds(log, rank, waits_ms, start=101.0):
     """One coll_stats per half second (PGDASH_STATS_INTERVAL_S) for ``rank``; ``waits_ms``:
     per summary, the wait of each of its collectives (a list, so that a summary can mix)."""
-    from agent.wire import hist_bucket
+    from pgdash_agent.wire import hist_bucket
 
     for i, waits in enumerate(waits_ms):
         hist: dict[int, int] = {}
@@ -351,7 +351,7 @@ def test_a_single_pause_of_one_rank_is_not_a_straggler():
     # checkpoint, a crowded host's scheduler): one of the others' collectives waits 5 s, the
     # rest of that second's do not. A straggler is late at most collectives: two seconds of
     # that name it.
-    from agent.wire import hist_bucket
+    from pgdash_agent.wire import hist_bucket
 
     healthy = {0: [1, 3, 2, 3, 1, 2], 1: [3, 1, 3, 2, 3, 1], 2: [2, 2, 1, 1, 2, 3]}
     log = running(3)

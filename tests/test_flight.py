@@ -2,7 +2,7 @@
 
 import json
 
-from agent.flight import FlightRecorderProbe
+from pgdash_agent.flight import FlightRecorderProbe
 
 
 class FakeRecorder:

@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from agent.flight_stats import FlightStats, WrappedIntervals, entry_bytes, op_name
+from pgdash_agent.flight_stats import FlightStats, WrappedIntervals, entry_bytes, op_name
 from conftest import launch_job, wait_for, wait_job
 
 STEPS = 12

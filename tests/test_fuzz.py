@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.wire import PROTOCOL_VERSION, SERVER_KINDS, validate_event
+from pgdash_agent.wire import PROTOCOL_VERSION, SERVER_KINDS, validate_event
 from conftest import ServerProcess, job_by_name, launch_job, wait_for, wait_job
 from dashboard import views
 from dashboard.archive import Archive, ArchiveError, export_lines, import_archive

@@ -2,7 +2,7 @@
 
 The real NVML path is exercised on a GPU machine by bench/gpu_check.py."""
 
-from agent.gpu import GpuSampler
+from pgdash_agent.gpu import GpuSampler
 from dashboard import views
 from dashboard.live import sections
 from dashboard.diagnosis import Settings, diagnose

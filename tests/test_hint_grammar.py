@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from agent.wire import hist_bucket
+from pgdash_agent.wire import hist_bucket
 from dashboard import errors
 from dashboard.diagnosis import Settings, diagnose
 from dashboard.diagnosis.incidents import incidents

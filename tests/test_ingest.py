@@ -2,7 +2,7 @@
 
 import pytest
 
-from agent.wire import PROTOCOL_VERSION
+from pgdash_agent.wire import PROTOCOL_VERSION
 from dashboard import views
 from dashboard.ingest import Ingest, Refused
 from dashboard.storage import Store

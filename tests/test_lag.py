@@ -8,7 +8,7 @@ import time
 
 import socketio
 
-from agent.wire import UI_NAMESPACE
+from pgdash_agent.wire import UI_NAMESPACE
 
 from dashboard.diagnosis import Settings, diagnose
 from dashboard.lag import IngestLag

@@ -1,8 +1,8 @@
-"""``python -m agent`` under real launchers: torchrun (DDP, FSDP2, a 2-D DeviceMesh, an elastic
+"""``python -m pgdash_agent`` under real launchers: torchrun (DDP, FSDP2, a 2-D DeviceMesh, an elastic
 restart), torch.multiprocessing.spawn, and the program's own argv and exit codes.
 
 The training scripts in tests/jobs/tutorial/ are written as PyTorch's tutorials write them,
-with no pgdash in them: the agent comes only from ``-m agent``.
+with no pgdash in them: the agent comes only from ``-m pgdash_agent``.
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ def run(cmd: list[str], env: dict[str, str], tmp_path: Path, log: str,
 
 def torchrun(script: str, nproc: int, name: str, server, tmp_path: Path, args=(),
              extra=(), env=None) -> subprocess.CompletedProcess:
-    """``python -m torch.distributed.run ... -m agent tests/jobs/tutorial/SCRIPT ARGS`` (the
+    """``python -m torch.distributed.run ... -m pgdash_agent tests/jobs/tutorial/SCRIPT ARGS`` (the
     module form, so the venv's torch runs it), rendezvous on a free loopback port."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", name, *extra,
-           "-m", "agent", str(TUTORIAL / script), *args]
+           "-m", "pgdash_agent", str(TUTORIAL / script), *args]
     return run(cmd, env or _env(server.url), tmp_path, f"{name}.log")
 
 
@@ -90,7 +90,7 @@ def test_ddp_tutorial_under_torchrun(server, tmp_path):
     assert [a["attempt"] for a in job["attempts"]] == [0]
     # Python sees the loss all-reduce of every step and the final barrier, and DDP's own
     # gradient all-reduce (one bucket a step for this small model) through the agent's comm
-    # hook (agent.ddp), without a line of the script: timed like the script's own.
+    # hook (pgdash_agent.ddp), without a line of the script: timed like the script's own.
     assert counts(server, job["id"]) == {("0", "all_reduce", 0): 2 * steps,
                                          ("0", "all_reduce", 1): 2 * steps,
                                          ("0", "barrier", 0): 1, ("0", "barrier", 1): 1}
@@ -108,7 +108,7 @@ def test_torchrun_standalone_job_is_named_and_rank_0_says_where_its_page_is(serv
     program and the id's first 8 characters; rank 0, and only rank 0, says on the console
     which job it reports and where its page is."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", "--tee", "2", "-m", "agent", str(TUTORIAL / "ddp.py"), "--steps", "2",
+           "2", "--tee", "2", "-m", "pgdash_agent", str(TUTORIAL / "ddp.py"), "--steps", "2",
            "--lr", "3e-4"]
     done = run(cmd, _env(server.url), tmp_path, "standalone.log")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -196,7 +196,7 @@ def test_multiprocessing_spawn_ranks_form_one_job(server, tmp_path):
     attaches at its init_process_group and they land in one job named by the program and
     its rendezvous."""
     port = free_port()
-    done = run([sys.executable, "-m", "agent", str(TUTORIAL / "spawn_ddp.py"), "2", str(port),
+    done = run([sys.executable, "-m", "pgdash_agent", str(TUTORIAL / "spawn_ddp.py"), "2", str(port),
                 "3"], _env(server.url), tmp_path, "spawn.log")
     assert done.returncode == 0, done.stderr[-3000:]
     name = f"spawn_ddp.py \u00b7 127.0.0.1:{port}"
@@ -218,7 +218,7 @@ def test_multiprocessing_spawn_ranks_form_one_job(server, tmp_path):
     # A spawned rank that raises: torch.multiprocessing catches it (no excepthook runs), so
     # the agent must report it itself.
     port = free_port()
-    done = run([sys.executable, "-m", "agent", str(TUTORIAL / "spawn_ddp.py"), "2", str(port),
+    done = run([sys.executable, "-m", "pgdash_agent", str(TUTORIAL / "spawn_ddp.py"), "2", str(port),
                 "3", "1"], _env(server.url), tmp_path, "spawn-fail.log")
     assert done.returncode == 1
     job = finished_job(server, f"spawn_ddp.py \u00b7 127.0.0.1:{port}", 2)
@@ -236,21 +236,21 @@ def test_program_argv_exit_codes_and_tracebacks(server, tmp_path):
     report = tmp_path / "report.json"
     script = TUTORIAL / "argv_exit.py"
 
-    done = run([sys.executable, "-m", "agent", str(script), str(report), "0"],
+    done = run([sys.executable, "-m", "pgdash_agent", str(script), str(report), "0"],
                dict(env, PGDASH_JOB="argv-ok"), tmp_path, "ok.log")
     assert done.returncode == 0, done.stderr
     seen = json.loads(report.read_text())
     assert seen == {"argv": [str(script), str(report), "0"], "file": str(script),
                     "path0": str(TUTORIAL), "name": "__main__", "pickled": 7}
 
-    done = run([sys.executable, "-m", "agent", "-m", "argv_exit", str(report), "3"],
+    done = run([sys.executable, "-m", "pgdash_agent", "-m", "argv_exit", str(report), "3"],
                dict(env, PGDASH_JOB="argv-3"), tmp_path, "exit3.log", cwd=TUTORIAL)
     assert done.returncode == 3, done.stderr
     seen = json.loads(report.read_text())
     assert seen["argv"] == [str(script), str(report), "3"] and seen["name"] == "__main__"
     assert seen["path0"] == str(TUTORIAL)  # -m: the working directory
 
-    done = run([sys.executable, "-m", "agent", str(script), str(report), "raise"],
+    done = run([sys.executable, "-m", "pgdash_agent", str(script), str(report), "raise"],
                dict(env, PGDASH_JOB="argv-raise"), tmp_path, "raise.log")
     assert done.returncode == 1
     plain = run([sys.executable, str(script), str(report), "raise"],
@@ -268,9 +268,9 @@ def test_program_argv_exit_codes_and_tracebacks(server, tmp_path):
             "findings"] if f["kind"] == "rank_failed"], 30, f"the failure of {name}")
         assert text in failed[0]["evidence"]["error"]
 
-    usage = run([sys.executable, "-m", "agent"], env, tmp_path, "usage.log")
-    assert usage.returncode == 2 and usage.stderr.startswith("usage: python -m agent SCRIPT")
-    missing = run([sys.executable, "-m", "agent", str(tmp_path / "nope.py")], env, tmp_path,
+    usage = run([sys.executable, "-m", "pgdash_agent"], env, tmp_path, "usage.log")
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: python -m pgdash_agent SCRIPT")
+    missing = run([sys.executable, "-m", "pgdash_agent", str(tmp_path / "nope.py")], env, tmp_path,
                   "missing.log")
     assert missing.returncode == 2 and "can't open file" in missing.stderr
 
@@ -287,7 +287,7 @@ def test_slurm_tasks_form_one_job_named_after_the_step(server, tmp_path):
                    SLURM_NODEID="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         with open(tmp_path / f"task{task}.log", "wb") as out:
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "agent", str(TUTORIAL / "slurm_job.py")], env=env,
+                [sys.executable, "-m", "pgdash_agent", str(TUTORIAL / "slurm_job.py")], env=env,
                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
     try:
         assert [p.wait(timeout=DEADLINE) for p in procs] == [0, 0]

@@ -15,7 +15,7 @@ import pytest
 import socketio
 import websocket
 
-from agent.wire import AGENT_V2_PATH, PROTOCOL_V2, UI_NAMESPACE, decode_v2, encode_v2
+from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, UI_NAMESPACE, decode_v2, encode_v2
 from conftest import ServerProcess, wait_for
 from dashboard.guard import LoginGuard, client_address, from_config
 

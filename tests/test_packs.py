@@ -82,7 +82,7 @@ def test_bodies_moved_unread_make_the_same_pack_and_read_back_as_dicts():
 
 def _agent_like(events: list[dict]) -> list[dict]:
     """The events with their latencies and watts rounded as the agent sends them
-    (agent.wire rounds to the nanosecond; NVML reports milliwatts)."""
+    (pgdash_agent.wire rounds to the nanosecond; NVML reports milliwatts)."""
     out = []
     for ev in events:
         body = ev["body"]

@@ -11,7 +11,7 @@ import time
 import pytest
 import socketio
 
-from agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION, UI_NAMESPACE
+from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION, UI_NAMESPACE
 from dashboard.live import apply
 from conftest import ROOT, ServerProcess, get_json, job_by_name, wait_for
 

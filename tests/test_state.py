@@ -25,7 +25,7 @@ def hello(rank, world=2, host="node0", backend=None):
 
 
 def stats(group, op, count, us, nbytes=4):
-    from agent.wire import hist_bucket
+    from pgdash_agent.wire import hist_bucket
 
     return {"start": 0, "end": 1, "rows": [{"group": group, "op": op, "count": count,
                                             "bytes": nbytes * count, "sum_us": us * count,
@@ -165,7 +165,7 @@ def test_summary_asked_after_every_event_matches_a_fresh_fold():
 def test_half_second_summaries_share_a_heat_map_second():
     # PGDASH_STATS_INTERVAL_S 0.5: two summaries per second, 300 ms inside collectives each,
     # are 60 % of that second (not twice 60 %); a 2 s summary is spread over its seconds.
-    from agent.wire import hist_bucket
+    from pgdash_agent.wire import hist_bucket
 
     def summary(start, end, busy_us):
         return {"start": start, "end": end, "rows": [
@@ -182,7 +182,7 @@ def test_half_second_summaries_share_a_heat_map_second():
 
 
 def test_latency_summaries_are_kept_with_their_histogram_and_old_checkpoints_upgrade():
-    from agent.wire import hist_bucket
+    from pgdash_agent.wire import hist_bucket
     from dashboard.codec import decode_state, encode_state
     from dashboard.diagnosis.rules.stragglers import _pooled
 
@@ -203,3 +203,22 @@ def test_latency_summaries_are_kept_with_their_histogram_and_old_checkpoints_upg
     assert list(loaded.recent[("0", 1)]) == [(3, 2, 300.0, (hist_bucket(150.0), 2))]
     assert loaded.recent[("0", 0)].maxlen == 60
     assert _pooled(loaded.recent[("0", 0)]) == {hist_bucket(100.0): 8, hist_bucket(150.0): 2}
+
+
+def test_checkpoints_stored_before_the_agent_moved_to_pgdash_agent_still_load():
+    """Rank and job statuses were pickled as ``agent.wire`` members until the agent's code
+    moved to ``pgdash_agent``; such checkpoints load, and other modules stay refused."""
+    import os
+    import pickle
+
+    import pytest
+
+    from pgdash_agent.wire import RankStatus
+    from dashboard.codec import compress_state, decode_state
+
+    raw = pickle.dumps({"status": RankStatus.RUNNING}, protocol=2)  # unframed: editable
+    old = raw.replace(b"cpgdash_agent.wire\n", b"cagent.wire\n")
+    assert old != raw and b"pgdash_agent" not in old
+    assert decode_state(compress_state(old)) == {"status": RankStatus.RUNNING}
+    with pytest.raises(ValueError, match="refers to posix.system"):
+        decode_state(compress_state(pickle.dumps(os.system)))

@@ -67,7 +67,7 @@ def test_timeline_grid_is_one_row_per_rank_and_second_per_family():
 
 
 def test_timeline_grid_has_latency_and_bytes_per_op_and_second():
-    from agent.wire import hist_bucket_value
+    from pgdash_agent.wire import hist_bucket_value
 
     grid = views.timeline_grid(mesh_job(seconds=5), bins=4)
     ops = {(o["family"], o["op"]): o for o in grid["ops"]}

@@ -30,11 +30,19 @@ def test_wheel_installs_serves_and_migrates(tmp_path):
     outside.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PGDASH_DB")}
     python = venv / "bin" / "python"
-    probe = run([str(python), "-c", "import importlib.util as u, dashboard, agent; "
+    probe = run([str(python), "-c", "import importlib.util as u, dashboard, agent, pgdash_agent; "
                  "print(dashboard.__file__); print(u.find_spec('torch') is None)"],
                 cwd=outside, env=env).stdout.split()
     assert str(venv) in probe[0], "the installed package must be used, not the checkout"
     assert probe[1] == "True", "a dashboard-only install must not pull torch"
+
+    # The wheel carries pgdash_agent and the guard that names a project's own `agent` module.
+    (outside / "agent.py").write_text("raise SystemExit('the project module ran')\n")
+    (outside / "train.py").write_text("")
+    shadowed = subprocess.run([str(python), "-m", "agent", "train.py"], cwd=outside, env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert shadowed.returncode == 2 and "-m pgdash_agent" in shadowed.stderr, shadowed.stderr
+    (outside / "agent.py").unlink()
 
     db = outside / "fresh.db"
     out = run([str(venv / "bin" / "pgdash"), "db", "upgrade", "--db", f"sqlite:///{db}"],

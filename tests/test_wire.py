@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from agent.wire import (MAX_BATCH_EVENTS, PROTOCOL_VERSION, WireError, hist_bucket,
+from pgdash_agent.wire import (MAX_BATCH_EVENTS, PROTOCOL_VERSION, WireError, hist_bucket,
                         hist_bucket_value, validate_auth, validate_batch, validate_event)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
-from agent.wire import TextEnum
+from pgdash_agent.wire import TextEnum
 
 
 class Severity(TextEnum):

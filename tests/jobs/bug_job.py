@@ -1,7 +1,7 @@
 """A gloo job whose rank 1 hits a plain Python bug in the training code (a ZeroDivisionError
 in a helper of its own) at step 3; the other ranks then fail in their next all_reduce.
 
-Run as ``python -m agent bug_job.py`` (no pgdash in the script), or with BUG_JOB_ATTACH=1 as
+Run as ``python -m pgdash_agent bug_job.py`` (no pgdash in the script), or with BUG_JOB_ATTACH=1 as
 ``python bug_job.py`` (then it calls ``attach()`` itself, and the excepthook reports it).
 """
 
@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 if os.environ.get("BUG_JOB_ATTACH"):
-    from agent import attach
+    from pgdash_agent import attach
 
     attach()
 

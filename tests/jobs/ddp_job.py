@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from agent import attach
+from pgdash_agent import attach
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from agent import attach
+from pgdash_agent import attach
 
 steps, pause = int(sys.argv[1]), float(sys.argv[2])
 attach()

@@ -10,8 +10,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fake_nvml import FakeNvml  # noqa: E402
 
-from agent.config import AgentConfig  # noqa: E402
-from agent.core import Agent  # noqa: E402
+from pgdash_agent.config import AgentConfig  # noqa: E402
+from pgdash_agent.core import Agent  # noqa: E402
 
 nvml = FakeNvml()
 nvml.xids = [79]

@@ -29,7 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from agent import attach
+from pgdash_agent import attach
 
 scenario = sys.argv[1]
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 5

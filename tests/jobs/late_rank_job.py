@@ -10,7 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from agent import attach
+from pgdash_agent import attach
 
 late = float(sys.argv[1])
 attach()

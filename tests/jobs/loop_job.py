@@ -6,7 +6,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from agent import attach
+from pgdash_agent import attach
 
 steps, pause = int(sys.argv[1]), float(sys.argv[2])
 dist.init_process_group("gloo")

@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import agent
+import pgdash_agent as agent
 
 after_s = float(sys.argv[1])
 bound_s = float(sys.argv[2])

@@ -10,7 +10,7 @@ Point-to-point on group "0": rank 0 send 2 + isend 1; rank 1 recv 2 + irecv 1.
 import torch
 import torch.distributed as dist
 
-from agent import attach
+from pgdash_agent import attach
 
 attach()  # before init: the rendezvous is reported
 dist.init_process_group("gloo")

@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-import agent
+import pgdash_agent as agent
 
 steps = int(sys.argv[1])
 mode = sys.argv[2] if len(sys.argv) > 2 else ""

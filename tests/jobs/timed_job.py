@@ -13,7 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import agent
+import pgdash_agent as agent
 
 steps = int(sys.argv[1])
 mode = sys.argv[2] if len(sys.argv) > 2 else ""

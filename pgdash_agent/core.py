@@ -1,6 +1,6 @@
 """The in-process agent: hooks into torch.distributed, a background thread, and the sender.
 
-Threads: the training thread only runs the collective wrappers (see ``agent.collectives``) and
+Threads: the training thread only runs the collective wrappers (see ``pgdash_agent.collectives``) and
 appends rare events (init, errors) to the outbox. ``pgdash-agent`` polls async works, turns
 records into per-second summaries, sends heartbeats and notices new process groups.
 ``pgdash-sender`` owns the network. Nothing here raises into the training code.
@@ -19,17 +19,17 @@ import time
 import uuid
 from typing import Any, Callable, Mapping
 
-from agent import frames as pyframes
-from agent import identity
-from agent.collectives import CollectiveTracker, GroupTrack
-from agent.config import AgentConfig
-from agent.flight import FlightRecorderProbe
-from agent.ddp import DDPHooks
-from agent.flight_stats import FlightStats
-from agent.gpu import GpuSampler
-from agent.outbox import Outbox
-from agent.sender import Sender
-from agent.wire import PROTOCOL_VERSION
+from pgdash_agent import frames as pyframes
+from pgdash_agent import identity
+from pgdash_agent.collectives import CollectiveTracker, GroupTrack
+from pgdash_agent.config import AgentConfig
+from pgdash_agent.flight import FlightRecorderProbe
+from pgdash_agent.ddp import DDPHooks
+from pgdash_agent.flight_stats import FlightStats
+from pgdash_agent.gpu import GpuSampler
+from pgdash_agent.outbox import Outbox
+from pgdash_agent.sender import Sender
+from pgdash_agent.wire import PROTOCOL_VERSION
 
 log = logging.getLogger("pgdash.agent")
 
@@ -56,7 +56,7 @@ def _error_text(exc: BaseException) -> str:
 
 
 class Agent:
-    """One per process; made by :func:`agent.attach`.
+    """One per process; made by :func:`pgdash_agent.attach`.
 
     Args:
         config: settings (see :class:`~agent.config.AgentConfig`).
@@ -516,7 +516,7 @@ class Agent:
     def note_uncaught(self, exc_type: type, exc: BaseException, tb: Any = None) -> None:
         """Report an exception that ends the program (the excepthook's, or one a launcher
         caught, e.g. torch.multiprocessing's), with its traceback (``tb``, else the
-        exception's own) as the user reads it (agent.frames). Never raises."""
+        exception's own) as the user reads it (pgdash_agent.frames). Never raises."""
         try:
             if os.getpid() == self.pid and not issubclass(exc_type, KeyboardInterrupt):
                 self._failed = True
@@ -535,7 +535,7 @@ class Agent:
             pass
 
     def note_exit(self, code: Any) -> None:
-        """The program called ``sys.exit(code)`` (seen by ``python -m agent``): a non-zero
+        """The program called ``sys.exit(code)`` (seen by ``python -m pgdash_agent``): a non-zero
         status is a failure, as the launcher will see it. Never raises."""
         try:
             status = 0 if code is None else code if isinstance(code, int) else 1

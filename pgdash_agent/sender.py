@@ -17,10 +17,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from agent.compact import NotServed
-from agent.config import AgentConfig
-from agent.outbox import Outbox
-from agent.wire import AGENT_NAMESPACE, BATCH_EVENT, PROTOCOL_VERSION, Ack, Event
+from pgdash_agent.compact import NotServed
+from pgdash_agent.config import AgentConfig
+from pgdash_agent.outbox import Outbox
+from pgdash_agent.wire import AGENT_NAMESPACE, BATCH_EVENT, PROTOCOL_VERSION, Ack, Event
 
 log = logging.getLogger("pgdash.agent")
 
@@ -59,8 +59,8 @@ def _tls_problem(server: str, ca_file: str | None) -> str | None:
 
 
 def compact_client(ca_file: str | None = None):
-    """A protocol v2 client: MessagePack frames on a plain websocket (agent.compact)."""
-    from agent.compact import CompactClient
+    """A protocol v2 client: MessagePack frames on a plain websocket (pgdash_agent.compact)."""
+    from pgdash_agent.compact import CompactClient
 
     # wss:// is verified against the system's CAs, or only against PGDASH_CA_FILE when set.
     return CompactClient(sslopt={"ca_certs": ca_file} if ca_file else None)

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from agent.flight_stats import WrappedIntervals
-from agent.wire import LatencySummary
+from pgdash_agent.flight_stats import WrappedIntervals
+from pgdash_agent.wire import LatencySummary
 
 # op name -> (payload parameter, payload is a list of tensors, point-to-point, always async)
 OPS: dict[str, tuple[str | None, bool, bool, bool]] = {
@@ -90,7 +90,7 @@ class GroupTrack:
     inflight_since: float = 0.0  # perf_counter() at enter
     # The backend's sequence number (``pg._get_sequence_number_for_group``), read around each
     # wrapped collective so that the Flight Recorder's entries of it are not counted again
-    # (agent.flight_stats); None where the backend has none.
+    # (pgdash_agent.flight_stats); None where the backend has none.
     fr_seq: Callable[[], int] | None = None
     fr_open: int | None = None  # the number before a wrapped collective still running
     # Up to here every number counts as the wrapper's: intervals that could not be kept

@@ -60,7 +60,7 @@ def hist_bucket_value(index: int) -> float:
 @dataclass
 class LatencySummary:
     """One interval of one (group, op) as a ``coll_stats`` row: the wrappers' (agent.
-    collectives), and the Flight Recorder reader's (agent.flight_stats) before it adds where
+    collectives), and the Flight Recorder reader's (pgdash_agent.flight_stats) before it adds where
     its figures come from."""
 
     count: int = 0
@@ -230,7 +230,7 @@ class Hello(_Shape):
     env: _StrMap = {}
     # Optional (older agents omit it): 0 for the first launch, n after n restarts.
     attempt: Optional[_Count] = None
-    # Optional (older agents omit them): how the process was started (agent.identity.Launch):
+    # Optional (older agents omit them): how the process was started (pgdash_agent.identity.Launch):
     # the program's command line (secrets masked), the launcher (torchrun, slurm, mp.spawn,
     # python) and what tells this launch from another (torchrun's run id, the SLURM step, the
     # rendezvous address).
@@ -285,7 +285,7 @@ MAX_TRACEBACK_FRAMES = 40  # agent.frames keeps the first few and the innermost 
 
 
 class TracebackFrame(_Shape):
-    """One frame of an exception's traceback (agent.frames): the file as Python names it, the
+    """One frame of an exception's traceback (pgdash_agent.frames): the file as Python names it, the
     line, the function, the source line, and whether the file is the standard library's or an
     installed package's (then the training code's own line is further out)."""
 
@@ -321,7 +321,7 @@ class Stack(_Shape):
 
 
 class Gpu(_Shape):
-    """One reading of this rank's GPU (agent.gpu): numbers are None where NVML can't tell."""
+    """One reading of this rank's GPU (pgdash_agent.gpu): numbers are None where NVML can't tell."""
 
     uuid: _Name
     lost: bool

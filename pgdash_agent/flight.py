@@ -53,7 +53,7 @@ class FlightRecorderProbe:
         self._since: dict[str, tuple[int, int, float]] = {}  # pg id -> (enq, done, since)
         self._learned_at = float("-inf")
         self._busy: dict[str, list[int]] = {}  # pg id -> [samples in flight, samples]
-        # Called with (now, status) after every status read (agent.flight_stats times
+        # Called with (now, status) after every status read (pgdash_agent.flight_stats times
         # completions with it).
         self.on_status: Callable[[float, dict[str, dict[str, Any]]], None] | None = None
         self.last_status: dict[str, dict[str, Any]] | None = None  # of the last read or sample

@@ -1,6 +1,6 @@
 """Count, bytes and latency of the collectives only the Flight Recorder saw (DDP's, functional).
 
-The Python wrappers (``agent.collectives``) time what Python issues. DDP's reducer, FSDP1 and
+The Python wrappers (``pgdash_agent.collectives``) time what Python issues. DDP's reducer, FSDP1 and
 functional collectives are issued from C++; PyTorch's Flight Recorder (FR) keeps an entry for
 each of them in a ring buffer (2000 entries by default, ``TORCH_FR_BUFFER_SIZE``). This module
 reads those entries on the agent's background thread and folds the ones no wrapper saw into
@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from agent.wire import LatencySummary
+from pgdash_agent.wire import LatencySummary
 
 SOURCE = "flight_recorder"
 # Bytes per element of the dtype names FR writes (c10::ScalarType names).
@@ -139,7 +139,7 @@ class FlightStats:
     """Reads FR entries at a bounded rate and summarises those no wrapper saw.
 
     Args:
-        probe: the :class:`agent.flight.FlightRecorderProbe` (its dumps, names and status).
+        probe: the :class:`pgdash_agent.flight.FlightRecorderProbe` (its dumps, names and status).
         wrapped: the wrappers' intervals (:class:`WrappedIntervals`).
         open_calls: returns, per group name, the sequence number before a wrapped call that
             is still running (its interval is not known yet), and the intervals of async works
@@ -240,7 +240,7 @@ class FlightStats:
             if self.probe.disabled:
                 return
             if self.probe.dumps is None:  # the probe never read yet (a job shorter than a tick)
-                from agent.flight import default_dumps
+                from pgdash_agent.flight import default_dumps
 
                 self.probe.dumps = default_dumps()
             dumps = self.probe.dumps

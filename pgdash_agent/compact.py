@@ -1,6 +1,6 @@
 """The agent's client for protocol v2: MessagePack frames on a plain websocket.
 
-It offers the few calls of ``socketio.Client`` that :class:`agent.sender.Sender` makes
+It offers the few calls of ``socketio.Client`` that :class:`pgdash_agent.sender.Sender` makes
 (``on``, ``connect``, ``emit`` with an acknowledgement callback, ``disconnect``), so the sender
 keeps one code path for both protocols. A server too old for v2 answers the upgrade with 404:
 ``connect`` then raises :class:`NotServed` and the sender falls back to Socket.IO (v1).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
+from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
 
 
 class NotServed(ConnectionError):

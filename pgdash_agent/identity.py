@@ -11,7 +11,7 @@ import socket
 import sys
 from typing import Any, Mapping, Sequence
 
-from agent.wire import MAX_COMMAND, MAX_NAME
+from pgdash_agent.wire import MAX_COMMAND, MAX_NAME
 
 # Variables that decide how a distributed job forms and behaves. PGDASH_TOKEN is never sent.
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_", "TORCHELASTIC_")
@@ -84,7 +84,7 @@ def launch_of(environ: Mapping[str, str], argv: Sequence[str] | None = None,
         environ: the process environment.
         argv: ``sys.argv`` (default: this process's).
         orig_argv: the interpreter's own command line, ``sys.orig_argv`` (default: this
-            process's): it still says ``-m agent train.py`` after pgdash's launcher handed
+            process's): it still says ``-m pgdash_agent train.py`` after pgdash's launcher handed
             ``sys.argv`` to the program, and ``-m pkg.train`` where ``sys.argv[0]`` is a path.
         init_method: ``init_process_group``'s, when known: the rendezvous address of a launch
             the environment does not name (``tcp://10.0.0.1:23456``).
@@ -129,7 +129,7 @@ MAX_PART = (MAX_NAME - 16) // 2
 # Module names (``python -m NAME``) of pgdash's own launcher: the program is what it runs.
 LAUNCHER_MODULES = ("agent", "pgdash_agent")
 _AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
-_LAUNCHER_DIRS = (_AGENT_DIR, os.path.join(os.path.dirname(_AGENT_DIR), "pgdash_agent"))
+_LAUNCHER_DIRS = (_AGENT_DIR, os.path.join(os.path.dirname(_AGENT_DIR), "agent"))
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$")
 # Options whose value is a secret: --token X, --api-key=X, wandb.api_key=X, PASSWORD=X, ...
 _SECRET = re.compile(r"(token|secret|passw(or)?d|api[-_]?key|access[-_]?key|auth|credential)",
@@ -141,7 +141,7 @@ MASK = "REDACTED"
 def program_of(argv: Sequence[str],
                orig_argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
     """``("script", path, args)`` or ``("module", name, args)``: the program this process
-    runs, past pgdash's launcher (``python -m agent train.py`` runs train.py); None for
+    runs, past pgdash's launcher (``python -m pgdash_agent train.py`` runs train.py); None for
     ``-c`` code or a REPL.
 
     ``orig_argv`` (the interpreter's command line) is read first; a process started by
@@ -291,7 +291,7 @@ def _int_env(environ: Mapping[str, str], name: str) -> int | None:
 
 def versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": platform.python_version()}
-    from agent.frames import py_spy
+    from pgdash_agent.frames import py_spy
 
     found["py-spy"] = py_spy()  # None: absent (hints then say how to get a stack without it)
     try:

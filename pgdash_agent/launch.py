@@ -1,9 +1,9 @@
-"""``python -m agent SCRIPT|-m MODULE [ARGS]``: attach, then run the program as ``__main__``.
+"""``python -m pgdash_agent SCRIPT|-m MODULE [ARGS]``: attach, then run the program as ``__main__``.
 
 The program runs as ``python SCRIPT ARGS`` / ``python -m MODULE ARGS`` would run it (through
 ``runpy``): its ``sys.argv``, ``sys.path[0]``, ``__file__``, ``__name__ == "__main__"``, its
 exit code and its tracebacks. So any launcher that takes ``-m`` attaches the agent without a
-change to the training script: ``torchrun --nproc-per-node 8 -m agent train.py --lr 3e-4``.
+change to the training script: ``torchrun --nproc-per-node 8 -m pgdash_agent train.py --lr 3e-4``.
 
 When the launcher says which rank this process is (``RANK``, or SLURM's ``SLURM_PROCID`` for
 the task itself), the agent attaches at once and sees the rendezvous. Otherwise the process
@@ -20,10 +20,10 @@ import runpy
 import sys
 from typing import Any, Callable
 
-from agent import identity
+from pgdash_agent import identity
 
-USAGE = ("usage: python -m agent SCRIPT [ARGS ...]\n"
-         "       python -m agent -m MODULE [ARGS ...]\n"
+USAGE = ("usage: python -m pgdash_agent SCRIPT [ARGS ...]\n"
+         "       python -m pgdash_agent -m MODULE [ARGS ...]\n"
          "Attaches the pgdash agent (settings: PGDASH_* variables), then runs the script or\n"
          "module as `python SCRIPT ARGS` / `python -m MODULE ARGS` would.")
 
@@ -31,7 +31,7 @@ _originals: list[tuple[Any, str, Any]] = []  # (module, name, original) patched 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m agent``; returns the process exit status."""
+    """Entry point of ``python -m pgdash_agent``; returns the process exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv:
         print(USAGE, file=sys.stderr)
@@ -41,12 +41,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[0] == "-m":
         if len(argv) < 2:
-            print("python -m agent: -m needs a module name\n" + USAGE, file=sys.stderr)
+            print("python -m pgdash_agent: -m needs a module name\n" + USAGE, file=sys.stderr)
             return 2
         return run_module(argv[1], argv[2:])
     if argv[0].startswith("-") and argv[0] != "-":
-        print(f"python -m agent: unknown option {argv[0]!r} (options for the program go after "
-              f"its name)\n" + USAGE, file=sys.stderr)
+        print(f"python -m pgdash_agent: unknown option {argv[0]!r} (options for the program "
+              f"go after its name)\n" + USAGE, file=sys.stderr)
         return 2
     return run_script(argv[0], argv[1:])
 
@@ -55,7 +55,7 @@ def run_script(path: str, args: list[str]) -> int:
     """Attach, then run the file at ``path`` as ``python path args`` would."""
     if not os.path.isfile(path):
         reason = "No such file or directory" if not os.path.exists(path) else "Is a directory"
-        print(f"python -m agent: can't open file {os.path.abspath(path)!r}: {reason}",
+        print(f"python -m pgdash_agent: can't open file {os.path.abspath(path)!r}: {reason}",
               file=sys.stderr)
         return 2
     start_agent()
@@ -74,7 +74,7 @@ def run_module(name: str, args: list[str]) -> int:
     except (ImportError, ValueError):
         found = None
     if found is None:
-        print(f"python -m agent: No module named {name}", file=sys.stderr)
+        print(f"python -m pgdash_agent: No module named {name}", file=sys.stderr)
         return 1
     start_agent()
     sys.argv[:] = [name, *args]  # run_module puts the module's file in argv[0], as -m does
@@ -86,14 +86,14 @@ def start_agent(environ: Any = None) -> None:
     """Attach now if this process is a rank by its environment, else on init_process_group."""
     environ = os.environ if environ is None else environ
     if identity.launch_rank(environ)[0] is not None:
-        from agent import attach
+        from pgdash_agent import attach
 
         attach()  # never raises
         return
     try:
         defer(spawn=True)
     except Exception as exc:  # the program must run whatever happens to the agent
-        from agent import log
+        from pgdash_agent import log
 
         log.warning("pgdash: agent not started (the program runs without it): %s", exc)
 
@@ -149,7 +149,7 @@ def _undo() -> None:
 
 
 def _attach_for_init(args: tuple, kwargs: dict) -> None:
-    from agent import attach
+    from pgdash_agent import attach
 
     # The environment may not name the launch (MASTER_ADDR set only for init, or a tcp://
     # init_method): the rendezvous address does, for every rank alike.
@@ -207,7 +207,7 @@ def _is_launcher_frame(frame: Any) -> bool:
 
 
 def _note_exit(code: Any) -> None:
-    from agent import current
+    from pgdash_agent import current
 
     agent = current()
     if agent is not None:
@@ -215,7 +215,7 @@ def _note_exit(code: Any) -> None:
 
 
 def _note_uncaught(typ: Any, exc: BaseException, tb: Any) -> None:
-    from agent import current
+    from pgdash_agent import current
 
     agent = current()
     if agent is not None:

@@ -6,7 +6,7 @@ import collections
 import threading
 from typing import Any
 
-from agent.wire import Event, event
+from pgdash_agent.wire import Event, event
 
 # Summaries and heartbeats can be dropped under pressure (the next one supersedes much of what
 # was lost, and the drop is reported); identity, groups, init, errors and exits are what a

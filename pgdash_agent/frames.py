@@ -2,13 +2,13 @@
 pgdash's own frames hidden.
 
 The agent sits between the training code and torch (its collective wrappers, its comm hook)
-and, under ``python -m agent``, below the program (``agent.launch``, ``runpy``): none of those
+and, under ``python -m pgdash_agent``, below the program (``pgdash_agent.launch``, ``runpy``): none of those
 frames is the user's, so none is shown. torch's launcher wrappers (the elastic ``@record``
 decorator, ``torch.multiprocessing.spawn``'s ``_wrap``) are hidden where they are only the
 outer end of the stack, as ``python train.py`` would show it without them.
 
 Each frame of a traceback is ``{"file", "line", "function", "code"}`` (see
-:class:`agent.wire.TracebackFrame`), plus ``"library": True`` for the standard library's and
+:class:`pgdash_agent.wire.TracebackFrame`), plus ``"library": True`` for the standard library's and
 installed packages' frames, so that the server can name the line of the training code that
 raised (the innermost frame that is not a library's).
 """
@@ -21,7 +21,7 @@ import sysconfig
 import traceback
 from typing import Any
 
-from agent.wire import MAX_TRACEBACK_FRAMES as MAX_FRAMES  # the first few, the innermost rest
+from pgdash_agent.wire import MAX_TRACEBACK_FRAMES as MAX_FRAMES  # the first few, the innermost rest
 
 KEEP_OUTER = 4  # ... of which this many from the outer end (where the program starts)
 MAX_FILE = 512  # characters of a file name (its end is kept)
@@ -29,6 +29,9 @@ MAX_FUNCTION = 200
 MAX_CODE = 240  # characters of a source line
 
 AGENT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# pgdash's own files: this package, and the shim of its first name ``agent`` beside it.
+_PGDASH_DIRS = (AGENT_DIR,
+                os.path.join(os.path.dirname(AGENT_DIR.rstrip(os.sep)), "agent", ""))
 # Launchers that call the program: hidden at the outer end of a stack only.
 _LAUNCHERS = tuple(os.path.join(*parts) for parts in (
     ("torch", "distributed", "elastic", "multiprocessing", "errors", "__init__.py"),
@@ -57,7 +60,7 @@ _LIBRARY_DIRS = _library_dirs()
 
 def is_pgdash(filename: str) -> bool:
     """Whether a frame's file is the agent's own."""
-    return os.path.abspath(filename).startswith(AGENT_DIR)
+    return os.path.abspath(filename).startswith(_PGDASH_DIRS)
 
 
 def is_launcher(filename: str) -> bool:
