@@ -25,12 +25,12 @@ CHROMIUM = "/usr/bin/chromium"
 
 # name -> (scenario, ranks, seconds to let it run after its fault, topology view, full page)
 SHOTS = {
-    "demo-hang": ("hang", 8, 25, None, False),
-    "demo-hang-full": ("hang", 8, 25, None, True),
-    "demo-healthy": ("healthy", 8, 20, "mesh", False),
+    "demo-hang": ("hang", 4, 25, None, False),
+    "demo-hang-full": ("hang", 4, 25, None, True),
+    "demo-healthy": ("healthy", 4, 20, "mesh", False),
     "demo-straggler": ("straggler", 4, 30, None, False),
     "demo-crash": ("crash", 4, 12, None, False),
-    "demo-desync": ("desync", 8, 15, None, False),
+    "demo-desync": ("desync", 4, 15, None, False),
 }
 
 
