@@ -93,7 +93,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import ServerProcess, launch_job  # noqa: E402
 from conftest import get_json as api_json  # noqa: E402  (closes its socket on a timeout)
-from dashboard.storage import Store  # noqa: E402
+from dashboard.storage.store import Store  # noqa: E402
 
 STRAGGLER_STEP_S = 0.06  # one straggler step of fault_job (the slow rank's sleep)
 STRAGGLER_GOAL_STEPS = 30  # issue 9: named within 30 steps
@@ -515,7 +515,7 @@ def stall_margin(db: Path, job_id: int, tick: float = 0.25) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from dashboard import diagnosis as d
     from dashboard.state import JobState
-    from dashboard.storage import Store
+    from dashboard.storage.store import Store
 
     store = Store(f"sqlite:///{db}")
     try:

@@ -247,7 +247,7 @@ def kill_mid_burst(workdir: Path, events: int = 20_000) -> tuple[Row, str]:
 
 
 def _in_process_server(db: Path, **config: Any):
-    from dashboard.app import create_app
+    from dashboard.web.app import create_app
     from dashboard.server import Server
 
     app = create_app({"DB": f"sqlite:///{db}", **config})

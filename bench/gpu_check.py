@@ -7,7 +7,7 @@
    counts, the CUDA device and UUID, the NCCL version, GPU readings and no finding.
 3. The agent's cost on the training thread with NCCL: 1-float all_reduce, bare vs wrapped,
    alternating blocks (NCCL enqueue is asynchronous, so this is the wrapper's own cost).
-4. A real NCCL error: two ranks on the same GPU; the text is classified by dashboard.errors.
+4. A real NCCL error: two ranks on the same GPU; the text is classified by dashboard.diagnosis.errors.
 5. Which Flight Recorder dump sees NCCL groups (``_dump_fr_trace_json`` vs
    ``_dump_nccl_trace_json``).
 
@@ -151,7 +151,7 @@ def main() -> int:
     results["gpu"] = torch.cuda.get_device_name(0)
     check_nvml()
     from dashboard.server import make_server
-    from dashboard.errors import classify
+    from dashboard.diagnosis.errors import classify
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

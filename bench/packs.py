@@ -2,11 +2,11 @@
 
 What runs: the events of a job stored by ``bench/storage.py --db FILE`` (its newest
 ``--minutes``, which the compactor left at full resolution), cut into compaction cells
-(60 s of arrival time); each cell is packed (dashboard.codec.pack_payload: format 1, and
+(60 s of arrival time); each cell is packed (dashboard.storage.codec.pack_payload: format 1, and
 format 2, which stores the agent's decimals as integer columns) and compressed several
 ways: zlib at levels 1, 6 and 9, zlib with the body format's preset dictionary, lzma.
 Reference in the same run: the bytes of the same events as one compressed body per row
-(dashboard.codec.encode_body, what revision 0004 stores) and that row format's decode rate.
+(dashboard.storage.codec.encode_body, what revision 0004 stores) and that row format's decode rate.
 Printed per encoding: bytes per event and decode events/s (inflate + MessagePack + the
 StoredEvent dicts, as ``Store.job_events`` needs them).
 
@@ -31,9 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 
-from dashboard.codec import (_BODY_DICT_V1, PACK_V1, PACK_V2, decode_body,  # noqa: E402
+from dashboard.storage.codec import (_BODY_DICT_V1, PACK_V1, PACK_V2, decode_body,  # noqa: E402
                              encode_body, Pack, pack_payload)
-from dashboard.storage import Store, upgrade  # noqa: E402
+from dashboard.storage.store import Store, upgrade  # noqa: E402
 
 
 def zlib_dict(level: int):

@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pgdash_agent.wire import PROTOCOL_VERSION  # noqa: E402
-from dashboard.live import sections  # noqa: E402
+from dashboard.web.live import sections  # noqa: E402
 from dashboard.server import make_server  # noqa: E402
 
 

@@ -9,7 +9,7 @@ a latency summary of ``--ops`` rows, a GPU reading); at ``--hang-at`` minutes on
 stops entering the world group's collectives for ``--hang-for`` minutes (the others wait
 in an all_reduce), so diagnosis raises a hang that resolves: the "full resolution kept
 around findings" part of the figure. Live diagnosis runs every 10 simulated seconds; the
-compactor (dashboard.compaction, if this pgdash has it) runs every 5 simulated minutes,
+compactor (dashboard.storage.compaction, if this pgdash has it) runs every 5 simulated minutes,
 through the writer thread as in the server.
 
 Printed:
@@ -24,7 +24,7 @@ Printed:
   ``--moments`` random moments in random order (forward and backwards): the first (cold)
   one, then p50 / p95 / max; again with a fresh Ingest on the same file (a restart);
 * **export / import**: ``pgdash export``'s lines of the job into a file, and that file
-  imported as a new job (dashboard.archive), in seconds.
+  imported as a new job (dashboard.history.archive), in seconds.
 
 Reference in the same run: the bytes of the same log as the JSON rows the first schema
 stored (one row per event, JSON body), computed from the events sent.
@@ -61,12 +61,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(ROOT / "bench"))
 
-from dashboard import archive  # noqa: E402
-from dashboard.ingest import Ingest  # noqa: E402
-from dashboard.storage import Store  # noqa: E402
+from dashboard.history import archive  # noqa: E402
+from dashboard.ingest.pipeline import Ingest  # noqa: E402
+from dashboard.storage.store import Store  # noqa: E402
 
 try:
-    from dashboard.compaction import Compactor, Policy
+    from dashboard.storage.compaction import Compactor, Policy
 except ImportError:  # a pgdash from before bounded storage
     Compactor = Policy = None
 
@@ -318,7 +318,7 @@ def main() -> None:
         rank_hours = args.ranks * args.minutes / 60
         with store.engine.connect() as conn:
             rows = conn.exec_driver_sql("SELECT COUNT(*) FROM events").scalar()
-            try:  # revision 0005 on (dashboard.compaction's packs)
+            try:  # revision 0005 on (dashboard.storage.compaction's packs)
                 packs = conn.exec_driver_sql(
                     "SELECT COUNT(*), COALESCE(SUM(n), 0), COALESCE(SUM(LENGTH(data)), 0) "
                     "FROM event_packs").first()

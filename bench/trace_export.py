@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dashboard.state import JobState  # noqa: E402
-from dashboard.trace import build_trace, json_chunks  # noqa: E402
+from dashboard.history.trace import build_trace, json_chunks  # noqa: E402
 
 
 def simulated_log(ranks: int, seconds: int) -> list[dict]:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from dashboard.config import DEFAULT_DB, DEFAULT_HOST, DEFAULT_PORT, DEFAULTS
-from dashboard.demo import DEMO_HANG_AFTER, SCENARIOS
+from dashboard.demo.run import DEMO_HANG_AFTER, SCENARIOS
 from dashboard.server import Server, ServerError, make_server
 
 
@@ -175,7 +175,7 @@ def _is_loopback(host: str) -> bool:
 @_db_option
 def demo(ranks: int, port: int, scenario: str, hang_after: float, steps: int, db: str) -> None:
     """Start a server and a real CPU training job with the agent attached."""
-    from dashboard.demo import run_demo
+    from dashboard.demo.run import run_demo
 
     try:
         code = run_demo(ranks=ranks, port=port, scenario=scenario, steps=steps, db=db,
@@ -187,13 +187,13 @@ def demo(ranks: int, port: int, scenario: str, hang_after: float, steps: int, db
 
 def _shown(db: str) -> str:
     """The --db URL as it may be printed (its password hidden)."""
-    from dashboard.storage import display_url
+    from dashboard.storage.store import display_url
 
     return display_url(db)
 
 
 def _open_store(db: str):
-    from dashboard.storage import Store
+    from dashboard.storage.store import Store
 
     try:
         return Store(db).start()
@@ -202,7 +202,7 @@ def _open_store(db: str):
 
 
 def _read_archive(path: str):
-    from dashboard.archive import Archive, ArchiveError
+    from dashboard.history.archive import Archive, ArchiveError
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -238,7 +238,7 @@ def export_cmd(job_id: int, output: str, as_trace: bool, start: float | None,
                end: float | None, max_events: int | None, db: str) -> None:
     """Write a stored job (its whole event log) to one portable file, or its timeline
     (--trace)."""
-    from dashboard.archive import export_lines
+    from dashboard.history.archive import export_lines
 
     if not as_trace and (start is not None or end is not None or max_events is not None):
         raise click.UsageError("--start, --end and --max-events go with --trace")
@@ -265,7 +265,7 @@ def export_cmd(job_id: int, output: str, as_trace: bool, start: float | None,
 def _export_trace(job_id: int, output: str, start: float | None, end: float | None,
                   max_events: int | None, db: str) -> None:
     """``pgdash export --trace``: the stored events and findings as a trace file."""
-    from dashboard.trace import DEFAULT_MAX_EVENTS, TraceError, build_trace, json_chunks
+    from dashboard.history.trace import DEFAULT_MAX_EVENTS, TraceError, build_trace, json_chunks
 
     if max_events is None:
         raw = os.environ.get("PGDASH_TRACE_MAX_EVENTS") or str(DEFAULT_MAX_EVENTS)
@@ -308,7 +308,7 @@ def import_cmd(path: str, db: str) -> None:
     """Store a session file (from `pgdash export`) as a new job."""
     import time
 
-    from dashboard.archive import import_archive
+    from dashboard.history.archive import import_archive
 
     archive = _read_archive(path)
     store = _open_store(db)
@@ -333,7 +333,7 @@ def import_cmd(path: str, db: str) -> None:
 @_db_option
 def replay_cmd(job: str, step: float, hang_after: float, db: str) -> None:
     """Replay a stored job (an id) or a session file: the findings as they came and went."""
-    from dashboard.archive import Archive, export_lines, replay
+    from dashboard.history.archive import Archive, export_lines, replay
     from dashboard.diagnosis import Settings
 
     if job.isdigit() and not os.path.exists(job):
@@ -376,7 +376,7 @@ def db() -> None:
 @_db_option
 def db_upgrade(db: str) -> None:
     """Create or migrate the database schema to the latest version."""
-    from dashboard.storage import upgrade
+    from dashboard.storage.store import upgrade
 
     try:
         upgrade(db)

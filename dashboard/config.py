@@ -3,18 +3,19 @@
 A setting ``NAME`` is read by ``create_app`` from these defaults, then from the environment as
 ``PGDASH_NAME``, then from the caller's overrides (the command line). Defaults that belong to
 one mechanism are defined beside it and only gathered here (the diagnosis thresholds on
-:class:`dashboard.diagnosis.Settings`, the agents' rate limits in :mod:`dashboard.limits`, the
-login guard's in :mod:`dashboard.guard`, the trace cap in :mod:`dashboard.trace`), so each
+:class:`dashboard.diagnosis.Settings`, the agents' rate limits in :mod:`dashboard.ingest.limits`, the
+login guard's in :mod:`dashboard.ingest.guard`, the trace cap in :mod:`dashboard.history.trace`), so each
 value is written once.
 """
 
 from __future__ import annotations
 
 from pgdash_agent.wire import DEFAULT_PORT
-from dashboard import guard, limits
-from dashboard.compaction import Policy
+from dashboard.ingest import guard
+from dashboard.ingest import limits
+from dashboard.storage.compaction import Policy
 from dashboard.diagnosis import Settings
-from dashboard.trace import DEFAULT_MAX_EVENTS as DEFAULT_TRACE_MAX_EVENTS
+from dashboard.history.trace import DEFAULT_MAX_EVENTS as DEFAULT_TRACE_MAX_EVENTS
 
 DEFAULT_DB = "sqlite:///pgdash.db"  # in the working directory
 DEFAULT_HOST = "127.0.0.1"  # loopback: nothing beyond this machine reaches the server
@@ -28,7 +29,7 @@ DEFAULTS = {
     "TOKEN": None,
     "HANG_AFTER": Settings.hang_after,  # --hang-after: a collective waiting this long is hung
     "STALL_AFTER": Settings.stall_after,  # --stall-after: floor of the stall warning
-    "NOTIFY": None,  # webhook URL for incidents (dashboard.notify)
+    "NOTIFY": None,  # webhook URL for incidents (dashboard.web.notify)
     "NOTIFY_TIMEOUT": 5.0,
     "NOTIFY_RETRIES": 3,
     "NOTIFY_QUEUE": 256,
@@ -42,9 +43,9 @@ DEFAULTS = {
     "DB_BUSY_TIMEOUT_S": 30.0,  # how long a write waits for a lock another process holds
     **limits.DEFAULTS,  # per-connection rate limits on agents
     **guard.DEFAULTS,  # failed token attempts per client address (PGDASH_LOGIN_*)
-    "QUEUE": None,  # redis://host:6379/0: several server processes (dashboard.cluster)
+    "QUEUE": None,  # redis://host:6379/0: several server processes (dashboard.cluster.node)
     "LEASE_S": 5.0,  # a job owner's lease, when several processes share the database
-    # Bounded storage (dashboard.compaction) and stored checkpoints (dashboard.rewind)
+    # Bounded storage (dashboard.storage.compaction) and stored checkpoints (dashboard.history.rewind)
     "KEEP_FULL_S": Policy.keep_full_s,  # --keep-full: seconds kept at full resolution
     "KEEP_AROUND_FINDINGS_S": Policy.around_findings_s,  # --keep-around-findings
     "COMPACT_CELL_S": Policy.cell_s,

@@ -23,7 +23,7 @@ log = logging.getLogger("pgdash.console")
 OPENED, ESCALATED, RESOLVED = "new", "escalated", "resolved"
 WORDS = {OPENED: "opened", ESCALATED: "now critical", RESOLVED: "resolved"}
 
-REFUSED_PREFIX = "pgdash refused the agent: "  # how dashboard.admission words a refusal
+REFUSED_PREFIX = "pgdash refused the agent: "  # how dashboard.ingest.admission words a refusal
 
 
 def stamp(at: float) -> str:
@@ -172,7 +172,7 @@ class RefusalLog:
 
     def refused(self, auth: Any, address: str | None, message: str) -> None:
         """One refusal of the agent whose hello was ``auth``, from ``address``, told
-        ``message`` (as dashboard.admission words it)."""
+        ``message`` (as dashboard.ingest.admission words it)."""
         reason = message[len(REFUSED_PREFIX):] if message.startswith(REFUSED_PREFIX) else message
         session = auth.get("session") if isinstance(auth, dict) else None
         kind = _kind(reason)

@@ -21,7 +21,7 @@ class Server:
     def __init__(self, app, host: str, port: int, ssl_context=None):
         from werkzeug.serving import make_server
 
-        from dashboard.front import Front
+        from dashboard.ingest.front import Front
 
         self.app = app
         said = io.StringIO()
@@ -42,7 +42,7 @@ class Server:
         self.url = f"{scheme}://{host if ':' not in host else f'[{host}]'}:{self.port}"
         # Without TLS, the front accepts every connection: agents' compact (v2) websockets
         # stay on its event loop, everything else goes to Werkzeug's threads (see
-        # dashboard.front). With TLS, Werkzeug serves everything and agents speak v1 (it
+        # dashboard.ingest.front). With TLS, Werkzeug serves everything and agents speak v1 (it
         # answers /agent/v2 with 404); a TLS-terminating proxy in front keeps v2.
         self.front = None if ssl_context is not None else Front(
             self._server, app.extensions["pgdash"], int(app.config["MAX_MESSAGE_BYTES"]),
@@ -78,7 +78,7 @@ def make_server(db: str, host: str, port: int, *, tls: tuple[str, str] | None = 
     ``hang_after``, ``queue``, ``lease_s``...); None leaves the default (or ``PGDASH_*``).
     ``tls`` is (certificate file, key file) to serve https and wss.
     """
-    from dashboard.app import create_app
+    from dashboard.web.app import create_app
     from dashboard.tls import TLSError, server_context
 
     # No token unless given: a PGDASH_TOKEN meant for agents must not lock a demo's page.

@@ -4,7 +4,7 @@ No Flask, no SQL, no clock: ``apply`` takes stored events in log order, and ever
 and the page show is computed from what was applied. Live mode and replay feed the same events,
 so they see the same state. JobState holds the data, one handler per event kind and a small
 read surface (ranks, groups, the job's and attempts' status, per-group indexes); the rows the
-API and the page show, and the display states judged at a moment, are in dashboard.views.
+API and the page show, and the display states judged at a moment, are in dashboard.web.views.
 """
 
 from __future__ import annotations

@@ -188,7 +188,7 @@ def stored_events(db_url: str, job_ids: list[int] | None = None) -> list[dict]:
     """Every stored event of these jobs (of all jobs when None) as pgdash reads its log: the
     ``events`` table and the packs the compactor moves a job's older events into. A raw
     SELECT on ``events`` misses those once a job outlasts PGDASH_PACK_AFTER_S."""
-    from dashboard.storage import Store
+    from dashboard.storage.store import Store
 
     store = Store(db_url)  # not started: reads only, beside the server that writes
     try:

@@ -18,7 +18,7 @@ import socketio
 from pgdash_agent.wire import PROTOCOL_VERSION, UI_NAMESPACE
 from conftest import (ROOT, WAIT_S, ServerProcess, job_by_name, launch_job, wait_for,
                       wait_job)
-from dashboard.access import COOKIE, Access
+from dashboard.web.access import COOKIE, Access
 
 TOKEN = "tok-3f9a-very-secret"
 

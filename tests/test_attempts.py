@@ -9,10 +9,10 @@ import pytest
 from pgdash_agent import identity
 from pgdash_agent.wire import (MAX_COMMAND, MAX_NAME, PROTOCOL_VERSION, WireError, decode_v2,
                         encode_v2, validate_auth, validate_event)
-from dashboard import views
+from dashboard.web import views
 from dashboard.diagnosis import Settings, diagnose
-from dashboard.ingest import Ingest
-from dashboard.storage import Store
+from dashboard.ingest.pipeline import Ingest
+from dashboard.storage.store import Store
 from test_state import Log, hello
 
 S = Settings(hang_after=10.0, lost_after=15.0)

@@ -15,11 +15,11 @@ import pytest
 import sqlalchemy as sa
 
 from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for
-from dashboard.archive import Archive, replay_timeline
+from dashboard.history.archive import Archive, replay_timeline
 from dashboard.diagnosis import Settings
 from dashboard.diagnosis.book import Book, BookLog, LogRow
-from dashboard.ingest import Ingest
-from dashboard.storage import Store, book_log, book_spans
+from dashboard.ingest.pipeline import Ingest
+from dashboard.storage.store import Store, book_log, book_spans
 from realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 
 FLAGS = ["--stall-after", "3", "--hang-after", "8"]
@@ -246,7 +246,7 @@ def test_a_log_the_writer_cannot_queue_stops_that_book_recording(tmp_path):
     not be queued records nothing more, so its stored span never claims their moments."""
     import collections
 
-    from dashboard.livebooks import LiveBooks
+    from dashboard.ingest.livebooks import LiveBooks
     from dashboard.state import JobState
 
     store = Store(f"sqlite:///{tmp_path / 'full.db'}", queue_limit=1)  # writer not started

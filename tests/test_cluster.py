@@ -302,8 +302,8 @@ def _event_row(job_id, session, seq):
 
 
 def test_log_tail_waits_for_an_id_committed_late_and_delivers_in_id_order(pg_url):
-    from dashboard.cluster import LogTail
-    from dashboard.storage import Store, events
+    from dashboard.cluster.node import LogTail
+    from dashboard.storage.store import Store, events
 
     store = Store(pg_url).start()
     clock = Clock()
@@ -347,8 +347,8 @@ def test_log_tail_waits_for_an_id_committed_late_and_delivers_in_id_order(pg_url
 
 
 def test_leases_one_owner_at_a_time_and_takeover_only_after_expiry(pg_url):
-    from dashboard.cluster import Leases
-    from dashboard.storage import Store
+    from dashboard.cluster.node import Leases
+    from dashboard.storage.store import Store
 
     store = Store(pg_url).start()
     clock = Clock()

@@ -1,4 +1,4 @@
-"""Unit tests for dashboard.errors: each known error text, verbatim, to its cause, values and hint."""
+"""Unit tests for dashboard.diagnosis.errors: each known error text, verbatim, to its cause, values and hint."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import string
 
 import pytest
 
-from dashboard import errors
-from dashboard.errors import Cause, classify
+from dashboard.diagnosis import errors
+from dashboard.diagnosis.errors import Cause, classify
 
 # Verbatim texts from shared/notes/torch-2.13-facts.md §4, with realistic build-root prefixes.
 GLOO_RECV_TIMEOUT = ("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from dashboard.limits import ConnectionLimits, TokenBucket
+from dashboard.ingest.limits import ConnectionLimits, TokenBucket
 
 sys.path.insert(0, str(ROOT / "bench"))
 import faults  # noqa: E402

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 
 from pgdash_agent.wire import PROTOCOL_VERSION, SERVER_KINDS, validate_event
 from conftest import ServerProcess, job_by_name, launch_job, wait_for, wait_job
-from dashboard import views
-from dashboard.archive import Archive, ArchiveError, export_lines, import_archive
+from dashboard.web import views
+from dashboard.history.archive import Archive, ArchiveError, export_lines, import_archive
 from dashboard.diagnosis import Settings, diagnose
-from dashboard.ingest import Ingest
-from dashboard.storage import Store
+from dashboard.ingest.pipeline import Ingest
+from dashboard.storage.store import Store
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -220,7 +220,7 @@ def test_fuzz_import_with_random_and_mutated_real_session_files(ingest, real_ses
 # -- HTTP parameters -----------------------------------------------------------------------
 
 def test_fuzz_http_parameters_never_500(tmp_path, real_session):
-    from dashboard.app import create_app
+    from dashboard.web.app import create_app
 
     app = create_app({"DB": f"sqlite:///{tmp_path / 'http.db'}", "PUSH_INTERVAL": 60})
     store = app.extensions["pgdash"].store

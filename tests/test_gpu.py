@@ -3,8 +3,8 @@
 The real NVML path is exercised on a GPU machine by bench/gpu_check.py."""
 
 from pgdash_agent.gpu import GpuSampler
-from dashboard import views
-from dashboard.live import sections
+from dashboard.web import views
+from dashboard.web.live import sections
 from dashboard.diagnosis import Settings, diagnose
 from fake_nvml import FakeNvml
 from test_state import Log, hello

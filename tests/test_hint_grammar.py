@@ -10,7 +10,7 @@ import re
 import pytest
 
 from pgdash_agent.wire import hist_bucket
-from dashboard import errors
+from dashboard.diagnosis import errors
 from dashboard.diagnosis import Settings, diagnose
 from dashboard.diagnosis.incidents import incidents
 from dashboard.diagnosis.text import ranks_label

@@ -3,9 +3,9 @@
 import pytest
 
 from pgdash_agent.wire import PROTOCOL_VERSION
-from dashboard import views
-from dashboard.ingest import Ingest, Refused
-from dashboard.storage import Store
+from dashboard.web import views
+from dashboard.ingest.pipeline import Ingest, Refused
+from dashboard.storage.store import Store
 
 
 @pytest.fixture
@@ -190,7 +190,7 @@ def test_scrubbing_gives_a_fresh_fold_at_every_moment_and_reads_only_what_it_mus
     random moments over a job of a few thousand events."""
     import random
 
-    from dashboard.rewind import Rewind
+    from dashboard.history.rewind import Rewind
     from dashboard.state import JobState
 
     store = Store(f"sqlite:///{tmp_path / 'long.sqlite'}").start()

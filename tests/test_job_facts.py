@@ -9,9 +9,9 @@ import json
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from dashboard.app import create_app
+from dashboard.web.app import create_app
 from dashboard.cli import cli
-from dashboard.storage import upgrade
+from dashboard.storage.store import upgrade
 
 LAUNCH = {"command": "train.py --note <b>bold</b>", "launcher": "torchrun",
           "launcher_id": "6fd5bf1d"}

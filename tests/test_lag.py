@@ -11,7 +11,7 @@ import socketio
 from pgdash_agent.wire import UI_NAMESPACE
 
 from dashboard.diagnosis import Settings, diagnose
-from dashboard.lag import IngestLag
+from dashboard.ingest.lag import IngestLag
 from dashboard.state import JobState
 from conftest import get_body, job_by_name, launch_job, wait_for, wait_job
 
@@ -147,7 +147,7 @@ def _metric(server, name: str) -> float | None:
 
 
 def test_metrics_per_rank_only_when_asked_and_escaped():
-    from dashboard.metrics import LiveJob, Snapshot, exposition
+    from dashboard.web.metrics import LiveJob, Snapshot, exposition
 
     job = LiveJob({"name": 'a"b\\c', "status": "running"},
                   [{"rank": 3, "status": "running", "last_seen": 1764000000.125, "dropped": {}}],

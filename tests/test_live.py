@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from dashboard.live import Feed, apply, delta
+from dashboard.web.live import Feed, apply, delta
 
 
 def sections(ranks=4, seq=7, status="running"):
@@ -70,7 +70,7 @@ def test_feed_versions_chain_and_rebuild_the_latest_state():
 
 
 def test_heat_map_rows_travel_as_one_character_per_second():
-    from dashboard.live import BUSY_DIGITS, compact_grid
+    from dashboard.web.live import BUSY_DIGITS, compact_grid
 
     grid = {"end": 10, "step": 1, "bins": 4, "ops": [], "families": [
         {"family": "tp", "ranks": [0, 1], "busy": [[0, 1, 50, 100], [None, 99, None, 2]]}]}
@@ -85,7 +85,7 @@ def test_heat_map_rows_travel_as_one_character_per_second():
 
 
 def test_progress_travels_as_a_row_per_group_with_columns():
-    from dashboard.live import progress_columns
+    from dashboard.web.live import progress_columns
 
     rows = [{"group": "0", "rank": r, "entered": 5 + r, "completed": 5,
              "inflight_op": "all_reduce" if r else None, "inflight_since": 9.5 if r else None,
@@ -104,7 +104,7 @@ def test_progress_travels_as_a_row_per_group_with_columns():
 import itertools  # noqa: E402
 
 from dashboard.diagnosis import Settings, diagnose  # noqa: E402
-from dashboard.live import sections as page_sections  # noqa: E402
+from dashboard.web.live import sections as page_sections  # noqa: E402
 from dashboard.state import JobState  # noqa: E402
 
 _ids = itertools.count(1)

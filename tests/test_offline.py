@@ -51,8 +51,8 @@ def page_files() -> list[Path]:
 
 def test_the_scan_covers_the_pages():
     names = {p.relative_to(ROOT).as_posix() for p in page_files()}
-    assert {"dashboard/templates/base.html", "dashboard/templates/job.html",
-            "dashboard/templates/jobs.html", "static/js/common.js", "static/js/job/main.js",
+    assert {"dashboard/web/templates/base.html", "dashboard/web/templates/job.html",
+            "dashboard/web/templates/jobs.html", "static/js/common.js", "static/js/job/main.js",
             "static/js/job/live.js", "static/js/job/replay.js", "static/js/job/sections/ranks.js",
             "static/js/jobs.js", "static/js/topology.js", "static/js/charts.js",
             "static/css/pgdash.css"} <= names, names

@@ -10,14 +10,14 @@ import sqlalchemy as sa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dashboard import archive
-from dashboard.cluster import LogTail
-from dashboard.codec import (PACK_V1, RawBody, body_of, decode_pack, encode_body, encode_pack,
+from dashboard.history import archive
+from dashboard.cluster.node import LogTail
+from dashboard.storage.codec import (PACK_V1, RawBody, body_of, decode_pack, encode_body, encode_pack,
                             encode_state, open_pack, raw_body)
-from dashboard.compaction import Compactor, Policy
-from dashboard.rewind import Rewind
+from dashboard.storage.compaction import Compactor, Policy
+from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
-from dashboard.storage import Store, UnreadablePack, load_body, upgrade
+from dashboard.storage.store import Store, UnreadablePack, load_body, upgrade
 from realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 from test_storage_bounded import (RANKS, T0, _fold, _job_events, _store_job, _views,
                                   insert_old_job)
@@ -297,7 +297,7 @@ def test_a_database_at_revision_0004_upgrades_reads_back_identically_then_packs(
 
 
 def test_after_a_restart_admission_still_refuses_a_packed_seq(tmp_path):
-    from dashboard.ingest import Ingest
+    from dashboard.ingest.pipeline import Ingest
 
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     store = Store(url).start()

@@ -66,7 +66,7 @@ def test_processes_migrating_one_database_at_once_all_succeed(pg_url):
 
 
 def test_store_on_postgres_returns_ids_in_order_and_refuses_a_duplicate_seq(pg_url):
-    from dashboard.storage import Store
+    from dashboard.storage.store import Store
 
     store = Store(pg_url).start()
     try:

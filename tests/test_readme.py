@@ -289,7 +289,7 @@ def test_attach_and_after_commands(tmp_path):
 
 def jobs_in(db: Path) -> list[dict]:
     out = subprocess.run([sys.executable, "-c",
-                          "import json,sys; from dashboard.storage import Store; "
+                          "import json,sys; from dashboard.storage.store import Store; "
                           "s = Store(sys.argv[1]); print(json.dumps(s.list_jobs()))",
                           f"sqlite:///{db}"], capture_output=True, text=True, timeout=60,
                          cwd=ROOT)

@@ -12,7 +12,7 @@ import pytest
 import socketio
 
 from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION, UI_NAMESPACE
-from dashboard.live import apply
+from dashboard.web.live import apply
 from conftest import ROOT, ServerProcess, get_json, job_by_name, wait_for
 
 
@@ -245,7 +245,7 @@ def test_state_at_a_moment_over_http(server):
             assert resp.headers["Content-Type"] == "application/x-ndjson"
             assert "pgdash-job-" in resp.headers["Content-Disposition"]
             lines = resp.read().decode().splitlines()
-        from dashboard.archive import Archive
+        from dashboard.history.archive import Archive
 
         archive = Archive.read(lines)
         assert archive.job["name"] == "past" and len(archive.sessions) == 1

@@ -1,6 +1,6 @@
 """JobState as a pure fold over hand-made events: no server, no database, no clock."""
 
-from dashboard import views
+from dashboard.web import views
 from dashboard.state import JobState
 
 
@@ -183,7 +183,7 @@ def test_half_second_summaries_share_a_heat_map_second():
 
 def test_latency_summaries_are_kept_with_their_histogram_and_old_checkpoints_upgrade():
     from pgdash_agent.wire import hist_bucket
-    from dashboard.codec import decode_state, encode_state
+    from dashboard.storage.codec import decode_state, encode_state
     from dashboard.diagnosis.rules.stragglers import _pooled
 
     log = two_running_ranks()
@@ -214,7 +214,7 @@ def test_checkpoints_stored_before_the_agent_moved_to_pgdash_agent_still_load():
     import pytest
 
     from pgdash_agent.wire import RankStatus
-    from dashboard.codec import compress_state, decode_state
+    from dashboard.storage.codec import compress_state, decode_state
 
     raw = pickle.dumps({"status": RankStatus.RUNNING}, protocol=2)  # unframed: editable
     old = raw.replace(b"cpgdash_agent.wire\n", b"cagent.wire\n")

@@ -11,12 +11,14 @@ import random
 import pytest
 import sqlalchemy as sa
 
-from dashboard import archive, views
-from dashboard.codec import decode_body, decode_state, encode_body, encode_state
-from dashboard.compaction import COMPACTABLE, Compactor, Policy, plan
-from dashboard.rewind import Rewind
+from dashboard.history import archive
+
+from dashboard.web import views
+from dashboard.storage.codec import decode_body, decode_state, encode_body, encode_state
+from dashboard.storage.compaction import COMPACTABLE, Compactor, Policy, plan
+from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
-from dashboard.storage import Store, upgrade
+from dashboard.storage.store import Store, upgrade
 from realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 
 T0 = 1_780_000_000.0
@@ -128,7 +130,7 @@ def test_a_checkpoint_refuses_a_pickle_it_did_not_write():
 
 
 def test_pausing_the_garbage_collector_nests_and_keeps_it_off_if_it_was():
-    from dashboard.codec import gc_paused
+    from dashboard.storage.codec import gc_paused
 
     with gc_paused():
         assert not gc.isenabled()
@@ -339,7 +341,7 @@ def test_compaction_and_stored_checkpoints_work_on_postgres(pg_url):
 def test_the_live_fold_stores_checkpoints_as_the_job_runs(store):
     """No scrub needed: the writer stores the live state at each period's start, and a
     restarted server's state?at starts from one of them."""
-    from dashboard.ingest import Ingest
+    from dashboard.ingest.pipeline import Ingest
 
     clock = [T0]
     ingest = Ingest(store, clock=lambda: clock[0]).start()

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for, wait_job
-from dashboard.trace import (JOB_PID, TEXT_LIMIT, TraceError, build_trace, json_chunks,
+from dashboard.history.trace import (JOB_PID, TEXT_LIMIT, TraceError, build_trace, json_chunks,
                              trace_query)
 
 LATE_S = 6.0  # how long the last rank sleeps before its 6th all_reduce
@@ -407,7 +407,7 @@ def test_counter_percentiles_agree_with_the_server_s_own():
     import random
 
     from dashboard.state import LatencyStats
-    from dashboard.trace import _percentiles
+    from dashboard.history.trace import _percentiles
 
     rng = random.Random(8)
     for _ in range(500):
@@ -419,7 +419,7 @@ def test_counter_percentiles_agree_with_the_server_s_own():
 
 
 def test_a_bad_server_cap_stops_the_start_naming_the_variable():
-    from dashboard.app import create_app
+    from dashboard.web.app import create_app
 
     with pytest.raises(ValueError, match="PGDASH_TRACE_MAX_EVENTS must be a positive integer"):
         create_app({"TRACE_MAX_EVENTS": "lots"})

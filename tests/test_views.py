@@ -1,4 +1,4 @@
-"""The views of JobState (dashboard.views), on plain data: per-family op rows, the compact
+"""The views of JobState (dashboard.web.views), on plain data: per-family op rows, the compact
 timeline grid, the one-pass job summary, the push's view cache, and the rank and group display
 states judged at a moment."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import itertools
 
-from dashboard import views
+from dashboard.web import views
 from dashboard.diagnosis import Settings
-from dashboard.live import ViewCache
+from dashboard.web.live import ViewCache
 from dashboard.state import JobState
 
 _ids = itertools.count(1)
@@ -148,7 +148,7 @@ def test_progress_of_a_group_python_never_saw_comes_from_the_flight_recorder():
     assert rows[("2", 1)]["inflight_since"] == t - 3
 
 
-# -- display states judged at a moment (dashboard.views.rank_states / group_states) ----------
+# -- display states judged at a moment (dashboard.web.views.rank_states / group_states) ----------
 
 def waiting_job() -> JobState:
     """Three ranks of one group: ranks 0 and 1 wait in all_reduce #5 since t=200, rank 2 is

@@ -274,7 +274,7 @@ class Book:
 
 
 class BookLog:
-    """A live book's stored history (dashboard.storage's ``book_log``), covering every grid
+    """A live book's stored history (dashboard.storage.store's ``book_log``), covering every grid
     moment from ``start`` to ``through``: the book as of any of them, read instead of judged.
 
     A replay that judged those moments again would come to the same findings (one grid, one
@@ -317,7 +317,7 @@ class BookLog:
 
 class Timeline:
     """A job's state and book advanced together through its log, in log order: what
-    replay and ``state?at=`` fold. Quacks as much like JobState as dashboard.rewind needs
+    replay and ``state?at=`` fold. Quacks as much like JobState as dashboard.history.rewind needs
     (``apply``, ``sessions``), and is as picklable.
 
     Given a :class:`BookLog` (:meth:`use_log`), the moments it covers are read from it,

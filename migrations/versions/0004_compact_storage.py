@@ -2,7 +2,7 @@
 
 Rows stored before keep their JSON ``body`` (``body_z`` NULL) and read back unchanged:
 nothing is rewritten, so upgrading a big database is instant and loses nothing; compaction
-(dashboard.compaction) re-encodes the old rows it touches.
+(dashboard.storage.compaction) re-encodes the old rows it touches.
 
 Revision ID: 0004
 Revises: 0003
@@ -34,7 +34,7 @@ def downgrade() -> None:
     # Compact bodies back to JSON first, so that a downgraded database reads them.
     import json
 
-    from dashboard.codec import decode_body
+    from dashboard.storage.codec import decode_body
 
     conn = op.get_bind()
     rows = conn.execute(sa.text("SELECT id, body_z FROM events WHERE body_z IS NOT NULL"))

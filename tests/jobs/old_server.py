@@ -7,7 +7,7 @@ import sys
 
 from werkzeug.serving import make_server
 
-from dashboard.app import create_app
+from dashboard.web.app import create_app
 
 app = create_app({"DB": sys.argv[2]})
 app.extensions["pgdash_pusher"].start()

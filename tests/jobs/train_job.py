@@ -1,5 +1,5 @@
-"""The demo's training loop (DDP + a 2x2 mesh) as a test job; arguments as dashboard.demo_train."""
+"""The demo's training loop (DDP + a 2x2 mesh) as a test job; arguments as dashboard.demo.train."""
 
-from dashboard.demo_train import main
+from dashboard.demo.train import main
 
 main()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboard.errors import classify
+from dashboard.diagnosis.errors import classify
 from pgdash_agent.wire import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import backend_of, frame_label, process_label, sentence

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 from pgdash_agent.wire import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, process_label, ranks_label
-from dashboard.errors import classify
+from dashboard.diagnosis.errors import classify
 from dashboard.state import JobState, RankState
 
 # How far a peer's error may precede the departure it follows (clocks of two hosts, and an

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from dashboard.errors import classify
+from dashboard.diagnosis.errors import classify
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import agree, backend_of, have, process_label, ranks_label, them
 from dashboard.state import JobState, RankState

@@ -117,7 +117,7 @@ export function inflightNode(findGroup, item, showGroup) {
     showGroup ? [" on ", groupLabel(findGroup, item.group)] : null,
     PG.isNum(item.since) ? [" \u00b7 ", PG.since(item.since)] : null
   );
-  // Overdue as the server judged it (dashboard/views.py), never by this browser's clock.
+  // Overdue as the server judged it (dashboard/web/views.py), never by this browser's clock.
   if (item.overdue) node.classList.add("overdue");
   return node;
 }

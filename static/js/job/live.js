@@ -1,5 +1,5 @@
 /*
- * pgdash job page: the live feed (dashboard/live.py) and the one way sections reach the page.
+ * pgdash job page: the live feed (dashboard/web/live.py) and the one way sections reach the page.
  *
  * The server sends a snapshot ("job": {job_id, v, at, sections, server_time}), then deltas
  * ("job_delta": {job_id, v, base, at, sections, rows, server_time}). A delta whose base is
@@ -32,7 +32,7 @@ function expandProgress(groups) {
   return rows;
 }
 
-/** The grid's busy rows come as strings, a character per second (dashboard/live.py). */
+/** The grid's busy rows come as strings, a character per second (dashboard/web/live.py). */
 function expandGrid(grid) {
   const digits = typeof grid.busy_digits === "string" ? grid.busy_digits : "";
   const value = new Map(Array.from(digits, (c, i) => [c, Math.min(100, i * 2)]));

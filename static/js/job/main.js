@@ -6,10 +6,10 @@
  * Data in:
  *   on load  GET /api/jobs/<id>, /collectives, /findings, /incidents (no progress over REST)
  *   live     Socket.IO "job" snapshot then "job_delta" deltas of the sections of
- *            dashboard/live.py, judged by the server at its event time ``at``
+ *            dashboard/web/live.py, judged by the server at its event time ``at``
  *   replay   GET /api/jobs/<id>/state?at=T: the same sections, judged at T
  * The page only renders: every display state (rank_states, group_states) and every verdict
- * comes from the server (dashboard/views.py); no threshold and no clock decides here. A
+ * comes from the server (dashboard/web/views.py); no threshold and no clock decides here. A
  * clock only formats "5 s ago" labels, measured from the moment on screen in replay.
  * Selection: clicking a finding (or a rank in the topology) highlights its ranks in every
  *            section: topology cells, progress, heat map, rendezvous, the ranks table.

@@ -4,7 +4,7 @@ import { $, PROGRESS_DETAIL_ROWS, state, text, groupLabel, inflightNode, sortGro
 const { el, clear, DASH } = PG;
 
 /**
- * One group's progress as the server judged it (state.groupStates, dashboard/views.py):
+ * One group's progress as the server judged it (state.groupStates, dashboard/web/views.py):
  * its members (the group's, and any rank that reported), each with its progress row or null, the ranks behind (only once the others
  * have waited long enough to matter) and whether that wait is overdue.
  */

@@ -1,11 +1,11 @@
 /* pgdash job page: the topology, the ranks table and the groups table, coloured by the
- * display states the server judged (dashboard/views.py). */
+ * display states the server judged (dashboard/web/views.py). */
 import { $, RANK_ROWS, state, text, groupLabel, inflightNode, inflightByRank, rankStats, sortGroups } from "../ctx.js";
 import { selectRank } from "./findings.js";
 
 const { el, clear, DASH } = PG;
 
-// The server's vocabulary (dashboard/views.py RANK_STATES), in its order.
+// The server's vocabulary (dashboard/web/views.py RANK_STATES), in its order.
 const STATES = ["failed", "lost", "hung", "stalled", "mismatch", "stuck", "straggling", "waiting", "running", "initializing", "exited", "unknown"];
 const STATE_TEXT = {
   failed: "failed",
@@ -23,7 +23,7 @@ const STATE_TEXT = {
 };
 
 /**
- * The server's display states (state.rankStates, dashboard/views.py rank_states) as
+ * The server's display states (state.rankStates, dashboard/web/views.py rank_states) as
  * look-ups: states (rank -> state), rows (rank -> its row: reason, since, waiting),
  * blamedBy (rank -> kinds of the findings that explain it), overdue (ranks that sat in a
  * collective past the stall threshold). Nothing is judged here: the table, the topology,

@@ -16,8 +16,8 @@ a multiple of ``persist_every_s`` seconds of arrival time (the state then holds 
 events that arrived before that moment), the live fold as it happens (on the writer
 thread, in the transaction of the batch that crosses it: no second fold), and a rewind
 fold where the live one did not (a job stored before, or while the server was down). One function pair stores and
-loads a state, dashboard.codec's ``encode_state`` / ``decode_state``. Their moments are
-multiples of the compaction cell (dashboard.compaction), so compaction never rewrites what
+loads a state, dashboard.storage.codec's ``encode_state`` / ``decode_state``. Their moments are
+multiples of the compaction cell (dashboard.storage.compaction), so compaction never rewrites what
 a stored checkpoint holds half of; it holds ``compacting`` meanwhile, and in-memory points go.
 
 Moments are arrival times (``received_at``), which the single writer thread stamps in log
@@ -37,9 +37,9 @@ import queue
 import threading
 from typing import Any, Callable, Iterator, TypeVar
 
-from dashboard.codec import compress_state, decode_state, encode_state, pickle_state
+from dashboard.storage.codec import compress_state, decode_state, encode_state, pickle_state
 from dashboard.state import JobState
-from dashboard.storage import Store
+from dashboard.storage.store import Store
 
 log = logging.getLogger("pgdash.rewind")
 
@@ -56,7 +56,7 @@ class _Point:
 
 @dataclasses.dataclass
 class _Copy:
-    """An in-memory checkpoint: the state as dashboard.codec bytes (a pickle is about ten
+    """An in-memory checkpoint: the state as dashboard.storage.codec bytes (a pickle is about ten
     times quicker to take and to restore than a deep copy, and a tenth of its memory)."""
 
     at: float
@@ -68,7 +68,7 @@ class Rewind:
     """Args:
         new_state: ``(job_id, name) -> `` an empty fold: a JobState by default; Ingest
             folds a ``dashboard.diagnosis.book.Timeline`` (state and findings book), which
-            dashboard.codec stores like one. Stored checkpoints hold what it makes.
+            dashboard.storage.codec stores like one. Stored checkpoints hold what it makes.
     """
 
     # Copies this many events folded per agent session apart cost a scrub about a seventh

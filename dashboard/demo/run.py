@@ -36,7 +36,7 @@ def free_port() -> int:
 
 def launch_ranks(ranks: int, server_url: str, job: str, args: list[str],
                  scenario: str = "healthy") -> list[subprocess.Popen]:
-    """Start the processes of ``dashboard.demo_train`` the way torchrun would.
+    """Start the processes of ``dashboard.demo.train`` the way torchrun would.
 
     The launcher's part of a scenario happens here: ``init-timeout`` never starts the last
     rank, ``config-mismatch`` gives it a different setting.
@@ -53,7 +53,7 @@ def launch_ranks(ranks: int, server_url: str, job: str, args: list[str],
                    LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=master_port, PGDASH_SERVER=server_url, PGDASH_JOB=job,
                    OMP_NUM_THREADS="1", **mismatch)
-        procs.append(subprocess.Popen([sys.executable, "-m", "dashboard.demo_train", *args],
+        procs.append(subprocess.Popen([sys.executable, "-m", "dashboard.demo.train", *args],
                                       env=env))
     return procs
 

@@ -1,10 +1,10 @@
 """Ingest: turns what agents send into stored events, live JobStates and findings, without Flask.
 
-A thin coordinator of the rooms that do the work: admission (``dashboard.admission``: the
-token, job and attempt assignment, de-duplication), the state cache (``dashboard.statecache``),
-the live findings books (``dashboard.livebooks``), the lag (``dashboard.lag``) and the rewind
-for ``state?at=`` (``dashboard.rewind``). The Socket.IO handlers in ``dashboard.app`` and the
-v2 front (``dashboard.front``) are thin calls into :class:`Ingest`. All writes run as tasks on
+A thin coordinator of the rooms that do the work: admission (``dashboard.ingest.admission``: the
+token, job and attempt assignment, de-duplication), the state cache (``dashboard.ingest.statecache``),
+the live findings books (``dashboard.ingest.livebooks``), the lag (``dashboard.ingest.lag``) and the rewind
+for ``state?at=`` (``dashboard.history.rewind``). The Socket.IO handlers in ``dashboard.web.app`` and the
+v2 front (``dashboard.ingest.front``) are thin calls into :class:`Ingest`. All writes run as tasks on
 the store's writer thread, so job assignment, de-duplication and the fold into JobState
 happen in one serial order: the order of the log.
 """
@@ -20,22 +20,22 @@ import time
 from typing import Any, Callable
 
 from pgdash_agent.wire import Ack, WireError, validate_batch_envelope, validate_events
-from dashboard import views
-from dashboard.admission import Admission, Refused
+from dashboard.web import views
+from dashboard.ingest.admission import Admission, Refused
 from dashboard.console import RefusalLog
 from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.book import Timeline
 from dashboard.diagnosis.incidents import Incident
 from dashboard.diagnosis.incidents import incidents as incidents_of
-from dashboard.guard import LoginGuard
-from dashboard.lag import LAG_WARN_S, IngestLag
-from dashboard.live import sections
-from dashboard.livebooks import LiveBooks
-from dashboard.metrics import LiveJob
-from dashboard.rewind import Rewind
+from dashboard.ingest.guard import LoginGuard
+from dashboard.ingest.lag import LAG_WARN_S, IngestLag
+from dashboard.web.live import sections
+from dashboard.ingest.livebooks import LiveBooks
+from dashboard.web.metrics import LiveJob
+from dashboard.history.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
-from dashboard.statecache import StateCache
-from dashboard.storage import Store, describe_write_error, load_body
+from dashboard.ingest.statecache import StateCache
+from dashboard.storage.store import Store, describe_write_error, load_body
 
 
 log = logging.getLogger("pgdash.server")
@@ -53,7 +53,7 @@ class Ingest:
         max_cached_jobs: finished jobs kept folded in memory; live ones always are.
         settings: the diagnosis rules' settings.
         on_incident: told ``("new" | "resolved" | "escalated", job summary, incident)`` on
-            the writer or push thread, so it must not block (dashboard.notify queues).
+            the writer or push thread, so it must not block (dashboard.web.notify queues).
         refusals: told of each refused agent (dashboard.console: one line per agent, then
             counts); None says nothing.
     """
@@ -72,8 +72,8 @@ class Ingest:
         self.counters: collections.Counter[str] = collections.Counter()
         self.lag = IngestLag(clock, store.backlog_s)
         self._behind = False  # whether the server last said it is behind
-        self.agent_connections = 0  # open v2 connections (dashboard.front counts them)
-        # Several server processes (dashboard.cluster.ClusterNode): the log's tail folds the
+        self.agent_connections = 0  # open v2 connections (dashboard.ingest.front counts them)
+        # Several server processes (dashboard.cluster.node.ClusterNode): the log's tail folds the
         # states, and only jobs this process owns are diagnosed here.
         self.cluster = None
         self.books = LiveBooks(store, settings, lambda: self.clock(), self.judged_at,
@@ -141,7 +141,7 @@ class Ingest:
 
         An overloaded server folds heartbeats late; judged at arrival time the ranks would
         look silent or stuck. Held back by the lag they look as they were when what the
-        server has folded so far was current (see dashboard.lag). A lag under LAG_WARN_S is
+        server has folded so far was current (see dashboard.ingest.lag). A lag under LAG_WARN_S is
         not held back: the grid's moments are then judged with exactly the events received
         by each, as replay judges them (dashboard.diagnosis.book).
         """
@@ -200,7 +200,7 @@ class Ingest:
         The findings are those live showed, with the same first/last-seen times: read from
         the job's stored book log for the moments it covers, else judged by the same rules
         and book on the same moments. Scrubbing forward continues the last fold; see
-        dashboard.rewind.
+        dashboard.history.rewind.
         """
         job = self.store.get_job(job_id)
         if job is None:
@@ -208,7 +208,7 @@ class Ingest:
 
         def read(timeline: Timeline) -> dict[str, Any]:
             state, book = timeline.state, timeline.book_at(at)
-            # ``sections``: what the live feed sends (dashboard.live), judged at ``at``; the
+            # ``sections``: what the live feed sends (dashboard.web.live), judged at ``at``; the
             # findings and incidents of the book then, grouped once, serve both.
             shown = sections(state, at=at, findings=book.findings(), settings=self.settings)
             return {"at": at, "job": shown["job"], "ranks": shown["ranks"],
@@ -364,11 +364,11 @@ class Ingest:
                 before = state.summary()
                 # The moments due before this batch arrived are judged without it.
                 # A stored checkpoint when this batch opens a new period: the state and the
-                # book as a replay would have them (dashboard.rewind).
+                # book as a replay would have them (dashboard.history.rewind).
                 self.rewind.checkpoint_live(conn, self.books.timeline(job_id, state), now)
                 self.lag.check_pause()  # the writer may be first to run after a pause
                 # A batch far later than its session's usual (the server stood still) says
-                # the others' news is late too: the moments it spans wait (dashboard.lag).
+                # the others' news is late too: the moments it spans wait (dashboard.ingest.lag).
                 newest = max((ev["t"] for ev in fresh if ev.get("seq") is not None),
                              default=None)
                 late = 0.0 if newest is None else self.lag.lateness(session, newest, now)
@@ -411,7 +411,7 @@ class Ingest:
         """Clustered: fold rows read from the log's tail into the jobs held in memory (the
         caller holds the states lock); the owner stores the jobs' changed summaries."""
         touched: dict[int, dict[str, Any]] = {}
-        newest: dict[str, float] = {}  # per agent session, for the lag (dashboard.lag)
+        newest: dict[str, float] = {}  # per agent session, for the lag (dashboard.ingest.lag)
         for row in rows:
             state = self.cache.held(row["job_id"])
             if state is None:

@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from dashboard.storage import Store
+from dashboard.storage.store import Store
 
 log = logging.getLogger("pgdash.cluster")
 
@@ -184,7 +184,7 @@ class ClusterNode:
     keeps and takes leases, and answers other processes' snapshot requests for owned jobs.
 
     Args:
-        ingest: this process's :class:`dashboard.ingest.Ingest` (its states are folded here).
+        ingest: this process's :class:`dashboard.ingest.pipeline.Ingest` (its states are folded here).
         queue_url: the Redis URL shared by the processes (``--queue`` / ``PGDASH_QUEUE``).
         lease_s: lease length (``--lease`` / ``PGDASH_LEASE_S``); takeover within ~4/3 of it.
         tail_s: seconds between reads of the log's tail.

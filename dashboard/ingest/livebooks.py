@@ -23,7 +23,7 @@ from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.book import Book, BookLog, Changes, LogRow, Timeline
 from dashboard.diagnosis.incidents import Incident
 from dashboard.state import JobState, StoredEvent
-from dashboard.storage import Store
+from dashboard.storage.store import Store
 
 
 class LiveBooks:

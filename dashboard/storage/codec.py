@@ -1,6 +1,6 @@
 """Codec: the compact bytes of stored event bodies and of stored JobState checkpoints.
 
-No SQL here (dashboard.storage stores the bytes). Two formats, each led by a version byte so
+No SQL here (dashboard.storage.store stores the bytes). Two formats, each led by a version byte so
 that a later format can be added beside them and every stored row stays readable:
 
 - event bodies, ``b"\\x01"`` + zlib(MessagePack(body)) with a preset dictionary. An agent's

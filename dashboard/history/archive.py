@@ -27,7 +27,7 @@ from pgdash_agent.wire import SERVER_KINDS, WireError, validate_event, validate_
 from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.book import Change, Timeline, with_grid
 from dashboard.state import JobState, StoredEvent
-from dashboard.storage import JOB_FIELDS, Store
+from dashboard.storage.store import JOB_FIELDS, Store
 
 FORMAT = "pgdash-session"
 VERSION = 1

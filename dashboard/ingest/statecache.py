@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 
 from pgdash_agent.wire import ENDED
 from dashboard.state import JobState
-from dashboard.storage import Store
+from dashboard.storage.store import Store
 
 
 

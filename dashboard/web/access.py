@@ -14,7 +14,7 @@ browser profile does not hand out the token agents use. Every comparison is cons
 echoed. Static vendored files stay public: they hold nothing from a job. With no token
 configured this module registers nothing and everything stays open (loopback default).
 
-Token guessing is limited per client address (:mod:`dashboard.guard`): every request that
+Token guessing is limited per client address (:mod:`dashboard.ingest.guard`): every request that
 offers a wrong credential (a bearer header, a cookie, a login form) counts as a failure, and
 past ``PGDASH_LOGIN_MAX_FAILURES`` per ``PGDASH_LOGIN_WINDOW_S`` the address gets 429 with a
 ``Retry-After`` on everything it asks, right token or not, until the window has passed.
@@ -31,7 +31,7 @@ from urllib.parse import quote
 from flask import Flask, jsonify, redirect, render_template, request
 
 from pgdash_agent.wire import AGENT_V2_PATH, UI_NAMESPACE
-from dashboard import guard as login_guard
+from dashboard.ingest import guard as login_guard
 
 COOKIE = "pgdash_session"
 COOKIE_PURPOSE = b"pgdash browser session v1"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from dashboard import views
+from dashboard.web import views
 from dashboard.diagnosis import Settings
 from dashboard.diagnosis.incidents import incidents as incidents_of
 from dashboard.state import JobState
@@ -50,7 +50,7 @@ def sections(state: JobState, cache: "ViewCache | None" = None, *, at: float | N
     Live, ``at`` is ``Ingest.judged_at()`` and ``findings`` the job's book; replay
     (``GET /api/jobs/<id>/state?at=``) passes the moment asked for and the same book as
     of then (dashboard.diagnosis.book): the same function, so both show the same page. With ``at``, the sections include
-    the display states (``rank_states``, ``group_states``: dashboard.views) judged then;
+    the display states (``rank_states``, ``group_states``: dashboard.web.views) judged then;
     with ``findings``, also ``findings`` and ``incidents``.
 
     ``ops`` (per group family and op) and ``timeline_grid`` (rank x second) are what the

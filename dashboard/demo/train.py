@@ -1,8 +1,8 @@
 """The training job ``pgdash demo`` runs on each rank: DDP over data-parallel groups, a
 tensor-parallel all-reduce per step on a 2-wide mesh dimension, and a world-wide loss
-all-reduce every few steps. Run by ``dashboard.demo``, one process per rank.
+all-reduce every few steps. Run by ``dashboard.demo.run``, one process per rank.
 
-Scenarios (``dashboard.demo.SCENARIOS``) inject one fault at ``--fault-step``;
+Scenarios (``dashboard.demo.run.SCENARIOS``) inject one fault at ``--fault-step``;
 ``init-timeout`` and ``config-mismatch`` are the launcher's (a rank never started, a
 different setting).
 """

@@ -5,16 +5,16 @@ Tables (created by the Alembic migrations in ``migrations/``):
 - ``jobs``: one row per job, with a cached summary (status, world size, ...) for fast listing;
 - ``sessions``: one row per agent process, mapping it to its job;
 - ``events``: the event log, the source of truth. ``(session, seq)`` is unique. Bodies are
-  stored compact (``body_z``, see dashboard.codec; ``body`` is then empty); rows written before
-  revision 0004 keep their JSON ``body`` and read back the same. dashboard.compaction thins
+  stored compact (``body_z``, see dashboard.storage.codec; ``body`` is then empty); rows written before
+  revision 0004 keep their JSON ``body`` and read back the same. dashboard.storage.compaction thins
   routine events beyond the recent window (see there for what detail that gives up);
 - ``event_packs``: older events of ``events``, one job's events of one compaction cell per
-  row, stored column by column and compressed together (dashboard.codec's pack format;
-  written by dashboard.compaction). Every read of the log merges packs and rows in id order,
+  row, stored column by column and compressed together (dashboard.storage.codec's pack format;
+  written by dashboard.storage.compaction). Every read of the log merges packs and rows in id order,
   so readers see one log. Each agent session's newest event, and its newest with a seq,
   always stay rows: what admission (``max_seqs``, ``session_max_seq``) and the compactor
   (``session_last_arrivals``) read of a session's end needs no pack;
-- ``checkpoints``: folded JobStates at moments of the log (dashboard.rewind), so that
+- ``checkpoints``: folded JobStates at moments of the log (dashboard.history.rewind), so that
   scrubbing backwards starts from the nearest one, also after a restart.
 
 Writes go through one writer thread fed by a queue (one thread protects the single write
@@ -38,7 +38,7 @@ import msgspec
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 
-from dashboard.codec import Pack, decode_body, encode_body, encode_pack, open_pack, raw_body
+from dashboard.storage.codec import Pack, decode_body, encode_body, encode_pack, open_pack, raw_body
 from dashboard.resources import resource_dir
 
 log = logging.getLogger("pgdash.storage")
@@ -92,7 +92,7 @@ events = sa.Table(
     sa.Column("received_at", sa.Float, nullable=False),
     sa.Column("kind", sa.String(32), nullable=False),
     sa.Column("body", sa.Text, nullable=False),  # JSON; "" when body_z holds the body
-    sa.Column("body_z", sa.LargeBinary),  # dashboard.codec.encode_body (revision 0004)
+    sa.Column("body_z", sa.LargeBinary),  # dashboard.storage.codec.encode_body (revision 0004)
     sa.UniqueConstraint("session", "seq", name="uq_events_session_seq"),
     sa.Index("ix_events_job_id_id", "job_id", "id"),
 )
@@ -109,8 +109,8 @@ findings = sa.Table(
     sa.Column("body", sa.Text, nullable=False),
 )
 
-# A folded JobState after every event that arrived before ``at`` (dashboard.rewind), as
-# dashboard.codec.encode_state bytes: written by the server only.
+# A folded JobState after every event that arrived before ``at`` (dashboard.history.rewind), as
+# dashboard.storage.codec.encode_state bytes: written by the server only.
 checkpoints = sa.Table(
     "checkpoints", metadata,
     sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
@@ -119,7 +119,7 @@ checkpoints = sa.Table(
     sa.Column("state", sa.LargeBinary, nullable=False),
 )
 
-# One job's events of one compaction cell (dashboard.compaction), as dashboard.codec pack
+# One job's events of one compaction cell (dashboard.storage.compaction), as dashboard.storage.codec pack
 # bytes; the events it holds are no longer rows of ``events`` (revision 0005).
 event_packs = sa.Table(
     "event_packs", metadata,
@@ -176,7 +176,7 @@ book_log = sa.Table(
     sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
     sa.Column("at", sa.Float, primary_key=True),
     sa.Column("id", sa.String(160), primary_key=True),
-    sa.Column("body", sa.LargeBinary),  # dashboard.codec.encode_body of the finding
+    sa.Column("body", sa.LargeBinary),  # dashboard.storage.codec.encode_body of the finding
 )
 
 # The grid moments each job's book_log covers: every one from start_at to through_at.
@@ -188,7 +188,7 @@ book_spans = sa.Table(
 )
 
 # One row per job that some server process owns (several processes share one database, see
-# dashboard.cluster): the owner alone folds and diagnoses the job, while its lease lasts.
+# dashboard.cluster.node): the owner alone folds and diagnoses the job, while its lease lasts.
 job_owners = sa.Table(
     "job_owners", metadata,
     sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
@@ -427,7 +427,7 @@ class Store:
         self.write_errors = 0
         self.unreadable_packs = 0  # passed over by events_after / events_by_id (logged)
         # (job id, moment) -> the [start, end) of arrival time that keeps one checkpoint, where
-        # the compactor thins them (dashboard.compaction), else None.
+        # the compactor thins them (dashboard.storage.compaction), else None.
         self.checkpoint_span: Callable[[int, float], tuple[float, float] | None] | None = None
         self._next_id: int | None = None  # see _allocate_ids
         self._deferred: list[tuple] = []  # event rows of this transaction, see insert_events
@@ -592,7 +592,7 @@ class Store:
         """Writer thread, SQLite: the first of ``n`` fresh event ids. The one writer is the
         only one to insert events, so MAX(id) is read once (and again after a rollback).
         Packs never hide the newest id: the compactor leaves each session's newest event a
-        row (dashboard.compaction), and a deleted job's ids are nobody's."""
+        row (dashboard.storage.compaction), and a deleted job's ids are nobody's."""
         if self._next_id is None:
             self._next_id = (conn.exec_driver_sql("SELECT MAX(id) FROM events").scalar()
                              or 0) + 1
@@ -723,7 +723,7 @@ class Store:
                    upto: int | None = None, raw: bool = False) -> Iterator[dict[str, Any]]:
         """The job's events in log order (those with an id above ``after``, and at most
         ``upto`` when given), as StoredEvent dicts: rows and packs merged (``raw``: bodies
-        as dashboard.codec.RawBody where they are MessagePack, for moving them unread).
+        as dashboard.storage.codec.RawBody where they are MessagePack, for moving them unread).
 
         Raises:
             UnreadablePack: a pack of this job that this pgdash cannot read (the message
@@ -806,7 +806,7 @@ class Store:
         return heapq.merge(row_events, *(self._open(p).events(after, cutoff, raw)
                                          for p in packs), key=_event_id)
 
-    # -- compaction and checkpoints (dashboard.compaction, dashboard.rewind) -------------------
+    # -- compaction and checkpoints (dashboard.storage.compaction, dashboard.history.rewind) -------------------
 
     def event_spans(self) -> list[tuple[int, float, float]]:
         """(job id, first and last arrival time) of every job with events (index lookups:
@@ -978,7 +978,7 @@ class Store:
             return {r[0] for r in conn.execute(sa.select(checkpoints.c.at)
                                                .where(checkpoints.c.job_id == job_id))}
 
-    # -- several server processes (dashboard.cluster) -----------------------------------------
+    # -- several server processes (dashboard.cluster.node) -----------------------------------------
 
     @staticmethod
     def session_max_seq(conn: sa.Connection, session: str) -> int:

@@ -1,6 +1,6 @@
 """The server edge: Flask app factory, HTTP JSON API, Socket.IO namespaces, live push.
 
-Handlers stay thin: they validate the request's shape and call :class:`dashboard.ingest.Ingest`
+Handlers stay thin: they validate the request's shape and call :class:`dashboard.ingest.pipeline.Ingest`
 or read a :class:`dashboard.state.JobState` view.
 """
 
@@ -19,24 +19,26 @@ from flask_socketio import SocketIO, join_room, leave_room, rooms
 from werkzeug.exceptions import HTTPException
 
 from pgdash_agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
-from dashboard import access, limits, views
-from dashboard import guard as login_guard
-from dashboard.archive import export_lines
+from dashboard.web import access
+from dashboard.ingest import limits
+from dashboard.web import views
+from dashboard.ingest import guard as login_guard
+from dashboard.history.archive import export_lines
 from dashboard.config import DEFAULTS, DIAGNOSE_EVERY_S
 from dashboard.diagnosis import Settings
 from dashboard.diagnosis.incidents import incidents
-from dashboard.ingest import Ingest, Refused
-from dashboard.lag import LAG_WARN_S
-from dashboard.live import Feed, ViewCache, sections
-from dashboard.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from dashboard.metrics import Snapshot, exposition
-from dashboard.compaction import Compactor, Policy
+from dashboard.ingest.pipeline import Ingest, Refused
+from dashboard.ingest.lag import LAG_WARN_S
+from dashboard.web.live import Feed, ViewCache, sections
+from dashboard.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from dashboard.web.metrics import Snapshot, exposition
+from dashboard.storage.compaction import Compactor, Policy
 from dashboard.console import IncidentLog, RefusalLog, listeners
-from dashboard.notify import Notifier
+from dashboard.web.notify import Notifier
 from dashboard.resources import resource_dir
-from dashboard.storage import JOB_FIELDS as STORED_JOB_FIELDS
-from dashboard.storage import Store, database_url
-from dashboard.trace import TraceError, build_trace, json_chunks, trace_query
+from dashboard.storage.store import JOB_FIELDS as STORED_JOB_FIELDS
+from dashboard.storage.store import Store, database_url
+from dashboard.history.trace import TraceError, build_trace, json_chunks, trace_query
 
 log = logging.getLogger("pgdash.server")
 
@@ -94,7 +96,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     pusher = LivePush(socketio, ingest, app.config["PUSH_INTERVAL"])
     app.extensions["pgdash_pusher"] = pusher
     if queue_url:
-        from dashboard.cluster import ClusterNode
+        from dashboard.cluster.node import ClusterNode
 
         node = ClusterNode(ingest, queue_url, lease_s=float(app.config["LEASE_S"]))
         node.on_claimed = ingest.adopt
@@ -461,7 +463,7 @@ class LivePush:
     """Sends watching browsers a snapshot of their job, then throttled deltas of it.
 
     At most one message per job per ``interval`` goes to its room, whatever the rank count;
-    the message format is in :mod:`dashboard.live`. A lock keeps the push thread and a new
+    the message format is in :mod:`dashboard.web.live`. A lock keeps the push thread and a new
     watcher's snapshot in one order, so every delta a room gets applies to what each of its
     members has.
     """
@@ -477,7 +479,7 @@ class LivePush:
         self._pushed_at: dict[int, float] = {}  # job id -> when it was last sent (monotonic)
         self._judged_at: dict[int, float] = {}  # job id -> the event time its feed was judged at
         self.cache = ViewCache()
-        self.cluster = None  # dashboard.cluster.ClusterNode with several server processes
+        self.cluster = None  # dashboard.cluster.node.ClusterNode with several server processes
 
     def start(self) -> None:
         if self.cluster is not None and self._thread is None:
@@ -526,7 +528,7 @@ class LivePush:
 
     def _clock_fields(self) -> dict[str, Any]:
         """The server's time, and how far behind the agents its ingest is when that is worth
-        saying (dashboard.lag: verdicts are held that long); the page shows them as given."""
+        saying (dashboard.ingest.lag: verdicts are held that long); the page shows them as given."""
         lag = self.ingest.lag.current()
         return {"server_time": self.ingest.clock(),
                 "server_behind_s": round(lag, 1) if lag >= LAG_WARN_S else None}

@@ -26,11 +26,11 @@ fold's windows (60 intervals, 120 readings) are shorter than ``keep_full_s`` mus
 
 Packs: every cell older than ``pack_after_s`` (behind the job's newest arrival; every cell,
 once the job has been quiet that long and a cell more) becomes one row of ``event_packs``
-holding all the job's events of that cell (dashboard.codec's pack format; every session
+holding all the job's events of that cell (dashboard.storage.codec's pack format; every session
 together, which is where the bytes go: ranks send near-identical bodies). A cell inside
 the window is packed whole; once it leaves the window it is packed again, thinned as above
 (once). Each session's newest event, and its newest with a seq, stay rows
-(dashboard.storage). Stored checkpoints beyond the window and away from findings are thinned
+(dashboard.storage.store). Stored checkpoints beyond the window and away from findings are thinned
 to one per ``checkpoint_keep_s``.
 
 The :class:`Compactor` runs on its own thread: it reads with the store's pooled
@@ -51,11 +51,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator
 
-from dashboard.codec import body_of
+from dashboard.storage.codec import body_of
 from dashboard.state import THROTTLE_REASONS
 
 if TYPE_CHECKING:  # the command line reads Policy's defaults without loading SQLAlchemy
-    from dashboard.storage import Store
+    from dashboard.storage.store import Store
 
 log = logging.getLogger("pgdash.compaction")
 
@@ -159,7 +159,7 @@ def plan(events: Iterable[dict[str, Any]], cell_s: float,
 
     Args:
         events: every event of the cells in log order (StoredEvent dicts; a body may be
-            a dashboard.codec.RawBody, read only where the plan needs it).
+            a dashboard.storage.codec.RawBody, read only where the plan needs it).
         cell_s: cell length in seconds of arrival time.
         keep: (start, end) arrival-time ranges kept at full resolution.
         throttled: per session, whether its last GPU reading before these events was

@@ -14,9 +14,9 @@ import time
 from typing import Any, Callable
 
 from pgdash_agent.wire import ENDED, Ack, Auth, WireError, validate_auth
-from dashboard.guard import LoginGuard
+from dashboard.ingest.guard import LoginGuard
 from dashboard.state import JobState
-from dashboard.storage import Store
+from dashboard.storage.store import Store
 
 
 class Refused(Exception):
@@ -64,7 +64,7 @@ class Admission:
 
     def check(self, auth: Any, address: str | None = None) -> Auth:
         """The agent's validated hello, from client ``address`` (counted against token
-        guessing, as the HTTP side counts logins: dashboard.guard).
+        guessing, as the HTTP side counts logins: dashboard.ingest.guard).
 
         Raises:
             Refused: bad token or malformed auth (the message says what to fix).

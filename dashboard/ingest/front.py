@@ -44,7 +44,7 @@ class Front:
     Args:
         wsgi_server: a bound ``werkzeug.serving.ThreadedWSGIServer``; its ``serve_forever``
             is not used (this loop accepts instead).
-        ingest: the server's :class:`dashboard.ingest.Ingest`.
+        ingest: the server's :class:`dashboard.ingest.pipeline.Ingest`.
         max_frame_bytes: largest v2 frame accepted (``PGDASH_MAX_MESSAGE_BYTES``).
         new_limits: makes one connection's rate limits (``PGDASH_MAX_EVENTS_PER_S``, ...).
     """
@@ -54,7 +54,7 @@ class Front:
         self.wsgi = wsgi_server
         self.ingest = ingest
         self.max_frame_bytes = max_frame_bytes
-        self.new_limits = new_limits  # one connection's rate limits (dashboard.limits)
+        self.new_limits = new_limits  # one connection's rate limits (dashboard.ingest.limits)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="pgdash-front", daemon=True)
         self._stopped = threading.Event()
@@ -166,7 +166,7 @@ class AgentLink(asyncio.Protocol):
         self.session: str | None = None
         self.job_id: int | None = None
         self._admitting = False
-        self.address: str | None = None  # the client's, for token guessing (dashboard.guard)
+        self.address: str | None = None  # the client's, for token guessing (dashboard.ingest.guard)
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -295,7 +295,7 @@ class AgentLink(asyncio.Protocol):
 
     def _admitted(self, future: asyncio.Future) -> None:
         self._admitting = False
-        from dashboard.ingest import Refused
+        from dashboard.ingest.pipeline import Refused
 
         try:
             session, job_id = future.result()

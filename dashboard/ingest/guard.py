@@ -10,7 +10,7 @@ address (a Prometheus scraper behind the same NAT) would reset a guesser's count
 
 Memory is bounded: at most ``max_addresses`` addresses (least recently failing evicted first,
 counted), each with at most ``max_failures`` timestamps. Pure (no Flask, an injected clock);
-``dashboard.access`` applies it to the HTTP routes and the ``/ui`` namespace.
+``dashboard.web.access`` applies it to the HTTP routes and the ``/ui`` namespace.
 """
 
 from __future__ import annotations
