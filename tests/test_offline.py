@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES = ROOT / "dashboard" / "templates"
+TEMPLATES = ROOT / "dashboard" / "web" / "templates"
 STATIC = ROOT / "static"
 VENDOR = STATIC / "vendor"
 
