@@ -12,7 +12,6 @@ session and ignores anything at or below it, so resending after a reconnect is a
 
 from __future__ import annotations
 
-import enum
 import math
 import re
 from dataclasses import dataclass, field
@@ -533,33 +532,3 @@ def _plain(value: Any) -> Any:
 
 _msgpack_encoder = msgspec.msgpack.Encoder(enc_hook=_plain)
 _json_encoder = msgspec.json.Encoder()
-
-
-class TextEnum(str, enum.Enum):
-    """An enum whose members are their strings: equal to, printed as and sent as them."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class RankStatus(TextEnum):
-    """A rank's status as the server folds it (str-valued: equal to, and sent as, the string)."""
-
-    INITIALIZING = "initializing"
-    RUNNING = "running"
-    EXITED = "exited"
-    FAILED = "failed"
-    LOST = "lost"
-
-
-class JobStatus(TextEnum):
-    """A job's status as the server folds it (str-valued, like RankStatus)."""
-
-    INITIALIZING = "initializing"
-    RUNNING = "running"
-    FINISHED = "finished"
-    FAILED = "failed"
-
-
-ENDED = (JobStatus.FINISHED, JobStatus.FAILED)  # job statuses that no longer change by
-# themselves

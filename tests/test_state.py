@@ -1,5 +1,7 @@
 """JobState as a pure fold over hand-made events: no server, no database, no clock."""
 
+import pytest
+
 from dashboard.web import views
 from dashboard.state import JobState
 
@@ -205,20 +207,20 @@ def test_latency_summaries_are_kept_with_their_histogram_and_old_checkpoints_upg
     assert _pooled(loaded.recent[("0", 0)]) == {hist_bucket(100.0): 8, hist_bucket(150.0): 2}
 
 
-def test_checkpoints_stored_before_the_agent_moved_to_pgdash_agent_still_load():
-    """Rank and job statuses were pickled as ``agent.wire`` members until the agent's code
-    moved to ``pgdash_agent``; such checkpoints load, and other modules stay refused."""
+@pytest.mark.parametrize("old_home", [b"agent.wire", b"pgdash_agent.wire"])
+def test_checkpoints_that_pickled_the_statuses_in_the_agents_wire_module_still_load(old_home):
+    """Rank and job statuses were pickled as members of the agent's wire module (``agent.wire``,
+    then ``pgdash_agent.wire``) until the server took them (dashboard.statuses); such
+    checkpoints load, and other modules stay refused."""
     import os
     import pickle
 
-    import pytest
-
-    from pgdash_agent.wire import RankStatus
+    from dashboard.statuses import RankStatus
     from dashboard.storage.codec import compress_state, decode_state
 
     raw = pickle.dumps({"status": RankStatus.RUNNING}, protocol=2)  # unframed: editable
-    old = raw.replace(b"cpgdash_agent.wire\n", b"cagent.wire\n")
-    assert old != raw and b"pgdash_agent" not in old
+    old = raw.replace(b"cdashboard.statuses\n", b"c" + old_home + b"\n")
+    assert old != raw and b"dashboard.statuses" not in old
     assert decode_state(compress_state(old)) == {"status": RankStatus.RUNNING}
     with pytest.raises(ValueError, match="refers to posix.system"):
         decode_state(compress_state(pickle.dumps(os.system)))

@@ -212,7 +212,7 @@ def test_rank_states_follow_the_findings_active_at_that_moment():
     # A rank that failed is failed, whatever else is said about it.
     s.apply(ev("s2", "exit", {"clean": False, "exitcode": 1}, 301.0))
     assert states_at(s, 302.0, [hang])[2]["state"] == "failed"
-    assert set(views.RANK_STATES) >= {row["state"] for row in
+    assert set(views.DISPLAY_STATES) >= {row["state"] for row in
                                        views.rank_states(s, 302.0, [hang])}
 
 

@@ -23,7 +23,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Iterable, NamedTuple
 
-from pgdash_agent.wire import ENDED, TextEnum
+from dashboard.statuses import ENDED, TextEnum
 from dashboard.diagnosis.core import Finding, Settings, Severity
 from dashboard.diagnosis.incidents import Incident, active_count, incidents
 from dashboard.diagnosis.rules import diagnose

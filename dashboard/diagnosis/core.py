@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
-from pgdash_agent.wire import TextEnum
+from dashboard.statuses import TextEnum
 
 
 class Severity(TextEnum):

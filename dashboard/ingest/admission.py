@@ -13,7 +13,9 @@ import hmac
 import time
 from typing import Any, Callable
 
-from pgdash_agent.wire import ENDED, Ack, Auth, WireError, validate_auth
+from pgdash_agent.wire import Ack, Auth, WireError, validate_auth
+
+from dashboard.statuses import ENDED
 from dashboard.ingest.guard import LoginGuard
 from dashboard.state import JobState
 from dashboard.storage.store import Store

@@ -11,7 +11,7 @@ import collections
 import threading
 from typing import Callable, Iterator
 
-from pgdash_agent.wire import ENDED
+from dashboard.statuses import ENDED
 from dashboard.state import JobState
 from dashboard.storage.store import Store
 

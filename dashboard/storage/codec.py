@@ -131,10 +131,11 @@ _ALLOWED = {
     # What a replay folds: the state with its findings book (dashboard.diagnosis.book)
     ("dashboard.diagnosis.book", "Timeline"), ("dashboard.diagnosis.book", "Book"),
     ("dashboard.diagnosis.core", "Settings"), ("dashboard.diagnosis.core", "Severity"),
-    ("pgdash_agent.wire", "RankStatus"), ("pgdash_agent.wire", "JobStatus"),
+    ("dashboard.statuses", "RankStatus"), ("dashboard.statuses", "JobStatus"),
 }
-# Checkpoints stored before the agent's code moved from ``agent`` to ``pgdash_agent``.
-_MOVED = {"agent.wire": "pgdash_agent.wire"}
+# Where checkpoints stored by earlier versions found the statuses: the agent's wire module,
+# first named ``agent``, then ``pgdash_agent``.
+_MOVED = {"agent.wire": "dashboard.statuses", "pgdash_agent.wire": "dashboard.statuses"}
 
 
 class _Unpickler(pickle.Unpickler):

@@ -18,10 +18,11 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 
 from pgdash_agent.wire import HIST_BUCKETS_PER_OCTAVE
 from dashboard.diagnosis.incidents import incidents
+from dashboard.statuses import JobStatus, RankStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-RANK_STATES = ("initializing", "running", "exited", "failed", "lost")
-JOB_STATES = ("initializing", "running", "finished", "failed")
+RANK_STATUSES = tuple(str(s) for s in RankStatus)
+JOB_STATUSES = tuple(str(s) for s in JobStatus)
 # Upper bounds (seconds) of the exported latency histograms: collectives take microseconds
 # (a barrier on one host) to minutes (a hang).
 LATENCY_BOUNDS_S = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0,
@@ -82,7 +83,7 @@ class _Collector:
         by_status: dict[str, int] = {}
         for job in s.jobs:
             by_status[job["status"]] = by_status.get(job["status"], 0) + 1
-        for status in JOB_STATES:
+        for status in JOB_STATUSES:
             jobs.add_metric([status], by_status.get(status, 0))
         yield jobs
 
@@ -157,7 +158,7 @@ class _Collector:
                 states[r["status"]] = states.get(r["status"], 0) + 1
                 for kind, n in (r.get("dropped") or {}).items():
                     drops[kind] = drops.get(kind, 0) + n
-            for state in RANK_STATES:
+            for state in RANK_STATUSES:
                 ranks.add_metric([name, state], states.get(state, 0))
             for kind, n in sorted(drops.items()):
                 dropped.add_metric([name, kind], n)

@@ -283,7 +283,7 @@ def _op_series(state: JobState, families: dict[str, str], order: list[str], firs
 # -- display states at a moment ---------------------------------------------------------------
 
 # Display states of a rank, most serious first (the page's legend follows this order).
-RANK_STATES = ("failed", "lost", "hung", "stalled", "mismatch", "stuck", "straggling",
+DISPLAY_STATES = ("failed", "lost", "hung", "stalled", "mismatch", "stuck", "straggling",
                "waiting", "running", "initializing", "exited", "unknown")
 
 # Display states of a group: laggards overdue, laggards behind, waiting in a collective
@@ -299,7 +299,7 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
     The ranks table, the topology, progress and the charts all show this row's state, so a
     rank never reads "running" in one place and "hung" in another.
 
-    Each row: ``{"rank", "state"}`` (see RANK_STATES), with ``"reason"`` (one line: why it
+    Each row: ``{"rank", "state"}`` (see DISPLAY_STATES), with ``"reason"`` (one line: why it
     is in that state, e.g. the summary of the finding that blames it, the error it failed
     with, the collective it waits in) and ``"since"`` (Unix seconds: when that began) where
     there is something to say; ``"findings": [ids of active findings blaming it or naming it
@@ -317,7 +317,7 @@ def rank_states(state: JobState, at: float, findings: Iterable[dict[str, Any]],
     role: dict[int, str] = {}  # rank -> the most serious finding-derived state
     because: dict[int, dict[str, Any]] = {}  # rank -> the finding that set that state
     blames: dict[int, dict[str, Any]] = {}  # rank -> the most severe finding blaming it
-    order = {s: i for i, s in enumerate(RANK_STATES)}
+    order = {s: i for i, s in enumerate(DISPLAY_STATES)}
     severity = {"critical": 0, "warning": 1, "info": 2}
 
     def mark(rank: int, f: dict[str, Any], display: str | None) -> None:

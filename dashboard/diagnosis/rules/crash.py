@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dashboard.diagnosis.errors import classify
-from pgdash_agent.wire import RankStatus
+from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import backend_of, frame_label, process_label, sentence
 from dashboard.diagnosis.rules.departures import departures

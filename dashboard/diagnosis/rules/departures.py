@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from pgdash_agent.wire import RankStatus
+from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, process_label, ranks_label
 from dashboard.diagnosis.errors import classify

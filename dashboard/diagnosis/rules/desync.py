@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-from pgdash_agent.wire import RankStatus
+from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, ranks_label
 from dashboard.state import JobState

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-from pgdash_agent.wire import RankStatus
+from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import (agree, backend_of, group_label, have, ranks_label,
                                       stack_commands, them, what_ends_the_wait)

@@ -7,7 +7,9 @@ import collections
 import math
 from typing import Any, Callable, NamedTuple
 
-from pgdash_agent.wire import RankStatus, hist_bucket_value
+from pgdash_agent.wire import hist_bucket_value
+
+from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import backend_of, group_label, process_label
 from dashboard.state import JobState, quantile_us
