@@ -36,9 +36,9 @@ most 1.02), skipped with ``--ddp-rounds 0``, alone with ``--only-ddp``.
 
 Run it from the repository root, with torch and pgdash installed::
 
-    python bench/agent_overhead.py                # 1 and 2 ranks, 200 blocks x 20 calls/mode
-    python bench/agent_overhead.py --only-ddp --ddp-rounds 4
-    python bench/agent_overhead.py --ranks 2 --blocks 20 --json /tmp/overhead.json
+    python -m bench.agent_overhead                # 1 and 2 ranks, 200 blocks x 20 calls/mode
+    python -m bench.agent_overhead --only-ddp --ddp-rounds 4
+    python -m bench.agent_overhead --ranks 2 --blocks 20 --json /tmp/overhead.json
 """
 
 from __future__ import annotations
@@ -47,14 +47,15 @@ import argparse
 import json
 import logging
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench import ddp_step
+from bench.common import ROOT, free_port, stop_by_pid
 
 MODES = ("bare", "wrapper", "agent")
 # One round of the schedule: each mode twice, mirrored, so linear drift cancels.
@@ -189,32 +190,6 @@ def worker(result_path: str, blocks: int, calls: int, warmup: int) -> int:
 
 # -- the parent side ---------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """Stop every rank this script started, by PID: SIGTERM, then SIGKILL."""
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.kill(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + 5.0
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            try:
-                os.kill(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
-
-
 def run_world(world: int, server_url: str, tmp: Path, args: argparse.Namespace) -> list[dict]:
     """Start ``world`` ranks, wait for them, return their results (rank order)."""
     port = str(free_port())
@@ -230,17 +205,18 @@ def run_world(world: int, server_url: str, tmp: Path, args: argparse.Namespace) 
             log = open(tmp / f"ranks{world}-rank{rank}.log", "w+")
             logs.append(log)
             procs.append(subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--worker", str(results[rank]),
+                [sys.executable, "-m", "bench.agent_overhead", "--worker", str(results[rank]),
                  "--blocks", str(args.blocks), "--calls", str(args.calls),
                  "--warmup", str(args.warmup)],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL))
         deadline = time.monotonic() + RANK_TIMEOUT_S
         while any(p.poll() is None for p in procs):
             if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
                 break  # one rank failed (the others would wait for it forever) or too slow
             time.sleep(0.1)
     finally:
-        _stop(procs)
+        stop_by_pid(procs)
         for log in logs:
             log.close()
     codes = [p.returncode for p in procs]
@@ -369,9 +345,6 @@ def main(argv: list[str] | None = None) -> int:
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.ddp_worker:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import ddp_step
-
         return ddp_step.worker(args.ddp_worker[0], args.ddp_worker[1], args.ddp_steps,
                                args.ddp_warmup)
     if args.blocks < 1 or args.calls < 1 or args.warmup < 0 or min(args.ranks) < 1:
@@ -411,11 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                                     "load_before": load_before, "load_after": load_after,
                                     "per_rank": results})
             if args.ddp_rounds > 0:
-                sys.path.insert(0, str(Path(__file__).resolve().parent))
-                import ddp_step
-
-                ddp = ddp_step.run(Path(__file__).resolve(), server.url, tmp, args.ddp_rounds,
-                                   args.ddp_steps, args.ddp_warmup, free_port)
+                ddp = ddp_step.run(server.url, tmp, args.ddp_rounds, args.ddp_steps,
+                                   args.ddp_warmup)
                 print(ddp_step.report(ddp), flush=True)
                 out["ddp"] = ddp
         finally:

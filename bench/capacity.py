@@ -36,17 +36,17 @@ machine what a server got is not what it needed), and the CPU of PostgreSQL, Red
 bench's own agents is reported too: on a small machine they share the cores with the
 servers. ``--db``/``--queue`` name servers you
 run; without ``--db`` the bench starts a throwaway PostgreSQL and redis-server on loopback
-(``tests/realservers.py``: Debian's ``postgresql`` and ``redis-server`` packages), a fresh
-database per run. A run is **held** when every rank connected, the worst p95 freshness over
+(``tests/helpers/realservers.py``: Debian's ``postgresql`` and ``redis-server`` packages), a
+fresh database per run. A run is **held** when every rank connected, the worst p95 freshness over
 the processes is at most ``--goal`` (2 s, issue 13's goal) and the healthy job raised no
 finding.
 
 A measurement, not a test: exit status 0 whatever the figures. From the repository root::
 
-    python bench/capacity.py                         # 256 and 1,024 ranks, v2
-    python bench/capacity.py --ranks 64,256,1024 --wire v1 --seconds 40
-    python bench/capacity.py --processes 1,2 --ranks 256,512     # throwaway PostgreSQL+Redis
-    python bench/capacity.py --processes 1,2 --ranks 512 \
+    python -m bench.capacity                         # 256 and 1,024 ranks, v2
+    python -m bench.capacity --ranks 64,256,1024 --wire v1 --seconds 40
+    python -m bench.capacity --processes 1,2 --ranks 256,512     # throwaway PostgreSQL+Redis
+    python -m bench.capacity --processes 1,2 --ranks 512 \
         --db postgresql+psycopg://pgdash@127.0.0.1:5432/pgdash --queue redis://127.0.0.1:6379/0
 """
 
@@ -58,102 +58,19 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import websockets
 
-import websockets  # noqa: E402
-
-from pgdash_agent import wire  # noqa: E402
+from bench.common import (OPS_PER_SECOND, fmt, members, mesh_groups, pct, second_events,
+                          start_events, start_servers, stop_servers)
+from pgdash_agent import wire
 
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-# -- the job the simulated agents play ------------------------------------------------------
-
-def mesh_groups(world: int) -> dict[int, list[tuple[str, str, list[int]]]]:
-    """Per rank: the world group and its dp/pp/tp groups of a (dp, pp, tp=8) mesh."""
-    tp = 8 if world % 8 == 0 else 1
-    pp = 8 if world % (tp * 8) == 0 and world >= 256 else 1
-    dp = world // (tp * pp)
-    rank = lambda d, p, t: (d * pp + p) * tp + t  # noqa: E731
-    member: dict[int, list[tuple[str, str, list[int]]]] = {r: [] for r in range(world)}
-    groups = [("0", "default_pg", list(range(world)))]
-    for desc, parts in (
-            ("mesh_dp", [[rank(d, p, t) for d in range(dp)] for p in range(pp) for t in range(tp)]),
-            ("mesh_pp", [[rank(d, p, t) for p in range(pp)] for d in range(dp) for t in range(tp)]),
-            ("mesh_tp", [[rank(d, p, t) for t in range(tp)] for d in range(dp) for p in range(pp)])):
-        for ranks in parts:
-            groups.append((str(len(groups)), desc, sorted(ranks)))
-    for g in groups:
-        for r in g[2]:
-            member[r].append(g)
-    return member
-
-
-OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier",
-       "send", "recv", "all_to_all_single", "gather")
-
-
-def start_events(rank: int, world: int, job: str, groups) -> list[tuple[str, dict]]:
-    host = f"node{rank // 8:04d}"
-    now = time.time()
-    env = {"MASTER_ADDR": "node0000", "MASTER_PORT": "29500", "WORLD_SIZE": str(world),
-           "RANK": str(rank), "LOCAL_RANK": str(rank % 8), "NCCL_DEBUG": "WARN",
-           "NCCL_SOCKET_IFNAME": "ib0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
-    events = [("hello", {"job": job, "rank": rank, "world_size": world, "local_rank": rank % 8,
-                         "host": host, "pid": 10_000 + rank, "backend": "nccl",
-                         "device": f"cuda:{rank % 8}", "gpu_uuid": f"GPU-{uuid.uuid4()}",
-                         "versions": {"torch": "2.13.0", "cuda": "13.0", "nccl": "2.27.5",
-                                      "python": "3.11.7"}, "env": env}),
-              ("init_start", {"init_method": "env://", "backend": "nccl", "rank": rank,
-                              "world_size": world, "master_addr": "node0000",
-                              "master_port": "29500", "timeout_s": 600.0}),
-              ("init_done", {"rank": rank, "world_size": world, "backend": "nccl",
-                             "duration_s": 1.0})]
-    for name, desc, ranks in groups:
-        events.append(("group", {"name": name, "desc": desc, "backend": "nccl",
-                                 "ranks": ranks}))
-    return [(k, b, now) for k, b in events]
-
-
-def second_events(rank: int, step: int, groups, ops: int, rng: random.Random):
-    """What an agent sends each second: heartbeat, latency summary, GPU reading."""
-    now = time.time()
-    progress = [{"group": g[0], "entered": step * 20, "completed": step * 20,
-                 "inflight_op": None, "inflight_since": None} for g in groups]
-    rows = []
-    for i in range(ops):
-        g = groups[i % len(groups)][0]
-        base = 77 + (i % 5) * 6
-        # Rounded as the agent sends them (pgdash_agent.wire.LatencySummary.row: to the nanosecond).
-        rows.append({"group": g, "op": OPS[i % len(OPS)], "count": 20,
-                     "bytes": 20 * (4 << (20 - i)),
-                     "sum_us": round(20 * 1000.0 * (1 + rng.random()), 3),
-                     "max_us": round(4000.0 * (1 + rng.random()), 3),
-                     "hist": [[base + j, 1 + rng.randrange(4)] for j in range(8)]})
-    gpu = {"uuid": "GPU-0", "name": "NVIDIA H200", "lost": False, "reasons": [], "xids": [],
-           "values": {"util_gpu": 97.0, "util_mem": 40.0, "mem_used": 7.1e10,
-                      # NVML's whole degrees and milliwatts, as agent.gpu reports them
-                      "mem_total": 1.4e11, "temp_c": float(61 + rng.randrange(3)),
-                      "power_w": (600_000 + rng.randrange(50_000)) / 1000,
-                      "power_limit_w": 700.0,
-                      "sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0,
-                      "ecc_uncorrected": 0.0, "ecc_corrected": 0.0, "pcie_replay": 0.0,
-                      "remapped_correctable": 0.0, "remapped_uncorrectable": 0.0,
-                      "remap_pending": 0.0, "remap_failure": 0.0}}
-    return [("heartbeat", {"groups": progress, "dropped": {}, "buffered": 0}, now),
-            ("coll_stats", {"start": now - 1.0, "end": now, "rows": rows}, now),
-            ("gpu", gpu, now)]
 
 
 # -- simulated agents -----------------------------------------------------------------------
@@ -292,7 +209,7 @@ class Bench:
         self.urls = urls
         self.ws_urls = ["ws" + u[len("http"):] for u in urls]
         self.world, self.ops, self.job = world, ops, job
-        self.member = {r: [g for g in gs] for r, gs in mesh_groups(world).items()}
+        self.member = members(mesh_groups(world), world)
         self.connected = self.reconnects = 0
         self.last_error: str | None = None
         self.acks: dict[int, list[float]] = {i: [] for i in range(len(urls))}
@@ -300,12 +217,6 @@ class Bench:
 
 
 # -- the servers under test -----------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def get(url: str, timeout: float = 30.0):
     with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -360,13 +271,6 @@ def metric(text: str, name: str) -> float | None:
     return None
 
 
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 class Engines:
     """Where a run's servers store and talk: a SQLite file per run (one process), or a
     PostgreSQL database and Redis shared by K processes, given or started here."""
@@ -376,8 +280,7 @@ class Engines:
         self.pg = self.redis = None
         self.queue = args.queue
         if args.processes and not args.db:
-            sys.path.insert(0, str(ROOT / "tests"))
-            from realservers import PostgresServer, RedisServer, postgres_bin
+            from tests.helpers.realservers import PostgresServer, RedisServer, postgres_bin
 
             bin_dir = postgres_bin()
             redis_bin = shutil.which("redis-server")
@@ -414,55 +317,12 @@ class Engines:
                 srv.stop()
 
 
-async def start_servers(k: int, db: str, queue: str | None, args, workdir: Path, tag: str):
-    """K ``pgdash serve`` processes on one store, each answering before the next starts
-    (each migrates the database on start; one after the other keeps the logs readable)."""
-    servers: list[tuple[str, subprocess.Popen]] = []
-    logs = []
-    try:
-        for i in range(k):
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            log = open(workdir / f"server-{tag}-p{i + 1}.log", "wb")
-            logs.append(log)
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "dashboard", "serve", "--port", str(port), "--db", db,
-                 *(["--queue", queue] if queue else []), *args.server_args.split()],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-            servers.append((url, proc))
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    get(url + "/api/jobs", 2)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise SystemExit(f"server {i + 1} did not start; see {log.name}")
-                    await asyncio.sleep(0.2)
-    except BaseException:
-        stop_servers(servers, logs)
-        raise
-    return servers, logs
-
-
-def stop_servers(servers, logs) -> None:
-    for _, proc in servers:
-        proc.send_signal(signal.SIGTERM)
-    for _, proc in servers:
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    for log in logs:
-        log.close()
-
-
 async def run_one(world: int, k: int, args, workdir: Path, engines: Engines) -> dict:
     db = engines.db_url(world, k)
-    servers, logs = await start_servers(k, db, engines.queue, args, workdir, f"{world}-k{k}")
-    urls = [url for url, _ in servers]
-    pids = [proc.pid for _, proc in servers]
+    extra = [*(["--queue", engines.queue] if engines.queue else []), *args.server_args.split()]
+    servers = start_servers(k, db, extra, workdir, f"{world}-k{k}")
+    urls = [srv.url for srv in servers]
+    pids = [srv.proc.pid for srv in servers]
     try:
         bench = Bench(urls, world, args.ops, f"capacity-{world}-k{k}-{uuid.uuid4().hex[:6]}")
         cls = CompactAgent if args.wire == "v2" else SocketIOAgent
@@ -574,15 +434,7 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines) -> 
                            and worst_p95 <= args.goal and not row["findings"])
         return row
     finally:
-        stop_servers(servers, logs)
-
-
-def fmt(v, spec=".2f"):
-    if v is None:
-        return "-"
-    if isinstance(v, float) and v == float("inf"):
-        return "inf"
-    return format(v, spec)
+        stop_servers(servers)
 
 
 def parse_list(text: str, flag: str) -> list[int]:
@@ -667,7 +519,8 @@ def main() -> None:
     p.add_argument("--settle", type=float, default=10.0,
                    help="seconds after all connected before measuring")
     p.add_argument("--probe", type=float, default=2.0, help="seconds between freshness probes")
-    p.add_argument("--ops", type=int, default=9, help="coll_stats rows per rank-second")
+    p.add_argument("--ops", type=int, default=OPS_PER_SECOND,
+                   help="coll_stats rows per rank-second")
     p.add_argument("--server-args", default="", help="extra arguments to pgdash serve")
     p.add_argument("--keep", metavar="DIR", help="keep the databases and server logs in DIR")
     p.add_argument("--processes", metavar="K[,K...]",

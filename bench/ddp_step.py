@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.common import ROOT, free_port
+
 GOAL_RATIO = 1.02
 ORDER = ("bare", "agent", "agent", "bare")
 
@@ -110,7 +112,7 @@ def worker(result_path: str, mode: str, steps: int, warmup: int) -> int:
     return 0
 
 
-def _launch(script: Path, mode: str, server_url: str, tmp: Path, n: int, steps: int,
+def _launch(mode: str, server_url: str, tmp: Path, n: int, steps: int,
             warmup: int, port: int) -> dict:
     results = [tmp / f"ddp-{n}-{mode}-rank{r}.json" for r in range(2)]
     procs = []
@@ -121,9 +123,10 @@ def _launch(script: Path, mode: str, server_url: str, tmp: Path, n: int, steps: 
                    PGDASH_JOB=f"bench-ddp-{n}")
         log = open(tmp / f"ddp-{n}-{mode}-rank{rank}.log", "w")
         procs.append(subprocess.Popen(
-            [sys.executable, str(script), "--ddp-worker", str(results[rank]), mode,
-             "--ddp-steps", str(steps), "--ddp-warmup", str(warmup)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+            [sys.executable, "-m", "bench.agent_overhead", "--ddp-worker", str(results[rank]),
+             mode, "--ddp-steps", str(steps), "--ddp-warmup", str(warmup)],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL))
         log.close()
     try:
         codes = [p.wait(timeout=300) for p in procs]
@@ -138,13 +141,12 @@ def _launch(script: Path, mode: str, server_url: str, tmp: Path, n: int, steps: 
     return json.loads(results[0].read_text())
 
 
-def run(script: Path, server_url: str, tmp: Path, rounds: int, steps: int, warmup: int,
-        free_port) -> dict:
+def run(server_url: str, tmp: Path, rounds: int, steps: int, warmup: int) -> dict:
     """``rounds`` rounds of ORDER; returns per-launch results and the figures."""
     launches = []
     for r in range(rounds):
         for mode in ORDER:
-            launches.append(_launch(script, mode, server_url, tmp, len(launches), steps, warmup,
+            launches.append(_launch(mode, server_url, tmp, len(launches), steps, warmup,
                                     free_port()))
     bare = [x["median_ms"] for x in launches if x["mode"] == "bare"]
     agent = [x["median_ms"] for x in launches if x["mode"] == "agent"]

@@ -54,17 +54,17 @@ benchmark itself broke (the server did not start, a job never reached its fault,
 Every process started here is stopped by PID. The machine it runs on is shared: keep the
 runs few. Run it from the repository root::
 
-    python bench/detect.py                          # every scenario once
-    python bench/detect.py --repeat 3 --healthy-seconds 60
-    python bench/detect.py --only hang desync --repeat 5 --json /tmp/detect.json
+    python -m bench.detect                          # every scenario once
+    python -m bench.detect --repeat 3 --healthy-seconds 60
+    python -m bench.detect --only hang desync --repeat 5 --json /tmp/detect.json
 
 ``--corpus`` judges pgdash on the corpus of real fault scripts in ``bench/corpus/`` instead
 (each script's docstring says what must be said: see the comment above ``CORPUS_DIR``); each
 script runs alone against its own fresh ``pgdash serve`` (defaults, new SQLite file)::
 
-    python bench/detect.py --corpus                                  # every script once
-    python bench/detect.py --corpus --only hang_allreduce pp_gpipe_freeze --repeat 3
-    python bench/detect.py --corpus --pgdash-root /tmp/pgdash-before --json /tmp/before.json
+    python -m bench.detect --corpus                                  # every script once
+    python -m bench.detect --corpus --only hang_allreduce pp_gpipe_freeze --repeat 3
+    python -m bench.detect --corpus --pgdash-root /tmp/pgdash-before --json /tmp/before.json
 """
 
 from __future__ import annotations
@@ -88,12 +88,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import ServerProcess, launch_job  # noqa: E402
-from conftest import get_json as api_json  # noqa: E402  (closes its socket on a timeout)
-from dashboard.storage.store import Store  # noqa: E402
+from bench.common import ROOT, free_port
+from dashboard.storage.store import Store
+from tests.helpers.procs import ServerProcess, launch_job
+from tests.helpers.procs import get_json as api_json  # (closes its socket on a timeout)
 
 STRAGGLER_STEP_S = 0.06  # one straggler step of fault_job (the slow rank's sleep)
 STRAGGLER_GOAL_STEPS = 30  # issue 9: named within 30 steps
@@ -512,7 +510,6 @@ def stall_margin(db: Path, job_id: int, tick: float = 0.25) -> dict[str, Any]:
     """Replays a job's stored log (dashboard.state + dashboard.diagnosis, default settings)
     and finds the longest wait of any rank in a collective that a peer had not entered yet,
     with the stall threshold in force at that moment: how much room the defaults left."""
-    sys.path.insert(0, str(ROOT))
     from dashboard import diagnosis as d
     from dashboard.state import JobState
     from dashboard.storage.store import Store
@@ -809,14 +806,6 @@ class CorpusServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def child_env(root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:

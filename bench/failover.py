@@ -2,9 +2,9 @@
 acknowledged event lost?
 
 Starts here, all on 127.0.0.1 and stopped by PID: a throwaway PostgreSQL and redis-server
-(``tests/realservers.py``), two ``pgdash serve --queue ... --hang-after H`` processes on that
-database, and a TCP round-robin balancer in front of them (``tests/tcp_balancer.py``; what
-skips a dead backend, as any load balancer does). Then, per round:
+(``tests/helpers/realservers.py``), two ``pgdash serve --queue ... --hang-after H`` processes
+on that database, and a TCP round-robin balancer in front of them
+(``tests/helpers/tcp_balancer.py``; what skips a dead backend, as any load balancer does). Then, per round:
 
 1. **reference** (nobody killed): a 3-rank gloo job (``tests/jobs/fault_job.py hang``) through
    the balancer, so its ranks land on both processes; the last rank stops calling collectives.
@@ -22,7 +22,7 @@ skips a dead backend, as any load balancer does). Then, per round:
 The killed process is restarted between rounds. A measurement, not a test: exit status 0
 whatever the figures, 1 only if the bench itself broke. Run from the repository root::
 
-    python bench/failover.py [--rounds 3] [--lease 5] [--hang-after 3]
+    python -m bench.failover [--rounds 3] [--lease 5] [--hang-after 3]
 """
 
 from __future__ import annotations
@@ -37,16 +37,13 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import socketio
+import sqlalchemy as sa
 
-import socketio  # noqa: E402
-import sqlalchemy as sa  # noqa: E402
-
-from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION  # noqa: E402
-from conftest import ServerProcess, get_json, launch_job, stored_events, wait_for  # noqa: E402
-from realservers import PostgresServer, RedisServer, postgres_bin  # noqa: E402
-from tcp_balancer import Balancer  # noqa: E402
+from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
+from tests.helpers.procs import ServerProcess, get_json, launch_job, stored_events, wait_for
+from tests.helpers.realservers import PostgresServer, RedisServer, postgres_bin
+from tests.helpers.tcp_balancer import Balancer
 
 
 class Sender(threading.Thread):

@@ -36,10 +36,10 @@ rounds' ratios with a bootstrap 95% interval (see :func:`step_time_ratio`).
 
 Run from the repository root with ``.[test]`` installed::
 
-    python bench/faults.py              # every fault, the long outage, fuzz, the ratio
-    python bench/faults.py --quick      # smaller bursts, a 20 s outage, 8 rounds
-    python bench/faults.py --only-ratio [--rounds 40] [--block-s 4]   # ~9 minutes
-    python bench/faults.py --only-outage [--outage-s 150]
+    python -m bench.faults              # every fault, the long outage, fuzz, the ratio
+    python -m bench.faults --quick      # smaller bursts, a 20 s outage, 8 rounds
+    python -m bench.faults --only-ratio [--rounds 40] [--block-s 4]   # ~9 minutes
+    python -m bench.faults --only-outage [--outage-s 150]
 """
 
 from __future__ import annotations
@@ -62,14 +62,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import socketio
 
-import socketio  # noqa: E402
-
-from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION  # noqa: E402
-from conftest import (ServerProcess, free_port, job_by_name, launch_job, stored_events,  # noqa: E402
-                      wait_for, wait_job)
+from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
+from bench.common import ROOT
+from tests.helpers.procs import (ServerProcess, free_port, job_by_name, launch_job,
+                                 stored_events, wait_for, wait_job)
 
 
 @dataclasses.dataclass
@@ -470,7 +468,8 @@ def page_dropped(url: str, job_id: int) -> dict[str, str] | None:
 
     In a subprocess of its own: Playwright's sync API allows one session per process, and a
     test run may hold one already (the browser tests')."""
-    done = subprocess.run([sys.executable, __file__, "--read-page-dropped", url, str(job_id)],
+    done = subprocess.run([sys.executable, "-m", "bench.faults", "--read-page-dropped", url,
+                           str(job_id)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"reading the job page failed: {done.stderr[-2000:]}")

@@ -11,14 +11,13 @@
 5. Which Flight Recorder dump sees NCCL groups (``_dump_fr_trace_json`` vs
    ``_dump_nccl_trace_json``).
 
-Run: ``python bench/gpu_check.py [--out DIR]``; prints a summary table last.
+Run: ``python -m bench.gpu_check [--out DIR]``; prints a summary table last.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,15 +25,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.common import ROOT, free_port
+
 results: dict = {}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_nvml() -> None:
@@ -54,8 +47,7 @@ def check_nvml() -> None:
 
 RANK_SCRIPT = r'''
 import os, sys, time, json, torch, torch.distributed as dist
-sys.path.insert(0, os.environ["PGDASH_ROOT"])
-from pgdash_agent import attach
+from pgdash_agent import attach  # PYTHONPATH is the checkout
 mode = sys.argv[1]
 torch.cuda.set_device(0)
 agent = attach()
@@ -117,7 +109,7 @@ def run_ranks(server_url: str, job: str, mode: str, world: int, tmp: Path,
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, PGDASH_SERVER=server_url,
-                   PGDASH_JOB=job, PGDASH_ROOT=str(ROOT), PYTHONUNBUFFERED="1")
+                   PGDASH_JOB=job, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
         procs.append(subprocess.Popen([sys.executable, str(script), mode], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
@@ -168,7 +160,7 @@ def main() -> int:
             rows = api(f"{server.url}/api/jobs/{job['id']}/collectives")["collectives"]
             gpus = api(f"{server.url}/api/jobs/{job['id']}/gpus")["gpus"]
             findings = api(f"{server.url}/api/jobs/{job['id']}/findings")["findings"]
-            state = server.app.extensions["pgdash"].read(job["id"], lambda s: s.ranks()[0])
+            state = server.services.ingest.read(job["id"], lambda s: s.ranks()[0])
             results["nccl_job"] = {
                 "status": job["status"], "backend": job["backend"],
                 "rank": detail["ranks"][0], "versions": state.versions,

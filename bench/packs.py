@@ -13,8 +13,8 @@ StoredEvent dicts, as ``Store.job_events`` needs them).
 The file is brought to this pgdash's schema first (``pgdash db upgrade``). A measurement, not
 a test::
 
-    python bench/storage.py --ranks 8 --minutes 60 --db /tmp/b8.db
-    python bench/packs.py /tmp/b8.db
+    python -m bench.storage --ranks 8 --minutes 60 --db /tmp/b8.db
+    python -m bench.packs /tmp/b8.db
 """
 
 from __future__ import annotations
@@ -23,17 +23,13 @@ import argparse
 import collections
 import lzma
 import sqlite3
-import sys
 import time
 import zlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))
-
-from dashboard.storage.codec import (_BODY_DICT_V1, PACK_V1, PACK_V2, decode_body,  # noqa: E402
-                             encode_body, Pack, pack_payload)
-from dashboard.storage.store import Store, upgrade  # noqa: E402
+from dashboard.storage.codec import (_BODY_DICT_V1, PACK_V1, PACK_V2, decode_body,
+                                     encode_body, Pack, pack_payload)
+from dashboard.storage.store import Store, upgrade
 
 
 def zlib_dict(level: int):

@@ -35,9 +35,9 @@ rate the feeders achieved (if ingest cannot keep 1 Hz for every rank, it says so
 A measurement, not a test: exit status 0 whatever the figures (non-zero only when the bench
 itself broke). Run from the repository root::
 
-    python bench/page.py                          # 1,024 ranks, 20 s of live updates
-    python bench/page.py --ranks 256 --mesh 4x8x8 --seconds 10
-    python bench/page.py --serve 300              # keep the big job live for 5 min (look at it)
+    python -m bench.page                          # 1,024 ranks, 20 s of live updates
+    python -m bench.page --ranks 256 --mesh 4x8x8 --seconds 10
+    python -m bench.page --serve 300              # keep the big job live for 5 min (look at it)
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import shutil
 import statistics
 import sys
@@ -54,59 +55,32 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from pgdash_agent.wire import PROTOCOL_VERSION  # noqa: E402
-from dashboard.web.live import sections  # noqa: E402
-from dashboard.server import make_server  # noqa: E402
-
-
-def mesh_groups(world: int, dims: tuple[int, int, int]) -> list[tuple[str, str, list[int]]]:
-    """The world group and the dp/pp/tp groups of a row-major (dp, pp, tp) mesh."""
-    dp, pp, tp = dims
-    if dp * pp * tp != world:
-        raise SystemExit(f"--mesh {dp}x{pp}x{tp} has {dp * pp * tp} ranks, not {world}")
-
-    def rank(d: int, p: int, t: int) -> int:
-        return (d * pp + p) * tp + t
-
-    groups = [("0", "default_pg", list(range(world)))]
-    families = {
-        "mesh_dp": [[rank(d, p, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
-        "mesh_pp": [[rank(d, p, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
-        "mesh_tp": [[rank(d, p, t) for t in range(tp)] for d in range(dp) for p in range(pp)],
-    }
-    for desc, members in families.items():
-        for ranks in members:
-            groups.append((str(len(groups)), desc, sorted(ranks)))
-    return groups
+from bench.common import (OPS_PER_SECOND, Group, against, fmt, members, mesh_groups, pct,
+                          second_events, start_events)
+from pgdash_agent.wire import PROTOCOL_VERSION
+from dashboard.web.live import sections
+from dashboard.server import make_server
 
 
 class SyntheticJob:
     """A job whose ranks are played through ``Ingest.connect`` / ``Ingest.batch``."""
 
-    def __init__(self, ingest, name: str, world: int, hosts: int,
-                 groups: list[tuple[str, str, list[int]]]):
+    def __init__(self, ingest, name: str, world: int, hosts: int, groups: list[Group]):
         self.ingest, self.name, self.world = ingest, name, world
-        self.groups = groups
-        self.member: dict[int, list[str]] = {r: [] for r in range(world)}
-        for gname, _desc, ranks in groups:
-            for r in ranks:
-                self.member[r].append(gname)
+        self.member = members(groups, world)
         per_host = max(1, world // hosts)
         self.hosts = [f"node{r // per_host:03d}" for r in range(world)]
         self.sessions: list[str] = []
         self.seqs = [0] * world
+        self.rngs = [random.Random(r) for r in range(world)]
         self.job_id: int | None = None
         self.late_batches = 0
 
-    def _send(self, rank: int, events: list[tuple[str, dict]], t: float) -> None:
+    def _send(self, rank: int, events: list[tuple[str, dict, float]]) -> None:
         evs = []
-        for kind, body, *when in events:
+        for kind, body, t in events:
             self.seqs[rank] += 1
-            evs.append({"seq": self.seqs[rank], "t": when[0] if when else t, "kind": kind,
-                        "body": body})
+            evs.append({"seq": self.seqs[rank], "t": t, "kind": kind, "body": body})
         ack = self.ingest.batch(self.sessions[rank], self.job_id,
                                 {"v": PROTOCOL_VERSION, "events": evs})
         if not ack.get("ok") or ack.get("rejected"):
@@ -119,48 +93,31 @@ class SyntheticJob:
                 "rank": r, "host": self.hosts[r], "pid": 10_000 + r})
             self.sessions.append(session)
             self.job_id = job_id
-        by_name = {g[0]: g for g in self.groups}
         now = time.time()
 
         def hello(rank: int) -> None:
-            events = [("hello", {"job": self.name, "rank": rank, "world_size": self.world,
-                                 "local_rank": rank % 8, "host": self.hosts[rank],
-                                 "pid": 10_000 + rank, "backend": "nccl",
-                                 "device": f"cuda:{rank % 8}"}),
-                      # Launchers start hosts a little apart; rendezvous ends for all at once.
-                      ("init_start", {"init_method": "env://", "backend": "nccl",
-                                      "rank": rank, "world_size": self.world,
-                                      "master_addr": "node000", "master_port": "29500"},
-                       now - 3 + 1.5 * (rank // 8) / max(1, self.world // 8)),
-                      ("init_done", {"rank": rank, "world_size": self.world,
-                                     "backend": "nccl", "duration_s": 1.0}, now - 1.2)]
-            for g in self.member[rank]:
-                name, desc, ranks = by_name[g]
-                events.append(("group", {"name": name, "desc": desc, "backend": "nccl",
-                                         "ranks": ranks}))
-            self._send(rank, events, now)
+            # Launchers start hosts a little apart; rendezvous ends for all at once.
+            entered = now - 3 + 1.5 * (rank // 8) / max(1, self.world // 8)
+            self._send(rank, start_events(rank, self.world, self.name, self.member[rank],
+                                          host=self.hosts[rank], now=now,
+                                          init_start_at=entered))
 
         self._parallel(hello, threads)
 
     def tick(self, second: int, threads: int, marker_rank: int | None = None,
              on_marker=None) -> float:
-        """One second of every rank's agent: heartbeat + latency summary. Returns seconds."""
+        """One second of every rank's agent (bench.common's generator at the agent's
+        defaults); the world group's sequence number is ``second``, the marker rank's one
+        ahead. Returns the seconds it took."""
         t0 = time.monotonic()
         now = time.time()
 
         def one(rank: int) -> None:
-            seq = second
             behind = 1 if rank != marker_rank else 0  # the marker rank leads by one
-            groups = [{"group": g, "entered": seq - behind, "completed": seq - behind,
-                       "inflight_op": None, "inflight_since": None} for g in self.member[rank]]
-            rows = [{"group": g, "op": "all_reduce", "count": 20, "bytes": 20 * 4 << 20,
-                     "sum_us": 20 * (800.0 + (rank * 37 + second * 11) % 400),
-                     "max_us": 1500.0, "hist": [[77, 10], [80, 10]]}
-                    for g in self.member[rank]]
             if rank == marker_rank and on_marker is not None:
-                on_marker(seq)
-            self._send(rank, [("heartbeat", {"groups": groups}),
-                              ("coll_stats", {"start": now - 1, "end": now, "rows": rows})], now)
+                on_marker(second)
+            self._send(rank, second_events(rank, second, self.member[rank], OPS_PER_SECOND,
+                                           self.rngs[rank], entered=second - behind, now=now))
 
         if marker_rank is not None:  # first, so the page can show it as soon as it is stored
             one(marker_rank)
@@ -234,7 +191,7 @@ def measure(browser, server, job: SyntheticJob, seconds: int, threads: int,
     latencies = sorted(seen[s] - t for s, t in sent.items() if s in seen)
     missed = sum(1 for s in sent if s not in seen)
     received = page.evaluate("window.pgdashJob.received()")
-    ingest = server.app.extensions["pgdash"]
+    ingest = server.services.ingest
     t0 = time.perf_counter()
     ingest.read(job.job_id, sections)
     build = time.perf_counter() - t0
@@ -245,23 +202,17 @@ def measure(browser, server, job: SyntheticJob, seconds: int, threads: int,
             "payload_build_s": build, "render_ms": render_ms, "page_errors": errors}
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 def report(label: str, r: dict) -> None:
     lat = r["latencies"]
     feed = r["feed_s"]
     print(f"{label:>10}: {r['ranks']:5d} ranks | first render {r['first_render_s']:.2f} s | "
-          f"event->DOM p50 {pct(lat, 0.5):.2f} s, p95 {pct(lat, 0.95):.2f} s, "
-          f"max {max(lat) if lat else float('nan'):.2f} s ({len(lat)} samples, "
+          f"event->DOM p50 {fmt(pct(lat, 0.5))} s, p95 {fmt(pct(lat, 0.95))} s, "
+          f"max {fmt(max(lat, default=None))} s ({len(lat)} samples, "
           f"{r['missed']} never shown) | snapshot {r['snapshot_bytes'] / 1e6:.2f} MB, "
           f"built in {r['payload_build_s'] * 1000:.0f} ms; {len(r['delta_bytes'])} deltas "
-          f"in {r['seconds']} s, median {pct(r['delta_bytes'], 0.5) / 1e3:.0f} KB "
+          f"in {r['seconds']} s, median {(pct(r['delta_bytes'], 0.5) or 0) / 1e3:.0f} KB "
           f"(max {max(r['delta_bytes'], default=0) / 1e3:.0f} KB) | page render median "
-          f"{pct(r['render_ms'], 0.5):.0f} ms | one 1 Hz round of all ranks "
+          f"{fmt(pct(r['render_ms'], 0.5), '.0f')} ms | one 1 Hz round of all ranks "
           f"took median {statistics.median(feed):.2f} s (max {max(feed):.2f} s)")
     late = sum(1 for f in feed if f > 1.0)
     if late:
@@ -306,7 +257,7 @@ def main() -> int:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # as `pgdash serve` does
     tmp = Path(tempfile.mkdtemp(prefix="pgdash-bench-page-"))
     server = make_server(f"sqlite:///{tmp / 'bench.db'}", "127.0.0.1", 0).start()
-    ingest = server.app.extensions["pgdash"]
+    ingest = server.services.ingest
     try:
         if args.serve:
             big = start_job(ingest, server, args, dims)
@@ -341,8 +292,12 @@ def main() -> int:
         print("pgdash bench: live job page (headless Chromium, this machine)")
         report("reference", ref)
         report("job", res)
+        p95 = pct(res["latencies"], 0.95)
+        print(f"{'':>10}  against the reference: first render "
+              f"{against(res['first_render_s'], ref['first_render_s'], unit=' s')}, "
+              f"event->DOM p95 {against(p95, pct(ref['latencies'], 0.95), unit=' s')}")
         ok_first = res["first_render_s"] <= 1.5
-        ok_lat = pct(res["latencies"], 0.95) <= 1.0 and not res["missed"]
+        ok_lat = p95 is not None and p95 <= 1.0 and not res["missed"]
         print(f"goals: first render <= 1.5 s: {'met' if ok_first else 'NOT met'}; "
               f"event->DOM p95 <= 1 s: {'met' if ok_lat else 'NOT met'}")
         if args.json:

@@ -4,7 +4,7 @@ What runs: a simulated job of ``--ranks`` ranks (default 64; the issue's figure 
 ``--ranks 256``) for ``--minutes`` of simulated time (default 60), written through the real
 path (``Ingest.connect`` and ``Ingest.batch_nowait`` -> the Store's writer thread -> a real
 SQLite file, folded live into JobState) with a clock the bench moves forward. Each rank
-sends what a real agent sends once a second (bench/capacity.py's generator: a heartbeat,
+sends what a real agent sends once a second (bench.common's generator: a heartbeat,
 a latency summary of ``--ops`` rows, a GPU reading); at ``--hang-at`` minutes one rank
 stops entering the world group's collectives for ``--hang-for`` minutes (the others wait
 in an all_reduce), so diagnosis raises a hang that resolves: the "full resolution kept
@@ -31,15 +31,15 @@ stored (one row per event, JSON body), computed from the events sent.
 
 A measurement, not a test: exit status 0 whatever the figures. From the repository root::
 
-    python bench/storage.py                          # 64 ranks, an hour (a few minutes)
-    python bench/storage.py --ranks 256              # the issue's job
-    python bench/storage.py --ranks 8 --minutes 20   # quick look
-    python bench/storage.py --ranks 256 --checkpoint-every 60   # denser checkpoints: the
+    python -m bench.storage                          # 64 ranks, an hour (a few minutes)
+    python -m bench.storage --ranks 256              # the issue's job
+    python -m bench.storage --ranks 8 --minutes 20   # quick look
+    python -m bench.storage --ranks 256 --checkpoint-every 60   # denser checkpoints: the
         # scrub time they buy against the bytes they cost
-    python bench/storage.py --ranks 256 --no-export --db job.db      # keep the job, then
-    python bench/storage.py --ranks 256 --scrub-only --db job.db --at 1250 950 --verbose
-        # scrub it again (PYTHONPATH=<another checkout>: that pgdash; on a copy of the file,
-        # since scrubs store the checkpoints they pass)
+    python -m bench.storage --ranks 256 --no-export --db job.db      # keep the job, then
+    python -m bench.storage --ranks 256 --scrub-only --db job.db --at 1250 950 --verbose
+        # scrub it again; PYTHONSAFEPATH=1 PYTHONPATH=<another checkout>:$PWD scrubs with
+        # that pgdash (on a copy of the file, since scrubs store the checkpoints they pass)
 """
 
 from __future__ import annotations
@@ -50,29 +50,21 @@ import json
 import random
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-# Appended, not prepended: PYTHONPATH=<another checkout> measures that one (a "before").
-sys.path.append(str(ROOT))
-sys.path.append(str(ROOT / "bench"))
-
-from dashboard.history import archive  # noqa: E402
-from dashboard.ingest.pipeline import Ingest  # noqa: E402
-from dashboard.storage.store import Store  # noqa: E402
+from bench.common import members, mesh_groups, pct, second_events, start_events
+from dashboard.history import archive
+from dashboard.ingest.pipeline import Ingest
+from dashboard.web.live import state_at
+from dashboard.storage.store import Store
 
 try:
     from dashboard.storage.compaction import Compactor, Policy
 except ImportError:  # a pgdash from before bounded storage
     Compactor = Policy = None
-
-# After dashboard: capacity puts this checkout first on sys.path, which would make a
-# PYTHONPATH "before" measure this pgdash instead.
-from capacity import mesh_groups, second_events, start_events  # noqa: E402
 
 
 T0 = 1_780_000_000.0  # the job's start: the same cells and checkpoints every run
@@ -86,11 +78,6 @@ class Clock:
         return self.t
 
 
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 def simulate(args, db: Path) -> dict:
     t0 = T0
     clock = Clock(t0)
@@ -99,7 +86,7 @@ def simulate(args, db: Path) -> dict:
     compactor = make_compactor(args, store, ingest, clock)
     rng = random.Random(args.seed)
     world = args.ranks
-    groups = mesh_groups(world)
+    groups = members(mesh_groups(world), world)
     sessions, seqs, job_id = [], [], None
     json_bytes = 0  # the reference: the same events as first-schema JSON rows
     for rank in range(world):
@@ -154,7 +141,7 @@ def simulate(args, db: Path) -> dict:
                 p.result(timeout=600)
         pending = []
         if s % 10 == 0:
-            ingest.diagnose_live()
+            ingest.diagnosis.run()
         if compactor is not None and s % 300 == 0:
             start = time.perf_counter()
             compactor.run_once()
@@ -168,8 +155,8 @@ def simulate(args, db: Path) -> dict:
         compact_s += time.perf_counter() - start
     if hasattr(ingest.rewind, "wait_saved"):  # live checkpoints compress off the writer
         ingest.rewind.wait_saved()
-    store.wait_idle()
-    findings = store.job_findings(job_id)
+    store.writer.wait_idle()
+    findings = store.findings.of_job(job_id)
     return {"store": store, "ingest": ingest, "job_id": job_id, "t0": t0,
             "end": t0 + seconds + 1, "json_bytes": json_bytes, "findings": findings,
             "ingest_s": time.perf_counter() - wall, "compactor": compactor, "clock": clock,
@@ -195,7 +182,7 @@ def scrub(ingest: Ingest, job_id: int, moments: list[float], verbose: bool = Fal
     for at in moments:
         read, loaded = rewind.events_read, getattr(rewind, "checkpoints_loaded", 0)
         start = time.perf_counter()
-        found = ingest.state_at(job_id, at)
+        found = state_at(ingest, job_id, at)
         times.append(time.perf_counter() - start)
         assert found is not None and found["job"]["world_size"], "state?at= gave no job"
         if verbose:
@@ -243,7 +230,7 @@ def scrub_again(args) -> None:
     """--scrub-only: the restart half of a run's scrub, on the job it left in --db."""
     store = Store(f"sqlite:///{args.db}").start()
     try:
-        job_id = next(j["id"] for j in store.list_jobs() if j["name"] == "bench-storage")
+        job_id = next(j["id"] for j in store.jobs.newest() if j["name"] == "bench-storage")
         end = T0 + int(args.minutes * 60) + 1
         if args.at:
             moments = [T0 + a for a in args.at]
@@ -256,7 +243,7 @@ def scrub_again(args) -> None:
             compactor.run_once()
         report_scrub(f"state?at on {args.db}", *scrub(ingest, job_id, moments, args.verbose,
                                                       T0 if args.at else None))
-        store.wait_idle()
+        store.writer.wait_idle()
     finally:
         store.close()
 
@@ -290,7 +277,8 @@ def main() -> None:
     parser.add_argument("--scrub-only", action="store_true",
                         help="only scrub the job a run with the same flags left in --db (a "
                              "server started on it: its moments, as after a restart); with "
-                             "PYTHONPATH=<another checkout>, that pgdash's scrub of it")
+                             "PYTHONSAFEPATH=1 PYTHONPATH=<another checkout>:$PWD, that "
+                             "pgdash's scrub of it")
     parser.add_argument("--db", type=Path, help="keep the database here (default: a temp dir)")
     args = parser.parse_args()
     if args.hang_at + args.hang_for > args.minutes:
@@ -338,12 +326,12 @@ def main() -> None:
         print(f"state?at: first {cold * 1000:.0f} ms (folds up to it); then random moments "
               f"p50 {statistics.median(warm) * 1000:.0f} ms, p95 {pct(warm, 0.95) * 1000:.0f} ms, "
               f"max {max(warm) * 1000:.0f} ms ({len(warm)} moments, forward and backwards)")
-        store.wait_idle()
+        store.writer.wait_idle()
         restarted = make_ingest(args, store, Clock(run["end"]))
         random.Random(args.seed).shuffle(moments)
         report_scrub("state?at after a restart", *scrub(restarted, job_id, moments,
                                                           args.verbose))
-        store.wait_idle()
+        store.writer.wait_idle()
         size, used = disk_bytes(db)
         with store.engine.connect() as conn:
             kept = conn.exec_driver_sql(
@@ -355,7 +343,7 @@ def main() -> None:
             # The job ended: once the compactor sees it quiet, its newest cells pack too.
             run["clock"].t = run["end"] + compactor.policy.pack_after_s + compactor.policy.cell_s
             compactor.run_once()
-            store.wait_idle()
+            store.writer.wait_idle()
             quiet = disk_bytes(db)
 
         if args.no_export:

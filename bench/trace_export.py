@@ -1,7 +1,7 @@
 """Trace export cost: a simulated job's log built into Chrome-trace JSON, against the server's
 own fold of the same log (JobState) as the reference, in the same run.
 
-    python bench/trace_export.py [--ranks 64] [--seconds 600] [--max-events 1000000]
+    python -m bench.trace_export [--ranks 64] [--seconds 600] [--max-events 1000000]
 
 Each rank sends what a real agent sends at the default 1 s interval: a heartbeat and a latency
 summary per second (one group, two ops); every 10 s a collective is caught in flight for 0.3 s
@@ -11,14 +11,10 @@ more. Prints events in, trace events out, seconds, and the JSON size.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from dashboard.state import JobState  # noqa: E402
-from dashboard.history.trace import build_trace, json_chunks  # noqa: E402
+from dashboard.state import JobState
+from dashboard.history.trace import build_trace, json_chunks
 
 
 def simulated_log(ranks: int, seconds: int) -> list[dict]:

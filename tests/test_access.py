@@ -16,8 +16,8 @@ import pytest
 import socketio
 
 from pgdash_agent.wire import PROTOCOL_VERSION, UI_NAMESPACE
-from conftest import (ROOT, WAIT_S, ServerProcess, job_by_name, launch_job, wait_for,
-                      wait_job)
+from tests.helpers.procs import (ROOT, WAIT_S, ServerProcess, job_by_name, launch_job, wait_for,
+                                 wait_job)
 from dashboard.web.access import COOKIE, Access
 
 TOKEN = "tok-3f9a-very-secret"

@@ -12,7 +12,7 @@ import pytest
 
 from pgdash_agent.config import AgentConfig
 from pgdash_agent.outbox import Outbox
-from conftest import JOBS, ROOT, ServerProcess, free_port, job_by_name, wait_for
+from tests.helpers.procs import JOBS, ROOT, ServerProcess, free_port, job_by_name, wait_for
 
 
 def run_single(steps: int, env: dict[str, str], *args: str, timeout: float = 60):

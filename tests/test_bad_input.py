@@ -24,7 +24,7 @@ import pytest
 import socketio
 
 from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
-from conftest import ROOT, WAIT_S, ServerProcess, launch_job, wait_job
+from tests.helpers.procs import ROOT, WAIT_S, ServerProcess, launch_job, wait_job
 
 TOKEN = "bad-input-test-token-0123456789"
 

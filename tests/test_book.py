@@ -14,13 +14,13 @@ import urllib.request
 import pytest
 import sqlalchemy as sa
 
-from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for
+from tests.helpers.procs import ROOT, ServerProcess, job_by_name, launch_job, wait_for
 from dashboard.history.archive import Archive, replay_timeline
 from dashboard.diagnosis import Settings
 from dashboard.diagnosis.book import Book, BookLog, LogRow
 from dashboard.ingest.pipeline import Ingest
 from dashboard.storage.store import Store, book_log, book_spans
-from realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
+from tests.helpers.realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 
 FLAGS = ["--stall-after", "3", "--hang-after", "8"]
 SETTINGS = Settings(stall_after=3.0, hang_after=8.0)  # as FLAGS tell the servers

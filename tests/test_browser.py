@@ -29,7 +29,7 @@ import pytest
 import socketio
 
 from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
-from conftest import WAIT_S, ServerProcess, job_by_name, launch_job, wait_for, wait_job
+from tests.helpers.procs import WAIT_S, ServerProcess, job_by_name, launch_job, wait_for, wait_job
 
 try:
     from playwright.sync_api import expect, sync_playwright

@@ -12,12 +12,12 @@ import math
 import subprocess
 import sys
 
-from conftest import ROOT
-from realservers import pg_url, postgres_server, redis_url  # noqa: F401  (fixtures)
+from tests.helpers.procs import ROOT
+from tests.helpers.realservers import pg_url, postgres_server, redis_url  # noqa: F401  (fixtures)
 
 
 def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "bench/capacity.py", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "bench.capacity", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -16,10 +16,10 @@ import socketio
 import sqlalchemy as sa
 
 from pgdash_agent.wire import UI_NAMESPACE
-from conftest import (ROOT, WAIT_S, ServerProcess, job_by_name, launch_job, wait_for,
-                      wait_job)
-from realservers import pg_url, postgres_server, redis_url  # noqa: F401  (fixtures)
-from tcp_balancer import Balancer
+from tests.helpers.procs import (ROOT, WAIT_S, ServerProcess, job_by_name, launch_job, wait_for,
+                                 wait_job)
+from tests.helpers.realservers import pg_url, postgres_server, redis_url  # noqa: F401  (fixtures)
+from tests.helpers.tcp_balancer import Balancer
 
 
 @pytest.fixture

@@ -3,34 +3,18 @@
 A fast subset of real scripts, each run against a fresh ``pgdash serve`` at its defaults: the
 right verdict (kind and culprit) must come, and no warning/critical finding may blame another
 rank (for a healthy script: none at all). No speed is asserted here (the machine may be
-loaded); the bench measures the latencies against the goals (``python bench/detect.py
+loaded); the bench measures the latencies against the goals (``python -m bench.detect
 --corpus``). The header of every script is checked too.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_detect():
-    if "pgdash_bench_detect" in sys.modules:
-        return sys.modules["pgdash_bench_detect"]
-    spec = importlib.util.spec_from_file_location("pgdash_bench_detect",
-                                                  ROOT / "bench" / "detect.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-detect = _load_detect()
+from bench import detect
+from tests.helpers.procs import ROOT
 
 # One per behaviour the subset must hold: a point-to-point pipeline freeze, a clean early
 # exit, a hang stopped by Ctrl-C, a healthy job.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pgdash_agent import frames
-from conftest import JOBS, ROOT, free_port, job_by_name, stored_events, wait_for
+from tests.helpers.procs import JOBS, ROOT, free_port, job_by_name, stored_events, wait_for
 
 AGENT_FILE = os.path.join(frames.AGENT_DIR, "collectives.py")  # a frame "of the agent"
 

@@ -4,7 +4,7 @@ import re
 import subprocess
 import sys
 
-from conftest import ROOT
+from tests.helpers.procs import ROOT
 
 
 def pgdash(tmp_path, *args, timeout=60):

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import free_port
+from tests.helpers.procs import free_port
 
 USERS_AGENT = """\
 import pathlib

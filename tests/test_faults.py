@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import ServerProcess, job_by_name, launch_job, wait_for, wait_job
+from tests.helpers.procs import ServerProcess, job_by_name, launch_job, wait_for, wait_job
 
 HANG_AFTER = 3
 

@@ -7,15 +7,10 @@ one runs smaller and its outcome is checked.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from conftest import ROOT
+from bench import faults
 from dashboard.ingest.limits import ConnectionLimits, TokenBucket
-
-sys.path.insert(0, str(ROOT / "bench"))
-import faults  # noqa: E402
 
 
 class Clock:

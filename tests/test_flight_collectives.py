@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 
 from pgdash_agent.flight_stats import FlightStats, WrappedIntervals, entry_bytes, op_name
-from conftest import launch_job, wait_for, wait_job
+from tests.helpers.procs import launch_job, wait_for, wait_job
 
 STEPS = 12
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgdash_agent.wire import PROTOCOL_VERSION, SERVER_KINDS, validate_event
-from conftest import ServerProcess, job_by_name, launch_job, wait_for, wait_job
+from tests.helpers.procs import ServerProcess, job_by_name, launch_job, wait_for, wait_job
 from dashboard.web import views
 from dashboard.history.archive import Archive, ArchiveError, export_lines, import_archive
 from dashboard.diagnosis import Settings, diagnose

@@ -6,7 +6,7 @@ from pgdash_agent.gpu import GpuSampler
 from dashboard.web import views
 from dashboard.web.live import sections
 from dashboard.diagnosis import Settings, diagnose
-from fake_nvml import FakeNvml
+from tests.helpers.fake_nvml import FakeNvml
 from test_state import Log, hello
 
 S = Settings(lost_after=1e9)
@@ -112,7 +112,7 @@ def test_gpu_rows_have_latest_reading_and_history():
 
 
 def test_agent_gpu_readings_reach_the_api_and_the_findings(server, tmp_path):
-    from conftest import job_by_name, launch_job, wait_for, wait_job
+    from tests.helpers.procs import job_by_name, launch_job, wait_for, wait_job
 
     assert wait_job(launch_job("fake_gpu_job.py", 1, server.url, "gpu", tmp_path), 60,
                     tmp_path) == [0]

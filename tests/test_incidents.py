@@ -200,7 +200,7 @@ def hook():
 
 
 def test_notifier_retries_a_failing_webhook_and_drops_beyond_its_queue(hook):
-    from conftest import wait_for
+    from tests.helpers.procs import wait_for
 
     hook.fail_first = 2
     url = f"http://127.0.0.1:{hook.server_address[1]}/hook"

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ServerProcess, get_body, job_by_name, launch_job, wait_for, wait_job
+from tests.helpers.procs import ServerProcess, get_body, job_by_name, launch_job, wait_for, wait_job
 
 
 class _Hook(http.server.BaseHTTPRequestHandler):

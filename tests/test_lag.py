@@ -13,7 +13,7 @@ from pgdash_agent.wire import UI_NAMESPACE
 from dashboard.diagnosis import Settings, diagnose
 from dashboard.ingest.lag import IngestLag
 from dashboard.state import JobState
-from conftest import get_body, job_by_name, launch_job, wait_for, wait_job
+from tests.helpers.procs import get_body, job_by_name, launch_job, wait_for, wait_job
 
 
 class Clock:

@@ -15,7 +15,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from conftest import ROOT, free_port, job_by_name, wait_for
+from tests.helpers.procs import ROOT, free_port, job_by_name, wait_for
 
 TUTORIAL = Path(__file__).resolve().parent / "jobs" / "tutorial"
 DEADLINE = 240  # torchrun and its ranks start torch several times over on a busy machine

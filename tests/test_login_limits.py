@@ -16,7 +16,7 @@ import socketio
 import websocket
 
 from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, UI_NAMESPACE, decode_v2, encode_v2
-from conftest import ServerProcess, wait_for
+from tests.helpers.procs import ServerProcess, wait_for
 from dashboard.ingest.guard import LoginGuard, client_address, from_config
 
 TOKEN = "tok-guess-me-if-you-can-7c1"

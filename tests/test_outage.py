@@ -2,19 +2,14 @@
 the agent stays within its bound, training goes on, every drop is counted and reaches the API
 and the job page, and nothing the agent did not count as dropped is missing.
 
-The minutes-long version is ``python bench/faults.py --only-outage`` (150 s by default); here
+The minutes-long version is ``python -m bench.faults --only-outage`` (150 s by default); here
 the outage is short, but long enough that the buffer overflows and the agent retries its
 connection many times.
 """
 
 from __future__ import annotations
 
-import sys
-
-from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "bench"))
-import faults  # noqa: E402
+from bench import faults
 
 OUTAGE_S = 10.0
 BUFFER = 10

@@ -18,7 +18,7 @@ from dashboard.storage.compaction import Compactor, Policy
 from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
 from dashboard.storage.store import Store, UnreadablePack, load_body, upgrade
-from realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
+from tests.helpers.realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 from test_storage_bounded import (RANKS, T0, _fold, _job_events, _store_job, _views,
                                   insert_old_job)
 

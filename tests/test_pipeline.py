@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import ServerProcess, job_by_name, launch_job, wait_for, wait_job
+from tests.helpers.procs import ServerProcess, job_by_name, launch_job, wait_for, wait_job
 
 
 def expected_counts(world: int) -> dict[tuple[str, str, int], int]:

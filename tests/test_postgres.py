@@ -9,8 +9,8 @@ import sys
 import pytest
 import sqlalchemy as sa
 
-from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for, wait_job
-from realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
+from tests.helpers.procs import ROOT, ServerProcess, job_by_name, launch_job, wait_for, wait_job
+from tests.helpers.realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 from test_pipeline import expected_counts
 
 

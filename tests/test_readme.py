@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port, get_json, wait_for
-from realservers import pg_url, postgres_server, redis_url  # noqa: F401  (fixtures)
+from tests.helpers.procs import ROOT, free_port, get_json, wait_for
+from tests.helpers.realservers import pg_url, postgres_server, redis_url  # noqa: F401  (fixtures)
 
 README = ROOT / "README.md"
 VENV_BIN = Path(sys.executable).parent

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, ServerProcess, get_body, launch_job, wait_for, wait_job
+from tests.helpers.procs import ROOT, ServerProcess, get_body, launch_job, wait_for, wait_job
 from dashboard.console import RefusalLog, agent_identity, incident_line
 
 TOKEN = "console-test-token-0123456789"

@@ -13,7 +13,7 @@ import socketio
 
 from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION, UI_NAMESPACE
 from dashboard.web.live import apply
-from conftest import ROOT, ServerProcess, get_json, job_by_name, wait_for
+from tests.helpers.procs import ROOT, ServerProcess, get_json, job_by_name, wait_for
 
 
 def agent_client(url, session="s1", job="edge", rank=0, token=None, auth=None):

@@ -19,7 +19,7 @@ from dashboard.storage.compaction import COMPACTABLE, Compactor, Policy, plan
 from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
 from dashboard.storage.store import Store, upgrade
-from realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
+from tests.helpers.realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 
 T0 = 1_780_000_000.0
 RANKS = 4

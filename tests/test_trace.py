@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, ServerProcess, job_by_name, launch_job, wait_for, wait_job
+from tests.helpers.procs import ROOT, ServerProcess, job_by_name, launch_job, wait_for, wait_job
 from dashboard.history.trace import (JOB_PID, TEXT_LIMIT, TraceError, build_trace, json_chunks,
                              trace_query)
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import urllib.request
 
-from conftest import ROOT, free_port, wait_for
+from tests.helpers.procs import ROOT, free_port, wait_for
 
 
 def run(cmd, **kw):

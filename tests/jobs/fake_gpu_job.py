@@ -1,17 +1,13 @@
 """A one-rank gloo job whose agent samples a stand-in NVML that reports XID 79 (no GPU here)."""
 
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fake_nvml import FakeNvml  # noqa: E402
-
-from pgdash_agent.config import AgentConfig  # noqa: E402
-from pgdash_agent.core import Agent  # noqa: E402
+from pgdash_agent.config import AgentConfig
+from pgdash_agent.core import Agent
+from tests.helpers.fake_nvml import FakeNvml  # the job runs with PYTHONPATH at the checkout
 
 nvml = FakeNvml()
 nvml.xids = [79]

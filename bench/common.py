@@ -1,0 +1,206 @@
+"""What the bench scripts share: percentiles and figures printed beside a same-run reference,
+``pgdash serve`` processes on free ports stopped by their PID, and the synthetic job: what a
+real agent sends at its defaults (hello, rendezvous, groups, then once a second a heartbeat, a
+latency summary and a GPU reading), for any world size and device mesh.
+
+Scripts run as ``python -m bench.NAME`` from the repository root, which puts the checkout on
+``sys.path``: ``dashboard``, ``pgdash_agent`` and the tests' process helpers
+(``tests.helpers``) import from there, with no path edits.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from tests.helpers.procs import ServerProcess, free_port  # noqa: F401  (re-exported)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- figures --------------------------------------------------------------------------------
+
+def pct(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank; None when there are none."""
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def fmt(v, spec: str = ".2f") -> str:
+    """A figure for a table: ``-`` when there is none."""
+    if v is None:
+        return "-"
+    if isinstance(v, float) and v == float("inf"):
+        return "inf"
+    return format(v, spec)
+
+
+def against(value: float | None, reference: float | None, spec: str = ".2f",
+            unit: str = "") -> str:
+    """``value`` beside the same run's reference and their ratio: machines here are noisy, so
+    a figure means something only next to one measured at the same time."""
+    ratio = (f", x{value / reference:.2f}" if value is not None and reference
+             else "")
+    return f"{fmt(value, spec)}{unit} (reference {fmt(reference, spec)}{unit}{ratio})"
+
+
+# -- servers --------------------------------------------------------------------------------
+
+def start_servers(k: int, db: str, extra: list[str], workdir: Path,
+                  tag: str) -> list[ServerProcess]:
+    """K ``pgdash serve`` processes on one store, each on a free port and answering before the
+    next starts (each migrates the database on start; one after the other keeps the logs
+    readable). Stopped with :func:`stop_servers`."""
+    servers: list[ServerProcess] = []
+    try:
+        for i in range(k):
+            servers.append(ServerProcess(db, extra=extra,
+                                         log_path=workdir / f"server-{tag}-p{i + 1}.log").start())
+    except BaseException:
+        stop_servers(servers)
+        raise
+    return servers
+
+
+def stop_servers(servers: list[ServerProcess]) -> None:
+    for srv in servers:
+        srv.stop()
+
+
+def stop_by_pid(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """Stop processes this script started, by PID: SIGTERM, then SIGKILL after ``grace_s``."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.kill(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+# -- the synthetic job ----------------------------------------------------------------------
+
+Group = tuple[str, str, list[int]]  # (name, init_device_mesh description, ranks)
+
+OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier",
+       "send", "recv", "all_to_all_single", "gather")
+OPS_PER_SECOND = 9  # coll_stats rows a rank sends each second (one per operation it ran)
+
+
+def default_mesh(world: int) -> tuple[int, int, int]:
+    """(dp, pp, tp) of a typical job this size: tp=8 within a host, pp=8 from 256 ranks."""
+    tp = 8 if world % 8 == 0 else 1
+    pp = 8 if world % (tp * 8) == 0 and world >= 256 else 1
+    return world // (tp * pp), pp, tp
+
+
+def mesh_groups(world: int, dims: tuple[int, int, int] | None = None) -> list[Group]:
+    """The world group and the dp/pp/tp groups of a row-major (dp, pp, tp) mesh (tp innermost,
+    so a tensor-parallel group is one host), as ``init_device_mesh`` reports them."""
+    dp, pp, tp = dims or default_mesh(world)
+    if dp * pp * tp != world:
+        raise SystemExit(f"a {dp}x{pp}x{tp} mesh has {dp * pp * tp} ranks, not {world}")
+
+    def rank(d: int, p: int, t: int) -> int:
+        return (d * pp + p) * tp + t
+
+    groups: list[Group] = [("0", "default_pg", list(range(world)))]
+    families = {
+        "mesh_dp": [[rank(d, p, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
+        "mesh_pp": [[rank(d, p, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
+        "mesh_tp": [[rank(d, p, t) for t in range(tp)] for d in range(dp) for p in range(pp)],
+    }
+    for desc, members in families.items():
+        for ranks in members:
+            groups.append((str(len(groups)), desc, sorted(ranks)))
+    return groups
+
+
+def members(groups: list[Group], world: int) -> dict[int, list[Group]]:
+    """Per rank: the groups it belongs to."""
+    out: dict[int, list[Group]] = {r: [] for r in range(world)}
+    for g in groups:
+        for r in g[2]:
+            out[r].append(g)
+    return out
+
+
+def host_of(rank: int, per_host: int = 8) -> str:
+    return f"node{rank // per_host:04d}"
+
+
+def start_events(rank: int, world: int, job: str, groups: list[Group],
+                 host: str | None = None, now: float | None = None,
+                 init_start_at: float | None = None) -> list[tuple[str, dict, float]]:
+    """What an agent sends as its rank starts: hello, the rendezvous and its groups, as
+    ``(kind, body, t)``. ``init_start_at`` sets when the rank entered the rendezvous
+    (launchers start hosts a little apart; it ends for all at once)."""
+    host = host or host_of(rank)
+    now = time.time() if now is None else now
+    env = {"MASTER_ADDR": "node0000", "MASTER_PORT": "29500", "WORLD_SIZE": str(world),
+           "RANK": str(rank), "LOCAL_RANK": str(rank % 8), "NCCL_DEBUG": "WARN",
+           "NCCL_SOCKET_IFNAME": "ib0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    events = [("hello", {"job": job, "rank": rank, "world_size": world, "local_rank": rank % 8,
+                         "host": host, "pid": 10_000 + rank, "backend": "nccl",
+                         "device": f"cuda:{rank % 8}", "gpu_uuid": f"GPU-{uuid.uuid4()}",
+                         "versions": {"torch": "2.13.0", "cuda": "13.0", "nccl": "2.27.5",
+                                      "python": "3.11.7"}, "env": env}, now),
+              ("init_start", {"init_method": "env://", "backend": "nccl", "rank": rank,
+                              "world_size": world, "master_addr": "node0000",
+                              "master_port": "29500", "timeout_s": 600.0},
+               now if init_start_at is None else init_start_at),
+              ("init_done", {"rank": rank, "world_size": world, "backend": "nccl",
+                             "duration_s": 1.0}, now)]
+    for name, desc, ranks in groups:
+        events.append(("group", {"name": name, "desc": desc, "backend": "nccl",
+                                 "ranks": ranks}, now))
+    return events
+
+
+def second_events(rank: int, step: int, groups: list[Group], ops: int, rng: random.Random,
+                  entered: int | None = None, now: float | None = None):
+    """What an agent sends each second, as ``(kind, body, t)``: a heartbeat (``entered`` per
+    group; ``step * 20`` unless given), a latency summary of ``ops`` rows and a GPU reading."""
+    now = time.time() if now is None else now
+    seq = step * 20 if entered is None else entered
+    progress = [{"group": g[0], "entered": seq, "completed": seq,
+                 "inflight_op": None, "inflight_since": None} for g in groups]
+    rows = []
+    for i in range(ops):
+        g = groups[i % len(groups)][0]
+        base = 77 + (i % 5) * 6
+        # Rounded as the agent sends them (pgdash_agent.wire.LatencySummary.row: to the nanosecond).
+        rows.append({"group": g, "op": OPS[i % len(OPS)], "count": 20,
+                     "bytes": 20 * (4 << (20 - i)),
+                     "sum_us": round(20 * 1000.0 * (1 + rng.random()), 3),
+                     "max_us": round(4000.0 * (1 + rng.random()), 3),
+                     "hist": [[base + j, 1 + rng.randrange(4)] for j in range(8)]})
+    gpu = {"uuid": "GPU-0", "name": "NVIDIA H200", "lost": False, "reasons": [], "xids": [],
+           "values": {"util_gpu": 97.0, "util_mem": 40.0, "mem_used": 7.1e10,
+                      # NVML's whole degrees and milliwatts, as agent.gpu reports them
+                      "mem_total": 1.4e11, "temp_c": float(61 + rng.randrange(3)),
+                      "power_w": (600_000 + rng.randrange(50_000)) / 1000,
+                      "power_limit_w": 700.0,
+                      "sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0,
+                      "ecc_uncorrected": 0.0, "ecc_corrected": 0.0, "pcie_replay": 0.0,
+                      "remapped_correctable": 0.0, "remapped_uncorrectable": 0.0,
+                      "remap_pending": 0.0, "remap_failure": 0.0}}
+    return [("heartbeat", {"groups": progress, "dropped": {}, "buffered": 0}, now),
+            ("coll_stats", {"start": now - 1.0, "end": now, "rows": rows}, now),
+            ("gpu", gpu, now)]

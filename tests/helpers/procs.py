@@ -1,0 +1,193 @@
+"""Real processes for tests and benches: a ``pgdash serve`` on a free port (stopped by PID),
+real gloo jobs (one process per rank), and the HTTP reads and waits that go with them.
+
+Imported as ``tests.helpers.procs`` by tests and by bench/ (``python -m bench.NAME`` runs from
+the checkout, whose root is then on ``sys.path``)."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+JOBS = ROOT / "tests" / "jobs"
+# How long a test's Socket.IO client waits for its namespace to connect: python-socketio's
+# default (1 s) failed a browser test once on a loaded machine.
+WAIT_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, timeout: float = 5.0, token: str | None = None, context=None):
+    return json.loads(get_body(url, timeout, token, context))
+
+
+def get_body(url: str, timeout: float = 5.0, token: str | None = None,
+             context=None) -> bytes:
+    """GET a document (with a Bearer token, over https with an ``ssl`` context); raises
+    OSError (or HTTPError) when there is none.
+
+    Not urllib.request.urlopen: when the server is slow to answer (a loaded machine), it
+    leaves the timed-out socket to the garbage collector, and pytest fails the test running
+    at that moment on the ResourceWarning.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "https":
+        conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,
+                                           context=context)
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
+                     headers=headers)
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status >= 400:
+            raise urllib.error.HTTPError(url, resp.status, resp.reason, resp.headers,
+                                         io.BytesIO(body))
+        return body
+    finally:
+        conn.close()
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    """Poll ``predicate`` until it returns something truthy; fail with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
+            last_exc = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last error: {last_exc}")
+
+
+class ServerProcess:
+    """``pgdash serve`` in a subprocess; stopped by PID."""
+
+    def __init__(self, db_url: str, port: int | None = None, extra: list[str] | None = None,
+                 log_path: Path | None = None, env: dict[str, str] | None = None):
+        self.db_url = db_url
+        self.port = port or free_port()
+        self.extra = extra or []
+        self.env = env  # PGDASH_* server settings for this server only
+        # A server started with --token / --tls-cert is asked with that token, over https
+        # trusting that certificate.
+        flag = dict(zip(self.extra, self.extra[1:]))
+        self.token = flag.get("--token")
+        self.ssl_context = None
+        if "--tls-cert" in flag:
+            import ssl
+
+            self.ssl_context = ssl.create_default_context(cafile=flag["--tls-cert"])
+        self.url = f"{'https' if self.ssl_context else 'http'}://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ServerProcess":
+        with open(self.log_path or os.devnull, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dashboard", "serve", "--port", str(self.port),
+                 "--db", self.db_url, *self.extra],
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                env={**os.environ, **self.env} if self.env else None)
+        wait_for(lambda: self.proc.poll() is None and self.api("/api/jobs") is not None,
+                 30, f"pgdash server on {self.url}")
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def api(self, path: str):
+        return get_json(self.url + path, token=self.token, context=self.ssl_context)
+
+
+def launch_job(script: str, ranks: int, server_url: str, job: str, tmp_path: Path,
+               env: dict[str, str] | None = None, args: list[str] | None = None,
+               only: list[int] | None = None, rank_env: dict[int, dict[str, str]] | None = None):
+    """Start a real gloo job: one process per rank, torchrun-style environment.
+
+    ``only`` starts just those ranks (the others never arrive); ``rank_env`` adds variables
+    to single ranks.
+    """
+    master_port = str(free_port())
+    procs = []
+    for rank in (range(ranks) if only is None else only):
+        penv = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port,
+                    PGDASH_SERVER=server_url, PGDASH_JOB=job, OMP_NUM_THREADS="1",
+                    PYTHONPATH=str(ROOT))
+        # update(), so that env or rank_env may override the variables above too.
+        penv.update({"PGDASH_FLUSH_TIMEOUT_S": "30", **(env or {}),
+                     **(rank_env or {}).get(rank, {})})
+        with open(tmp_path / f"{job}-rank{rank}.log", "wb") as out:
+            procs.append(subprocess.Popen([sys.executable, str(JOBS / script), *(args or [])],
+                                          env=penv, stdout=out, stderr=subprocess.STDOUT,
+                                          cwd=ROOT))
+    return procs
+
+
+def wait_job(procs, timeout: float, tmp_path: Path | None = None) -> list[int]:
+    """Wait for every rank; kill all of them on timeout. Returns exit codes."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        logs = ""
+        if tmp_path:
+            logs = "\n".join(f.read_text(errors="replace")[-2000:]
+                             for f in sorted(tmp_path.glob("*rank*.log")))
+        raise AssertionError(f"job did not finish within {timeout}s\n{logs}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def job_by_name(server: ServerProcess, name: str):
+    return next((j for j in server.api("/api/jobs")["jobs"] if j["name"] == name), None)
+
+
+def stored_events(db_url: str, job_ids: list[int] | None = None) -> list[dict]:
+    """Every stored event of these jobs (of all jobs when None) as pgdash reads its log: the
+    ``events`` table and the packs the compactor moves a job's older events into. A raw
+    SELECT on ``events`` misses those once a job outlasts PGDASH_PACK_AFTER_S."""
+    from dashboard.storage.store import Store
+
+    store = Store(db_url)  # not started: reads only, beside the server that writes
+    try:
+        if job_ids is None:
+            job_ids = [job["id"] for job in store.jobs.newest(limit=1_000_000)]
+        return [ev for job_id in job_ids for ev in store.log.events(job_id)]
+    finally:
+        store.engine.dispose()
