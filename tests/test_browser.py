@@ -179,7 +179,7 @@ def agents(server):
 
 
 def job_id(server, name: str) -> int:
-    return wait_for(lambda: job_by_name(server, name), 10, f"job {name!r}")["id"]
+    return wait_for(lambda: job_by_name(server, name), 60, f"job {name!r}")["id"]
 
 
 def rank_row(page, rank: int):
@@ -992,7 +992,7 @@ def test_a_replayed_moment_says_replay_not_live_and_an_ended_job_says_it_ended(s
     expect(live).to_have_attribute("data-state", "replay")
     expect(page.locator("#live-text")).to_contain_text("Replay")
     expect(page.locator("#live-text")).to_contain_text(
-        page.evaluate(f"PG.fmtTime({moment}).slice(11)"))
+        page.evaluate(f"import('/static/js/common.js').then(m => m.PG.fmtTime({moment}))")[11:])
     expect(page.locator("#live-text")).to_contain_text("ago")  # the job still runs
     expect(page.locator("#live-updated")).to_have_text("")
     page.wait_for_timeout(1500)  # the socket's messages keep coming: still a replay

@@ -1,3 +1,4 @@
+import { PG } from "../common.js";
 /* pgdash job page: what every section shares (the page's state, look-ups, small widgets). */
 const { el, DASH } = PG;
 
@@ -124,4 +125,23 @@ export function inflightNode(findGroup, item, showGroup) {
 
 export function text(value) {
   return value === null || value === undefined || value === "" ? DASH : String(value);
+}
+
+/** A finding's severity as [CSS class, sort order]: critical first. */
+const SEVERITY = {
+  critical: ["sev-error", 0],
+  error: ["sev-error", 0],
+  high: ["sev-error", 0],
+  warning: ["sev-warn", 1],
+  warn: ["sev-warn", 1],
+  medium: ["sev-warn", 1],
+  info: ["sev-info", 2],
+  low: ["sev-info", 2],
+};
+export const severityOf = (f) => SEVERITY[String(f.severity).toLowerCase()] || ["sev-other", 3];
+
+/** How many attempts the job has had (a torchrun restart is the next attempt). */
+export function attemptCount() {
+  const list = state.job && Array.isArray(state.job.attempts) ? state.job.attempts : [];
+  return list.length;
 }

@@ -6,6 +6,7 @@
  * not the version held means one was missed: watch again for a snapshot. Replay
  * (GET /api/jobs/<id>/state?at=) returns the same sections: both go through showSections().
  */
+import { PG } from "../common.js";
 import { $, JOB_ID, state } from "./ctx.js";
 
 // What the live feed sent, by section, and its version (null until a snapshot came).

@@ -14,6 +14,7 @@
  * Selection: clicking a finding (or a rank in the topology) highlights its ranks in every
  *            section: topology cells, progress, heat map, rendezvous, the ranks table.
  */
+import { PG } from "../common.js";
 import { $, JOB_ID, page, hooks, state, highlighted, indexGroups, viewAt } from "./ctx.js";
 import { liveHooks, onDelta, onSnapshot } from "./live.js";
 import { replayHooks, setupReplay, showIndicator, showReplayBar } from "./replay.js";

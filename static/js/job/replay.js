@@ -5,6 +5,7 @@
  * progress, charts, heat map, GPUs, errors. Play advances the moment at 1x-60x.
  * /jobs/<id>?at=<unix seconds> opens the page at that moment; the address follows the slider.
  */
+import { PG } from "../common.js";
 import { $, JOB_ID, page, state } from "./ctx.js";
 import { forgetExpanded, haveLive, showLive, showSections } from "./live.js";
 

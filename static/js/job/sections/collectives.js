@@ -1,4 +1,6 @@
 /* pgdash job page: the collectives table, latency and bytes charts, the heat map. */
+import { PG } from "../../common.js";
+import { PGCharts } from "../../charts.js";
 import { $, RATE_SECONDS, hooks, state, text, groupLabel } from "../ctx.js";
 
 const { el, clear, DASH } = PG;

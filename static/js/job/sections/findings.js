@@ -1,20 +1,9 @@
 /* pgdash job page: incidents and findings, with their hints, evidence and selection. */
-import { $, hooks, state, text, groupLabel } from "../ctx.js";
-import { attemptCount } from "./header.js";
+import { PG } from "../../common.js";
+import { $, hooks, state, text, groupLabel, severityOf, attemptCount } from "../ctx.js";
 
 const { el, clear, DASH } = PG;
 
-const SEVERITY = {
-  critical: ["sev-error", 0],
-  error: ["sev-error", 0],
-  high: ["sev-error", 0],
-  warning: ["sev-warn", 1],
-  warn: ["sev-warn", 1],
-  medium: ["sev-warn", 1],
-  info: ["sev-info", 2],
-  low: ["sev-info", 2],
-};
-export const severityOf = (f) => SEVERITY[String(f.severity).toLowerCase()] || ["sev-other", 3];
 
 function selectFinding(id) {
   const same = state.selection && state.selection.kind === "finding" && state.selection.id === id;

@@ -1,6 +1,6 @@
 /* pgdash job page: the header (name, status, figures), attempts and the one-line verdict. */
-import { $, JOB_ID, state, text } from "../ctx.js";
-import { severityOf } from "./findings.js";
+import { PG } from "../../common.js";
+import { $, JOB_ID, state, text, severityOf } from "../ctx.js";
 
 const { el, clear, DASH } = PG;
 
@@ -58,12 +58,6 @@ export function renderHeader(job) {
       ? item("Not timed", el("span", { id: "job-untimed", title: title((k) => untimedKinds.includes(k)), text: PG.fmtNum(untimed) + " collectives" }))
       : null
   );
-}
-
-/** How many attempts the job has had (torchrun restarts it after a failure). */
-export function attemptCount() {
-  const list = state.job && Array.isArray(state.job.attempts) ? state.job.attempts : [];
-  return list.length;
 }
 
 /** One line per attempt of a restarted job: how it ended, when, and which ranks failed. */

@@ -1,4 +1,6 @@
 /* pgdash job page: rendezvous timeline, error texts (verbatim) and GPU health. */
+import { PG } from "../../common.js";
+import { PGCharts } from "../../charts.js";
 import { $, ERRORS_SHOWN, JOB_ID, RANK_ROWS, state, text } from "../ctx.js";
 
 const { el, clear, DASH } = PG;

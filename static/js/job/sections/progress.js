@@ -1,4 +1,5 @@
 /* pgdash job page: progress per group (sequence numbers per rank), as the server judged it. */
+import { PG } from "../../common.js";
 import { $, PROGRESS_DETAIL_ROWS, state, text, groupLabel, inflightNode, sortGroups } from "../ctx.js";
 
 const { el, clear, DASH } = PG;

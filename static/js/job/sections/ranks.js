@@ -1,5 +1,7 @@
 /* pgdash job page: the topology, the ranks table and the groups table, coloured by the
  * display states the server judged (dashboard/web/views.py). */
+import { PG } from "../../common.js";
+import { PGTopology } from "../../topology.js";
 import { $, RANK_ROWS, state, text, groupLabel, inflightNode, inflightByRank, rankStats, sortGroups } from "../ctx.js";
 import { selectRank } from "./findings.js";
 
