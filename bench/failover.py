@@ -4,7 +4,8 @@ acknowledged event lost?
 Starts here, all on 127.0.0.1 and stopped by PID: a throwaway PostgreSQL and redis-server
 (``tests/helpers/realservers.py``), two ``pgdash serve --queue ... --hang-after H`` processes
 on that database, and a TCP round-robin balancer in front of them
-(``tests/helpers/tcp_balancer.py``; what skips a dead backend, as any load balancer does). Then, per round:
+(``tests/helpers/tcp_balancer.py``; what skips a dead backend, as any load balancer does).
+Then, per round:
 
 1. **reference** (nobody killed): a 3-rank gloo job (``tests/jobs/fault_job.py hang``) through
    the balancer, so its ranks land on both processes; the last rank stops calling collectives.

@@ -58,7 +58,6 @@ from pathlib import Path
 from bench.common import members, mesh_groups, pct, second_events, start_events
 from dashboard.history import archive
 from dashboard.ingest.pipeline import Ingest
-from dashboard.web.live import state_at
 from dashboard.storage.store import Store
 
 try:
@@ -141,7 +140,7 @@ def simulate(args, db: Path) -> dict:
                 p.result(timeout=600)
         pending = []
         if s % 10 == 0:
-            ingest.diagnosis.run()
+            ingest.diagnose_live()
         if compactor is not None and s % 300 == 0:
             start = time.perf_counter()
             compactor.run_once()
@@ -155,8 +154,8 @@ def simulate(args, db: Path) -> dict:
         compact_s += time.perf_counter() - start
     if hasattr(ingest.rewind, "wait_saved"):  # live checkpoints compress off the writer
         ingest.rewind.wait_saved()
-    store.writer.wait_idle()
-    findings = store.findings.of_job(job_id)
+    store.wait_idle()
+    findings = store.job_findings(job_id)
     return {"store": store, "ingest": ingest, "job_id": job_id, "t0": t0,
             "end": t0 + seconds + 1, "json_bytes": json_bytes, "findings": findings,
             "ingest_s": time.perf_counter() - wall, "compactor": compactor, "clock": clock,
@@ -182,7 +181,7 @@ def scrub(ingest: Ingest, job_id: int, moments: list[float], verbose: bool = Fal
     for at in moments:
         read, loaded = rewind.events_read, getattr(rewind, "checkpoints_loaded", 0)
         start = time.perf_counter()
-        found = state_at(ingest, job_id, at)
+        found = ingest.state_at(job_id, at)
         times.append(time.perf_counter() - start)
         assert found is not None and found["job"]["world_size"], "state?at= gave no job"
         if verbose:
@@ -230,7 +229,7 @@ def scrub_again(args) -> None:
     """--scrub-only: the restart half of a run's scrub, on the job it left in --db."""
     store = Store(f"sqlite:///{args.db}").start()
     try:
-        job_id = next(j["id"] for j in store.jobs.newest() if j["name"] == "bench-storage")
+        job_id = next(j["id"] for j in store.list_jobs() if j["name"] == "bench-storage")
         end = T0 + int(args.minutes * 60) + 1
         if args.at:
             moments = [T0 + a for a in args.at]
@@ -243,7 +242,7 @@ def scrub_again(args) -> None:
             compactor.run_once()
         report_scrub(f"state?at on {args.db}", *scrub(ingest, job_id, moments, args.verbose,
                                                       T0 if args.at else None))
-        store.writer.wait_idle()
+        store.wait_idle()
     finally:
         store.close()
 
@@ -326,12 +325,12 @@ def main() -> None:
         print(f"state?at: first {cold * 1000:.0f} ms (folds up to it); then random moments "
               f"p50 {statistics.median(warm) * 1000:.0f} ms, p95 {pct(warm, 0.95) * 1000:.0f} ms, "
               f"max {max(warm) * 1000:.0f} ms ({len(warm)} moments, forward and backwards)")
-        store.writer.wait_idle()
+        store.wait_idle()
         restarted = make_ingest(args, store, Clock(run["end"]))
         random.Random(args.seed).shuffle(moments)
         report_scrub("state?at after a restart", *scrub(restarted, job_id, moments,
                                                           args.verbose))
-        store.writer.wait_idle()
+        store.wait_idle()
         size, used = disk_bytes(db)
         with store.engine.connect() as conn:
             kept = conn.exec_driver_sql(
@@ -343,7 +342,7 @@ def main() -> None:
             # The job ended: once the compactor sees it quiet, its newest cells pack too.
             run["clock"].t = run["end"] + compactor.policy.pack_after_s + compactor.policy.cell_s
             compactor.run_once()
-            store.writer.wait_idle()
+            store.wait_idle()
             quiet = disk_bytes(db)
 
         if args.no_export:
