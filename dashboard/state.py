@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from typing import Any, Callable, Hashable, Iterable, TypedDict
+from typing import Any, Callable, Hashable, Iterable, Protocol, TypedDict
 
 from pgdash_agent.wire import hist_bucket, hist_bucket_value
 
@@ -120,10 +120,29 @@ class LatencyStats:
         return round(min(quantile_us(self.hist, q, self.max_us), self.max_us), 3)
 
 
-class JobState:
-    """Everything known about one job after the events applied so far."""
+class StateObserver(Protocol):
+    """What reads the fold event by event (the trace export): told of each event right after
+    JobState folded it, with the session it was folded into, so that it reads who the session
+    is (rank, host, pid, first seen) and the job's groups from the fold instead of folding
+    them a second time."""
 
-    def __init__(self, job_id: int, name: str):
+    def applied(self, state: "JobState", session: RankState, ev: StoredEvent) -> None: ...
+
+
+class JobState:
+    """Everything known about one job after the events applied so far.
+
+    Args:
+        observer: told of every event applied (see StateObserver); the live and stored
+            states have none.
+    """
+
+    # A class default, so that checkpoints neither store one nor need one to load.
+    observer: StateObserver | None = None
+
+    def __init__(self, job_id: int, name: str, observer: StateObserver | None = None):
+        if observer is not None:
+            self.observer = observer
         self.job_id = job_id
         self.name = name
         self.sessions: dict[str, RankState] = {}
@@ -200,6 +219,8 @@ class JobState:
         handler = getattr(self, "_on_" + ev["kind"], None)
         if handler is not None:
             handler(rank, ev["body"], t)
+        if self.observer is not None:
+            self.observer.applied(self, rank, ev)
 
     def apply_all(self, events: Iterable[StoredEvent]) -> "JobState":
         for ev in events:

@@ -407,7 +407,7 @@ def test_counter_percentiles_agree_with_the_server_s_own():
     import random
 
     from dashboard.state import LatencyStats
-    from dashboard.history.trace import _percentiles
+    from dashboard.history.trace_reading import _percentiles
 
     rng = random.Random(8)
     for _ in range(500):
