@@ -423,3 +423,14 @@ def test_a_bad_server_cap_stops_the_start_naming_the_variable():
 
     with pytest.raises(ValueError, match="PGDASH_TRACE_MAX_EVENTS must be a positive integer"):
         create_app({"TRACE_MAX_EVENTS": "lots"})
+
+
+def test_every_kind_the_fold_folds_is_drawn_or_named_as_not():
+    """The trace reads JobState's fold: a kind the fold learns is drawn, or said not to be."""
+    from dashboard.history.trace_reading import NOT_DRAWN, TraceReading
+    from dashboard.state import JobState
+
+    folded = {name[4:] for name in vars(JobState) if name.startswith("_on_")}
+    drawn = {name[4:] for name in vars(TraceReading) if name.startswith("_on_")}
+    assert drawn <= folded, f"readings of kinds the fold does not fold: {drawn - folded}"
+    assert folded - drawn == set(NOT_DRAWN)
