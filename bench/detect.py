@@ -276,8 +276,8 @@ def init_arrivals(db: Path, job_id: int) -> dict[int, float]:
     """rank -> init_start event time, from the server's event log (its rows and packs)."""
     store = Store(f"sqlite:///{db}")  # not started: reads only
     try:
-        rank_of = {s["id"]: s["rank"] for s in store.job_sessions(job_id)}
-        return {rank_of[ev["session"]]: ev["t"] for ev in store.job_events(job_id)
+        rank_of = {s["id"]: s["rank"] for s in store.sessions.of_job(job_id)}
+        return {rank_of[ev["session"]]: ev["t"] for ev in store.log.events(job_id)
                 if ev["kind"] == "init_start"}
     finally:
         store.engine.dispose()
@@ -516,7 +516,7 @@ def stall_margin(db: Path, job_id: int, tick: float = 0.25) -> dict[str, Any]:
 
     store = Store(f"sqlite:///{db}")
     try:
-        events = list(store.job_events(job_id))
+        events = list(store.log.events(job_id))
     finally:
         store.engine.dispose()
     s = d.Settings()

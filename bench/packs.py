@@ -8,7 +8,7 @@ ways: zlib at levels 1, 6 and 9, zlib with the body format's preset dictionary, 
 Reference in the same run: the bytes of the same events as one compressed body per row
 (dashboard.storage.codec.encode_body, what revision 0004 stores) and that row format's decode rate.
 Printed per encoding: bytes per event and decode events/s (inflate + MessagePack + the
-StoredEvent dicts, as ``Store.job_events`` needs them).
+StoredEvent dicts, as ``Store.log.events`` needs them).
 
 The file is brought to this pgdash's schema first (``pgdash db upgrade``). A measurement, not
 a test::
@@ -29,7 +29,8 @@ from pathlib import Path
 
 from dashboard.storage.codec import (_BODY_DICT_V1, PACK_V1, PACK_V2, decode_body,
                                      encode_body, Pack, pack_payload)
-from dashboard.storage.store import Store, upgrade
+from dashboard.storage.database import upgrade
+from dashboard.storage.store import Store
 
 
 def zlib_dict(level: int):
@@ -77,7 +78,7 @@ def main() -> None:
     store = Store(f"sqlite:///{args.db}")
     start = (last - args.minutes * 60) // args.cell * args.cell
     cells = collections.defaultdict(list)
-    for ev in store.job_events(args.job):
+    for ev in store.log.events(args.job):
         if start <= ev["received_at"] < last // args.cell * args.cell:
             cells[ev["received_at"] // args.cell].append(ev)
     events = [ev for cell in cells.values() for ev in cell]

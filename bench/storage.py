@@ -154,8 +154,8 @@ def simulate(args, db: Path) -> dict:
         compact_s += time.perf_counter() - start
     if hasattr(ingest.rewind, "wait_saved"):  # live checkpoints compress off the writer
         ingest.rewind.wait_saved()
-    store.wait_idle()
-    findings = store.job_findings(job_id)
+    store.writer.wait_idle()
+    findings = store.findings.of_job(job_id)
     return {"store": store, "ingest": ingest, "job_id": job_id, "t0": t0,
             "end": t0 + seconds + 1, "json_bytes": json_bytes, "findings": findings,
             "ingest_s": time.perf_counter() - wall, "compactor": compactor, "clock": clock,
@@ -229,7 +229,7 @@ def scrub_again(args) -> None:
     """--scrub-only: the restart half of a run's scrub, on the job it left in --db."""
     store = Store(f"sqlite:///{args.db}").start()
     try:
-        job_id = next(j["id"] for j in store.list_jobs() if j["name"] == "bench-storage")
+        job_id = next(j["id"] for j in store.jobs.newest() if j["name"] == "bench-storage")
         end = T0 + int(args.minutes * 60) + 1
         if args.at:
             moments = [T0 + a for a in args.at]
@@ -242,7 +242,7 @@ def scrub_again(args) -> None:
             compactor.run_once()
         report_scrub(f"state?at on {args.db}", *scrub(ingest, job_id, moments, args.verbose,
                                                       T0 if args.at else None))
-        store.wait_idle()
+        store.writer.wait_idle()
     finally:
         store.close()
 
@@ -325,12 +325,12 @@ def main() -> None:
         print(f"state?at: first {cold * 1000:.0f} ms (folds up to it); then random moments "
               f"p50 {statistics.median(warm) * 1000:.0f} ms, p95 {pct(warm, 0.95) * 1000:.0f} ms, "
               f"max {max(warm) * 1000:.0f} ms ({len(warm)} moments, forward and backwards)")
-        store.wait_idle()
+        store.writer.wait_idle()
         restarted = make_ingest(args, store, Clock(run["end"]))
         random.Random(args.seed).shuffle(moments)
         report_scrub("state?at after a restart", *scrub(restarted, job_id, moments,
                                                           args.verbose))
-        store.wait_idle()
+        store.writer.wait_idle()
         size, used = disk_bytes(db)
         with store.engine.connect() as conn:
             kept = conn.exec_driver_sql(
@@ -342,7 +342,7 @@ def main() -> None:
             # The job ended: once the compactor sees it quiet, its newest cells pack too.
             run["clock"].t = run["end"] + compactor.policy.pack_after_s + compactor.policy.cell_s
             compactor.run_once()
-            store.wait_idle()
+            store.writer.wait_idle()
             quiet = disk_bytes(db)
 
         if args.no_export:

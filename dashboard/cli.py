@@ -187,7 +187,7 @@ def demo(ranks: int, port: int, scenario: str, hang_after: float, steps: int, db
 
 def _shown(db: str) -> str:
     """The --db URL as it may be printed (its password hidden)."""
-    from dashboard.storage.store import display_url
+    from dashboard.storage.database import display_url
 
     return display_url(db)
 
@@ -275,15 +275,15 @@ def _export_trace(job_id: int, output: str, start: float | None, end: float | No
         max_events = int(raw)
     store = _open_store(db)
     try:
-        job = store.get_job(job_id)
+        job = store.jobs.get(job_id)
         if job is None:
             raise BadInput(f"no job with id {job_id} in {_shown(db)}; the jobs list at / "
                            "or GET /api/jobs shows their ids")
         from dashboard.diagnosis.incidents import incidents
 
-        findings = store.job_findings(job_id)
+        findings = store.findings.of_job(job_id)
         try:
-            trace = build_trace(store.job_events(job_id), findings=findings, job=job,
+            trace = build_trace(store.log.events(job_id), findings=findings, job=job,
                                 start=start, end=end, max_events=max_events,
                                 incidents=incidents(findings))
         except TraceError as exc:
@@ -376,7 +376,7 @@ def db() -> None:
 @_db_option
 def db_upgrade(db: str) -> None:
     """Create or migrate the database schema to the latest version."""
-    from dashboard.storage.store import upgrade
+    from dashboard.storage.database import upgrade
 
     try:
         upgrade(db)

@@ -1,8 +1,8 @@
-"""Alembic environment for pgdash: driven from code (``dashboard.storage.store.upgrade``), no ini file."""
+"""Alembic environment for pgdash: driven from code (``dashboard.storage.database.upgrade``), no ini file."""
 
 from alembic import context
 
-from dashboard.storage.store import metadata
+from dashboard.storage.schema import metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None:

@@ -25,7 +25,7 @@ def test_a_job_goes_to_a_file_and_into_another_database(hang_job, tmp_path):
         first = import_archive(other, archive, now=200.0)
         second = import_archive(other, archive, now=201.0)  # twice: two jobs, no clash
         assert first != second
-        assert [j["status"] for j in other.list_jobs()] == ["finished", "finished"]
+        assert [j["status"] for j in other.jobs.newest()] == ["finished", "finished"]
         again = list(export_lines(other, first, now=300.0))
         assert again[0] == lines[0]
         strip = [{**json.loads(x)} for x in again[3:]]  # events, session ids prefixed
@@ -47,20 +47,20 @@ def test_an_imported_job_is_marked_and_no_agent_joins_it(hang_job, tmp_path):
     try:
         imported = import_archive(other, archive, now=400.0,
                                   source=str(tmp_path / "hang.pgdash"))
-        row = other.get_job(imported)
+        row = other.jobs.get(imported)
         assert (row["name"], row["imported_from"], row["exported_at"], row["created_at"]) == (
             "j", "hang.pgdash", 300.0, 400.0)
         # A live launch under the same name (rank 2: the record holds ranks 0 and 1 only)
         # is a job of its own, not a third rank of the record.
         _, live = Ingest(other, clock=lambda: 500.0).start().connect(auth("live", 2))
-        assert live != imported and other.get_job(live)["imported_from"] is None
-        assert other.get_job(live)["run"] == 2  # the second job called "j" here
+        assert live != imported and other.jobs.get(live)["imported_from"] is None
+        assert other.jobs.get(live)["run"] == 2  # the second job called "j" here
         # A file from before export times were written: imported, time unknown.
         header = json.loads(lines[0])
         del header["exported_at"]
         old = Archive.read([json.dumps(header)] + lines[1:], source="old.pgdash")
         again = import_archive(other, old, now=401.0, source="/some/where/old.pgdash")
-        assert (other.get_job(again)["imported_from"], other.get_job(again)["exported_at"]) \
+        assert (other.jobs.get(again)["imported_from"], other.jobs.get(again)["exported_at"]) \
             == ("old.pgdash", None)
     finally:
         other.close()

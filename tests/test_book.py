@@ -19,7 +19,8 @@ from dashboard.history.archive import Archive, replay_timeline
 from dashboard.diagnosis import Settings
 from dashboard.diagnosis.book import Book, BookLog, LogRow
 from dashboard.ingest.pipeline import Ingest
-from dashboard.storage.store import Store, book_log, book_spans
+from dashboard.storage.schema import book_log, book_spans
+from dashboard.storage.store import Store
 from tests.helpers.realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 
 FLAGS = ["--stall-after", "3", "--hang-after", "8"]
@@ -127,7 +128,7 @@ def test_live_replay_import_and_state_at_give_the_same_findings_and_incidents(tm
     # the same findings.
     store = Store(f"sqlite:///{tmp_path / 'live.db'}").start()
     try:
-        span = store.book_span(job["id"])
+        span = store.findings.log_span(job["id"])
         assert span is not None and span[0] <= min(moments) and span[1] >= max(moments), span
         logged = Ingest(store, settings=SETTINGS).start()
         for at in moments:
@@ -140,7 +141,8 @@ def test_live_replay_import_and_state_at_give_the_same_findings_and_incidents(tm
         assert gist(book.findings(), FINDING) == gist(findings, FINDING)
         assert book.diagnosed <= 4, "the restarted book judged what the log holds"
 
-        store.submit(lambda conn: [conn.execute(sa.delete(t)) for t in (book_log, book_spans)])
+        store.writer.submit(lambda conn: [conn.execute(sa.delete(t))
+                                          for t in (book_log, book_spans)])
         judged = Ingest(store, settings=SETTINGS).start()
         for at in moments:
             then = judged.state_at(job["id"], at)
@@ -206,7 +208,7 @@ def test_a_stored_book_log_gives_the_book_as_it_was_at_every_moment(log_store):
     book = Book(settings)
     book.record()
     book.start(100.0)
-    job_id = log_store.submit(lambda conn: log_store.create_job(conn, "logged", 100.0))
+    job_id = log_store.writer.submit(lambda conn: log_store.jobs.create(conn, "logged", 100.0))
     then: dict[float, Book] = {}
     for at in range(101, 116):
         if at == 110:  # the hang resolves
@@ -215,15 +217,16 @@ def test_a_stored_book_log_gives_the_book_as_it_was_at_every_moment(log_store):
         book.tick_through(log.state(), float(at))
         then[float(at)] = (book.findings(), book.incidents())
         since, rows = book.take_log()
-        log_store.submit(lambda conn: log_store.save_book_log(conn, job_id, since, rows,
-                                                              book.judged_through))
+        log_store.writer.submit(lambda conn: log_store.findings.save_log(
+            conn, job_id, since, rows, book.judged_through))
     # Stored twice (a retried write): the same log.
-    log_store.submit(lambda conn: log_store.save_book_log(conn, job_id, None, rows, 115.0))
-    span = log_store.book_span(job_id)
+    save_log = log_store.findings.save_log
+    log_store.writer.submit(lambda conn: save_log(conn, job_id, None, rows, 115.0))
+    span = log_store.findings.log_span(job_id)
     assert span == (100.0, 115.0)
     stored = BookLog(settings, *span, lambda until: (
-        [LogRow(*r) for r in log_store.book_log_rows(job_id, until)[0]],
-        log_store.book_log_rows(job_id, until)[1]))
+        [LogRow(*r) for r in log_store.findings.log_rows(job_id, until)[0]],
+        log_store.findings.log_rows(job_id, until)[1]))
     kinds = set()
     for at, (findings, incidents) in then.items():
         read = stored.book_at(at)
@@ -234,11 +237,11 @@ def test_a_stored_book_log_gives_the_book_as_it_was_at_every_moment(log_store):
 
     # A record that does not continue the span (a server that judged nothing meanwhile)
     # starts the job's log afresh; one that continues it keeps it.
-    log_store.submit(lambda conn: log_store.save_book_log(conn, job_id, 115.0, [], 120.0))
-    assert log_store.book_span(job_id) == (100.0, 120.0)
-    log_store.submit(lambda conn: log_store.save_book_log(conn, job_id, 200.0, [], 201.0))
-    assert log_store.book_span(job_id) == (200.0, 201.0)
-    assert log_store.book_log_rows(job_id, 300.0) == ([], None)
+    log_store.writer.submit(lambda conn: save_log(conn, job_id, 115.0, [], 120.0))
+    assert log_store.findings.log_span(job_id) == (100.0, 120.0)
+    log_store.writer.submit(lambda conn: save_log(conn, job_id, 200.0, [], 201.0))
+    assert log_store.findings.log_span(job_id) == (200.0, 201.0)
+    assert log_store.findings.log_rows(job_id, 300.0) == ([], None)
 
 
 def test_a_log_the_writer_cannot_queue_stops_that_book_recording(tmp_path):

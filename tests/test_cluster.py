@@ -303,12 +303,13 @@ def _event_row(job_id, session, seq):
 
 def test_log_tail_waits_for_an_id_committed_late_and_delivers_in_id_order(pg_url):
     from dashboard.cluster.node import LogTail
-    from dashboard.storage.store import Store, events
+    from dashboard.storage.schema import events
+    from dashboard.storage.store import Store
 
     store = Store(pg_url).start()
     clock = Clock()
     try:
-        job_id = store.submit(lambda c: store.create_job(c, "tail", 1.0))
+        job_id = store.writer.submit(lambda c: store.jobs.create(c, "tail", 1.0))
         tail = LogTail(store, clock=clock, gap_wait=5.0)
         tail.start_at_end()
         slow = store.engine.connect()
@@ -353,7 +354,7 @@ def test_leases_one_owner_at_a_time_and_takeover_only_after_expiry(pg_url):
     store = Store(pg_url).start()
     clock = Clock()
     try:
-        job_id = store.submit(lambda c: store.create_job(c, "leased", 1.0))
+        job_id = store.writer.submit(lambda c: store.jobs.create(c, "leased", 1.0))
         a = Leases(store, owner="a", lease_s=5.0, clock=clock)
         b = Leases(store, owner="b", lease_s=5.0, clock=clock)
         assert b.orphans() == [job_id]
@@ -369,7 +370,7 @@ def test_leases_one_owner_at_a_time_and_takeover_only_after_expiry(pg_url):
         assert a.renew() == {job_id} and not a.owns(job_id) and a.lost == 1
         b.release()
         assert b.owner_of(job_id) is None and a.claim(job_id) and a.takeovers == 0
-        store.submit(lambda c: store.update_job(c, job_id, {
+        store.writer.submit(lambda c: store.jobs.update(c, job_id, {
             "status": "finished", "world_size": 1, "backend": "gloo", "started_at": 1.0,
             "ended_at": 2.0}))
         clock.now += 60

@@ -129,7 +129,7 @@ def ingest(tmp_path):
 
 def check_stored(ingest: Ingest, job_id: int) -> int:
     """What is stored validates again, folds, diagnoses and exports; returns the count."""
-    events = list(ingest.store.job_events(job_id))
+    events = list(ingest.store.log.events(job_id))
     for ev in events:
         if ev["kind"] not in SERVER_KINDS:
             validate_event({k: ev[k] for k in ("seq", "t", "kind", "body")})

@@ -44,7 +44,7 @@ def test_a_late_rank_joins_its_launch_even_after_the_others_exited(ingest):
     assert job1 == job
     ingest.batch(s1, job1, lifecycle(1))
     assert ingest.read(job, lambda s: s.status) == "finished"
-    assert [j["status"] for j in ingest.store.list_jobs()] == ["finished"]
+    assert [j["status"] for j in ingest.store.jobs.newest()] == ["finished"]
 
 
 def test_a_rank_number_taken_again_starts_a_new_job(ingest):
@@ -60,7 +60,7 @@ def test_resent_events_are_stored_once(ingest):
     first = lifecycle(0)
     assert ingest.batch(session, job, first)["stored"] == 2
     assert ingest.batch(session, job, first)["stored"] == 0
-    kinds = [e["kind"] for e in ingest.store.job_events(job)]
+    kinds = [e["kind"] for e in ingest.store.log.events(job)]
     assert kinds == ["connect", "hello", "exit"]
     assert ingest.counters["duplicate_events"] == 2
 
@@ -210,7 +210,7 @@ def test_scrubbing_gives_a_fresh_fold_at_every_moment_and_reads_only_what_it_mus
                     {"group": "0", "entered": i + (r == 1), "completed": i,
                      "inflight_op": "all_reduce" if r == 1 else None,
                      "inflight_since": now[0] if r == 1 else None}]}, t=now[0])))
-        events = list(store.job_events(job))
+        events = list(store.log.events(job))
         # As Ingest's own: it folds Timelines (state and book), as the checkpoints the live
         # fold stored hold.
         rewind = Rewind(store, spacing=300, checkpoints=4, new_state=ingest.rewind.new_state)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from dashboard.web.app import create_app
 from dashboard.cli import cli
-from dashboard.storage.store import upgrade
+from dashboard.storage.database import upgrade
 
 LAUNCH = {"command": "train.py --note <b>bold</b>", "launcher": "torchrun",
           "launcher_id": "6fd5bf1d"}

@@ -17,7 +17,10 @@ from dashboard.storage.codec import (PACK_V1, RawBody, body_of, decode_pack, enc
 from dashboard.storage.compaction import Compactor, Policy
 from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
-from dashboard.storage.store import Store, UnreadablePack, load_body, upgrade
+from dashboard.storage.database import upgrade
+from dashboard.storage.log import load_body
+from dashboard.storage.packs import UnreadablePack
+from dashboard.storage.store import Store
 from tests.helpers.realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 from test_storage_bounded import (RANKS, T0, _fold, _job_events, _store_job, _views,
                                   insert_old_job)
@@ -151,7 +154,7 @@ def test_a_packed_log_folds_to_the_same_state_at_every_event_and_exports_the_sam
     with store.engine.connect() as conn:
         kept = {r[0] for r in conn.exec_driver_sql("SELECT id FROM events")}
     assert set(newest.values()) <= kept
-    stored = list(store.job_events(job_id))
+    stored = list(store.log.events(job_id))
     assert stored == events
     # The same state after every event, folded from the packed log and from the original.
     full, packed_fold = JobState(job_id, "j"), JobState(job_id, "j")
@@ -185,23 +188,23 @@ def test_a_quiet_job_packs_its_newest_cells_too_and_goes_on_after_them(store):
     compactor.run_once()
     rows, packs, packed = _rows_and_packs(store)
     assert rows == RANKS and packed + rows == len(events)  # each session's newest stays
-    assert list(store.job_events(job_id)) == events
+    assert list(store.log.events(job_id)) == events
     # The job goes on (its agents come back): later events read after the packs.
     more = _stored([dict(ev, seq=ev["seq"] + 10_000, t=ev["t"] + 400,
                          received_at=ev["received_at"] + 400) for ev in events[-40:]],
                    first_id=len(events) + 1)
-    store.submit(lambda conn: store.insert_archived_events(conn, job_id, more))
+    store.writer.submit(lambda conn: store.log.insert_archived(conn, job_id, more))
     now = more[-1]["received_at"] + 1
     compactor.run_once()
-    assert list(store.job_events(job_id)) == events + more
-    assert _views(_fold(list(store.job_events(job_id)))) == _views(_fold(events + more))
+    assert list(store.log.events(job_id)) == events + more
+    assert _views(_fold(list(store.log.events(job_id)))) == _views(_fold(events + more))
 
 
 def test_job_events_is_right_across_pack_and_row_boundaries(store):
     events = _stored(_job_events(300))
     job_id = _store_job(store, events)
     Compactor(store, FULL).run_once()
-    packs = store.job_packs(job_id)
+    packs = store.packs.of_job(job_id)
     assert len(packs) >= 3
     edges = {0, len(events), len(events) + 5}
     for p in packs:
@@ -214,8 +217,8 @@ def test_job_events_is_right_across_pack_and_row_boundaries(store):
         for upto in [None] + [e for e in edges[1::4] if e >= after]:
             want = [ev for ev in events
                     if ev["id"] > after and (upto is None or ev["id"] <= upto)]
-            assert list(store.job_events(job_id, after=after, upto=upto)) == want, (after, upto)
-            assert list(store.job_events(job_id, chunk=7, after=after, upto=upto)) == want
+            assert list(store.log.events(job_id, after=after, upto=upto)) == want, (after, upto)
+            assert list(store.log.events(job_id, chunk=7, after=after, upto=upto)) == want
 
 
 def test_the_cluster_tail_sees_packed_events_of_every_job(store):
@@ -226,17 +229,17 @@ def test_the_cluster_tail_sees_packed_events_of_every_job(store):
     def write(conn) -> tuple[int, int]:
         ids = []
         for name in ("a", "b"):
-            job = store.create_job(conn, name, T0)
+            job = store.jobs.create(conn, name, T0)
             for r in range(RANKS):
-                store.create_session(conn, f"{name}{r}", job, r, "h", 1, T0)
+                store.sessions.create(conn, f"{name}{r}", job, r, "h", 1, T0)
             ids.append(job)
         for x, y in zip(one, two):  # interleaved, as two live jobs are stored
-            store.insert_archived_events(conn, ids[0], [dict(x, session="a" + x["session"][1:])])
-            store.insert_archived_events(conn, ids[1], [dict(y, session="b" + y["session"][1:])])
+            store.log.insert_archived(conn, ids[0], [dict(x, session="a" + x["session"][1:])])
+            store.log.insert_archived(conn, ids[1], [dict(y, session="b" + y["session"][1:])])
         return tuple(ids)
-    jobs = store.submit(write)
+    jobs = store.writer.submit(write)
     Compactor(store, FULL).run_once()
-    assert {p["first_id"] for p in store.job_packs(jobs[0])} and store.job_packs(jobs[1])
+    assert {p["first_id"] for p in store.packs.of_job(jobs[0])} and store.packs.of_job(jobs[1])
     tail = LogTail(store, chunk=333)
     got = []
     for _ in range(1000):
@@ -254,8 +257,8 @@ def test_the_cluster_tail_sees_packed_events_of_every_job(store):
             (want["seq"], want["kind"], want["body"])
     # A late id (passed over, fetched by id) comes out of a pack too.
     some = [5, 6, 400, 401, 2 * len(one)]
-    assert [r["id"] for r in store.events_by_id(some)] == some
-    assert load_body(store.events_by_id([400])[0]) == got[399]["body"]
+    assert [r["id"] for r in store.log.events_by_id(some)] == some
+    assert load_body(store.log.events_by_id([400])[0]) == got[399]["body"]
 
 
 def test_a_database_at_revision_0004_upgrades_reads_back_identically_then_packs(tmp_path):
@@ -273,10 +276,10 @@ def test_a_database_at_revision_0004_upgrades_reads_back_identically_then_packs(
     engine.dispose()
     store = Store(url).start()  # upgrades to head
     try:
-        assert list(store.job_events(1)) == events
+        assert list(store.log.events(1)) == events
         Compactor(store, FULL).run_once()
         assert _rows_and_packs(store)[1] >= 2
-        assert list(store.job_events(1)) == events
+        assert list(store.log.events(1)) == events
     finally:
         store.close()
     # And back: a downgrade unpacks, losing nothing.
@@ -310,9 +313,9 @@ def test_after_a_restart_admission_still_refuses_a_packed_seq(tmp_path):
         top = {}
         for ev in events:
             top[ev["session"]] = ev["seq"]
-        assert store.max_seqs() == top
+        assert store.sessions.max_seqs() == top
         with store.engine.connect() as conn:
-            assert store.session_max_seq(conn, "s0") == top["s0"]
+            assert store.sessions.max_seq(conn, "s0") == top["s0"]
         ingest = Ingest(store, clock=lambda: T0 + 400).start()
         session, got_job = ingest.connect({"v": 1, "session": "s0", "job": "j", "rank": 0,
                                            "host": "h", "pid": 100})
@@ -325,7 +328,7 @@ def test_after_a_restart_admission_still_refuses_a_packed_seq(tmp_path):
         assert ack["ok"]
         assert pending.result(timeout=30) == 1  # the packed seq 7 refused as a duplicate
         assert ingest.counters["duplicate_events"] == 1
-        seqs = [ev["seq"] for ev in store.job_events(job_id) if ev["session"] == "s0"]
+        seqs = [ev["seq"] for ev in store.log.events(job_id) if ev["session"] == "s0"]
         assert seqs.count(7) == 1 and seqs[-1] == top["s0"] + 1
     finally:
         store.close()
@@ -336,29 +339,29 @@ def test_an_unreadable_pack_names_its_row_and_the_other_jobs_read_on(store):
     second_events = _stored(_job_events(200, seed=9), first_id=len(_job_events(200)) + 1)
 
     def write(conn) -> int:
-        job = store.create_job(conn, "k", T0)
+        job = store.jobs.create(conn, "k", T0)
         for r in range(RANKS):
-            store.create_session(conn, f"k{r}", job, r, "h", 1, T0)
-        store.insert_archived_events(conn, job, [dict(ev, session="k" + ev["session"][1:])
-                                                 for ev in second_events])
+            store.sessions.create(conn, f"k{r}", job, r, "h", 1, T0)
+        store.log.insert_archived(conn, job, [dict(ev, session="k" + ev["session"][1:])
+                                              for ev in second_events])
         return job
-    second = store.submit(write)
+    second = store.writer.submit(write)
     Compactor(store, FULL).run_once()
-    bad = store.job_packs(first)[1]["first_id"]
+    bad = store.packs.of_job(first)[1]["first_id"]
     with store.engine.begin() as conn:
         conn.exec_driver_sql("UPDATE event_packs SET data = ? WHERE first_id = ?",
                              (b"\x09future", bad))
     with pytest.raises(UnreadablePack, match=r"table event_packs, job 1, .*format 09.*"
                                              r"upgrade pgdash.*DELETE FROM event_packs"):
-        list(store.job_events(first))
-    assert [ev["id"] for ev in store.job_events(second)] == [ev["id"] for ev in second_events]
+        list(store.log.events(first))
+    assert [ev["id"] for ev in store.log.events(second)] == [ev["id"] for ev in second_events]
     tail_ids, after = [], 0  # page by page, as the cluster's tail reads it
-    while page := store.events_after(after, 100_000):
+    while page := store.log.events_after(after, 100_000):
         tail_ids += [r["id"] for r in page]
         after = page[-1]["id"]
-    assert store.unreadable_packs == 1
+    assert store.log.unreadable_packs == 1
     assert set(ev["id"] for ev in second_events) <= set(tail_ids)
-    assert len(tail_ids) == 2 * len(second_events) - store.job_packs(first)[1]["n"]
+    assert len(tail_ids) == 2 * len(second_events) - store.packs.of_job(first)[1]["n"]
 
 
 def test_a_full_resolution_pack_is_thinned_once_it_ages_past_the_window(store):
@@ -366,19 +369,19 @@ def test_a_full_resolution_pack_is_thinned_once_it_ages_past_the_window(store):
     split = next(i for i, ev in enumerate(events) if ev["received_at"] > T0 + 500)
 
     def add(part: list[dict]) -> None:
-        store.submit(lambda conn: store.insert_archived_events(conn, 1, part))
+        store.writer.submit(lambda conn: store.log.insert_archived(conn, 1, part))
     _store_job(store, events[:split])
     compactor = Compactor(store, Policy(keep_full_s=300, around_findings_s=60,
                                         pack_after_s=60))
     compactor.run_once()
-    early = store.job_packs(1)
+    early = store.packs.of_job(1)
     assert any(not p["thinned"] for p in early) and any(p["thinned"] for p in early)
     add(events[split:])
     compactor.run_once()
     horizon = events[-1]["received_at"] - 300
-    packs = store.job_packs(1)
+    packs = store.packs.of_job(1)
     assert all(p["thinned"] == (p["last_at"] < (horizon // 60) * 60) for p in packs)
-    stored = list(store.job_events(1))
+    stored = list(store.log.events(1))
     assert len(stored) < len(events) // 2
     assert _views(_fold(stored)) == _views(_fold(events))
     # The same as compacting the whole log at once, on a fresh server (no memory of it).
@@ -401,13 +404,13 @@ def test_after_a_restart_the_compactor_goes_on_where_the_packs_end(tmp_path):
         kept = Compactor(stores[0], policy)
         kept.run_once()
         Compactor(stores[1], policy).run_once()
-        before = stores[1].job_packs(1)
+        before = stores[1].packs.of_job(1)
         assert any(p["thinned"] for p in before) and any(not p["thinned"] for p in before)
         for s in stores:
-            s.submit(lambda conn, s=s: s.insert_archived_events(conn, 1, events[split:]))
+            s.writer.submit(lambda conn, s=s: s.log.insert_archived(conn, 1, events[split:]))
         read: list[int] = []
-        walk = stores[1].events_until
-        stores[1].events_until = lambda *args, **kw: (
+        walk = stores[1].log.events_until
+        stores[1].log.events_until = lambda *args, **kw: (
             read.append(ev["id"]) or ev for ev in walk(*args, **kw))
         kept.run_once()
         restarted = Compactor(stores[1], policy)
@@ -418,7 +421,7 @@ def test_after_a_restart_the_compactor_goes_on_where_the_packs_end(tmp_path):
         final_upto = max(p["last_id"] for p in before if p["thinned"])
         assert read and min(read) > final_upto
         assert sum(i <= before[-1]["last_id"] for i in read) <= len(read) - len(events[split:])
-        assert list(stores[1].job_events(1)) == list(stores[0].job_events(1))
+        assert list(stores[1].log.events(1)) == list(stores[0].log.events(1))
     finally:
         for s in stores:
             s.close()
@@ -429,15 +432,15 @@ def test_old_checkpoints_are_thinned_but_not_near_findings_or_in_the_window(stor
     job_id = _store_job(store, events)
     finding = {"id": "hang:0", "kind": "hang", "severity": "critical", "active": False,
                "first_seen": T0 + 600, "last_seen": T0 + 610}
-    store.submit(lambda conn: store.save_findings(conn, job_id, [finding]))
+    store.writer.submit(lambda conn: store.findings.save(conn, job_id, [finding]))
     state = encode_state(_fold(events[:50]))
     moments = [T0 - T0 % 60 + 60 * k for k in range(1, 25)]  # a checkpoint a minute
     for k, at in enumerate(moments):
-        store.submit(lambda conn, k=k, at=at: store.save_checkpoint(conn, job_id, 10 * k + 1,
-                                                                    at, state))
+        store.writer.submit(lambda conn, k=k, at=at: store.checkpoints.save(
+            conn, job_id, 10 * k + 1, at, state))
     policy = Policy(keep_full_s=300, around_findings_s=60, checkpoint_keep_s=600)
     Compactor(store, policy).run_once()
-    left = [at for _, at in store.checkpoint_list(job_id)]
+    left = [at for _, at in store.checkpoints.of_job(job_id)]
     horizon = (events[-1]["received_at"] - 300) // 60 * 60
     near = [at for at in moments if T0 + 540 <= at <= T0 + 670]
     assert near and set(near) <= set(left)
@@ -448,8 +451,8 @@ def test_old_checkpoints_are_thinned_but_not_near_findings_or_in_the_window(stor
                                          if at < horizon and at not in near}  # ...each
     # A scrub that folds across a removed one does not store it again.
     removed = next(at for at in moments if at < horizon and at not in left)
-    store.submit(lambda conn: store.save_checkpoint(conn, job_id, 9999, removed, state))
-    assert [at for _, at in store.checkpoint_list(job_id)] == left
+    store.writer.submit(lambda conn: store.checkpoints.save(conn, job_id, 9999, removed, state))
+    assert [at for _, at in store.checkpoints.of_job(job_id)] == left
 
 
 def test_pack_settings_are_named_when_wrong():
@@ -467,20 +470,20 @@ def test_packs_on_postgres(pg_url):
     try:
         events = _job_events(400)
         job_id = _store_job(store, events)
-        stored_before = list(store.job_events(job_id))
+        stored_before = list(store.log.events(job_id))
         Compactor(store, FULL).run_once()
-        assert store.job_packs(job_id)
-        assert list(store.job_events(job_id)) == stored_before
+        assert store.packs.of_job(job_id)
+        assert list(store.log.events(job_id)) == stored_before
         got, after = [], stored_before[0]["id"] - 1
         for _ in range(1000):  # as the cluster's tail reads: a few packs at a time
-            batch = store.events_after(after, 1000)
+            batch = store.log.events_after(after, 1000)
             if not batch:
                 break
             got.extend(batch)
             after = batch[-1]["id"]
         assert [r["id"] for r in got] == [ev["id"] for ev in stored_before]
         mid = stored_before[len(stored_before) // 2]["id"]
-        assert list(store.job_events(job_id, after=mid, upto=mid + 50)) == \
+        assert list(store.log.events(job_id, after=mid, upto=mid + 50)) == \
             [ev for ev in stored_before if mid < ev["id"] <= mid + 50]
     finally:
         store.close()
@@ -491,12 +494,12 @@ def test_a_pack_write_that_fails_midway_leaves_the_rows_as_they_were(store):
     statements (a crash before the commit) leaves the log as it was."""
     events = _stored(_job_events(120))
     job_id = _store_job(store, events)
-    pack = store.pack_row(job_id, events[:200], False)
+    pack = store.packs.row(job_id, events[:200], False)
 
     def task(conn) -> None:
-        store.write_pack(conn, job_id, pack, [], [ev["id"] for ev in events[:200]])
+        store.packs.write(conn, job_id, pack, [], [ev["id"] for ev in events[:200]])
         raise RuntimeError("the process died here")
     with pytest.raises(RuntimeError):
-        store.submit(task)
-    assert not store.job_packs(job_id)
-    assert list(store.job_events(job_id)) == events
+        store.writer.submit(task)
+    assert not store.packs.of_job(job_id)
+    assert list(store.log.events(job_id)) == events

@@ -70,21 +70,21 @@ def test_store_on_postgres_returns_ids_in_order_and_refuses_a_duplicate_seq(pg_u
 
     store = Store(pg_url).start()
     try:
-        job_id = store.submit(lambda c: store.create_job(c, "j", 1.0))
-        store.submit(lambda c: store.create_session(c, "s", job_id, 0, "h", 1, 1.0))
+        job_id = store.writer.submit(lambda c: store.jobs.create(c, "j", 1.0))
+        store.writer.submit(lambda c: store.sessions.create(c, "s", job_id, 0, "h", 1, 1.0))
         rows = [{"seq": seq, "t": 1_764_000_000.123456 + seq, "kind": "k", "body": {"n": seq}}
                 for seq in range(1, 201)]
-        ids = store.submit(lambda c: store.insert_events(c, job_id, "s", rows, 2.0))
+        ids = store.writer.submit(lambda c: store.log.insert(c, job_id, "s", rows, 2.0))
         assert ids == sorted(ids) and len(set(ids)) == 200
-        stored = list(store.job_events(job_id))
+        stored = list(store.log.events(job_id))
         assert [e["id"] for e in stored] == ids
         assert [e["body"]["n"] for e in stored] == list(range(1, 201))
         assert stored[0]["t"] == 1_764_000_001.123456  # a double, to the microsecond
         with pytest.raises(sa.exc.IntegrityError):
-            store.submit(lambda c: store.insert_events(c, job_id, "s", rows[:1], 3.0))
+            store.writer.submit(lambda c: store.log.insert(c, job_id, "s", rows[:1], 3.0))
         # The failed transaction stored nothing and the store goes on.
-        assert len(list(store.job_events(job_id))) == 200
-        assert store.max_seqs() == {"s": 200}
+        assert len(list(store.log.events(job_id))) == 200
+        assert store.sessions.max_seqs() == {"s": 200}
     finally:
         store.close()
 

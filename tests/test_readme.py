@@ -290,7 +290,7 @@ def test_attach_and_after_commands(tmp_path):
 def jobs_in(db: Path) -> list[dict]:
     out = subprocess.run([sys.executable, "-c",
                           "import json,sys; from dashboard.storage.store import Store; "
-                          "s = Store(sys.argv[1]); print(json.dumps(s.list_jobs()))",
+                          "s = Store(sys.argv[1]); print(json.dumps(s.jobs.newest()))",
                           f"sqlite:///{db}"], capture_output=True, text=True, timeout=60,
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -18,7 +18,8 @@ from dashboard.storage.codec import decode_body, decode_state, encode_body, enco
 from dashboard.storage.compaction import COMPACTABLE, Compactor, Policy, plan
 from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
-from dashboard.storage.store import Store, upgrade
+from dashboard.storage.database import upgrade
+from dashboard.storage.store import Store
 from tests.helpers.realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 
 T0 = 1_780_000_000.0
@@ -202,12 +203,12 @@ def test_policy_settings_are_named_when_wrong():
 
 def _store_job(store: Store, events: list[dict]) -> int:
     def write(conn) -> int:
-        job_id = store.create_job(conn, "j", T0)
+        job_id = store.jobs.create(conn, "j", T0)
         for r in range(RANKS):
-            store.create_session(conn, f"s{r}", job_id, r, "h", 100 + r, T0)
-        store.insert_archived_events(conn, job_id, events)
+            store.sessions.create(conn, f"s{r}", job_id, r, "h", 100 + r, T0)
+        store.log.insert_archived(conn, job_id, events)
         return job_id
-    return store.submit(write)
+    return store.writer.submit(write)
 
 
 @pytest.fixture
@@ -222,7 +223,7 @@ def test_the_compactor_thins_a_stored_job_through_the_writer_and_export_still_wo
     job_id = _store_job(store, events)
     finding = {"id": "hang:0", "kind": "hang", "severity": "critical", "active": False,
                "first_seen": T0 + 660, "last_seen": T0 + 700}
-    store.submit(lambda conn: store.save_findings(conn, job_id, [finding]))
+    store.writer.submit(lambda conn: store.findings.save(conn, job_id, [finding]))
     told = []
 
     @contextlib.contextmanager
@@ -233,7 +234,7 @@ def test_the_compactor_thins_a_stored_job_through_the_writer_and_export_still_wo
     compactor = Compactor(store, Policy(keep_full_s=300, around_findings_s=120), guard=guard)
     size_before = _file_bytes(store)
     removed = compactor.run_once()
-    stored = list(store.job_events(job_id))
+    stored = list(store.log.events(job_id))
     assert removed == len(events) - len(stored) > len(events) // 2
     # The pages it freed went back to the file system (a new SQLite file, auto_vacuum).
     assert _file_bytes(store) < size_before / 2
@@ -251,7 +252,7 @@ def test_the_compactor_thins_a_stored_job_through_the_writer_and_export_still_wo
     lines = list(archive.export_lines(store, job_id))
     loaded = archive.Archive.read(lines, "export")
     new_id = archive.import_archive(store, loaded, T0 + 2000)
-    assert _views(_fold(list(store.job_events(new_id))))["collectives"] == \
+    assert _views(_fold(list(store.log.events(new_id))))["collectives"] == \
         _views(_fold(stored))["collectives"]
 
 
@@ -269,7 +270,7 @@ def test_scrubbing_back_starts_from_a_stored_checkpoint_also_after_a_restart(sto
     first = Rewind(store, copy_sessions=0, persist_every_s=120.0)
     first.view(job_id, "j", events[-1]["received_at"], lambda s: None)
     first.wait_saved()  # compressed off the scrub's thread, then queued
-    store.wait_idle()
+    store.writer.wait_idle()
     assert first.checkpoints_saved >= 8
     restarted = Rewind(store, copy_sessions=0, persist_every_s=120.0)
     for at in (T0 + 1000.5, T0 + 500.5, T0 + 130.0):  # backwards
@@ -304,14 +305,14 @@ def test_a_database_at_the_previous_revision_upgrades_and_reads_back_identically
     engine.dispose()
     store = Store(url).start()  # upgrades to head
     try:
-        assert list(store.job_events(1)) == events
+        assert list(store.log.events(1)) == events
         more = [dict(ev, seq=ev["seq"] + 1000) for ev in events[:5]]
-        store.submit(lambda conn: store.insert_archived_events(conn, 1, more))
+        store.writer.submit(lambda conn: store.log.insert_archived(conn, 1, more))
         with store.engine.connect() as conn:
             kinds = conn.exec_driver_sql(
                 "SELECT body_z IS NULL, COUNT(*) FROM events GROUP BY 1").all()
         assert sorted(kinds) == [(0, 5), (1, len(events))]  # old rows left as they were
-        got = list(store.job_events(1))
+        got = list(store.log.events(1))
         assert [ev["body"] for ev in got] == [ev["body"] for ev in events + more]
     finally:
         store.close()
@@ -323,13 +324,13 @@ def test_compaction_and_stored_checkpoints_work_on_postgres(pg_url):
         events = _job_events(900, hang=(T0 + 300, T0 + 360))
         job_id = _store_job(store, events)
         removed = Compactor(store, Policy(keep_full_s=240, around_findings_s=60)).run_once()
-        stored = list(store.job_events(job_id))
+        stored = list(store.log.events(job_id))
         assert removed == len(events) - len(stored) > len(events) // 2
         assert _views(_fold(stored)) == _views(_fold(events))
         first = Rewind(store, copy_sessions=0, persist_every_s=120.0)
         first.view(job_id, "j", stored[-1]["received_at"], lambda s: None)
         first.wait_saved()
-        store.wait_idle()
+        store.writer.wait_idle()
         restarted = Rewind(store, copy_sessions=0, persist_every_s=120.0)
         at = T0 + 800.5  # inside the window: folds the same as the full log
         assert restarted.view(job_id, "j", at, _views) == _views(_fold(stored, at))
@@ -364,7 +365,7 @@ def test_the_live_fold_stores_checkpoints_as_the_job_runs(store):
                 {"seq": seq[session], "t": ev["t"], "kind": ev["kind"], "body": ev["body"]}]})
             assert ack["ok"], ack
     ingest.rewind.wait_saved()  # compressed off the writer thread, then queued
-    store.wait_idle()
+    store.writer.wait_idle()
     assert ingest.rewind.checkpoints_saved >= 5
     restarted = Ingest(store, clock=lambda: clock[0]).start()
     at = T0 + 250.7
@@ -373,7 +374,7 @@ def test_the_live_fold_stores_checkpoints_as_the_job_runs(store):
     assert restarted.rewind.checkpoints_loaded == 1
     assert restarted.rewind.events_read < 70 * 3 * RANKS  # from a checkpoint, not the start
     assert got == _views(JobState(job_id, "live").apply_all(
-        ev for ev in store.job_events(job_id) if ev["received_at"] <= at))
+        ev for ev in store.log.events(job_id) if ev["received_at"] <= at))
 
 
 def test_a_read_inside_a_write_opens_its_connection_at_once_and_new_files_still_reclaim(
@@ -384,14 +385,14 @@ def test_a_read_inside_a_write_opens_its_connection_at_once_and_new_files_still_
     # connection to a new server hung for the whole busy timeout.
     store = Store(f"sqlite:///{tmp_path / 'p.db'}", busy_timeout_s=2.0).start()
     try:
-        store.submit(lambda conn: store.create_job(conn, "first", T0))
+        store.writer.submit(lambda conn: store.jobs.create(conn, "first", T0))
 
         def write_then_read(conn):
-            store.create_job(conn, "second", T0)
+            store.jobs.create(conn, "second", T0)
             store.engine.dispose()  # the read below opens a new connection
-            return store.list_jobs()  # what was committed before this write
+            return store.jobs.newest()  # what was committed before this write
 
-        assert [j["name"] for j in store.submit(write_then_read, timeout=30)] == ["first"]
+        assert [j["name"] for j in store.writer.submit(write_then_read, timeout=30)] == ["first"]
         with store.engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA auto_vacuum").scalar() == 2  # incremental
     finally:

@@ -72,13 +72,13 @@ class LogTail:
 
     def start_at_end(self) -> None:
         """Begin after the last id stored now (the past is read per job, on demand)."""
-        self.cursor = self.store.max_event_id()
+        self.cursor = self.store.log.max_id()
 
     def poll(self) -> list[dict[str, Any]]:
         """Events that became deliverable since the last call, in log order (late ones
         first). Rows are ``StoredEvent`` dicts plus ``job_id``; bodies still JSON text."""
         out = self._late_rows()
-        fetched = self.store.events_after(self.cursor, self.chunk)
+        fetched = self.store.log.events_after(self.cursor, self.chunk)
         for row in fetched:
             if row["id"] > self.cursor:
                 self._ahead[row["id"]] = row
@@ -114,7 +114,7 @@ class LogTail:
         for event_id, since in list(self._late.items()):
             if now - since > LATE_WAIT_S:
                 del self._late[event_id]
-        rows = self.store.events_by_id(list(self._late)[:1000])
+        rows = self.store.log.events_by_id(list(self._late)[:1000])
         for row in rows:
             self._late.pop(row["id"], None)
         self.late_delivered += len(rows)
@@ -141,7 +141,7 @@ class Leases:
     def claim(self, job_id: int) -> bool:
         """Own the job unless another process holds a live lease on it."""
         now = self.clock()
-        got, took_over = self.store.claim_job(job_id, self.owner, now, now + self.lease_s)
+        got, took_over = self.store.owners.claim(job_id, self.owner, now, now + self.lease_s)
         if got:
             with self._lock:
                 self.owned.add(job_id)
@@ -154,7 +154,7 @@ class Leases:
             owned = set(self.owned)
         if not owned:
             return set()
-        kept = self.store.renew_jobs(owned, self.owner, self.clock() + self.lease_s)
+        kept = self.store.owners.renew(owned, self.owner, self.clock() + self.lease_s)
         lost = owned - kept
         with self._lock:
             self.owned -= lost
@@ -166,14 +166,14 @@ class Leases:
             ids = set(self.owned if job_ids is None else job_ids) & self.owned
             self.owned -= ids
         if ids:
-            self.store.release_jobs(ids, self.owner)
+            self.store.owners.release(ids, self.owner)
 
     def orphans(self) -> list[int]:
         """Live jobs (not finished or failed) whose owner's lease ran out, or with none."""
-        return self.store.orphan_jobs(self.clock())
+        return self.store.owners.orphans(self.clock())
 
     def owner_of(self, job_id: int) -> str | None:
-        return self.store.job_owner(job_id, self.clock())
+        return self.store.owners.owner(job_id, self.clock())
 
 
 WATCH_CHANNEL = "pgdash:watch"  # Redis channel: "send this browser a snapshot of job J"

@@ -130,7 +130,7 @@ def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str,
     try:
         while True:
             if job_id is None:
-                match = next((j for j in ingest.store.list_jobs(limit=5) if j["name"] == job),
+                match = next((j for j in ingest.store.jobs.newest(limit=5) if j["name"] == job),
                              None)
                 if match:
                     job_id = match["id"]

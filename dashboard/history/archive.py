@@ -27,7 +27,8 @@ from pgdash_agent.wire import SERVER_KINDS, WireError, validate_event, validate_
 from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.book import Change, Timeline, with_grid
 from dashboard.state import JobState, StoredEvent
-from dashboard.storage.store import JOB_FIELDS, Store
+from dashboard.storage.schema import JOB_FIELDS
+from dashboard.storage.store import Store
 
 FORMAT = "pgdash-session"
 VERSION = 1
@@ -41,7 +42,7 @@ class ArchiveError(ValueError):
 def export_lines(store: Store, job_id: int, now: float | None = None) -> Iterator[str] | None:
     """The job as lines of the session file, exported at ``now`` (default: the clock's);
     None if there is no such job."""
-    job = store.get_job(job_id)
+    job = store.jobs.get(job_id)
     if job is None:
         return None
     exported_at = time.time() if now is None else now
@@ -50,9 +51,9 @@ def export_lines(store: Store, job_id: int, now: float | None = None) -> Iterato
         yield _line({"format": FORMAT, "version": VERSION,
                      "job": {"name": job["name"], **{k: job[k] for k in JOB_FIELDS}},
                      "exported_at": exported_at})
-        for session in store.job_sessions(job_id):
+        for session in store.sessions.of_job(job_id):
             yield _line({"session": session})
-        for ev in store.job_events(job_id):
+        for ev in store.log.events(job_id):
             yield _line({"event": {k: ev[k] for k in ("session", "seq", "t", "received_at",
                                                       "kind", "body")}})
 
@@ -185,7 +186,7 @@ def import_archive(store: Store, archive: Archive, now: float, source: str = "")
     The job keeps the original's name and is marked imported from ``source`` (the file's
     path; its name is kept) at the archive's export time: a stored mark, not a changed
     name, so the name still finds the original's exports, traces and notes, while no agent
-    reporting under that name joins the record (Store.latest_job). Session ids get a fresh
+    reporting under that name joins the record (Store.jobs.latest_named). Session ids get a fresh
     prefix, so a file imported twice (or next to the job it came from) stays a job of its own.
     """
     prefix = uuid.uuid4().hex[:8] + ":"
@@ -193,17 +194,17 @@ def import_archive(store: Store, archive: Archive, now: float, source: str = "")
     origin = (os.path.basename(source.rstrip("/")) or "a session file")[:256]
 
     def write(conn) -> int:
-        job_id = store.create_job(conn, archive.job["name"], now, imported_from=origin,
-                                  exported_at=archive.exported_at)
+        job_id = store.jobs.create(conn, archive.job["name"], now, imported_from=origin,
+                                   exported_at=archive.exported_at)
         for s in archive.sessions:
-            store.create_session(conn, (prefix + s["id"])[:64], job_id, s["rank"], s["host"],
-                                 s["pid"], s["first_seen"])
-        store.insert_archived_events(conn, job_id, [
+            store.sessions.create(conn, (prefix + s["id"])[:64], job_id, s["rank"], s["host"],
+                                  s["pid"], s["first_seen"])
+        store.log.insert_archived(conn, job_id, [
             {**ev, "session": (prefix + ev["session"])[:64]} for ev in archive.events])
-        store.update_job(conn, job_id, state.summary())
+        store.jobs.update(conn, job_id, state.summary())
         return job_id
 
-    return store.submit(write)
+    return store.writer.submit(write)
 
 
 def replay(archive: Archive, settings: Settings, step: float | None = None,

@@ -143,7 +143,7 @@ class Rewind:
         """The stored checkpoint nearest before ``at``, if it is ahead of id ``above``."""
         if not self.persist_every_s:
             return None
-        found = self.store.checkpoint_before(job_id, at, above)
+        found = self.store.checkpoints.before(job_id, at, above)
         if found is None:
             return None
         try:
@@ -159,11 +159,11 @@ class Rewind:
         """Store the state as the checkpoint at ``boundary`` (once; never waits for it)."""
         done = self._persisted.get(job_id)
         if done is None:
-            done = self._persisted[job_id] = self.store.checkpoint_moments(job_id)
+            done = self._persisted[job_id] = self.store.checkpoints.moments(job_id)
         if boundary in done:
             return
         done.add(boundary)
-        if self.store.checkpoint_wanted(job_id, last_id, boundary):
+        if self.store.checkpoints.wanted(job_id, last_id, boundary):
             self._save(job_id, last_id, boundary, state)
 
     def checkpoint_live(self, conn, state: Any, now: float) -> None:
@@ -198,7 +198,7 @@ class Rewind:
     def _save_compressed(self, job_id: int, last_id: int, at: float, raw: bytes) -> None:
         data = compress_state(raw)
         try:
-            self.store.submit_nowait(lambda conn: self.store.save_checkpoint(
+            self.store.writer.submit_nowait(lambda conn: self.store.checkpoints.save(
                 conn, job_id, last_id, at, data))
         except queue.Full:  # an overloaded writer: a fold that passes this moment stores it
             self.checkpoints_saved -= 1
@@ -226,7 +226,7 @@ class Rewind:
     def _fold(self, job_id: int, point: _Point, at: float) -> _Point:
         state, last_id, last_at, folded = point.state, point.last_id, point.at, point.folded
         every = self.persist_every_s
-        for ev in self.store.job_events(job_id, after=last_id):
+        for ev in self.store.log.events(job_id, after=last_id):
             self.events_read += 1
             if every and last_id:
                 boundary = math.floor(ev["received_at"] / every) * every

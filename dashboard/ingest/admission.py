@@ -57,12 +57,12 @@ class Admission:
         self._holds: dict[str, tuple[int, float]] = {}  # session -> (first seq, until)
 
     def start(self) -> None:
-        self._max_seq = self.store.max_seqs()
+        self._max_seq = self.store.sessions.max_seqs()
 
     def reset(self) -> None:
         """After a failed write: trust the log again."""
         self._session_jobs.clear()
-        self._max_seq = self.store.max_seqs()
+        self._max_seq = self.store.sessions.max_seqs()
 
     def check(self, auth: Any, address: str | None = None) -> Auth:
         """The agent's validated hello, from client ``address`` (counted against token
@@ -99,24 +99,24 @@ class Admission:
         # The agent resends from what it was acknowledged, possibly by another server
         # process: dedupe against what the log holds for it, not what this process saw.
         self._max_seq[session] = max(self._max_seq.get(session, 0),
-                                     self.store.session_max_seq(conn, session))
+                                     self.store.sessions.max_seq(conn, session))
         known = self._session_jobs.get(session)
         if known is None:
-            self.store.lock_job_name(conn, auth["job"])
-            row = self.store.find_session(conn, session)
+            self.store.jobs.lock_name(conn, auth["job"])
+            row = self.store.sessions.find(conn, session)
             known = row["job_id"] if row else None
         if known is None:
             now = self.clock()
-            latest = self.store.latest_job(conn, auth["job"])
+            latest = self.store.jobs.latest_named(conn, auth["job"])
             state = self._state(latest["id"]) if latest else None
             if state is not None and joins(state, auth.get("rank"), session,
                                            auth.get("attempt") or 0):
                 known = latest["id"]
             else:  # first launch under this name, or a new launch reusing it
-                known = self.store.create_job(conn, auth["job"], now)
+                known = self.store.jobs.create(conn, auth["job"], now)
                 self._created(known, JobState(known, auth["job"]))
-            self.store.create_session(conn, session, known, auth.get("rank"),
-                                      auth.get("host"), auth.get("pid"), now)
+            self.store.sessions.create(conn, session, known, auth.get("rank"),
+                                       auth.get("host"), auth.get("pid"), now)
         self._session_jobs[session] = known
         return known
 

@@ -97,7 +97,7 @@ class LiveBooks:
             book.tick_before(state, received_at)
         if found:
             self._told(job_id, state, book, found)
-            self.store.save_findings(conn, job_id, changed_rows(found))
+            self.store.findings.save(conn, job_id, changed_rows(found))
 
     # -- the timer's side --------------------------------------------------------------------
 
@@ -121,7 +121,7 @@ class LiveBooks:
         """Store changed findings; never under the states lock (the writer takes it too)."""
         rows = changed_rows(found)
         if rows:
-            self.store.submit(lambda conn: self.store.save_findings(conn, job_id, rows))
+            self.store.writer.submit(lambda conn: self.store.findings.save(conn, job_id, rows))
 
     def _tick_now(self) -> Callable[[Book, JobState], list[Changes]]:
         """How to judge the moments due now (states lock held, so every event folded was
@@ -160,7 +160,7 @@ class LiveBooks:
             book = timeline.current_book()
             self._tick_now()(book, state)
             if not too_dear(book):
-                book.keep(self.store.job_findings(job_id))
+                book.keep(self.store.findings.of_job(job_id))
                 self._books[job_id] = book
                 if book.active_incidents:
                     self.active_incidents[job_id] = book.active_incidents
@@ -168,12 +168,12 @@ class LiveBooks:
 
     def book_log(self, job_id: int) -> BookLog | None:
         """The job's stored book log (None if it has none)."""
-        span = self.store.book_span(job_id)
+        span = self.store.findings.log_span(job_id)
         if span is None:
             return None
 
         def read(until: float) -> tuple[list[LogRow], float | None]:
-            rows, judged = self.store.book_log_rows(job_id, until)
+            rows, judged = self.store.findings.log_rows(job_id, until)
             return [LogRow(*row) for row in rows], judged
 
         return BookLog(self.settings, span[0], span[1], read)
@@ -197,8 +197,8 @@ class LiveBooks:
         if not logs:
             return True
         try:
-            self.store.submit_nowait(lambda conn: [self.store.save_book_log(conn, *log)
-                                                   for log in logs])
+            self.store.writer.submit_nowait(lambda conn: [self.store.findings.save_log(conn, *log)
+                                                          for log in logs])
         except queue.Full:
             self.counters["book_log_dropped"] += 1
             return False
@@ -217,7 +217,7 @@ class LiveBooks:
         earlier runs concluded, judged from ``now`` on."""
         book = self._books.get(job_id)
         if book is None:
-            book = self._books[job_id] = Book(self.settings, self.store.job_findings(job_id))
+            book = self._books[job_id] = Book(self.settings, self.store.findings.of_job(job_id))
             book.record()
             book.start(now)
             if book.active_incidents:

@@ -35,7 +35,9 @@ from dashboard.web.metrics import LiveJob
 from dashboard.history.rewind import Rewind
 from dashboard.state import JobState, StoredEvent
 from dashboard.ingest.statecache import StateCache
-from dashboard.storage.store import Store, describe_write_error, load_body
+from dashboard.storage.database import describe_write_error
+from dashboard.storage.log import load_body
+from dashboard.storage.store import Store
 
 
 log = logging.getLogger("pgdash.server")
@@ -70,7 +72,7 @@ class Ingest:
         self.dirty: set[int] = set()  # jobs changed since the UI last looked
         self.jobs_dirty = threading.Event()
         self.counters: collections.Counter[str] = collections.Counter()
-        self.lag = IngestLag(clock, store.backlog_s)
+        self.lag = IngestLag(clock, store.writer.backlog_s)
         self._behind = False  # whether the server last said it is behind
         self.agent_connections = 0  # open v2 connections (dashboard.ingest.front counts them)
         # Several server processes (dashboard.cluster.node.ClusterNode): the log's tail folds the
@@ -106,7 +108,7 @@ class Ingest:
 
     def start(self) -> "Ingest":
         self.admission.start()
-        self.store.on_write_failure = self._resync
+        self.store.writer.on_write_failure = self._resync
         return self
 
     def _resync(self) -> None:
@@ -131,7 +133,7 @@ class Ingest:
         # Clustered, the tail applies what comes after its cursor (read under the states
         # lock), so the load stops there.
         upto = self.cluster.tail.cursor if self.cluster else None
-        return self.books.load(job_id, name, self.store.job_events(job_id, upto=upto))
+        return self.books.load(job_id, name, self.store.log.events(job_id, upto=upto))
 
     # -- diagnosis ---------------------------------------------------------------------------
 
@@ -178,9 +180,9 @@ class Ingest:
     def findings(self, job_id: int) -> list[Finding] | None:
         """Every finding of the job, newest first (None if the job is unknown)."""
         if self.cluster is not None and not self.cluster.owns(job_id):
-            if self.store.get_job(job_id) is None:
+            if self.store.jobs.get(job_id) is None:
                 return None
-            return sorted(self.store.job_findings(job_id), key=lambda f: -f["first_seen"])
+            return sorted(self.store.findings.of_job(job_id), key=lambda f: -f["first_seen"])
         with self.cache.lock:
             return None if self.state(job_id) is None else self.books.findings(job_id)
 
@@ -202,7 +204,7 @@ class Ingest:
         and book on the same moments. Scrubbing forward continues the last fold; see
         dashboard.history.rewind.
         """
-        job = self.store.get_job(job_id)
+        job = self.store.jobs.get(job_id)
         if job is None:
             return None
 
@@ -263,7 +265,7 @@ class Ingest:
             self._store(conn, session, job_id, [connected])
             return job_id
 
-        return session, self.store.submit(admit)
+        return session, self.store.writer.submit(admit)
 
     def disconnect(self, session: str) -> None:
         job_id = self.admission.job_of(session)
@@ -285,7 +287,7 @@ class Ingest:
         if pending is None:
             return ack
         try:
-            stored = pending.result(timeout=self.store.submit_timeout)
+            stored = pending.result(timeout=self.store.writer.submit_timeout)
         except Exception as exc:
             return self.write_failed(session, events, exc)
         return self.committed(session, ack, stored)
@@ -323,7 +325,7 @@ class Ingest:
         if not good:
             return ack, None
         try:
-            pending = self.store.submit_nowait(
+            pending = self.store.writer.submit_nowait(
                 lambda conn: self._store(conn, session, job_id, good))
         except queue.Full:
             self.counters["overloaded_batches"] += 1
@@ -343,7 +345,7 @@ class Ingest:
     def _record_server_event(self, session: str, job_id: int, kind: str,
                              body: dict[str, Any]) -> None:
         event = self._server_event(kind, body)
-        self.store.submit(lambda conn: self._store(conn, session, job_id, [event]))
+        self.store.writer.submit(lambda conn: self._store(conn, session, job_id, [event]))
 
     def _store(self, conn, session: str, job_id: int, evs: list[dict[str, Any]]) -> int:
         """Writer thread: drop what is already stored, insert the rest, fold it into state."""
@@ -352,8 +354,8 @@ class Ingest:
         if not fresh:
             return 0
         with self.books.stamping() as now:
-            ids = self.store.insert_events(conn, job_id, session, fresh, now,
-                                           want_ids=self.cluster is None)
+            ids = self.store.log.insert(conn, job_id, session, fresh, now,
+                                        want_ids=self.cluster is None)
             self.admission.stored(session, last)
             self.counters["stored_events"] += len(fresh)
             if self.cluster is not None:  # the log's tail folds it, here and in the owner
@@ -384,7 +386,7 @@ class Ingest:
         if newest is not None:
             self.lag.folded(session, newest, now)
         if after != before:
-            self.store.update_job(conn, job_id, after)
+            self.store.jobs.update(conn, job_id, after)
             self.jobs_dirty.set()
         self.dirty.add(job_id)
         return len(fresh)
@@ -397,7 +399,7 @@ class Ingest:
             summary = state.summary() if state is not None else None
             self.dirty.add(job_id)
         if summary is not None:
-            self.store.submit(lambda conn: self.store.update_job(conn, job_id, summary))
+            self.store.writer.submit(lambda conn: self.store.jobs.update(conn, job_id, summary))
             self.jobs_dirty.set()
 
     def settled(self, job_id: int) -> bool:
@@ -434,8 +436,8 @@ class Ingest:
             if after != before and self.cluster.owns(job_id):
                 # Not waiting: the writer thread may need the states lock held here.
                 try:
-                    self.store.submit_nowait(
-                        lambda conn, j=job_id, a=after: self.store.update_job(conn, j, a))
+                    self.store.writer.submit_nowait(
+                        lambda conn, j=job_id, a=after: self.store.jobs.update(conn, j, a))
                     self.jobs_dirty.set()
                 except queue.Full:
                     self.counters["dropped_job_updates"] += 1

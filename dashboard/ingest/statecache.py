@@ -40,7 +40,7 @@ class StateCache:
             if state is not None:
                 self._held.move_to_end(job_id)
                 return state
-        job = self.store.get_job(job_id)
+        job = self.store.jobs.get(job_id)
         if job is None:
             return None
         with self.lock:

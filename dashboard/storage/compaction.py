@@ -35,7 +35,7 @@ to one per ``checkpoint_keep_s``.
 
 The :class:`Compactor` runs on its own thread: it reads with the store's pooled
 connections, encodes packs there, and writes each batch of cells as one task on the store's
-writer thread (``Store.submit``; a pack and the deletion of what it replaces in one
+writer thread (``Store.writer.submit``; a pack and the deletion of what it replaces in one
 transaction), never on the ingest path. Compacting or packing a cell twice changes nothing.
 """
 
@@ -212,7 +212,7 @@ class Compactor:
     """Compacts every job's log in the background, a few cells per writer task.
 
     Args:
-        store: the database (reads here, writes through ``store.submit``).
+        store: the database (reads here, writes through ``store.writer.submit``).
         policy: the window and cell settings.
         guard: ``guard(job_id, start, end)``, a context held while cells in [start, end) of
             arrival time are rewritten, so that whoever folds states from the log neither
@@ -242,7 +242,7 @@ class Compactor:
         self.packed = 0  # packs written so far
         self.checkpoints_deleted = 0
         if policy.checkpoint_keep_s > 0:
-            store.checkpoint_span = self.checkpoint_span
+            store.checkpoints.span = self.checkpoint_span
         self.errors = 0
 
     def start(self) -> "Compactor":
@@ -270,7 +270,7 @@ class Compactor:
         """One pass over every job; returns the number of events removed."""
         removed = 0
         before = (self.packed, self.checkpoints_deleted)
-        for job_id, first, last in self.store.event_spans():
+        for job_id, first, last in self.store.log.spans():
             if self._stop.is_set():
                 break
             if self.owns is not None and not self.owns(job_id):
@@ -299,7 +299,7 @@ class Compactor:
             return 0
         keep = [(f["first_seen"] - policy.around_findings_s,
                  f["last_seen"] + policy.around_findings_s)
-                for f in self.store.job_findings(job_id)]
+                for f in self.store.findings.of_job(job_id)]
         removed = 0
         if start < thin_h:  # final: thinned as plan() decides, then packed
             removed += self._walk(job_id, start, thin_h, keep, final=True)
@@ -320,7 +320,7 @@ class Compactor:
         throttle states, which thinning carries from cell to cell, are read back from the
         newest final pack (it keeps each session's last GPU reading of its cell)."""
         cell, final = self.policy.cell_s, None
-        for pack in self.store.job_packs(job_id):
+        for pack in self.store.packs.of_job(job_id):
             cell_end = math.floor(pack["first_at"] / cell) * cell + cell
             if pack["thinned"]:
                 final = pack
@@ -328,7 +328,7 @@ class Compactor:
             self._packed_upto[job_id], self._packed_id[job_id] = cell_end, pack["last_id"]
         if final is not None:
             throttled = self._throttled.setdefault(job_id, {})
-            for ev in self.store.job_events(job_id, after=final["first_id"] - 1,
+            for ev in self.store.log.events(job_id, after=final["first_id"] - 1,
                                             upto=final["last_id"]):
                 if ev["kind"] == "gpu":
                     throttled[ev["session"]] = _throttled(ev["body"])
@@ -354,15 +354,15 @@ class Compactor:
         cell, packing = self.policy.cell_s, self.policy.pack_after_s > 0
         throttled = self._throttled.setdefault(job_id, {})
         floors = {session: last - self.policy.keep_full_s
-                  for session, last in self.store.session_last_arrivals(job_id).items()}
-        newest = self.store.session_newest_ids(job_id) if packing else set()
-        packs = {p["first_id"]: p for p in self.store.job_packs(job_id)} if packing else {}
+                  for session, last in self.store.sessions.last_arrivals(job_id).items()}
+        newest = self.store.sessions.newest_ids(job_id) if packing else set()
+        packs = {p["first_id"]: p for p in self.store.packs.of_job(job_id)} if packing else {}
         done_id = self._done_id if final else self._packed_id
         removed = 0
         while start < horizon and not self._stop.is_set():
             end = min(horizon, start + cell * self.cells_per_task)
             after = max(self._done_id.get(job_id, 0), done_id.get(job_id, 0))
-            evs = list(self.store.events_until(job_id, after, end, raw=True))
+            evs = list(self.store.log.events_until(job_id, after, end, raw=True))
             writes, thinning, gone = [], False, 0
             for evs_cell in _cells(evs, cell):
                 updates, deletes = plan(evs_cell, cell, keep, throttled, floors) \
@@ -372,7 +372,7 @@ class Compactor:
                 if not packing:
                     if updates or deletes:
                         writes.append(lambda conn, u=updates, d=deletes:
-                                      self.store.compact_events(conn, u, d))
+                                      self.store.log.compact(conn, u, d))
                     continue
                 write = self._pack_cell(job_id, evs_cell, updates, set(deletes), newest,
                                         packs, final)
@@ -382,7 +382,7 @@ class Compactor:
                 guard = self.guard(job_id, start, end) if self.guard and thinning else \
                     contextlib.nullcontext()
                 with guard:
-                    self.store.submit(lambda conn: [w(conn) for w in writes], timeout=120.0)
+                    self.store.writer.submit(lambda conn: [w(conn) for w in writes], timeout=120.0)
             removed += gone
             self.deleted += gone
             if evs:
@@ -406,22 +406,22 @@ class Compactor:
         if not kept and not old and not deletes:
             return None  # only rows that must stay rows
         row_updates = {i: b for i, b in updates.items() if i in newest}
-        pack = self.store.pack_row(job_id, kept, final) if kept else None
+        pack = self.store.packs.row(job_id, kept, final) if kept else None
         row_ids = [ev["id"] for ev in evs if ev["id"] not in newest]
         self.rewritten += len(updates)
         self.packed += pack is not None
 
         def write(conn) -> None:
-            self.store.write_pack(conn, job_id, pack, old, row_ids)
+            self.store.packs.write(conn, job_id, pack, old, row_ids)
             if row_updates:
-                self.store.compact_events(conn, row_updates, [])
+                self.store.log.compact(conn, row_updates, [])
         return write
 
     def _thin_checkpoints(self, job_id: int) -> None:
         """Beyond the window and away from findings, keep the first stored checkpoint of
         every ``checkpoint_keep_s`` (a state at any moment starts from the one before it)."""
         seen, drop = set(), []
-        for last_id, at in sorted(self.store.checkpoint_list(job_id), key=lambda c: c[1]):
+        for last_id, at in sorted(self.store.checkpoints.of_job(job_id), key=lambda c: c[1]):
             span = self.checkpoint_span(job_id, at)
             if span is None:
                 continue
@@ -429,8 +429,8 @@ class Compactor:
                 drop.append(last_id)
             seen.add(span)
         if drop:
-            self.store.submit(lambda conn: self.store.delete_checkpoints(conn, job_id, drop),
-                              timeout=120.0)
+            delete = self.store.checkpoints.delete
+            self.store.writer.submit(lambda conn: delete(conn, job_id, drop), timeout=120.0)
             self.checkpoints_deleted += len(drop)
 
 

@@ -36,8 +36,9 @@ from dashboard.storage.compaction import Compactor, Policy
 from dashboard.console import IncidentLog, RefusalLog, listeners
 from dashboard.web.notify import Notifier
 from dashboard.resources import resource_dir
-from dashboard.storage.store import JOB_FIELDS as STORED_JOB_FIELDS
-from dashboard.storage.store import Store, database_url
+from dashboard.storage.database import database_url
+from dashboard.storage.schema import JOB_FIELDS as STORED_JOB_FIELDS
+from dashboard.storage.store import Store
 from dashboard.history.trace import TraceError, build_trace, json_chunks, trace_query
 
 log = logging.getLogger("pgdash.server")
@@ -213,7 +214,7 @@ def _register_pages(app: Flask, ingest: Ingest) -> None:
     def job_page(job_id: int):
         # The header's launch line (command, launcher, run, import) is the job's row: facts
         # that do not change as the job runs, so the page states them once.
-        row = ingest.store.get_job(job_id)
+        row = ingest.store.jobs.get(job_id)
         return render_template("job.html", job_id=job_id,
                                job=None if row is None else {**row, **row_facts(row)})
 
@@ -265,7 +266,7 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
     @app.get("/api/jobs/<int:job_id>")
     def api_job(job_id: int):
         detail = _job_or_404(ingest, job_id, views.detail)
-        return {**detail, **row_facts(ingest.store.get_job(job_id) or {})}
+        return {**detail, **row_facts(ingest.store.jobs.get(job_id) or {})}
 
     @app.get("/api/jobs/<int:job_id>/collectives")
     def api_collectives(job_id: int):
@@ -287,8 +288,8 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
             counters.update({f"login_{k}": v for k, v in guard.counters.items()})
             counters["login_addresses"] = len(guard)
         body = exposition(Snapshot(
-            ingest.store.list_jobs(limit=10_000), ingest.live_views(), counters,
-            ingest.store.commits, ingest.store.write_errors, ingest.lag.current(),
+            ingest.store.jobs.newest(limit=10_000), ingest.live_views(), counters,
+            ingest.store.writer.commits, ingest.store.writer.write_errors, ingest.lag.current(),
             ingest.agent_connections, per_rank=_flag(app.config["METRICS_PER_RANK"])))
         if ingest.cluster is not None:
             body += ingest.cluster.exposition()
@@ -310,9 +311,9 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
             start, end, max_events = trace_query(request.args, _trace_cap(app))
         except TraceError as exc:
             return jsonify(error=str(exc)), 400
-        job = _found_or_404(ingest.store.get_job(job_id), job_id)
+        job = _found_or_404(ingest.store.jobs.get(job_id), job_id)
         findings = _found_or_404(ingest.findings(job_id), job_id)
-        trace = build_trace(ingest.store.job_events(job_id), findings=findings, job=job,
+        trace = build_trace(ingest.store.log.events(job_id), findings=findings, job=job,
                             start=start, end=end, max_events=max_events,
                             incidents=incidents(findings))
         return app.response_class(json_chunks(trace), mimetype="application/json", headers={
@@ -328,7 +329,7 @@ def _register_api(app: Flask, ingest: Ingest) -> None:
         if at is None or not math.isfinite(at):
             return jsonify(error=f"at must be a time in Unix seconds, e.g. ?at=1764000000.5; "
                                  f"got {raw!r:.40}"), 400
-        job = _found_or_404(ingest.store.get_job(job_id), job_id)
+        job = _found_or_404(ingest.store.jobs.get(job_id), job_id)
         bad = replay_moment_error(job, at, ingest.clock())
         if bad:
             return jsonify(error=bad), 400
@@ -435,7 +436,7 @@ def jobs_payload(ingest: Ingest) -> dict[str, Any]:
     counts = ingest.active_incidents  # known for jobs diagnosed since the server started
     return {"jobs": [{**{k: job[k] for k in JOB_FIELDS}, **row_facts(job),
                       "incidents": counts.get(job["id"])}
-                     for job in ingest.store.list_jobs()]}
+                     for job in ingest.store.jobs.newest()]}
 
 
 def _register_ui_namespace(socketio: SocketIO, ingest: Ingest) -> None:
@@ -510,7 +511,7 @@ class LivePush:
                 self.cluster.leases.owner_of(job_id) is not None:
             # Another process owns it: its deltas reach this room through the message
             # queue, and it sends the snapshot they build on.
-            if self.ingest.store.get_job(job_id) is None:
+            if self.ingest.store.jobs.get(job_id) is None:
                 return False
             join_room(self._room(job_id), sid=sid, namespace=UI_NAMESPACE)
             self.cluster.request_snapshot(job_id, sid)

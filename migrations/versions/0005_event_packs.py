@@ -32,7 +32,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("job_id", "first_id", name="pk_event_packs"),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name="fk_event_packs_job_id_jobs"),
     )
-    # A follower tails every job's log by id (Store.events_after).
+    # A follower tails every job's log by id (Store.log.events_after).
     op.create_index("ix_event_packs_first_id", "event_packs", ["first_id"])
     op.create_index("ix_event_packs_last_id", "event_packs", ["last_id"])
 

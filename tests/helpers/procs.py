@@ -187,7 +187,7 @@ def stored_events(db_url: str, job_ids: list[int] | None = None) -> list[dict]:
     store = Store(db_url)  # not started: reads only, beside the server that writes
     try:
         if job_ids is None:
-            job_ids = [job["id"] for job in store.list_jobs(limit=1_000_000)]
-        return [ev for job_id in job_ids for ev in store.job_events(job_id)]
+            job_ids = [job["id"] for job in store.jobs.newest(limit=1_000_000)]
+        return [ev for job_id in job_ids for ev in store.log.events(job_id)]
     finally:
         store.engine.dispose()

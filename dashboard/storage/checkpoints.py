@@ -1,0 +1,75 @@
+"""Stored checkpoints: folded JobStates at moments of a job's log (dashboard.history.rewind
+makes and reads them; dashboard.storage.compaction thins them beyond its window)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import sqlalchemy as sa
+
+from dashboard.storage.schema import checkpoints
+
+
+class Checkpoints:
+    """The ``checkpoints`` table: (job, last event id) -> the state's bytes at that moment."""
+
+    def __init__(self, engine: sa.Engine):
+        self.engine = engine
+        # (job id, moment) -> the [start, end) of arrival time that keeps one checkpoint, where
+        # the compactor thins them (dashboard.storage.compaction), else None.
+        self.span: Callable[[int, float], tuple[float, float] | None] | None = None
+
+    def of_job(self, job_id: int) -> list[tuple[int, float]]:
+        """(last id, moment) of the job's stored checkpoints, oldest first."""
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(
+                sa.select(checkpoints.c.last_id, checkpoints.c.at)
+                .where(checkpoints.c.job_id == job_id).order_by(checkpoints.c.last_id))]
+
+    def moments(self, job_id: int) -> set[float]:
+        with self.engine.connect() as conn:
+            return {r[0] for r in conn.execute(sa.select(checkpoints.c.at)
+                                               .where(checkpoints.c.job_id == job_id))}
+
+    def before(self, job_id: int, at: float, above: int = 0) -> tuple[int, float, bytes] | None:
+        """The newest stored checkpoint usable at moment ``at`` (last id, its moment, state
+        bytes), if one holds more of the log than id ``above``."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(checkpoints.c.last_id, checkpoints.c.at,
+                                         checkpoints.c.state)
+                               .where(checkpoints.c.job_id == job_id, checkpoints.c.at <= at,
+                                      checkpoints.c.last_id > above)
+                               .order_by(checkpoints.c.last_id.desc()).limit(1)).first()
+        return (row[0], row[1], bytes(row[2])) if row else None
+
+    def wanted(self, job_id: int, last_id: int, at: float) -> bool:
+        """Whether a checkpoint of the job's log up to ``last_id`` at moment ``at`` would be
+        stored: not if the job has one at that moment or place, or if the compactor thinned
+        that stretch of the log to fewer (:attr:`span`; a scrub would store again what
+        thinning removed, each time). Asked before the state is encoded."""
+        with self.engine.connect() as conn:
+            return self._wanted(conn, job_id, last_id, at)
+
+    def save(self, conn: sa.Connection, job_id: int, last_id: int, at: float,
+             state: bytes) -> None:
+        """Writer thread: store a checkpoint unless :meth:`wanted` says no."""
+        if self._wanted(conn, job_id, last_id, at):
+            conn.execute(sa.insert(checkpoints).values(job_id=job_id, last_id=last_id, at=at,
+                                                       state=state))
+
+    @staticmethod
+    def delete(conn: sa.Connection, job_id: int, last_ids: list[int]) -> None:
+        """Writer thread: delete the job's checkpoints of these last ids."""
+        for i in range(0, len(last_ids), 500):
+            conn.execute(sa.delete(checkpoints).where(
+                checkpoints.c.job_id == job_id, checkpoints.c.last_id.in_(last_ids[i:i + 500])))
+
+    def _wanted(self, conn: sa.Connection, job_id: int, last_id: int, at: float) -> bool:
+        if conn.execute(sa.select(checkpoints.c.last_id).where(
+                checkpoints.c.job_id == job_id,
+                sa.or_(checkpoints.c.last_id == last_id, checkpoints.c.at == at))).first():
+            return False
+        span = self.span(job_id, at) if self.span else None
+        return span is None or not conn.execute(sa.select(checkpoints.c.last_id).where(
+            checkpoints.c.job_id == job_id, checkpoints.c.at >= span[0],
+            checkpoints.c.at < at)).first()

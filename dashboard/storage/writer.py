@@ -1,0 +1,134 @@
+"""The one writer thread: every write to the database goes through it.
+
+One thread protects the single write connection (as SQLite wants): tasks wait in a bounded
+queue, and the writer runs whatever is queued together in one transaction (group commit).
+A full queue is the server's backpressure (``submit_nowait`` raises ``queue.Full``); reads
+use their own pooled connections and never wait for it (SQLite runs in WAL mode).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+import sqlalchemy as sa
+
+log = logging.getLogger("pgdash.storage")
+
+Task = Callable[[sa.Connection], Any]
+
+
+class Writer:
+    """Runs write tasks on one thread, a batch of them to a transaction.
+
+    Args:
+        engine: the database.
+        batch_limit: the most tasks one transaction takes.
+        queue_limit: the most tasks waiting (past it, ``submit_nowait`` raises queue.Full).
+        before_commit: called with the connection after a batch's tasks, inside their
+            transaction (the event log inserts the rows its tasks deferred).
+        after_rollback: called after a failed transaction, before ``on_write_failure``
+            (the event log forgets what it deferred and numbered).
+    """
+
+    def __init__(self, engine: sa.Engine, *, batch_limit: int = 2000,
+                 queue_limit: int = 10_000,
+                 before_commit: Callable[[sa.Connection], None] = lambda conn: None,
+                 after_rollback: Callable[[], None] = lambda: None):
+        self.engine = engine
+        self.batch_limit = batch_limit
+        self.submit_timeout = 30.0
+        self._before_commit, self._after_rollback = before_commit, after_rollback
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_limit)
+        self._thread = threading.Thread(target=self._loop, name="pgdash-writer", daemon=True)
+        self._stopping = False
+        self.commits = 0
+        self.write_errors = 0
+        # Called on the writer thread after a failed transaction, so that whoever keeps
+        # derived state in memory can drop it and re-read what was really stored.
+        self.on_write_failure: Callable[[], None] | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Commit what is queued, then end the thread (at most 10 s)."""
+        if self._thread.is_alive():
+            self._stopping = True
+            self._queue.put(None)
+            self._thread.join(timeout=10)
+
+    def submit(self, task: Task, timeout: float | None = 30.0) -> Any:
+        """Run ``task(conn)`` on the writer thread inside a transaction; return its result.
+
+        Tasks queued together share one transaction (group commit). If the transaction fails,
+        every task in it gets the exception.
+        """
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((task, future, time.monotonic()), timeout=timeout)
+        return future.result(timeout=timeout)
+
+    def submit_nowait(self, task: Task) -> concurrent.futures.Future:
+        """Queue ``task`` for the writer without waiting; the future holds its result.
+
+        Raises:
+            queue.Full: the write queue is at its bound (the server is overloaded).
+        """
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put_nowait((task, future, time.monotonic()))
+        return future
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Block until everything queued so far is committed (tests, shutdown)."""
+        self.submit(lambda conn: None, timeout=timeout)
+
+    def backlog_s(self) -> float:
+        """Seconds the oldest queued write has waited for the writer (0.0 if none)."""
+        with self._queue.mutex:
+            head = self._queue.queue[0] if self._queue.queue else None
+        return time.monotonic() - head[2] if head else 0.0
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < self.batch_limit:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._stopping = True
+                    break
+                batch.append(nxt)
+            self._run(batch)
+            if self._stopping:
+                return
+
+    def _run(self, batch: list[tuple[Task, concurrent.futures.Future, float]]) -> None:
+        results = []
+        try:
+            with self.engine.begin() as conn:
+                if self.engine.dialect.name == "sqlite":
+                    conn.exec_driver_sql("SELECT 1")  # take the connection now
+                for task, _, _ in batch:
+                    results.append(task(conn))
+                self._before_commit(conn)
+            self.commits += 1
+        except Exception as exc:
+            self._after_rollback()
+            self.write_errors += 1
+            log.exception("pgdash: write failed; %d task(s) not stored", len(batch))
+            if self.on_write_failure is not None:
+                self.on_write_failure()
+            for _, future, _ in batch:
+                future.set_exception(exc)
+            return
+        for (_, future, _), result in zip(batch, results):
+            future.set_result(result)
