@@ -2,7 +2,7 @@
 
 What runs: the events of a job stored by ``bench/storage.py --db FILE`` (its newest
 ``--minutes``, which the compactor left at full resolution), cut into compaction cells
-(60 s of arrival time); each cell is packed (dashboard.storage.codec.pack_payload: format 1, and
+(60 s of arrival time); each cell is packed (dashboard.storage.packformat.pack_payload: format 1, and
 format 2, which stores the agent's decimals as integer columns) and compressed several
 ways: zlib at levels 1, 6 and 9, zlib with the body format's preset dictionary, lzma.
 Reference in the same run: the bytes of the same events as one compressed body per row
@@ -27,8 +27,8 @@ import time
 import zlib
 from pathlib import Path
 
-from dashboard.storage.codec import (_BODY_DICT_V1, PACK_V1, PACK_V2, decode_body,
-                                     encode_body, Pack, pack_payload)
+from dashboard.storage.codec import _BODY_DICT_V1, decode_body, encode_body
+from dashboard.storage.packformat import PACK_V1, PACK_V2, Pack, pack_payload
 from dashboard.storage.database import upgrade
 from dashboard.storage.store import Store
 

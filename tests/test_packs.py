@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from dashboard.history import archive
 from dashboard.cluster.node import LogTail
-from dashboard.storage.codec import (PACK_V1, RawBody, body_of, decode_pack, encode_body, encode_pack,
-                            encode_state, open_pack, raw_body)
+from dashboard.storage.codec import RawBody, body_of, encode_body, encode_state, raw_body
+from dashboard.storage.packformat import PACK_V1, decode_pack, encode_pack, open_pack
 from dashboard.storage.compaction import Compactor, Policy
 from dashboard.history.rewind import Rewind
 from dashboard.state import JobState

@@ -26,7 +26,7 @@ fold's windows (60 intervals, 120 readings) are shorter than ``keep_full_s`` mus
 
 Packs: every cell older than ``pack_after_s`` (behind the job's newest arrival; every cell,
 once the job has been quiet that long and a cell more) becomes one row of ``event_packs``
-holding all the job's events of that cell (dashboard.storage.codec's pack format; every session
+holding all the job's events of that cell (dashboard.storage.packformat; every session
 together, which is where the bytes go: ranks send near-identical bodies). A cell inside
 the window is packed whole; once it leaves the window it is packed again, thinned as above
 (once). Each session's newest event, and its newest with a seq, stay rows

@@ -1,5 +1,5 @@
 """Packs: a job's older events, one compaction cell to a row of ``event_packs``, stored
-column by column and compressed together (dashboard.storage.codec's pack format). The
+column by column and compressed together (dashboard.storage.packformat). The
 compactor (dashboard.storage.compaction) writes them; the event log (dashboard.storage.log)
 reads them merged with its rows."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from dashboard.storage.codec import Pack, encode_pack, open_pack
+from dashboard.storage.packformat import Pack, encode_pack, open_pack
 from dashboard.storage.schema import event_packs, events
 
 

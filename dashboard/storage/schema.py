@@ -7,7 +7,7 @@
   revision 0004 keep their JSON ``body`` and read back the same. dashboard.storage.compaction thins
   routine events beyond the recent window (see there for what detail that gives up);
 - ``event_packs``: older events of ``events``, one job's events of one compaction cell per
-  row, stored column by column and compressed together (dashboard.storage.codec's pack format;
+  row, stored column by column and compressed together (dashboard.storage.packformat;
   written by dashboard.storage.compaction). Every read of the log merges packs and rows in id order,
   so readers see one log (dashboard.storage.log). Each agent session's newest event, and its
   newest with a seq, always stay rows: what admission (``Sessions.max_seqs``,
@@ -104,8 +104,9 @@ checkpoints = sa.Table(
     sa.Column("state", sa.LargeBinary, nullable=False),
 )
 
-# One job's events of one compaction cell (dashboard.storage.compaction), as dashboard.storage.codec pack
-# bytes; the events it holds are no longer rows of ``events`` (revision 0005).
+# One job's events of one compaction cell (dashboard.storage.compaction), as
+# dashboard.storage.packformat bytes; the events it holds are no longer rows of ``events``
+# (revision 0005).
 event_packs = sa.Table(
     "event_packs", metadata,
     sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),

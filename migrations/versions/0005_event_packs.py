@@ -1,6 +1,6 @@
 """Event packs: a job's events of one compaction cell stored together, compressed as one.
 
-New table ``event_packs`` (dashboard.storage.store, dashboard.storage.codec's pack format); ``events``
+New table ``event_packs`` (dashboard.storage.packs, dashboard.storage.packformat); ``events``
 keeps its rows until the compactor (dashboard.storage.compaction) packs them, so upgrading is
 instant and reads back the same. A downgrade unpacks every pack back into rows first, so
 that nothing stored is lost.
@@ -38,7 +38,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    from dashboard.storage.codec import decode_pack, encode_body
+    from dashboard.storage.codec import encode_body
+    from dashboard.storage.packformat import decode_pack
 
     conn = op.get_bind()
     rows = conn.execute(sa.text("SELECT job_id, data FROM event_packs")).fetchall()
