@@ -160,7 +160,7 @@ def main() -> int:
             rows = api(f"{server.url}/api/jobs/{job['id']}/collectives")["collectives"]
             gpus = api(f"{server.url}/api/jobs/{job['id']}/gpus")["gpus"]
             findings = api(f"{server.url}/api/jobs/{job['id']}/findings")["findings"]
-            state = server.app.extensions["pgdash"].read(job["id"], lambda s: s.ranks()[0])
+            state = server.services.ingest.read(job["id"], lambda s: s.ranks()[0])
             results["nccl_job"] = {
                 "status": job["status"], "backend": job["backend"],
                 "rank": detail["ranks"][0], "versions": state.versions,

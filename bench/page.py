@@ -191,7 +191,7 @@ def measure(browser, server, job: SyntheticJob, seconds: int, threads: int,
     latencies = sorted(seen[s] - t for s, t in sent.items() if s in seen)
     missed = sum(1 for s in sent if s not in seen)
     received = page.evaluate("window.pgdashJob.received()")
-    ingest = server.app.extensions["pgdash"]
+    ingest = server.services.ingest
     t0 = time.perf_counter()
     ingest.read(job.job_id, sections)
     build = time.perf_counter() - t0
@@ -257,7 +257,7 @@ def main() -> int:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # as `pgdash serve` does
     tmp = Path(tempfile.mkdtemp(prefix="pgdash-bench-page-"))
     server = make_server(f"sqlite:///{tmp / 'bench.db'}", "127.0.0.1", 0).start()
-    ingest = server.app.extensions["pgdash"]
+    ingest = server.services.ingest
     try:
         if args.serve:
             big = start_job(ingest, server, args, dims)

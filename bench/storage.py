@@ -58,6 +58,7 @@ from pathlib import Path
 from bench.common import members, mesh_groups, pct, second_events, start_events
 from dashboard.history import archive
 from dashboard.ingest.pipeline import Ingest
+from dashboard.web.live import state_at
 from dashboard.storage.store import Store
 
 try:
@@ -140,7 +141,7 @@ def simulate(args, db: Path) -> dict:
                 p.result(timeout=600)
         pending = []
         if s % 10 == 0:
-            ingest.diagnose_live()
+            ingest.diagnosis.run()
         if compactor is not None and s % 300 == 0:
             start = time.perf_counter()
             compactor.run_once()
@@ -181,7 +182,7 @@ def scrub(ingest: Ingest, job_id: int, moments: list[float], verbose: bool = Fal
     for at in moments:
         read, loaded = rewind.events_read, getattr(rewind, "checkpoints_loaded", 0)
         start = time.perf_counter()
-        found = ingest.state_at(job_id, at)
+        found = state_at(ingest, job_id, at)
         times.append(time.perf_counter() - start)
         assert found is not None and found["job"]["world_size"], "state?at= gave no job"
         if verbose:

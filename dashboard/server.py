@@ -19,11 +19,13 @@ class Server:
     """A pgdash server on a real port, in a background thread."""
 
     def __init__(self, app, host: str, port: int, ssl_context=None):
+        from dashboard.services import Services
         from werkzeug.serving import make_server
 
         from dashboard.ingest.front import Front
 
         self.app = app
+        self.services: Services = app.extensions["pgdash"]
         said = io.StringIO()
         try:
             # Werkzeug prints why it cannot bind and exits; say it once, here, instead.
@@ -45,14 +47,13 @@ class Server:
         # dashboard.ingest.front). With TLS, Werkzeug serves everything and agents speak v1 (it
         # answers /agent/v2 with 404); a TLS-terminating proxy in front keeps v2.
         self.front = None if ssl_context is not None else Front(
-            self._server, app.extensions["pgdash"], int(app.config["MAX_MESSAGE_BYTES"]),
-            app.extensions["pgdash_limits"])
+            self._server, self.services.ingest, int(app.config["MAX_MESSAGE_BYTES"]),
+            self.services.new_limits)
         self._thread = threading.Thread(target=self._server.serve_forever, name="pgdash-http",
                                         daemon=True)
 
     def start(self) -> "Server":
-        self.app.extensions["pgdash_pusher"].start()
-        self.app.extensions["pgdash_compactor"].start()
+        self.services.start()
         if self.front is not None:
             self.front.start()
         else:
@@ -60,14 +61,12 @@ class Server:
         return self
 
     def stop(self) -> None:
-        self.app.extensions["pgdash_pusher"].stop()
+        self.services.stop()
         if self.front is not None:
             self.front.stop()
         else:
             self._server.shutdown()
-        self.app.extensions["pgdash_compactor"].close()
-        self.app.extensions["pgdash"].store.close()
-        self.app.extensions["pgdash_refusals"].close()  # the counts not told yet
+        self.services.close()
 
 
 def make_server(db: str, host: str, port: int, *, tls: tuple[str, str] | None = None,
@@ -94,7 +93,7 @@ def make_server(db: str, host: str, port: int, *, tls: tuple[str, str] | None = 
     except (TLSError, ValueError) as exc:
         raise ServerError(str(exc)) from None
     server = Server(app, host, port, ssl_context)
-    notifier = app.extensions.get("pgdash_notifier")
+    notifier = server.services.notifier
     if notifier is not None and notifier.base_url is None:
         notifier.base_url = server.url  # links in notifications lead to the job page
     return server

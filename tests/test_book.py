@@ -19,6 +19,7 @@ from dashboard.history.archive import Archive, replay_timeline
 from dashboard.diagnosis import Settings
 from dashboard.diagnosis.book import Book, BookLog, LogRow
 from dashboard.ingest.pipeline import Ingest
+from dashboard.web.live import state_at
 from dashboard.storage.schema import book_log, book_spans
 from dashboard.storage.store import Store
 from tests.helpers.realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
@@ -132,7 +133,7 @@ def test_live_replay_import_and_state_at_give_the_same_findings_and_incidents(tm
         assert span is not None and span[0] <= min(moments) and span[1] >= max(moments), span
         logged = Ingest(store, settings=SETTINGS).start()
         for at in moments:
-            then = logged.state_at(job["id"], at)
+            then = state_at(logged, job["id"], at)
             assert gist(then["findings"], FINDING) == gist(snapshots[at], FINDING), at
             assert logged.rewind.cursor(job["id"]).book is None, "a moment was judged"
         restarted = Ingest(store, clock=lambda: span[1] + 1, settings=SETTINGS).start()
@@ -145,7 +146,7 @@ def test_live_replay_import_and_state_at_give_the_same_findings_and_incidents(tm
                                           for t in (book_log, book_spans)])
         judged = Ingest(store, settings=SETTINGS).start()
         for at in moments:
-            then = judged.state_at(job["id"], at)
+            then = state_at(judged, job["id"], at)
             assert gist(then["findings"], FINDING) == gist(snapshots[at], FINDING), at
         assert judged.rewind.cursor(job["id"]).book.diagnosed > 0
         # Rebuilding a book by judging is bounded in time too: past it, the book is the

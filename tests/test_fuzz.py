@@ -253,6 +253,6 @@ def test_fuzz_http_parameters_never_500(tmp_path, real_session):
     try:
         run()
     finally:
-        app.extensions["pgdash_pusher"].stop()
+        app.extensions["pgdash"].pusher.stop()
         store.close()
     print(f"fuzz http: {tried['n']} cases")

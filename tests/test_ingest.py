@@ -5,6 +5,7 @@ import pytest
 from pgdash_agent.wire import PROTOCOL_VERSION
 from dashboard.web import views
 from dashboard.ingest.pipeline import Ingest, Refused
+from dashboard.web.live import state_at
 from dashboard.storage.store import Store
 
 
@@ -111,7 +112,7 @@ def test_findings_are_stored_and_survive_a_restart_resolved_ones_included(ingest
         heartbeat(r, 3, 5, 1004.0)
     heartbeat(2, 3, 4, None)
     now[0] = 1012.0
-    ingest.diagnose_live()
+    ingest.diagnosis.run()
     (hang,) = ingest.findings(sessions[0][1])
     assert hang["kind"] == "hang" and hang["ranks"] == [2] and hang["active"]
     assert (hang["first_seen"], hang["last_seen"]) == (1009.0, 1012.0)
@@ -119,7 +120,7 @@ def test_findings_are_stored_and_survive_a_restart_resolved_ones_included(ingest
     for r in range(3):  # rank 2 arrives: the hang is over
         heartbeat(r, 4, 5, None)
     now[0] = 1014.0
-    ingest.diagnose_live()
+    ingest.diagnosis.run()
     (resolved,) = ingest.findings(sessions[0][1])
     # (last seen at the last moment of the grid before rank 2's news: 1012.5)
     assert not resolved["active"] and resolved["last_seen"] == 1012.5
@@ -164,16 +165,16 @@ def hang_job(tmp_path):
 def test_state_at_a_past_moment_is_what_was_known_then(hang_job):
     """The state at each moment holds only what had arrived, with the findings active then."""
     _, ingest, job = hang_job
-    before = ingest.state_at(job, 99.0)
+    before = state_at(ingest, job, 99.0)
     assert before["ranks"] == [] and before["findings"] == []
-    early = ingest.state_at(job, 106.0)  # waiting, not long enough to be a hang
+    early = state_at(ingest, job, 106.0)  # waiting, not long enough to be a hang
     assert [r["status"] for r in early["ranks"]] == ["running", "running"]
     assert {p["rank"]: p["entered"] for p in early["progress"]} == {0: 7, 1: 8}
     assert early["findings"] == []
-    hung = ingest.state_at(job, 120.0)
+    hung = state_at(ingest, job, 120.0)
     assert [(f["kind"], f["ranks"]) for f in hung["findings"]] == [("hang", [0])]
     assert hung["findings"][0]["evidence"]["waiting"] == [1]
-    done = ingest.state_at(job, 131.0)
+    done = state_at(ingest, job, 131.0)
     assert done["job"]["status"] == "finished"
     assert [f for f in done["findings"] if f["active"]] == []
     # The book keeps what resolved, with the times live showed: the hang judged from 114
@@ -182,7 +183,7 @@ def test_state_at_a_past_moment_is_what_was_known_then(hang_job):
     (hang,) = [f for f in done["findings"] if f["kind"] == "hang"]
     assert (hang["first_seen"], hang["last_seen"]) == (114.0, 129.5)
     assert any(hang["id"] in i["findings"] for i in done["incidents"])
-    assert ingest.state_at(12345, 131.0) is None
+    assert state_at(ingest, 12345, 131.0) is None
 
 
 def test_scrubbing_gives_a_fresh_fold_at_every_moment_and_reads_only_what_it_must(tmp_path):

@@ -23,7 +23,7 @@ def open_app(url: str):
 
 
 def close_app(app) -> None:
-    app.extensions["pgdash_pusher"].stop()
+    app.extensions["pgdash"].pusher.stop()
     app.extensions["pgdash"].store.close()
 
 

@@ -179,33 +179,28 @@ class Leases:
 WATCH_CHANNEL = "pgdash:watch"  # Redis channel: "send this browser a snapshot of job J"
 
 
-class ClusterNode:
-    """Runs this process's part of the cluster: tails the log into the jobs held in memory,
-    keeps and takes leases, and answers other processes' snapshot requests for owned jobs.
+class Membership:
+    """This process's place in the cluster: which jobs it owns (its leases), the log's tail
+    it folds from, the jobs it stored events of lately, and the Redis channel on which
+    processes ask a job's owner for a browser's snapshot. Built before ingest, which asks it
+    ``owns`` and ``touch``; :class:`ClusterNode` runs its threads.
 
     Args:
-        ingest: this process's :class:`dashboard.ingest.pipeline.Ingest` (its states are folded here).
+        store: the shared database.
         queue_url: the Redis URL shared by the processes (``--queue`` / ``PGDASH_QUEUE``).
         lease_s: lease length (``--lease`` / ``PGDASH_LEASE_S``); takeover within ~4/3 of it.
-        tail_s: seconds between reads of the log's tail.
     """
 
-    def __init__(self, ingest, queue_url: str, lease_s: float = DEFAULT_LEASE_S,
-                 tail_s: float = 0.2):
-        self.ingest = ingest
-        self.store: Store = ingest.store
-        self.queue_url = queue_url
-        self.leases = Leases(self.store, lease_s=lease_s)
-        self.tail = LogTail(self.store)
-        self.tail_s = tail_s
+    def __init__(self, store: Store, queue_url: str, lease_s: float = DEFAULT_LEASE_S):
+        import redis
+
+        self.store = store
+        self.leases = Leases(store, lease_s=lease_s)
+        self.tail = LogTail(store)
+        self.redis = redis.Redis.from_url(queue_url)  # connects on first use
+        self.tail_read_at = 0.0  # when the tail was last read (time.time)
         self._touched: set[int] = set()  # jobs this process stored events for lately
         self._touched_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._redis = None
-        self.tail_read_at = 0.0
-        self.on_snapshot_request: Callable[[int, str], None] | None = None
-        self.on_claimed: Callable[[int], None] | None = None
 
     @property
     def owner(self) -> str:
@@ -220,45 +215,16 @@ class ClusterNode:
             with self._touched_lock:
                 self._touched.add(job_id)
 
-    def start(self) -> "ClusterNode":
-        import redis
-
-        self._redis = redis.Redis.from_url(self.queue_url)
-        self.tail.start_at_end()
-        for target, name in ((self._tail_loop, "pgdash-tail"),
-                             (self._lease_loop, "pgdash-leases"),
-                             (self._listen, "pgdash-watch-requests")):
-            thread = threading.Thread(target=target, name=name, daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        return self
-
-    def stop(self) -> None:
-        """Stop and hand this process's jobs over at once (no waiting for leases to run
-        out)."""
-        self._stop.set()
-        try:
-            self.leases.release()
-        except Exception:
-            log.exception("pgdash: could not release job leases; they expire in %.0f s",
-                          self.leases.lease_s)
+    def take_touched(self) -> set[int]:
+        with self._touched_lock:
+            touched, self._touched = self._touched, set()
+            return touched
 
     def request_snapshot(self, job_id: int, sid: str) -> None:
         """Ask the job's owner to send browser ``sid`` (on this process) a snapshot."""
         import json
 
-        self._redis.publish(WATCH_CHANNEL, json.dumps({"job": job_id, "sid": sid}))
-
-    # -- threads -------------------------------------------------------------------------
-
-    def tail_once(self) -> int:
-        """Fold what the log gained into the jobs held in memory; returns rows read."""
-        with self.ingest.states_lock:
-            rows = self.tail.poll()
-            if rows:
-                self.ingest.apply_logged(rows)
-        self.tail_read_at = time.time()
-        return len(rows)
+        self.redis.publish(WATCH_CHANNEL, json.dumps({"job": job_id, "sid": sid}))
 
     def exposition(self) -> str:
         """Prometheus lines for this process's part of the cluster (appended to /metrics)."""
@@ -289,6 +255,59 @@ class ClusterNode:
             lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
         return "\n".join(lines) + "\n"
 
+
+class ClusterNode:
+    """Runs this process's part of the cluster: tails the log into the jobs held in memory,
+    keeps and takes leases, and answers other processes' snapshot requests for owned jobs.
+
+    Args:
+        membership: this process's :class:`Membership`.
+        follower: ingest's side (:class:`dashboard.ingest.follow.LogFollower`): ``follow``
+            folds the tail, ``settled`` says a job needs no owner, ``adopt`` takes one on.
+        on_snapshot_request: ``(job_id, sid)``: send browser ``sid`` a snapshot of an owned
+            job (the live push).
+        tail_s: seconds between reads of the log's tail.
+    """
+
+    def __init__(self, membership: Membership, follower,
+                 on_snapshot_request: Callable[[int, str], None] | None = None,
+                 tail_s: float = 0.2):
+        self.membership = membership
+        self.leases, self.tail = membership.leases, membership.tail
+        self.follower = follower
+        self.on_snapshot_request = on_snapshot_request
+        self.tail_s = tail_s
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> "ClusterNode":
+        self.tail.start_at_end()
+        for target, name in ((self._tail_loop, "pgdash-tail"),
+                             (self._lease_loop, "pgdash-leases"),
+                             (self._listen, "pgdash-watch-requests")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        """Stop and hand this process's jobs over at once (no waiting for leases to run
+        out)."""
+        self._stop.set()
+        try:
+            self.leases.release()
+        except Exception:
+            log.exception("pgdash: could not release job leases; they expire in %.0f s",
+                          self.leases.lease_s)
+
+    # -- threads -------------------------------------------------------------------------
+
+    def tail_once(self) -> int:
+        """Fold what the log gained into the jobs held in memory; returns rows read."""
+        read = self.follower.follow(self.tail.poll)
+        self.membership.tail_read_at = time.time()
+        return read
+
     def _tail_loop(self) -> None:
         while not self._stop.wait(self.tail_s):
             try:
@@ -302,17 +321,15 @@ class ClusterNode:
             log.warning("pgdash: another process took over job(s) %s", sorted(lost))
         # An ended job that was diagnosed to the end needs nobody: let it go, so the leases
         # renewed stay the live jobs (late events of it make whoever stores them claim it).
-        done = {j for j in self.leases.owned if self.ingest.settled(j)}
+        done = {j for j in self.leases.owned if self.follower.settled(j)}
         if done:
             self.leases.release(done)
-        with self._touched_lock:
-            wanted, self._touched = self._touched, set()
+        wanted = self.membership.take_touched()
         wanted.update(self.leases.orphans())
         for job_id in sorted(wanted):
             if not self.leases.owns(job_id) and self.leases.claim(job_id):
-                log.info("pgdash: %s now owns job %d", self.owner, job_id)
-                if self.on_claimed is not None:
-                    self.on_claimed(job_id)
+                log.info("pgdash: %s now owns job %d", self.membership.owner, job_id)
+                self.follower.adopt(job_id)
 
     def _lease_loop(self) -> None:
         period = self.leases.lease_s / 3
@@ -329,7 +346,7 @@ class ClusterNode:
 
         while not self._stop.is_set():
             try:
-                pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                pubsub = self.membership.redis.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(WATCH_CHANNEL)
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=1.0)
@@ -342,7 +359,7 @@ class ClusterNode:
                         log.warning("pgdash: ignored a malformed snapshot request on %s",
                                     WATCH_CHANNEL)
                         continue
-                    if self.owns(job_id) and self.on_snapshot_request is not None:
+                    if self.membership.owns(job_id) and self.on_snapshot_request is not None:
                         self.on_snapshot_request(job_id, sid)
             except Exception:
                 log.exception("pgdash: the Redis snapshot-request channel failed; "

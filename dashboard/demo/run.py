@@ -124,7 +124,7 @@ def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str,
     click.echo(f"pgdash demo: open {server.url}/  (Ctrl-C stops)")
     procs = launch_ranks(ranks, server.url, job, ["--scenario", scenario, "--steps", str(steps)],
                          scenario)
-    ingest = server.app.extensions["pgdash"]
+    ingest = server.services.ingest
     job_id = None
     told: dict[str, tuple] = {}
     try:

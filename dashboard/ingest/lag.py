@@ -18,9 +18,12 @@ measure: right after it resumes, the silence it has not read yet would look like
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from typing import Callable
+
+log = logging.getLogger("pgdash.server")
 
 LAG_WINDOW_S = 5.0  # batches folded this recently make up the current lag
 LAG_QUANTILE = 0.9
@@ -49,6 +52,7 @@ class IngestLag:
             maxlen=MAX_SAMPLES)
         self._pauses: collections.deque[tuple[float, float]] = collections.deque(maxlen=64)
         self._beat: float | None = None  # monotonic time the watchdog last ran
+        self._behind = False  # whether the server last said it is behind
 
     def start(self) -> "IngestLag":
         """Run the pause watchdog: a thread that only sleeps, so that oversleeping means the
@@ -109,3 +113,23 @@ class IngestLag:
         paused = max((gap for at, gap in tuple(self._pauses) if now - at <= self.window_s + gap),
                      default=0.0)
         return max(0.0, measured, paused, self.backlog_s())
+
+    def judged_at(self, now: float) -> float:
+        """The moment live verdicts are judged up to: ``now``, or, while the server is
+        behind (its lag over LAG_WARN_S), ``now`` less that lag.
+
+        An overloaded server folds heartbeats late; judged at arrival time the ranks would
+        look silent or stuck. Held back by the lag they look as they were when what the
+        server has folded so far was current. A lag under LAG_WARN_S is not held back: the
+        grid's moments are then judged with exactly the events received by each, as replay
+        judges them (dashboard.diagnosis.book).
+        """
+        lag = self.current()
+        if (lag > LAG_WARN_S) != self._behind:
+            self._behind = not self._behind
+            if self._behind:
+                log.warning("pgdash: ingest is %.1f s behind the agents; verdicts that this "
+                            "lag could explain are held until it catches up", lag)
+            else:
+                log.warning("pgdash: ingest caught up with the agents")
+        return now - (lag if self._behind else 0.0)

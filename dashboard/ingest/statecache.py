@@ -75,3 +75,25 @@ class StateCache:
             if self._held[job_id].status in ENDED:
                 del self._held[job_id]
                 self._evicted(job_id)
+
+
+class Changed:
+    """What changed since a reader last looked: jobs whose state or findings changed, and
+    whether the jobs list did. Ingest marks; whoever shows jobs (the live push) takes."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._jobs: set[int] = set()
+        self.jobs_list = threading.Event()  # set when a job's row (or incident count) changed
+
+    def job(self, job_id: int, list_changed: bool = False) -> None:
+        with self._lock:
+            self._jobs.add(job_id)
+        if list_changed:
+            self.jobs_list.set()
+
+    def take(self) -> set[int]:
+        """The jobs changed since the last call."""
+        with self._lock:
+            jobs, self._jobs = self._jobs, set()
+            return jobs

@@ -102,7 +102,6 @@ def register(app: Flask, socketio: Any, token: str | None,
     if not token or guard is None:
         return None
     access = Access(token)
-    app.extensions["pgdash_access"] = access
 
     def too_many(address: str, wait: float, page: bool):
         """429 for an address past its failed attempts; Retry-After in whole seconds."""

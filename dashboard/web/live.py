@@ -22,7 +22,9 @@ from typing import Any, Callable
 
 from dashboard.web import views
 from dashboard.diagnosis import Settings
+from dashboard.diagnosis.book import Timeline
 from dashboard.diagnosis.incidents import incidents as incidents_of
+from dashboard.ingest.pipeline import Ingest
 from dashboard.state import JobState
 
 # Rows of these sections are identified by these fields (in this order on the page).
@@ -90,6 +92,24 @@ def sections(state: JobState, cache: "ViewCache | None" = None, *, at: float | N
         out["rank_states"] = views.rank_states(state, at, findings or [], settings, groups)
         out["group_states"] = groups
     return out
+
+
+def state_at(ingest: Ingest, job_id: int, at: float) -> dict[str, Any] | None:
+    """The job as the server saw it at ``at`` (Unix seconds), for ``state?at=``: every event
+    received by then folded, judged then, with its findings and incidents as the book had
+    them then, the same first/last-seen times live showed (None if the job is unknown).
+    Scrubbing forward continues the last fold (dashboard.history.rewind)."""
+    def read(timeline: Timeline) -> dict[str, Any]:
+        state, book = timeline.state, timeline.book_at(at)
+        # ``sections``: what the live feed sends, judged at ``at``; the findings and
+        # incidents of the book then, grouped once, serve both.
+        shown = sections(state, at=at, findings=book.findings(), settings=ingest.settings)
+        return {"at": at, "job": shown["job"], "ranks": shown["ranks"],
+                "groups": shown["groups"], "progress": views.progress_rows(state),
+                "findings": shown["findings"], "incidents": shown["incidents"],
+                "sections": shown}
+
+    return ingest.replay(job_id, at, read)
 
 
 def progress_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

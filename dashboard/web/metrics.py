@@ -18,7 +18,9 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 
 from pgdash_agent.wire import HIST_BUCKETS_PER_OCTAVE
 from dashboard.diagnosis.incidents import incidents
+from dashboard.ingest.pipeline import Ingest
 from dashboard.statuses import JobStatus, RankStatus
+from dashboard.web import views
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 RANK_STATUSES = tuple(str(s) for s in RankStatus)
@@ -36,6 +38,15 @@ class LiveJob(NamedTuple):
     ranks: list[dict[str, Any]]  # rank rows of the API (status, last_seen, dropped)
     findings: list[dict[str, Any]]
     ops: list[dict[str, Any]]  # per group family, op and source: bytes, sum_us, histogram
+
+
+def live_jobs(ingest: Ingest) -> list[LiveJob]:
+    """What /metrics exports of every job held in memory."""
+    return ingest.each_held(lambda job_id, state, findings: LiveJob(
+        state.summary(), views.rank_rows(state), findings,
+        [{"family": family, "op": op, "source": source, "hist": dict(stats.hist),
+          "sum_us": stats.sum_us, "bytes": stats.bytes}
+         for (family, op, source), (stats, _, _) in state.op_stats().items()]))
 
 
 @dataclasses.dataclass

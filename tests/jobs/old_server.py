@@ -10,5 +10,5 @@ from werkzeug.serving import make_server
 from dashboard.web.app import create_app
 
 app = create_app({"DB": sys.argv[2]})
-app.extensions["pgdash_pusher"].start()
+app.extensions["pgdash"].start()  # the live push and diagnosis (dashboard.services)
 make_server("127.0.0.1", int(sys.argv[1]), app, threaded=True).serve_forever()

@@ -1,0 +1,86 @@
+"""The live fold: on the writer thread, a batch's new events are stored and folded into
+the job's state, in the order of the log.
+
+One task per batch, in one transaction: drop what the session stored already (admission),
+insert the rest, judge the findings book's moments due before the batch arrived
+(dashboard.ingest.livebooks), store a checkpoint when the batch opens a new period
+(dashboard.history.rewind), fold, store the job's changed summary and mark the job changed.
+Clustered, the log's tail folds instead (dashboard.ingest.follow).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from dashboard.history.rewind import Rewind
+from dashboard.ingest.admission import Admission
+from dashboard.ingest.lag import LAG_WARN_S, IngestLag
+from dashboard.ingest.livebooks import LiveBooks
+from dashboard.ingest.statecache import Changed, StateCache
+from dashboard.state import StoredEvent
+from dashboard.storage.store import Store
+
+
+class LiveFold:
+    """Args:
+        store: the database.
+        admission: what each session stored already.
+        cache: the jobs' states held in memory.
+        books: their findings books.
+        rewind: stores checkpoints of the live fold.
+        lag: the server's lag.
+        counters: Ingest's counters.
+        changed: told of each job that changed.
+        cluster: with several server processes, this one's membership (``touch``).
+    """
+
+    def __init__(self, store: Store, admission: Admission, cache: StateCache, books: LiveBooks,
+                 rewind: Rewind, lag: IngestLag, counters: collections.Counter[str],
+                 changed: Changed, cluster: Any = None):
+        self.store, self.admission, self.cache, self.books = store, admission, cache, books
+        self.rewind, self.lag, self.counters = rewind, lag, counters
+        self.changed, self.cluster = changed, cluster
+
+    def write(self, conn, session: str, job_id: int, evs: list[dict[str, Any]]) -> int:
+        """Writer thread: drop what is already stored, insert the rest, fold it into state."""
+        fresh, last = self.admission.fresh(session, evs)
+        self.counters["duplicate_events"] += len(evs) - len(fresh)
+        if not fresh:
+            return 0
+        with self.books.stamping() as now:
+            ids = self.store.log.insert(conn, job_id, session, fresh, now,
+                                        want_ids=self.cluster is None)
+            self.admission.stored(session, last)
+            self.counters["stored_events"] += len(fresh)
+            if self.cluster is not None:  # the log's tail folds it, here and in the owner
+                self.cluster.touch(job_id)
+                return len(fresh)
+            with self.cache.lock:
+                state = self.cache.state(job_id)
+                before = state.summary()
+                # The moments due before this batch arrived are judged without it.
+                # A stored checkpoint when this batch opens a new period: the state and the
+                # book as a replay would have them (dashboard.history.rewind).
+                self.rewind.checkpoint_live(conn, self.books.timeline(job_id, state), now)
+                self.lag.check_pause()  # the writer may be first to run after a pause
+                # A batch far later than its session's usual (the server stood still) says
+                # the others' news is late too: the moments it spans wait (dashboard.ingest.lag).
+                newest = max((ev["t"] for ev in fresh if ev.get("seq") is not None),
+                             default=None)
+                late = 0.0 if newest is None else self.lag.lateness(session, newest, now)
+                self.books.before_fold(conn, job_id, state, now,
+                                       late if late > LAG_WARN_S else 0.0)
+                for event_id, ev in zip(ids, fresh):
+                    stored: StoredEvent = {"id": event_id, "session": session,
+                                           "seq": ev.get("seq"), "t": ev["t"],
+                                           "received_at": now, "kind": ev["kind"],
+                                           "body": ev["body"]}
+                    state.apply(stored)
+                after = state.summary()
+        if newest is not None:
+            self.lag.folded(session, newest, now)
+        if after != before:
+            self.store.jobs.update(conn, job_id, after)
+        self.changed.job(job_id, list_changed=after != before)
+        return len(fresh)

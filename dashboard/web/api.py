@@ -1,0 +1,203 @@
+"""The HTTP JSON API (``/api/...``) and ``/metrics``, as a blueprint.
+
+Handlers stay thin: they check the request's shape and read through ingest
+(dashboard.ingest.pipeline.Ingest) or a view of a job's state (dashboard.web.views). The API
+answers JSON whatever goes wrong, with what to do in the message.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable
+
+from flask import Blueprint, abort, current_app, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from dashboard import services
+from dashboard.diagnosis.incidents import incidents
+from dashboard.history.archive import export_lines
+from dashboard.history.trace import TraceError, build_trace, json_chunks, trace_query
+from dashboard.ingest.pipeline import Ingest
+from dashboard.state import JobState
+from dashboard.web import views
+from dashboard.web.joblist import jobs_payload, row_facts
+from dashboard.web.live import state_at
+from dashboard.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from dashboard.web.metrics import Snapshot, exposition, live_jobs
+
+log = logging.getLogger("pgdash.server")
+
+api = Blueprint("api", __name__)
+
+MAX_JOB_ID = 2**63 - 1  # the largest integer the database stores
+# How far past the server's clock a replayed moment may lie (agents' clocks run a little
+# ahead of the server's; further than this is a typo, not a moment of the job).
+FUTURE_SLACK_S = 300.0
+
+
+def replay_moment_error(job: dict[str, Any], at: float, now: float) -> str | None:
+    """Why ``at`` is no moment of ``job`` to replay (before it started, far in the future),
+    or None."""
+    started = job.get("started_at")
+    if started is not None and at < started:
+        return (f"at={at:.3f} is before job {job['id']} started (at {started:.3f}); "
+                f"pick a moment from {started:.3f} on")
+    if at > now + FUTURE_SLACK_S:
+        return (f"at={at:.3f} is {at - now:.0f} s after the server's clock ({now:.3f}); "
+                f"pick a moment up to now")
+    return None
+
+
+def found_or_404(found, job_id: int):
+    """``found``, or the API's 404 for an unknown job when it is None."""
+    if found is None:
+        abort(404, description=f"no job with id {job_id}; GET /api/jobs lists them")
+    return found
+
+
+def _ingest() -> Ingest:
+    return services.current().ingest
+
+
+def _job_or_404(job_id: int, view: Callable[[JobState], Any]):
+    return found_or_404(_ingest().read(job_id, view), job_id)
+
+
+@api.app_errorhandler(404)
+def not_found(exc):
+    if not request.path.startswith("/api/"):
+        return exc
+    if request.url_rule is None:  # no route: say which there are (a job id is digits)
+        routes = sorted({rule.rule.replace("<int:job_id>", "<id>")
+                         for rule in current_app.url_map.iter_rules()
+                         if rule.rule.startswith("/api/")})
+        return jsonify(error=f"no API route {request.path!r:.120}: the routes are "
+                             f"{', '.join(routes)}, where <id> is a job's id, a positive "
+                             "integer (GET /api/jobs lists them)"), 404
+    return jsonify(error=getattr(exc, "description", "not found")), 404
+
+
+@api.app_errorhandler(HTTPException)
+def api_http_error(exc):  # 400, 405, ...: the API answers JSON whatever went wrong
+    if request.path.startswith("/api/"):
+        return jsonify(error=f"{exc.name}: {exc.description}"), exc.code
+    return exc
+
+
+@api.app_errorhandler(Exception)
+def api_crash(exc):
+    # A bug must not take a request down with an HTML page or a leaked traceback; the
+    # log keeps the traceback for whoever fixes it.
+    if isinstance(exc, HTTPException):
+        return exc
+    log.exception("pgdash: %s %s failed", request.method, request.path)
+    if request.path.startswith("/api/") or request.path == "/metrics":
+        return jsonify(error=f"the server failed on this request ({type(exc).__name__}); "
+                             "its log has the details"), 500
+    return "pgdash: the server failed on this request; its log has the details", 500
+
+
+@api.before_app_request
+def job_id_in_range():
+    # /api/jobs/<int:job_id> accepts any digits; an id past what the database can hold
+    # is simply not a job (SQLite would raise OverflowError).
+    job_id = (request.view_args or {}).get("job_id")
+    if isinstance(job_id, int) and job_id > MAX_JOB_ID:
+        found_or_404(None, job_id)
+
+
+@api.get("/api/jobs")
+def api_jobs():
+    return jobs_payload(_ingest())
+
+
+@api.get("/api/jobs/<int:job_id>")
+def api_job(job_id: int):
+    detail = _job_or_404(job_id, views.detail)
+    return {**detail, **row_facts(_ingest().store.jobs.get(job_id) or {})}
+
+
+@api.get("/api/jobs/<int:job_id>/collectives")
+def api_collectives(job_id: int):
+    rank = request.args.get("rank")
+    if rank is not None and not rank.isdigit():
+        return jsonify(error=f"rank must be a non-negative integer, got {rank!r}"), 400
+    return _job_or_404(job_id, lambda s: {"collectives": views.collective_rows(
+        s, group=request.args.get("group"), op=request.args.get("op"),
+        rank=int(rank) if rank is not None else None)})
+
+
+@api.get("/metrics")
+def metrics():
+    parts = services.current()
+    ingest = parts.ingest
+    counters = dict(ingest.counters)
+    if parts.notifier is not None:
+        counters.update({f"notify_{k}": v for k, v in parts.notifier.counters.items()})
+    if parts.guard is not None:
+        counters.update({f"login_{k}": v for k, v in parts.guard.counters.items()})
+        counters["login_addresses"] = len(parts.guard)
+    body = exposition(Snapshot(
+        ingest.store.jobs.newest(limit=10_000), live_jobs(ingest), counters,
+        ingest.store.writer.commits, ingest.store.writer.write_errors, ingest.lag.current(),
+        ingest.agent_connections, per_rank=parts.metrics_per_rank))
+    if parts.cluster is not None:
+        body += parts.cluster.exposition()
+    return body, 200, {"Content-Type": METRICS_CONTENT_TYPE}
+
+
+@api.get("/api/jobs/<int:job_id>/gpus")
+def api_gpus(job_id: int):
+    return _job_or_404(job_id, lambda s: {"gpus": views.gpu_rows(s)})
+
+
+@api.get("/api/jobs/<int:job_id>/export")
+def api_export(job_id: int):
+    lines = found_or_404(export_lines(_ingest().store, job_id), job_id)
+    return current_app.response_class(lines, mimetype="application/x-ndjson", headers={
+        "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}.jsonl"'})
+
+
+@api.get("/api/jobs/<int:job_id>/trace")
+def api_trace(job_id: int):
+    ingest = _ingest()
+    try:
+        start, end, max_events = trace_query(request.args, services.current().trace_max_events)
+    except TraceError as exc:
+        return jsonify(error=str(exc)), 400
+    job = found_or_404(ingest.store.jobs.get(job_id), job_id)
+    findings = found_or_404(ingest.findings(job_id), job_id)
+    trace = build_trace(ingest.store.log.events(job_id), findings=findings, job=job,
+                        start=start, end=end, max_events=max_events,
+                        incidents=incidents(findings))
+    return current_app.response_class(json_chunks(trace), mimetype="application/json", headers={
+        "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}-trace.json"'})
+
+
+@api.get("/api/jobs/<int:job_id>/state")
+def api_state(job_id: int):
+    ingest = _ingest()
+    raw = request.args.get("at")
+    try:
+        at = float(raw) if raw is not None else None
+    except ValueError:
+        at = None
+    if at is None or not math.isfinite(at):
+        return jsonify(error=f"at must be a time in Unix seconds, e.g. ?at=1764000000.5; "
+                             f"got {raw!r:.40}"), 400
+    job = found_or_404(ingest.store.jobs.get(job_id), job_id)
+    bad = replay_moment_error(job, at, ingest.clock())
+    if bad:
+        return jsonify(error=bad), 400
+    return found_or_404(state_at(ingest, job_id, at), job_id)
+
+
+@api.get("/api/jobs/<int:job_id>/incidents")
+def api_incidents(job_id: int):
+    return {"incidents": found_or_404(_ingest().incidents(job_id), job_id)}
+
+
+@api.get("/api/jobs/<int:job_id>/findings")
+def api_findings(job_id: int):
+    return {"findings": found_or_404(_ingest().findings(job_id), job_id)}
