@@ -117,7 +117,7 @@ class Ingest:
 
     def start(self) -> "Ingest":
         self.admission.start()
-        self.store.writer.on_write_failure = self._resync
+        self.store.writer.on_failure(self._resync)
         return self
 
     def _resync(self) -> None:

@@ -31,7 +31,7 @@ class Writer:
         queue_limit: the most tasks waiting (past it, ``submit_nowait`` raises queue.Full).
         before_commit: called with the connection after a batch's tasks, inside their
             transaction (the event log inserts the rows its tasks deferred).
-        after_rollback: called after a failed transaction, before ``on_write_failure``
+        after_rollback: called after a failed transaction, before the failure listeners
             (the event log forgets what it deferred and numbered).
     """
 
@@ -50,7 +50,11 @@ class Writer:
         self.write_errors = 0
         # Called on the writer thread after a failed transaction, so that whoever keeps
         # derived state in memory can drop it and re-read what was really stored.
-        self.on_write_failure: Callable[[], None] | None = None
+        self._failure_listeners: list[Callable[[], None]] = []
+
+    def on_failure(self, listener: Callable[[], None]) -> None:
+        """Subscribe ``listener()``: called on the writer thread after a failed transaction."""
+        self._failure_listeners.append(listener)
 
     def start(self) -> None:
         self._thread.start()
@@ -125,8 +129,8 @@ class Writer:
             self._after_rollback()
             self.write_errors += 1
             log.exception("pgdash: write failed; %d task(s) not stored", len(batch))
-            if self.on_write_failure is not None:
-                self.on_write_failure()
+            for listener in self._failure_listeners:
+                listener()
             for _, future, _ in batch:
                 future.set_exception(exc)
             return
