@@ -15,7 +15,8 @@ from dashboard.history import archive
 
 from dashboard.web import views
 from dashboard.storage.codec import decode_body, decode_state, encode_body, encode_state
-from dashboard.storage.compaction import COMPACTABLE, Compactor, Policy, plan
+from dashboard.storage.compaction import Compactor, Policy
+from dashboard.storage.thinning import COMPACTABLE, plan
 from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
 from dashboard.storage.database import upgrade
