@@ -2,8 +2,8 @@
 
 import pytest
 
-from dashboard.web import views
 from dashboard.state import JobState
+from dashboard.web import timeline, views
 
 
 class Log:
@@ -178,7 +178,7 @@ def test_half_second_summaries_share_a_heat_map_second():
     for end in (19.9, 20.4, 20.9, 21.4, 21.9):
         log.add("s0", "coll_stats", summary(end - 0.5, end, 3e5), t=end)
     log.add("s0", "coll_stats", summary(21.9, 23.9, 8e5), t=23.9)
-    grid = views.timeline_grid(log.state(), bins=4)
+    grid = timeline.timeline_grid(log.state(), bins=4)
     assert grid["end"] == 23
     assert grid["families"][0]["busy"][0] == [60, 60, None, 40]
 

@@ -12,8 +12,6 @@ import pytest
 import sqlalchemy as sa
 
 from dashboard.history import archive
-
-from dashboard.web import views
 from dashboard.storage.codec import decode_body, decode_state, encode_body, encode_state
 from dashboard.storage.compaction import Compactor, Policy
 from dashboard.storage.thinning import COMPACTABLE, plan
@@ -21,6 +19,7 @@ from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
 from dashboard.storage.database import upgrade
 from dashboard.storage.store import Store
+from dashboard.web import timeline, views
 from tests.helpers.realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
 
 T0 = 1_780_000_000.0
@@ -82,7 +81,7 @@ def _views(state: JobState) -> dict:
             "collectives": views.collective_rows(state), "progress": views.progress_rows(state),
             "gpus": views.gpu_rows(state), "errors": views.error_rows(state),
             "faults": state.gpu_faults, "throttled": state.throttled_since,
-            "groups": views.group_rows(state), "timeline": views.timeline_grid(state),
+            "groups": views.group_rows(state), "timeline": timeline.timeline_grid(state),
             "recent": {k: list(v) for k, v in state.recent.items()},
             "gpu_history": {k: list(v) for k, v in state.gpu_history.items()}}
 

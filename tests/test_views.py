@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import itertools
 
-from dashboard.web import views
 from dashboard.diagnosis import Settings
 from dashboard.web.live import ViewCache
 from dashboard.state import JobState
+from dashboard.web import display, timeline, views
 
 _ids = itertools.count(1)
 
@@ -53,7 +53,7 @@ def test_op_rows_merge_ranks_and_groups_of_a_family():
 
 def test_timeline_grid_is_one_row_per_rank_and_second_per_family():
     s = mesh_job(seconds=5)
-    grid = views.timeline_grid(s, bins=4)
+    grid = timeline.timeline_grid(s, bins=4)
     assert grid["end"] == 105 and grid["bins"] == 4
     families = {f["family"]: f for f in grid["families"]}
     assert list(families) == ["default_pg", "mesh_dp", "mesh_tp"]
@@ -62,14 +62,14 @@ def test_timeline_grid_is_one_row_per_rank_and_second_per_family():
     # Rank 1 spends 2 x 10 ms of each second in group 3's collectives: 2 %.
     assert tp["busy"][1] == [2, 2, 2, 2]
     assert families["default_pg"]["busy"][0] == [0, 0, 0, 0]  # 10 ms of a second rounds to 1 %
-    empty = views.timeline_grid(JobState(2, "new"))
+    empty = timeline.timeline_grid(JobState(2, "new"))
     assert empty == {"end": None, "step": 1, "bins": 30, "families": [], "ops": []}
 
 
 def test_timeline_grid_has_latency_and_bytes_per_op_and_second():
     from pgdash_agent.wire import hist_bucket_value
 
-    grid = views.timeline_grid(mesh_job(seconds=5), bins=4)
+    grid = timeline.timeline_grid(mesh_job(seconds=5), bins=4)
     ops = {(o["family"], o["op"]): o for o in grid["ops"]}
     assert list(ops) == [("default_pg", "all_reduce"), ("mesh_dp", "all_reduce"),
                          ("mesh_tp", "all_reduce")]
@@ -83,7 +83,7 @@ def test_timeline_grid_has_latency_and_bytes_per_op_and_second():
     s.apply(ev("s0", "coll_stats", {"start": 104, "end": 105.0, "rows": [
         {"group": "3", "op": "broadcast", "count": 1, "bytes": 8, "sum_us": 5.0,
          "max_us": 5.0, "hist": [[9, 1]]}]}, 105.0))
-    bcast = next(o for o in views.timeline_grid(s, bins=4)["ops"] if o["op"] == "broadcast")
+    bcast = next(o for o in timeline.timeline_grid(s, bins=4)["ops"] if o["op"] == "broadcast")
     assert bcast["count"] == [0, 0, 0, 1] and bcast["p50_us"][:3] == [None] * 3
 
 
@@ -148,7 +148,7 @@ def test_progress_of_a_group_python_never_saw_comes_from_the_flight_recorder():
     assert rows[("2", 1)]["inflight_since"] == t - 3
 
 
-# -- display states judged at a moment (dashboard.web.views.rank_states / group_states) ----------
+# -- display states judged at a moment (dashboard.web.display.rank_states / group_states) ----------
 
 def waiting_job() -> JobState:
     """Three ranks of one group: ranks 0 and 1 wait in all_reduce #5 since t=200, rank 2 is
@@ -167,23 +167,23 @@ def waiting_job() -> JobState:
 
 
 def states_at(s: JobState, at: float, findings=()) -> dict[int, dict]:
-    return {row["rank"]: row for row in views.rank_states(s, at, list(findings))}
+    return {row["rank"]: row for row in display.rank_states(s, at, list(findings))}
 
 
 def test_a_wait_is_judged_at_the_moment_asked_never_by_a_clock():
     s = waiting_job()
     settings = Settings()
-    (early,) = views.group_states(s, 200.5, settings)
+    (early,) = display.group_states(s, 200.5, settings)
     # Half a second in: ranks are routinely a little apart, nobody is "behind" yet.
     assert early["state"] == "waiting" and early["behind"] == [] and early["max_seq"] == 5
     assert early["family"] == "default_pg"
-    (behind,) = views.group_states(s, 200.0 + settings.behind_after, settings)
+    (behind,) = display.group_states(s, 200.0 + settings.behind_after, settings)
     assert behind["state"] == "behind" and behind["behind"] == [[2, 1]]
     assert behind["oldest_wait"] == 200.0
-    (late,) = views.group_states(s, 200.0 + settings.stall_after, settings)
+    (late,) = display.group_states(s, 200.0 + settings.stall_after, settings)
     assert late["state"] == "overdue" and late["behind"] == [[2, 1]]
     # The same moment gives the same answer, however often and whenever it is asked.
-    assert views.group_states(s, 203.0) == views.group_states(s, 203.0) == [behind]
+    assert display.group_states(s, 203.0) == display.group_states(s, 203.0) == [behind]
 
     ranks = states_at(s, 203.0)
     assert ranks[0]["state"] == "waiting" and ranks[2]["state"] == "running"
@@ -212,8 +212,8 @@ def test_rank_states_follow_the_findings_active_at_that_moment():
     # A rank that failed is failed, whatever else is said about it.
     s.apply(ev("s2", "exit", {"clean": False, "exitcode": 1}, 301.0))
     assert states_at(s, 302.0, [hang])[2]["state"] == "failed"
-    assert set(views.DISPLAY_STATES) >= {row["state"] for row in
-                                       views.rank_states(s, 302.0, [hang])}
+    assert set(display.DISPLAY_STATES) >= {row["state"] for row in
+                                       display.rank_states(s, 302.0, [hang])}
 
 
 def test_groups_carry_their_family_so_the_page_need_not_know_the_rule():

@@ -36,7 +36,7 @@ class Settings:
     hang_after: float = 60.0  # --hang-after: a collective waiting this long is a hang
     # Ranks of a moving job are routinely a few collectives apart (heartbeats are snapshots
     # taken at different moments): the page shows a rank "behind" only once the others have
-    # waited in a collective this long (dashboard.web.views.group_states).
+    # waited in a collective this long (dashboard.web.display.group_states).
     behind_after: float = 2.0
     # A collective some ranks wait in while a peer has not entered it is a `stall` once the
     # wait reaches the largest of these (measured on real gloo jobs: see README, "Stall"):

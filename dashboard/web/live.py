@@ -20,12 +20,12 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from dashboard.web import views
 from dashboard.diagnosis import Settings
 from dashboard.diagnosis.book import Timeline
 from dashboard.diagnosis.incidents import incidents as incidents_of
 from dashboard.ingest.pipeline import Ingest
 from dashboard.state import JobState
+from dashboard.web import display, timeline, views
 
 # Rows of these sections are identified by these fields (in this order on the page).
 ROW_KEYS: dict[str, tuple[str, ...]] = {
@@ -73,7 +73,7 @@ def sections(state: JobState, cache: "ViewCache | None" = None, *, at: float | N
         "rank_stats": part("rank_stats", lambda: views.rank_stat_rows(state)),
         "ops": part("ops", lambda: views.op_rows(state)),
         "timeline_grid": part("timeline_grid",
-                              lambda: compact_grid(views.timeline_grid(state, TIMELINE_BINS))),
+                              lambda: compact_grid(timeline.timeline_grid(state, TIMELINE_BINS))),
         "rendezvous": part("rendezvous", lambda: views.rendezvous_rows(state)),
         "errors": views.error_rows(state),
         "gpus": part("gpus", lambda: views.gpu_rows(state, history=False)),
@@ -88,8 +88,8 @@ def sections(state: JobState, cache: "ViewCache | None" = None, *, at: float | N
         out["findings"] = findings
         out["incidents"] = incidents_of(findings)
     if at is not None:
-        groups = views.group_states(state, at, settings)
-        out["rank_states"] = views.rank_states(state, at, findings or [], settings, groups)
+        groups = display.group_states(state, at, settings)
+        out["rank_states"] = display.rank_states(state, at, findings or [], settings, groups)
         out["group_states"] = groups
     return out
 

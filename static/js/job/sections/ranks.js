@@ -7,7 +7,7 @@ import { selectRank } from "./findings.js";
 
 const { el, clear, DASH } = PG;
 
-// The server's vocabulary (dashboard/web/views.py DISPLAY_STATES), in its order.
+// The server's vocabulary (dashboard/web/display.py DISPLAY_STATES), in its order.
 const STATES = ["failed", "lost", "hung", "stalled", "mismatch", "stuck", "straggling", "waiting", "running", "initializing", "exited", "unknown"];
 const STATE_TEXT = {
   failed: "failed",
