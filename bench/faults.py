@@ -816,9 +816,9 @@ def print_ratio(timing: dict[str, Any]) -> None:
 
 
 def fuzz(workdir: Path) -> dict[str, Any]:
-    """Run tests/test_fuzz.py; count its cases and failures."""
+    """Run tests/integration/test_fuzz.py; count its cases and failures."""
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                           str(ROOT / "tests" / "test_fuzz.py")], cwd=ROOT,
+                           str(ROOT / "tests" / "integration" / "test_fuzz.py")], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
     cases = sum(int(n) for n in re.findall(r"fuzz \w+: (\d+) cases", done.stdout))
     failed = re.search(r"(\d+) failed", done.stdout)

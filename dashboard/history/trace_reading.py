@@ -19,7 +19,7 @@ from pgdash_agent.wire import hist_bucket_value
 from dashboard.history.trace_file import TraceFile, cut_text
 from dashboard.state import FLIGHT_OP, JobState, RankState, StoredEvent
 
-# Kinds JobState folds that the timeline does not draw, and why. tests/test_trace.py holds
+# Kinds JobState folds that the timeline does not draw, and why. tests/unit/test_trace.py holds
 # every other kind the fold folds to a reading here, so a new kind is drawn by decision.
 NOT_DRAWN = {"left": "destroy_process_group: the trace predates the kind, and drawing it "
                      "changes the file, for a change of its own"}

@@ -14,32 +14,7 @@ import socketio
 from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION, UI_NAMESPACE
 from dashboard.web.live import apply
 from tests.helpers.procs import ROOT, ServerProcess, get_json, job_by_name, wait_for
-
-
-def agent_client(url, session="s1", job="edge", rank=0, token=None, auth=None):
-    client = socketio.Client(reconnection=False)
-    reasons = []
-    client.on("connect_error", reasons.append, namespace=AGENT_NAMESPACE)
-    try:
-        client.connect(url, namespaces=[AGENT_NAMESPACE], transports=["websocket"],
-                       auth=auth or {"v": PROTOCOL_VERSION, "session": session, "job": job,
-                                     "rank": rank, "host": "h", "pid": 1, "token": token})
-    except socketio.exceptions.ConnectionError:
-        client.disconnect()
-        raise AssertionError(f"refused: {reasons}") from None
-    return client
-
-
-def send(client, events, v=PROTOCOL_VERSION):
-    return client.call("batch", {"v": v, "events": events}, namespace=AGENT_NAMESPACE,
-                       timeout=10)
-
-
-def ev(seq, kind, body, t=100.0):
-    return {"seq": seq, "t": t, "kind": kind, "body": body}
-
-
-HELLO = {"job": "edge", "rank": 0, "world_size": 1, "host": "h", "pid": 1, "backend": "gloo"}
+from tests.helpers.agents import HELLO, agent_client, ev, send
 
 
 def test_bad_batches_are_refused_with_reasons_and_lose_nothing(server):
@@ -141,15 +116,6 @@ def test_browser_gets_a_snapshot_then_deltas_over_socketio(server):
     finally:
         ui.disconnect()
         agent.disconnect()
-
-
-def test_api_errors_are_json(server):
-    import urllib.error
-
-    with pytest.raises(urllib.error.HTTPError) as info:
-        get_json(server.url + "/api/jobs/12345")
-    assert info.value.code == 404
-    assert b"no job with id 12345" in info.value.read()
 
 
 def test_db_upgrade_and_bad_db_url(tmp_path):

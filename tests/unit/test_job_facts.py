@@ -9,22 +9,12 @@ import json
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from dashboard.web.app import create_app
 from dashboard.cli import cli
 from dashboard.storage.database import upgrade
+from tests.helpers.web import close_app, open_app
 
 LAUNCH = {"command": "train.py --note <b>bold</b>", "launcher": "torchrun",
           "launcher_id": "6fd5bf1d"}
-
-
-def open_app(url: str):
-    app = create_app({"DB": url, "PUSH_INTERVAL": 60})
-    return app, app.test_client()
-
-
-def close_app(app) -> None:
-    app.extensions["pgdash"].pusher.stop()
-    app.extensions["pgdash"].store.close()
 
 
 def session_file(path, exported_at: float | None) -> None:

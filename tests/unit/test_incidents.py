@@ -10,7 +10,7 @@ import pytest
 from dashboard.diagnosis import Settings, diagnose, finding
 from dashboard.diagnosis.incidents import incidents
 from dashboard.web.notify import Notifier, check_url, payload
-from test_diagnosis import intervals, progress, running
+from tests.helpers.events import intervals, progress, running
 
 S = Settings(hang_after=60.0)
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from tests.helpers.procs import ROOT, ServerProcess, job_by_name, launch_job, wait_for, wait_job
 from tests.helpers.realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
-from test_pipeline import expected_counts
+from tests.helpers.jobs import expected_counts
 
 
 def test_db_upgrade_on_postgres_makes_the_schema_with_the_right_types(pg_url):

@@ -18,7 +18,7 @@ import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "dashboard"
 
 # The rooms below web/: none of them may know who renders what they hold.

@@ -7,7 +7,7 @@ from dashboard.web import views
 from dashboard.web.live import sections
 from dashboard.diagnosis import Settings, diagnose
 from tests.helpers.fake_nvml import FakeNvml
-from test_state import Log, hello
+from tests.helpers.events import Log, hello
 
 S = Settings(lost_after=1e9)
 
@@ -109,17 +109,3 @@ def test_gpu_rows_have_latest_reading_and_history():
     # The page's section (live and state?at) leaves the history out: the page draws none.
     (shown,) = sections(log.state(), at=12.0)["gpus"]
     assert "history" not in shown and shown == {k: v for k, v in row.items() if k != "history"}
-
-
-def test_agent_gpu_readings_reach_the_api_and_the_findings(server, tmp_path):
-    from tests.helpers.procs import job_by_name, launch_job, wait_for, wait_job
-
-    assert wait_job(launch_job("fake_gpu_job.py", 1, server.url, "gpu", tmp_path), 60,
-                    tmp_path) == [0]
-    job = wait_for(lambda: job_by_name(server, "gpu"), 10, "the job")
-    (row,) = server.api(f"/api/jobs/{job['id']}/gpus")["gpus"]
-    assert row["rank"] == 0 and row["uuid"] == "GPU-0000-fake" and row["util_gpu"] == 87
-    assert row["name"] == "NVIDIA Fake H200" and len(row["history"]) >= 2
-    found = server.api(f"/api/jobs/{job['id']}/findings")["findings"]
-    assert [(f["kind"], f["ranks"], f["severity"]) for f in found] == [
-        ("gpu_fault", [0], "critical")]

@@ -10,7 +10,7 @@ import pytest
 from dashboard.history.archive import Archive, ArchiveError, export_lines, import_archive, replay
 from dashboard.diagnosis import Settings
 from dashboard.storage.store import Store
-from test_ingest import hang_job  # noqa: F401  (the fixture)
+from tests.helpers.ingest import hang_job  # noqa: F401  (the fixture
 
 
 def test_a_job_goes_to_a_file_and_into_another_database(hang_job, tmp_path):
@@ -37,7 +37,7 @@ def test_a_job_goes_to_a_file_and_into_another_database(hang_job, tmp_path):
 
 def test_an_imported_job_is_marked_and_no_agent_joins_it(hang_job, tmp_path):
     from dashboard.ingest.pipeline import Ingest
-    from test_ingest import auth
+    from tests.helpers.ingest import auth
 
     store, _, job = hang_job
     lines = list(export_lines(store, job, now=300.0))

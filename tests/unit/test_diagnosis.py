@@ -1,42 +1,9 @@
 """Diagnosis rules on hand-made event logs: who is blamed, when, and silence when healthy."""
 
 from dashboard.diagnosis import Settings, diagnose
-from test_state import Log, hello
+from tests.helpers.events import Log, half_seconds, hello, intervals, kinds, progress, running
 
 S = Settings(hang_after=10.0, lost_after=15.0, init_grace=3.0)
-
-
-def running(world, groups=(("0", None),), t=100.0, host="node0"):
-    """``world`` ranks initialised at ``t``, members of ``groups`` [(name, ranks or None)]."""
-    log = Log()
-    for r in range(world):
-        s = f"s{r}"
-        log.add(s, "hello", hello(r, world=world, host=host), t=t)
-        log.add(s, "init_start", {"rank": r, "world_size": world}, t=t)
-        log.add(s, "init_done", {"rank": r, "world_size": world, "backend": "gloo",
-                                 "duration_s": 0.1}, t=t)
-        for name, members in groups:
-            members = list(range(world)) if members is None else members
-            if r in members:
-                log.add(s, "group", {"name": name, "ranks": members}, t=t)
-    return log
-
-
-def progress(log, rank, t, *rows):
-    """rows: (group, entered, completed, inflight_op, since[, dtype, bytes])."""
-    groups = []
-    for row in rows:
-        g, entered, completed, op, since = row[:5]
-        entry = {"group": g, "entered": entered, "completed": completed, "inflight_op": op,
-                 "inflight_since": since}
-        if op:
-            entry["inflight_dtype"], entry["inflight_bytes"] = (row[5:7] or ("float32", 16))
-        groups.append(entry)
-    log.add(f"s{rank}", "heartbeat", {"groups": groups}, t=t)
-
-
-def kinds(found):
-    return [(f["kind"], f["ranks"]) for f in found]
 
 
 def test_healthy_job_is_silent():
@@ -191,18 +158,6 @@ def test_replay_gives_the_same_findings_at_the_same_moment():
     assert a == b and a
 
 
-def intervals(log, rank, group, waits_ms, start=101.0, per=20):
-    """One coll_stats per second for ``rank``: ``per`` collectives waiting ``waits_ms`` each."""
-    from pgdash_agent.wire import hist_bucket
-
-    for i, ms in enumerate(waits_ms):
-        us = ms * 1000
-        log.add(f"s{rank}", "coll_stats", {"start": start + i - 1, "end": start + i, "rows": [
-            {"group": group, "op": "all_reduce", "count": per, "bytes": 16 * per,
-             "sum_us": us * per, "max_us": us, "hist": [[hist_bucket(us), per]]}]},
-            t=start + i)
-
-
 def test_straggler_is_the_rank_that_waits_least_interval_after_interval():
     log = running(4)
     for r in range(3):
@@ -226,22 +181,6 @@ def test_no_straggler_when_waits_are_short_or_spread():
     intervals(log, 1, "0", [12, 0.3, 12, 12, 0.3])
     intervals(log, 2, "0", [12, 12, 0.3, 12, 12])
     assert diagnose(log.state(), 106, S) == []
-
-
-def half_seconds(log, rank, waits_ms, start=101.0):
-    """One coll_stats per half second (PGDASH_STATS_INTERVAL_S) for ``rank``; ``waits_ms``:
-    per summary, the wait of each of its collectives (a list, so that a summary can mix)."""
-    from pgdash_agent.wire import hist_bucket
-
-    for i, waits in enumerate(waits_ms):
-        hist: dict[int, int] = {}
-        for ms in waits:
-            hist[hist_bucket(ms * 1000)] = hist.get(hist_bucket(ms * 1000), 0) + 1
-        end = start + 0.5 * i
-        log.add(f"s{rank}", "coll_stats", {"start": end - 0.5, "end": end, "rows": [
-            {"group": "0", "op": "all_reduce", "count": len(waits), "bytes": 16 * len(waits),
-             "sum_us": 1000.0 * sum(waits), "max_us": 1000.0 * max(waits),
-             "hist": sorted(hist.items())}]}, t=end)
 
 
 def test_a_straggler_is_named_once_its_window_holds_only_late_collectives():

@@ -6,7 +6,6 @@ import contextlib
 import gc
 import os
 import pickle
-import random
 
 import pytest
 import sqlalchemy as sa
@@ -19,82 +18,14 @@ from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
 from dashboard.storage.database import upgrade
 from dashboard.storage.store import Store
-from dashboard.web import timeline, views
-from tests.helpers.realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
-
-T0 = 1_780_000_000.0
-RANKS = 4
-
-
-def _job_events(seconds: int, *, hang: tuple[float, float] | None = None,
-                exit_rank_at: float | None = None, seed: int = 3) -> list[dict]:
-    """What RANKS agents send over ``seconds`` (arrival times included): a start, then per
-    second a heartbeat, a latency summary and a GPU reading; rank 1 throttles for a while,
-    rank 2 reports an XID once; optionally a hang of rank 0 and an early exit of rank 3."""
-    rng = random.Random(seed)
-    out, seq = [], {r: 0 for r in range(RANKS)}
-
-    def add(rank: int, t: float, kind: str, body: dict) -> None:
-        seq[rank] += 1
-        out.append({"session": f"s{rank}", "seq": seq[rank], "t": t, "received_at": t + 0.01,
-                    "kind": kind, "body": body})
-
-    for r in range(RANKS):
-        add(r, T0 + r * 0.001, "hello", {"job": "j", "rank": r, "world_size": RANKS,
-                                        "host": "h", "pid": 100 + r, "backend": "gloo"})
-        add(r, T0 + 0.1 + r * 0.001, "group", {"name": "0", "desc": "default_pg",
-                                              "backend": "gloo", "ranks": list(range(RANKS))})
-    for s in range(1, seconds):
-        for r in range(RANKS):
-            t = T0 + s + r * 0.01
-            if exit_rank_at is not None and r == 3 and t >= exit_rank_at:
-                if t - 1 < exit_rank_at:
-                    add(r, t, "exit", {"clean": True, "code": 0})
-                continue
-            hung = hang is not None and hang[0] <= t < hang[1]
-            add(r, t, "heartbeat", {"groups": [{
-                "group": "0", "entered": s * 10 + (1 if hung and r else 0),
-                "completed": s * 10, "inflight_op": "all_reduce" if hung and r else None,
-                "inflight_since": hang[0] if hung and r else None}],
-                "dropped": {"coll_stats": s // 500}, "buffered": 0})
-            if not hung:
-                add(r, t, "coll_stats", {"start": t - 1, "end": t, "rows": [
-                    {"group": "0", "op": op, "count": 10, "bytes": 4096 * 10,
-                     "sum_us": 10 * rng.uniform(50, 150), "max_us": rng.uniform(150, 900),
-                     "hist": [[70 + rng.randrange(6), 4], [80 + rng.randrange(3), 6]]}
-                    for op in ("all_reduce", "broadcast")]})
-            throttled = r == 1 and 400 <= s < 460
-            add(r, t, "gpu", {"uuid": f"GPU-{r}", "name": "H200", "lost": False,
-                              "reasons": ["hw_slowdown"] if throttled else [],
-                              "xids": [79] if r == 2 and s == 300 else [],
-                              "values": {"util_gpu": rng.uniform(80, 100), "mem_used": 1e9,
-                                         "temp_c": 60.0, "power_w": 500.0}})
-    out.sort(key=lambda e: e["received_at"])
-    for i, ev in enumerate(out, 1):
-        ev["id"] = i
-    return out
-
-
-def _views(state: JobState) -> dict:
-    """What the page and diagnosis read of a state, beyond the fold's short windows."""
-    return {"summary": state.summary(), "ranks": views.rank_rows(state),
-            "collectives": views.collective_rows(state), "progress": views.progress_rows(state),
-            "gpus": views.gpu_rows(state), "errors": views.error_rows(state),
-            "faults": state.gpu_faults, "throttled": state.throttled_since,
-            "groups": views.group_rows(state), "timeline": timeline.timeline_grid(state),
-            "recent": {k: list(v) for k, v in state.recent.items()},
-            "gpu_history": {k: list(v) for k, v in state.gpu_history.items()}}
+from dashboard.web import views
+from tests.helpers.simjob import RANKS, T0, _fold, _job_events, _store_job, _views, insert_old_job
 
 
 def _compacted(events: list[dict], updates: dict, deletes: list[int]) -> list[dict]:
     gone = set(deletes)
     return [dict(ev, body=updates.get(ev["id"], ev["body"])) for ev in events
             if ev["id"] not in gone]
-
-
-def _fold(events: list[dict], upto: float | None = None) -> JobState:
-    return JobState(1, "j").apply_all(ev for ev in events
-                                      if upto is None or ev["received_at"] <= upto)
 
 
 # -- the codec -------------------------------------------------------------------------------
@@ -201,15 +132,6 @@ def test_policy_settings_are_named_when_wrong():
 
 # -- on a real database ----------------------------------------------------------------------
 
-def _store_job(store: Store, events: list[dict]) -> int:
-    def write(conn) -> int:
-        job_id = store.jobs.create(conn, "j", T0)
-        for r in range(RANKS):
-            store.sessions.create(conn, f"s{r}", job_id, r, "h", 100 + r, T0)
-        store.log.insert_archived(conn, job_id, events)
-        return job_id
-    return store.writer.submit(write)
-
 
 @pytest.fixture
 def store(tmp_path):
@@ -281,15 +203,6 @@ def test_scrubbing_back_starts_from_a_stored_checkpoint_also_after_a_restart(sto
     assert restarted.checkpoints_loaded == 3
 
 
-def insert_old_job(conn) -> None:
-    """Job 1 and its RANKS sessions s0, s1, ... as an older pgdash wrote them (raw SQL)."""
-    conn.exec_driver_sql("INSERT INTO jobs (id, name, created_at, status) "
-                         "VALUES (1, 'j', 0, 'running')")
-    for r in range(RANKS):
-        conn.exec_driver_sql("INSERT INTO sessions (id, job_id, rank, first_seen) "
-                             f"VALUES ('s{r}', 1, {r}, 0)")
-
-
 def test_a_database_at_the_previous_revision_upgrades_and_reads_back_identically(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.sqlite'}"
     engine = sa.create_engine(url)
@@ -314,27 +227,6 @@ def test_a_database_at_the_previous_revision_upgrades_and_reads_back_identically
         assert sorted(kinds) == [(0, 5), (1, len(events))]  # old rows left as they were
         got = list(store.log.events(1))
         assert [ev["body"] for ev in got] == [ev["body"] for ev in events + more]
-    finally:
-        store.close()
-
-
-def test_compaction_and_stored_checkpoints_work_on_postgres(pg_url):
-    store = Store(pg_url).start()
-    try:
-        events = _job_events(900, hang=(T0 + 300, T0 + 360))
-        job_id = _store_job(store, events)
-        removed = Compactor(store, Policy(keep_full_s=240, around_findings_s=60)).run_once()
-        stored = list(store.log.events(job_id))
-        assert removed == len(events) - len(stored) > len(events) // 2
-        assert _views(_fold(stored)) == _views(_fold(events))
-        first = Rewind(store, copy_sessions=0, persist_every_s=120.0)
-        first.view(job_id, "j", stored[-1]["received_at"], lambda s: None)
-        first.wait_saved()
-        store.writer.wait_idle()
-        restarted = Rewind(store, copy_sessions=0, persist_every_s=120.0)
-        at = T0 + 800.5  # inside the window: folds the same as the full log
-        assert restarted.view(job_id, "j", at, _views) == _views(_fold(stored, at))
-        assert restarted.checkpoints_loaded == 1
     finally:
         store.close()
 

@@ -1,9 +1,10 @@
 """Rules for the training code people run, on hand-made event logs: pipelines' point-to-point
 waits, a rank that leaves early, a hung job that is stopped, and a rank that calls a Python
-collective where its peers are inside DDP's C++ one. Real jobs of each: tests/test_corpus.py."""
+collective where its peers are inside DDP's C++ one. Real jobs of each:
+tests/integration/test_corpus.py."""
 
 from dashboard.diagnosis import Settings, diagnose
-from test_diagnosis import kinds, running
+from tests.helpers.events import kinds, running
 
 S = Settings()  # the server's defaults: stall floor 10 s, hang at 60 s
 
@@ -212,7 +213,7 @@ def test_ranks_interrupted_by_ctrl_c_are_not_blamed():
 def test_a_straggler_that_the_others_wait_for_once_a_step_among_many_collectives():
     """FSDP: six collectives a step (all-gathers, reduce-scatters); the others wait 60 ms for
     rank 2 at the step's first one only, one in six: never nine in ten."""
-    from test_diagnosis import half_seconds
+    from tests.helpers.events import half_seconds
 
     step_others = [60.0] + [0.5] * 5
     step_slow = [0.4] * 6
@@ -227,7 +228,7 @@ def test_a_straggler_that_the_others_wait_for_once_a_step_among_many_collectives
 
 def test_one_pause_among_many_collectives_is_no_straggler():
     """Rank 0 checkpoints for 5 s once: the others wait once, long; nothing else differs."""
-    from test_diagnosis import half_seconds
+    from tests.helpers.events import half_seconds
 
     log = running(3)
     calm = [0.5] * 24

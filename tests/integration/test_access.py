@@ -4,7 +4,6 @@ without it reads or sends anything; with --tls-cert agents and scripts talk http
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import re
 import ssl
@@ -19,6 +18,7 @@ from pgdash_agent.wire import PROTOCOL_VERSION, UI_NAMESPACE
 from tests.helpers.procs import (ROOT, WAIT_S, ServerProcess, job_by_name, launch_job, wait_for,
                                  wait_job)
 from dashboard.web.access import COOKIE, Access
+from tests.helpers.tls import make_cert
 
 TOKEN = "tok-3f9a-very-secret"
 
@@ -51,27 +51,6 @@ def login(server, token):
     body = urllib.parse.urlencode({"token": token, "next": "/jobs/1"})
     return ask(server, "POST", "/login", {"Content-Type": "application/x-www-form-urlencoded"},
                body)
-
-
-PROTECTED = ["/api/jobs", "/api/jobs/1", "/api/jobs/1/findings", "/api/jobs/1/collectives",
-             "/api/jobs/1/gpus", "/api/jobs/1/export", "/api/jobs/1/state?at=1",
-             "/metrics", "/api/nothing-here"]
-
-
-def test_api_and_metrics_need_the_bearer_token(locked):
-    for path in PROTECTED:
-        for headers in ({}, {"Authorization": "Bearer wrong"},
-                        {"Authorization": f"Basic {TOKEN}"},
-                        {"Authorization": f"Bearer {TOKEN}x"}):
-            status, head, text = ask(locked, "GET", path, headers)
-            assert status == 401, (path, headers, status)
-            assert "Bearer" in json.loads(text)["error"]
-            assert head["WWW-Authenticate"].startswith("Bearer")
-            assert TOKEN not in text
-    status, _, text = ask(locked, "GET", "/api/jobs", {"Authorization": f"Bearer {TOKEN}"})
-    assert status == 200 and json.loads(text) == {"jobs": []}
-    status, _, text = ask(locked, "GET", "/metrics", {"Authorization": f"bearer {TOKEN}"})
-    assert status == 200 and "pgdash_jobs" in text
 
 
 def test_pages_redirect_to_login_and_the_cookie_is_not_the_token(locked, tmp_path):
@@ -188,16 +167,6 @@ def test_insecure_allows_an_open_non_loopback_server(tmp_path):
     assert "without --token (--insecure)" in (tmp_path / "s.log").read_text()
 
 
-def make_cert(tmp_path):
-    """A self-signed certificate for 127.0.0.1 (made by the openssl CLI)."""
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    return cert, key
-
-
 def test_tls_serves_https_and_agents_verify_the_certificate(tmp_path):
     cert, key = make_cert(tmp_path)
     srv = ServerProcess(f"sqlite:///{tmp_path / 'db.sqlite'}", log_path=tmp_path / "s.log",
@@ -233,11 +202,11 @@ def test_tls_serves_https_and_agents_verify_the_certificate(tmp_path):
 def test_browser_logs_in_and_the_page_goes_live(locked, tmp_path):
     """Headless Chromium: the page sends you to the login form, the token lets you in, the
     live feed (/ui, authorised by the cookie) connects, and logout locks the page again."""
-    from test_browser import CHROMIUM_ARGS, chromium_path, sync_playwright
+    from tests.helpers.browser import CHROMIUM_ARGS, chromium_path, sync_playwright
 
     if sync_playwright is None or chromium_path() is None:
         pytest.skip("needs the playwright package and the system chromium (see "
-                    "tests/test_browser.py)")
+                    "tests/integration/test_browser.py)")
     from playwright.sync_api import expect
 
     agent = socketio.Client(reconnection=False)

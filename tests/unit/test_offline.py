@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "dashboard" / "web" / "templates"
 STATIC = ROOT / "static"
 VENDOR = STATIC / "vendor"

@@ -4,26 +4,7 @@ import pytest
 
 from dashboard.state import JobState
 from dashboard.web import timeline, views
-
-
-class Log:
-    """Builds StoredEvent dicts in log order."""
-
-    def __init__(self):
-        self.events = []
-
-    def add(self, session, kind, body, t, seq=None):
-        self.events.append({"id": len(self.events) + 1, "session": session, "seq": seq, "t": t,
-                            "received_at": t, "kind": kind, "body": body})
-        return self
-
-    def state(self):
-        return JobState(1, "job").apply_all(self.events)
-
-
-def hello(rank, world=2, host="node0", backend=None):
-    return {"job": "job", "rank": rank, "world_size": world, "host": host, "pid": 100 + rank,
-            "local_rank": rank, "device": "cpu", "backend": backend}
+from tests.helpers.events import Log, hello
 
 
 def stats(group, op, count, us, nbytes=4):

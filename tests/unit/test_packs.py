@@ -21,12 +21,8 @@ from dashboard.storage.database import upgrade
 from dashboard.storage.log import load_body
 from dashboard.storage.packs import UnreadablePack
 from dashboard.storage.store import Store
-from tests.helpers.realservers import pg_url, postgres_server  # noqa: F401  (fixtures)
-from test_storage_bounded import (RANKS, T0, _fold, _job_events, _store_job, _views,
+from tests.helpers.simjob import (FULL, RANKS, T0, _fold, _job_events, _store_job, _views,
                                   insert_old_job)
-
-# Every cell older than a minute packed, nothing thinned: the whole log at full resolution.
-FULL = Policy(keep_full_s=3600, pack_after_s=60)
 
 
 @pytest.fixture
@@ -463,30 +459,6 @@ def test_pack_settings_are_named_when_wrong():
     with pytest.raises(ValueError, match="PGDASH_CHECKPOINT_KEEP_S"):
         Policy(checkpoint_keep_s=-1)
     assert Policy.from_env({"PGDASH_PACK_AFTER_S": "0"}).pack_after_s == 0
-
-
-def test_packs_on_postgres(pg_url):
-    store = Store(pg_url).start()
-    try:
-        events = _job_events(400)
-        job_id = _store_job(store, events)
-        stored_before = list(store.log.events(job_id))
-        Compactor(store, FULL).run_once()
-        assert store.packs.of_job(job_id)
-        assert list(store.log.events(job_id)) == stored_before
-        got, after = [], stored_before[0]["id"] - 1
-        for _ in range(1000):  # as the cluster's tail reads: a few packs at a time
-            batch = store.log.events_after(after, 1000)
-            if not batch:
-                break
-            got.extend(batch)
-            after = batch[-1]["id"]
-        assert [r["id"] for r in got] == [ev["id"] for ev in stored_before]
-        mid = stored_before[len(stored_before) // 2]["id"]
-        assert list(store.log.events(job_id, after=mid, upto=mid + 50)) == \
-            [ev for ev in stored_before if mid < ev["id"] <= mid + 50]
-    finally:
-        store.close()
 
 
 def test_a_pack_write_that_fails_midway_leaves_the_rows_as_they_were(store):

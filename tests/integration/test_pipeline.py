@@ -8,24 +8,7 @@ import time
 import pytest
 
 from tests.helpers.procs import ServerProcess, job_by_name, launch_job, wait_for, wait_job
-
-
-def expected_counts(world: int) -> dict[tuple[str, str, int], int]:
-    """The plan in tests/jobs/plan_job.py, counted independently of the job."""
-    counts: dict[tuple[str, str, int], int] = {}
-    for rank in range(world):
-        counts[("0", "all_reduce", rank)] = 7 + 2
-        counts[("0", "broadcast", rank)] = 3
-        counts[("0", "all_gather", rank)] = 2 + 2
-        counts[("0", "all_gather_single", rank)] = 1
-        counts[("0", "barrier", rank)] = 1
-    for rank in (0, 1):
-        counts[("1", "all_reduce", rank)] = 5
-    counts[("0", "send", 0)] = 2
-    counts[("0", "isend", 0)] = 1
-    counts[("0", "recv", 1)] = 2
-    counts[("0", "irecv", 1)] = 1
-    return counts
+from tests.helpers.jobs import expected_counts
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -165,7 +165,7 @@ def test_the_book_keeps_first_seen_the_earliest_and_resolved_findings_inactive()
     """The lifecycle rules on plain data: a finding's first_seen is the earliest any moment
     gave, a finding no longer reported stays, inactive, with the last moment it was seen,
     and coming back is news again."""
-    from test_diagnosis import progress, running
+    from tests.helpers.events import progress, running
 
     log = running(2)  # at t=100
     progress(log, 0, 101, ("0", 3, 2, "all_reduce", 101.0))
@@ -200,7 +200,7 @@ def log_store(request, tmp_path):
 def test_a_stored_book_log_gives_the_book_as_it_was_at_every_moment(log_store):
     """A recording book's log, stored (SQLite and PostgreSQL), read back as of each moment,
     equals the book as it was then: findings, first/last_seen, active, incidents."""
-    from test_diagnosis import progress, running
+    from tests.helpers.events import progress, running
 
     settings = Settings(hang_after=5.0, diagnose_every=1.0)
     log = running(2)  # at t=100

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.helpers.procs import ROOT, free_port, job_by_name, wait_for
 
-TUTORIAL = Path(__file__).resolve().parent / "jobs" / "tutorial"
+TUTORIAL = Path(__file__).resolve().parents[1] / "jobs" / "tutorial"
 DEADLINE = 240  # torchrun and its ranks start torch several times over on a busy machine
 
 

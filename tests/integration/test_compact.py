@@ -14,7 +14,7 @@ import websocket
 from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
 from tests.helpers.procs import (JOBS, ROOT, ServerProcess, job_by_name, launch_job, wait_for,
                                  wait_job)
-from test_server import HELLO, ev
+from tests.helpers.agents import HELLO, ev
 
 
 def v2_connect(server_url: str, **auth):

@@ -13,7 +13,7 @@ from dashboard.web import views
 from dashboard.diagnosis import Settings, diagnose
 from dashboard.ingest.pipeline import Ingest
 from dashboard.storage.store import Store
-from test_state import Log, hello
+from tests.helpers.events import Log, hello
 
 S = Settings(hang_after=10.0, lost_after=15.0)
 

@@ -215,7 +215,7 @@ def test_setup_commands(tmp_path):
     for command in commands_of("test_setup_commands"):
         if command == "./tools/test":
             # The suite itself is what CI runs; here: it sets up and collects.
-            out = shell("./tools/test --collect-only -q tests/test_wire.py", ROOT, env)
+            out = shell("./tools/test --collect-only -q tests/unit/test_wire.py", ROOT, env)
             assert re.search(r"\d+ tests? collected", out.stdout)
         elif command.startswith("source"):
             out = shell(f"{command} && command -v pgdash", ROOT, env)
@@ -317,7 +317,7 @@ def test_install_commands(tmp_path):
 
 
 def test_token_and_tls_commands(tmp_path):
-    from test_access import make_cert
+    from tests.helpers.tls import make_cert
 
     cert, _ = make_cert(tmp_path)
     (tmp_path / "ca.pem").write_bytes(cert.read_bytes())

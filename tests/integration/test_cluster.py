@@ -193,7 +193,7 @@ def in_own_thread(body) -> None:
     """Run ``body`` on a fresh thread and re-raise what it raised there.
 
     Playwright's sync API refuses a thread where another sync Playwright is alive, and
-    tests/test_browser.py keeps one for the whole session on the main thread; a second
+    tests/integration/test_browser.py keeps one for the whole session on the main thread; a second
     Chromium on its own thread coexists with it.
     """
     failure: list[BaseException] = []
@@ -217,8 +217,8 @@ def test_browser_on_the_process_that_does_not_own_the_job_sees_it_live(pair, pg_
     relayed through Redis, and shows the hang the owner found."""
     playwright = pytest.importorskip("playwright.sync_api", reason=(
         "the playwright package is missing: pip install -c constraints.txt -e '.[test]'"))
-    from test_browser import (CHROMIUM_ARGS, COLLECTIVES, LIVE_MS, FakeAgent, Watched,
-                              chromium_path, rank_row)
+    from tests.helpers.browser import (CHROMIUM_ARGS, COLLECTIVES, LIVE_MS, FakeAgent, Watched,
+                                       chromium_path, rank_row)
 
     path = chromium_path()
     if path is None:
@@ -380,7 +380,7 @@ def test_leases_one_owner_at_a_time_and_takeover_only_after_expiry(pg_url):
 
 
 def test_an_agent_moving_to_the_other_process_is_deduped_against_the_log(pair):
-    from test_server import HELLO, agent_client, ev, send
+    from tests.helpers.agents import HELLO, agent_client, ev, send
 
     a, b = pair()
     first = agent_client(a.url, session="mover", job="moving")
@@ -406,7 +406,7 @@ def test_an_agent_moving_to_the_other_process_is_deduped_against_the_log(pair):
 def test_a_process_stopped_with_sigterm_hands_its_jobs_over_at_once(pair, pg_url):
     """A rolling restart: the stopped owner releases its leases, so the other process takes
     the job well before a 30 s lease could have run out."""
-    from test_server import HELLO, agent_client, ev, send
+    from tests.helpers.agents import HELLO, agent_client, ev, send
 
     a, b = pair("--lease", "30")
     agent = agent_client(a.url, session="handover", job="handover")
