@@ -264,7 +264,7 @@ def test_server_data_is_shown_as_text_never_as_html(server, agents, watched):
     # An uncaught error marks the rank failed: once the badge says so, the page has had it.
     agent.send("error", {"where": "uncaught", "error_type": "RuntimeError",
                          "error": HOSTILE_ERROR, "op": HOSTILE_OP})
-    expect(rank_row(page, 0).locator("td").nth(STATUS)).to_have_text("failed", timeout=LIVE_MS)
+    expect(rank_row(page, 0).locator(".rank-state")).to_have_text("failed", timeout=LIVE_MS)
     assert_no_markup_from_data(page)
 
     page.goto(server.url + "/")
