@@ -91,6 +91,15 @@ def agents(server):
         t.join(timeout=15)
 
 
+def close_all(agents) -> None:
+    """Close fake agents in parallel (each close waits for its socket to shut)."""
+    closers = [threading.Thread(target=a.close, daemon=True) for a in agents]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(timeout=15)
+
+
 def job_id(server, name: str) -> int:
     return wait_for(lambda: job_by_name(server, name), 60, f"job {name!r}")["id"]
 
@@ -407,11 +416,7 @@ def test_hang_finding_shows_its_hint_and_highlights_the_rank_at_fault(hang_serve
         page.goto(hang_server.url + "/")
         expect(page.locator("#jobs-body tr td.incidents")).to_have_text("1", timeout=LIVE_MS)
     finally:
-        closers = [threading.Thread(target=a.close, daemon=True) for a in agents]
-        for t in closers:
-            t.start()
-        for t in closers:
-            t.join(timeout=15)
+        close_all(agents)
     watched.assert_clean()
 
 
@@ -775,11 +780,7 @@ def test_a_moment_opened_by_its_address_looks_the_same_every_time(hang_server, w
             expect(page.locator("#job-status")).to_have_text("running", timeout=LIVE_MS)
         watched.assert_clean()
     finally:
-        closers = [threading.Thread(target=a.close, daemon=True) for a in agents]
-        for t in closers:
-            t.start()
-        for t in closers:
-            t.join(timeout=15)
+        close_all(agents)
 
 
 # -- one page, one story: every section says the same of a rank, of the collectives, of when --
@@ -833,11 +834,7 @@ def test_a_hung_rank_reads_hung_in_the_table_the_topology_and_progress_alike(han
         expect(page.locator("#job-verdict")).to_have_text("1 critical incident · at fault: rank 1")
         assert page.evaluate("window.pgdashJob.rankState(1)") == "hung"
     finally:
-        closers = [threading.Thread(target=a.close, daemon=True) for a in agents]
-        for t in closers:
-            t.start()
-        for t in closers:
-            t.join(timeout=15)
+        close_all(agents)
     watched.assert_clean()
 
 
