@@ -27,6 +27,22 @@ def test_hang_blames_the_rank_that_never_arrived_only_after_the_threshold():
     assert "py-spy dump --pid 102" in f["hint"]
 
 
+def test_a_hang_ends_when_the_late_rank_arrives_without_blaming_the_waiter_meanwhile():
+    """The late rank reports the collective completed a moment before the waiting rank's next
+    heartbeat says so too: between the two, the waiter is not "inside it with nobody missing"."""
+    log = running(2)
+    progress(log, 1, 112, ("0", 5, 4, "all_reduce", 101.0))
+    progress(log, 0, 112, ("0", 4, 4, None, None))
+    (f,) = diagnose(log.state(), 112.0, S)
+    assert f["ranks"] == [0]
+    progress(log, 0, 112.4, ("0", 5, 5, None, None))
+    assert diagnose(log.state(), 112.5, S) == []
+    # Its next heartbeat still in the collective that its peer completed: that is a hang.
+    progress(log, 1, 113, ("0", 5, 4, "all_reduce", 101.0))
+    (f,) = diagnose(log.state(), 113.0, S)
+    assert f["ranks"] == [1] and "no rank is missing" in f["summary"]
+
+
 def test_hang_follows_the_chain_across_groups_to_the_root():
     # Ranks 0 and 1 wait in group 0 for rank 2, which waits in group 1 for rank 3.
     log = running(4, groups=(("0", None), ("1", [2, 3])))

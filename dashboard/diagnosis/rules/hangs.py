@@ -30,6 +30,7 @@ class _View:
     seq: str  # the row's sequence-number field
     since: str  # its in-flight-since field
     source: str
+    done: str = ""  # its completed-sequence-number field
 
     def busy(self, row: dict[str, Any]) -> bool:
         if row.get(self.since) is None:
@@ -48,8 +49,8 @@ class _View:
         return row.get("inflight_op") if self.source == "python" else "a C++ collective (DDP)"
 
 
-PYTHON = _View("entered", "inflight_since", "python")
-FLIGHT = _View("fr_enqueued", "fr_inflight_since", "flight_recorder")
+PYTHON = _View("entered", "inflight_since", "python", "completed")
+FLIGHT = _View("fr_enqueued", "fr_inflight_since", "flight_recorder", "fr_completed")
 P2P = _View("p2p_n", "p2p_since", "p2p")
 
 
@@ -194,6 +195,8 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
         behind = _behind(state, group, seq, waiting, view, rows)
         chain, roots = _follow(state, group, behind, frame, view)
         all_inside = not roots  # every member is inside the collective: nobody to wait for
+        if all_inside and _ending(rows, seq, waiting, view):
+            continue
         if all_inside:
             roots = sorted(waiting)
         involved = set(waiting) | set(roots) | {c["rank"] for c in chain}
@@ -230,6 +233,14 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
              "chain": chain, "stacks": stacks, **_stop_evidence(frame)},
             since + s.hang_after, key=f"{seq}" if view is PYTHON else f"fr{seq}"))
     return out
+
+
+def _ending(rows: dict[int, dict[str, Any]], seq: int, waiting: set[int], view: _View) -> bool:
+    """Whether a peer reported the collective completed after the waiting ranks last reported
+    (heartbeats are a second apart): their wait is ending, and their rows have not said so yet."""
+    latest = max(rows[r].get("t", 0.0) for r in waiting)
+    return any(row.get(view.done, 0) >= seq and row.get("t", 0.0) >= latest
+               for rank, row in rows.items() if rank not in waiting)
 
 
 def _stacks_text(state: JobState, culprits: list[int], stacks: dict[str, str]) -> str:
