@@ -199,14 +199,9 @@ def test_tls_serves_https_and_agents_verify_the_certificate(tmp_path):
         srv.stop()
 
 
-def test_browser_logs_in_and_the_page_goes_live(locked, tmp_path):
+def test_browser_logs_in_and_the_page_goes_live(locked, browser):
     """Headless Chromium: the page sends you to the login form, the token lets you in, the
     live feed (/ui, authorised by the cookie) connects, and logout locks the page again."""
-    from tests.helpers.browser import CHROMIUM_ARGS, chromium_path, sync_playwright
-
-    if sync_playwright is None or chromium_path() is None:
-        pytest.skip("needs the playwright package and the system chromium (see "
-                    "tests/integration/test_browser.py)")
     from playwright.sync_api import expect
 
     agent = socketio.Client(reconnection=False)
@@ -223,29 +218,28 @@ def test_browser_logs_in_and_the_page_goes_live(locked, tmp_path):
         assert ack["ok"] and ack["stored"] == 1
         jid = wait_for(lambda: job_by_name(locked, "seen"), 10, "the job")["id"]
         errors = []
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page()
-                page.set_default_timeout(10_000)
-                page.on("pageerror", lambda exc: errors.append(str(exc)))
-                page.goto(f"{locked.url}/jobs/{jid}")
-                expect(page).to_have_url(re.compile(r"/login\?next=/jobs/"))
-                page.fill("#token", "wrong")
-                page.click("#login-submit")
-                expect(page.locator("#login-error")).to_have_text(
-                    "That is not this server's token.")
-                page.fill("#token", TOKEN)
-                page.click("#login-submit")
-                expect(page).to_have_url(f"{locked.url}/jobs/{jid}")
-                expect(page.locator("#live-text")).to_have_text("Live")
-                expect(page.locator("#job-name")).to_have_text("seen")
-                assert page.evaluate("document.cookie") == ""  # HttpOnly: no script reads it
-                page.goto(f"{locked.url}/logout")
-                page.goto(f"{locked.url}/")
-                expect(page).to_have_url(re.compile(r"/login\?next=/$"))
-            finally:
-                browser.close()
+        context = browser.new_context()  # its own cookies: logged out
+        try:
+            page = context.new_page()
+            page.set_default_timeout(10_000)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"{locked.url}/jobs/{jid}")
+            expect(page).to_have_url(re.compile(r"/login\?next=/jobs/"))
+            page.fill("#token", "wrong")
+            page.click("#login-submit")
+            expect(page.locator("#login-error")).to_have_text(
+                "That is not this server's token.")
+            page.fill("#token", TOKEN)
+            page.click("#login-submit")
+            expect(page).to_have_url(f"{locked.url}/jobs/{jid}")
+            expect(page.locator("#live-text")).to_have_text("Live")
+            expect(page.locator("#job-name")).to_have_text("seen")
+            assert page.evaluate("document.cookie") == ""  # HttpOnly: no script reads it
+            page.goto(f"{locked.url}/logout")
+            page.goto(f"{locked.url}/")
+            expect(page).to_have_url(re.compile(r"/login\?next=/$"))
+        finally:
+            context.close()
         assert errors == []
     finally:
         agent.disconnect()

@@ -36,24 +36,6 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 # ------------------------------------------------------------------------------ fixtures --
 
-@pytest.fixture(scope="session")
-def browser():
-    """One headless Chromium for the whole session (each test gets its own context)."""
-    if sync_playwright is None:
-        pytest.skip("the playwright package is missing: pip install -c constraints.txt "
-                    "-e '.[test]' (never `playwright install`; the system chromium is used)")
-    path = chromium_path()
-    if path is None:
-        pytest.skip("chromium is not installed: apt-get install chromium (tools/test does this "
-                    "when run as root), or point PGDASH_CHROMIUM at a Chromium binary")
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
 @pytest.fixture
 def watched(browser):
     context = browser.new_context(viewport={"width": 1280, "height": 900})
