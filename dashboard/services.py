@@ -59,6 +59,7 @@ class Services:
         return self
 
     def stop(self) -> None:
+        self.ingest.stopping = True
         self.pusher.stop()
         self.ingest.diagnosis.stop()
         if self.node is not None:

@@ -41,6 +41,7 @@ from dashboard.state import JobState
 from dashboard.ingest.statecache import Changed, StateCache
 from dashboard.storage.database import describe_write_error
 from dashboard.storage.store import Store
+from dashboard.storage.writer import WriterStopped
 
 T = TypeVar("T")
 
@@ -84,6 +85,10 @@ class Ingest:
         self.counters: collections.Counter[str] = collections.Counter()
         self.lag = IngestLag(clock, store.writer.backlog_s)
         self.agent_connections = 0  # open v2 connections (dashboard.ingest.front counts them)
+        # Set when the server stops: its connections then close because it leaves, not
+        # because the ranks did, so their disconnects are not recorded (a rolling restart
+        # must not mark every rank lost).
+        self.stopping = False
         self.cluster = cluster
         self.books = LiveBooks(store, settings, lambda: self.clock(), self.judged_at,
                                on_incident, self.counters, self.changed.job)
@@ -218,7 +223,7 @@ class Ingest:
 
     def disconnect(self, session: str) -> None:
         job_id = self.admission.job_of(session)
-        if job_id is not None:
+        if job_id is not None and not self.stopping:
             self._record_server_event(session, job_id, "disconnect", {})
 
     # -- events ------------------------------------------------------------------------------
@@ -281,6 +286,9 @@ class Ingest:
             self.hold(session, events)
             return {"ok": False, "retry": True, "retry_after": 1.0,
                     "error": "server overloaded: its write queue is full; sending again"}, None
+        except WriterStopped:
+            return {"ok": False, "retry": True, "retry_after": 1.0,
+                    "error": "the server is stopping; sending again"}, None
         return ack, pending
 
     def _server_event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:

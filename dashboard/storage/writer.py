@@ -22,6 +22,10 @@ log = logging.getLogger("pgdash.storage")
 Task = Callable[[sa.Connection], Any]
 
 
+class WriterStopped(RuntimeError):
+    """A write submitted after the writer stopped (the server is shutting down)."""
+
+
 class Writer:
     """Runs write tasks on one thread, a batch of them to a transaction.
 
@@ -46,6 +50,8 @@ class Writer:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_limit)
         self._thread = threading.Thread(target=self._loop, name="pgdash-writer", daemon=True)
         self._stopping = False
+        self._closed = False  # set by stop(): nothing more is queued after its end marker
+        self._closing = threading.Lock()
         self.commits = 0
         self.write_errors = 0
         # Called on the writer thread after a failed transaction, so that whoever keeps
@@ -60,11 +66,15 @@ class Writer:
         self._thread.start()
 
     def stop(self) -> None:
-        """Commit what is queued, then end the thread (at most 10 s)."""
-        if self._thread.is_alive():
-            self._stopping = True
-            self._queue.put(None)
-            self._thread.join(timeout=10)
+        """Commit what is queued, then end the thread (at most 10 s). Writes submitted from
+        then on raise WriterStopped at once instead of waiting for a thread that is gone."""
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            if self._thread.is_alive():
+                self._queue.put(None)
+        self._thread.join(timeout=10)
 
     def submit(self, task: Task, timeout: float | None = 30.0) -> Any:
         """Run ``task(conn)`` on the writer thread inside a transaction; return its result.
@@ -73,7 +83,9 @@ class Writer:
         every task in it gets the exception.
         """
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put((task, future, time.monotonic()), timeout=timeout)
+        with self._closing:
+            self._check_open()
+            self._queue.put((task, future, time.monotonic()), timeout=timeout)
         return future.result(timeout=timeout)
 
     def submit_nowait(self, task: Task) -> concurrent.futures.Future:
@@ -83,8 +95,14 @@ class Writer:
             queue.Full: the write queue is at its bound (the server is overloaded).
         """
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put_nowait((task, future, time.monotonic()))
+        with self._closing:
+            self._check_open()
+            self._queue.put_nowait((task, future, time.monotonic()))
         return future
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WriterStopped("the database writer has stopped: the server is shutting down")
 
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Block until everything queued so far is committed (tests, shutdown)."""

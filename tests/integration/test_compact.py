@@ -12,8 +12,8 @@ import pytest
 import websocket
 
 from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
-from tests.helpers.procs import (JOBS, ROOT, ServerProcess, job_by_name, launch_job, wait_for,
-                                 wait_job)
+from tests.helpers.procs import (JOBS, ROOT, ServerProcess, job_by_name, launch_job,
+                                 stored_events, wait_for, wait_job)
 from tests.helpers.agents import HELLO, ev
 
 
@@ -120,3 +120,31 @@ def test_v2_frames_round_trip_what_v1_sends():
     events = [ev(1, "hello", HELLO), ev(2, "exit", {"clean": True, "reason": "é ✓"})]
     assert decode_v2(encode_v2({"id": 1, "events": events})) == json.loads(
         json.dumps({"id": 1, "events": events}))
+
+
+def test_sigterm_with_agents_connected_stops_cleanly_and_loses_no_rank(tmp_path):
+    """A rolling restart: SIGTERM with v2 agents connected ends the process at once (it used to
+    wait 30 s on disconnects queued for a writer that had stopped) and records no disconnect,
+    so that after the restart the ranks are not taken for lost; what was acknowledged stays."""
+    db = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    srv = ServerProcess(db, log_path=tmp_path / "server.log").start()
+    sockets = []
+    try:
+        for rank in range(2):
+            ws, hello = v2_connect(srv.url, session=f"s{rank}", job="restart", rank=rank)
+            assert hello["ok"]
+            sockets.append(ws)
+            ack = send(ws, 1, [ev(1, "hello", {**HELLO, "job": "restart", "rank": rank,
+                                               "world_size": 2}),
+                               ev(2, "heartbeat", {"groups": []})])
+            assert ack["ok"] and ack["stored"] == 2
+        srv.proc.terminate()
+        # Bounded only so that a regression fails instead of hanging the suite.
+        assert srv.proc.wait(timeout=25) == 0
+    finally:
+        for ws in sockets:
+            ws.shutdown()
+        srv.kill()
+    kinds = [e["kind"] for e in stored_events(db)]
+    assert kinds.count("hello") == 2 and kinds.count("heartbeat") == 2
+    assert "disconnect" not in kinds
