@@ -9,6 +9,7 @@ keeps one code path for both protocols. A server too old for v2 answers the upgr
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
@@ -44,6 +45,7 @@ class CompactClient:
         self._reader: threading.Thread | None = None
         self.connected = False
         self.job_id: Any = None  # the server's id of this agent's job (its answer to auth)
+        self.heard_at = 0.0  # monotonic: when the server last sent anything (an ack, a pong)
 
     def on(self, event: str, handler: Callable[..., Any] | None = None, namespace: str | None = None):
         """Register a handler (``disconnect`` or ``connect_error``), as socketio.Client does."""
@@ -96,21 +98,45 @@ class CompactClient:
                 self._callbacks[batch_id] = callback
         self._ws.send_binary(encode_v2({"id": batch_id, "events": data["events"]}))
 
-    def disconnect(self) -> None:
-        ws, self._ws = self._ws, None
+    def probe(self) -> None:
+        """Ask the server for a sign of life: a websocket ping, whose pong sets heard_at. The
+        server's websocket layer answers it even while its writer is behind."""
+        ws = self._ws
         if ws is not None:
-            try:
-                ws.close(timeout=1)
-            except Exception:
-                pass
+            ws.ping()
+
+    def disconnect(self) -> None:
+        """Say goodbye (a close frame, sent within a second) and close the socket, without
+        waiting for the server's answer: on a dead link websocket-client's close() waits for
+        it behind the reader thread forever, and the sender thread with it."""
+        ws, self._ws = self._ws, None
+        if ws is None:
+            return
+        try:
+            ws.settimeout(1)
+            ws.send_close()
+        except Exception:
+            pass
+        try:
+            ws.abort()  # wakes the reader thread, which ends
+        finally:
+            ws.shutdown()
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout=1)
 
     def _read(self) -> None:
+        from websocket import ABNF
+
         ws = self._ws
         try:
             while ws is not None and ws.connected:
-                frame = ws.recv()
-                if not frame:
+                opcode, frame = ws.recv_data(control_frame=True)
+                self.heard_at = time.monotonic()
+                if opcode == ABNF.OPCODE_CLOSE or (opcode == ABNF.OPCODE_BINARY and not frame):
                     break
+                if opcode != ABNF.OPCODE_BINARY:
+                    continue  # a pong (or the ping websocket-client has answered)
                 ack = decode_v2(frame)
                 if not isinstance(ack, dict):
                     continue

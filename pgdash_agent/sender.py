@@ -24,6 +24,10 @@ from pgdash_agent.wire import AGENT_NAMESPACE, BATCH_EVENT, PROTOCOL_VERSION, Ac
 
 log = logging.getLogger("pgdash.agent")
 
+# An ack this many PGDASH_ACK_TIMEOUT_S late drops the connection even from a server that
+# answers pings (a batch it may have lost is sent again on a new one).
+SLOW_ACK_LIMIT = 6
+
 
 def socketio_client(ca_file: str | None = None):
     """A protocol v1 client: python-socketio, the ``/agent`` namespace."""
@@ -88,7 +92,7 @@ class Sender(threading.Thread):
         self._inflight: dict[int, tuple[float, list[Event]]] = {}
         self._batch_id = 0
         self._stopping = threading.Event()
-        self._lost = threading.Event()  # set by the client's thread on disconnect
+        self._lost = threading.Event()  # set by the client's thread when this connection ends
         self.connected = False
         self.rejected = 0  # events the server refused as invalid (never resent)
         self.last_error: str | None = None
@@ -101,6 +105,8 @@ class Sender(threading.Thread):
         self.job_id: int | None = None
         self._warned = False
         self._quiet_until = 0.0  # monotonic; the server asked us to wait (rate limit)
+        self._probed_at: float | None = None  # monotonic: the last liveness probe (_only_slow)
+        self.slow_acks = 0  # times an ack was late from a server that still answered
 
     # -- public, any thread ------------------------------------------------------------------
 
@@ -138,9 +144,11 @@ class Sender(threading.Thread):
             self._drop_connection()
             return
         now = time.monotonic()
-        if any(now - sent > self.config.ack_timeout_s for sent, _ in self._inflight.values()):
-            self._note_error(f"no acknowledgement within {self.config.ack_timeout_s}s "
-                             "(PGDASH_ACK_TIMEOUT_S); reconnecting")
+        oldest = min((sent for sent, _ in self._inflight.values()), default=None)
+        if oldest is None or now - oldest <= self.config.ack_timeout_s:
+            self._probed_at = None  # acks are on time (again)
+        elif (why := self._why_drop(now, oldest)) is not None:
+            self._note_error(why)
             self._drop_connection()
             return
         while len(self._inflight) < self.config.max_inflight_batches and \
@@ -153,6 +161,30 @@ class Sender(threading.Thread):
             if len(self.outbox) == 0 or len(self._inflight) >= self.config.max_inflight_batches \
                     or time.monotonic() < self._quiet_until:
                 self.outbox.ready.wait(0.05)
+
+    def _why_drop(self, now: float, oldest: float) -> str | None:
+        """Why a connection whose acknowledgement is late is given up, or None while it still
+        reaches a live server that is only behind: a v2 link is probed with a websocket ping,
+        and while the server answers within ack_timeout_s its batches are waited for (up to
+        SLOW_ACK_LIMIT timeouts), not sent again on a new connection: a reconnect per agent
+        would add an admission and a resend to an overloaded server's work. A v1 client has
+        no probe: dropped at the first timeout, as before."""
+        client, timeout = self._client, self.config.ack_timeout_s
+        late = f"no acknowledgement within {now - oldest:.0f} s (PGDASH_ACK_TIMEOUT_S)"
+        probe = getattr(client, "probe", None)
+        if probe is None or now - oldest > SLOW_ACK_LIMIT * timeout:
+            return f"{late}; reconnecting"
+        probed = self._probed_at
+        if probed is not None and client.heard_at < probed:
+            if now - probed <= timeout:
+                return None  # the answer to the probe may still come
+            return f"{late} and no answer to a ping; reconnecting"
+        if probed is None or now - probed > timeout:
+            self.slow_acks += probed is None
+            self.last_error = f"{late}, but the server answers pings: it is behind; waiting"
+            self._probed_at = now
+            probe()
+        return None
 
     def _send(self, events: list[Event]) -> None:
         self._batch_id += 1
@@ -202,12 +234,14 @@ class Sender(threading.Thread):
             self._note_error(f"server refused a batch: {ack.get('error')}")
 
     def _connect(self) -> bool:
-        self._lost.clear()
+        # One event per connection: a late disconnect of the one before (its reader thread
+        # ending after this one connected) must not end this one.
+        self._lost = lost = threading.Event()
         client = self._client_factory()
 
         @client.on("disconnect", namespace=AGENT_NAMESPACE)
         def _on_disconnect(*_args):
-            self._lost.set()
+            lost.set()
             with self.outbox.ready:
                 self.outbox.ready.notify_all()
 
@@ -244,6 +278,7 @@ class Sender(threading.Thread):
                 pass
             return False
         self._client = client
+        self._probed_at = None
         self.connected = True
         self.refused = False
         self._note_job(getattr(client, "job_id", None))
