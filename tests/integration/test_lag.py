@@ -91,6 +91,8 @@ def test_a_rank_that_reconnects_within_the_grace_is_not_lost():
     s = Settings()
     state.apply({"id": 3, "session": "s1", "seq": None, "t": 101.0, "received_at": 101.0,
                  "kind": "disconnect", "body": {}})
+    state.apply({"id": 5, "session": "s0", "seq": 2, "t": 103.0, "received_at": 103.0,
+                 "kind": "heartbeat", "body": {"groups": []}})  # rank 0 still reports
     assert diagnose(state, 101.0 + s.reconnect_grace / 2, s) == []
     lost = diagnose(state, 101.0 + s.reconnect_grace, s)
     assert [(f["kind"], f["ranks"]) for f in lost] == [("rank_lost", [1])]

@@ -123,6 +123,30 @@ def test_silent_rank_becomes_lost_after_the_threshold():
     assert kinds(diagnose(log.state(), 125.1, S)) == [("rank_lost", [1])]
 
 
+def test_a_dropped_connection_is_not_lost_before_the_others_are_read_past_its_grace():
+    """An agent whose acks timed out behind a slow server reconnects at once, but the server
+    reads its reconnection as late as everyone's reports: on the clock alone it looked lost."""
+    log = running(3)
+    for r in range(3):
+        progress(log, r, 100.5, ("0", 5, 5, None, None))
+    log.add("s1", "disconnect", {}, t=101.0)
+    for r in (0, 2):  # what the server has read of the others: reports up to 101.5
+        progress(log, r, 101.5, ("0", 6, 6, None, None))
+    assert diagnose(log.state(), 110.0, S) == []
+    log.add("s1", "connect", {"rank": 1, "host": "node0"}, t=101.4)  # read now
+    for r in range(3):
+        progress(log, r, 110.0, ("0", 9, 9, None, None))
+    assert diagnose(log.state(), 110.0, S) == []
+    # A rank that stays away is lost once the others are read past its grace.
+    log.add("s2", "disconnect", {}, t=110.2)
+    for r in (0, 1):
+        progress(log, r, 111.0, ("0", 10, 10, None, None))
+    assert diagnose(log.state(), 111.0, S) == []
+    for r in (0, 1):
+        progress(log, r, 112.0, ("0", 11, 11, None, None))
+    assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [2])]
+
+
 def test_init_incomplete_names_the_missing_rank_after_the_grace():
     log = Log()
     for r, t in ((0, 10.0), (2, 11.0)):

@@ -244,6 +244,7 @@ def lost(n, backend, py_spy):
     log = job(n + 1, backend, py_spy)
     for r in range(1, n + 1):
         log.add(f"s{r}", "disconnect", {}, t=105.0)
+    idle(log, 0, 110.0)  # rank 0 still reports
     return log, 110.0
 
 

@@ -4,7 +4,7 @@ collective where its peers are inside DDP's C++ one. Real jobs of each:
 tests/integration/test_corpus.py."""
 
 from dashboard.diagnosis import Settings, diagnose
-from tests.helpers.events import kinds, running
+from tests.helpers.events import kinds, progress, running
 
 S = Settings()  # the server's defaults: stall floor 10 s, hang at 60 s
 
@@ -194,6 +194,8 @@ def test_ranks_killed_together_are_each_named():
     log = running(4)
     for r in (1, 2):
         log.add(f"s{r}", "disconnect", {}, t=110.0)
+    for r in (0, 3):  # the others still report
+        progress(log, r, 112.0, ("0", 5, 5, None, None))
     assert sorted(kinds(diagnose(log.state(), 112.0, S))) == [("rank_lost", [1]),
                                                               ("rank_lost", [2])]
 

@@ -101,6 +101,19 @@ def _consequence(state: JobState, r: RankState, s: Settings) -> bool:
     return first is not None and r.exit_at >= first[0] + CONSEQUENCE_AFTER_S
 
 
+def _heard_until(state: JobState) -> float:
+    """How far the server has read the running ranks: the median time of their newest
+    reports (infinity when none runs). A rank whose connection dropped is not lost before
+    the others have been heard from past its reconnect grace: a server behind its agents
+    reads a reconnection as late as their reports, so judged on the clock alone, an agent
+    that reconnected after an ack timeout would be taken for lost."""
+    def build() -> float:
+        seen = sorted(r.last_seen for r in state.ranks()
+                      if r.status in (RankStatus.RUNNING, RankStatus.INITIALIZING))
+        return seen[len(seen) // 2] if seen else float("inf")
+    return state.memo(("heard_until",), build)
+
+
 def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
     for r in state.ranks():
@@ -108,7 +121,7 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
             continue
         if r.status == RankStatus.LOST:
             since, how = r.exit_at or r.last_seen, "its connection closed without a clean exit"
-            if now - since < s.reconnect_grace:
+            if min(now, _heard_until(state)) - since < s.reconnect_grace:
                 continue
         elif r.status in (RankStatus.RUNNING, RankStatus.INITIALIZING) and now - r.last_seen > s.lost_after:
             since = r.last_seen + s.lost_after
