@@ -287,8 +287,8 @@ class Agent:
                     if self.config.flight_stats:
                         self._read_flight()
                     self._flush_stats()
-                    self._heartbeat()
                     self._sample_gpu()
+                    self._heartbeat()  # last: the readings waiting leave with it (outbox)
                     self._capture_stuck_stacks()
                 elif now >= next_stats:
                     next_stats = now + self.config.stats_interval_s

@@ -151,16 +151,15 @@ class Sender(threading.Thread):
             self._note_error(why)
             self._drop_connection()
             return
+        linger = self.config.interval_s
         while len(self._inflight) < self.config.max_inflight_batches and \
-                now >= self._quiet_until:
+                now >= self._quiet_until and self.outbox.due(linger):
             events = self.outbox.take(self.config.max_batch_events)
             if not events:
                 break
             self._send(events)
-        with self.outbox.ready:
-            if len(self.outbox) == 0 or len(self._inflight) >= self.config.max_inflight_batches \
-                    or time.monotonic() < self._quiet_until:
-                self.outbox.ready.wait(0.05)
+        self.outbox.wait(0.05, linger, hold=len(self._inflight) >= self.config.max_inflight_batches
+                         or time.monotonic() < self._quiet_until)
 
     def _why_drop(self, now: float, oldest: float) -> str | None:
         """Why a connection whose acknowledgement is late is given up, or None while it still

@@ -11,7 +11,6 @@ import time
 import pytest
 
 from pgdash_agent.config import AgentConfig
-from pgdash_agent.outbox import Outbox
 from tests.helpers.procs import JOBS, ROOT, ServerProcess, free_port, job_by_name, wait_for
 
 
@@ -110,21 +109,3 @@ def test_every_dropped_collective_is_counted(server):
     assert detail["ranks"][0]["dropped"]["collectives"] == dropped  # reported to the server
 
 
-def test_outbox_drops_summaries_first_and_counts_them():
-    box = Outbox(capacity=3)
-    box.put(1, "hello", {})
-    assert box.put(2, "coll_stats", {})
-    assert box.put(3, "heartbeat", {})
-    assert not box.put(4, "exit", {"clean": True})  # full: the oldest summary goes
-    assert [e["kind"] for e in box.take(10)] == ["hello", "heartbeat", "exit"]
-    assert box.dropped == {"coll_stats": 1}
-
-
-def test_outbox_requeue_keeps_sequence_order():
-    box = Outbox(capacity=10)
-    for i in range(5):
-        box.put(i, "heartbeat", {})
-    first = box.take(2)
-    box.put(9, "exit", {"clean": True})
-    box.requeue(first)
-    assert [e["seq"] for e in box.take(10)] == [1, 2, 3, 4, 5, 6]
