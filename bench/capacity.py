@@ -4,11 +4,19 @@ What runs: a real ``pgdash serve`` process (this repository's, on 127.0.0.1, a f
 file), and N simulated agents in one asyncio process speaking the real agent protocol over
 real websockets (the ``websockets`` package): ``--wire v1`` is the Socket.IO ``/agent``
 namespace every agent up to 0.1 speaks, ``--wire v2`` the compact path beside it
-(``pgdash_agent.wire`` ``AGENT_V2_PATH``, MessagePack frames). Each agent connects, sends what a
-real agent sends at start (hello, the rendezvous, its process groups of a DP x PP x TP mesh),
-then once a second, at its own random phase, one batch: a heartbeat (progress per group), a
-latency summary (``coll_stats``: ``--ops`` rows with latency histograms) and a GPU reading:
-about 3.6 kB of JSON per rank-second, what the agent sends on a GPU host at the default 1 Hz.
+(``pgdash_agent.wire`` ``AGENT_V2_PATH``, MessagePack frames). Each simulated agent sends what
+the real agent sends **at its defaults** (``pgdash_agent.config.AgentConfig``, read here, so
+the figures follow them): at start hello, the rendezvous and its process groups of a DP x PP x
+TP mesh; then, at its own random phase, every heartbeat period (``PGDASH_INTERVAL_S``, 1 s) a
+heartbeat (progress per group), a latency summary (``coll_stats``: ``--ops`` rows with
+histograms) and a GPU reading, and a latency summary every ``PGDASH_STATS_INTERVAL_S`` (0.5 s)
+between (``bench.common.agent_schedule``): about 4.7 kB of JSON per rank-second, what the
+agent sends on a GPU host. It sends them as the agent's sender does: through the agent's own
+bounded ``Outbox`` (readings wait for the heartbeat: one batch per rank-second), at most
+``PGDASH_MAX_INFLIGHT_BATCHES`` unacknowledged batches; when an acknowledgement is
+``PGDASH_ACK_TIMEOUT_S`` late (counted: "ack timeouts"), v2 pings the server and waits while
+it answers (up to ``SLOW_ACK_LIMIT`` timeouts), v1 reconnects with the agent's backoff and
+resends what was not acknowledged.
 
 Measured per N, over ``--seconds`` of steady state after everybody connected:
 
@@ -66,82 +74,160 @@ from pathlib import Path
 
 import websockets
 
-from bench.common import (OPS_PER_SECOND, fmt, members, mesh_groups, pct, second_events,
-                          start_events, start_servers, stop_servers)
+from bench.common import (OPS_PER_SECOND, agent_schedule, fmt, members, mesh_groups, pct,
+                          second_events, start_events, start_servers, stop_servers,
+                          summary_event)
 from pgdash_agent import wire
+from pgdash_agent.config import AgentConfig
+from pgdash_agent.outbox import Outbox
+from pgdash_agent.sender import SLOW_ACK_LIMIT
 
 TICK = os.sysconf("SC_CLK_TCK")
 
 
 # -- simulated agents -----------------------------------------------------------------------
 
+class AckTimeout(Exception):
+    """No acknowledgement within the agent's ``ack_timeout_s``: it drops the connection."""
+
+
 class Agent:
-    """One simulated rank: its own websocket, sequence numbers and acknowledgement times."""
+    """One simulated rank, sending what the agent sends at its defaults and as its sender does:
+    its events numbered once in the agent's own bounded ``Outbox``, batches of at most
+    ``max_batch_events`` with at most ``max_inflight_batches`` unacknowledged, a reconnect
+    (with the agent's backoff) when an ack is ``ack_timeout_s`` late, and everything
+    unacknowledged sent again on the new connection."""
 
     def __init__(self, bench: "Bench", rank: int):
         self.bench, self.rank = bench, rank
         self.server = rank % len(bench.ws_urls)  # round robin, as a TCP balancer places them
         self.ws_url = bench.ws_urls[self.server]
         self.session = uuid.uuid4().hex
-        self.seq = 0
-        self.sent: dict[int, float] = {}  # batch id -> send time (monotonic)
+        self.outbox = Outbox(bench.agent.max_buffered_events)
+        self.sent: dict[int, tuple[float, list]] = {}  # batch id -> (send time, its events)
         self.next_id = 0
+        self.wake = asyncio.Event()
+        self.late_batch: float | None = None  # send time of the late batch counted last
+        self.probed_at: float | None = None  # when the link was last pinged (v2)
         self.ws = None
-
-    def batch(self, events) -> list[dict]:
-        out = []
-        for kind, body, t in events:
-            self.seq += 1
-            out.append({"seq": self.seq, "t": t, "kind": kind, "body": body})
-        return out
+        self.ever_connected = False
 
     def auth(self) -> dict:
         b = self.bench
         return {"v": wire.PROTOCOL_VERSION, "session": self.session, "job": b.job,
                 "rank": self.rank, "host": f"node{self.rank // 8:04d}", "pid": 10_000 + self.rank}
 
-    async def run(self, stop: asyncio.Event) -> None:
+    def put(self, events) -> None:
+        for kind, body, t in events:
+            self.outbox.put(t, kind, body)
+        self.wake.set()
+
+    async def produce(self, stop: asyncio.Event, rng: random.Random) -> None:
+        """The agent's loop: a heartbeat period after period, at this rank's own phase."""
         b = self.bench
         groups = b.member[self.rank]
-        rng = random.Random(self.rank)
+        self.put(start_events(self.rank, b.world, b.job, groups))
+        await asyncio.sleep(rng.random())
+        step, period_start = 0, time.monotonic()
         while not stop.is_set():
-            try:
-                await self._connect()
-                b.connected += 1
-                await self._send(start_events(self.rank, b.world, b.job, groups))
-                await asyncio.sleep(rng.random())  # each agent at its own phase
-                step = 0
-                reader = asyncio.create_task(self._read())
+            step += 1
+            for offset, beat in b.schedule:
+                delay = period_start + offset - time.monotonic()
+                if delay > 0:
+                    try:
+                        await asyncio.wait_for(stop.wait(), timeout=delay)
+                        return
+                    except asyncio.TimeoutError:
+                        pass
+                span = b.stats_span
+                self.put(second_events(self.rank, step, groups, b.ops, rng, span=span) if beat
+                         else [summary_event(groups, b.ops, rng, span)])
+            period_start += b.agent.interval_s
+
+    async def run(self, stop: asyncio.Event) -> None:
+        b = self.bench
+        rng = random.Random(self.rank)
+        producer = asyncio.create_task(self.produce(stop, rng))
+        backoff = 0.25
+        try:
+            while not stop.is_set():
                 try:
-                    next_at = time.monotonic()
-                    while not stop.is_set():
-                        step += 1
-                        await self._send(second_events(self.rank, step, groups, b.ops, rng))
-                        next_at += 1.0
-                        try:
-                            await asyncio.wait_for(stop.wait(),
-                                                   timeout=max(0.0, next_at - time.monotonic()))
-                        except asyncio.TimeoutError:
-                            pass
-                        if reader.done():  # the connection closed under us
-                            reader.result()
+                    await self._connect()
+                    self.probed_at = None
+                    backoff = 0.25
+                    if not self.ever_connected:
+                        self.ever_connected = True
+                        b.connected += 1
+                    reader = asyncio.create_task(self._read())
+                    try:
+                        await self._pump(stop, reader)
+                    finally:
+                        reader.cancel()
+                except (OSError, websockets.ConnectionClosed, asyncio.TimeoutError,
+                        AckTimeout) as exc:
+                    b.reconnects += 1
+                    b.last_error = f"{type(exc).__name__}: {exc}"
+                    self._requeue()
+                    await asyncio.sleep(backoff * (0.5 + rng.random()))
+                    backoff = min(backoff * 2, b.agent.reconnect_max_s)
                 finally:
-                    reader.cancel()
-                if stop.is_set():
-                    return
-            except (OSError, websockets.ConnectionClosed, asyncio.TimeoutError) as exc:
-                b.reconnects += 1
-                b.last_error = f"{type(exc).__name__}: {exc}"
-                await asyncio.sleep(1 + rng.random())
-            finally:
-                if self.ws is not None:
-                    await self.ws.close()
-                    self.ws = None
+                    if self.ws is not None:
+                        await self.ws.close()
+                        self.ws = None
+        finally:
+            producer.cancel()
+
+    async def _pump(self, stop: asyncio.Event, reader: asyncio.Task) -> None:
+        cfg = self.bench.agent
+        while not stop.is_set():
+            if reader.done():  # the connection closed under us
+                reader.result()
+                raise OSError("the server closed the connection")
+            now = time.monotonic()
+            oldest = min((sent for sent, _ in self.sent.values()), default=now)
+            if now - oldest > cfg.ack_timeout_s:
+                await self._late(oldest, now)
+            else:
+                self.probed_at = None
+            while len(self.sent) < cfg.max_inflight_batches and self.outbox.due(cfg.interval_s):
+                events = self.outbox.take(cfg.max_batch_events)
+                if not events:
+                    break
+                await self._send(events)
+            self.wake.clear()
+            oldest = min((sent for sent, _ in self.sent.values()), default=None)
+            check_at = oldest if self.probed_at is None else max(oldest, self.probed_at)
+            timeout = 1.0 if oldest is None else max(0.01, check_at + cfg.ack_timeout_s - now)
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _late(self, oldest: float, now: float) -> None:
+        """An acknowledgement is late: as the agent's sender does (``Sender._why_drop``), v2
+        probes the link with a ping every ack timeout and keeps waiting while the server
+        answers, up to ``SLOW_ACK_LIMIT`` timeouts; v1 reconnects at once."""
+        cfg, b = self.bench.agent, self.bench
+        if self.late_batch != oldest:
+            self.late_batch = oldest
+            b.ack_timeouts += 1
+        if not isinstance(self, CompactAgent) or now - oldest > SLOW_ACK_LIMIT * cfg.ack_timeout_s:
+            raise AckTimeout(f"no acknowledgement within {now - oldest:.0f} s")
+        if self.probed_at is None or now - self.probed_at > cfg.ack_timeout_s:
+            self.probed_at = now
+            pong = await self.ws.ping()
+            await asyncio.wait_for(pong, cfg.ack_timeout_s)  # TimeoutError: a dead link
+
+    def _requeue(self) -> None:
+        pending = [ev for _id in sorted(self.sent) for ev in self.sent[_id][1]]
+        self.sent.clear()
+        self.outbox.requeue(pending)
 
     def _acked(self, batch_id: int) -> None:
-        sent = self.sent.pop(batch_id, None)
-        if sent is not None and self.bench.measuring:
-            self.bench.acks[self.server].append(time.monotonic() - sent)
+        entry = self.sent.pop(batch_id, None)
+        if entry is not None and self.bench.measuring:
+            self.bench.acks[self.server].append(time.monotonic() - entry[0])
+        self.wake.set()
 
 
 class SocketIOAgent(Agent):
@@ -165,9 +251,8 @@ class SocketIOAgent(Agent):
 
     async def _send(self, events) -> None:
         self.next_id += 1
-        self.sent[self.next_id] = time.monotonic()
-        payload = json.dumps([wire.BATCH_EVENT, {"v": wire.PROTOCOL_VERSION,
-                                                 "events": self.batch(events)}])
+        self.sent[self.next_id] = (time.monotonic(), events)
+        payload = json.dumps([wire.BATCH_EVENT, {"v": wire.PROTOCOL_VERSION, "events": events}])
         await self.ws.send(f"42{wire.AGENT_NAMESPACE},{self.next_id}{payload}")
 
     async def _read(self) -> None:
@@ -194,8 +279,8 @@ class CompactAgent(Agent):
 
     async def _send(self, events) -> None:
         self.next_id += 1
-        self.sent[self.next_id] = time.monotonic()
-        await self.ws.send(wire.encode_v2({"id": self.next_id, "events": self.batch(events)}))
+        self.sent[self.next_id] = (time.monotonic(), events)
+        await self.ws.send(wire.encode_v2({"id": self.next_id, "events": events}))
 
     async def _read(self) -> None:
         async for frame in self.ws:
@@ -210,7 +295,10 @@ class Bench:
         self.ws_urls = ["ws" + u[len("http"):] for u in urls]
         self.world, self.ops, self.job = world, ops, job
         self.member = members(mesh_groups(world), world)
-        self.connected = self.reconnects = 0
+        self.connected = self.reconnects = self.ack_timeouts = 0
+        self.agent = AgentConfig()  # what a real agent does at its defaults
+        self.schedule = agent_schedule(self.agent)
+        self.stats_span = self.agent.interval_s / len(self.schedule)
         self.last_error: str | None = None
         self.acks: dict[int, list[float]] = {i: [] for i in range(len(urls))}
         self.measuring = False
@@ -349,7 +437,7 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines) -> 
         own_cpu0 = time.process_time()
         t0 = time.monotonic()
         bench.measuring = True
-        reconnects0 = bench.reconnects
+        reconnects0, timeouts0 = bench.reconnects, bench.ack_timeouts
         ages: list[list[float]] = [[] for _ in urls]
         lags: list[list[float]] = [[] for _ in urls]
         owned: list[float | None] = [None] * k
@@ -425,7 +513,8 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines) -> 
                            default=None),
             "engine_cpu_core": engine_cpu, "bench_cpu_core": own_cpu,
             "findings": sorted(kinds),
-            "reconnects": bench.reconnects - reconnects0, "last_error": bench.last_error,
+            "reconnects": bench.reconnects - reconnects0,
+            "ack_timeouts": bench.ack_timeouts - timeouts0, "last_error": bench.last_error,
             "probe_errors": probe_errors[:3] + ([f"... {len(probe_errors)} in all"]
                                                if len(probe_errors) > 3 else []),
             "per_process": per,
@@ -468,7 +557,7 @@ def table(rows: list[dict]) -> None:
     cluster = any(r["processes"] > 1 or r["store"] != "sqlite" for r in rows)
     if not cluster:
         print("| ranks | all connected | freshness p50 / p95 | ack p95 | server CPU | CPU-s per "
-              "rank-hour | RSS | threads | lag max | findings | reconnects |")
+              "rank-hour | RSS | threads | lag max | findings | ack timeouts / reconnects |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['ranks']} | {'yes' if r['connected'] else 'NO'} "
@@ -476,7 +565,7 @@ def table(rows: list[dict]) -> None:
                   f"| {fmt(r['ack_p95'])} s | {fmt(100 * r['cpu_core'], '.0f')}% of a core "
                   f"| {fmt(r['cpu_rank_hour'])} | {fmt(r['rss_mb'], '.0f')} MB | {r['threads']} "
                   f"| {fmt(r['lag_max'])} s | {', '.join(r['findings']) or 'none'} "
-                  f"| {r['reconnects']} |")
+                  f"| {r['ack_timeouts']} / {r['reconnects']} |")
         return
     print("| K | ranks | process | ranks on it | owns job | freshness p50 / p95 on its API "
           "| ack p95 | CPU | waited for a CPU | RSS | lag max |")
@@ -493,7 +582,7 @@ def table(rows: list[dict]) -> None:
     print()
     print("| K | ranks | all connected | worst p95 fresh | held (p95 <= goal, no finding) "
           "| servers' CPU | CPU-s per rank-hour | PostgreSQL CPU | Redis CPU | bench agents' CPU "
-          "| findings | reconnects |")
+          "| findings | ack timeouts / reconnects |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         eng = r["engine_cpu_core"]
@@ -504,7 +593,7 @@ def table(rows: list[dict]) -> None:
               f"| {fmt(100 * eng['postgres'], '.0f') + '%' if 'postgres' in eng else '-'} "
               f"| {fmt(100 * eng['redis'], '.0f') + '%' if 'redis' in eng else '-'} "
               f"| {fmt(100 * r['bench_cpu_core'], '.0f')}% "
-              f"| {', '.join(r['findings']) or 'none'} | {r['reconnects']} |")
+              f"| {', '.join(r['findings']) or 'none'} | {r['ack_timeouts']} / {r['reconnects']} |")
     for k in sorted({r["processes"] for r in rows}):
         held = [r["ranks"] for r in rows if r["processes"] == k and r["held"]]
         print(f"K={k}: largest N held: {max(held) if held else 'none of those tried'}")

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 from tests.helpers.procs import ServerProcess, free_port  # noqa: F401  (re-exported)
+from pgdash_agent.config import AgentConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -173,24 +174,49 @@ def start_events(rank: int, world: int, job: str, groups: list[Group],
     return events
 
 
-def second_events(rank: int, step: int, groups: list[Group], ops: int, rng: random.Random,
-                  entered: int | None = None, now: float | None = None):
-    """What an agent sends each second, as ``(kind, body, t)``: a heartbeat (``entered`` per
-    group; ``step * 20`` unless given), a latency summary of ``ops`` rows and a GPU reading."""
+def agent_schedule(config: AgentConfig | None = None) -> list[tuple[float, bool]]:
+    """When the agent sends, over one heartbeat period at ``config``'s settings (its defaults
+    unless given; ``pgdash_agent.core.Agent._loop``): ``(offset s, heartbeat?)``. At the
+    heartbeat it sends a latency summary, the heartbeat and a GPU reading; between two
+    heartbeats, a latency summary every ``stats_interval_s`` (not one just before the next
+    heartbeat's). At the defaults: [(0.0, True), (0.5, False)]."""
+    cfg = config or AgentConfig()
+    out, k = [(0.0, True)], 1
+    while cfg.interval_s - k * cfg.stats_interval_s > 0.5 * cfg.stats_interval_s:
+        out.append((k * cfg.stats_interval_s, False))
+        k += 1
+    return out
+
+
+def summary_event(groups: list[Group], ops: int, rng: random.Random, span: float = 1.0,
+                  now: float | None = None) -> tuple[str, dict, float]:
+    """A latency summary (``coll_stats``) of ``span`` seconds: ``ops`` rows, 20 calls of each
+    op per second."""
     now = time.time() if now is None else now
-    seq = step * 20 if entered is None else entered
-    progress = [{"group": g[0], "entered": seq, "completed": seq,
-                 "inflight_op": None, "inflight_since": None} for g in groups]
+    calls = max(1, round(20 * span))
     rows = []
     for i in range(ops):
         g = groups[i % len(groups)][0]
         base = 77 + (i % 5) * 6
         # Rounded as the agent sends them (pgdash_agent.wire.LatencySummary.row: to the nanosecond).
-        rows.append({"group": g, "op": OPS[i % len(OPS)], "count": 20,
-                     "bytes": 20 * (4 << (20 - i)),
-                     "sum_us": round(20 * 1000.0 * (1 + rng.random()), 3),
+        rows.append({"group": g, "op": OPS[i % len(OPS)], "count": calls,
+                     "bytes": calls * (4 << (20 - i)),
+                     "sum_us": round(calls * 1000.0 * (1 + rng.random()), 3),
                      "max_us": round(4000.0 * (1 + rng.random()), 3),
                      "hist": [[base + j, 1 + rng.randrange(4)] for j in range(8)]})
+    return ("coll_stats", {"start": now - span, "end": now, "rows": rows}, now)
+
+
+def second_events(rank: int, step: int, groups: list[Group], ops: int, rng: random.Random,
+                  entered: int | None = None, now: float | None = None, span: float = 1.0):
+    """What an agent sends at a heartbeat, as ``(kind, body, t)``: a heartbeat (``entered`` per
+    group; ``step * 20`` unless given), a latency summary of ``ops`` rows over the last
+    ``span`` seconds and a GPU reading."""
+    now = time.time() if now is None else now
+    seq = step * 20 if entered is None else entered
+    progress = [{"group": g[0], "entered": seq, "completed": seq,
+                 "inflight_op": None, "inflight_since": None} for g in groups]
+    stats = summary_event(groups, ops, rng, span, now)
     gpu = {"uuid": "GPU-0", "name": "NVIDIA H200", "lost": False, "reasons": [], "xids": [],
            "values": {"util_gpu": 97.0, "util_mem": 40.0, "mem_used": 7.1e10,
                       # NVML's whole degrees and milliwatts, as agent.gpu reports them
@@ -202,5 +228,4 @@ def second_events(rank: int, step: int, groups: list[Group], ops: int, rng: rand
                       "remapped_correctable": 0.0, "remapped_uncorrectable": 0.0,
                       "remap_pending": 0.0, "remap_failure": 0.0}}
     return [("heartbeat", {"groups": progress, "dropped": {}, "buffered": 0}, now),
-            ("coll_stats", {"start": now - 1.0, "end": now, "rows": rows}, now),
-            ("gpu", gpu, now)]
+            stats, ("gpu", gpu, now)]
