@@ -50,8 +50,7 @@ class Writer:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_limit)
         self._thread = threading.Thread(target=self._loop, name="pgdash-writer", daemon=True)
         self._stopping = False
-        self._closed = False  # set by stop(): nothing more is queued after its end marker
-        self._closing = threading.Lock()
+        self._closed = False  # set by stop(): what is submitted from then on fails at once
         self.commits = 0
         self.write_errors = 0
         # Called on the writer thread after a failed transaction, so that whoever keeps
@@ -68,13 +67,13 @@ class Writer:
     def stop(self) -> None:
         """Commit what is queued, then end the thread (at most 10 s). Writes submitted from
         then on raise WriterStopped at once instead of waiting for a thread that is gone."""
-        with self._closing:
-            if self._closed:
-                return
-            self._closed = True
-            if self._thread.is_alive():
-                self._queue.put(None)
-        self._thread.join(timeout=10)
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout=10)
+        self._fail_queued()
 
     def submit(self, task: Task, timeout: float | None = 30.0) -> Any:
         """Run ``task(conn)`` on the writer thread inside a transaction; return its result.
@@ -83,9 +82,7 @@ class Writer:
         every task in it gets the exception.
         """
         future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._closing:
-            self._check_open()
-            self._queue.put((task, future, time.monotonic()), timeout=timeout)
+        self._enqueue((task, future, time.monotonic()), timeout)
         return future.result(timeout=timeout)
 
     def submit_nowait(self, task: Task) -> concurrent.futures.Future:
@@ -95,14 +92,26 @@ class Writer:
             queue.Full: the write queue is at its bound (the server is overloaded).
         """
         future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._closing:
-            self._check_open()
-            self._queue.put_nowait((task, future, time.monotonic()))
+        self._enqueue((task, future, time.monotonic()), None, block=False)
         return future
 
-    def _check_open(self) -> None:
+    def _enqueue(self, item: tuple, timeout: float | None, block: bool = True) -> None:
+        """Queue ``item`` (no lock: the event loop's thread must never wait here for a
+        blocked submitter); one queued as the writer stopped is failed, not left waiting."""
         if self._closed:
             raise WriterStopped("the database writer has stopped: the server is shutting down")
+        self._queue.put(item, block=block, timeout=timeout)
+        if self._closed and not self._thread.is_alive():
+            self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None and not item[1].done():
+                item[1].set_exception(WriterStopped("the database writer has stopped"))
 
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Block until everything queued so far is committed (tests, shutdown)."""
