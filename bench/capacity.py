@@ -74,7 +74,7 @@ from pathlib import Path
 
 import websockets
 
-from bench.common import (OPS_PER_SECOND, agent_schedule, fmt, members, mesh_groups, pct,
+from bench.common import (OPS_PER_SECOND, ROOT, agent_schedule, fmt, members, mesh_groups, pct,
                           second_events, start_events, start_servers, stop_servers,
                           summary_event)
 from pgdash_agent import wire
@@ -383,12 +383,12 @@ class Engines:
                 self.redis = RedisServer(redis_bin).start()
                 self.queue = self.redis.url
 
-    def db_url(self, world: int, k: int) -> str:
+    def db_url(self, world: int, k: int, label: str = "") -> str:
         if self.pg is not None:
             return self.pg.new_database()  # every run on an empty database, like the SQLite runs
         if self.args.db:
             return self.args.db  # yours: runs share it, each under its own job name
-        return f"sqlite:///{self.workdir / f'capacity-{world}.db'}"
+        return f"sqlite:///{self.workdir / f'capacity-{world}{label}.db'}"
 
     def pids(self) -> dict[str, int]:
         """Engine processes whose CPU is measured (those started here)."""
@@ -405,10 +405,11 @@ class Engines:
                 srv.stop()
 
 
-async def run_one(world: int, k: int, args, workdir: Path, engines: Engines) -> dict:
-    db = engines.db_url(world, k)
+async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
+                  root: Path = ROOT, label: str = "") -> dict:
+    db = engines.db_url(world, k, label)
     extra = [*(["--queue", engines.queue] if engines.queue else []), *args.server_args.split()]
-    servers = start_servers(k, db, extra, workdir, f"{world}-k{k}")
+    servers = start_servers(k, db, extra, workdir, f"{world}-k{k}{label}", root)
     urls = [srv.url for srv in servers]
     pids = [srv.proc.pid for srv in servers]
     try:
@@ -501,7 +502,7 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines) -> 
         worst_p95 = max((p["fresh_p95"] for p in per if p["fresh_p95"] is not None),
                         default=None)
         row = {
-            "ranks": world, "processes": k, "store": db.split(":", 1)[0],
+            "ranks": world, "processes": k, "store": db.split(":", 1)[0], "server": label,
             "connected": all_connected, "connect_s": connect_s,
             "fresh_p50": max((p["fresh_p50"] for p in per if p["fresh_p50"] is not None),
                              default=None),
@@ -560,7 +561,8 @@ def table(rows: list[dict]) -> None:
               "rank-hour | RSS | threads | lag max | findings | ack timeouts / reconnects |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['ranks']} | {'yes' if r['connected'] else 'NO'} "
+            print(f"| {r['ranks']}{' ' + r['server'] if r['server'] else ''} "
+                  f"| {'yes' if r['connected'] else 'NO'} "
                   f"({r['connect_s']:.0f} s) | {fmt(r['fresh_p50'])} / {fmt(r['fresh_p95'])} s "
                   f"| {fmt(r['ack_p95'])} s | {fmt(100 * r['cpu_core'], '.0f')}% of a core "
                   f"| {fmt(r['cpu_rank_hour'])} | {fmt(r['rss_mb'], '.0f')} MB | {r['threads']} "
@@ -624,6 +626,10 @@ def main() -> None:
     p.add_argument("--goal", type=float, default=2.0,
                    help="p95 freshness (s) a held run stays within (issue 13: 2 s)")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
+    p.add_argument("--compare", metavar="DIR",
+                   help="another checkout (e.g. `git worktree add /tmp/before HEAD~3`): each run "
+                        "is made against its server ('before') and then this one's ('after'), "
+                        "with the same simulated agents (this checkout's agent's behaviour)")
     args = p.parse_args()
     worlds = parse_list(args.ranks, "--ranks")
     processes = parse_list(args.processes, "--processes") if args.processes else [1]
@@ -642,11 +648,15 @@ def main() -> None:
             Path(tmp).mkdir(parents=True, exist_ok=True)
         engines = Engines(args, Path(tmp))
         try:
+            servers = [(Path(args.compare).resolve(), "before"), (ROOT, "after")] \
+                if args.compare else [(ROOT, "")]
             for world in worlds:
                 for k in processes:
-                    row = asyncio.run(run_one(world, k, args, Path(tmp), engines))
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                    for root, label in servers:
+                        row = asyncio.run(run_one(world, k, args, Path(tmp), engines, root,
+                                                  label))
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
         finally:
             engines.stop()
     if args.json:

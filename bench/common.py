@@ -55,14 +55,14 @@ def against(value: float | None, reference: float | None, spec: str = ".2f",
 # -- servers --------------------------------------------------------------------------------
 
 def start_servers(k: int, db: str, extra: list[str], workdir: Path,
-                  tag: str) -> list[ServerProcess]:
+                  tag: str, root: Path = ROOT) -> list[ServerProcess]:
     """K ``pgdash serve`` processes on one store, each on a free port and answering before the
     next starts (each migrates the database on start; one after the other keeps the logs
-    readable). Stopped with :func:`stop_servers`."""
+    readable), run from the checkout ``root``. Stopped with :func:`stop_servers`."""
     servers: list[ServerProcess] = []
     try:
         for i in range(k):
-            servers.append(ServerProcess(db, extra=extra,
+            servers.append(ServerProcess(db, extra=extra, root=root,
                                          log_path=workdir / f"server-{tag}-p{i + 1}.log").start())
     except BaseException:
         stop_servers(servers)

@@ -85,8 +85,10 @@ class ServerProcess:
     """``pgdash serve`` in a subprocess; stopped by PID."""
 
     def __init__(self, db_url: str, port: int | None = None, extra: list[str] | None = None,
-                 log_path: Path | None = None, env: dict[str, str] | None = None):
+                 log_path: Path | None = None, env: dict[str, str] | None = None,
+                 root: Path = ROOT):
         self.db_url = db_url
+        self.root = root  # the checkout whose server runs (benches compare another one)
         self.port = port or free_port()
         self.extra = extra or []
         self.env = env  # PGDASH_* server settings for this server only
@@ -108,7 +110,7 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "dashboard", "serve", "--port", str(self.port),
                  "--db", self.db_url, *self.extra],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
                 env={**os.environ, **self.env} if self.env else None)
         wait_for(lambda: self.proc.poll() is None and self.api("/api/jobs") is not None,
                  30, f"pgdash server on {self.url}")
