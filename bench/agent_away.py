@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import ROOT, free_port, stop_by_pid
+from bench.common import ROOT, free_port, rank_env, stop_by_pid
 
 MODES = ("none", "away", "up")
 RANKS = 2
@@ -65,10 +65,8 @@ def run(mode: str, server_url: str, tmp: Path, args: argparse.Namespace) -> floa
     procs = []
     try:
         for rank in range(RANKS):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank),
-                       WORLD_SIZE=str(RANKS), LOCAL_WORLD_SIZE=str(RANKS),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1",
-                       PGDASH_SERVER=server_url, PGDASH_JOB=f"bench-agent-away-{mode}")
+            env = rank_env(rank, RANKS, port, PGDASH_SERVER=server_url,
+                           PGDASH_JOB=f"bench-agent-away-{mode}")
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "bench.agent_away", "--worker",
                  str(result) if rank == 0 else os.devnull, mode,

@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 
 from bench import ddp_step
-from bench.common import ROOT, free_port, stop_by_pid
+from bench.common import ROOT, free_port, rank_env, stop_by_pid
 
 MODES = ("bare", "wrapper", "agent")
 # One round of the schedule: each mode twice, mirrored, so linear drift cancels.
@@ -198,10 +198,8 @@ def run_world(world: int, server_url: str, tmp: Path, args: argparse.Namespace) 
     results = [tmp / f"ranks{world}-rank{r}.json" for r in range(world)]
     try:
         for rank in range(world):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank),
-                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1",
-                       PGDASH_SERVER=server_url, PGDASH_JOB=f"bench-agent-overhead-{world}r")
+            env = rank_env(rank, world, port, PGDASH_SERVER=server_url,
+                           PGDASH_JOB=f"bench-agent-overhead-{world}r")
             log = open(tmp / f"ranks{world}-rank{rank}.log", "w+")
             logs.append(log)
             procs.append(subprocess.Popen(

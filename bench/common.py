@@ -54,6 +54,14 @@ def against(value: float | None, reference: float | None, spec: str = ".2f",
 
 # -- servers --------------------------------------------------------------------------------
 
+def rank_env(rank: int, world: int, port: int | str, **extra: str) -> dict[str, str]:
+    """The environment torchrun gives rank ``rank`` of ``world`` on one host (loopback
+    rendezvous on ``port``, one OpenMP thread), plus ``extra``."""
+    return dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1", **extra)
+
+
 def start_servers(k: int, db: str, extra: list[str], workdir: Path,
                   tag: str, root: Path = ROOT) -> list[ServerProcess]:
     """K ``pgdash serve`` processes on one store, each on a free port and answering before the
