@@ -24,6 +24,7 @@ import threading
 from typing import Any, Callable
 
 from websockets.frames import Opcode
+from websockets.protocol import State
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
@@ -214,6 +215,10 @@ class AgentLink(asyncio.Protocol):
             self._flush()
 
     def _close(self, reason: str) -> None:
+        if self.ws.state is not State.OPEN:  # the agent left first (it gave up waiting)
+            if self.transport is not None:
+                self.transport.close()
+            return
         self.ws.send_close(1008, reason[:120])
         self._flush()
 
