@@ -219,6 +219,18 @@ class Ingest:
             self.fold.write(conn, session, job_id, [connected])
             return job_id
 
+        known = self.admission.job_of(session)
+        if known is not None:
+            # A reconnection of a session this process already placed: its job is known, so
+            # the agent is taken at once and its connect event queued like a batch (ahead of
+            # its next ones: the writer's queue is in order). Waiting for the writer would
+            # lock agents out of a server that is behind, and their silence would look like
+            # lost ranks.
+            try:
+                self.store.writer.submit_nowait(admit)
+                return session, known
+            except queue.Full:
+                pass  # wait for room, as a new session does
         return session, self.store.writer.submit(admit)
 
     def disconnect(self, session: str) -> None:

@@ -1,5 +1,7 @@
 """Ingest without sockets: job assignment, de-duplication and the fold, on a real SQLite file."""
 
+import threading
+
 import pytest
 
 from dashboard.web import views
@@ -197,3 +199,27 @@ def test_scrubbing_gives_a_fresh_fold_at_every_moment_and_reads_only_what_it_mus
         assert len(rewind._checkpoints[job]) <= 4
     finally:
         store.close()
+
+
+def test_a_known_session_reconnects_at_once_while_the_writer_is_behind(ingest):
+    """A server behind its agents still takes back a session it knows: its job is known, the
+    connect event is queued in order; only a session it has never seen waits for the
+    writer (it may create the job)."""
+    session, job = ingest.connect(auth("a", 0))
+    ingest.batch(session, job, batch(ev(1, "hello", {"job": "j", "rank": 0, "world_size": 2,
+                                                     "host": "h", "pid": 1})))
+    ingest.disconnect(session)
+    release = threading.Event()
+    ingest.store.writer.submit_nowait(lambda conn: release.wait(60))  # the writer is busy
+    answer = []
+    thread = threading.Thread(target=lambda: answer.append(ingest.connect(auth("a", 0))))
+    thread.start()
+    thread.join(20)  # a waiting admission would wait for the writer's 30 s timeout
+    try:
+        assert answer == [(session, job)]
+    finally:
+        release.set()
+    ingest.batch(session, job, batch(ev(2, "heartbeat", {"groups": []}, t=3.0)))
+    assert [e["kind"] for e in ingest.store.log.events(job)] == [
+        "connect", "hello", "disconnect", "connect", "heartbeat"]
+    assert ingest.read(job, lambda s: s.ranks()[0].status) == "running"
