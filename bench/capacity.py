@@ -70,6 +70,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from typing import Any
 from pathlib import Path
 
 import websockets
@@ -109,6 +110,7 @@ class Agent:
         self.wake = asyncio.Event()
         self.late_batch: float | None = None  # send time of the late batch counted last
         self.probed_at: float | None = None  # when the link was last pinged (v2)
+        self.quiet_until = 0.0  # monotonic: the server asked for nothing before then
         self.ws = None
         self.ever_connected = False
 
@@ -189,13 +191,16 @@ class Agent:
                 await self._late(oldest, now)
             else:
                 self.probed_at = None
-            while len(self.sent) < cfg.max_inflight_batches and self.outbox.due(cfg.interval_s):
+            while len(self.sent) < cfg.max_inflight_batches and self.outbox.due(cfg.interval_s) \
+                    and now >= self.quiet_until:
                 events = self.outbox.take(cfg.max_batch_events)
                 if not events:
                     break
                 await self._send(events)
             self.wake.clear()
             oldest = min((sent for sent, _ in self.sent.values()), default=None)
+            if oldest is None and now < self.quiet_until:
+                oldest = self.quiet_until - cfg.ack_timeout_s  # wake when the wait is over
             check_at = oldest if self.probed_at is None else max(oldest, self.probed_at)
             timeout = 1.0 if oldest is None else max(0.01, check_at + cfg.ack_timeout_s - now)
             try:
@@ -223,9 +228,20 @@ class Agent:
         self.sent.clear()
         self.outbox.requeue(pending)
 
-    def _acked(self, batch_id: int) -> None:
+    def _acked(self, batch_id: int, ack: Any) -> None:
+        """As the agent's sender applies an acknowledgement (``Sender._apply_ack``): a batch
+        the server asks to have again goes back to the outbox, and nothing is sent for the
+        ``retry_after`` it says."""
         entry = self.sent.pop(batch_id, None)
-        if entry is not None and self.bench.measuring:
+        if entry is None:
+            return
+        if isinstance(ack, dict) and not ack.get("ok") and ack.get("retry"):
+            self.outbox.requeue(entry[1])
+            self.bench.retries += 1
+            wait = ack.get("retry_after")
+            if isinstance(wait, (int, float)) and wait > 0:
+                self.quiet_until = time.monotonic() + min(float(wait), 30.0)
+        elif self.bench.measuring:
             self.bench.acks[self.server].append(time.monotonic() - entry[0])
         self.wake.set()
 
@@ -263,7 +279,8 @@ class SocketIOAgent(Agent):
             elif frame.startswith(prefix):
                 rest = frame[len(prefix):]
                 digits = len(rest) - len(rest.lstrip("0123456789"))
-                self._acked(int(rest[:digits]))
+                args = json.loads(rest[digits:] or "[]")
+                self._acked(int(rest[:digits]), args[0] if args else None)
 
 
 class CompactAgent(Agent):
@@ -286,7 +303,7 @@ class CompactAgent(Agent):
         async for frame in self.ws:
             ack = wire.decode_v2(frame)
             if isinstance(ack.get("id"), int):
-                self._acked(ack["id"])
+                self._acked(ack["id"], ack)
 
 
 class Bench:
@@ -295,7 +312,7 @@ class Bench:
         self.ws_urls = ["ws" + u[len("http"):] for u in urls]
         self.world, self.ops, self.job = world, ops, job
         self.member = members(mesh_groups(world), world)
-        self.connected = self.reconnects = self.ack_timeouts = 0
+        self.connected = self.reconnects = self.ack_timeouts = self.retries = 0
         self.agent = AgentConfig()  # what a real agent does at its defaults
         self.schedule = agent_schedule(self.agent)
         self.stats_span = self.agent.interval_s / len(self.schedule)
@@ -438,7 +455,7 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
         own_cpu0 = time.process_time()
         t0 = time.monotonic()
         bench.measuring = True
-        reconnects0, timeouts0 = bench.reconnects, bench.ack_timeouts
+        reconnects0, timeouts0, retries0 = bench.reconnects, bench.ack_timeouts, bench.retries
         ages: list[list[float]] = [[] for _ in urls]
         lags: list[list[float]] = [[] for _ in urls]
         owned: list[float | None] = [None] * k
@@ -515,7 +532,8 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
             "engine_cpu_core": engine_cpu, "bench_cpu_core": own_cpu,
             "findings": sorted(kinds),
             "reconnects": bench.reconnects - reconnects0,
-            "ack_timeouts": bench.ack_timeouts - timeouts0, "last_error": bench.last_error,
+            "ack_timeouts": bench.ack_timeouts - timeouts0, "retries": bench.retries - retries0,
+            "last_error": bench.last_error,
             "probe_errors": probe_errors[:3] + ([f"... {len(probe_errors)} in all"]
                                                if len(probe_errors) > 3 else []),
             "per_process": per,
@@ -558,7 +576,7 @@ def table(rows: list[dict]) -> None:
     cluster = any(r["processes"] > 1 or r["store"] != "sqlite" for r in rows)
     if not cluster:
         print("| ranks | all connected | freshness p50 / p95 | ack p95 | server CPU | CPU-s per "
-              "rank-hour | RSS | threads | lag max | findings | ack timeouts / reconnects |")
+              "rank-hour | RSS | threads | lag max | findings | ack timeouts / retries / reconnects |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['ranks']}{' ' + r['server'] if r['server'] else ''} "
@@ -567,7 +585,7 @@ def table(rows: list[dict]) -> None:
                   f"| {fmt(r['ack_p95'])} s | {fmt(100 * r['cpu_core'], '.0f')}% of a core "
                   f"| {fmt(r['cpu_rank_hour'])} | {fmt(r['rss_mb'], '.0f')} MB | {r['threads']} "
                   f"| {fmt(r['lag_max'])} s | {', '.join(r['findings']) or 'none'} "
-                  f"| {r['ack_timeouts']} / {r['reconnects']} |")
+                  f"| {r['ack_timeouts']} / {r['retries']} / {r['reconnects']} |")
         return
     print("| K | ranks | process | ranks on it | owns job | freshness p50 / p95 on its API "
           "| ack p95 | CPU | waited for a CPU | RSS | lag max |")
@@ -584,7 +602,7 @@ def table(rows: list[dict]) -> None:
     print()
     print("| K | ranks | all connected | worst p95 fresh | held (p95 <= goal, no finding) "
           "| servers' CPU | CPU-s per rank-hour | PostgreSQL CPU | Redis CPU | bench agents' CPU "
-          "| findings | ack timeouts / reconnects |")
+          "| findings | ack timeouts / retries / reconnects |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         eng = r["engine_cpu_core"]
@@ -595,7 +613,7 @@ def table(rows: list[dict]) -> None:
               f"| {fmt(100 * eng['postgres'], '.0f') + '%' if 'postgres' in eng else '-'} "
               f"| {fmt(100 * eng['redis'], '.0f') + '%' if 'redis' in eng else '-'} "
               f"| {fmt(100 * r['bench_cpu_core'], '.0f')}% "
-              f"| {', '.join(r['findings']) or 'none'} | {r['ack_timeouts']} / {r['reconnects']} |")
+              f"| {', '.join(r['findings']) or 'none'} | {r['ack_timeouts']} / {r['retries']} / {r['reconnects']} |")
     for k in sorted({r["processes"] for r in rows}):
         held = [r["ranks"] for r in rows if r["processes"] == k and r["held"]]
         print(f"K={k}: largest N held: {max(held) if held else 'none of those tried'}")
