@@ -94,10 +94,11 @@ class AckTimeout(Exception):
 
 class Agent:
     """One simulated rank, sending what the agent sends at its defaults and as its sender does:
-    its events numbered once in the agent's own bounded ``Outbox``, batches of at most
-    ``max_batch_events`` with at most ``max_inflight_batches`` unacknowledged, a reconnect
-    (with the agent's backoff) when an ack is ``ack_timeout_s`` late, and everything
-    unacknowledged sent again on the new connection."""
+    its events numbered once in the agent's own bounded ``Outbox`` (readings waiting for the
+    heartbeat), batches of at most ``max_batch_events`` with at most ``max_inflight_batches``
+    unacknowledged, retries as the server asks, and when an ack is ``ack_timeout_s`` late a
+    ping on v2 (waiting while it is answered) or a reconnect with the agent's backoff, with
+    everything unacknowledged sent again on the new connection."""
 
     def __init__(self, bench: "Bench", rank: int):
         self.bench, self.rank = bench, rank
