@@ -199,11 +199,13 @@ class Agent:
                     break
                 await self._send(events)
             self.wake.clear()
-            oldest = min((sent for sent, _ in self.sent.values()), default=None)
-            if oldest is None and now < self.quiet_until:
-                oldest = self.quiet_until - cfg.ack_timeout_s  # wake when the wait is over
-            check_at = oldest if self.probed_at is None else max(oldest, self.probed_at)
-            timeout = 1.0 if oldest is None else max(0.01, check_at + cfg.ack_timeout_s - now)
+            # Wake for the next ack check (the oldest batch's, or the next probe's), or when
+            # the server's retry_after is over; a put or an ack wakes it sooner.
+            wake_at = [max(sent, self.probed_at or sent) + cfg.ack_timeout_s
+                       for sent, _ in self.sent.values()]
+            if now < self.quiet_until:
+                wake_at.append(self.quiet_until)
+            timeout = max(0.01, min(wake_at) - now) if wake_at else 1.0
             try:
                 await asyncio.wait_for(self.wake.wait(), timeout)
             except asyncio.TimeoutError:

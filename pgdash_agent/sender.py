@@ -105,7 +105,7 @@ class Sender(threading.Thread):
         self.job_id: int | None = None
         self._warned = False
         self._quiet_until = 0.0  # monotonic; the server asked us to wait (rate limit)
-        self._probed_at: float | None = None  # monotonic: the last liveness probe (_only_slow)
+        self._probed_at: float | None = None  # monotonic: the last liveness probe (_why_drop)
         self.slow_acks = 0  # times an ack was late from a server that still answered
 
     # -- public, any thread ------------------------------------------------------------------
