@@ -120,6 +120,9 @@ def decode_body(data: bytes) -> dict[str, Any]:
 
 # What a JobState is made of; anything else in a checkpoint row means it was not ours.
 _ALLOWED = {
+    ("dashboard.state.job", "JobState"), ("dashboard.state.records", "RankState"),
+    ("dashboard.state.latency", "LatencyStats"),
+    # Where checkpoints stored before dashboard.state became a package name them
     ("dashboard.state", "JobState"), ("dashboard.state", "RankState"),
     ("dashboard.state", "LatencyStats"), ("collections", "deque"),
     ("collections", "Counter"), ("collections", "OrderedDict"), ("builtins", "set"),

@@ -167,7 +167,7 @@ def test_half_second_summaries_share_a_heat_map_second():
 def test_latency_summaries_are_kept_with_their_histogram_and_old_checkpoints_upgrade():
     from pgdash_agent.wire import hist_bucket
     from dashboard.storage.codec import decode_state, encode_state
-    from dashboard.diagnosis.rules.stragglers import _pooled
+    from dashboard.diagnosis.rules.windows import pooled_histogram
 
     log = two_running_ranks()
     log.add("s0", "coll_stats", stats("0", "all_reduce", 4, 100.0), t=20)
@@ -185,7 +185,8 @@ def test_latency_summaries_are_kept_with_their_histogram_and_old_checkpoints_upg
                                              (3, 2, 300.0, (hist_bucket(150.0), 2))]
     assert list(loaded.recent[("0", 1)]) == [(3, 2, 300.0, (hist_bucket(150.0), 2))]
     assert loaded.recent[("0", 0)].maxlen == 60
-    assert _pooled(loaded.recent[("0", 0)]) == {hist_bucket(100.0): 8, hist_bucket(150.0): 2}
+    assert pooled_histogram(loaded.recent[("0", 0)]) == {hist_bucket(100.0): 8,
+                                                          hist_bucket(150.0): 2}
 
 
 @pytest.mark.parametrize("old_home", [b"agent.wire", b"pgdash_agent.wire"])
@@ -205,3 +206,27 @@ def test_checkpoints_that_pickled_the_statuses_in_the_agents_wire_module_still_l
     assert decode_state(compress_state(old)) == {"status": RankStatus.RUNNING}
     with pytest.raises(ValueError, match="refers to posix.system"):
         decode_state(compress_state(pickle.dumps(os.system)))
+
+
+def test_a_checkpoint_stored_before_the_state_package_split_loads_and_reads_the_same():
+    """tests/unit/data/checkpoint_flat_jobstate.bin is a checkpoint pgdash stored when JobState
+    lived in the module dashboard/state.py (commit 2149d92), of the simulated job below (a
+    throttled GPU, an XID, a hang and an early exit). It must load and read as the same events
+    folded today."""
+    import hashlib
+    import json
+    import pathlib
+
+    from dashboard.storage.codec import decode_state
+    from tests.helpers.simjob import T0, _fold, _job_events, _views
+
+    events = _job_events(480, hang=(T0 + 470, T0 + 479), exit_rank_at=T0 + 475, seed=3)
+    digest = hashlib.sha256(json.dumps(events, sort_keys=True).encode()).hexdigest()
+    assert digest == "d7b6af3ab307b95671cda405d32f94275e3610d1c7ea6c2d82bbd2c2661fe29c", (
+        "tests/helpers/simjob.py makes other events than when the checkpoint was stored: "
+        "compare against those events, not regenerate the checkpoint")
+    blob = (pathlib.Path(__file__).parent / "data" / "checkpoint_flat_jobstate.bin").read_bytes()
+    loaded = decode_state(blob)
+    assert type(loaded).__module__ == "dashboard.state.job"
+    assert _views(loaded) == _views(_fold(events))
+    assert loaded.gpu_faults and loaded.exit_rows  # the job's XID and exit made it in

@@ -253,9 +253,9 @@ def test_a_bad_server_cap_stops_the_start_naming_the_variable():
 def test_every_kind_the_fold_folds_is_drawn_or_named_as_not():
     """The trace reads JobState's fold: a kind the fold learns is drawn, or said not to be."""
     from dashboard.history.trace_reading import NOT_DRAWN, TraceReading
-    from dashboard.state import JobState
+    from dashboard.state.fold import Fold
 
-    folded = {name[4:] for name in vars(JobState) if name.startswith("_on_")}
+    folded = {name[4:] for name in vars(Fold) if name.startswith("_on_")}
     drawn = {name[4:] for name in vars(TraceReading) if name.startswith("_on_")}
     assert drawn <= folded, f"readings of kinds the fold does not fold: {drawn - folded}"
     assert folded - drawn == set(NOT_DRAWN)

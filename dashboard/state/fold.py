@@ -1,0 +1,282 @@
+"""The fold: a job's data and how each event kind changes it.
+
+``Fold.apply`` takes stored events in log order and hands each to the method named for its kind
+(``_on_hello``, ``_on_heartbeat``, ...): a new event kind is one such method here (and one
+reading in dashboard.history.trace_reading, or a line in its NOT_DRAWN). What the API, the page
+and diagnosis ask of the data is JobState's (dashboard.state.job), a subclass: this module
+writes, that one reads. No Flask, no SQL, no clock.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Hashable, Iterable, Protocol, TypeVar
+
+from dashboard.state.latency import LatencyStats, add_summary, current_point, upgraded_point
+from dashboard.state.records import TERMINAL_RANK, RankState, StoredEvent
+
+# Events that leave the job summary (status, world size, backend, start) as it was, unless
+# the rank was lost (a heartbeat revives it), the event starts the job earlier, or the job
+# has ended (its end time then follows the last event).
+ROUTINE_KINDS = frozenset({"heartbeat", "coll_stats", "stack", "gpu", "group"})
+FR_TALLIES = 30  # heartbeats of Flight Recorder busy tallies kept per (group, rank)
+GPU_HISTORY = 120  # GPU readings kept per rank (about two minutes)
+# Clock-event reasons that mean the GPU is slowed by heat or power trouble (not just busy).
+THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
+                    "hw_power_brake_slowdown")
+MAX_ERRORS = 200  # verbatim error texts kept per job (the log keeps them all)
+F = TypeVar("F", bound="Fold")  # apply_all returns what it was called on (a JobState)
+
+
+class StateObserver(Protocol):
+    """What reads the fold event by event (the trace export): told of each event right after
+    JobState folded it, with the session it was folded into, so that it reads who the session
+    is (rank, host, pid, first seen) and the job's groups from the fold instead of folding
+    them a second time."""
+
+    def applied(self, state: "Fold", session: RankState, ev: StoredEvent) -> None: ...
+
+
+class Fold:
+    """A job's data after the events applied so far (see JobState for what is read of it).
+
+    Args:
+        observer: told of every event applied (see StateObserver); the live and stored
+            states have none.
+    """
+
+    # A class default, so that checkpoints neither store one nor need one to load.
+    observer: StateObserver | None = None
+
+    def __init__(self, job_id: int, name: str, observer: StateObserver | None = None):
+        if observer is not None:
+            self.observer = observer
+        self.job_id = job_id
+        self.name = name
+        self.sessions: dict[str, RankState] = {}
+        self.groups: dict[str, dict[str, Any]] = {}
+        # (group, op, rank, source) -> stats; source "wrapper" (Python-issued) or
+        # "flight_recorder" (issued from C++, read from the Flight Recorder)
+        self.collectives: dict[tuple[str, str, int, str], LatencyStats] = {}
+        self.progress: dict[tuple[str, int], dict[str, Any]] = {}
+        self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
+        self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
+        self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
+        # (group, rank) -> the progress row as it was when the rank exited (the row itself
+        # then shows nothing in flight): what it was waiting in when a hung job was stopped
+        self.exit_rows: dict[tuple[str, int], dict[str, Any]] = {}
+        # (group, rank) -> recent (end, count, sum_us, histogram) summaries, all ops of the
+        # group together, for the straggler and slow rules (the histograms' quantiles tell a
+        # peer late at nearly every collective from a few long waits, or from waits spread
+        # at random) and the heat map; the histogram is flat: (bucket, count, bucket, ...)
+        self.recent: dict[tuple[str, int], collections.deque] = {}
+        # (group, rank) -> per heartbeat (t, samples in flight, samples) of the Flight Recorder,
+        # for groups whose collectives run in C++ (how long a rank waits inside DDP's)
+        self.fr_tallies: dict[tuple[str, int], collections.deque] = {}
+        # (group, op, source) -> whole second of the agents' clocks -> every rank's summaries
+        self.op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]] = {}
+        self.gpus: dict[int, dict[str, Any]] = {}  # rank -> latest GPU reading
+        self.gpu_history: dict[int, collections.deque] = {}  # rank -> [t, util, mem, temp, W]
+        # rank -> fault key ("xid:79", "ecc", "remap_failure", "lost", ...) -> first seen
+        self.gpu_faults: dict[int, dict[str, float]] = {}
+        self.throttled_since: dict[int, float] = {}  # rank -> start of the current throttling
+        self.attempt = 0  # the current attempt: the highest any session reported
+        self.attempt_started: dict[int, float] = {0: 0.0}  # attempt -> its first event's time
+        self.started_at: float | None = None
+        self.last_event_at: float | None = None
+        self.last_event_id = 0
+        self.applied = 0
+        self._summary_version = 0  # bumped by every event that may change summary()
+        self._summary_memo: tuple[int, dict[str, Any]] | None = None
+        self._ranks_memo: tuple[int, dict[int, RankState]] | None = None
+        self._memo: dict[Hashable, Any] = {}  # see memo()
+        self._memo_applied = 0
+
+    def __setstate__(self, data: dict[str, Any]) -> None:
+        """A stored checkpoint's state; one an earlier pgdash stored has its latency
+        summaries upgraded to (end, count, sum_us, histogram) (see latency.upgraded_point)."""
+        self.__dict__.update(data)
+        self.__dict__.setdefault("exit_rows", {})  # checkpoints of earlier versions
+        for key, window in self.recent.items():
+            # A window is all old or all new (a loaded state is upgraded whole): its ends tell.
+            if window and not (current_point(window[0]) and current_point(window[-1])):
+                self.recent[key] = collections.deque(map(upgraded_point, window),
+                                                     maxlen=window.maxlen)
+
+    # -- the fold ----------------------------------------------------------------------------
+
+    def apply(self, ev: StoredEvent) -> None:
+        self.applied += 1
+        self.last_event_id = max(self.last_event_id, ev["id"])
+        t = ev["t"]
+        rank = self.sessions.get(ev["session"])
+        memo = self._summary_memo
+        if (ev["kind"] not in ROUTINE_KINDS or rank is None or rank.status == "lost"
+                or self.started_at is None or t < self.started_at
+                or memo is None or memo[1]["ended_at"] is not None):
+            self._summary_version += 1
+        if self.started_at is None or t < self.started_at:
+            self.started_at = t
+        self.last_event_at = t if self.last_event_at is None else max(self.last_event_at, t)
+        if rank is None:
+            rank = self.sessions[ev["session"]] = RankState(rank=None, session=ev["session"])
+        if ev["kind"] not in ("disconnect",):
+            rank.last_seen = max(rank.last_seen, t)
+        if rank.first_seen is None or t < rank.first_seen:
+            rank.first_seen = t
+        handler = getattr(self, "_on_" + ev["kind"], None)
+        if handler is not None:
+            handler(rank, ev["body"], t)
+        if self.observer is not None:
+            self.observer.applied(self, rank, ev)
+
+    def apply_all(self: F, events: Iterable[StoredEvent]) -> F:
+        for ev in events:
+            self.apply(ev)
+        return self
+
+    def _set_attempt(self, r: RankState, attempt: int | None, t: float) -> None:
+        """A session says which attempt it belongs to; a higher one than any so far is a
+        restart of the job (torchrun --max-restarts): what the earlier attempt left in flight
+        says nothing about the new one, so progress, waits and faults start afresh."""
+        if attempt is None or attempt == r.attempt:
+            return
+        r.attempt = attempt
+        if attempt <= self.attempt:
+            return
+        self.attempt = attempt
+        self.attempt_started[attempt] = t
+        for table in (self.progress, self.recent, self.fr_tallies, self.stacks,
+                      self.gpu_faults, self.throttled_since):
+            table.clear()
+
+    def _stale(self, r: RankState) -> bool:
+        """Whether a session belongs to an attempt the job has left behind."""
+        return r.attempt < self.attempt
+
+    def _on_hello(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if r.hello_at is None:
+            r.hello_at = t
+        self._set_attempt(r, body.get("attempt"), t)
+        for key in ("rank", "host", "local_rank", "pid", "device", "backend", "world_size",
+                    "versions", "env", "command", "launcher", "launcher_id"):
+            if body.get(key) is not None:
+                setattr(r, key, body[key])
+        if body.get("backend") and r.status == "initializing":
+            r.status = "running"  # attached after init_process_group
+
+    def _on_init_start(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        self.init[r.session] = {"arrived_at": t, "done_at": None, "error": None,
+                                **{k: body.get(k) for k in ("init_method", "backend", "rank",
+                                                            "world_size", "master_addr",
+                                                            "master_port", "timeout_s")}}
+        if r.rank is None and body.get("rank") not in (None, -1):
+            r.rank = body["rank"]
+        r.status = "initializing"
+
+    def _on_init_done(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        r.rank, r.world_size = body["rank"], body["world_size"]
+        r.backend = body.get("backend") or r.backend
+        self.init.setdefault(r.session, {"arrived_at": t - body["duration_s"]})["done_at"] = t
+        if r.status not in TERMINAL_RANK:
+            r.status = "running"
+
+    def _on_init_failed(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        self.init.setdefault(r.session, {"arrived_at": t - body["duration_s"]})["error"] = body
+        self._record_error(r, body, t)
+        r.status = "failed"
+
+    def _on_group(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        group = self.groups.get(body["name"])
+        if group is None or group["ranks"] != body["ranks"]:
+            self.groups[body["name"]] = {"name": body["name"], "desc": body.get("desc"),
+                                         "backend": body.get("backend"),
+                                         "ranks": list(body["ranks"])}
+
+    def _on_coll_stats(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if r.rank is not None and not self._stale(r):
+            add_summary(self.collectives, self.op_seconds, self.recent, r.rank, body)
+
+    def _on_heartbeat(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if r.status == "lost":
+            r.status, r.exit_at = "running", None
+        elif r.status == "initializing" and body["groups"] and r.session not in self.init:
+            # Progress of a group, though no init_process_group was seen (one imported by
+            # name before the agent came, as DeviceMesh's): the rank is past its rendezvous.
+            r.status = "running"
+            self._summary_version += 1
+        r.dropped = dict(body.get("dropped") or {})
+        if r.rank is None or self._stale(r):
+            return
+        for row in body["groups"]:
+            key = (row["group"], r.rank)
+            self.progress[key] = dict(row, t=t)
+            if row.get("fr_samples"):
+                tallies = self.fr_tallies.get(key)
+                if tallies is None:
+                    tallies = self.fr_tallies[key] = collections.deque(maxlen=FR_TALLIES)
+                tallies.append((t, row.get("fr_busy", 0), row["fr_samples"]))
+
+    def _on_stack(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if r.rank is not None and not self._stale(r):
+            self.stacks[(body["group"], r.rank)] = dict(body, t=t)
+
+    def _on_gpu(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if r.rank is None or self._stale(r):
+            return
+        v = body["values"]
+        self.gpus[r.rank] = {"t": t, "uuid": body["uuid"], "name": body.get("name"),
+                             "lost": body["lost"], "reasons": body["reasons"], **v}
+        history = self.gpu_history.get(r.rank)
+        if history is None:
+            history = self.gpu_history[r.rank] = collections.deque(maxlen=GPU_HISTORY)
+        history.append([t, v.get("util_gpu"), v.get("mem_used"), v.get("temp_c"),
+                        v.get("power_w")])
+        faults = self.gpu_faults.setdefault(r.rank, {})
+        keys = [f"xid:{x}" for x in body["xids"]]
+        keys += [k for k, on in (("lost", body["lost"]),
+                                 ("ecc", (v.get("ecc_uncorrected") or 0) > 0),
+                                 ("remap_failure", (v.get("remap_failure") or 0) > 0),
+                                 ("remap_pending", (v.get("remap_pending") or 0) > 0)) if on]
+        for key in keys:
+            faults.setdefault(key, t)
+        if any(reason in THROTTLE_REASONS for reason in body["reasons"]):
+            self.throttled_since.setdefault(r.rank, t)
+        else:
+            self.throttled_since.pop(r.rank, None)
+
+    def _on_error(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        self._record_error(r, body, t)
+        if body["where"] == "uncaught":
+            r.status = "failed"
+
+    def _on_exit(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        r.status = "exited" if body["clean"] else "failed"
+        r.exit_at = t
+        r.exit_reason = body.get("reason")
+        if self._stale(r):
+            return
+        for key, row in self.progress.items():
+            if key[1] == r.rank:
+                self.exit_rows[key] = dict(row)
+                row["inflight_op"] = row["inflight_since"] = row["p2p_op"] = None
+
+    def _on_left(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if body.get("group") is None and r.left_at is None:
+            r.left_at = t
+
+    def _on_connect(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        self._set_attempt(r, body.get("attempt"), t)
+        if r.rank is None and body.get("rank") is not None:
+            r.rank = body["rank"]  # what the agent knew when it connected; hello may refine
+            r.host = body.get("host") or r.host
+        if r.status == "lost":
+            r.status, r.exit_at = "running", None
+
+    def _on_disconnect(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if r.status not in TERMINAL_RANK:
+            r.status = "lost"
+            r.exit_at = t
+
+    def _record_error(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        self.errors.append({"rank": r.rank, "attempt": r.attempt, "t": t, **body})

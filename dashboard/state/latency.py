@@ -1,0 +1,152 @@
+"""Latency summaries as the fold keeps them: every rank's per-interval rows merged into
+totals, per-second series and the straggler rule's windows.
+
+An agent sends a summary of each group's collectives every ``PGDASH_STATS_INTERVAL_S``: per
+(group, op) a count, bytes, the sum and maximum of the times and a histogram (the buckets of
+pgdash_agent.wire). ``add_summary`` is the hottest code of ingest, so it is plain dict
+arithmetic; ``upgraded_point`` reads the windows that earlier checkpoints stored.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+from typing import Any
+
+from pgdash_agent.wire import hist_bucket, hist_bucket_value
+
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})  # agent.collectives' point-to-point ops
+RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
+OP_SECONDS = 60  # seconds of merged summaries kept per (group, op) for the latency chart
+
+
+@dataclasses.dataclass
+class LatencyStats:
+    """Collectives merged: of one (group, op, rank, source) over the job, of one second of
+    every rank's, or of a whole family (see JobState.op_stats)."""
+
+    count: int = 0
+    bytes: int = 0
+    sum_us: float = 0.0
+    max_us: float = 0.0
+    # bucket -> count. A plain dict, not a Counter: a 256-rank state holds ~36,000 of them,
+    # and unpickling a Counter runs its __init__ (a third of a checkpoint's load time).
+    hist: dict[int, int] = dataclasses.field(default_factory=dict)
+    # Flight Recorder rows timed by host polls: their widest poll gap (None: exact timing)
+    resolution_us: float | None = None
+
+    def add(self, row: dict[str, Any]) -> None:
+        # The hottest line of ingest (every row of every rank's summary, twice): plain dict
+        # arithmetic.
+        self.count += row["count"]
+        self.bytes += row["bytes"]
+        self.sum_us += row["sum_us"]
+        if row["max_us"] > self.max_us:
+            self.max_us = row["max_us"]
+        hist = self.hist
+        get = hist.get
+        for bucket, n in row["hist"]:
+            hist[bucket] = get(bucket, 0) + n
+
+    def merge(self, other: "LatencyStats") -> None:
+        self.count += other.count
+        self.bytes += other.bytes
+        self.sum_us += other.sum_us
+        self.max_us = max(self.max_us, other.max_us)
+        hist = self.hist
+        for bucket, n in other.hist.items():
+            hist[bucket] = hist.get(bucket, 0) + n
+        if other.resolution_us is not None:
+            self.resolution_us = max(self.resolution_us or 0.0, other.resolution_us)
+
+    def percentile(self, q: float) -> float | None:
+        """Latency (us) at quantile q from the histogram, never above the true maximum."""
+        if not sum(self.hist.values()):
+            return None
+        return round(min(quantile_us(self.hist, q, self.max_us), self.max_us), 3)
+
+
+def quantile_us(hist: dict[int, int], q: float, default: float) -> float:
+    """Quantile ``q`` of a latency histogram (bucket -> count): at least ``q`` of the
+    collectives took at most this long (the bucket's middle); ``default`` when it is empty."""
+    target = q * sum(hist.values())
+    seen = 0
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen >= target:
+            return hist_bucket_value(bucket)
+    return default
+
+
+def current_point(point: tuple) -> bool:
+    return len(point) == 4 and isinstance(point[3], tuple)
+
+
+def upgraded_point(point: tuple) -> tuple:
+    """A latency summary point as older checkpoints stored it, in today's layout: (end, count,
+    sum_us, p50_us, p25_us, histogram) drops its two quantiles (nothing read them); (end,
+    count, sum_us, p50_us, p25_us), kept before histograms were, puts all its collectives in
+    the bucket of its lower quartile (of its mean, before quartiles were kept)."""
+    if current_point(point):
+        return point
+    if len(point) >= 6:
+        return tuple(point[:3]) + (point[5],)
+    end, count, sum_us = point[:3]
+    typical = point[4] if len(point) > 4 else sum_us / max(1, count)
+    return end, count, sum_us, (hist_bucket(typical), count) if count > 0 else ()
+
+
+
+
+def add_summary(collectives: dict[tuple[str, str, int, str], LatencyStats],
+                op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]],
+                recent: dict[tuple[str, int], collections.deque],
+                rank: int, body: dict[str, Any]) -> None:
+    """Fold one rank's latency summary (a ``coll_stats`` body) into the job's totals per
+    (group, op, rank, source), the per-second series per (group, op, source) and the recent
+    window per (group, rank)."""
+    per_group: dict[str, list] = {}  # one point per group and interval, all ops together
+    second = int(body["end"])
+    for row in body["rows"]:
+        source = row.get("source", "wrapper")
+        key = (row["group"], row["op"], rank, source)
+        stats = collectives.get(key)
+        if stats is None:
+            stats = collectives[key] = LatencyStats()
+        stats.add(row)
+        if row.get("timing") == "host_poll":
+            stats.resolution_us = max(stats.resolution_us or 0.0, row.get("resolution_us", 0.0))
+        series_key = (row["group"], row["op"], source)
+        series = op_seconds.get(series_key)
+        if series is None:
+            series = op_seconds[series_key] = {}
+        merged = series.get(second)
+        if merged is None:
+            merged = series[second] = LatencyStats()
+            if len(series) > OP_SECONDS:
+                del series[min(series)]
+        merged.add(row)
+        if row.get("timing") == "host_poll" or row["op"] in P2P_OPS:
+            # Timed to a poll gap, not the collective: kept out of the time-inside-
+            # collectives windows (heat map, straggler), which would read the gaps as waits.
+            # A pipeline's receives wait for the stage before it to compute: no straggler
+            # there either (its bubble makes the first stage wait least, always).
+            continue
+        point = per_group.get(row["group"])
+        if point is None:
+            point = per_group[row["group"]] = [body["end"], 0, 0.0, {}]
+        point[1] += row["count"]
+        point[2] += row["sum_us"]
+        hist = point[3]
+        for bucket, n in row["hist"]:
+            hist[bucket] = hist.get(bucket, 0) + n
+    for group, (end, count, sum_us, hist) in per_group.items():
+        # The histogram stays so that the straggler rule can pool intervals: one flat
+        # (bucket, count, bucket, count, ...) tuple, a third of the memory of pairs (a
+        # 1,024-rank job holds 60 of them per rank and group).
+        window = recent.get((group, rank))
+        if window is None:
+            window = recent[(group, rank)] = collections.deque(maxlen=RECENT_INTERVALS)
+        window.append((end, count, sum_us,
+                       tuple(itertools.chain.from_iterable(sorted(hist.items())))))
