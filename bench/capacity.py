@@ -62,10 +62,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
 import shutil
+import ssl
 import tempfile
 import time
 import urllib.request
@@ -254,7 +256,8 @@ class SocketIOAgent(Agent):
 
     async def _connect(self) -> None:
         self.ws = await websockets.connect(f"{self.ws_url}/socket.io/?EIO=4&transport=websocket",
-                                           max_size=None, open_timeout=60, ping_interval=None)
+                                           max_size=None, open_timeout=60, ping_interval=None,
+                                           ssl=self.bench.ssl)
         opened = await asyncio.wait_for(self.ws.recv(), 60)
         if not opened.startswith("0"):
             raise OSError(f"unexpected Engine.IO open {opened[:60]!r}")
@@ -291,7 +294,8 @@ class CompactAgent(Agent):
 
     async def _connect(self) -> None:
         self.ws = await websockets.connect(f"{self.ws_url}{wire.AGENT_V2_PATH}", max_size=None,
-                                           open_timeout=60, ping_interval=None)
+                                           open_timeout=60, ping_interval=None,
+                                           ssl=self.bench.ssl)
         await self.ws.send(wire.encode_v2({"auth": {**self.auth(), "v": 2}}))
         reply = wire.decode_v2(await asyncio.wait_for(self.ws.recv(), 60))
         if not reply.get("ok"):
@@ -310,9 +314,11 @@ class CompactAgent(Agent):
 
 
 class Bench:
-    def __init__(self, urls: list[str], world: int, ops: int, job: str):
+    def __init__(self, urls: list[str], world: int, ops: int, job: str,
+                 ssl_context: ssl.SSLContext | None = None):
         self.urls = urls
-        self.ws_urls = ["ws" + u[len("http"):] for u in urls]
+        self.ws_urls = ["ws" + u[len("http"):] for u in urls]  # https -> wss
+        self.ssl = ssl_context  # --tls: the agents trust the servers' certificate
         self.world, self.ops, self.job = world, ops, job
         self.member = members(mesh_groups(world), world)
         self.connected = self.reconnects = self.ack_timeouts = self.retries = 0
@@ -326,8 +332,11 @@ class Bench:
 
 # -- the servers under test -----------------------------------------------------------------
 
+CONTEXT: ssl.SSLContext | None = None  # --tls: how the bench trusts its servers
+
+
 def get(url: str, timeout: float = 30.0):
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
+    with urllib.request.urlopen(url, timeout=timeout, context=CONTEXT) as resp:
         body = resp.read()
     return body if url.endswith("/metrics") else json.loads(body)
 
@@ -426,15 +435,18 @@ class Engines:
 
 
 async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
-                  root: Path = ROOT, label: str = "") -> dict:
+                  root: Path = ROOT, label: str = "", wire_name: str = "v2") -> dict:
     db = engines.db_url(world, k, label)
-    extra = [*(["--queue", engines.queue] if engines.queue else []), *args.server_args.split()]
+    extra = [*(["--queue", engines.queue] if engines.queue else []), *args.server_args.split(),
+             *(["--tls-cert", str(args.tls[0]), "--tls-key", str(args.tls[1])]
+               if args.tls else [])]
     servers = start_servers(k, db, extra, workdir, f"{world}-k{k}{label}", root)
     urls = [srv.url for srv in servers]
     pids = [srv.proc.pid for srv in servers]
     try:
-        bench = Bench(urls, world, args.ops, f"capacity-{world}-k{k}-{uuid.uuid4().hex[:6]}")
-        cls = CompactAgent if args.wire == "v2" else SocketIOAgent
+        bench = Bench(urls, world, args.ops, f"capacity-{world}-k{k}-{uuid.uuid4().hex[:6]}",
+                      CONTEXT)
+        cls = CompactAgent if wire_name == "v2" else SocketIOAgent
         agents = [cls(bench, r) for r in range(world)]
         stop = asyncio.Event()
         tasks = []
@@ -622,11 +634,25 @@ def table(rows: list[dict]) -> None:
         print(f"K={k}: largest N held: {max(held) if held else 'none of those tried'}")
 
 
+def make_certificate(workdir: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (the openssl CLI), trusted by the bench."""
+    global CONTEXT
+    from tests.helpers.tls import make_cert
+
+    cert, key = make_cert(workdir)
+    CONTEXT = ssl.create_default_context(cafile=str(cert))
+    return cert, key
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", default="64,256,1024",
                    help="comma-separated numbers of simulated ranks; the first is the reference")
-    p.add_argument("--wire", choices=("v1", "v2"), default="v2")
+    p.add_argument("--wire", default="v2",
+                   help="v1, v2 or both (v1,v2): the protocol(s) the simulated agents speak")
+    p.add_argument("--tls", action="store_true",
+                   help="serve https and wss (a self-signed certificate made here), as "
+                        "`pgdash serve --tls-cert` does")
     p.add_argument("--seconds", type=float, default=30.0, help="measured window per N")
     p.add_argument("--settle", type=float, default=10.0,
                    help="seconds after all connected before measuring")
@@ -652,13 +678,17 @@ def main() -> None:
                         "is made against its server ('before') and then this one's ('after'), "
                         "with the same simulated agents (this checkout's agent's behaviour)")
     args = p.parse_args()
+    wires = args.wire.split(",")
+    if not wires or any(w not in ("v1", "v2") for w in wires):
+        p.error(f"--wire takes v1, v2 or v1,v2, not {args.wire!r}")
     worlds = parse_list(args.ranks, "--ranks")
     processes = parse_list(args.processes, "--processes") if args.processes else [1]
     check_engines(args, processes)
     where = ("SQLite" if not (args.processes or args.db) else
              f"PostgreSQL{' + Redis' if args.queue or not args.db else ''}"
              f" ({'yours' if args.db else 'throwaway, started here'})")
-    print(f"pgdash capacity: wire {args.wire}, {args.seconds:.0f} s measured per run, "
+    print(f"pgdash capacity: wire {args.wire}{' over TLS' if args.tls else ''}, "
+          f"{args.seconds:.0f} s measured per run, "
           f"{os.cpu_count()} CPUs; simulated agents in this process (asyncio), each server in "
           f"its own process; store {where}; processes {','.join(map(str, processes))}",
           flush=True)
@@ -668,14 +698,17 @@ def main() -> None:
             tmp = args.keep
             Path(tmp).mkdir(parents=True, exist_ok=True)
         engines = Engines(args, Path(tmp))
+        args.tls = make_certificate(Path(tmp)) if args.tls else None
         try:
             servers = [(Path(args.compare).resolve(), "before"), (ROOT, "after")] \
                 if args.compare else [(ROOT, "")]
             for world in worlds:
                 for k in processes:
-                    for root, label in servers:
+                    for (root, label), wire_name in itertools.product(servers, wires):
+                        if len(wires) > 1:
+                            label = f"{label}-{wire_name}" if label else wire_name
                         row = asyncio.run(run_one(world, k, args, Path(tmp), engines, root,
-                                                  label))
+                                                  label, wire_name))
                         rows.append(row)
                         print(json.dumps(row), flush=True)
         finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import threading
 from typing import Any
 
 from dashboard.config import DEFAULTS
@@ -30,8 +29,7 @@ class Server:
         try:
             # Werkzeug prints why it cannot bind and exits; say it once, here, instead.
             with contextlib.redirect_stderr(said):
-                self._server = make_server(host, port, app, threaded=True,
-                                           ssl_context=ssl_context)
+                self._server = make_server(host, port, app, threaded=True)
         except (OSError, SystemExit) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else \
                 (said.getvalue().strip().splitlines() or ["it cannot bind"])[0]
@@ -42,30 +40,23 @@ class Server:
         self.port = self._server.server_port
         scheme = "https" if ssl_context is not None else "http"
         self.url = f"{scheme}://{host if ':' not in host else f'[{host}]'}:{self.port}"
-        # Without TLS, the front accepts every connection: agents' compact (v2) websockets
-        # stay on its event loop, everything else goes to Werkzeug's threads (see
-        # dashboard.ingest.front). With TLS, Werkzeug serves everything and agents speak v1 (it
-        # answers /agent/v2 with 404); a TLS-terminating proxy in front keeps v2.
-        self.front = None if ssl_context is not None else Front(
-            self._server, self.services.ingest, int(app.config["MAX_MESSAGE_BYTES"]),
-            self.services.new_limits)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="pgdash-http",
-                                        daemon=True)
+        # The front accepts every connection: agents' compact (v2) websockets stay on its
+        # event loop, everything else goes to Werkzeug's threads (dashboard.ingest.front). With
+        # TLS the front decrypts (dashboard.ingest.tls); Werkzeug only needs to know that its
+        # requests came over https (their URL scheme).
+        self._server.ssl_context = ssl_context
+        self.front = Front(self._server, self.services.ingest,
+                           int(app.config["MAX_MESSAGE_BYTES"]), self.services.new_limits,
+                           ssl_context)
 
     def start(self) -> "Server":
         self.services.start()
-        if self.front is not None:
-            self.front.start()
-        else:
-            self._thread.start()
+        self.front.start()
         return self
 
     def stop(self) -> None:
         self.services.stop()
-        if self.front is not None:
-            self.front.stop()
-        else:
-            self._server.shutdown()
+        self.front.stop()
         self.services.close()
 
 

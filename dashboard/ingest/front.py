@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import logging
 import socket
+import ssl
 import threading
 from typing import Any, Callable
 
@@ -29,6 +30,7 @@ from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
 from pgdash_agent.wire import AGENT_V2_PATH, WireError, decode_v2, encode_v2
+from dashboard.ingest.tls import route_tls
 
 log = logging.getLogger("pgdash.server")
 _quiet = logging.getLogger("pgdash.server.websocket")  # "connection open" per agent: noise
@@ -48,11 +50,15 @@ class Front:
         ingest: the server's :class:`dashboard.ingest.pipeline.Ingest`.
         max_frame_bytes: largest v2 frame accepted (``PGDASH_MAX_MESSAGE_BYTES``).
         new_limits: makes one connection's rate limits (``PGDASH_MAX_EVENTS_PER_S``, ...).
+        ssl_context: the server's TLS (``--tls-cert``): connections are decrypted on this
+            loop, and those that are not v2 agents piped to Werkzeug (dashboard.ingest.tls).
     """
 
     def __init__(self, wsgi_server: Any, ingest: Any, max_frame_bytes: int,
-                 new_limits: Callable[[], Any] | None = None):
+                 new_limits: Callable[[], Any] | None = None,
+                 ssl_context: ssl.SSLContext | None = None):
         self.wsgi = wsgi_server
+        self.ssl_context = ssl_context  # --tls-cert: the loop does TLS (dashboard.ingest.tls)
         self.ingest = ingest
         self.max_frame_bytes = max_frame_bytes
         self.new_limits = new_limits  # one connection's rate limits (dashboard.ingest.limits)
@@ -99,6 +105,11 @@ class Front:
 
     async def _route(self, conn: socket.socket, addr: Any) -> None:
         """Peek at the request line; v2 agents stay on this loop, the rest go to Werkzeug."""
+        if self.ssl_context is not None:
+            await route_tls(self, conn, addr, self.ssl_context,
+                            is_agent=lambda head: head.startswith(_ROUTE),
+                            enough=_enough, new_link=lambda: AgentLink(self))
+            return
         head = await self._peek(conn)
         if head is None:  # closed before saying anything
             conn.close()
@@ -129,7 +140,7 @@ class Front:
                 else:
                     if not head:
                         return None
-                    if len(head) >= len(_ROUTE) or b"\n" in head:
+                    if _enough(head):
                         return head
                 remaining = deadline - self.loop.time()
                 if remaining <= 0:
@@ -152,6 +163,11 @@ class Front:
             await link.closed
         finally:
             transport.close()  # also when the server stops with the agent still connected
+
+
+def _enough(head: bytes) -> bool:
+    """Whether a connection's first bytes tell whether it is a v2 agent."""
+    return len(head) >= len(_ROUTE) or b"\n" in head
 
 
 class AgentLink(asyncio.Protocol):

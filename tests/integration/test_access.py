@@ -187,6 +187,20 @@ def test_tls_serves_https_and_agents_verify_the_certificate(tmp_path):
         job = wait_for(lambda: (j := job_by_name(srv, "over-tls")) and
                        j["status"] == "finished" and j, 30, "the job over wss")
         assert len(srv.api(f"/api/jobs/{job['id']}")["ranks"]) == 2
+        # It spoke the compact protocol (v2 over wss): TLS no longer sends agents back to v1.
+        counts = batches(srv)
+        assert counts["v1"] == 0 and counts["v2"] > 0, counts
+        # An agent that speaks v1 (Socket.IO over wss, piped to Werkzeug) is served too, and
+        # the cookie that a login over https sets is a secure one.
+        procs = launch_job("train_job.py", 1, srv.url, "v1-over-tls", tmp_path,
+                           env={"PGDASH_TOKEN": TOKEN, "PGDASH_CA_FILE": str(cert),
+                                "PGDASH_WIRE": "v1"}, args=["--steps", "3"])
+        assert wait_job(procs, 120, tmp_path) == [0]
+        wait_for(lambda: (j := job_by_name(srv, "v1-over-tls")) and j["status"] == "finished",
+                 30, "the v1 job over wss")
+        assert batches(srv)["v1"] > 0
+        status, head, _ = login(srv, TOKEN)
+        assert status == 303 and "Secure" in head["Set-Cookie"]
         # Without PGDASH_CA_FILE the agent refuses the unknown certificate and says why.
         procs = launch_job("train_job.py", 1, srv.url, "untrusted", tmp_path,
                            env={"PGDASH_TOKEN": TOKEN, "PGDASH_FLUSH_TIMEOUT_S": "3"},
@@ -197,6 +211,14 @@ def test_tls_serves_https_and_agents_verify_the_certificate(tmp_path):
         assert "certificate is not trusted" in text and "PGDASH_CA_FILE" in text
     finally:
         srv.stop()
+
+
+def batches(srv) -> dict[str, float]:
+    """Agent batches the server received, by protocol, from its /metrics."""
+    status, _, text = ask(srv, "GET", "/metrics", {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 200
+    found = re.findall(r'^pgdash_ingest_batches_total\{protocol="(v\d)"\} (\S+)$', text, re.M)
+    return {protocol: float(n) for protocol, n in found}
 
 
 def test_browser_logs_in_and_the_page_goes_live(locked, browser):
