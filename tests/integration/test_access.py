@@ -265,3 +265,43 @@ def test_browser_logs_in_and_the_page_goes_live(locked, browser):
         assert errors == []
     finally:
         agent.disconnect()
+
+
+def test_the_page_goes_live_over_https_beside_a_v2_agent_over_wss(tmp_path, browser):
+    """With --tls-cert the front decrypts every connection: an agent's compact websocket stays
+    on its loop while the page and its Socket.IO feed are piped to Werkzeug."""
+    import websocket
+    from playwright.sync_api import expect
+
+    from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
+
+    cert, key = make_cert(tmp_path)
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'db.sqlite'}", log_path=tmp_path / "s.log",
+                        extra=["--tls-cert", str(cert), "--tls-key", str(key)]).start()
+    ws = websocket.create_connection("wss" + srv.url[len("https"):] + AGENT_V2_PATH,
+                                     timeout=20, sslopt={"ca_certs": str(cert)})
+    try:
+        ws.send_binary(encode_v2({"auth": {"v": PROTOCOL_V2, "session": "s-tls", "job": "tls",
+                                           "rank": 0, "host": "h", "pid": 1}}))
+        assert decode_v2(ws.recv())["ok"]
+        ws.send_binary(encode_v2({"id": 1, "events": [
+            {"seq": 1, "t": 1.0, "kind": "hello", "body": {"job": "tls", "rank": 0,
+                                                            "world_size": 1, "host": "h",
+                                                            "pid": 1}}]}))
+        assert decode_v2(ws.recv())["stored"] == 1
+        jid = wait_for(lambda: job_by_name(srv, "tls"), 10, "the job")["id"]
+        context = browser.new_context(ignore_https_errors=True)  # the self-signed certificate
+        errors = []
+        try:
+            page = context.new_page()
+            page.set_default_timeout(15_000)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"{srv.url}/jobs/{jid}")
+            expect(page.locator("#live-text")).to_have_text("Live")
+            expect(page.locator("#job-name")).to_have_text("tls")
+        finally:
+            context.close()
+        assert errors == []
+    finally:
+        ws.close()
+        srv.stop()
