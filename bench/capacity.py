@@ -68,6 +68,7 @@ import os
 import random
 import shutil
 import ssl
+import subprocess
 import tempfile
 import time
 import urllib.request
@@ -518,6 +519,10 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
                              "severity": "warning"}]
             kinds |= {f"{f['kind']}:{f['severity']}" for f in findings
                       if f["severity"] in ("warning", "critical")}
+        reconnects, timeouts, retries = bench.reconnects, bench.ack_timeouts, bench.retries
+        # A rolling restart: SIGTERM with every agent still connected, until the process exits
+        # (the agents' reconnections after it are not counted above).
+        stop_s = await loop.run_in_executor(None, sigterm_seconds, servers)
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         cpu = [(a[0] - c0) / window for a, c0 in zip(after, cpu0)]
@@ -546,18 +551,35 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
                            default=None),
             "engine_cpu_core": engine_cpu, "bench_cpu_core": own_cpu,
             "findings": sorted(kinds),
-            "reconnects": bench.reconnects - reconnects0,
-            "ack_timeouts": bench.ack_timeouts - timeouts0, "retries": bench.retries - retries0,
+            "reconnects": reconnects - reconnects0,
+            "ack_timeouts": timeouts - timeouts0, "retries": retries - retries0,
             "last_error": bench.last_error,
             "probe_errors": probe_errors[:3] + ([f"... {len(probe_errors)} in all"]
                                                if len(probe_errors) > 3 else []),
-            "per_process": per,
+            "per_process": per, "stop_s": stop_s,
         }
         row["held"] = bool(all_connected and worst_p95 is not None
                            and worst_p95 <= args.goal and not row["findings"])
         return row
     finally:
         stop_servers(servers)
+
+
+def sigterm_seconds(servers: list) -> float | None:
+    """Seconds from SIGTERM to exit of the slowest server (None: one had to be killed)."""
+    t0 = time.monotonic()
+    for srv in servers:
+        srv.proc.terminate()
+    try:
+        for srv in servers:
+            srv.proc.wait(timeout=max(0.1, 30 - (time.monotonic() - t0)))
+    except subprocess.TimeoutExpired:
+        return None
+    return time.monotonic() - t0
+
+
+def stopped(seconds: float | None) -> str:
+    return "killed after 30 s" if seconds is None else f"{seconds:.1f} s"
 
 
 def parse_list(text: str, flag: str) -> list[int]:
@@ -591,8 +613,9 @@ def table(rows: list[dict]) -> None:
     cluster = any(r["processes"] > 1 or r["store"] != "sqlite" for r in rows)
     if not cluster:
         print("| ranks | all connected | freshness p50 / p95 | ack p95 | server CPU | CPU-s per "
-              "rank-hour | RSS | threads | lag max | findings | ack timeouts / retries / reconnects |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+              "rank-hour | RSS | threads | lag max | findings | ack timeouts / retries / reconnects "
+              "| SIGTERM to exit |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['ranks']}{' ' + r['server'] if r['server'] else ''} "
                   f"| {'yes' if r['connected'] else 'NO'} "
@@ -600,7 +623,8 @@ def table(rows: list[dict]) -> None:
                   f"| {fmt(r['ack_p95'])} s | {fmt(100 * r['cpu_core'], '.0f')}% of a core "
                   f"| {fmt(r['cpu_rank_hour'])} | {fmt(r['rss_mb'], '.0f')} MB | {r['threads']} "
                   f"| {fmt(r['lag_max'])} s | {', '.join(r['findings']) or 'none'} "
-                  f"| {r['ack_timeouts']} / {r['retries']} / {r['reconnects']} |")
+                  f"| {r['ack_timeouts']} / {r['retries']} / {r['reconnects']} "
+                  f"| {stopped(r.get('stop_s'))} |")
         return
     print("| K | ranks | process | ranks on it | owns job | freshness p50 / p95 on its API "
           "| ack p95 | CPU | waited for a CPU | RSS | lag max |")
