@@ -1,18 +1,10 @@
 """Error causes: turns the text of one rank's distributed error into a cause, a hint and its values.
 
-Owns the table of known gloo, TCPStore, rendezvous and NCCL error texts (``RULES``) and nothing
-else: no Flask, no SQL, no torch. ``classify`` is a pure function of the text, so the server, the
-agent and the tests all get the same answer.
-
-Each rule is one entry: a regex, a stable cause id, a title, whether this rank is usually a
-*victim* (it waited on a peer that crashed, hung or never arrived) rather than the culprit, and a
-hint template filled from the regex's named groups. Rules are tried in order and the first match
-wins, so more specific texts come first (an NCCL watchdog timeout also contains "timeout"; a
-desync report that names the lagging rank beats the timeout it explains).
-
-The patterns were written against torch 2.13 texts (``shared/notes/torch-2.13-facts.md`` §4) and
-the NCCL variants quoted there from older releases; they skip the build paths and line numbers
-that vary between builds (``[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]``).
+Matches the text against the catalogue of known gloo, TCPStore, rendezvous and NCCL error texts
+(``RULES`` in dashboard.diagnosis.known_errors), types the values the match and the extractors
+found, fills the rule's hint with them, and says something useful for a text no rule knows. No
+Flask, no SQL, no torch. ``classify`` is a pure function of the text, so the server, the agent and
+the tests all get the same answer.
 """
 
 from __future__ import annotations
@@ -20,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from dashboard.diagnosis.known_errors import EXTRACTORS, RULES, Rule
 
 MAX_SCAN_CHARS = 64 * 1024  # regex work per text is bounded: only this much of it is scanned
 TAIL_SCAN_CHARS = 16 * 1024  # of which this much from the end (a traceback ends with the error)
@@ -51,250 +45,6 @@ class Cause:
     victim: bool
     details: dict[str, Any] = field(default_factory=dict)
 
-
-@dataclass(frozen=True)
-class Rule:
-    """One known error text. ``title`` and ``hint`` are ``str.format`` templates whose fields are
-    the pattern's named groups (or values derived from them, see ``_DERIVED``)."""
-
-    pattern: re.Pattern[str]
-    cause: str
-    title: str
-    victim: bool
-    hint: str
-
-
-def _rule(pattern: str, cause: str, title: str, victim: bool, hint: str) -> Rule:
-    return Rule(re.compile(pattern, re.IGNORECASE), cause, title, victim, hint)
-
-
-_RANKS = r"\d+(?:,\s*\d+)*"  # "7" or "0, 1, 2" as printed by c10d's ranksToString
-_FR = ("`TORCH_NCCL_DUMP_ON_TIMEOUT=1` with `TORCH_FR_BUFFER_SIZE=2000` (older releases: "
-       "`TORCH_NCCL_TRACE_BUFFER_SIZE`) for a Flight Recorder dump")
-
-# Most specific first. Within NCCL: this rank's own GPU/usage errors, then reports that name the
-# lagging rank, then plain timeouts. Then rendezvous/config errors (root causes), then the
-# transport errors a victim sees.
-RULES: tuple[Rule, ...] = (
-    # --- NCCL: this rank's own failures -------------------------------------------------------
-    _rule(r"ncclUnhandledCudaError|unhandled cuda error",
-          "nccl_cuda_error", "NCCL hit a CUDA error on this rank's GPU", False,
-          "A CUDA call inside NCCL failed on this rank's GPU: check `nvidia-smi -q -d "
-          "ECC,PAGE_RETIREMENT` and Xid lines in `dmesg -T | grep -i xid` on this host, and rerun "
-          "with `NCCL_DEBUG=INFO` to see the failing call. An earlier error in your own kernels "
-          "(illegal memory access, device-side assert) also surfaces here: `CUDA_LAUNCH_BLOCKING=1` "
-          "pins it down."),
-    _rule(r"Duplicate GPU detected\s*:\s*(?P<ranks>rank \d+ and rank \d+) both on CUDA device "
-          r"(?P<device>\w+)",
-          "nccl_invalid_usage", "two ranks share one GPU", False,
-          "Ranks {ranks} both use CUDA device {device}: call `torch.cuda.set_device(local_rank)` "
-          "(LOCAL_RANK from torchrun) before `init_process_group`, and check that "
-          "CUDA_VISIBLE_DEVICES gives each rank on that host its own GPU."),
-    _rule(r"ncclInvalidUsage|NCCL error[^\n]{0,300}?\binvalid usage\b|\binvalid usage \(run with NCCL_DEBUG",
-          "nccl_invalid_usage", "NCCL rejected a call as invalid usage", False,
-          "NCCL says this rank used it wrongly, most often two ranks on one GPU (call "
-          "`torch.cuda.set_device(local_rank)` before `init_process_group`, check "
-          "CUDA_VISIBLE_DEVICES) or communicators set up differently across ranks. Rerun with "
-          "`NCCL_DEBUG=WARN` for the exact reason."),
-    _rule(r"ncclSystemError|unhandled system error",
-          "nccl_system_error", "NCCL hit a system error (sockets, InfiniBand or shared memory)", False,
-          "A system call or external library inside NCCL failed on this rank: rerun with "
-          "`NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET` and read the `NCCL WARN` line. In "
-          "containers check the `/dev/shm` size (`df -h /dev/shm`, docker `--shm-size`), and set "
-          "`NCCL_SOCKET_IFNAME` to the interface the hosts reach each other on."),
-    _rule(r"CUDA out of memory",
-          "cuda_oom", "this rank ran out of GPU memory", False,
-          "This rank's GPU ran out of memory; its peers then fail waiting for it. Lower the batch "
-          "size or activation memory on this rank, and try "
-          "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` if the message shows much memory "
-          "reserved but unallocated."),
-    _rule(r"CUDA error: (?P<what>[^\n]{1,200}?)\s*(?:\n|$)",
-          "cuda_error", "a CUDA error on this rank's GPU ({what})", False,
-          "CUDA reports a failed kernel at a later call, so the line in the traceback may not be "
-          "the one that failed: rerun this rank with `CUDA_LAUNCH_BLOCKING=1` to see the kernel. "
-          "A device-side assert is most often an index out of range (embedding ids, a loss's "
-          "class targets); an illegal memory access can also be a faulty GPU "
-          "(`dmesg -T | grep -i xid` on this host)."),
-    # --- NCCL: reports that name the rank at fault ----------------------------------------------
-    _rule(r"ranks \[(?P<peers>" + _RANKS + r")\] are the lagging ranks that caused this timeout",
-          "nccl_watchdog_timeout", "NCCL collective timed out; rank(s) {peers} never joined any collective",
-          True,
-          "The desync report names rank(s) {peers} as never having joined a collective on this "
-          "group: read their logs first (crash before the first collective, OOM-killed, stuck in "
-          "data loading). This rank only waited for them."),
-    _rule(r"\[(?P<peers>" + _RANKS + r")\] joined but didn't finish collective #(?P<seq>\d+)",
-          "nccl_watchdog_timeout", "NCCL collective timed out; rank(s) {peers} stuck inside collective #{seq}",
-          True,
-          "The desync report says rank(s) {peers} entered collective #{seq} but never finished it: "
-          "they are stuck inside NCCL (a hung GPU, link or peer). Check `py-spy dump --native "
-          "--pid <pid>` on them and `dmesg -T | grep -i xid` on their hosts."),
-    _rule(r"\[(?P<peers>" + _RANKS + r")\] finished collective #(?P<last_finished>\d+), but didn't "
-          r"join collective #(?P<seq>\d+)",
-          "nccl_watchdog_timeout", "NCCL collective timed out; rank(s) {peers} never entered collective #{seq}",
-          True,
-          "The desync report says rank(s) {peers} finished collective #{last_finished} but never "
-          "entered #{seq}: they are stuck or took another code path before it (a data-dependent "
-          "branch, a swallowed exception, a slow dataloader). `py-spy dump --pid <pid>` on them "
-          "shows where."),
-    _rule(r"Ranks? (?P<peers>" + _RANKS + r") failed to pass monitoredBarrier in (?P<timeout_ms>\d+)\s*ms",
-          "monitored_barrier_timeout", "rank(s) {peers} did not reach the monitored barrier", True,
-          "Rank(s) {peers} did not reach the monitored barrier within {timeout_ms} ms: read their "
-          "logs first (crashed, hung, or on another code path); this rank only waited for them."),
-    _rule(r"collective timeout from\s+rank (?P<peer>\d+)",
-          "nccl_watchdog_timeout", "NCCL collective timed out on rank {peer} first", True,
-          "Rank {peer} hit the collective timeout first and told every rank to dump: start with "
-          "rank {peer}'s log and its Flight Recorder dump, which name the collective it waited "
-          "on. The rank(s) that never entered that collective are the culprits, not this rank."),
-    _rule(r"Observed flight recorder dump signal from another rank",
-          "nccl_watchdog_timeout", "another rank's NCCL collective timed out", True,
-          "Another rank timed out first and asked every rank to dump: find the rank whose log "
-          "says `collective timeout from this local rank` and start there. Set " + _FR + "."),
-    _rule(r"Detected mismatch between collectives on ranks\. Rank (?P<rank>\d+) is running "
-          r"collective: [^\n]{0,2000}?, but Rank (?P<peer>\d+) is running collective",
-          "collective_mismatch", "ranks {rank} and {peer} called different collectives", False,
-          "Rank {rank} and rank {peer} called different collectives at the same point (compare the "
-          "two fingerprints: op, shapes, dtypes): find where their code paths diverge, e.g. a "
-          "data-dependent branch or a collective only some ranks call."),
-    _rule(r"Detected mismatch between collectives on ranks",
-          "collective_mismatch", "ranks called different collectives", False,
-          "Ranks called different collectives at the same point (the message shows each one's "
-          "op, shapes and dtypes): find where their code paths diverge, e.g. a data-dependent "
-          "branch or a collective only some ranks call."),
-    _rule(r"ncclRemoteError|remote process exited or there was a network error",
-          "nccl_remote_error", "an NCCL peer exited or became unreachable", True,
-          "A peer rank exited or dropped off the network during a collective: read the log of the "
-          "rank pgdash shows as failed or lost first. If none died, check the network between the "
-          "hosts (`NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET`, `ibstat` for InfiniBand link state)."),
-    # --- NCCL: this rank's watchdog timed out (the culprit is whoever it waited for) -----------
-    _rule(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+),\s*"
-          r"OpType=(?P<op>\w+)",
-          "nccl_watchdog_timeout", "NCCL {op} (SeqNum {seq}) timed out waiting for a peer", True,
-          "The rank(s) that never entered collective SeqNum={seq} ({op}) on this group are the "
-          "culprits, not this rank: pgdash's group view shows who is behind. Set " + _FR + ", and "
-          "`TORCH_NCCL_DESYNC_DEBUG=1` to have the lagging ranks named."),
-    _rule(r"Timeout at NCCL work: (?P<seq>\d+)"
-          r"|detected by watchdog at work(?: sequence id)?: (?P<seq2>\d+)",
-          "nccl_watchdog_timeout", "NCCL watchdog caught a failed or timed-out collective", True,
-          "The rank(s) that never entered or finished the collective this rank was in are the "
-          "culprits: pgdash's group view shows who is behind. Set " + _FR + ", and "
-          "`TORCH_NCCL_DESYNC_DEBUG=1` to have the lagging ranks named."),
-    _rule(r"Watchdog caught collective operation timeout|collective timeout from this local rank",
-          "nccl_watchdog_timeout", "NCCL collective timed out waiting for a peer", True,
-          "The rank(s) that never entered the timed-out collective are the culprits, not this "
-          "rank: pgdash's group view shows who is behind. Set " + _FR + ", and "
-          "`TORCH_NCCL_DESYNC_DEBUG=1` to have the lagging ranks named."),
-    _rule(r"Heartbeat monitor timed out|watchdog got stuck for (?P<stuck_s>\d+) seconds",
-          "nccl_heartbeat_timeout", "this rank's NCCL watchdog hung inside a CUDA/NCCL call", False,
-          "This rank's watchdog thread was blocked inside a CUDA or NCCL call (often a hung GPU): "
-          "check `nvidia-smi` and `dmesg -T | grep -i xid` on this host, and `py-spy dump --native "
-          "--pid <pid>`. Raise `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC` only if the job still progresses."),
-    # --- rendezvous and configuration: this rank (or its launch) is the cause -------------------
-    _rule(r"Received data size doesn't match expected size",
-          "size_mismatch", "gloo received a different size than expected: a collective mismatch",
-          False,
-          "Ranks called collectives with different shapes, dtypes or ops at the same point (a "
-          "desync in the code, not a network fault): rerun with `TORCH_DISTRIBUTED_DEBUG=DETAIL`, "
-          "which names the mismatching ranks and collectives."),
-    _rule(r"\brank < size\. (?P<rank>\d+) vs (?P<size>\d+)",
-          "rank_out_of_range", "RANK={rank} is not below WORLD_SIZE={size}", False,
-          "RANK={rank} but WORLD_SIZE={size}, and RANK must be < WORLD_SIZE: check RANK and "
-          "WORLD_SIZE on each rank (an off-by-one RANK, or a WORLD_SIZE smaller than the number "
-          "of processes launched)."),
-    _rule(r"environment variable (?P<variable>\w+) expected, but not set",
-          "missing_env", "environment variable {variable} is not set for env:// rendezvous", False,
-          "{variable} is not set on this rank: launch with `torchrun` (it sets RANK, WORLD_SIZE, "
-          "LOCAL_RANK, MASTER_ADDR and MASTER_PORT) or `export {variable}=...` on every rank before "
-          "`init_process_group`."),
-    _rule(r"Distributed package doesn't have NCCL built in",
-          "nccl_not_built", "this torch build has no NCCL", False,
-          "This is a CPU-only (or non-Linux) torch build: install a CUDA build of torch (check "
-          "`torch.version.cuda`), or use `init_process_group(backend=\"gloo\")`."),
-    _rule(r"failed to listen on any local network address\. port: (?P<port>\d+)"
-          r"[^\n]{0,200}?(?:EADDRINUSE|address already in use)",
-          "addr_in_use", "port {port} is already in use", False,
-          "Another process holds port {port} on this host, often a previous run still alive: find "
-          "it with `ss -ltnp | grep :{port}`, stop it, or pick another MASTER_PORT."),
-    _rule(r"failed to bind to [^\n]{0,100}?:(?P<port>\d+)[^\n]{0,60}?(?:address already in use|EADDRINUSE)",
-          "addr_in_use", "port {port} is already in use", False,
-          "Another process holds port {port} on this host, often a previous run still alive: find "
-          "it with `ss -ltnp | grep :{port}`, stop it, or pick another MASTER_PORT."),
-    _rule(r"EADDRINUSE|address already in use",
-          "addr_in_use", "a port is already in use", False,
-          "Another process holds the port this rank tried to listen on, often a previous run "
-          "still alive: find it with `ss -ltnp | grep :$MASTER_PORT`, stop it, or pick another "
-          "MASTER_PORT."),
-    _rule(r"client socket has timed out after (?P<timeout_ms>\d+)\s*ms while trying to connect to "
-          r"\((?P<host>[^,()\s]+), (?P<port>\d+)\)",
-          "connect_timeout", "could not connect to the TCPStore at {host}:{port}", False,
-          "Nothing accepted a connection at {host}:{port} within {timeout_ms} ms: check that rank 0 "
-          "is up, that MASTER_ADDR/MASTER_PORT are the same on every rank, and that no firewall "
-          "blocks the port; test with `nc -zv {host} {port}` from this host."),
-    _rule(r"TCP client failed to connect/validate to host (?P<host>\S+?):(?P<port>\d+)\b",
-          "connect_timeout", "could not connect to the TCPStore at {host}:{port}", False,
-          "Nothing accepted a connection at {host}:{port}: check that rank 0 is up, that "
-          "MASTER_ADDR/MASTER_PORT are the same on every rank, and that no firewall blocks the "
-          "port; test with `nc -zv {host} {port}` from this host."),
-    # --- rendezvous: this rank waited for others ------------------------------------------------
-    _rule(r"Timed out after (?P<timeout_s>\d+) seconds waiting for clients\. (?P<joined>\d+)/"
-          r"(?P<expected>\d+) clients joined",
-          "store_clients_timeout", "only {joined} of {expected} ranks joined the TCPStore", True,
-          "WORLD_SIZE={expected} but only {joined} rank(s) reached the store within {timeout_s} s, "
-          "so {missing} rank(s) never connected to MASTER_ADDR:MASTER_PORT: check that they were "
-          "launched, did not crash before `init_process_group`, and use the same "
-          "MASTER_ADDR/MASTER_PORT and WORLD_SIZE as rank 0."),
-    _rule(r"wait timeout after (?P<timeout_ms>\d+)\s*ms, keys: (?P<keys>[^\s,]*/(?P<peer>\d+))(?=[\s,.]|$)",
-          "store_wait_timeout", "rank {peer} never registered in the store", True,
-          "This rank waited {timeout_ms} ms for rank {peer} under `{keys}`: either rank {peer} did "
-          "not arrive (not launched, or crashed before `init_process_group`), or the ranks disagree "
-          "on the group. Compare WORLD_SIZE and RANK on every rank (a mismatched WORLD_SIZE or a "
-          "RANK >= WORLD_SIZE leaves a slot empty)."),
-    _rule(r"wait timeout after (?P<timeout_ms>\d+)\s*ms, keys: (?P<keys>\S+)",
-          "store_wait_timeout", "a rank never registered in the store", True,
-          "This rank waited {timeout_ms} ms for `{keys}`: either a rank did not arrive (not "
-          "launched, or crashed before `init_process_group`), or the ranks disagree on the group; "
-          "compare WORLD_SIZE and RANK on every rank."),
-    # --- transport: a peer went away or never answered ------------------------------------------
-    _rule(r"Connection closed by peer \[(?P<host>[^\]\s]+)\]:(?P<port>\d+)",
-          "peer_closed", "the peer at {host}:{port} closed the connection", True,
-          "The rank at {host}:{port} closed its connection mid-collective, so it crashed or was "
-          "killed: read that rank's log, and check the OOM killer on {host} "
-          "(`dmesg -T | grep -i oom`)."),
-    _rule(r"Read error \[(?P<host>[^\]\s]+)\]:(?P<port>\d+): Connection reset by peer",
-          "peer_reset", "the peer at {host}:{port} reset the connection", True,
-          "The rank at {host}:{port} reset the connection: it aborted, was killed, or hung and "
-          "was torn down. Read that rank's log first, and check the OOM killer on {host} "
-          "(`dmesg -T | grep -i oom`)."),
-    _rule(r"Connection reset by peer",
-          "peer_reset", "a peer reset the connection", True,
-          "A peer reset the connection: it aborted, was killed, or two ranks share one RANK. "
-          "Read the log of the rank pgdash shows as failed or lost first, and check the OOM killer "
-          "on its host (`dmesg -T | grep -i oom`)."),
-    _rule(r"Timed out waiting (?P<timeout_ms>\d+)\s*ms for (?P<direction>recv|send) operation to complete",
-          "gloo_timeout", "gloo collective timed out waiting for a peer", True,
-          "This rank's gloo {direction} waited {timeout_ms} ms and no peer answered (gloo does not "
-          "say which): a peer never reached the matching collective or is too slow, so look at "
-          "which rank pgdash shows as not having entered the collective. Raise "
-          "`init_process_group(timeout=...)` only if that peer is merely slow."),
-    _rule(r"Failed to check the \"should dump\" flag on TCPStore",
-          "store_gone", "the TCPStore went away before this rank finished", True,
-          "The TCPStore (hosted by rank 0 at MASTER_ADDR:MASTER_PORT) shut down while this rank "
-          "still used it: rank 0 exited or crashed first, so read rank 0's log."),
-)
-
-# Values read from anywhere in the text, whatever rule matched; the rule's own groups win.
-_EXTRACTORS: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p in (
-    r"WorkNCCL\(SeqNum=(?P<seq>\d+)",
-    r"OpType=(?P<op>\w+)",
-    r"NumelIn=(?P<numel_in>-?\d+)",
-    r"NumelOut=(?P<numel_out>-?\d+)",
-    r"Timeout\(ms\)=(?P<timeout_ms>\d+)",
-    r"ran for (?P<ran_ms>\d+) milliseconds",
-    r"last enqueued (?:NCCL )?work: (?P<last_enqueued>-?\d+), last completed (?:NCCL )?work: "
-    r"(?P<last_completed>-?\d+)",
-    r"NCCL version (?P<nccl_version>\d+\.\d+\.\d+)",
-    r"\[PG (?:ID )?(?P<pg>\d+)\b",
-    r"PG GUID \d+\((?P<pg_name>[^)\s]+)\)",
-))
 
 _INT_KEYS = frozenset({
     "port", "timeout_ms", "timeout_s", "seq", "numel_in", "numel_out", "ran_ms", "joined",
@@ -381,9 +131,9 @@ def _cause(rule: Rule, match: re.Match[str], scanned: str, error_type: str | Non
 
 
 def _extract(scanned: str) -> dict[str, str]:
-    """The ``_EXTRACTORS`` values found in the text, first occurrence of each."""
+    """The ``EXTRACTORS`` values found in the text, first occurrence of each."""
     found: dict[str, str] = {}
-    for extractor in _EXTRACTORS:
+    for extractor in EXTRACTORS:
         match = extractor.search(scanned)
         if match:
             found.update((k, v) for k, v in match.groupdict().items() if v is not None)

@@ -25,7 +25,8 @@ from typing import Any, Iterable, Iterator
 
 from pgdash_agent.wire import SERVER_KINDS, WireError, validate_event, validate_server_event
 from dashboard.diagnosis import Finding, Settings
-from dashboard.diagnosis.book import Change, Timeline, with_grid
+from dashboard.diagnosis.book import Change, with_grid
+from dashboard.diagnosis.timeline import Timeline
 from dashboard.state import JobState, StoredEvent
 from dashboard.storage.schema import JOB_FIELDS
 from dashboard.storage.store import Store

@@ -67,7 +67,7 @@ class _Copy:
 class Rewind:
     """Args:
         new_state: ``(job_id, name) -> `` an empty fold: a JobState by default; Ingest
-            folds a ``dashboard.diagnosis.book.Timeline`` (state and findings book), which
+            folds a ``dashboard.diagnosis.timeline.Timeline`` (state and findings book), which
             dashboard.storage.codec stores like one. Stored checkpoints hold what it makes.
     """
 

@@ -20,8 +20,9 @@ import time
 from typing import Any, Callable, Iterable, Iterator
 
 from dashboard.diagnosis import Finding, Settings
-from dashboard.diagnosis.book import Book, BookLog, Changes, LogRow, Timeline
+from dashboard.diagnosis.book import Book, Changes, LogRow
 from dashboard.diagnosis.incidents import Incident
+from dashboard.diagnosis.timeline import BookLog, Timeline
 from dashboard.state import JobState, StoredEvent
 from dashboard.storage.store import Store
 

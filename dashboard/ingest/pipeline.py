@@ -27,9 +27,9 @@ from pgdash_agent.wire import Ack, WireError, validate_batch_envelope, validate_
 from dashboard.ingest.admission import Admission, Refused
 from dashboard.console import RefusalLog
 from dashboard.diagnosis import Finding, Settings
-from dashboard.diagnosis.book import Timeline
 from dashboard.diagnosis.incidents import Incident
 from dashboard.diagnosis.incidents import incidents as incidents_of
+from dashboard.diagnosis.timeline import Timeline
 from dashboard.ingest.diagnosing import LiveDiagnosis
 from dashboard.ingest.fold import LiveFold
 from dashboard.ingest.follow import LogFollower

@@ -128,19 +128,25 @@ _ALLOWED = {
     ("collections", "Counter"), ("collections", "OrderedDict"), ("builtins", "set"),
     ("builtins", "frozenset"), ("builtins", "dict"), ("builtins", "list"),
     ("builtins", "tuple"), ("copyreg", "_reconstructor"), ("builtins", "object"),
-    # What a replay folds: the state with its findings book (dashboard.diagnosis.book)
-    ("dashboard.diagnosis.book", "Timeline"), ("dashboard.diagnosis.book", "Book"),
+    # What a replay folds: the state with its findings book (dashboard.diagnosis.timeline, .book)
+    ("dashboard.diagnosis.timeline", "Timeline"), ("dashboard.diagnosis.book", "Book"),
     ("dashboard.diagnosis.core", "Settings"), ("dashboard.diagnosis.core", "Severity"),
     ("dashboard.statuses", "RankStatus"), ("dashboard.statuses", "JobStatus"),
 }
 # Where checkpoints stored by earlier versions found the statuses: the agent's wire module,
 # first named ``agent``, then ``pgdash_agent``.
 _MOVED = {"agent.wire": "dashboard.statuses", "pgdash_agent.wire": "dashboard.statuses"}
+# Single classes that left a module whose other classes stayed: (module, name) -> new home.
+# Timeline lived beside Book in dashboard.diagnosis.book until replay got its own module.
+_MOVED_CLASSES = {
+    ("dashboard.diagnosis.book", "Timeline"): ("dashboard.diagnosis.timeline", "Timeline"),
+}
 
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         module = _MOVED.get(module, module)
+        module, name = _MOVED_CLASSES.get((module, name), (module, name))
         if (module, name) not in _ALLOWED:
             raise pickle.UnpicklingError(f"checkpoint refers to {module}.{name}, which a "
                                          "JobState never holds: the row was not written by "

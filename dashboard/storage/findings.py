@@ -1,5 +1,5 @@
 """Stored findings: each job's current findings, and its findings book's log (what the book
-concluded, moment by moment: dashboard.diagnosis.book's BookLog), so that ``state?at=`` and a
+concluded, moment by moment: dashboard.diagnosis.timeline's BookLog), so that ``state?at=`` and a
 restarted server read the book as of a moment instead of judging every moment again."""
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ event_packs = sa.Table(
     sa.Index("ix_event_packs_last_id", "last_id"),
 )
 
-# What each job's live findings book concluded, moment by moment (dashboard.diagnosis.book's
+# What each job's live findings book concluded, moment by moment (dashboard.diagnosis.timeline's
 # BookLog): ``state?at=`` and a restarted server read the book as of a moment here instead of
 # judging every moment again. ``id`` "" with no body marks a moment the book judged.
 book_log = sa.Table(

@@ -21,8 +21,8 @@ import time
 from typing import Any, Callable
 
 from dashboard.diagnosis import Settings
-from dashboard.diagnosis.book import Timeline
 from dashboard.diagnosis.incidents import incidents as incidents_of
+from dashboard.diagnosis.timeline import Timeline
 from dashboard.ingest.pipeline import Ingest
 from dashboard.state import JobState
 from dashboard.web import display, timeline, views

@@ -1,7 +1,7 @@
 """The findings book's history: what each job's live book concluded, moment by moment.
 
 ``state?at=`` and a restarted server read a job's findings as of a moment from it instead of
-judging every moment of the job again (dashboard.diagnosis.book.BookLog). Jobs stored before
+judging every moment of the job again (dashboard.diagnosis.timeline.BookLog). Jobs stored before
 have no log and are judged as before; the first time one is loaded its book is recorded.
 
 Revision ID: 0006

@@ -17,7 +17,8 @@ import sqlalchemy as sa
 from tests.helpers.procs import ROOT, ServerProcess, job_by_name, launch_job, wait_for
 from dashboard.history.archive import Archive, replay_timeline
 from dashboard.diagnosis import Settings
-from dashboard.diagnosis.book import Book, BookLog, LogRow
+from dashboard.diagnosis.book import Book, LogRow
+from dashboard.diagnosis.timeline import BookLog
 from dashboard.ingest.pipeline import Ingest
 from dashboard.web.live import state_at
 from dashboard.storage.schema import book_log, book_spans

@@ -8,7 +8,7 @@ import string
 
 import pytest
 
-from dashboard.diagnosis import errors
+from dashboard.diagnosis import errors, known_errors
 from dashboard.diagnosis.errors import Cause, classify
 
 # Verbatim texts from shared/notes/torch-2.13-facts.md §4, with realistic build-root prefixes.
@@ -332,7 +332,7 @@ def test_bytes_are_decoded():
 
 def test_every_template_field_comes_from_its_pattern():
     fmt = string.Formatter()
-    for rule in errors.RULES:
+    for rule in known_errors.RULES:
         groups = {errors._ALIASES.get(g, g) for g in rule.pattern.groupindex}
         available = groups | {name for name, sources in errors._DERIVED.items()
                               if set(sources) <= groups}

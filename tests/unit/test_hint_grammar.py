@@ -10,7 +10,7 @@ import re
 import pytest
 
 from pgdash_agent.wire import hist_bucket
-from dashboard.diagnosis import errors
+from dashboard.diagnosis import errors, known_errors
 from dashboard.diagnosis import Settings, diagnose
 from dashboard.diagnosis.incidents import incidents
 from dashboard.diagnosis.text import ranks_label
@@ -445,7 +445,7 @@ def test_rank_lists_of_many_ranks_stay_short():
                                             "and 38 more")
 
 
-@pytest.mark.parametrize("rule", errors.RULES, ids=lambda r: r.cause)
+@pytest.mark.parametrize("rule", known_errors.RULES, ids=lambda r: r.cause)
 def test_every_error_hint_template_reads_well(rule):
     values = errors._Fill({})  # every placeholder left unfilled reads "<name>"
     check_text(rule.hint.format_map(values), f"{rule.cause} hint")

@@ -61,6 +61,31 @@ def test_a_checkpoint_refuses_a_pickle_it_did_not_write():
     assert gc.isenabled()  # decoding pauses the garbage collector, and only meanwhile
 
 
+def test_a_checkpoint_that_pickled_the_timeline_beside_the_book_still_loads():
+    """A Timeline (the state with its findings book, what Ingest and replay checkpoint) was
+    pickled as dashboard.diagnosis.book.Timeline until it moved to dashboard.diagnosis.timeline;
+    such checkpoints load and read the same."""
+    from dashboard.diagnosis import Settings
+    from dashboard.diagnosis.timeline import Timeline
+    from dashboard.storage.codec import compress_state
+
+    timeline = Timeline(1, "j", Settings())
+    for ev in _job_events(60, hang=(T0 + 40, T0 + 59)):
+        timeline.apply(ev)
+    timeline.advance(T0 + 60)
+    assert timeline.book.findings()  # the hang: the book holds something to read back
+    stored = decode_state(encode_state(timeline))  # as checkpointed: no memo caches
+    raw = pickle.dumps(stored, protocol=2)  # unframed: editable
+    old = raw.replace(b"cdashboard.diagnosis.timeline\nTimeline\n",
+                      b"cdashboard.diagnosis.book\nTimeline\n")
+    assert old != raw and b"dashboard.diagnosis.timeline" not in old
+    loaded = decode_state(compress_state(old))
+    assert type(loaded) is Timeline
+    assert _views(loaded.state) == _views(timeline.state)
+    assert loaded.book.findings() == timeline.book.findings()
+    assert loaded.judged_through == timeline.judged_through
+
+
 def test_pausing_the_garbage_collector_nests_and_keeps_it_off_if_it_was():
     from dashboard.storage.codec import gc_paused
 
