@@ -510,7 +510,9 @@ def stall_margin(db: Path, job_id: int, tick: float = 0.25) -> dict[str, Any]:
     """Replays a job's stored log (dashboard.state + dashboard.diagnosis, default settings)
     and finds the longest wait of any rank in a collective that a peer had not entered yet,
     with the stall threshold in force at that moment: how much room the defaults left."""
-    from dashboard import diagnosis as d
+    from dashboard.diagnosis import Settings
+    from dashboard.diagnosis.rules.stalls import stall_threshold
+    from dashboard.diagnosis.rules.waits import FLIGHT, PYTHON, ranks_behind
     from dashboard.state import JobState
     from dashboard.storage.store import Store
 
@@ -519,7 +521,7 @@ def stall_margin(db: Path, job_id: int, tick: float = 0.25) -> dict[str, Any]:
         events = list(store.log.events(job_id))
     finally:
         store.engine.dispose()
-    s = d.Settings()
+    s = Settings()
     state = JobState(job_id, "replay")
     worst = {"wait_s": 0.0, "threshold_s": None, "group": None, "at_s": None,
              "closest_share": 0.0}
@@ -532,16 +534,16 @@ def stall_margin(db: Path, job_id: int, tick: float = 0.25) -> dict[str, Any]:
             i += 1
         for group in state.groups:
             rows = state.progress_of(group)
-            for view in (d.PYTHON, d.FLIGHT):
+            for view in (PYTHON, FLIGHT):
                 busy = {r: row for r, row in rows.items() if view.busy(row)}
                 if not busy:
                     continue
                 seq = max(row[view.seq] for row in busy.values())
                 waiting = {r for r, row in busy.items() if row[view.seq] == seq}
-                if not d._behind(state, group, seq, waiting, view):
+                if not ranks_behind(state, group, seq, waiting, view):
                     continue
                 wait = t - min(rows[r][view.since] for r in waiting)
-                threshold, _ = d._stall_threshold(state, group, view, rows, s)
+                threshold, _ = stall_threshold(state, group, view, rows, s)
                 if wait / threshold > worst["closest_share"]:
                     worst.update(wait_s=round(wait, 2), threshold_s=round(threshold, 2),
                                  group=group, at_s=round(t - events[0]["received_at"], 1),

@@ -72,7 +72,7 @@ class Settings:
     # ... or, for groups that run several collectives a step (FSDP, DDP's buckets: the others
     # wait at the step's first one only), on a window of this many collectives per rank, the
     # others waited long at this share of theirs and the straggler at a quarter of it at most
-    # (see rules.stragglers._sparse_straggler)
+    # (see rules.straggler_verdict._sparse_straggler)
     straggler_sparse_calls: int = 48
     straggler_sparse_share: float = 0.08
     straggler_ratio: float = 3.0  # the others wait this many times longer than the straggler

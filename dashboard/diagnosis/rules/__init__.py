@@ -3,6 +3,11 @@
 Each rule is one pure function ``(state, now, settings) -> findings``, grouped by area in this
 package. Each finding's ``first_seen`` is derived from the state (when the evidence became
 conclusive), so folding a stored log up to ``t`` gives the findings live mode showed at ``t``.
+
+An area too big for one module keeps its rules' entry points in the area's module (only those
+are registered in ``RULES``) and what they stand on beside it, imported one way: ``hangs`` on
+``stalls``, ``p2p`` and ``waits`` (who waits where); ``stragglers`` on ``straggler_chains``,
+``straggler_verdict`` and ``windows`` (the latency summaries and their arithmetic).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.state import JobState
 
-
+# XIDs that mean the hardware (not the program) failed; others are usually the program's
+# own fault (13, 31, 43: an illegal access or a crashed kernel) and are reported as warnings.
 HARDWARE_XIDS = {
     48: "double-bit ECC error", 61: "internal micro-controller breakpoint/warning",
     62: "internal micro-controller halt", 63: "ECC page retirement or row remapping recorded",

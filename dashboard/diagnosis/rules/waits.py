@@ -1,0 +1,221 @@
+"""Where ranks wait, read from their progress rows: the shared ground of the `hang`, `stall`
+and point-to-point rules, and of the chain of waits they follow to the rank at fault.
+
+Where ranks wait is read three ways (``View``): the agent's wrappers (Python-issued
+collectives), the Flight Recorder (collectives issued from C++: DDP, FSDP's reducer), and
+point-to-point ops (``send``/``recv``/``isend``/``irecv``, as pipelines use them), which have
+no group-wide sequence number: a rank's n-th receive from a peer with a tag is matched with
+that peer's n-th send to it with that tag (``p2p_posted``, counted by the agent).
+
+Its own room because every waiting rule reads the same rows the same way: this module judges
+nothing, it only says who waits where and for whom (and how such a chain reads in a summary).
+The rules import it; it imports no rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+from dashboard.statuses import RankStatus
+from dashboard.diagnosis.core import Finding, Settings
+from dashboard.diagnosis.text import group_label, ranks_label
+from dashboard.state import JobState
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """One way of reading progress rows: the agent's wrappers, or the Flight Recorder."""
+
+    seq: str  # the row's sequence-number field
+    since: str  # its in-flight-since field
+    source: str
+    done: str = ""  # its completed-sequence-number field
+
+    def busy(self, row: dict[str, Any]) -> bool:
+        if row.get(self.since) is None:
+            return False
+        if self.source == "python":
+            return bool(row.get("inflight_op"))
+        if self.source == "flight_recorder":
+            # The recorder numbers Python-issued collectives too: one the wrappers saw (in
+            # flight, or ended by a call that raised) is the Python view's, whose history
+            # and op name are better.
+            seq = row.get(self.seq, 0)
+            return not (row.get("inflight_fr") == seq or seq <= (row.get("fr_wrapped") or -1))
+        return True
+
+    def op(self, row: dict[str, Any]) -> str:
+        return row.get("inflight_op") if self.source == "python" else "a C++ collective (DDP)"
+
+
+PYTHON = View("entered", "inflight_since", "python", "completed")
+FLIGHT = View("fr_enqueued", "fr_inflight_since", "flight_recorder", "fr_completed")
+P2P = View("p2p_n", "p2p_since", "p2p")
+
+
+class Stop(NamedTuple):
+    """The end of a job that hung: its ranks stopped together after the verdict stood."""
+
+    at: float  # when the first of them ended
+    ranks: list[int]  # the ranks that ended from then on
+    findings: list[Finding]  # the hang or stall verdict as it stood then
+
+
+class Frame(NamedTuple):
+    """The moment a rule judges, and whether it judges a job as it was when it was stopped."""
+
+    now: float
+    stop: Stop | None = None
+
+
+def rows_at(state: JobState, group: str, frame: Frame) -> dict[int, dict[str, Any]]:
+    rows = state.progress_of(group)
+    if frame.stop is None:
+        return rows
+    # A rank that exited shows nothing in flight any more: read where it was then.
+    return {rank: state.exit_rows.get((group, rank), row) for rank, row in rows.items()}
+
+
+def is_running(state: JobState, rank: int, frame: Frame) -> bool:
+    r = state.rank_index().get(rank)
+    if r is None or r.status == RankStatus.RUNNING:
+        return True
+    return frame.stop is not None and r.rank in frame.stop.ranks
+
+
+def ranks_behind(state: JobState, group: str, seq: int, waiting: set[int],
+                 view: View = PYTHON, rows: dict[int, dict[str, Any]] | None = None) -> list[int]:
+    rows = state.progress_of(group) if rows is None else rows
+    members = (state.groups.get(group) or {}).get("ranks") or sorted(rows)
+    # Where the waiting ranks' Python-issued collective stands among every collective of the
+    # group (the Flight Recorder also counts C++-issued ones): a peer that got that far is
+    # not behind, it is inside another collective at the same point (rules.desync).
+    point = None
+    if view is PYTHON:
+        marks = [(rows.get(w) or {}).get("inflight_fr") for w in waiting]
+        if marks and None not in marks:
+            point = min(marks)
+    return [m for m in members
+            if m not in waiting and (rows.get(m) or {}).get(view.seq, 0) < seq
+            and not (point is not None and (rows.get(m) or {}).get("fr_enqueued", 0) >= point)]
+
+
+def p2p_peer_behind(rank: int, row: dict[str, Any],
+                    rows: dict[int, dict[str, Any]]) -> int | None:
+    """The peer a rank's oldest point-to-point op waits for, if that peer has not posted the
+    matching op (its n-th opposite op with this rank and tag); else None."""
+    peer, n, op = row.get("p2p_peer"), row.get("p2p_n"), row.get("p2p_op")
+    if peer is None or peer < 0 or not n or not op:
+        return None
+    opposite = "recv" if op in ("send", "isend") else "send"
+    posted = ((rows.get(peer) or {}).get("p2p_posted") or {}).get(
+        f"{opposite}:{rank}:{row.get('p2p_tag') or 0}", 0)
+    return peer if posted < n else None
+
+
+def p2p_label(row: dict[str, Any]) -> str:
+    op = row.get("p2p_op")
+    way = "to" if op in ("send", "isend") else "from"
+    return f"{op} {way} rank {row.get('p2p_peer')} (tag {row.get('p2p_tag') or 0}, #{row.get('p2p_n')})"
+
+
+class Stuck(NamedTuple):
+    """A collective some ranks have been inside past ``hang_after``."""
+
+    seq: int  # its sequence number in the group
+    waiting: set[int]  # the ranks inside it
+    rows: dict[int, dict[str, Any]]  # the group's progress rows, by rank
+
+
+def stuck_collective(state: JobState, group: str, frame: Frame, s: Settings,
+                     view: View) -> Stuck | None:
+    """The collective of ``group`` stuck past hang_after, or None."""
+    rows = rows_at(state, group, frame)
+    stuck = {rank: row for rank, row in rows.items()
+             if view.busy(row) and frame.now - row[view.since] >= s.hang_after
+             and is_running(state, rank, frame)}
+    if not stuck:
+        return None
+    seq = max(row[view.seq] for row in stuck.values())
+    return Stuck(seq, {rank for rank, row in stuck.items() if row[view.seq] == seq}, rows)
+
+
+def follow_waits(state: JobState, group: str, behind: list[int], frame: Frame,
+                 view: View = PYTHON, starts: list[int] = ()) -> tuple[list[dict], list[int]]:
+    """Follow ranks that are behind to where they wait themselves, across groups and along
+    point-to-point ops; the ranks at the ends that wait for nobody are the roots.
+
+    ``starts``: ranks whose own point-to-point waits in ``group`` start the walk (a pipeline
+    has no collective everybody waits in)."""
+    chain: list[dict[str, Any]] = []
+    roots: list[int] = []
+    seen: set[tuple[str, int]] = set()
+    todo: list[tuple[str, int]] = [(group, b) for b in behind]
+    todo += [("", r) for r in starts]  # "": look at every group, the start's own included
+    while todo:
+        g, rank = todo.pop(0)
+        if (g, rank) in seen or ("", rank) in seen:
+            continue
+        seen.add((g, rank))
+        wait = _waits_elsewhere(state, rank, g, frame)
+        if wait is None:
+            roots.append(rank)
+            continue
+        og, seq, op, source, next_behind = wait
+        chain.append({"rank": rank, "waits_in": og, "seq": seq, "op": op, "source": source,
+                      "for": next_behind})
+        if not next_behind:
+            roots.append(rank)
+        todo.extend(("" if source == "p2p" else og, b) for b in next_behind)
+    return chain, sorted(set(roots))
+
+
+def _waits_elsewhere(state: JobState, rank: int, group: str,
+                     frame: Frame) -> tuple[str, int, str, str, list[int]] | None:
+    """Where ``rank`` waits itself, other than inside ``group``'s collective it is behind in:
+    a collective Python saw, else one only the Flight Recorder saw (a rank stuck in DDP's C++
+    all-reduce), else a point-to-point op: (group, seq, op, source, ranks it waits for)."""
+    progress = sorted((og, row) for (og, r), row in state.progress.items() if r == rank)
+    if frame.stop is not None:
+        progress = [(og, state.exit_rows.get((og, rank), row)) for og, row in progress]
+    for v in (PYTHON, FLIGHT):
+        for og, row in progress:
+            if og != group and v.busy(row):
+                rows = rows_at(state, og, frame)
+                return og, row[v.seq], v.op(row), v.source, ranks_behind(
+                    state, og, row[v.seq], {rank}, v, rows)
+    for og, row in progress:
+        if P2P.busy(row) and row.get("p2p_op"):
+            peer = p2p_peer_behind(rank, row, rows_at(state, og, frame))
+            if peer is not None:
+                return og, row.get("p2p_n") or 0, p2p_label(row), "p2p", [peer]
+    return None
+
+
+# -- how waits read in a finding --------------------------------------------------------------
+
+def stopped_text(state: JobState, frame: Frame) -> str:
+    stop = frame.stop
+    if stop is None:
+        return ""
+    return (f" The job was then stopped ({ranks_label(stop.ranks)} ended from "
+            f"{stop.at:.0f} s, Unix time, on): this stays its verdict.")
+
+
+def stop_evidence(frame: Frame) -> dict[str, Any]:
+    return {} if frame.stop is None else {"stopped": {"at": frame.stop.at,
+                                                      "ranks": frame.stop.ranks}}
+
+
+def chain_text(state: JobState, chain: list[dict[str, Any]]) -> str:
+    """'; rank 1 waits for rank 3 in ...' for each hop of a chain of waits."""
+    text = ""
+    for hop in chain:
+        if hop.get("for"):
+            where = (hop["op"] if hop.get("source") == "p2p"
+                     else f"{hop['op']} #{hop['seq']}")
+            text += (f"; rank {hop['rank']} itself waits in {where} on "
+                     f"{group_label(state, hop['waits_in'])} for "
+                     f"{ranks_label(hop['for'])}")
+    return text

@@ -1,0 +1,74 @@
+"""The recent latency summaries of each rank of a group, and the arithmetic on them that the
+slowness rules share: pooled histograms, means, shares above a latency, how many summaries a
+window needs.
+
+Each summary is a tuple ``(end, count, sum_us, histogram)`` (the histogram flattened as
+bucket, count, bucket, count, ...; see pgdash_agent.wire). Its own room because `straggler`,
+its verdict and its chains, and `slow_collective` all read windows the same way; this module
+judges nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from pgdash_agent.wire import hist_bucket_value
+
+from dashboard.statuses import RankStatus
+from dashboard.diagnosis.core import Settings
+from dashboard.state import JobState
+
+
+def windows_of(state: JobState, group: str, now: float) -> dict[int, list[tuple]]:
+    """Recent (end, count, sum_us, histogram) summaries with calls, per running rank of a
+    group, up to ``now``. Straggler and slow_collective both ask, per group: built once per
+    state version and time for all groups."""
+    return state.memo(("windows", now), lambda: _all_windows(state, now)).get(group, {})
+
+
+def _all_windows(state: JobState, now: float) -> dict[str, dict[int, list[tuple]]]:
+    running = {r.rank for r in state.ranks() if r.status == RankStatus.RUNNING}
+    out: dict[str, dict[int, list[tuple]]] = {}
+    for group in state.groups:
+        windows = {}
+        for rank, window in state.recent_of(group).items():
+            if rank in running:
+                windows[rank] = [p for p in window if p[0] <= now and p[1] > 0]
+        out[group] = windows
+    return out
+
+
+def mean_us(points: list[tuple]) -> float:
+    return sum(p[2] for p in points) / max(1, sum(p[1] for p in points))
+
+
+def intervals_holding(windows: dict[int, list[tuple]], depth: int, calls: int,
+                      s: Settings) -> int | None:
+    """How many of the newest summaries hold ``calls`` collectives on every rank (at least
+    ``straggler_min_intervals``); None if all ``depth`` of them do not."""
+    n = s.straggler_min_intervals
+    while n <= depth and any(sum(p[1] for p in pts[-n:]) < calls for pts in windows.values()):
+        n += 1
+    return n if n <= depth else None
+
+
+def share_above(hist: dict[int, int], us: float) -> float:
+    """The share of a histogram's collectives that took longer than ``us``."""
+    total = sum(hist.values())
+    above = sum(c for b, c in hist.items() if hist_bucket_value(b) > us)
+    return above / total if total else 0.0
+
+
+def pooled_histogram(points: list[tuple]) -> dict[int, int]:
+    """The latency histogram of all the collectives of some intervals together."""
+    out: dict[int, int] = collections.defaultdict(int)
+    for p in points:
+        flat = p[3]  # (bucket, count, bucket, count, ...)
+        for i in range(0, len(flat), 2):
+            out[flat[i]] += flat[i + 1]
+    return out
+
+
+def typical_of_others(means: dict[int, float], slow: int) -> float:
+    others = sorted(v for r, v in means.items() if r != slow)
+    return others[len(others) // 2]
