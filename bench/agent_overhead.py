@@ -250,10 +250,11 @@ def micro(calls: int = 5_000, rounds: int = 40) -> dict:
     """The agent wrapper's own cost on the training thread, without gloo's noise.
 
     Wraps a do-nothing function with ``all_reduce``'s signature by the agent's real machinery
-    (``CollectiveTracker._wrap``) and times it against the bare function, alternating.
+    (``CollectiveWrappers._wrap``) and times it against the bare function, alternating.
     """
     import torch
 
+    from pgdash_agent.collective_wrappers import CollectiveWrappers
     from pgdash_agent.collectives import CollectiveTracker
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
@@ -263,7 +264,7 @@ def micro(calls: int = 5_000, rounds: int = 40) -> dict:
     tracker = CollectiveTracker(lambda pg: ("0", "default_pg", "gloo", [0]),
                                 lambda *a: None, max_records=calls + 1)
     tracker.set_default(group)
-    wrapped = tracker._wrap(all_reduce, "all_reduce")
+    wrapped = CollectiveWrappers(tracker)._wrap(all_reduce, "all_reduce")
 
     def minimal(*a, **k):
         t = time.perf_counter()

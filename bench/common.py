@@ -184,7 +184,7 @@ def start_events(rank: int, world: int, job: str, groups: list[Group],
 
 def agent_schedule(config: AgentConfig | None = None) -> list[tuple[float, bool]]:
     """When the agent sends, over one heartbeat period at ``config``'s settings (its defaults
-    unless given; ``pgdash_agent.core.Agent._loop``): ``(offset s, heartbeat?)``. At the
+    unless given; ``pgdash_agent.loop.AgentLoop._loop``): ``(offset s, heartbeat?)``. At the
     heartbeat it sends a latency summary, the heartbeat and a GPU reading; between two
     heartbeats, a latency summary every ``stats_interval_s`` (not one just before the next
     heartbeat's). At the defaults: [(0.0, True), (0.5, False)]."""

@@ -7,8 +7,8 @@ for it. With ``PGDASH_DDP_HOOK`` on (the default), the agent registers a communi
 each ``DistributedDataParallel`` model as it is built. The hook runs what DDP would have run
 (``default_hooks.allreduce_hook``: divide by the group's size, all-reduce, the same result),
 but through ``dist.all_reduce``, so the wrappers number, time and report every bucket like a
-collective of the user's own (pgdash_agent.collectives), and the server can name the straggler and
-place a rank that left the loop (its barrier against the others' all-reduce).
+collective of the user's own (pgdash_agent.collective_wrappers), and the server can name the
+straggler and place a rank that left the loop (its barrier against the others' all-reduce).
 
 DDP takes one hook per model. A hook of the user's own, registered later with
 ``register_comm_hook`` (PowerSGD, fp16 compression), replaces the default inside ours and

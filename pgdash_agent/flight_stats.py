@@ -1,8 +1,9 @@
 """Count, bytes and latency of the collectives only the Flight Recorder saw (DDP's, functional).
 
-The Python wrappers (``pgdash_agent.collectives``) time what Python issues. DDP's reducer, FSDP1 and
-functional collectives are issued from C++; PyTorch's Flight Recorder (FR) keeps an entry for
-each of them in a ring buffer (2000 entries by default, ``TORCH_FR_BUFFER_SIZE``). This module
+The Python wrappers (``pgdash_agent.collective_wrappers``) time what Python issues. DDP's
+reducer, FSDP1 and functional collectives are issued from C++; PyTorch's Flight Recorder (FR)
+keeps an entry for each of them in a ring buffer (2000 entries by default,
+``TORCH_FR_BUFFER_SIZE``). This module
 reads those entries on the agent's background thread and folds the ones no wrapper saw into
 the same per-(group, op) summaries as the wrappers' rows, marked ``"source":
 "flight_recorder"``.
@@ -68,6 +69,40 @@ def entry_bytes(entry: dict[str, Any]) -> int:
             n *= int(d)
         total += n * DTYPE_BYTES.get(str(dtype), 0)
     return total
+
+
+def dump_tail(raw: bytes | str, first_id: int | None) -> tuple[list[dict], dict]:
+    """A Flight Recorder dump's entries from record id ``first_id`` on (all when None), and
+    its pg_status. A free function, apart from :class:`FlightStats`, because it knows the
+    dump's text layout and nothing of what the entries mean.
+
+    Parsing 2000 entries costs tens of ms: only the tail after the last processed id is
+    decoded (entries are in record id order, keys sorted, as torch writes them).
+    """
+    data = raw.decode() if isinstance(raw, bytes) else raw
+    start = data.find('"entries":[')
+    if start < 0:
+        return [], (json.loads(data).get("pg_status") or {})
+    begin = start + len('"entries":[')
+    if first_id is not None:
+        at = data.find(f'"record_id":{first_id},', begin)
+        if at > 0:  # entries hold no nested objects and start with this key (sorted)
+            begin = max(begin, data.rfind('{"collective_seq_id"', begin, at))
+    decoder = json.JSONDecoder()
+    entries = []
+    pos = begin
+    length = len(data)
+    while pos < length and data[pos] != "]":
+        if data[pos] in ", ":
+            pos += 1
+            continue
+        entry, pos = decoder.raw_decode(data, pos)
+        entries.append(entry)
+    status = {}
+    tail = data.find('"pg_status":', pos)
+    if tail > 0:
+        status, _ = decoder.raw_decode(data, tail + len('"pg_status":'))
+    return entries, status
 
 
 @dataclass
@@ -256,39 +291,13 @@ class FlightStats:
             self._min_gap = cost / self.budget if self.budget > 0 else 0.0
 
     def _new_entries(self, index: int, raw: bytes | str) -> tuple[list[dict], dict]:
-        """Entries from the first one not processed yet, and the dump's pg_status.
-
-        Parsing 2000 entries costs tens of ms: only the tail after the last processed id is
-        decoded (entries are in record id order, keys sorted, as torch writes them).
-        """
-        data = raw.decode() if isinstance(raw, bytes) else raw
-        start = data.find('"entries":[')
+        """Entries of recorder ``index`` from the first one not processed yet (or still
+        waiting), and the dump's pg_status (see :func:`dump_tail`)."""
         nxt = self.next_id.get(index)
         waiting = [rid for (i, rid) in self._waiting if i == index]
         if waiting and nxt is not None:  # re-read those too: completion shows on them later
             nxt = min(nxt, min(waiting))
-        if start < 0:
-            return [], (json.loads(data).get("pg_status") or {})
-        begin = start + len('"entries":[')
-        if nxt is not None:
-            at = data.find(f'"record_id":{nxt},', begin)
-            if at > 0:  # entries hold no nested objects and start with this key (sorted)
-                begin = max(begin, data.rfind('{"collective_seq_id"', begin, at))
-        decoder = json.JSONDecoder()
-        entries = []
-        pos = begin
-        length = len(data)
-        while pos < length and data[pos] != "]":
-            if data[pos] in ", ":
-                pos += 1
-                continue
-            entry, pos = decoder.raw_decode(data, pos)
-            entries.append(entry)
-        status = {}
-        tail = data.find('"pg_status":', pos)
-        if tail > 0:
-            status, _ = decoder.raw_decode(data, tail + len('"pg_status":'))
-        return entries, status
+        return dump_tail(raw, nxt)
 
     def _process(self, index: int, entries: list[dict], now: float) -> None:
         nxt = self.next_id.get(index)

@@ -1,0 +1,112 @@
+"""How the program fails and ends, as the agent reports it: errors, the excepthook, atexit.
+
+:class:`FailureReports` sends an ``error`` for a collective that raised, for an exception that
+ends the program (``sys.excepthook``, or a launcher that caught it) and for a non-zero
+``sys.exit`` status, and remembers that the program failed: the ``exit`` event says whether
+the end was clean, and rank 0's console line stays quiet after a traceback. At exit
+(``atexit``) it has the agent flush and stop. Its own room because these are the hooks that
+run while the program is going down, where nothing may raise and the reason must not be lost.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+from typing import Any, Callable
+
+from pgdash_agent import frames as pyframes
+from pgdash_agent.collectives import GroupTrack
+from pgdash_agent.outbox import Outbox
+
+
+def error_text(exc: BaseException) -> str:
+    return str(exc) or repr(exc)
+
+
+class FailureReports:
+    """Reports errors and the program's end; one per agent.
+
+    Args:
+        outbox: where the reports go.
+        pid: the agent's process (a forked child, e.g. a DataLoader worker, reports nothing).
+        detach: the agent's ``detach(reason=...)``, called at exit.
+    """
+
+    def __init__(self, outbox: Outbox, pid: int, detach: Callable[..., bool]):
+        self.outbox = outbox
+        self.pid = pid
+        self._detach = detach
+        self.failed = False
+        self.exitcode: int | None = None  # the program's exit status, when it is known
+
+    def install(self) -> None:
+        """Chain ``sys.excepthook`` and register the flush at exit."""
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        atexit.register(self._at_exit)
+
+    def collective_error(self, track: GroupTrack, op: str, seq: int,
+                         exc: BaseException) -> None:
+        """A wrapped collective raised (the tracker's ``on_error``; training thread)."""
+        try:
+            self.outbox.put(time.time(), "error", {
+                "where": "collective", "error_type": type(exc).__name__,
+                "error": error_text(exc), "group": track.name, "op": op, "seq": seq})
+        except Exception:
+            pass
+
+    def _excepthook(self, exc_type, exc, tb) -> None:
+        try:
+            self.note_uncaught(exc_type, exc, tb)
+        finally:
+            self._previous_excepthook(exc_type, exc, tb)
+
+    def note_uncaught(self, exc_type: type, exc: BaseException, tb: Any = None) -> None:
+        """Report an exception that ends the program (the excepthook's, or one a launcher
+        caught, e.g. torch.multiprocessing's), with its traceback (``tb``, else the
+        exception's own) as the user reads it (pgdash_agent.frames). Never raises."""
+        try:
+            if os.getpid() == self.pid and not issubclass(exc_type, KeyboardInterrupt):
+                self.failed = True
+                body = {"where": "uncaught", "error_type": exc_type.__name__,
+                        "error": error_text(exc)}
+                frames, omitted = pyframes.traceback_frames(
+                    tb if tb is not None else getattr(exc, "__traceback__", None))
+                if frames:
+                    body["traceback"] = frames
+                if omitted:
+                    body["traceback_omitted"] = omitted
+                self.outbox.put(time.time(), "error", body)
+            elif issubclass(exc_type, KeyboardInterrupt):
+                self.failed = True
+        except Exception:
+            pass
+
+    def note_exit(self, code: Any) -> None:
+        """The program called ``sys.exit(code)`` (seen by ``python -m pgdash_agent``): a non-zero
+        status is a failure, as the launcher will see it. Never raises."""
+        try:
+            status = 0 if code is None else code if isinstance(code, int) else 1
+            if os.getpid() != self.pid or status == 0:
+                return
+            self.failed, self.exitcode = True, status
+            self.outbox.put(time.time(), "error", {
+                "where": "exit", "error_type": "SystemExit",
+                "error": f"the program exited with status {status}"
+                         + (f": {code}" if not isinstance(code, int) else "")})
+        except Exception:
+            pass
+
+    def _at_exit(self) -> None:
+        if os.getpid() != self.pid:  # a forked child (e.g. a DataLoader worker)
+            return
+        reason = "exit"
+        if self.failed:
+            reason = ("uncaught exception" if self.exitcode is None
+                      else f"exit status {self.exitcode}")
+        try:
+            self._detach(reason=reason)
+        except KeyboardInterrupt:
+            pass  # interrupted again while flushing at exit: the user wants out, now
