@@ -20,7 +20,8 @@ process group the rank reported ("group 0 · default_pg"). Thread ids are unique
 file and kept apart from pids, so no viewer takes a group's thread for another rank's process.
 Times are the ranks' own clocks (Unix time in microseconds, as the agents sent it).
 
-What the agent sends, and what it becomes here (``pgdash_agent/core.py``, ``pgdash_agent/collectives.py``):
+What the agent sends (``pgdash_agent/reports.py``, ``process_groups.py``, ``failures.py``), and
+what it becomes here:
 
 - ``heartbeat`` (every PGDASH_INTERVAL_S, 1 s by default): per group the sequence numbers
   entered and completed and the collective in flight (op, dtype, bytes, since when). A

@@ -16,7 +16,7 @@ from typing import Any
 
 from pgdash_agent.wire import hist_bucket, hist_bucket_value
 
-P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})  # agent.collectives' point-to-point ops
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})  # the agent's point-to-point ops (collective_wrappers)
 RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
 OP_SECONDS = 60  # seconds of merged summaries kept per (group, op) for the latency chart
 
