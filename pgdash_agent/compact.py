@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
+from pgdash_agent.wire import AGENT_V2_PATH, ASK_EVENT, PROTOCOL_V2, decode_v2, encode_v2
 
 
 class NotServed(ConnectionError):
@@ -48,7 +48,8 @@ class CompactClient:
         self.heard_at = 0.0  # monotonic: when the server last sent anything (an ack, a pong)
 
     def on(self, event: str, handler: Callable[..., Any] | None = None, namespace: str | None = None):
-        """Register a handler (``disconnect`` or ``connect_error``), as socketio.Client does."""
+        """Register a handler (``disconnect``, ``connect_error`` or ``ask``), as socketio.Client
+        does."""
         if handler is None:
             def decorator(fn):
                 self._handlers[event] = fn
@@ -139,6 +140,11 @@ class CompactClient:
                     continue  # a pong (or the ping websocket-client has answered)
                 ack = decode_v2(frame)
                 if not isinstance(ack, dict):
+                    continue
+                if ASK_EVENT in ack:  # a question, not an acknowledgement (pgdash_agent.snapshots)
+                    handler = self._handlers.get(ASK_EVENT)
+                    if handler is not None:
+                        handler(ack)
                     continue
                 batch_id = ack.pop("id", None)
                 with self._lock:

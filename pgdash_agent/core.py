@@ -38,6 +38,7 @@ from pgdash_agent.outbox import Outbox
 from pgdash_agent.process_groups import ProcessGroupWatch, c10d, describe_group
 from pgdash_agent.reports import Reporter
 from pgdash_agent.sender import Sender
+from pgdash_agent.snapshots import Snapshots
 from pgdash_agent.stacks import StuckStacks
 from pgdash_agent.wire import PROTOCOL_VERSION
 
@@ -70,7 +71,8 @@ class Agent:
                                          config.max_records)
         self.wrappers = CollectiveWrappers(self.tracker)
         kwargs = {"client_factory": client_factory} if client_factory else {}
-        self.sender = Sender(config, self.outbox, self._auth, **kwargs)
+        self.sender = Sender(config, self.outbox, self._auth,
+                             on_ask=lambda message: self.snapshots.ask(message), **kwargs)
         self.flight = FlightRecorderProbe(time.time)
         self.tracker.fr_enabled = config.flight_stats
         self.fr_stats = FlightStats(self.flight, self.tracker.fr_wrapped,
@@ -87,8 +89,11 @@ class Agent:
                                         functools.partial(self.reporter.heartbeat, force=True))
         self.stacks = StuckStacks(config.stack_after_s, self.tracker, self.wrappers,
                                   self.outbox, self.reporter.wall)
+        self.snapshots = Snapshots(self.tracker, self.outbox, self.reporter.wall,
+                                   lambda: self.reporter.last_flight,
+                                   wake=lambda: self.loop.wake.set())
         self.loop = AgentLoop(config, self.tracker, self.groups, self.reporter, self.stacks,
-                              self._announce)
+                              self._announce, self.snapshots)
         self.tracker.wake = self.loop.wake.set
         self._detached = False
         self.ddp = DDPHooks()
@@ -168,6 +173,7 @@ class Agent:
             "buffered": len(self.outbox), "dropped": self.reporter.dropped(),
             "rejected": self.sender.rejected, "last_error": self.sender.last_error,
             "internal_errors": self.tracker.internal_errors,
+            "asks": {"dropped": self.snapshots.dropped, "ignored": self.snapshots.ignored},
         }
 
     # -- what is sent ------------------------------------------------------------------------

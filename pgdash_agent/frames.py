@@ -123,6 +123,13 @@ def traceback_frames(tb: Any) -> tuple[list[dict[str, Any]], int]:
         return [], 0
 
 
+def stack_frames(frame: Any) -> tuple[list[dict[str, Any]], int]:
+    """A running thread's frames from ``frame`` outwards, outermost first as a traceback,
+    bounded, pgdash's hidden; and how many were left out."""
+    frames, omitted = _bounded(_visible(traceback.extract_stack(frame, limit=1000)))
+    return [_frame(f) for f in frames], omitted
+
+
 def format_stack(frame: Any) -> str:
     """The stack of a running thread from ``frame`` outwards, formatted as
     ``traceback.format_stack`` does, pgdash's frames hidden and bounded like a traceback."""

@@ -21,6 +21,7 @@ from pgdash_agent.collectives import CollectiveTracker
 from pgdash_agent.config import AgentConfig
 from pgdash_agent.process_groups import ProcessGroupWatch
 from pgdash_agent.reports import Reporter
+from pgdash_agent.snapshots import Snapshots
 from pgdash_agent.stacks import StuckStacks
 
 log = logging.getLogger("pgdash.agent")
@@ -36,17 +37,19 @@ class AgentLoop:
         reporter: builds and queues the reports.
         stacks: sends the stacks of threads stuck in a collective.
         announce: rank 0's console line, said once the server took the job.
+        snapshots: answers the server's questions (pgdash_agent.snapshots).
     """
 
     def __init__(self, config: AgentConfig, tracker: CollectiveTracker,
                  groups: ProcessGroupWatch, reporter: Reporter, stacks: StuckStacks,
-                 announce: Callable[[], None]):
+                 announce: Callable[[], None], snapshots: Snapshots):
         self.config = config
         self.tracker = tracker
         self.groups = groups
         self.reporter = reporter
         self.stacks = stacks
         self._announce = announce
+        self.snapshots = snapshots
         self._stop = threading.Event()
         self.wake = threading.Event()  # set on stop, and when an async work starts
         self._thread = threading.Thread(target=self._loop, name="pgdash-agent", daemon=True)
@@ -86,6 +89,7 @@ class AgentLoop:
                 else:
                     self.tracker.summarise()
                     reporter.sample_flight(now)
+                self.snapshots.answer()
                 self._announce()
             except Exception as exc:
                 self.tracker.internal_errors += 1

@@ -20,7 +20,8 @@ from typing import Any, Callable
 from pgdash_agent.compact import NotServed
 from pgdash_agent.config import AgentConfig
 from pgdash_agent.outbox import Outbox
-from pgdash_agent.wire import AGENT_NAMESPACE, BATCH_EVENT, PROTOCOL_VERSION, Ack, Event
+from pgdash_agent.wire import (AGENT_NAMESPACE, ASK_EVENT, BATCH_EVENT, PROTOCOL_VERSION, Ack,
+                               Event)
 
 log = logging.getLogger("pgdash.agent")
 
@@ -74,11 +75,13 @@ class Sender(threading.Thread):
     """Sends the outbox to the server; reconnects with backoff; never raises."""
 
     def __init__(self, config: AgentConfig, outbox: Outbox, auth: Callable[[], dict[str, Any]],
-                 client_factory: Callable[[], Any] | None = None):
+                 client_factory: Callable[[], Any] | None = None,
+                 on_ask: Callable[[Any], None] | None = None):
         super().__init__(name="pgdash-sender", daemon=True)
         self.config = config
         self.outbox = outbox
         self._auth = auth
+        self._on_ask = on_ask  # the server's questions (pgdash_agent.snapshots), on the client's thread
         # PGDASH_WIRE: v2 (the compact path) unless told otherwise; "auto" falls back to v1
         # for good when the server is too old to serve v2.
         self._may_fall_back = client_factory is None and config.wire == "auto"
@@ -244,6 +247,8 @@ class Sender(threading.Thread):
             with self.outbox.ready:
                 self.outbox.ready.notify_all()
 
+        if self._on_ask is not None:
+            client.on(ASK_EVENT, self._on_ask, namespace=AGENT_NAMESPACE)
         refusals: list[Any] = []  # the server's reason, when it refuses us
         client.on("connect_error", refusals.append, namespace=AGENT_NAMESPACE)
         try:

@@ -27,6 +27,14 @@ AGENT_NAMESPACE = "/agent"
 UI_NAMESPACE = "/ui"
 DEFAULT_PORT = 8686  # `pgdash serve`, and where an agent reports when PGDASH_SERVER is unset
 BATCH_EVENT = "batch"
+# The server's questions to an agent, on the connection the agent holds: a v2 frame
+# ``{"ask": id, "what": "snapshot", "at": t, "reason": text}``, or this Socket.IO event (v1)
+# with that map. The
+# agent answers with a ``snapshot`` event in its usual stream; it executes nothing it is sent.
+ASK_EVENT = "ask"
+ASKS = ("snapshot",)  # what an agent answers; anything else is counted and ignored
+MAX_ASK_ID = 64
+MAX_SNAPSHOT_THREADS = 64
 
 # Limits enforced by the server; the agent stays below them by construction.
 MAX_BATCH_EVENTS = 500
@@ -345,11 +353,32 @@ class Left(_Shape):
     reason: Optional[_Text] = None
 
 
+class ThreadStack(_Shape):
+    """One thread of a snapshot: its Python frames, outermost first, pgdash's hidden."""
+
+    name: _Name
+    frames: _limited(list[TracebackFrame], max_length=MAX_TRACEBACK_FRAMES)
+    training: bool = False  # the thread that runs the training loop (the main thread)
+    omitted: _Count = 0  # frames left out of a deep stack (the outer and inner ends are kept)
+
+
+class Snapshot(_Shape):
+    """A rank's answer to the server's ``ask`` (ASK_EVENT): what every thread is doing and
+    where each of its groups is, taken on the agent's own thread."""
+
+    ask: _limited(str, max_length=MAX_ASK_ID)
+    threads: _limited(list[ThreadStack], max_length=MAX_SNAPSHOT_THREADS)
+    groups: _limited(list[GroupProgress], max_length=MAX_LIST) = []
+    asked_at: Optional[_Num] = None  # the server's time of the question, echoed
+    reason: Optional[_Name] = None  # why the server asked ("incident hang:r2"), echoed
+    took_ms: _Num = 0.0  # how long the agent's thread took to answer
+
+
 #: Event kinds an agent may send, and the shape of each body.
 EVENT_KINDS: dict[str, type[_Shape]] = {
     "hello": Hello, "init_start": InitStart, "init_done": InitDone, "init_failed": InitFailed,
     "group": Group, "coll_stats": CollStats, "heartbeat": Heartbeat, "error": Error,
-    "stack": Stack, "gpu": Gpu, "exit": Exit, "left": Left,
+    "stack": Stack, "gpu": Gpu, "exit": Exit, "left": Left, "snapshot": Snapshot,
 }
 
 

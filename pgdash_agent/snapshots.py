@@ -1,0 +1,111 @@
+"""Answers to the server's questions: a snapshot of what this rank is doing.
+
+When pgdash names a rank, the next question is what that rank is doing. The server asks on the
+connection the agent already holds (``pgdash_agent.wire.ASK_EVENT``); the client's reader thread
+only queues the question (bounded, counted when full) and wakes the agent's background thread,
+which reads every thread's Python frames (``sys._current_frames``: the training thread need not
+cooperate, and a thread blocked in C with the GIL released is read as it stands) and where each
+group is, and sends them as a ``snapshot`` event in the usual stream: stored, acknowledged and
+resent like any other. The agent executes nothing it is sent: a question it does not know is
+counted and ignored. Training never waits for any of it.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from pgdash_agent import frames as pyframes
+from pgdash_agent.collectives import CollectiveTracker
+from pgdash_agent.outbox import Outbox
+from pgdash_agent.wire import ASKS, MAX_ASK_ID, MAX_NAME, MAX_SNAPSHOT_THREADS
+
+MAX_PENDING = 4  # questions waiting for the background thread; the oldest goes first
+
+
+class Snapshots:
+    """Queues the server's questions and answers them on the agent's background thread.
+
+    Args:
+        tracker: the collective tracker (where each group is).
+        outbox: where the answers go.
+        wall: converts a ``perf_counter()`` reading to Unix time (the groups' times).
+        flight: the last Flight Recorder reading per group (C++-issued collectives' counters).
+        wake: wakes the background thread when a question arrives.
+    """
+
+    def __init__(self, tracker: CollectiveTracker, outbox: Outbox,
+                 wall: Callable[[float], float], flight: Callable[[], dict[str, Any]],
+                 wake: Callable[[], None]):
+        self.tracker = tracker
+        self.outbox = outbox
+        self._wall = wall
+        self._flight = flight
+        self._wake = wake
+        self._pending: collections.deque[tuple[str, float | None, str | None]] = \
+            collections.deque()
+        self._lock = threading.Lock()
+        self.dropped = 0  # questions dropped because MAX_PENDING were waiting
+        self.ignored = 0  # questions this agent does not answer (malformed, unknown)
+
+    def ask(self, message: Any) -> None:
+        """A question from the server (the client's reader thread). Never raises."""
+        try:
+            ask = message.get("ask") if isinstance(message, dict) else None
+            at = message.get("at") if isinstance(message, dict) else None
+            if not (isinstance(ask, str) and 0 < len(ask) <= MAX_ASK_ID
+                    and message.get("what") in ASKS):
+                self.ignored += 1
+                return
+            if not isinstance(at, (int, float)) or isinstance(at, bool):
+                at = None
+            reason = message.get("reason")
+            reason = reason[:MAX_NAME] if isinstance(reason, str) else None
+            with self._lock:
+                if len(self._pending) >= MAX_PENDING:
+                    self._pending.popleft()
+                    self.dropped += 1
+                self._pending.append((ask, at, reason))
+            self._wake()
+        except Exception:
+            self.ignored += 1
+
+    def answer(self) -> None:
+        """Answer the questions waiting (the agent's background thread)."""
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                ask, at, reason = self._pending.popleft()
+            started = time.perf_counter()
+            body: dict[str, Any] = {"ask": ask, "threads": threads_now(),
+                                    "groups": self.tracker.progress(self._wall, self._flight())}
+            if at is not None:
+                body["asked_at"] = float(at)
+            if reason is not None:
+                body["reason"] = reason
+            body["took_ms"] = round((time.perf_counter() - started) * 1e3, 3)
+            self.outbox.put(time.time(), "snapshot", body)
+
+
+def threads_now() -> list[dict[str, Any]]:
+    """Every thread's frames but pgdash's own, the training (main) thread first."""
+    main = threading.main_thread().ident
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        name = names.get(ident, f"thread {ident}")
+        if name.startswith("pgdash-"):
+            continue  # the agent's own threads (this one included)
+        frames, omitted = pyframes.stack_frames(frame)
+        entry: dict[str, Any] = {"name": name[:200], "frames": frames}
+        if ident == main:
+            entry["training"] = True
+        if omitted:
+            entry["omitted"] = omitted
+        out.append(entry)
+    out.sort(key=lambda t: not t.get("training", False))
+    return out[:MAX_SNAPSHOT_THREADS]
