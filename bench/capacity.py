@@ -79,8 +79,8 @@ from pathlib import Path
 import websockets
 
 from bench.common import (OPS_PER_SECOND, ROOT, agent_schedule, fmt, members, mesh_groups, pct,
-                          second_events, start_events, start_servers, stop_servers,
-                          summary_event)
+                          second_events, snapshot_answer, start_events, start_servers,
+                          stop_servers, summary_event)
 from pgdash_agent import wire
 from pgdash_agent.config import AgentConfig
 from pgdash_agent.outbox import Outbox
@@ -122,6 +122,11 @@ class Agent:
         b = self.bench
         return {"v": wire.PROTOCOL_VERSION, "session": self.session, "job": b.job,
                 "rank": self.rank, "host": f"node{self.rank // 8:04d}", "pid": 10_000 + self.rank}
+
+    def answer(self, ask: dict) -> None:
+        """A snapshot of this rank, sent in the stream (pgdash_agent.snapshots)."""
+        self.bench.asked += 1
+        self.put(snapshot_answer(self.rank, self.bench.member[self.rank], ask))
 
     def put(self, events) -> None:
         for kind, body, t in events:
@@ -283,6 +288,8 @@ class SocketIOAgent(Agent):
         async for frame in self.ws:
             if frame == "2":
                 await self.ws.send("3")
+            elif frame.startswith(f'42{wire.AGENT_NAMESPACE},["{wire.ASK_EVENT}"'):
+                self.answer(json.loads(frame[len(f"42{wire.AGENT_NAMESPACE},"):])[1])
             elif frame.startswith(prefix):
                 rest = frame[len(prefix):]
                 digits = len(rest) - len(rest.lstrip("0123456789"))
@@ -310,7 +317,9 @@ class CompactAgent(Agent):
     async def _read(self) -> None:
         async for frame in self.ws:
             ack = wire.decode_v2(frame)
-            if isinstance(ack.get("id"), int):
+            if wire.ASK_EVENT in ack:  # the server's question: answered as the agent does
+                self.answer(ack)
+            elif isinstance(ack.get("id"), int):
                 self._acked(ack["id"], ack)
 
 
@@ -323,6 +332,7 @@ class Bench:
         self.world, self.ops, self.job = world, ops, job
         self.member = members(mesh_groups(world), world)
         self.connected = self.reconnects = self.ack_timeouts = self.retries = 0
+        self.asked = 0  # snapshot questions answered (bench.snapshots)
         self.agent = AgentConfig()  # what a real agent does at its defaults
         self.schedule = agent_schedule(self.agent)
         self.stats_span = self.agent.interval_s / len(self.schedule)

@@ -237,3 +237,25 @@ def second_events(rank: int, step: int, groups: list[Group], ops: int, rng: rand
                       "remap_pending": 0.0, "remap_failure": 0.0}}
     return [("heartbeat", {"groups": progress, "dropped": {}, "buffered": 0}, now),
             stats, ("gpu", gpu, now)]
+
+
+def snapshot_answer(rank: int, groups: list[Group], ask: dict, now: float | None = None):
+    """A rank's answer to the server's ``ask`` as ``(kind, body, t)``, the size of a real
+    one (pgdash_agent.snapshots): the training thread 30 frames deep in a training loop, a
+    data loader and a checkpoint writer thread, and where each group is."""
+    now = time.time() if now is None else now
+
+    def frames(n: int, where: str) -> list[dict]:
+        return [{"file": f"/workspace/{where}/module_{i}.py", "line": 10 + i,
+                 "function": f"{where}_{i}", "code": f"result = {where}_{i + 1}(batch, step)"}
+                for i in range(n)]
+
+    body = {"ask": ask["ask"], "asked_at": ask.get("at"), "reason": ask.get("reason"),
+            "took_ms": 0.4, "threads": [
+                {"name": "MainThread", "training": True, "frames": frames(30, "train")},
+                {"name": "DataLoader", "frames": frames(12, "loader")},
+                {"name": "checkpoint", "frames": frames(8, "ckpt")}],
+            "groups": [{"group": g[0], "entered": 100, "completed": 99,
+                        "inflight_op": "all_reduce", "inflight_since": now - 0.01}
+                       for g in groups]}
+    return [("snapshot", {k: v for k, v in body.items() if v is not None}, now)]

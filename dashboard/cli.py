@@ -1,9 +1,10 @@
-"""The ``pgdash`` command line: serve, demo, export, import, replay, db upgrade.
+"""The ``pgdash`` command line: serve, demo, snapshot, export, import, replay, db upgrade.
 
 This module is the entry point (``pgdash = "dashboard.cli:main"``): the ``pgdash`` group, the
 console logging every command shares, and the list of subcommands. Each subcommand lives in
-dashboard/commands/ by concern: serving.py (serve, demo), history.py (export, import, replay),
-database.py (db upgrade), and inputs.py for what they share (--db, BadInput).
+dashboard/commands/ by concern: serving.py (serve, demo), snapshot.py (a running job's stacks),
+history.py (export, import, replay), database.py (db upgrade), and inputs.py for what they share
+(--db, BadInput).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import click
 from dashboard.commands.database import db
 from dashboard.commands.history import export_cmd, import_cmd, replay_cmd
 from dashboard.commands.serving import demo, serve
+from dashboard.commands.snapshot import snapshot_cmd
 
 
 @click.group()
@@ -33,7 +35,7 @@ def _quiet_websocket_close(record: logging.LogRecord) -> bool:
     return "code 400, message Bad" not in record.getMessage()
 
 
-for command in (serve, demo, export_cmd, import_cmd, replay_cmd, db):
+for command in (serve, demo, snapshot_cmd, export_cmd, import_cmd, replay_cmd, db):
     cli.add_command(command)
 
 

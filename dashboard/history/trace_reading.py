@@ -22,7 +22,9 @@ from dashboard.state import FLIGHT_OP, JobState, RankState, StoredEvent
 # Kinds JobState folds that the timeline does not draw, and why. tests/unit/test_trace.py holds
 # every other kind the fold folds to a reading here, so a new kind is drawn by decision.
 NOT_DRAWN = {"left": "destroy_process_group: the trace predates the kind, and drawing it "
-                     "changes the file, for a change of its own"}
+                     "changes the file, for a change of its own",
+             "snapshot": "a rank's threads and groups when the server asked: shown on the "
+                         "page and by GET /api/jobs/<id>/snapshots, not yet on the timeline"}
 MAX_PENDING = 10_000  # events held back while their session's rank is still unknown
 # Seconds of slack when matching an interval's longest call to a collective's known bounds:
 # the agent rounds inflight_since to microseconds.

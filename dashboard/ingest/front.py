@@ -209,6 +209,7 @@ class AgentLink(asyncio.Protocol):
         if self.session is not None:
             self.ingest.agent_connections -= 1
             session, self.session = self.session, None
+            self.ingest.asks.unlink(session, self._ask)
             self.front.loop.run_in_executor(None, self.ingest.disconnect, session)
         if not self.closed.done():
             self.closed.set_result(None)
@@ -334,3 +335,8 @@ class AgentLink(asyncio.Protocol):
         self.session, self.job_id = session, job_id
         self.ingest.agent_connections += 1
         self._send({"ok": True, "job": job_id})
+        self.ingest.asks.link(session, self._ask)
+
+    def _ask(self, message: dict[str, Any]) -> None:
+        """The server's question to this agent (dashboard.ingest.asks), from any thread."""
+        self._hand_back(self._send, message)

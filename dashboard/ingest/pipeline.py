@@ -25,7 +25,8 @@ from typing import Any, Callable, TypeVar
 
 from pgdash_agent.wire import Ack, WireError, validate_batch_envelope, validate_events
 from dashboard.ingest.admission import Admission, Refused
-from dashboard.console import RefusalLog
+from dashboard.ingest.asks import Asks
+from dashboard.console import RefusalLog, listeners
 from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.incidents import Incident
 from dashboard.diagnosis.incidents import incidents as incidents_of
@@ -90,8 +91,11 @@ class Ingest:
         # must not mark every rank lost).
         self.stopping = False
         self.cluster = cluster
+        # The server's questions to agents; an incident that opens asks for its ranks' stacks.
+        self.asks = Asks(self.read, lambda: self.clock())
         self.books = LiveBooks(store, settings, lambda: self.clock(), self.judged_at,
-                               on_incident, self.counters, self.changed.job)
+                               listeners(self.asks.on_incident, on_incident), self.counters,
+                               self.changed.job)
         self.cache = StateCache(store, self._load, max_cached_jobs, evicted=self.books.drop)
         self.admission = Admission(store, token, lambda: self.clock(), self.counters,
                                    self.state, lambda job_id, state:

@@ -18,13 +18,14 @@ from dashboard.state.records import TERMINAL_RANK, RankState, StoredEvent
 # Events that leave the job summary (status, world size, backend, start) as it was, unless
 # the rank was lost (a heartbeat revives it), the event starts the job earlier, or the job
 # has ended (its end time then follows the last event).
-ROUTINE_KINDS = frozenset({"heartbeat", "coll_stats", "stack", "gpu", "group"})
+ROUTINE_KINDS = frozenset({"heartbeat", "coll_stats", "stack", "gpu", "group", "snapshot"})
 FR_TALLIES = 30  # heartbeats of Flight Recorder busy tallies kept per (group, rank)
 GPU_HISTORY = 120  # GPU readings kept per rank (about two minutes)
 # Clock-event reasons that mean the GPU is slowed by heat or power trouble (not just busy).
 THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
                     "hw_power_brake_slowdown")
 MAX_ERRORS = 200  # verbatim error texts kept per job (the log keeps them all)
+MAX_SNAPSHOTS = 32  # snapshot requests whose answers are kept (the log keeps them all)
 F = TypeVar("F", bound="Fold")  # apply_all returns what it was called on (a JobState)
 
 
@@ -75,6 +76,8 @@ class Fold:
         self.fr_tallies: dict[tuple[str, int], collections.deque] = {}
         # (group, op, source) -> whole second of the agents' clocks -> every rank's summaries
         self.op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]] = {}
+        # request id -> rank -> its answer (pgdash_agent.snapshots), the newest MAX_SNAPSHOTS
+        self.snapshots: dict[str, dict[int, dict[str, Any]]] = {}
         self.gpus: dict[int, dict[str, Any]] = {}  # rank -> latest GPU reading
         self.gpu_history: dict[int, collections.deque] = {}  # rank -> [t, util, mem, temp, W]
         # rank -> fault key ("xid:79", "ecc", "remap_failure", "lost", ...) -> first seen
@@ -97,6 +100,7 @@ class Fold:
         summaries upgraded to (end, count, sum_us, histogram) (see latency.upgraded_point)."""
         self.__dict__.update(data)
         self.__dict__.setdefault("exit_rows", {})  # checkpoints of earlier versions
+        self.__dict__.setdefault("snapshots", {})
         for key, window in self.recent.items():
             # A window is all old or all new (a loaded state is upgraded whole): its ends tell.
             if window and not (current_point(window[0]) and current_point(window[-1])):
@@ -220,6 +224,16 @@ class Fold:
     def _on_stack(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is not None and not self._stale(r):
             self.stacks[(body["group"], r.rank)] = dict(body, t=t)
+
+    def _on_snapshot(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if r.rank is None:
+            return
+        answers = self.snapshots.get(body["ask"])
+        if answers is None:
+            answers = self.snapshots[body["ask"]] = {}
+            while len(self.snapshots) > MAX_SNAPSHOTS:
+                del self.snapshots[next(iter(self.snapshots))]
+        answers[r.rank] = dict(body, t=t, session=r.session)
 
     def _on_gpu(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is None or self._stale(r):

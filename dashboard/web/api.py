@@ -20,7 +20,7 @@ from dashboard.history.archive import export_lines
 from dashboard.history.trace import TraceError, build_trace, json_chunks, trace_query
 from dashboard.ingest.pipeline import Ingest
 from dashboard.state import JobState
-from dashboard.web import views
+from dashboard.web import snapshots, views
 from dashboard.web.joblist import jobs_payload, row_facts
 from dashboard.web.live import state_at
 from dashboard.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -195,9 +195,74 @@ def api_state(job_id: int):
 
 @api.get("/api/jobs/<int:job_id>/incidents")
 def api_incidents(job_id: int):
-    return {"incidents": found_or_404(_ingest().incidents(job_id), job_id)}
+    ingest = _ingest()
+    found = found_or_404(ingest.incidents(job_id), job_id)
+    return {"incidents": ingest.read(job_id, lambda s: snapshots.with_snapshots(s, found))
+            or found}
 
 
 @api.get("/api/jobs/<int:job_id>/findings")
 def api_findings(job_id: int):
     return {"findings": found_or_404(_ingest().findings(job_id), job_id)}
+
+
+MAX_SNAPSHOT_RANKS = 4096  # ranks one request may name (ask "all" for more)
+
+
+@api.post("/api/jobs/<int:job_id>/snapshots")
+def api_snapshot_request(job_id: int):
+    """Ask ranks for a snapshot: ``{"ranks": [0, 3]}``, ``"all"`` or ``"blamed"`` (the
+    ranks of the job's active incidents); answers arrive within seconds (GET its id)."""
+    ingest = _ingest()
+    body = request.get_json(silent=True)
+    which = body.get("ranks", "all") if isinstance(body, dict) else None
+    if which == "blamed":
+        found = found_or_404(ingest.incidents(job_id), job_id)
+        which = sorted({r for inc in found if inc["active"] for r in inc["ranks"]})
+        if not which:
+            return jsonify(error=f"job {job_id} has no active incident: nobody is blamed; "
+                                 "name the ranks, or ask for \"all\""), 409
+    elif which == "all":
+        which = None
+    elif not (isinstance(which, list) and 0 < len(which) <= MAX_SNAPSHOT_RANKS and all(
+            isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in which)):
+        return jsonify(error='the body must be JSON {"ranks": [0, 3]} (1 to '
+                             f'{MAX_SNAPSHOT_RANKS} non-negative integers), {{"ranks": '
+                             '"all"} or {"ranks": "blamed"}'), 400
+    try:
+        made = ingest.asks.request(job_id, which, f"asked by {request.remote_addr}")
+    except snapshots.UnknownRanks as exc:
+        return jsonify(error=str(exc)), 400
+    except snapshots.TooSoon as exc:
+        return jsonify(error=str(exc)), 429
+    made = found_or_404(made, job_id)
+    return {**made.row(), "url": f"/api/jobs/{job_id}/snapshots/{made.id}"}, 202
+
+
+@api.get("/api/jobs/<int:job_id>/snapshots")
+def api_snapshots(job_id: int):
+    ingest = _ingest()
+    found_or_404(ingest.read(job_id, lambda s: True), job_id)
+    return {"snapshots": [r.row() for r in ingest.asks.requests(job_id)]}
+
+
+@api.get("/api/jobs/<int:job_id>/snapshots/<request_id>")
+def api_snapshot(job_id: int, request_id: str):
+    """One request's answers: grouped, with each rank's whole answer for ``?detail=1,5``
+    (or ``all``)."""
+    ingest = _ingest()
+    raw = request.args.get("detail", "")
+    if raw == "all":
+        detail = None
+    elif all(part.isdigit() for part in raw.split(",") if part) and len(raw) <= 20_000:
+        detail = {int(part) for part in raw.split(",") if part}
+    else:
+        return jsonify(error=f"detail must be ranks like 1,5 or all, got {raw!r:.40}"), 400
+    made = ingest.asks.get(job_id, request_id)
+    view = ingest.read(job_id, lambda s: snapshots.request_view(
+        s, made or snapshots.answered_request(s, job_id, request_id), ingest.clock(), detail)
+        if made is not None or request_id in s.snapshots else False)
+    if view is False:
+        return jsonify(error=f"job {job_id} has no snapshot {request_id!r:.80}: "
+                             f"GET /api/jobs/{job_id}/snapshots lists them"), 404
+    return found_or_404(view, job_id)

@@ -25,7 +25,7 @@ from dashboard.diagnosis.incidents import incidents as incidents_of
 from dashboard.diagnosis.timeline import Timeline
 from dashboard.ingest.pipeline import Ingest
 from dashboard.state import JobState
-from dashboard.web import display, timeline, views
+from dashboard.web import display, snapshots, timeline, views
 
 # Rows of these sections are identified by these fields (in this order on the page).
 ROW_KEYS: dict[str, tuple[str, ...]] = {
@@ -86,7 +86,7 @@ def sections(state: JobState, cache: "ViewCache | None" = None, *, at: float | N
     }
     if findings is not None:
         out["findings"] = findings
-        out["incidents"] = incidents_of(findings)
+        out["incidents"] = snapshots.with_snapshots(state, incidents_of(findings))
     if at is not None:
         groups = display.group_states(state, at, settings)
         out["rank_states"] = display.rank_states(state, at, findings or [], settings, groups)

@@ -4,13 +4,14 @@ disconnect) and browsers' ``/ui`` (``watch`` a job or the jobs list; the live pu
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import msgspec
 from flask import request
 from flask_socketio import SocketIO, join_room, leave_room, rooms
 
-from pgdash_agent.wire import AGENT_NAMESPACE, BATCH_EVENT, UI_NAMESPACE
+from pgdash_agent.wire import AGENT_NAMESPACE, ASK_EVENT, BATCH_EVENT, UI_NAMESPACE
 from dashboard.ingest import limits
 from dashboard.ingest.guard import LoginGuard
 from dashboard.ingest.pipeline import Ingest, Refused
@@ -23,6 +24,7 @@ def register_agent_namespace(socketio: SocketIO, ingest: Ingest, guard: LoginGua
     """Protocol v1: agents' batches as Socket.IO events, acknowledged once committed."""
     sessions: dict[str, tuple[str, int]] = {}  # sid -> (session, job id)
     rates: dict[str, limits.ConnectionLimits] = {}  # sid -> its rate limits
+    asks: dict[str, Callable[[dict[str, Any]], None]] = {}  # sid -> the server's questions
 
     @socketio.on("connect", namespace=AGENT_NAMESPACE)
     def agent_connect(auth=None):
@@ -31,6 +33,9 @@ def register_agent_namespace(socketio: SocketIO, ingest: Ingest, guard: LoginGua
                 request.remote_addr
             sessions[request.sid] = ingest.connect(auth, address)
             rates[request.sid] = new_limits()
+            asks[request.sid] = functools.partial(socketio.emit, ASK_EVENT, to=request.sid,
+                                                  namespace=AGENT_NAMESPACE)
+            ingest.asks.link(sessions[request.sid][0], asks[request.sid])
         except Refused as exc:  # ingest's refusal log says it, once per agent
             from flask_socketio import ConnectionRefusedError
 
@@ -56,7 +61,10 @@ def register_agent_namespace(socketio: SocketIO, ingest: Ingest, guard: LoginGua
     def agent_disconnect(*_args):
         rates.pop(request.sid, None)
         known = sessions.pop(request.sid, None)
+        ask = asks.pop(request.sid, None)
         if known is not None:
+            if ask is not None:
+                ingest.asks.unlink(known[0], ask)
             ingest.disconnect(known[0])
 
 

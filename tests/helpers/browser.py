@@ -11,7 +11,7 @@ from pathlib import Path
 
 import socketio
 
-from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
+from pgdash_agent.wire import AGENT_NAMESPACE, ASK_EVENT, PROTOCOL_VERSION
 from tests.helpers.procs import WAIT_S
 
 try:
@@ -85,6 +85,8 @@ class FakeAgent:
         self.client = agent_client(url, {"v": PROTOCOL_VERSION, "session": uuid.uuid4().hex,
                                          "job": job, "rank": rank, "host": host,
                                          "pid": 1000 + rank})
+        self.asked: list[dict] = []  # the server's questions (snapshots), for the test to answer
+        self.client.on(ASK_EVENT, self.asked.append, namespace=AGENT_NAMESPACE)
         self.send("hello", {"job": job, "rank": rank, "world_size": world_size,
                             "local_rank": rank, "host": host, "pid": 1000 + rank,
                             "backend": "gloo", "device": device})

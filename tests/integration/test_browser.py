@@ -363,6 +363,20 @@ def test_hang_finding_shows_its_hint_and_highlights_the_rank_at_fault(hang_serve
         incident.locator("details summary").click()
         expect(incident.locator(".chain li")).to_have_count(1)
         expect(incident.locator(".chain li")).to_contain_text("wait in group 0 for rank 2")
+        # The incident asked its ranks for a snapshot; rank 2 (played here) answers, and the
+        # incident shows the line its training thread stands in.
+        asked = wait_for(lambda: agents[2].asked, 10, "the incident's question to rank 2")[0]
+        assert asked["what"] == "snapshot" and asked["reason"] == "incident hang:r2"
+        agents[2].send("snapshot", {"ask": asked["ask"], "asked_at": asked["at"], "threads": [
+            {"name": "MainThread", "training": True, "frames": [
+                {"file": "/job/train.py", "line": 42, "function": "step",
+                 "code": "batch = next(loader)"},
+                {"file": "/usr/lib/python3.11/queue.py", "line": 180, "function": "get",
+                 "code": "self.not_empty.wait()", "library": True}]}]})
+        expect(incident.locator(".incident-snapshot .snapshot-where")).to_have_text(
+            "train.py:42 in step: batch = next(loader)", timeout=LIVE_MS)
+        expect(incident.locator(".incident-snapshot pre")).to_contain_text("queue.py")
+        expect(incident.locator("button.snapshot-ask")).to_have_text("Snapshot again")
         page.locator("#findings-details > summary").click()
         # The rank states are on the topology before anything is selected.
         topology = page.locator("#topology")

@@ -1,6 +1,6 @@
 /* pgdash job page: incidents and findings, with their hints, evidence and selection. */
 import { PG } from "../../common.js";
-import { $, hooks, state, text, groupLabel, severityOf, attemptCount } from "../ctx.js";
+import { $, hooks, state, text, groupLabel, severityOf, attemptCount, JOB_ID } from "../ctx.js";
 
 const { el, clear, DASH } = PG;
 
@@ -142,6 +142,43 @@ function itemHead(item, ranks, isSel, onClick) {
   );
 }
 
+/**
+ * What the blamed rank is doing: its training thread's stack from the snapshot the server
+ * asked for when the incident opened (or later), the line it stands in first.
+ */
+function snapshotNode(snap) {
+  if (!snap || typeof snap !== "object") return null;
+  const w = snap.where;
+  const at = w ? String(w.file).split("/").pop() + ":" + w.line + " in " + w.function + (w.code ? ": " + w.code : "") : "";
+  return el(
+    "div",
+    { class: "ev-block incident-snapshot" },
+    el("div", { class: "ev-label" }, "What rank " + snap.rank + " is doing (" + String(snap.thread || "its training thread") + ", asked ", PG.ago(snap.t), ")"),
+    at ? el("div", { class: "mono snapshot-where", text: at }) : null,
+    el("pre", { class: "ev-text", text: String(snap.stack || "") })
+  );
+}
+
+/** Ask the incident's ranks again (POST /api/jobs/<id>/snapshots); the answer arrives live. */
+async function askAgain(inc, button) {
+  button.disabled = true;
+  try {
+    const res = await fetch(PG.url("/api/jobs/" + JOB_ID + "/snapshots"), {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: "application/json" },
+      body: JSON.stringify({ ranks: inc.ranks }),
+    });
+    const body = await res.json().catch(() => ({}));
+    button.textContent = res.ok ? "Asked: the answer shows here" : String(body.error || res.status);
+  } catch (err) {
+    button.textContent = "Could not ask: " + err.message;
+  }
+  setTimeout(() => {
+    button.disabled = false;
+    button.textContent = "Snapshot again";
+  }, 3000);
+}
+
 export function renderIncidents(incidents) {
   const box = $("incidents");
   const list = listHead(incidents, box, "incidents-count", "incidents");
@@ -165,6 +202,10 @@ export function renderIncidents(incidents) {
           },
           itemHead(inc, ranks, isSel, () => selectIncident(inc.id)),
           inc.hint ? el("p", { class: "finding-hint" }, el("span", { class: "hint-label", text: "Next step" }), el("span", { class: "hint-text", text: String(inc.hint) })) : null,
+          snapshotNode(inc.snapshot),
+          inc.active && ranks.length && !state.replay
+            ? el("button", { class: "snapshot-ask", type: "button", text: inc.snapshot ? "Snapshot again" : "Snapshot " + (ranks.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(ranks), on: { click: (ev) => askAgain(inc, ev.target) } })
+            : null,
           el(
             "div",
             { class: "finding-meta" },

@@ -1,0 +1,159 @@
+"""Snapshots: how long until every rank of a job has said what it is doing, and what answering
+costs a training rank.
+
+For each N, a ``pgdash serve`` process takes N simulated ranks that send what the agent sends
+at its defaults (bench.capacity's agents: protocol v2, real websockets) and answer the server's
+questions as the agent does (a snapshot the size of a real one: three threads, the training
+thread 30 frames deep). Then, ``--rounds`` times: ``POST /api/jobs/<id>/snapshots`` for all
+ranks, and for one rank, timed until ``GET`` says every asked rank answered. Goals (issue 26):
+all ranks of 1,024 in 5 s (p95), one rank in 1 s.
+
+Last, the real agent's side (``pgdash_agent.snapshots``): the time its background thread holds
+the GIL to answer (the training thread's frames 30 deep, three more threads), which is what a
+snapshot can delay training by (goal: 50 ms).
+
+    python -m bench.snapshots --ranks 64,1024 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.capacity import Bench, CompactAgent, get
+from bench.common import OPS_PER_SECOND, fmt, pct, start_servers, stop_servers
+from dashboard.ingest.asks import MIN_INTERVAL_S
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+async def timed_request(loop, base: str, job_id: int, ranks) -> tuple[float, int, int]:
+    """(seconds until every asked rank answered, ranks answered, bytes of the answer)."""
+    t0 = time.monotonic()
+    made = await loop.run_in_executor(None, post, f"{base}/api/jobs/{job_id}/snapshots",
+                                      {"ranks": ranks})
+    while True:
+        view = await loop.run_in_executor(None, get, base + made["url"], 120)
+        answered = sum(1 for r in view["ranks"].values() if r["status"] == "answered")
+        if answered == len(made["asked"]) or view["complete"]:
+            size = len(json.dumps(view))
+            return time.monotonic() - t0, answered, size
+        await asyncio.sleep(0.05)
+
+
+async def run_one(world: int, args, workdir: Path) -> dict:
+    db = f"sqlite:///{workdir / f'snapshots-{world}.db'}"
+    servers = start_servers(1, db, [], workdir, f"snapshots-{world}")
+    base = servers[0].url
+    try:
+        bench = Bench([base], world, OPS_PER_SECOND, f"snapshots-{world}")
+        agents = [CompactAgent(bench, r) for r in range(world)]
+        stop = asyncio.Event()
+        tasks = []
+        for i, a in enumerate(agents):
+            tasks.append(asyncio.create_task(a.run(stop)))
+            if i % 64 == 63:
+                await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        while bench.connected < world and time.monotonic() - t0 < 120:
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(args.settle)
+        job = next(j for j in get(base + "/api/jobs")["jobs"] if j["name"] == bench.job)
+        loop = asyncio.get_running_loop()
+        every, one, answered, sizes = [], [], [], []
+        for _ in range(args.rounds):
+            took, got, size = await timed_request(loop, base, job["id"], "all")
+            every.append(took)
+            answered.append(got)
+            sizes.append(size)
+            await asyncio.sleep(MIN_INTERVAL_S)
+            took, _, _ = await timed_request(loop, base, job["id"], [world - 1])
+            one.append(took)
+            await asyncio.sleep(MIN_INTERVAL_S)
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return {"ranks": world, "connected": bench.connected, "all_p50": pct(every, 0.5),
+                "all_p95": pct(every, 0.95), "one_p50": pct(one, 0.5), "one_p95": pct(one, 0.95),
+                "answered_min": min(answered), "view_kb": max(sizes) / 1024,
+                "reconnects": bench.reconnects}
+    finally:
+        stop_servers(servers)
+
+
+def agent_answer_ms(rounds: int = 200) -> tuple[float, float]:
+    """(p50, p95) ms the real agent's thread takes to answer, GIL held: the main thread 30
+    frames deep (this one, waiting) and three more threads parked."""
+    from pgdash_agent.collectives import CollectiveTracker
+    from pgdash_agent.outbox import Outbox
+    from pgdash_agent.snapshots import Snapshots
+
+    done = threading.Event()
+    parked = [threading.Thread(target=done.wait, name=f"worker-{i}", daemon=True)
+              for i in range(3)]
+    for t in parked:
+        t.start()
+    outbox = Outbox(rounds + 10)
+    snaps = Snapshots(CollectiveTracker(lambda pg: None, lambda *a: None, 100), outbox,
+                      lambda perf: perf, lambda: {}, lambda: None)
+    took: list[float] = []
+
+    def deep(n: int) -> None:
+        if n:
+            return deep(n - 1)
+        answerer = threading.Thread(target=answer_all, name="answerer")
+        answerer.start()
+        answerer.join()
+
+    def answer_all() -> None:
+        for i in range(rounds):
+            snaps.ask({"ask": f"a{i}", "what": "snapshot"})
+            t0 = time.perf_counter()
+            snaps.answer()
+            took.append((time.perf_counter() - t0) * 1e3)
+
+    deep(30)
+    done.set()
+    return pct(took, 0.5), pct(took, 0.95)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", default="64,1024", help="comma-separated numbers of ranks")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--settle", type=float, default=5.0)
+    args = p.parse_args()
+    worlds = [int(x) for x in args.ranks.split(",")]
+    print(f"pgdash snapshots: {os.cpu_count()} CPUs, {args.rounds} rounds per N, simulated "
+          "agents at the agent's defaults (v2) answering as the agent does", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pgdash-snapshots-") as tmp:
+        for world in worlds:
+            row = asyncio.run(run_one(world, args, Path(tmp)))
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    print("\n| ranks | all ranks: p50 / p95 | one rank: p50 / p95 | answered (worst round) "
+          "| answer size | reconnects |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['ranks']} | {fmt(r['all_p50'])} / {fmt(r['all_p95'])} s "
+              f"| {fmt(r['one_p50'])} / {fmt(r['one_p95'])} s | {r['answered_min']} "
+              f"| {fmt(r['view_kb'], '.0f')} KB | {r['reconnects']} |")
+    p50, p95 = agent_answer_ms()
+    print(f"\nthe agent's thread answering (GIL held; training waits at most this): "
+          f"p50 {p50:.2f} ms, p95 {p95:.2f} ms (goal 50 ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The server's questions to agents: snapshots of ranks, asked on the connections they hold.
+
+Each connected agent's connection registers a ``send`` here (the v2 front's AgentLink, the v1
+Socket.IO namespace); :meth:`Asks.request` sends ``{"ask", "what": "snapshot", "at",
+"reason"}`` (``pgdash_agent.wire.ASK_EVENT``) to the sessions of the ranks asked, and remembers
+the request (which ranks, which were not connected, when) so that the answers, which arrive as
+``snapshot`` events in the agents' streams and are folded like any other
+(``JobState.snapshots``), can be read against it. Requests are bounded per job and rate-limited:
+a flood of requests costs the agents nothing beyond one answer per rank and interval.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+MAX_REQUESTS = 32  # requests remembered per job (the answers are in the log regardless)
+MIN_INTERVAL_S = 1.0  # between two requests of one job that ask the same rank
+ANSWER_WAIT_S = 5.0  # after this long, a rank that has not answered "did not answer"
+VICTIMS = 3  # ranks snapshotted with an incident beside the blamed ones
+
+
+class TooSoon(Exception):
+    """A request came less than MIN_INTERVAL_S after the last one for these ranks."""
+
+
+@dataclasses.dataclass
+class Request:
+    """One snapshot request: who was asked, who could not be, when and why."""
+
+    id: str
+    job_id: int
+    asked_at: float
+    reason: str
+    asked: list[int]  # ranks whose agent was sent the question
+    not_connected: list[int]  # ranks asked for whose agent holds no connection here
+
+    def row(self) -> dict[str, Any]:
+        return {"id": self.id, "asked_at": self.asked_at, "reason": self.reason,
+                "asked": self.asked, "not_connected": self.not_connected}
+
+
+class UnknownRanks(ValueError):
+    """Ranks asked for that the job does not have."""
+
+
+class Asks:
+    """Sessions' ways to be asked, and the requests made of each job.
+
+    Args:
+        read: ``read(job_id, view)`` runs ``view(state)`` on the job's live JobState (None
+            for an unknown job): Ingest.read.
+        clock: wall clock (the requests' times; injected for tests).
+    """
+
+    def __init__(self, read: Callable[[int, Callable[[Any], Any]], Any],
+                 clock: Callable[[], float] = time.time):
+        self.read = read
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._links: dict[str, Callable[[dict[str, Any]], None]] = {}
+        self._requests: dict[int, collections.OrderedDict[str, Request]] = {}
+        self._last_asked: dict[tuple[int, int], float] = {}  # (job, rank) -> when
+        self.counters = collections.Counter()
+
+    def link(self, session: str, send: Callable[[dict[str, Any]], None]) -> None:
+        """``send(message)`` reaches the agent of ``session``; it must not block."""
+        with self._lock:
+            self._links[session] = send
+
+    def unlink(self, session: str, send: Callable[[dict[str, Any]], None]) -> None:
+        """The connection of ``send`` ended (not one the session made since, if any)."""
+        with self._lock:
+            if self._links.get(session) is send:
+                del self._links[session]
+
+    def linked(self, session: str) -> bool:
+        return session in self._links
+
+    def request(self, job_id: int, ranks: list[int] | None, reason: str,
+                force: bool = False) -> Request | None:
+        """Ask the agents of ``ranks`` (None: every rank) of the job's current attempt for a
+        snapshot; None when the job is unknown.
+
+        Raises:
+            UnknownRanks: some of ``ranks`` are not the job's.
+            TooSoon: every rank asked was asked less than MIN_INTERVAL_S ago (unless
+                ``force``, which the server's own requests with an incident use).
+        """
+        sessions = self.read(job_id, lambda state: {
+            rank: r.session for rank, r in state.rank_index().items()})
+        if sessions is None:
+            return None
+        if ranks is not None:
+            unknown = sorted(set(ranks) - set(sessions))
+            if unknown:
+                raise UnknownRanks(f"job {job_id} has no rank {unknown[0]}"
+                                   f"{f' (nor {len(unknown) - 1} more)' if len(unknown) > 1 else ''}"
+                                   f": its ranks are 0-{max(sessions)}" if sessions else
+                                   f"job {job_id} has no ranks yet")
+            sessions = {rank: sessions[rank] for rank in ranks}
+        return self._send(job_id, sessions, reason, force)
+
+    def on_incident(self, event: str, job: dict[str, Any], incident: dict[str, Any]) -> None:
+        """An ``on_incident`` listener: when an incident opens, snapshot its blamed ranks and
+        a few of the others (its victims, where everybody waits for the blamed)."""
+        if event != "new" or not incident.get("ranks"):
+            return
+        blamed = list(incident["ranks"])[:VICTIMS * 4]
+        others = self.read(job["id"], lambda state: [
+            rank for rank in state.rank_index() if rank not in blamed][:VICTIMS])
+        self.request(job["id"], blamed + (others or []), f"incident {incident['id']}",
+                     force=True)
+
+    def _send(self, job_id: int, sessions: dict[int, str], reason: str,
+              force: bool) -> Request:
+        now = self.clock()
+        with self._lock:
+            if not force and sessions and all(
+                    now - self._last_asked.get((job_id, rank), -1e18) < MIN_INTERVAL_S
+                    for rank in sessions):
+                self.counters["snapshot_requests_too_soon"] += 1
+                raise TooSoon(f"these ranks were asked less than {MIN_INTERVAL_S:g} s ago: "
+                              "wait for their answers")
+            request = Request(uuid.uuid4().hex[:12], job_id, now, reason, [], [])
+            sends = []
+            for rank, session in sorted(sessions.items()):
+                send = self._links.get(session)
+                if send is None:
+                    request.not_connected.append(rank)
+                    continue
+                request.asked.append(rank)
+                self._last_asked[(job_id, rank)] = now
+                sends.append(send)
+            kept = self._requests.setdefault(job_id, collections.OrderedDict())
+            kept[request.id] = request
+            while len(kept) > MAX_REQUESTS:
+                kept.popitem(last=False)
+            self.counters["snapshot_requests"] += 1
+        message = {"ask": request.id, "what": "snapshot", "at": now, "reason": reason[:200]}
+        for send in sends:
+            try:
+                send(message)
+                self.counters["asks_sent"] += 1
+            except Exception:
+                self.counters["asks_failed"] += 1
+        return request
+
+    def requests(self, job_id: int) -> list[Request]:
+        """The job's requests remembered here, newest first."""
+        with self._lock:
+            return list(reversed(self._requests.get(job_id, {}).values()))
+
+    def get(self, job_id: int, request_id: str) -> Request | None:
+        with self._lock:
+            return self._requests.get(job_id, {}).get(request_id)
+
+
+__all__ = ["ANSWER_WAIT_S", "Asks", "Request", "TooSoon", "UnknownRanks"]

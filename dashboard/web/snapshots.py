@@ -1,0 +1,165 @@
+"""Snapshots as the API and the page show them: each rank's answer, and stacks grouped.
+
+A snapshot request (dashboard.ingest.asks) is answered by each rank's agent with its threads'
+frames and its groups' progress (``JobState.snapshots``). Read against the request, every rank
+is ``answered``, ``waiting`` (asked less than ANSWER_WAIT_S ago), ``no answer`` (asked, silent:
+its interpreter may be blocked with the GIL held, or its agent's thread stuck) or ``not
+connected`` (no connection here: exited, lost, or connected to another server process), the
+last two with the last stack the rank sent when it sat in a collective, if any. Identical
+training-thread stacks collapse into one group with its ranks, the smallest groups (the odd
+ones out: the rank at fault is usually alone in what it does) first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboard.ingest.asks import ANSWER_WAIT_S, Request, TooSoon, UnknownRanks
+from dashboard.state import JobState
+
+__all__ = ["TooSoon", "UnknownRanks", "answered_request", "group_stacks", "latest",
+           "request_view", "wavefront", "with_snapshots"]
+
+TOP_FRAMES = 12  # frames of a group's stack shown in the grouping's key and text
+
+
+def request_view(state: JobState, request: Request, now: float,
+                 detail: set[int] | None = frozenset()) -> dict[str, Any]:
+    """One request: per rank its status, the stacks grouped, where each rank stands in each
+    of its groups (the wavefront), and who is missing. Each rank's whole answer (every
+    thread, every group) only for the ranks in ``detail`` (None: all): at 1,024 ranks the
+    whole answers are megabytes, the grouped view a few kilobytes."""
+    answers = state.snapshots.get(request.id, {})
+    groups = group_stacks(answers)
+    group_of = {rank: i for i, g in enumerate(groups) for rank in g["ranks"]}
+    ranks: dict[str, dict[str, Any]] = {}
+    for rank in request.asked + request.not_connected:
+        answer = answers.get(rank)
+        if answer is not None:
+            row = {"status": "answered", "t": answer["t"], "took_ms": answer.get("took_ms"),
+                   "stack_group": group_of[rank]}
+            if detail is None or rank in detail:
+                row.update(_answer(answer))
+            ranks[str(rank)] = row
+            continue
+        if rank in request.asked:
+            status = "waiting" if now - request.asked_at < ANSWER_WAIT_S else "no answer"
+        else:
+            status = "not connected"
+        row = {"status": status}
+        last = _last_stack(state, rank)
+        if status != "waiting" and last is not None:
+            row["last_stack"] = last
+        ranks[str(rank)] = row
+    missing = [int(r) for r, row in ranks.items() if row["status"] in ("no answer",
+                                                                        "not connected")]
+    return {**request.row(), "ranks": ranks, "groups": groups,
+            "wavefront": wavefront(answers),
+            "complete": all(row["status"] != "waiting" for row in ranks.values()),
+            "missing": sorted(missing)}
+
+
+def wavefront(answers: dict[int, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per process group, where its ranks stand: each distinct (collectives entered,
+    completed, the op in flight) with its ranks, the positions of fewest ranks first (the
+    rank that is elsewhere is usually alone)."""
+    positions: dict[str, dict[tuple, list[int]]] = {}
+    for rank, answer in sorted(answers.items()):
+        for row in answer.get("groups") or []:
+            key = (row.get("entered"), row.get("completed"), row.get("inflight_op"))
+            positions.setdefault(row["group"], {}).setdefault(key, []).append(rank)
+    return {group: sorted(({"entered": e, "completed": c, "inflight_op": op, "ranks": members}
+                           for (e, c, op), members in found.items()),
+                          key=lambda p: (len(p["ranks"]), p["ranks"][0]))
+            for group, found in positions.items()}
+
+
+def answered_request(state: JobState, job_id: int, request_id: str) -> Request:
+    """A request known only by its answers in the log (asked by another server process, or
+    before a restart): the ranks that answered, at the time they say they were asked."""
+    answers = state.snapshots[request_id]
+    first = min(answers.values(), key=lambda a: a.get("asked_at") or a["t"])
+    return Request(request_id, job_id, first.get("asked_at") or first["t"],
+                   first.get("reason") or "", sorted(answers), [])
+
+
+def group_stacks(answers: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ranks whose training threads stand in the same frames, as one group each, the groups
+    of fewest ranks first (then by their lowest rank)."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for rank, answer in sorted(answers.items()):
+        thread = training_thread(answer)
+        frames = thread["frames"][-TOP_FRAMES:] if thread else []
+        key = tuple((f["file"], f["line"], f["function"]) for f in frames)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = {"ranks": [], "thread": thread["name"] if thread else None,
+                                   "frames": frames, "where": innermost_user_frame(frames)}
+        group["ranks"].append(rank)
+    return sorted(groups.values(), key=lambda g: (len(g["ranks"]), g["ranks"][0]))
+
+
+def training_thread(answer: dict[str, Any]) -> dict[str, Any] | None:
+    threads = answer.get("threads") or []
+    return next((t for t in threads if t.get("training")), threads[0] if threads else None)
+
+
+def innermost_user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The training code's own line the thread stands in: the innermost frame that is not
+    the standard library's or an installed package's."""
+    return next((f for f in reversed(frames) if not f.get("library")),
+                frames[-1] if frames else None)
+
+
+def stack_text(frames: list[dict[str, Any]]) -> str:
+    """Frames as Python prints a stack (outermost first)."""
+    lines = []
+    for f in frames:
+        lines.append(f'  File "{f["file"]}", line {f["line"]}, in {f["function"]}\n')
+        if f.get("code"):
+            lines.append(f"    {f['code']}\n")
+    return "".join(lines)
+
+
+def with_snapshots(state: JobState, incidents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Incidents, each with ``snapshot``: its blamed ranks' newest answer since it began (the
+    one asked when it opened, or one asked since), when there is one."""
+    if not state.snapshots:
+        return incidents
+    out = []
+    for incident in incidents:
+        shown = latest(state, incident["ranks"], since=incident["first_seen"])
+        out.append(dict(incident, snapshot=shown) if shown is not None else incident)
+    return out
+
+
+def latest(state: JobState, ranks: list[int], since: float = 0.0) -> dict[str, Any] | None:
+    """The newest answer among ``ranks`` (by time) sent at ``since`` or later, with its rank:
+    what an incident shows."""
+    best = None
+    for answers in state.snapshots.values():
+        for rank in ranks:
+            answer = answers.get(rank)
+            if answer is not None and answer["t"] >= since and (
+                    best is None or answer["t"] > best[1]["t"]):
+                best = (rank, answer)
+    if best is None:
+        return None
+    thread = training_thread(best[1])
+    frames = thread["frames"] if thread else []
+    return {"rank": best[0], "t": best[1]["t"], "ask": best[1]["ask"],
+            "reason": best[1].get("reason"), "thread": thread["name"] if thread else None,
+            "where": innermost_user_frame(frames), "stack": stack_text(frames)}
+
+
+def _answer(answer: dict[str, Any]) -> dict[str, Any]:
+    threads = [{**t, "stack": stack_text(t.get("frames") or [])}
+               for t in answer.get("threads") or []]
+    return {"t": answer["t"], "took_ms": answer.get("took_ms"), "threads": threads,
+            "groups": answer.get("groups") or []}
+
+
+def _last_stack(state: JobState, rank: int) -> dict[str, Any] | None:
+    """The newest stack the rank sent while it sat in a collective (JobState.stacks)."""
+    found = [row for (_g, r), row in state.stacks.items() if r == rank]
+    return max(found, key=lambda row: row["t"]) if found else None

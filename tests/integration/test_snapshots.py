@@ -1,0 +1,139 @@
+"""Snapshots on real gloo jobs: what the blamed rank is doing, on its incident and on demand,
+over either protocol, and bad requests refused without changing anything."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from dashboard.ingest.asks import MIN_INTERVAL_S
+from tests.helpers.procs import ROOT, ServerProcess, job_by_name, launch_job, wait_for
+
+TOKEN = "snap-token-0123456789"
+SLEEP_LINE = "time.sleep(3600)"  # where tests/jobs/fault_job.py's "hang" rank sleeps
+
+
+def _server(tmp_path, hang_after, *extra):
+    return ServerProcess(f"sqlite:///{tmp_path / 'pgdash.db'}", log_path=tmp_path / "server.log",
+                         extra=["--hang-after", str(hang_after), *extra]).start()
+
+
+def _stop(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def _post(server, path, body, token=TOKEN):
+    data = json.dumps(body).encode() if not isinstance(body, bytes) else body
+    req = urllib.request.Request(server.url + path, data=data, method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"}
+                                             if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _hung_job(server, tmp_path, name, wire="v2", token=None):
+    env = {"PGDASH_WIRE": wire, **({"PGDASH_TOKEN": token} if token else {})}
+    procs = launch_job("fault_job.py", 2, server.url, name, tmp_path, args=["hang"], env=env)
+    job = wait_for(lambda: job_by_name(server, name), 60, f"job {name}")
+    return job["id"], procs
+
+
+def test_an_incident_carries_the_culprits_stack_at_the_line_it_is_frozen_in(tmp_path):
+    server = _server(tmp_path, 3)
+    job_id, procs = _hung_job(server, tmp_path, "frozen")
+    try:
+        incident = wait_for(lambda: next((i for i in server.api(
+            f"/api/jobs/{job_id}/incidents")["incidents"] if i["kind"] == "hang"), None),
+            60, "the hang's incident")
+        assert incident["ranks"] == [1]
+        request = wait_for(lambda: next((r for r in server.api(
+            f"/api/jobs/{job_id}/snapshots")["snapshots"]
+            if r["reason"] == f"incident {incident['id']}"), None), 30,
+            "the snapshot asked with the incident")
+        assert request["asked"] == [0, 1]  # the blamed rank and its victim
+        view = wait_for(lambda: (v := server.api(
+            f"/api/jobs/{job_id}/snapshots/{request['id']}?detail=1"))["complete"] and v, 30,
+            "both ranks' answers")
+        culprit = view["ranks"]["1"]
+        assert culprit["status"] == "answered"
+        training = culprit["threads"][0]
+        assert training["training"] and SLEEP_LINE in training["stack"]
+        # Grouped: two different stacks, one rank each; the culprit's says where it stands.
+        assert [g["ranks"] for g in view["groups"]] == [[0], [1]]
+        assert view["groups"][1]["where"]["code"] == SLEEP_LINE
+        # The incident itself shows the culprit's training-thread stack.
+        shown = wait_for(lambda: next((i for i in server.api(
+            f"/api/jobs/{job_id}/incidents")["incidents"]
+            if i["id"] == incident["id"] and i.get("snapshot")), None), 30,
+            "the incident's snapshot")
+        assert shown["snapshot"]["rank"] == 1 and SLEEP_LINE in shown["snapshot"]["stack"]
+    finally:
+        _stop(procs)
+        server.stop()
+
+
+@pytest.mark.parametrize("wire", ["v1", "v2"])
+def test_a_snapshot_on_demand_and_bad_requests_change_nothing(tmp_path, wire):
+    # No incident meanwhile (its own snapshot would make the first request below too soon).
+    server = _server(tmp_path, 600, "--token", TOKEN)
+    job_id, procs = _hung_job(server, tmp_path, f"asked-{wire}", wire, TOKEN)
+    path = f"/api/jobs/{job_id}/snapshots"
+    try:
+        log = tmp_path / f"asked-{wire}-rank1.log"
+        wait_for(lambda: log.exists() and "FAULT" in log.read_text(), 60, "rank 1 asleep")
+        for body, status, said in (
+                ({"ranks": [0, 7]}, 400, "has no rank 7"),
+                ({"ranks": "some"}, 400, "the body must be JSON"),
+                (b"\xff not json", 400, "the body must be JSON"),
+                ({"ranks": [True]}, 400, "the body must be JSON"),
+                ({"ranks": list(range(5000))}, 400, "the body must be JSON")):
+            got, answer = _post(server, path, body)
+            assert (got, said in answer.get("error", "")) == (status, True), (body, answer)
+        assert _post(server, path, {"ranks": [0]}, token="wrong")[0] == 401
+        assert _post(server, "/api/jobs/999/snapshots", {"ranks": "all"})[0] == 404
+        assert server.api(path)["snapshots"] == []  # nothing was asked by any of those
+        status, made = _post(server, path, {"ranks": "all"})
+        assert status == 202 and made["asked"] == [0, 1], made
+        assert _post(server, path, {"ranks": [0, 1]})[0] == 429  # a flood waits its turn
+        view = wait_for(lambda: (v := server.api(made["url"] + "?detail=all"))["complete"]
+                        and v, 30, "the answers")
+        # Where each rank stands in the world group: rank 0 waits inside the collective
+        # that rank 1 (asleep) never entered.
+        waiting, asleep = view["wavefront"]["0"]  # one rank each: by rank
+        assert (waiting["ranks"], waiting["inflight_op"]) == ([0], "all_reduce")
+        assert (asleep["ranks"], asleep["inflight_op"]) == ([1], None)
+        assert asleep["entered"] == waiting["entered"] - 1
+        assert {r: row["status"] for r, row in view["ranks"].items()} == \
+            {"0": "answered", "1": "answered"}
+        assert SLEEP_LINE in view["ranks"]["1"]["threads"][0]["stack"]
+        assert "all_reduce" in view["ranks"]["0"]["threads"][0]["stack"]
+        groups = view["ranks"]["0"]["groups"]
+        assert groups and groups[0]["inflight_op"] == "all_reduce"
+        # The same from the command line, by the job's name (after the rate limit's second).
+        time.sleep(MIN_INTERVAL_S)
+        done = subprocess.run([sys.executable, "-m", "dashboard", "snapshot", f"asked-{wire}",
+                               "--ranks", "1", "--server", server.url, "--token", TOKEN],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        assert "1 of 1 ranks answered" in done.stdout and SLEEP_LINE in done.stdout
+        assert "rank 1: MainThread at fault_job.py:78 in <module>" in done.stdout
+        done = subprocess.run([sys.executable, "-m", "dashboard", "snapshot", "nope",
+                               "--server", server.url, "--token", TOKEN],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 2 and "has no job named 'nope'" in done.stderr
+    finally:
+        _stop(procs)
+        server.stop()

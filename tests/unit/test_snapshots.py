@@ -1,0 +1,177 @@
+"""Snapshots without a job: the agent's answers (bounded, counted, read-only), their wire
+shape, the server's requests (rate, unknown ranks, connections that come and go) and how
+answers read against a request (statuses, stacks grouped with the odd one out first)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pgdash_agent.collectives import CollectiveTracker
+from pgdash_agent.outbox import Outbox
+from pgdash_agent.snapshots import MAX_PENDING, Snapshots, threads_now
+from pgdash_agent.wire import MAX_SNAPSHOT_THREADS, WireError, validate_event
+from dashboard.ingest.asks import ANSWER_WAIT_S, MIN_INTERVAL_S, Asks, TooSoon, UnknownRanks
+from dashboard.web import snapshots as views
+from tests.helpers.events import running
+
+
+def _agent_snapshots():
+    outbox = Outbox(100)
+    woken = []
+    snaps = Snapshots(CollectiveTracker(lambda pg: ("0", "default_pg", "gloo", [0]),
+                                        lambda *a: None, 100),
+                      outbox, lambda perf: perf, lambda: {}, lambda: woken.append(1))
+    return snaps, outbox, woken
+
+
+def _sent(outbox):
+    return [e for e in outbox.take(100) if e["kind"] == "snapshot"]
+
+
+def test_the_agent_answers_a_snapshot_with_its_threads_training_thread_first():
+    snaps, outbox, woken = _agent_snapshots()
+    parked = threading.Event()
+    other = threading.Thread(target=parked.wait, name="data-loader", daemon=True)
+    other.start()
+    try:
+        snaps.ask({"ask": "a1", "what": "snapshot", "at": 5.0, "reason": "incident hang:r1"})
+        assert woken == [1] and _sent(outbox) == []  # queued; answered on the agent's thread
+        snaps.answer()
+    finally:
+        parked.set()
+    (event,) = _sent(outbox)
+    body = event["body"]
+    assert (body["ask"], body["asked_at"], body["reason"]) == ("a1", 5.0, "incident hang:r1")
+    names = [t["name"] for t in body["threads"]]
+    assert names[0] == "MainThread" and body["threads"][0]["training"]
+    assert "data-loader" in names and not any(n.startswith("pgdash-") for n in names)
+    loader = next(t for t in body["threads"] if t["name"] == "data-loader")
+    assert loader["frames"][-1]["function"] == "wait"  # where that thread stands
+    validate_event({"seq": 1, "t": 1.0, "kind": "snapshot", "body": body})
+
+
+@pytest.mark.parametrize("message", [
+    None, "snapshot", {"ask": "a", "what": "exec", "code": "import os"},  # nothing is executed
+    {"ask": "", "what": "snapshot"}, {"ask": "x" * 65, "what": "snapshot"},
+    {"ask": 7, "what": "snapshot"}, {"what": "snapshot"}])
+def test_questions_the_agent_does_not_answer_are_counted_and_ignored(message):
+    snaps, outbox, woken = _agent_snapshots()
+    snaps.ask(message)
+    snaps.answer()
+    assert (snaps.ignored, woken, _sent(outbox)) == (1, [], [])
+
+
+def test_a_flood_of_questions_keeps_the_newest_and_counts_the_rest():
+    snaps, outbox, _ = _agent_snapshots()
+    for i in range(MAX_PENDING + 3):
+        snaps.ask({"ask": f"a{i}", "what": "snapshot"})
+    snaps.answer()
+    asked = [e["body"]["ask"] for e in _sent(outbox)]
+    assert asked == [f"a{i}" for i in range(3, MAX_PENDING + 3)] and snaps.dropped == 3
+
+
+def test_a_snapshot_body_is_bounded_on_the_wire():
+    body = {"ask": "a", "threads": [{"name": "t", "frames": []}] * (MAX_SNAPSHOT_THREADS + 1)}
+    with pytest.raises(WireError, match="threads"):
+        validate_event({"seq": 1, "t": 1.0, "kind": "snapshot", "body": body})
+    assert len(threads_now()) <= MAX_SNAPSHOT_THREADS
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def _asks(world=3):
+    state = running(world).state()
+    clock = Clock()
+    asks = Asks(lambda job_id, view: view(state) if job_id == 1 else None, clock)
+    sent = {r: [] for r in range(world)}
+    for r in range(world):
+        asks.link(f"s{r}", sent[r].append)
+    return asks, sent, clock, state
+
+
+def test_a_request_asks_each_connected_rank_once_and_remembers_who_was_not():
+    asks, sent, clock, _ = _asks()
+    first, second = sent[2].append, sent[2].append  # two connections of session s2
+    asks.link("s2", first)
+    asks.link("s2", second)  # a reconnect: the newer connection is the one asked
+    asks.unlink("s2", first)  # the older one's end leaves the newer linked
+    assert asks.linked("s2")
+    asks.unlink("s2", second)
+    made = asks.request(1, None, "asked by a test")
+    assert (made.asked, made.not_connected) == ([0, 1], [2])
+    assert sent[0] == [{"ask": made.id, "what": "snapshot", "at": 1000.0,
+                        "reason": "asked by a test"}] and sent[2] == []
+    with pytest.raises(TooSoon):
+        asks.request(1, [0, 1], "again")
+    clock.t += MIN_INTERVAL_S
+    asks.request(1, [0], "again, later")
+    with pytest.raises(UnknownRanks, match="job 1 has no rank 5: its ranks are 0-2"):
+        asks.request(1, [0, 5], "x")
+    assert asks.request(9, None, "x") is None  # an unknown job
+    assert [r.reason for r in asks.requests(1)] == ["asked by a test", "again, later"][::-1]
+
+
+def test_an_incident_snapshots_its_blamed_ranks_and_a_few_victims_at_once():
+    asks, sent, _, _ = _asks(world=6)
+    asks.on_incident("new", {"id": 1}, {"id": "hang:r4", "ranks": [4]})
+    asks.on_incident("new", {"id": 1}, {"id": "hang:r4", "ranks": [4]})  # forced: not too soon
+    asks.on_incident("resolved", {"id": 1}, {"id": "hang:r4", "ranks": [4]})
+    (made, _again) = asks.requests(1)
+    assert made.asked == [0, 1, 2, 4] and made.reason == "incident hang:r4"
+    assert len(sent[4]) == 2 and sent[5] == []
+
+
+def _answer(log, rank, ask, t, frames):
+    log.add(f"s{rank}", "snapshot", {"ask": ask, "threads": [
+        {"name": "MainThread", "training": True, "frames": frames}]}, t=t)
+
+
+def _frames(*lines):
+    return [{"file": "train.py", "line": n, "function": "step", "code": f"line {n}"}
+            for n in lines]
+
+
+def test_answers_read_against_their_request_with_the_odd_stack_first():
+    asks, sent, clock, _ = _asks(world=5)
+    link = sent[4].append
+    asks.link("s4", link)
+    asks.unlink("s4", link)  # rank 4's agent holds no connection here
+    log = running(5)
+    made = asks.request(1, None, "test")
+    for rank in (0, 1):
+        _answer(log, rank, made.id, 101.0, _frames(10, 20))
+    _answer(log, 2, made.id, 101.0, _frames(10, 42))
+    log.add("s3", "stack", {"group": "0", "seq": 5, "op": "all_reduce", "since": 99.0,
+                            "stack": "rank 3 waited here"}, t=100.0)
+    state = log.state()
+    view = views.request_view(state, made, now=clock.t + 1, detail={2})
+    assert "threads" not in view["ranks"]["0"] and view["ranks"]["0"]["stack_group"] == 1
+    assert {r: row["status"] for r, row in view["ranks"].items()} == \
+        {"0": "answered", "1": "answered", "2": "answered", "3": "waiting",
+         "4": "not connected"}
+    assert [g["ranks"] for g in view["groups"]] == [[2], [0, 1]]
+    assert view["groups"][0]["where"]["line"] == 42
+    assert 'File "train.py", line 42, in step' in view["ranks"]["2"]["threads"][0]["stack"]
+    later = views.request_view(state, made, now=clock.t + ANSWER_WAIT_S)
+    assert later["ranks"]["3"]["status"] == "no answer" and later["missing"] == [3, 4]
+    assert later["ranks"]["3"]["last_stack"]["stack"] == "rank 3 waited here"
+
+
+def test_an_incident_shows_its_culprits_newest_answer_since_it_began():
+    log = running(2)
+    _answer(log, 1, "old", 101.0, _frames(7))
+    _answer(log, 1, "new", 130.0, _frames(9))
+    state = log.state()
+    incident = {"id": "hang:r1", "ranks": [1], "first_seen": 120.0}
+    (shown,) = views.with_snapshots(state, [incident])
+    assert shown["snapshot"]["ask"] == "new" and "line 9" in shown["snapshot"]["stack"]
+    (too_early,) = views.with_snapshots(state, [dict(incident, first_seen=140.0)])
+    assert "snapshot" not in too_early
