@@ -181,6 +181,8 @@ class Run:
     polls: int = 0
     max_poll_s: float = 0.0
     exit_codes: list[int | None] = field(default_factory=list)
+    snapshot_s: float | None = None  # incident first seen -> first seen with its snapshot
+    snapshot_where: str = ""  # the line the snapshot's training thread stood in
     right: int = 0  # loud incidents of the expected class and ranks
     wrong: int = 0  # every other loud incident
 
@@ -199,6 +201,8 @@ class Poller:
         self.base, self.job = base, job
         self.job_id: int | None = None
         self.seen: dict[str, float] = {}  # incident id -> wall time of the first response
+        # incident id -> (wall time of the first response holding its snapshot, the snapshot)
+        self.snapshots: dict[str, tuple[float, dict[str, Any]]] = {}
         self.latest: list[dict[str, Any]] = []
         self.polls = 0
         self.max_poll_s = 0.0
@@ -222,6 +226,8 @@ class Poller:
         self.max_poll_s = max(self.max_poll_s, t1 - t0)
         for f in found:
             self.seen.setdefault(f["id"], t1)  # conservative: when the answer arrived
+            if f.get("snapshot"):
+                self.snapshots.setdefault(f["id"], (t1, f["snapshot"]))
         self.latest = found
         return found
 
@@ -392,6 +398,13 @@ def run_fault(sc: Scenario, rep: int, server: ServerProcess, db: Path, logdir: P
         run.first_seen = target["first_seen"]
         run.detect_s = run.observed_t - run.fault_t
         run.server_s = run.first_seen - run.fault_t
+        snap = poller.snapshots.get(target["id"])
+        if snap is not None:  # issue 26: the culprit's stack on its incident, and its line
+            run.snapshot_s = snap[0] - run.observed_t
+            where = snap[1].get("where") or {}
+            run.snapshot_where = (f"rank {snap[1]['rank']} at "
+                                  f"{Path(str(where.get('file'))).name}:{where.get('line')}: "
+                                  f"{where.get('code')}")
         if sc.name == "straggler":
             run.steps = slow_steps(logdir, job, run.observed_t)
             run.notes.append(f"{run.steps} slow steps ended between the fault and the first "
@@ -580,6 +593,13 @@ def report(runs: list[Run], a: argparse.Namespace) -> str:
         kind = f"{r.kind} ({r.group})" if r.group is not None else r.kind
         lines.append(f"| {r.scenario} | {r.rep} | {kind} | {r.ranks} ({r.expected}) | {det} | "
                      f"{fmt(r.server_s)} | {lim} | {blame} | {r.status} |")
+    snapped = [r for r in runs if r.scenario not in HEALTHY and r.observed_t is not None]
+    if snapped:
+        lines += ["", "| scenario | run | the culprit's snapshot on its incident (after it "
+                      "showed) | where it stood |", "|---|---|---|---|"]
+        lines += [f"| {r.scenario} | {r.rep} | "
+                  f"{fmt(r.snapshot_s) if r.snapshot_s is not None else 'none'} | "
+                  f"{r.snapshot_where or '-'} |" for r in snapped]
     lines += ["", "| goal | runs | worst detection | verdict |", "|---|---|---|---|"]
     by: dict[str, list[Run]] = {}
     for r in runs:

@@ -24,10 +24,11 @@ import os
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
-from bench.capacity import Bench, CompactAgent, get
+from bench.capacity import Bench, CompactAgent, get, metric
 from bench.common import OPS_PER_SECOND, fmt, pct, start_servers, stop_servers
 from dashboard.ingest.asks import MIN_INTERVAL_S
 
@@ -39,11 +40,17 @@ def post(url: str, body: dict) -> dict:
         return json.loads(resp.read())
 
 
-async def timed_request(loop, base: str, job_id: int, ranks) -> tuple[float, int, int]:
-    """(seconds until every asked rank answered, ranks answered, bytes of the answer)."""
+async def timed_request(loop, base: str, job_id: int, ranks) -> tuple[float, int, int] | None:
+    """(seconds until every asked rank answered, ranks answered, bytes of the answer); None
+    when the server refused (503: ingest behind its agents)."""
     t0 = time.monotonic()
-    made = await loop.run_in_executor(None, post, f"{base}/api/jobs/{job_id}/snapshots",
-                                      {"ranks": ranks})
+    try:
+        made = await loop.run_in_executor(None, post, f"{base}/api/jobs/{job_id}/snapshots",
+                                          {"ranks": ranks})
+    except urllib.error.HTTPError as exc:
+        if exc.code == 503:
+            return None
+        raise
     while True:
         view = await loop.run_in_executor(None, get, base + made["url"], 120)
         answered = sum(1 for r in view["ranks"].values() if r["status"] == "answered")
@@ -72,21 +79,32 @@ async def run_one(world: int, args, workdir: Path) -> dict:
         await asyncio.sleep(args.settle)
         job = next(j for j in get(base + "/api/jobs")["jobs"] if j["name"] == bench.job)
         loop = asyncio.get_running_loop()
-        every, one, answered, sizes = [], [], [], []
+        every, one, answered, sizes, busy = [], [], [], [], 0
         for _ in range(args.rounds):
-            took, got, size = await timed_request(loop, base, job["id"], "all")
-            every.append(took)
-            answered.append(got)
-            sizes.append(size)
+            timed = await timed_request(loop, base, job["id"], "all")
+            if timed is None:
+                busy += 1
+            else:
+                every.append(timed[0])
+                answered.append(timed[1])
+                sizes.append(timed[2])
             await asyncio.sleep(MIN_INTERVAL_S)
-            took, _, _ = await timed_request(loop, base, job["id"], [world - 1])
-            one.append(took)
+            one.append((await timed_request(loop, base, job["id"], [world - 1]))[0])
             await asyncio.sleep(MIN_INTERVAL_S)
+        text = get(base + "/metrics").decode()
+        findings = get(f"{base}/api/jobs/{job['id']}/findings")["findings"]
+        loud = sorted({f"{f['kind']}:{f['severity']}" for f in findings
+                       if f["severity"] in ("warning", "critical")})
         stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+        except asyncio.TimeoutError:
+            pass  # agents still closing: the server is stopped below regardless
         return {"ranks": world, "connected": bench.connected, "all_p50": pct(every, 0.5),
                 "all_p95": pct(every, 0.95), "one_p50": pct(one, 0.5), "one_p95": pct(one, 0.95),
-                "answered_min": min(answered), "view_kb": max(sizes) / 1024,
+                "answered_min": min(answered, default=None),
+                "view_kb": max(sizes, default=0) / 1024, "refused_busy": busy,
+                "lag_s": metric(text, "pgdash_ingest_lag_seconds"), "findings": loud,
                 "reconnects": bench.reconnects}
     finally:
         stop_servers(servers)
@@ -132,7 +150,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", default="64,1024", help="comma-separated numbers of ranks")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--settle", type=float, default=5.0)
+    p.add_argument("--settle", type=float, default=10.0,
+                   help="seconds after all connected before asking (as bench.capacity)")
     args = p.parse_args()
     worlds = [int(x) for x in args.ranks.split(",")]
     print(f"pgdash snapshots: {os.cpu_count()} CPUs, {args.rounds} rounds per N, simulated "
@@ -143,13 +162,16 @@ def main() -> None:
             row = asyncio.run(run_one(world, args, Path(tmp)))
             print(json.dumps(row), flush=True)
             rows.append(row)
-    print("\n| ranks | all ranks: p50 / p95 | one rank: p50 / p95 | answered (worst round) "
-          "| answer size | reconnects |")
-    print("|---|---|---|---|---|---|")
+    print("\n| ranks | all ranks: p50 / p95 | refused (ingest behind) | one rank: p50 / p95 "
+          "| answered (worst round) | grouped answer | ingest lag at the end | findings "
+          "| reconnects |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['ranks']} | {fmt(r['all_p50'])} / {fmt(r['all_p95'])} s "
+              f"| {r['refused_busy']} of {args.rounds} "
               f"| {fmt(r['one_p50'])} / {fmt(r['one_p95'])} s | {r['answered_min']} "
-              f"| {fmt(r['view_kb'], '.0f')} KB | {r['reconnects']} |")
+              f"| {fmt(r['view_kb'], '.0f')} KB | {fmt(r['lag_s'])} s "
+              f"| {', '.join(r['findings']) or 'none'} | {r['reconnects']} |")
     p50, p95 = agent_answer_ms()
     print(f"\nthe agent's thread answering (GIL held; training waits at most this): "
           f"p50 {p50:.2f} ms, p95 {p95:.2f} ms (goal 50 ms)")

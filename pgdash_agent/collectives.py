@@ -22,6 +22,9 @@ from pgdash_agent.flight_stats import WrappedIntervals
 from pgdash_agent.wire import LatencySummary
 
 
+RECENT_COLLECTIVES = 256  # collectives a snapshot shows, the newest (all groups together)
+
+
 @dataclass(eq=False, slots=True)
 class GroupTrack:
     """Progress of one process group as seen from this rank (written by the training thread)."""
@@ -81,6 +84,10 @@ class CollectiveTracker:
         self.dropped_records = 0
         self.internal_errors = 0
         self._summary: dict[tuple[str, str], LatencySummary] = {}
+        # The newest collectives summarised, (group, op, bytes, start, end) on the perf
+        # clock: what a snapshot shows of the minute before (pgdash_agent.snapshots). Filled
+        # by summarise() on the agent's thread, never by the training thread.
+        self.recent: collections.deque = collections.deque(maxlen=RECENT_COLLECTIVES)
         self.fr_enabled = True  # read sequence numbers for agent.flight_stats
         self.fr_wrapped = WrappedIntervals()  # sequence numbers the wrappers issued
         self.fr_failed: collections.deque = collections.deque()  # (track, lo, hi) of raised calls
@@ -153,8 +160,10 @@ class CollectiveTracker:
         for track in list(self.by_name.values()):
             if track.fr_lost_upto > wrapped.lost_upto.get(track.name, -1):
                 wrapped.lost_upto[track.name] = track.fr_lost_upto
+        recent = self.recent
         while records:
             track, op, nbytes, t0, t1, lo, hi = records.popleft()
+            recent.append((track.name, op, nbytes, t0, t1))
             if lo is not None:
                 wrapped.add(track.name, lo, hi)
             key = (track.name, op)

@@ -4,8 +4,8 @@ When pgdash names a rank, the next question is what that rank is doing. The serv
 connection the agent already holds (``pgdash_agent.wire.ASK_EVENT``); the client's reader thread
 only queues the question (bounded, counted when full) and wakes the agent's background thread,
 which reads every thread's Python frames (``sys._current_frames``: the training thread need not
-cooperate, and a thread blocked in C with the GIL released is read as it stands) and where each
-group is, and sends them as a ``snapshot`` event in the usual stream: stored, acknowledged and
+cooperate, and a thread blocked in C with the GIL released is read as it stands), where each
+group is and the newest collectives that ended (with their times), and sends them as a ``snapshot`` event in the usual stream: stored, acknowledged and
 resent like any other. The agent executes nothing it is sent: a question it does not know is
 counted and ignored. Training never waits for any of it.
 """
@@ -81,14 +81,24 @@ class Snapshots:
                     return
                 ask, at, reason = self._pending.popleft()
             started = time.perf_counter()
+            self.tracker.summarise()  # the collectives that ended since the last pass
             body: dict[str, Any] = {"ask": ask, "threads": threads_now(),
-                                    "groups": self.tracker.progress(self._wall, self._flight())}
+                                    "groups": self.tracker.progress(self._wall, self._flight()),
+                                    "recent": self.recent()}
             if at is not None:
                 body["asked_at"] = float(at)
             if reason is not None:
                 body["reason"] = reason
             body["took_ms"] = round((time.perf_counter() - started) * 1e3, 3)
             self.outbox.put(time.time(), "snapshot", body)
+
+
+    def recent(self) -> list[list[Any]]:
+        """The newest collectives that ended, oldest first: [group, op, bytes, start, end]
+        with Unix times (Python-issued ones, through the agent's wrappers)."""
+        wall = self._wall
+        return [[group, op, nbytes, round(wall(t0), 6), round(wall(t1), 6)]
+                for group, op, nbytes, t0, t1 in list(self.tracker.recent)]
 
 
 def threads_now() -> list[dict[str, Any]]:

@@ -362,6 +362,17 @@ class ThreadStack(_Shape):
     omitted: _Count = 0  # frames left out of a deep stack (the outer and inner ends are kept)
 
 
+class RecentCollective(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """``[group, op, bytes, start, end]``: one collective a snapshot's rank completed lately
+    (Unix times)."""
+
+    group: _Name
+    op: _Name
+    bytes: _Count
+    start: _Num
+    end: _Num
+
+
 class Snapshot(_Shape):
     """A rank's answer to the server's ``ask`` (ASK_EVENT): what every thread is doing and
     where each of its groups is, taken on the agent's own thread."""
@@ -369,6 +380,8 @@ class Snapshot(_Shape):
     ask: _limited(str, max_length=MAX_ASK_ID)
     threads: _limited(list[ThreadStack], max_length=MAX_SNAPSHOT_THREADS)
     groups: _limited(list[GroupProgress], max_length=MAX_LIST) = []
+    # The newest collectives it completed, oldest first (the agent keeps 256)
+    recent: _limited(list[RecentCollective], max_length=1024) = []
     asked_at: Optional[_Num] = None  # the server's time of the question, echoed
     reason: Optional[_Name] = None  # why the server asked ("incident hang:r2"), echoed
     took_ms: _Num = 0.0  # how long the agent's thread took to answer

@@ -195,6 +195,10 @@ class TraceFile:
             if track.startswith("group:"):
                 group = track[6:]
                 name, sort = group_label(group), 1 + _group_rank(group)
+            elif track.startswith("completed:"):  # a snapshot's recent collectives, exact
+                group = track[10:]
+                name = f"{group_label(group)} · completed (from snapshots)"
+                sort = 1 + _group_rank(group)
             else:
                 name, sort = track, 0
             meta.append(_meta(pid, tid, "thread_name", {"name": name}))

@@ -22,9 +22,7 @@ from dashboard.state import FLIGHT_OP, JobState, RankState, StoredEvent
 # Kinds JobState folds that the timeline does not draw, and why. tests/unit/test_trace.py holds
 # every other kind the fold folds to a reading here, so a new kind is drawn by decision.
 NOT_DRAWN = {"left": "destroy_process_group: the trace predates the kind, and drawing it "
-                     "changes the file, for a change of its own",
-             "snapshot": "a rank's threads and groups when the server asked: shown on the "
-                         "page and by GET /api/jobs/<id>/snapshots, not yet on the timeline"}
+                     "changes the file, for a change of its own"}
 MAX_PENDING = 10_000  # events held back while their session's rank is still unknown
 # Seconds of slack when matching an interval's longest call to a collective's known bounds:
 # the agent rounds inflight_since to microseconds.
@@ -62,6 +60,8 @@ class _Session:
     ops: dict[str, set[str]] = dataclasses.field(default_factory=dict)  # group -> ops seen
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
     gpu_lost: bool = False
+    # the end of the newest collective drawn from its snapshots (the next one's ring overlaps)
+    completed_until: float = 0.0
     exited: bool = False  # since its exit, until it connects again: its disconnect is routine
     pending: list[StoredEvent] = dataclasses.field(default_factory=list)
 
@@ -263,6 +263,29 @@ class TraceReading:
                           f"stack: {body['op']} #{body['seq']}",
                           {**body, "stack": cut_text(body["stack"], keep_end=True)},
                           cat="stack")
+
+    def _on_snapshot(self, s: _Session, rank: RankState, body: dict[str, Any],
+                     t: float) -> None:
+        """The server asked what the rank was doing: its threads' stacks as an instant, and
+        the collectives it completed lately as exact slices, each once, on a track of their
+        own beside the group's (whose slices are heartbeats' sightings)."""
+        stacks = {thread["name"]: cut_text("".join(
+            f'  File "{f["file"]}", line {f["line"]}, in {f["function"]}\n'
+            for f in thread.get("frames") or []), keep_end=True)
+            for thread in body.get("threads") or []}
+        self._lifecycle(s, t, f"snapshot ({body.get('reason') or 'asked'})",
+                        {"ask": body["ask"], "took_ms": body.get("took_ms"), "stacks": stacks},
+                        cat="snapshot")
+        for group, op, nbytes, start, end in body.get("recent") or []:
+            if end <= s.completed_until:
+                continue
+            self.file.complete("collectives", s.pid,
+                               self.file.tid(s.pid, "completed:" + group), start, end, op,
+                               {"group": group, "op": op, "bytes": nbytes,
+                                "source": "snapshot"}, cat="collective")
+        ends = [row[4] for row in body.get("recent") or []]
+        if ends:
+            s.completed_until = max(s.completed_until, max(ends))
 
     def _on_gpu(self, s: _Session, rank: RankState, body: dict[str, Any], t: float) -> None:
         v = body["values"]

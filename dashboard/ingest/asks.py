@@ -19,9 +19,14 @@ import uuid
 from typing import Any, Callable
 
 MAX_REQUESTS = 32  # requests remembered per job (the answers are in the log regardless)
+MAX_JOBS = 256  # jobs whose requests are remembered, the most recently asked
 MIN_INTERVAL_S = 1.0  # between two requests of one job that ask the same rank
 ANSWER_WAIT_S = 5.0  # after this long, a rank that has not answered "did not answer"
 VICTIMS = 3  # ranks snapshotted with an incident beside the blamed ones
+AUTO_EVERY_S = 10.0  # at most one request with an incident per job this often
+MAX_AUTO_LAG_S = 2.0  # no request with an incident while ingest is this far behind
+MAX_RANKS_WHEN_BEHIND = 64  # ranks one request may ask meanwhile
+MAX_REMEMBERED = 65_536  # (job, rank) ask times kept for the rate limit before pruning
 
 
 class TooSoon(Exception):
@@ -44,6 +49,10 @@ class Request:
                 "asked": self.asked, "not_connected": self.not_connected}
 
 
+class Busy(Exception):
+    """Many ranks asked while ingest is behind: their answers would deepen its backlog."""
+
+
 class UnknownRanks(ValueError):
     """Ranks asked for that the job does not have."""
 
@@ -58,12 +67,17 @@ class Asks:
     """
 
     def __init__(self, read: Callable[[int, Callable[[Any], Any]], Any],
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 lag: Callable[[], float] = lambda: 0.0):
         self.read = read
         self.clock = clock
+        self.lag = lag
+        self._auto_at: dict[int, float] = {}  # job -> its last request with an incident
         self._lock = threading.Lock()
         self._links: dict[str, Callable[[dict[str, Any]], None]] = {}
-        self._requests: dict[int, collections.OrderedDict[str, Request]] = {}
+        # job -> its requests, the jobs asked most recently last (MAX_JOBS of them)
+        self._requests: collections.OrderedDict[int, collections.OrderedDict[str, Request]] = \
+            collections.OrderedDict()
         self._last_asked: dict[tuple[int, int], float] = {}  # (job, rank) -> when
         self.counters = collections.Counter()
 
@@ -88,6 +102,7 @@ class Asks:
 
         Raises:
             UnknownRanks: some of ``ranks`` are not the job's.
+            Busy: more than MAX_RANKS_WHEN_BEHIND ranks asked while ingest is behind.
             TooSoon: every rank asked was asked less than MIN_INTERVAL_S ago (unless
                 ``force``, which the server's own requests with an incident use).
         """
@@ -95,6 +110,13 @@ class Asks:
             rank: r.session for rank, r in state.rank_index().items()})
         if sessions is None:
             return None
+        lag = self.lag()
+        if not force and lag > MAX_AUTO_LAG_S and len(ranks if ranks is not None
+                                                      else sessions) > MAX_RANKS_WHEN_BEHIND:
+            self.counters["snapshot_requests_busy"] += 1
+            raise Busy(f"ingest is {lag:.0f} s behind the agents: answers from this many ranks "
+                       f"would add to its backlog; ask for the blamed ranks, or at most "
+                       f"{MAX_RANKS_WHEN_BEHIND}, until it catches up")
         if ranks is not None:
             unknown = sorted(set(ranks) - set(sessions))
             if unknown:
@@ -110,6 +132,17 @@ class Asks:
         a few of the others (its victims, where everybody waits for the blamed)."""
         if event != "new" or not incident.get("ranks"):
             return
+        # Never a burden on a server that is behind (the answers would come late, and their
+        # load could make ranks look silent), nor more than one a job every AUTO_EVERY_S (a
+        # burst of incidents, as when a node dies, asks once).
+        now = self.clock()
+        if self.lag() > MAX_AUTO_LAG_S or now - self._auto_at.get(job["id"], -1e18) < \
+                AUTO_EVERY_S:
+            self.counters["snapshot_auto_skipped"] += 1
+            return
+        self._auto_at[job["id"]] = now
+        if len(self._auto_at) > MAX_JOBS:
+            self._auto_at = {j: t for j, t in self._auto_at.items() if now - t < AUTO_EVERY_S}
         blamed = list(incident["ranks"])[:VICTIMS * 4]
         others = self.read(job["id"], lambda state: [
             rank for rank in state.rank_index() if rank not in blamed][:VICTIMS])
@@ -136,7 +169,13 @@ class Asks:
                 request.asked.append(rank)
                 self._last_asked[(job_id, rank)] = now
                 sends.append(send)
+            if len(self._last_asked) > MAX_REMEMBERED:  # only the last second matters
+                self._last_asked = {key: t for key, t in self._last_asked.items()
+                                    if now - t < MIN_INTERVAL_S}
             kept = self._requests.setdefault(job_id, collections.OrderedDict())
+            self._requests.move_to_end(job_id)
+            while len(self._requests) > MAX_JOBS:
+                self._requests.popitem(last=False)
             kept[request.id] = request
             while len(kept) > MAX_REQUESTS:
                 kept.popitem(last=False)
@@ -160,4 +199,4 @@ class Asks:
             return self._requests.get(job_id, {}).get(request_id)
 
 
-__all__ = ["ANSWER_WAIT_S", "Asks", "Request", "TooSoon", "UnknownRanks"]
+__all__ = ["ANSWER_WAIT_S", "Asks", "Busy", "Request", "TooSoon", "UnknownRanks"]

@@ -92,7 +92,7 @@ class Ingest:
         self.stopping = False
         self.cluster = cluster
         # The server's questions to agents; an incident that opens asks for its ranks' stacks.
-        self.asks = Asks(self.read, lambda: self.clock())
+        self.asks = Asks(self.read, lambda: self.clock(), lambda: self.lag.current())
         self.books = LiveBooks(store, settings, lambda: self.clock(), self.judged_at,
                                listeners(self.asks.on_incident, on_incident), self.counters,
                                self.changed.job)

@@ -25,7 +25,7 @@ GPU_HISTORY = 120  # GPU readings kept per rank (about two minutes)
 THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
                     "hw_power_brake_slowdown")
 MAX_ERRORS = 200  # verbatim error texts kept per job (the log keeps them all)
-MAX_SNAPSHOTS = 32  # snapshot requests whose answers are kept (the log keeps them all)
+MAX_SNAPSHOT_ANSWERS = 2048  # snapshot answers kept, of the newest requests
 F = TypeVar("F", bound="Fold")  # apply_all returns what it was called on (a JobState)
 
 
@@ -76,8 +76,9 @@ class Fold:
         self.fr_tallies: dict[tuple[str, int], collections.deque] = {}
         # (group, op, source) -> whole second of the agents' clocks -> every rank's summaries
         self.op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]] = {}
-        # request id -> rank -> its answer (pgdash_agent.snapshots), the newest MAX_SNAPSHOTS
+        # request id -> rank -> its answer (pgdash_agent.snapshots), of the newest requests
         self.snapshots: dict[str, dict[int, dict[str, Any]]] = {}
+        self.snapshot_answers = 0  # answers in ``snapshots`` (MAX_SNAPSHOT_ANSWERS at most)
         self.gpus: dict[int, dict[str, Any]] = {}  # rank -> latest GPU reading
         self.gpu_history: dict[int, collections.deque] = {}  # rank -> [t, util, mem, temp, W]
         # rank -> fault key ("xid:79", "ecc", "remap_failure", "lost", ...) -> first seen
@@ -101,6 +102,7 @@ class Fold:
         self.__dict__.update(data)
         self.__dict__.setdefault("exit_rows", {})  # checkpoints of earlier versions
         self.__dict__.setdefault("snapshots", {})
+        self.__dict__.setdefault("snapshot_answers", 0)
         for key, window in self.recent.items():
             # A window is all old or all new (a loaded state is upgraded whole): its ends tell.
             if window and not (current_point(window[0]) and current_point(window[-1])):
@@ -231,9 +233,13 @@ class Fold:
         answers = self.snapshots.get(body["ask"])
         if answers is None:
             answers = self.snapshots[body["ask"]] = {}
-            while len(self.snapshots) > MAX_SNAPSHOTS:
-                del self.snapshots[next(iter(self.snapshots))]
+        self.snapshot_answers += r.rank not in answers
         answers[r.rank] = dict(body, t=t, session=r.session)
+        # The newest requests, MAX_SNAPSHOT_ANSWERS answers at most (two of every rank of a
+        # 1,024-rank job: an answer is ~50 frames); the log keeps them all.
+        while self.snapshot_answers > MAX_SNAPSHOT_ANSWERS and len(self.snapshots) > 1:
+            oldest = next(iter(self.snapshots))
+            self.snapshot_answers -= len(self.snapshots.pop(oldest))
 
     def _on_gpu(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is None or self._stale(r):

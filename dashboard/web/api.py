@@ -235,6 +235,8 @@ def api_snapshot_request(job_id: int):
         return jsonify(error=str(exc)), 400
     except snapshots.TooSoon as exc:
         return jsonify(error=str(exc)), 429
+    except snapshots.Busy as exc:
+        return jsonify(error=str(exc)), 503
     made = found_or_404(made, job_id)
     return {**made.row(), "url": f"/api/jobs/{job_id}/snapshots/{made.id}"}, 202
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboard.ingest.asks import ANSWER_WAIT_S, Request, TooSoon, UnknownRanks
+from dashboard.ingest.asks import ANSWER_WAIT_S, Busy, Request, TooSoon, UnknownRanks
 from dashboard.state import JobState
 
-__all__ = ["TooSoon", "UnknownRanks", "answered_request", "group_stacks", "latest",
+__all__ = ["Busy", "TooSoon", "UnknownRanks", "answered_request", "group_stacks", "latest",
            "request_view", "wavefront", "with_snapshots"]
 
 TOP_FRAMES = 12  # frames of a group's stack shown in the grouping's key and text
@@ -155,8 +155,10 @@ def latest(state: JobState, ranks: list[int], since: float = 0.0) -> dict[str, A
 def _answer(answer: dict[str, Any]) -> dict[str, Any]:
     threads = [{**t, "stack": stack_text(t.get("frames") or [])}
                for t in answer.get("threads") or []]
+    recent = [{"group": g, "op": op, "bytes": n, "start": t0, "end": t1}
+              for g, op, n, t0, t1 in answer.get("recent") or []]
     return {"t": answer["t"], "took_ms": answer.get("took_ms"), "threads": threads,
-            "groups": answer.get("groups") or []}
+            "groups": answer.get("groups") or [], "recent": recent}
 
 
 def _last_stack(state: JobState, rank: int) -> dict[str, Any] | None:

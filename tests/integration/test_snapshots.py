@@ -122,6 +122,10 @@ def test_a_snapshot_on_demand_and_bad_requests_change_nothing(tmp_path, wire):
         assert "all_reduce" in view["ranks"]["0"]["threads"][0]["stack"]
         groups = view["ranks"]["0"]["groups"]
         assert groups and groups[0]["inflight_op"] == "all_reduce"
+        # The collectives it completed before, with their times (the job's busy steps).
+        recent = view["ranks"]["1"]["recent"]
+        assert len(recent) >= 5 and {c["op"] for c in recent} == {"all_reduce"}
+        assert all(c["start"] <= c["end"] <= view["ranks"]["1"]["t"] for c in recent)
         # The same from the command line, by the job's name (after the rate limit's second).
         time.sleep(MIN_INTERVAL_S)
         done = subprocess.run([sys.executable, "-m", "dashboard", "snapshot", f"asked-{wire}",

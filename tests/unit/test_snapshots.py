@@ -12,7 +12,8 @@ from pgdash_agent.collectives import CollectiveTracker
 from pgdash_agent.outbox import Outbox
 from pgdash_agent.snapshots import MAX_PENDING, Snapshots, threads_now
 from pgdash_agent.wire import MAX_SNAPSHOT_THREADS, WireError, validate_event
-from dashboard.ingest.asks import ANSWER_WAIT_S, MIN_INTERVAL_S, Asks, TooSoon, UnknownRanks
+from dashboard.ingest.asks import (ANSWER_WAIT_S, MIN_INTERVAL_S, Asks, Busy, TooSoon,
+                                   UnknownRanks)
 from dashboard.web import snapshots as views
 from tests.helpers.events import running
 
@@ -121,10 +122,10 @@ def test_a_request_asks_each_connected_rank_once_and_remembers_who_was_not():
 
 def test_an_incident_snapshots_its_blamed_ranks_and_a_few_victims_at_once():
     asks, sent, _, _ = _asks(world=6)
+    asks.request(1, [4], "asked by a user")  # a moment ago: the incident's request is forced
     asks.on_incident("new", {"id": 1}, {"id": "hang:r4", "ranks": [4]})
-    asks.on_incident("new", {"id": 1}, {"id": "hang:r4", "ranks": [4]})  # forced: not too soon
     asks.on_incident("resolved", {"id": 1}, {"id": "hang:r4", "ranks": [4]})
-    (made, _again) = asks.requests(1)
+    (made, _user) = asks.requests(1)
     assert made.asked == [0, 1, 2, 4] and made.reason == "incident hang:r4"
     assert len(sent[4]) == 2 and sent[5] == []
 
@@ -175,3 +176,61 @@ def test_an_incident_shows_its_culprits_newest_answer_since_it_began():
     assert shown["snapshot"]["ask"] == "new" and "line 9" in shown["snapshot"]["stack"]
     (too_early,) = views.with_snapshots(state, [dict(incident, first_seen=140.0)])
     assert "snapshot" not in too_early
+
+
+def test_a_snapshot_draws_its_recent_collectives_once_on_the_perfetto_timeline():
+    from dashboard.history.trace import build_trace
+    from tests.helpers.trace import timeline
+
+    log = running(2)
+    ring = [["0", "all_reduce", 4096, 100.0 + i, 100.5 + i] for i in range(3)]
+    for t, recent in ((104.0, ring), (106.0, ring[1:] + [["0", "broadcast", 8, 104.0, 104.2]])):
+        log.add("s1", "snapshot", {"ask": f"a{t}", "reason": "incident hang:r1", "threads": [
+            {"name": "MainThread", "training": True, "frames": _frames(42)}],
+            "recent": recent}, t=t)
+    trace = build_trace(log.events)
+    drawn = [e for e in timeline(trace) if e.get("cat") == "collective"]
+    assert [(e["name"], e["ts"], e["dur"]) for e in drawn] == [
+        ("all_reduce", 100_000_000, 500_000), ("all_reduce", 101_000_000, 500_000),
+        ("all_reduce", 102_000_000, 500_000), ("broadcast", 104_000_000, 200_000)]
+    threads = {e["args"]["name"] for e in trace["traceEvents"]
+               if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert any(name.endswith("· completed (from snapshots)") for name in threads)
+    (instant, _) = [e for e in timeline(trace) if e.get("cat") == "snapshot"]
+    assert 'line 42' in instant["args"]["stacks"]["MainThread"]
+
+
+def test_answers_kept_in_the_state_are_bounded_oldest_requests_first(monkeypatch):
+    from dashboard.state import fold
+
+    monkeypatch.setattr(fold, "MAX_SNAPSHOT_ANSWERS", 4)
+    log = running(2)
+    for i in range(3):
+        for rank in (0, 1):
+            _answer(log, rank, f"a{i}", 101.0 + i, _frames(i))
+    state = log.state()
+    assert list(state.snapshots) == ["a1", "a2"] and state.snapshot_answers == 4
+
+
+def test_incidents_ask_at_most_once_a_while_per_job_and_never_while_behind(monkeypatch):
+    from dashboard.ingest import asks as module
+
+    asks, sent, clock, state = _asks(world=4)
+    lag = [0.0]
+    asks.lag = lambda: lag[0]
+    for rank in range(4):  # a burst: four incidents at once (a node died)
+        asks.on_incident("new", {"id": 1}, {"id": f"crash:r{rank}", "ranks": [rank]})
+    assert len(asks.requests(1)) == 1 and asks.counters["snapshot_auto_skipped"] == 3
+    clock.t += module.AUTO_EVERY_S
+    lag[0] = 5.0  # ingest behind: the answers would add to its backlog
+    asks.on_incident("new", {"id": 1}, {"id": "hang:r2", "ranks": [2]})
+    assert len(asks.requests(1)) == 1
+    # A user may still ask a few ranks, not many.
+    monkeypatch.setattr(module, "MAX_RANKS_WHEN_BEHIND", 2)
+    with pytest.raises(Busy, match="ingest is 5 s behind the agents"):
+        asks.request(1, [0, 1, 3], "more ranks than a server behind takes")
+    asks.request(1, [2], "the blamed rank")
+    lag[0] = 0.0
+    clock.t += module.AUTO_EVERY_S
+    asks.on_incident("new", {"id": 1}, {"id": "hang:r2", "ranks": [2]})
+    assert [r.reason for r in asks.requests(1)][:2] == ["incident hang:r2", "the blamed rank"]
