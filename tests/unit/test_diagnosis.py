@@ -123,6 +123,29 @@ def test_silent_rank_becomes_lost_after_the_threshold():
     assert kinds(diagnose(log.state(), 125.1, S)) == [("rank_lost", [1])]
 
 
+def test_a_rank_read_late_by_a_server_behind_is_not_lost_until_the_others_are_read_past_it():
+    """A server behind its agents reads some ranks' reports later than others' (a rank that
+    reconnected, or whose batches wait deeper in the backlog): silence is judged against what
+    it has read of the others, not against the clock (a healthy 1,024-rank job got rank_lost
+    criticals so)."""
+    log = running(4)  # every rank reported at 100
+    for r in range(3):
+        progress(log, r, 110.0, ("0", 9, 9, None, None))
+    assert diagnose(log.state(), 122.0, S) == []  # 22 s on the clock, 10 s behind the others
+    for r in range(3):
+        progress(log, r, 115.5, ("0", 12, 12, None, None))
+    found = diagnose(log.state(), 122.0, S)
+    assert kinds(found) == [("rank_lost", [3])]
+    assert "nothing heard from it for 16 s" in found[0]["summary"]
+
+
+def test_the_only_running_rank_silent_is_lost_on_the_clock():
+    log = running(1)
+    progress(log, 0, 110, ("0", 5, 5, None, None))
+    assert diagnose(log.state(), 124.9, S) == []
+    assert kinds(diagnose(log.state(), 125.1, S)) == [("rank_lost", [0])]
+
+
 def test_a_dropped_connection_is_not_lost_before_the_others_are_read_past_its_grace():
     """An agent whose acks timed out behind a slow server reconnects at once, but the server
     reads its reconnection as late as everyone's reports: on the clock alone it looked lost."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from dashboard.diagnosis.errors import classify
@@ -101,17 +102,31 @@ def _consequence(state: JobState, r: RankState, s: Settings) -> bool:
     return first is not None and r.exit_at >= first[0] + CONSEQUENCE_AFTER_S
 
 
-def _heard_until(state: JobState) -> float:
-    """How far the server has read the running ranks: the median time of their newest
-    reports (infinity when none runs). A rank whose connection dropped is not lost before
-    the others have been heard from past its reconnect grace: a server behind its agents
-    reads a reconnection as late as their reports, so judged on the clock alone, an agent
-    that reconnected after an ack timeout would be taken for lost."""
-    def build() -> float:
-        seen = sorted(r.last_seen for r in state.ranks()
-                      if r.status in (RankStatus.RUNNING, RankStatus.INITIALIZING))
-        return seen[len(seen) // 2] if seen else float("inf")
-    return state.memo(("heard_until",), build)
+def _running_seen(state: JobState) -> list[float]:
+    """The newest report times of the running ranks, sorted (remembered per state)."""
+    return state.memo(("running_seen",), lambda: sorted(
+        r.last_seen for r in state.ranks()
+        if r.status in (RankStatus.RUNNING, RankStatus.INITIALIZING)))
+
+
+def _heard_until(state: JobState, but: RankState | None = None) -> float:
+    """How far the server has read the running ranks (but ``but``): the median time of their
+    newest reports; infinity when no other runs.
+
+    A server behind its agents reads every rank late, and a rank that reconnected after an
+    ack timeout, or whose reports wait in the backlog, later than the others: judged on the
+    clock alone, such a rank was taken for lost (a healthy 1,024-rank job got rank_lost
+    criticals). Judged against the others' reports, a rank is lost only when the server read
+    them past it, by the reconnect grace or ``lost_after``.
+    """
+    seen = _running_seen(state)
+    if but is not None and but.status in (RankStatus.RUNNING, RankStatus.INITIALIZING):
+        if len(seen) <= 1:
+            return float("inf")  # nobody else: the clock alone says
+        mine = bisect.bisect_left(seen, but.last_seen)
+        middle = (len(seen) - 1) // 2  # the median of the others: one report fewer
+        return seen[middle + 1] if mine <= middle else seen[middle]
+    return seen[len(seen) // 2] if seen else float("inf")
 
 
 def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
@@ -123,9 +138,12 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
             since, how = r.exit_at or r.last_seen, "its connection closed without a clean exit"
             if min(now, _heard_until(state)) - since < s.reconnect_grace:
                 continue
-        elif r.status in (RankStatus.RUNNING, RankStatus.INITIALIZING) and now - r.last_seen > s.lost_after:
+        elif r.status in (RankStatus.RUNNING, RankStatus.INITIALIZING):
+            heard = min(now, _heard_until(state, r)) - r.last_seen
+            if heard <= s.lost_after:
+                continue
             since = r.last_seen + s.lost_after
-            how = f"nothing heard from it for {now - r.last_seen:.0f} s (heartbeats stopped)"
+            how = f"nothing heard from it for {heard:.0f} s (heartbeats stopped)"
         else:
             continue
         victims = {v.rank: _last_error(state, v.rank) for v in state.ranks()
