@@ -195,8 +195,8 @@ class TraceFile:
             if track.startswith("group:"):
                 group = track[6:]
                 name, sort = group_label(group), 1 + _group_rank(group)
-            elif track.startswith("completed:"):  # a snapshot's recent collectives, exact
-                group = track[10:]
+            elif track.startswith("completed:"):  # dashboard.history.trace_snapshots
+                group = track[len("completed:"):]
                 name = f"{group_label(group)} · completed (from snapshots)"
                 sort = 1 + _group_rank(group)
             else:

@@ -17,6 +17,7 @@ from typing import Any
 
 from pgdash_agent.wire import hist_bucket_value
 from dashboard.history.trace_file import TraceFile, cut_text
+from dashboard.history.trace_snapshots import draw_completed, snapshot_args
 from dashboard.state import FLIGHT_OP, JobState, RankState, StoredEvent
 
 # Kinds JobState folds that the timeline does not draw, and why. tests/unit/test_trace.py holds
@@ -266,26 +267,9 @@ class TraceReading:
 
     def _on_snapshot(self, s: _Session, rank: RankState, body: dict[str, Any],
                      t: float) -> None:
-        """The server asked what the rank was doing: its threads' stacks as an instant, and
-        the collectives it completed lately as exact slices, each once, on a track of their
-        own beside the group's (whose slices are heartbeats' sightings)."""
-        stacks = {thread["name"]: cut_text("".join(
-            f'  File "{f["file"]}", line {f["line"]}, in {f["function"]}\n'
-            for f in thread.get("frames") or []), keep_end=True)
-            for thread in body.get("threads") or []}
         self._lifecycle(s, t, f"snapshot ({body.get('reason') or 'asked'})",
-                        {"ask": body["ask"], "took_ms": body.get("took_ms"), "stacks": stacks},
-                        cat="snapshot")
-        for group, op, nbytes, start, end in body.get("recent") or []:
-            if end <= s.completed_until:
-                continue
-            self.file.complete("collectives", s.pid,
-                               self.file.tid(s.pid, "completed:" + group), start, end, op,
-                               {"group": group, "op": op, "bytes": nbytes,
-                                "source": "snapshot"}, cat="collective")
-        ends = [row[4] for row in body.get("recent") or []]
-        if ends:
-            s.completed_until = max(s.completed_until, max(ends))
+                        snapshot_args(body), cat="snapshot")
+        s.completed_until = draw_completed(self.file, s.pid, body, s.completed_until)
 
     def _on_gpu(self, s: _Session, rank: RankState, body: dict[str, Any], t: float) -> None:
         v = body["values"]

@@ -228,18 +228,9 @@ class Fold:
             self.stacks[(body["group"], r.rank)] = dict(body, t=t)
 
     def _on_snapshot(self, r: RankState, body: dict[str, Any], t: float) -> None:
-        if r.rank is None:
-            return
-        answers = self.snapshots.get(body["ask"])
-        if answers is None:
-            answers = self.snapshots[body["ask"]] = {}
-        self.snapshot_answers += r.rank not in answers
-        answers[r.rank] = dict(body, t=t, session=r.session)
-        # The newest requests, MAX_SNAPSHOT_ANSWERS answers at most (two of every rank of a
-        # 1,024-rank job: an answer is ~50 frames); the log keeps them all.
-        while self.snapshot_answers > MAX_SNAPSHOT_ANSWERS and len(self.snapshots) > 1:
-            oldest = next(iter(self.snapshots))
-            self.snapshot_answers -= len(self.snapshots.pop(oldest))
+        if r.rank is not None:
+            self.snapshot_answers = keep_answer(self.snapshots, self.snapshot_answers, r,
+                                                body, t)
 
     def _on_gpu(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is None or self._stale(r):
@@ -253,12 +244,7 @@ class Fold:
         history.append([t, v.get("util_gpu"), v.get("mem_used"), v.get("temp_c"),
                         v.get("power_w")])
         faults = self.gpu_faults.setdefault(r.rank, {})
-        keys = [f"xid:{x}" for x in body["xids"]]
-        keys += [k for k, on in (("lost", body["lost"]),
-                                 ("ecc", (v.get("ecc_uncorrected") or 0) > 0),
-                                 ("remap_failure", (v.get("remap_failure") or 0) > 0),
-                                 ("remap_pending", (v.get("remap_pending") or 0) > 0)) if on]
-        for key in keys:
+        for key in gpu_fault_keys(body):
             faults.setdefault(key, t)
         if any(reason in THROTTLE_REASONS for reason in body["reasons"]):
             self.throttled_since.setdefault(r.rank, t)
@@ -300,3 +286,30 @@ class Fold:
 
     def _record_error(self, r: RankState, body: dict[str, Any], t: float) -> None:
         self.errors.append({"rank": r.rank, "attempt": r.attempt, "t": t, **body})
+
+
+def keep_answer(snapshots: dict[str, dict[int, dict[str, Any]]], kept: int, r: RankState,
+                body: dict[str, Any], t: float) -> int:
+    """File a rank's snapshot answer under its request and return how many answers are kept:
+    those of the newest requests, MAX_SNAPSHOT_ANSWERS at most (two of every rank of a
+    1,024-rank job: an answer is ~50 frames); the log keeps them all."""
+    answers = snapshots.get(body["ask"])
+    if answers is None:
+        answers = snapshots[body["ask"]] = {}
+    kept += r.rank not in answers
+    answers[r.rank] = dict(body, t=t, session=r.session)
+    while kept > MAX_SNAPSHOT_ANSWERS and len(snapshots) > 1:
+        kept -= len(snapshots.pop(next(iter(snapshots))))
+    return kept
+
+
+def gpu_fault_keys(reading: dict[str, Any]) -> list[str]:
+    """The faults a GPU reading reports: ``xid:<n>`` per XID, ``lost``, ``ecc`` (uncorrected
+    errors), ``remap_failure`` and ``remap_pending`` (row remapping)."""
+    v = reading["values"]
+    keys = [f"xid:{x}" for x in reading["xids"]]
+    keys += [k for k, on in (("lost", reading["lost"]),
+                             ("ecc", (v.get("ecc_uncorrected") or 0) > 0),
+                             ("remap_failure", (v.get("remap_failure") or 0) > 0),
+                             ("remap_pending", (v.get("remap_pending") or 0) > 0)) if on]
+    return keys
