@@ -143,11 +143,12 @@ class Asks:
         self._auto_at[job["id"]] = now
         if len(self._auto_at) > MAX_JOBS:
             self._auto_at = {j: t for j, t in self._auto_at.items() if now - t < AUTO_EVERY_S}
-        blamed = list(incident["ranks"])[:VICTIMS * 4]
-        others = self.read(job["id"], lambda state: [
-            rank for rank in state.rank_index() if rank not in blamed][:VICTIMS])
-        self.request(job["id"], blamed + (others or []), f"incident {incident['id']}",
-                     force=True)
+        known = self.read(job["id"], lambda state: list(state.rank_index())) or []
+        has = set(known)  # the blamed ranks the job has (init_incomplete's never arrived)
+        blamed = [rank for rank in incident["ranks"] if rank in has][:VICTIMS * 4]
+        others = [rank for rank in known if rank not in incident["ranks"]][:VICTIMS]
+        if blamed or others:
+            self.request(job["id"], blamed + others, f"incident {incident['id']}", force=True)
 
     def _send(self, job_id: int, sessions: dict[int, str], reason: str,
               force: bool) -> Request:

@@ -128,6 +128,10 @@ def test_an_incident_snapshots_its_blamed_ranks_and_a_few_victims_at_once():
     (made, _user) = asks.requests(1)
     assert made.asked == [0, 1, 2, 4] and made.reason == "incident hang:r4"
     assert len(sent[4]) == 2 and sent[5] == []
+    # Ranks that never arrived (init_incomplete blames them): the others are asked.
+    asks.clock.t += 60
+    asks.on_incident("new", {"id": 1}, {"id": "init:r7-8", "ranks": [7, 8]})
+    assert asks.requests(1)[0].asked == [0, 1, 2]
 
 
 def _answer(log, rank, ask, t, frames):
