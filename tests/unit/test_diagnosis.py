@@ -146,6 +146,16 @@ def test_the_only_running_rank_silent_is_lost_on_the_clock():
     assert kinds(diagnose(log.state(), 125.1, S)) == [("rank_lost", [0])]
 
 
+def test_ranks_all_silent_with_open_connections_are_lost_on_the_clock():
+    """A frozen job or a partition: most ranks silent, none read past another."""
+    log = running(3)
+    for r in range(3):
+        progress(log, r, 110, ("0", 5, 5, None, None))
+    assert diagnose(log.state(), 124.9, S) == []
+    assert kinds(diagnose(log.state(), 125.1, S)) == [("rank_lost", [0]), ("rank_lost", [1]),
+                                                      ("rank_lost", [2])]
+
+
 def test_a_dropped_connection_is_not_lost_before_the_others_are_read_past_its_grace():
     """An agent whose acks timed out behind a slow server reconnects at once, but the server
     reads its reconnection as late as everyone's reports: on the clock alone it looked lost."""

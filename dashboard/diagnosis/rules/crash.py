@@ -117,7 +117,8 @@ def _heard_until(state: JobState, but: RankState | None = None) -> float:
     ack timeout, or whose reports wait in the backlog, later than the others: judged on the
     clock alone, such a rank was taken for lost (a healthy 1,024-rank job got rank_lost
     criticals). Judged against the others' reports, a rank is lost only when the server read
-    them past it, by the reconnect grace or ``lost_after``.
+    them past it, by the reconnect grace or ``lost_after`` (rank_lost falls back to the
+    clock when most running ranks are silent).
     """
     seen = _running_seen(state)
     if but is not None and but.status in (RankStatus.RUNNING, RankStatus.INITIALIZING):
@@ -139,7 +140,12 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
             if min(now, _heard_until(state)) - since < s.reconnect_grace:
                 continue
         elif r.status in (RankStatus.RUNNING, RankStatus.INITIALIZING):
-            heard = min(now, _heard_until(state, r)) - r.last_seen
+            # Against the others while most are heard; on the clock when most are silent
+            # too (a frozen job, a partition: the connections may stay open).
+            everyone = _heard_until(state)
+            horizon = now if now - everyone > s.lost_after else \
+                min(now, _heard_until(state, r))
+            heard = horizon - r.last_seen
             if heard <= s.lost_after:
                 continue
             since = r.last_seen + s.lost_after
