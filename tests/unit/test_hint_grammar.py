@@ -406,8 +406,9 @@ def test_a_hang_says_it_or_them_and_what_its_evidence_holds(n):
     assert sorted(f["evidence"]["stacks"]) == ["0", "1"]
     assert "The stacks of the waiting ranks (ranks 0, 1) are in the evidence" in f["hint"]
     assert "`pip install py-spy`, then `py-spy dump --pid 1002` on node0" in f["hint"]
-    assert ("culprit's own stack needs a snapshot" if n == 1
-            else "culprits' own stacks need snapshots") in f["hint"]
+    assert ("culprit's own stack comes with the incident, asked of its agent" if n == 1
+            else "culprits' own stacks come with the incident, asked of their agents") \
+        in f["hint"]
     assert "30 minutes by default" in f["hint"] and "NCCL" not in f["hint"]
     log, now = hang(n, "nccl", True)
     (f,) = diagnose(log.state(), now, S)

@@ -103,8 +103,10 @@ def _stacks_text(state: JobState, culprits: list[int], stacks: dict[str, str]) -
         return (f"The stack of {agree(culprits, 'the culprit', 'each culprit')} is in the "
                 "evidence.")
     needs = (f"the {agree(missing, 'culprit', 'culprits')}' own "
-             f"{agree(missing, 'stack needs a snapshot', 'stacks need snapshots')}: "
-             f"{stack_commands(state, missing)}.").replace("culprit' ", "culprit's ")
+             f"{agree(missing, 'stack comes', 'stacks come')} with the incident, asked of "
+             f"{agree(missing, 'its agent', 'their agents')} when it opens; if none answers "
+             f"(a thread blocked in C with the GIL held): {stack_commands(state, missing)}."
+             ).replace("culprit' ", "culprit's ")
     if others:
         return (f"The {agree(others, 'stack', 'stacks')} of the waiting "
                 f"{agree(others, 'rank', 'ranks')} ({ranks_label(others)}) "
