@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from dashboard.commands.inputs import BadInput
+from dashboard.diagnosis.text import stack_text
 from pgdash_agent.wire import DEFAULT_PORT
 
 POLL_S = 0.25
@@ -71,11 +72,8 @@ def render(job_id: int, view: dict[str, Any]) -> str:
         at = f" at {os.path.basename(where['file'])}:{where['line']} in {where['function']}" \
             if where else ""
         lines += ["", f"{_ranks_text(group['ranks'])}: {group['thread'] or 'no thread'}{at}"]
-        for frame in group["frames"]:
-            lines.append(f'  File "{frame["file"]}", line {frame["line"]}, in '
-                         f'{frame["function"]}')
-            if frame.get("code"):
-                lines.append(f"    {frame['code']}")
+        if group["frames"]:
+            lines.append(stack_text(group["frames"]).rstrip("\n"))
     for rank, row in sorted(ranks.items(), key=lambda kv: int(kv[0])):
         if row["status"] in ("answered",):
             continue

@@ -82,6 +82,23 @@ def frame_label(frame: dict[str, Any]) -> str:
     return where if not function or function == "<module>" else f"{where} in {function}()"
 
 
+def user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The training code's own frame among ``frames`` (outermost first): the innermost that
+    is not the standard library's or an installed package's, else the innermost."""
+    return next((f for f in reversed(frames) if not f.get("library")),
+                frames[-1] if frames else None)
+
+
+def stack_text(frames: list[dict[str, Any]]) -> str:
+    """Frames as Python prints a stack (outermost first), each with its source line."""
+    lines = []
+    for f in frames:
+        lines.append(f'  File "{f["file"]}", line {f["line"]}, in {f["function"]}\n')
+        if f.get("code"):
+            lines.append(f"    {f['code']}\n")
+    return "".join(lines)
+
+
 # -- the backend of a group, and what ends a wait on it ---------------------------------------
 
 def backend_of(state: JobState, group: str | None = None) -> str | None:

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from dashboard.diagnosis.text import stack_text
 from dashboard.history.trace_file import TraceFile, cut_text
 
 COMPLETED = "completed:"  # the track of a group's collectives read from snapshots
 
 
 def snapshot_args(body: dict[str, Any]) -> dict[str, Any]:
-    """The instant's arguments: the request, the time the agent took, each thread's stack."""
-    stacks = {thread["name"]: cut_text("".join(
-        f'  File "{f["file"]}", line {f["line"]}, in {f["function"]}\n'
-        for f in thread.get("frames") or []), keep_end=True)
-        for thread in body.get("threads") or []}
+    """The instant's arguments: the request, the time the agent took, each thread's stack
+    (as the page shows it)."""
+    stacks = {thread["name"]: cut_text(stack_text(thread.get("frames") or []), keep_end=True)
+              for thread in body.get("threads") or []}
     return {"ask": body["ask"], "took_ms": body.get("took_ms"), "stacks": stacks}
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from dashboard.ingest.asks import ANSWER_WAIT_S, Busy, Request, TooSoon, UnknownRanks
+from dashboard.diagnosis.text import stack_text, user_frame
 from dashboard.state import JobState
 
 __all__ = ["Busy", "TooSoon", "UnknownRanks", "answered_request", "group_stacks", "latest",
@@ -94,7 +95,7 @@ def group_stacks(answers: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
         group = groups.get(key)
         if group is None:
             group = groups[key] = {"ranks": [], "thread": thread["name"] if thread else None,
-                                   "frames": frames, "where": innermost_user_frame(frames)}
+                                   "frames": frames, "where": user_frame(frames)}
         group["ranks"].append(rank)
     return sorted(groups.values(), key=lambda g: (len(g["ranks"]), g["ranks"][0]))
 
@@ -102,23 +103,6 @@ def group_stacks(answers: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
 def training_thread(answer: dict[str, Any]) -> dict[str, Any] | None:
     threads = answer.get("threads") or []
     return next((t for t in threads if t.get("training")), threads[0] if threads else None)
-
-
-def innermost_user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The training code's own line the thread stands in: the innermost frame that is not
-    the standard library's or an installed package's."""
-    return next((f for f in reversed(frames) if not f.get("library")),
-                frames[-1] if frames else None)
-
-
-def stack_text(frames: list[dict[str, Any]]) -> str:
-    """Frames as Python prints a stack (outermost first)."""
-    lines = []
-    for f in frames:
-        lines.append(f'  File "{f["file"]}", line {f["line"]}, in {f["function"]}\n')
-        if f.get("code"):
-            lines.append(f"    {f['code']}\n")
-    return "".join(lines)
 
 
 def with_snapshots(state: JobState, incidents: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -149,7 +133,7 @@ def latest(state: JobState, ranks: list[int], since: float = 0.0) -> dict[str, A
     frames = thread["frames"] if thread else []
     return {"rank": best[0], "t": best[1]["t"], "ask": best[1]["ask"],
             "reason": best[1].get("reason"), "thread": thread["name"] if thread else None,
-            "where": innermost_user_frame(frames), "stack": stack_text(frames)}
+            "where": user_frame(frames), "stack": stack_text(frames)}
 
 
 def _answer(answer: dict[str, Any]) -> dict[str, Any]:

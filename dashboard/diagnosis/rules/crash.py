@@ -8,7 +8,8 @@ from typing import Any
 from dashboard.diagnosis.errors import classify
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
-from dashboard.diagnosis.text import backend_of, frame_label, process_label, sentence
+from dashboard.diagnosis.text import (backend_of, frame_label, process_label, sentence,
+                                      user_frame)
 from dashboard.diagnosis.rules.departures import departures
 from dashboard.diagnosis.rules.hangs import job_stop
 from dashboard.state import JobState, RankState
@@ -56,7 +57,7 @@ def code_bug(err: dict[str, Any] | None, cause: Any) -> dict[str, Any] | None:
         return {} if error_type in PLAIN_ERRORS else None
     if _distributed_file(str(frames[-1].get("file") or "")):
         return None  # raised inside torch.distributed: a collective's error no rule knows
-    return next((f for f in reversed(frames) if not f.get("library")), frames[-1])
+    return user_frame(frames)
 
 
 def _last_error(state: JobState, rank: int) -> dict[str, Any] | None:
