@@ -35,15 +35,17 @@ def free_port() -> int:
 
 
 def launch_ranks(ranks: int, server_url: str, job: str, args: list[str],
-                 scenario: str = "healthy") -> list[subprocess.Popen]:
-    """Start the processes of ``dashboard.demo.train`` the way torchrun would.
+                 scenario: str = "healthy",
+                 procs: list[subprocess.Popen] | None = None) -> list[subprocess.Popen]:
+    """Start the processes of ``dashboard.demo.train`` the way torchrun would, into ``procs``
+    as each starts (so that a Ctrl-C halfway leaves the caller those to stop).
 
     The launcher's part of a scenario happens here: ``init-timeout`` never starts the last
     rank, ``config-mismatch`` gives it a different setting.
     """
     master_port = str(free_port())
     last = ranks - 1
-    procs = []
+    procs = [] if procs is None else procs
     for rank in range(ranks):
         if scenario == "init-timeout" and rank == last:
             continue
@@ -119,15 +121,18 @@ def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str,
     # A ServerError (the database, the port) goes up to the command line, which says it.
     server = make_server(db, DEFAULT_HOST, port, hang_after=hang_after).start()
     job = f"demo-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
-    click.echo(f"pgdash demo: {ranks} ranks, scenario {scenario!r} ({SCENARIOS[scenario]}), "
-               f"job {job}")
-    click.echo(f"pgdash demo: open {server.url}/  (Ctrl-C stops)")
-    procs = launch_ranks(ranks, server.url, job, ["--scenario", scenario, "--steps", str(steps)],
-                         scenario)
     ingest = server.services.ingest
     job_id = None
     told: dict[str, tuple] = {}
+    procs: list[subprocess.Popen] = []
+    # From here a Ctrl-C stops cleanly, also while the ranks start (it said "Aborted!" and
+    # left the server and the ranks started so far running, when it came that early).
     try:
+        click.echo(f"pgdash demo: {ranks} ranks, scenario {scenario!r} "
+                   f"({SCENARIOS[scenario]}), job {job}")
+        click.echo(f"pgdash demo: open {server.url}/  (Ctrl-C stops)")
+        launch_ranks(ranks, server.url, job, ["--scenario", scenario, "--steps", str(steps)],
+                     scenario, procs)
         while True:
             if job_id is None:
                 match = next((j for j in ingest.store.jobs.newest(limit=5) if j["name"] == job),
