@@ -64,8 +64,13 @@ class LogRow(NamedTuple):
 
 
 def _gist(f: Finding) -> tuple:
-    """What makes a finding worth pushing and storing again (not its last_seen)."""
-    return (f["active"], f["severity"], f["summary"], f["ranks"])
+    """What makes a finding worth pushing and storing again: what a reader acts on, not its
+    last_seen nor the measurements in its evidence that move every moment. The ranks named
+    as its victims count: a crash's victims' errors arrive after the crash, and the stored
+    finding must name them too (a restarted server, another process of a cluster, an
+    evicted job read it from the store)."""
+    return (f["active"], f["severity"], f["summary"], f["ranks"], f["hint"],
+            tuple((f["evidence"] or {}).get("victims") or ()))
 
 
 class Book:

@@ -115,6 +115,31 @@ def test_failed_rank_is_blamed_not_its_victims():
     assert set(found[0]["evidence"]["victims"]) == {"0", "1"}
 
 
+def test_a_crashs_victims_that_fail_later_are_stored_with_its_finding():
+    """The crash's finding shows before its victims' errors arrive; when they do, the book
+    reports the finding again, so the stored one names them too (CI once read it without)."""
+    from dashboard.diagnosis.book import Book, Change
+
+    log = running(2)
+    log.add("s1", "error", {"where": "uncaught", "error_type": "ZeroDivisionError",
+                            "error": "float division by zero"}, t=105)
+    log.add("s1", "exit", {"clean": False}, t=105.1)
+    book = Book(S)
+    book.record()
+    book.start(100)
+    (first,) = book.update(log.state(), 106).findings
+    assert first[0] == Change.NEW and first[1]["evidence"]["victims"] == {}
+    assert book.update(log.state(), 107).findings == []  # nothing new: nothing stored
+    log.add("s0", "error", {"where": "collective", "error_type": "RuntimeError",
+                            "error": "Connection closed by peer [127.0.0.1]:5"}, t=107.5)
+    log.add("s0", "exit", {"clean": False}, t=107.6)
+    ((change, again),) = book.update(log.state(), 108).findings
+    assert change == Change.UPDATED and list(again["evidence"]["victims"]) == ["0"]
+    assert again["id"] == first[1]["id"] and "consequences" in again["hint"]
+    rows = [row.finding for row in book.take_log()[1] if row.finding]
+    assert rows[-1]["evidence"]["victims"] == again["evidence"]["victims"]
+
+
 def test_silent_rank_becomes_lost_after_the_threshold():
     log = running(2)
     progress(log, 0, 130, ("0", 5, 5, None, None))
