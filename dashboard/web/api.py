@@ -244,8 +244,9 @@ def api_snapshot_request(job_id: int):
 @api.get("/api/jobs/<int:job_id>/snapshots")
 def api_snapshots(job_id: int):
     ingest = _ingest()
-    found_or_404(ingest.read(job_id, lambda s: True), job_id)
-    return {"snapshots": [r.row() for r in ingest.asks.requests(job_id)]}
+    remembered = ingest.asks.requests(job_id)
+    return {"snapshots": found_or_404(ingest.read(
+        job_id, lambda s: snapshots.listing(s, job_id, remembered)), job_id)}
 
 
 @api.get("/api/jobs/<int:job_id>/snapshots/<request_id>")

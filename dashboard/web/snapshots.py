@@ -19,7 +19,7 @@ from dashboard.diagnosis.text import stack_text, user_frame
 from dashboard.state import JobState
 
 __all__ = ["Busy", "TooSoon", "UnknownRanks", "answered_request", "group_stacks", "latest",
-           "request_view", "wavefront", "with_snapshots"]
+           "listing", "request_view", "wavefront", "with_snapshots"]
 
 TOP_FRAMES = 12  # frames of a group's stack shown in the grouping's key and text
 
@@ -75,6 +75,18 @@ def wavefront(answers: dict[int, dict[str, Any]]) -> dict[str, list[dict[str, An
             for group, found in positions.items()}
 
 
+def listing(state: JobState, job_id: int, remembered: list[Request]) -> list[dict[str, Any]]:
+    """Every request of the job, newest first: those this process remembers and those known
+    only by their answers in the log (another process's, a restart's, a dead job's), each
+    with how many ranks answered."""
+    known = {r.id: r for r in remembered}
+    for request_id in state.snapshots:
+        if request_id not in known:
+            known[request_id] = answered_request(state, job_id, request_id)
+    return [{**r.row(), "answered": len(state.snapshots.get(r.id, {}))}
+            for r in sorted(known.values(), key=lambda r: -r.asked_at)]
+
+
 def answered_request(state: JobState, job_id: int, request_id: str) -> Request:
     """A request known only by its answers in the log (asked by another server process, or
     before a restart): the ranks that answered, at the time they say they were asked."""
@@ -95,7 +107,8 @@ def group_stacks(answers: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
         group = groups.get(key)
         if group is None:
             group = groups[key] = {"ranks": [], "thread": thread["name"] if thread else None,
-                                   "frames": frames, "where": user_frame(frames)}
+                                   "frames": frames, "where": user_frame(frames),
+                                   "stack": stack_text(frames)}
         group["ranks"].append(rank)
     return sorted(groups.values(), key=lambda g: (len(g["ranks"]), g["ranks"][0]))
 

@@ -416,6 +416,68 @@ def test_hang_finding_shows_its_hint_and_highlights_the_rank_at_fault(hang_serve
     watched.assert_clean()
 
 
+def test_the_snapshots_card_asks_ranks_and_groups_their_answers(server, watched):
+    """Ask ranks 0-3 from the page: the odd stack out comes first, the wavefront says who is
+    where, the timeline draws each shown rank's last collectives and the one in flight, and
+    the rank that never answers is named with why."""
+    page = watched.page
+    agents = [FakeAgent(server.url, "snap", rank, world_size=4) for rank in range(4)]
+    try:
+        agents[0].send("group", {"name": "0", "ranks": [0, 1, 2, 3]})
+        jid = job_id(server, "snap")
+        page.goto(f"{server.url}/jobs/{jid}")
+        expect(page.locator("#live-text")).to_have_text("Live")
+        page.locator("#snapshot-ranks").fill("0-2,9")
+        page.locator("#snapshot-these").click()
+        expect(page.locator("#snapshot-status")).to_have_text(
+            "this job has no rank 9: its ranks are 0-3")
+        expect(page.locator("#snapshot-status")).to_have_class(re.compile(r"\berror\b"))
+        page.locator("#snapshot-ranks").fill("0-3")
+        page.locator("#snapshot-ranks").press("Enter")
+        now = time.time()
+        for agent in agents[:3]:
+            (asked,) = wait_for(lambda: agent.asked, 10, f"the question to rank {agent.rank}")
+            odd = agent.rank == 2
+            frames = [{"file": "/job/train.py", "line": 40 if odd else 30,
+                       "function": "load" if odd else "step",
+                       "code": "time.sleep(3600)" if odd else "dist.all_reduce(t)"}]
+            agent.send("snapshot", {
+                "ask": asked["ask"], "asked_at": asked["at"],
+                "threads": [{"name": "MainThread", "training": True, "frames": frames}],
+                "groups": [{"group": "0", "entered": 7 if odd else 8, "completed": 7,
+                            "inflight_op": None if odd else "all_reduce",
+                            "inflight_since": None if odd else now - 5}],
+                "recent": [["0", "all_reduce", 4096, now - 8 + i * 0.5, now - 7.9 + i * 0.5]
+                           for i in range(4)]})
+        view = page.locator("#snapshot-view")
+        groups = view.locator(".stack-group")
+        expect(groups).to_have_count(2, timeout=LIVE_MS)
+        expect(groups.first).to_have_attribute("data-ranks", "2")
+        expect(groups.first.locator(".snapshot-where")).to_have_text(
+            "train.py:40 in load: time.sleep(3600)")
+        expect(groups.nth(1)).to_have_attribute("data-ranks", "0,1")
+        expect(view.locator(".wavefront tr.odd-one td").nth(1)).to_have_text("2")
+        # Rank 3 never answers: after the server's wait it is named, with why.
+        expect(view.locator(".snapshot-missing li[data-rank='3']")).to_contain_text(
+            "no answer", timeout=15_000)
+        expect(view.locator(".snapshot-missing li[data-rank='3']")).to_contain_text(
+            "py-spy dump --native --pid 1003` on node-a")
+        expect(view).to_have_attribute("data-complete", "1")
+        expect(page.locator("#snapshot-status")).to_contain_text("3 answered, 1 no answer")
+        rows = view.locator(".snapshot-timeline .tl-row")
+        expect(rows).to_have_count(3)  # one of each group's few ranks, every answered one
+        expect(view.locator(".tl-row[data-rank='0'] .tl-bar:not(.tl-inflight)")).to_have_count(4)
+        expect(view.locator(".tl-row[data-rank='0'] .tl-inflight")).to_have_count(1)
+        expect(view.locator(".tl-row[data-rank='2'] .tl-inflight")).to_have_count(0)
+        expect(view.locator(".snapshot-rank[data-rank='2'] summary")).to_contain_text("1 thread")
+        # The request is listed (stored answers survive; the picker shows it).
+        expect(page.locator("#snapshot-list option")).to_have_count(1)
+        expect(page.locator("#snapshot-list option").first).to_contain_text("3/4 answered")
+    finally:
+        close_all(agents)
+    watched.assert_clean()
+
+
 def test_errors_are_shown_verbatim_as_text_and_gpus_say_why_they_are_empty(server, agents,
                                                                           watched):
     page = watched.page

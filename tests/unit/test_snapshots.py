@@ -238,3 +238,19 @@ def test_incidents_ask_at_most_once_a_while_per_job_and_never_while_behind(monke
     clock.t += module.AUTO_EVERY_S
     asks.on_incident("new", {"id": 1}, {"id": "hang:r2", "ranks": [2]})
     assert [r.reason for r in asks.requests(1)][:2] == ["incident hang:r2", "the blamed rank"]
+
+
+def test_the_list_holds_requests_remembered_and_those_known_only_by_their_answers():
+    """After a restart (or for another process's requests) the answers in the log still list
+    their request, at the time the agents say they were asked, with how many answered."""
+    asks, sent, clock, _ = _asks(world=3)
+    remembered = asks.request(1, [0, 1, 2], "asked by a user")
+    log = running(3)
+    _answer(log, 0, remembered.id, clock.t + 0.1, _frames(1))
+    log.add("s1", "snapshot", {"ask": "before", "asked_at": 50.0, "reason": "incident hang:r1",
+                               "threads": []}, t=50.2)
+    _answer(log, 2, "before", 50.3, _frames(2))
+    listed = views.listing(log.state(), 1, asks.requests(1))
+    assert [(r["id"], r["answered"], r["asked"]) for r in listed] == [
+        (remembered.id, 1, [0, 1, 2]), ("before", 2, [1, 2])]
+    assert listed[1]["asked_at"] == 50.0 and listed[1]["reason"] == "incident hang:r1"

@@ -23,6 +23,7 @@ import { renderFindings, renderIncidents } from "./sections/findings.js";
 import { agentDrops, renderAttempts, renderHeader, renderVerdict } from "./sections/header.js";
 import { renderErrors, renderGpus, renderRendezvous } from "./sections/health.js";
 import { renderProgress } from "./sections/progress.js";
+import { renderSnapshotControls, setupSnapshots } from "./sections/snapshots.js";
 import { derivedStates, rankDescriber, renderGroups, renderRanks, renderTopology } from "./sections/ranks.js";
 
 // ------------------------------------------------------------ render --
@@ -63,6 +64,7 @@ function renderSections() {
     const stable = state.findings.map((f) => Object.assign({}, f, { last_seen: f.active ? null : f.last_seen }));
     if (PG.changed("findings", [stable, groups.length, selKey, job ? job.ranks.length : 0])) renderFindings(state.findings, findGroup);
   }
+  renderSnapshotControls();
   if (job) renderTopology(job, derived, hl, describe);
   if (job) renderRanks(job.ranks, state.progress, findGroup, derived, hl);
   if (job && PG.changed("groups", groups)) renderGroups(groups);
@@ -167,6 +169,7 @@ window.pgdashJob = Object.freeze({
   at: viewAt,
 });
 
+setupSnapshots();
 const replaying = setupReplay();
 if (!replaying) refresh(false).catch((err) => showError("Could not load job: " + err.message));
 const liveHandle = PG.connectLive({

@@ -1,0 +1,333 @@
+/*
+ * pgdash job page: snapshots. Ask ranks what they are doing (one rank, some, the blamed
+ * ones, all: POST /api/jobs/<id>/snapshots) and show the answers as they arrive (GET
+ * /api/jobs/<id>/snapshots/<sid>): identical training-thread stacks grouped with their ranks,
+ * the odd ones out first; where each rank stands in each of its groups (the wavefront); the
+ * ranks that did not answer and why; and the last collectives of the ranks shown in detail,
+ * one row per rank on a shared time axis, with the collective still in flight.
+ * Every grouping and status comes from the server (dashboard/web/snapshots.py).
+ */
+import { PG } from "../../common.js";
+import { $, JOB_ID, state } from "../ctx.js";
+
+const { el, clear } = PG;
+
+const POLL_MS = 500; // while a request's answers arrive
+const POLL_FOR_MS = 20000; // then it is complete (the server says so after 5 s) or given up
+const DETAIL_RANKS = 8; // ranks whose whole answer (threads, groups, collectives) is shown
+const TIMELINE_S = 30; // seconds of collectives before the snapshot on the timeline
+const MAX_RANKS_TEXT = 20000; // the ranks box accepts at most this many characters
+
+let shown = null; // the request id on screen
+let pollTimer = null;
+let pollUntil = 0;
+
+/** "3", "0-7,12" -> [0..7, 12]; throws with what is wrong. */
+export function parseRanks(textIn) {
+  const text = String(textIn || "").replace(/\s+/g, "");
+  if (!text) throw new Error("name the ranks to snapshot, e.g. 3 or 0-7,12");
+  if (text.length > MAX_RANKS_TEXT) throw new Error("too many ranks: ask for all instead");
+  const out = new Set();
+  for (const part of text.split(",")) {
+    const m = /^(\d+)(?:-(\d+))?$/.exec(part);
+    if (!m) throw new Error("'" + part + "' is not a rank or a range like 0-7");
+    const lo = Number(m[1]);
+    const hi = m[2] === undefined ? lo : Number(m[2]);
+    if (hi < lo) throw new Error("'" + part + "' runs backwards");
+    if (hi - lo > 4096) throw new Error("'" + part + "' is more than 4,096 ranks: ask for all instead");
+    for (let r = lo; r <= hi; r++) out.add(r);
+  }
+  return Array.from(out).sort((a, b) => a - b);
+}
+
+function say(msg, isError) {
+  const box = $("snapshot-status");
+  box.textContent = msg;
+  box.classList.toggle("error", Boolean(isError));
+}
+
+/** Ask (which: a list of ranks, "blamed" or "all"), then show the request as it fills. */
+async function ask(which) {
+  say("asking\u2026");
+  try {
+    const res = await fetch(PG.url("/api/jobs/" + JOB_ID + "/snapshots"), {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: "application/json" },
+      body: JSON.stringify({ ranks: which }),
+    });
+    const body = await res.json().catch(() => ({}));
+    if (!res.ok) {
+      say(String(body.error || "the server answered " + res.status), true);
+      return;
+    }
+    say("asked " + countRanks(body.asked) + (body.not_connected.length ? "; not connected here: " + PG.fmtRanks(body.not_connected) : ""));
+    await listRequests(body.id);
+  } catch (err) {
+    say("could not ask: " + err.message, true);
+  }
+}
+
+function countRanks(ranks) {
+  return ranks.length === 1 ? "rank " + ranks[0] : ranks.length + " ranks";
+}
+
+/** Fill the request picker (newest first) and show ``select`` (or the newest). */
+async function listRequests(select) {
+  let body;
+  try {
+    body = await PG.fetchJSON("/api/jobs/" + JOB_ID + "/snapshots");
+  } catch (err) {
+    say("could not list the snapshots: " + err.message, true);
+    return;
+  }
+  const list = Array.isArray(body.snapshots) ? body.snapshots : [];
+  const picker = $("snapshot-list");
+  clear(
+    picker,
+    list.map((r) =>
+      el("option", { value: r.id, text: requestLabel(r.asked_at, r.reason, r.answered, r.asked.length + r.not_connected.length) })
+    )
+  );
+  picker.hidden = !list.length;
+  const id = select || (list.length ? list[0].id : null);
+  if (id) {
+    picker.value = id;
+    show(id);
+  }
+}
+
+function requestLabel(at, reason, answered, asked) {
+  return PG.fmtTime(at) + " \u00b7 " + (reason || "asked") + " \u00b7 " + answered + "/" + asked + " answered";
+}
+
+/** Show one request, polling while its answers come. */
+function show(id) {
+  shown = id;
+  pollUntil = Date.now() + POLL_FOR_MS;
+  poll(id, null);
+}
+
+async function poll(id, detail) {
+  clearTimeout(pollTimer);
+  let view;
+  try {
+    const q = detail && detail.length ? "?detail=" + detail.join(",") : "";
+    view = await PG.fetchJSON("/api/jobs/" + JOB_ID + "/snapshots/" + id + q);
+  } catch (err) {
+    if (id === shown) say("could not read the snapshot: " + err.message, true);
+    return;
+  }
+  if (id !== shown) return; // another request was picked meanwhile
+  const want = detailRanks(view);
+  const have = Object.entries(view.ranks).filter(([, row]) => row.threads).map(([r]) => Number(r));
+  renderView(view);
+  const missingDetail = want.some((r) => !have.includes(r) && view.ranks[r] && view.ranks[r].status === "answered");
+  if ((!view.complete || missingDetail) && Date.now() < pollUntil) {
+    pollTimer = setTimeout(() => poll(id, want), missingDetail && view.complete ? 0 : POLL_MS);
+  }
+}
+
+/** The ranks shown in detail: one of each stack group, the odd ones out first, then the
+ *  ranks the page has selected. */
+function detailRanks(view) {
+  const out = [];
+  const sel = state.selection && state.selection.kind === "rank" ? [state.selection.rank] : [];
+  for (const r of sel) if (view.ranks[r]) out.push(r);
+  for (const g of view.groups || []) {
+    for (const r of g.ranks.slice(0, g.ranks.length <= 2 ? 2 : 1)) if (!out.includes(r)) out.push(r);
+    if (out.length >= DETAIL_RANKS) break;
+  }
+  return out.slice(0, DETAIL_RANKS);
+}
+
+function renderView(view) {
+  const rows = Object.entries(view.ranks);
+  const count = (status) => rows.filter(([, r]) => r.status === status).length;
+  const parts = [count("answered") + " answered"];
+  for (const status of ["waiting", "no answer", "not connected"]) if (count(status)) parts.push(count(status) + " " + status);
+  say("asked " + countRanks(rows.map(([r]) => Number(r))) + " at " + PG.fmtTime(view.asked_at) + (view.reason ? " (" + view.reason + ")" : "") + ": " + parts.join(", "));
+  clear(
+    $("snapshot-view"),
+    stackGroups(view.groups || []),
+    missingNode(view),
+    wavefrontNode(view.wavefront || {}),
+    timelineNode(view),
+    detailNodes(view)
+  );
+  const option = Array.from($("snapshot-list").options).find((o) => o.value === view.id);
+  if (option) option.textContent = requestLabel(view.asked_at, view.reason, count("answered"), rows.length);
+  $("snapshot-view").dataset.request = view.id;
+  $("snapshot-view").dataset.complete = view.complete ? "1" : "0";
+}
+
+function whereText(w) {
+  return w ? String(w.file).split("/").pop() + ":" + w.line + " in " + w.function + (w.code ? ": " + w.code : "") : "";
+}
+
+function stackGroups(groups) {
+  if (!groups.length) return el("p", { class: "empty", text: "No rank has answered yet." });
+  return el(
+    "ol",
+    { class: "stack-groups" },
+    groups.map((g) =>
+      el(
+        "li",
+        { class: "stack-group" + (g.ranks.length === 1 && groups.length > 1 ? " odd-one" : ""), dataset: { ranks: g.ranks.join(",") } },
+        el("div", { class: "stack-group-head" }, el("span", { class: "blamed", text: (g.ranks.length === 1 ? "rank " : g.ranks.length + " ranks: ") + PG.fmtRanks(g.ranks) }), g.thread ? el("span", { class: "muted", text: " \u00b7 " + g.thread }) : null),
+        g.where ? el("div", { class: "mono snapshot-where", text: whereText(g.where) }) : null,
+        el("pre", { class: "ev-text", text: String(g.stack || "(no Python frames)") })
+      )
+    )
+  );
+}
+
+const WHY = {
+  "no answer": (proc) => "asked, silent: its interpreter may be blocked in C with the GIL held, or frozen; `py-spy dump --native --pid " + (proc ? proc.pid + "` on " + proc.host : "<pid>` on its host") + " shows where",
+  "not connected": () => "its agent holds no connection here: exited, lost, or connected to another server process",
+};
+
+function processOf(rank) {
+  const ranks = state.job && Array.isArray(state.job.ranks) ? state.job.ranks : [];
+  const r = ranks.find((x) => x.rank === rank);
+  return r && PG.isNum(r.pid) && r.host ? r : null;
+}
+
+function missingNode(view) {
+  const missing = Object.entries(view.ranks).filter(([, r]) => WHY[r.status]);
+  if (!missing.length) return null;
+  return el(
+    "div",
+    { class: "ev-block snapshot-missing" },
+    el("div", { class: "ev-label", text: "Did not answer" }),
+    el(
+      "ul",
+      null,
+      missing.map(([rank, row]) =>
+        el(
+          "li",
+          { dataset: { rank } },
+          el("span", { class: "blamed", text: "rank " + rank }),
+          " " + row.status + ": " + WHY[row.status](processOf(Number(rank))),
+          row.last_stack ? el("details", null, el("summary", { text: "its last stack, sent from a collective " + PG.fmtTime(row.last_stack.t) }), el("pre", { class: "ev-text", text: String(row.last_stack.stack || "") })) : null
+        )
+      )
+    )
+  );
+}
+
+function wavefrontNode(wave) {
+  const groups = Object.keys(wave);
+  if (!groups.length) return null;
+  return el(
+    "table",
+    { class: "wavefront" },
+    el("caption", { class: "ev-label", text: "Where each group's ranks stand (fewest ranks first)" }),
+    el("thead", null, el("tr", null, ["group", "ranks", "entered", "completed", "in flight"].map((h) => el("th", { text: h })))),
+    el(
+      "tbody",
+      null,
+      groups.flatMap((g) =>
+        wave[g].map((p, i) =>
+          el(
+            "tr",
+            { class: i === 0 && wave[g].length > 1 ? "odd-one" : "" },
+            el("td", { class: "mono", text: i === 0 ? g : "" }),
+            el("td", { text: PG.fmtRanks(p.ranks) }),
+            el("td", { class: "num", text: p.entered == null ? PG.DASH : String(p.entered) }),
+            el("td", { class: "num", text: p.completed == null ? PG.DASH : String(p.completed) }),
+            el("td", { class: "mono", text: p.inflight_op || "" })
+          )
+        )
+      )
+    )
+  );
+}
+
+/** The last collectives of the ranks shown in detail, one row each on one time axis. */
+function timelineNode(view) {
+  const ranks = Object.entries(view.ranks).filter(([, r]) => Array.isArray(r.recent));
+  if (!ranks.length) return null;
+  const end = Math.max(...ranks.map(([, r]) => r.t));
+  const start = end - TIMELINE_S;
+  const x = (t) => Math.max(0, Math.min(100, ((t - start) / TIMELINE_S) * 100));
+  const ops = new Map();
+  const hue = (op) => {
+    if (!ops.has(op)) ops.set(op, (200 + ops.size * 67) % 300); // never the in-flight red
+    return ops.get(op);
+  };
+  const rows = ranks.map(([rank, r]) => {
+    const bars = r.recent
+      .filter((c) => c.end >= start)
+      .map((c) =>
+        el("span", {
+          class: "tl-bar",
+          style: "left:" + x(c.start).toFixed(2) + "%;width:" + Math.max(0.3, x(c.end) - x(c.start)).toFixed(2) + "%;background:hsl(" + hue(c.op) + ",55%,55%)",
+          title: c.op + " on group " + c.group + ", " + PG.fmtUs((c.end - c.start) * 1e6) + ", " + PG.fmtBytes(c.bytes) + ", ended " + PG.fmtTime(c.end),
+        })
+      );
+    for (const g of r.groups || []) {
+      if (!g.inflight_op || !PG.isNum(g.inflight_since)) continue;
+      bars.push(el("span", { class: "tl-bar tl-inflight", style: "left:" + x(g.inflight_since).toFixed(2) + "%;width:" + Math.max(0.3, x(r.t) - x(g.inflight_since)).toFixed(2) + "%", title: g.inflight_op + " on group " + g.group + ", in flight since " + PG.fmtTime(g.inflight_since) }));
+    }
+    return el("div", { class: "tl-row", dataset: { rank } }, el("span", { class: "tl-rank", text: "rank " + rank }), el("span", { class: "tl-track" }, bars));
+  });
+  return el(
+    "div",
+    { class: "ev-block snapshot-timeline" },
+    el("div", { class: "ev-label", text: "Last collectives, the " + TIMELINE_S + " s before each answer (red: in flight when asked)" }),
+    rows,
+    el("div", { class: "tl-legend small muted" }, Array.from(ops.keys()).map((op) => el("span", { class: "tl-key" }, el("span", { class: "tl-swatch", style: "background:hsl(" + hue(op) + ",55%,55%)" }), op)))
+  );
+}
+
+function detailNodes(view) {
+  const ranks = Object.entries(view.ranks).filter(([, r]) => Array.isArray(r.threads));
+  if (!ranks.length) return null;
+  return ranks.map(([rank, r]) =>
+    el(
+      "details",
+      { class: "evidence snapshot-rank", dataset: { rank } },
+      el("summary", { text: "rank " + rank + ": " + r.threads.length + (r.threads.length === 1 ? " thread" : " threads") + (PG.isNum(r.took_ms) ? ", answered in " + r.took_ms + " ms" : "") }),
+      r.threads.map((t) => el("div", { class: "ev-block" }, el("div", { class: "ev-label", text: String(t.name) + (t.training ? " (training thread)" : "") }), el("pre", { class: "ev-text", text: String(t.stack || "") }), t.native ? el("pre", { class: "ev-text native", text: String(t.native) }) : null))
+    )
+  );
+}
+
+/** Wire the card's controls (once); replay hides the asking, not what was stored. */
+export function setupSnapshots() {
+  $("snapshot-these").addEventListener("click", () => {
+    let ranks;
+    try {
+      ranks = parseRanks($("snapshot-ranks").value);
+    } catch (err) {
+      say(err.message, true);
+      return;
+    }
+    const world = state.job && PG.isNum(state.job.world_size) ? state.job.world_size : null;
+    const beyond = world === null ? [] : ranks.filter((r) => r >= world);
+    if (beyond.length) {
+      say("this job has no rank " + beyond[0] + ": its ranks are 0-" + (world - 1), true);
+      return;
+    }
+    ask(ranks);
+  });
+  $("snapshot-ranks").addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter") $("snapshot-these").click();
+  });
+  $("snapshot-blamed").addEventListener("click", () => ask("blamed"));
+  $("snapshot-all").addEventListener("click", () => ask("all"));
+  $("snapshot-list").addEventListener("change", (ev) => show(ev.target.value));
+  listRequests(null);
+}
+
+/** On every render: the rank selected elsewhere fills the box; replay hides the asking. */
+export function renderSnapshotControls() {
+  const asking = $("snapshot-ask");
+  asking.hidden = Boolean(state.replay);
+  const sel = state.selection && state.selection.kind === "rank" ? String(state.selection.rank) : null;
+  const box = $("snapshot-ranks");
+  if (sel !== null && document.activeElement !== box && box.dataset.fromSelection !== sel) {
+    box.value = sel;
+    box.dataset.fromSelection = sel;
+  }
+}
