@@ -24,7 +24,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping
 
-from pgdash_agent import identity
+from pgdash_agent import identity, native
 from pgdash_agent.collective_wrappers import CollectiveWrappers
 from pgdash_agent.collectives import CollectiveTracker
 from pgdash_agent.config import AgentConfig
@@ -91,7 +91,8 @@ class Agent:
                                   self.outbox, self.reporter.wall)
         self.snapshots = Snapshots(self.tracker, self.outbox, self.reporter.wall,
                                    lambda: self.reporter.last_flight,
-                                   wake=lambda: self.loop.wake.set())
+                                   wake=lambda: self.loop.wake.set(),
+                                   py_spy=native.find_py_spy(self.environ))
         self.loop = AgentLoop(config, self.tracker, self.groups, self.reporter, self.stacks,
                               self._announce, self.snapshots)
         self.tracker.wake = self.loop.wake.set

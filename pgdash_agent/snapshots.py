@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable
 
 from pgdash_agent import frames as pyframes
+from pgdash_agent import native as native_frames
 from pgdash_agent.collectives import CollectiveTracker
 from pgdash_agent.outbox import Outbox
 from pgdash_agent.wire import ASKS, MAX_ASK_ID, MAX_NAME, MAX_SNAPSHOT_THREADS
@@ -35,17 +36,20 @@ class Snapshots:
         wall: converts a ``perf_counter()`` reading to Unix time (the groups' times).
         flight: the last Flight Recorder reading per group (C++-issued collectives' counters).
         wake: wakes the background thread when a question arrives.
+        py_spy: py-spy's path, for questions that ask for native frames (None: none here;
+            see pgdash_agent.native).
     """
 
     def __init__(self, tracker: CollectiveTracker, outbox: Outbox,
                  wall: Callable[[float], float], flight: Callable[[], dict[str, Any]],
-                 wake: Callable[[], None]):
+                 wake: Callable[[], None], py_spy: str | None = None):
         self.tracker = tracker
         self.outbox = outbox
         self._wall = wall
         self._flight = flight
         self._wake = wake
-        self._pending: collections.deque[tuple[str, float | None, str | None]] = \
+        self.py_spy = py_spy
+        self._pending: collections.deque[tuple[str, float | None, str | None, bool]] = \
             collections.deque()
         self._lock = threading.Lock()
         self.dropped = 0  # questions dropped because MAX_PENDING were waiting
@@ -64,11 +68,12 @@ class Snapshots:
                 at = None
             reason = message.get("reason")
             reason = reason[:MAX_NAME] if isinstance(reason, str) else None
+            native = message.get("native") is True
             with self._lock:
                 if len(self._pending) >= MAX_PENDING:
                     self._pending.popleft()
                     self.dropped += 1
-                self._pending.append((ask, at, reason))
+                self._pending.append((ask, at, reason, native))
             self._wake()
         except Exception:
             self.ignored += 1
@@ -79,12 +84,14 @@ class Snapshots:
             with self._lock:
                 if not self._pending:
                     return
-                ask, at, reason = self._pending.popleft()
+                ask, at, reason, native = self._pending.popleft()
             started = time.perf_counter()
             self.tracker.summarise()  # the collectives that ended since the last pass
-            body: dict[str, Any] = {"ask": ask, "threads": threads_now(),
+            body: dict[str, Any] = {"ask": ask, "threads": threads_now(with_ids=native),
                                     "groups": self.tracker.progress(self._wall, self._flight()),
                                     "recent": self.recent()}
+            if native:
+                self._add_native(body)
             if at is not None:
                 body["asked_at"] = float(at)
             if reason is not None:
@@ -92,6 +99,20 @@ class Snapshots:
             body["took_ms"] = round((time.perf_counter() - started) * 1e3, 3)
             self.outbox.put(time.time(), "snapshot", body)
 
+    def _add_native(self, body: dict[str, Any]) -> None:
+        """Each thread's native frames from py-spy, or why there are none."""
+        ids = [thread.pop("ids", ()) for thread in body["threads"]]
+        if self.py_spy is None:
+            body["native_error"] = ("py-spy is not installed where this rank runs (pip "
+                                    "install py-spy, or set PGDASH_PY_SPY to its path)")
+            return
+        stacks, why = native_frames.native_stacks(self.py_spy)
+        if why is not None:
+            body["native_error"] = why
+        for thread, tids in zip(body["threads"], ids):
+            found = next((stacks[i] for i in tids if i in stacks), None)
+            if found is not None:
+                thread["native"] = found
 
     def recent(self) -> list[list[Any]]:
         """The newest collectives that ended, oldest first: [group, op, bytes, start, end]
@@ -101,13 +122,15 @@ class Snapshots:
                 for group, op, nbytes, t0, t1 in list(self.tracker.recent)]
 
 
-def threads_now() -> list[dict[str, Any]]:
-    """Every thread's frames but pgdash's own, the training (main) thread first."""
+def threads_now(with_ids: bool = False) -> list[dict[str, Any]]:
+    """Every thread's frames but pgdash's own, the training (main) thread first (``with_ids``:
+    each with ``ids``, the ids native frames are matched by; not sent)."""
     main = threading.main_thread().ident
-    names = {t.ident: t.name for t in threading.enumerate()}
+    running = {t.ident: t for t in threading.enumerate()}
     out = []
     for ident, frame in sys._current_frames().items():
-        name = names.get(ident, f"thread {ident}")
+        thread = running.get(ident)
+        name = thread.name if thread is not None else f"thread {ident}"
         if name.startswith("pgdash-"):
             continue  # the agent's own threads (this one included)
         frames, omitted = pyframes.stack_frames(frame)
@@ -116,6 +139,8 @@ def threads_now() -> list[dict[str, Any]]:
             entry["training"] = True
         if omitted:
             entry["omitted"] = omitted
+        if with_ids:  # how py-spy may name it: its OS thread id, or its pthread id
+            entry["ids"] = (getattr(thread, "native_id", None), ident)
         out.append(entry)
     out.sort(key=lambda t: not t.get("training", False))
     return out[:MAX_SNAPSHOT_THREADS]

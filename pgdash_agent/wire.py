@@ -35,6 +35,7 @@ ASK_EVENT = "ask"
 ASKS = ("snapshot",)  # what an agent answers; anything else is counted and ignored
 MAX_ASK_ID = 64
 MAX_SNAPSHOT_THREADS = 64
+MAX_NATIVE = 16_384  # characters of one thread's native stack (pgdash_agent.native)
 
 # Limits enforced by the server; the agent stays below them by construction.
 MAX_BATCH_EVENTS = 500
@@ -360,6 +361,8 @@ class ThreadStack(_Shape):
     frames: _limited(list[TracebackFrame], max_length=MAX_TRACEBACK_FRAMES)
     training: bool = False  # the thread that runs the training loop (the main thread)
     omitted: _Count = 0  # frames left out of a deep stack (the outer and inner ends are kept)
+    # Native and Python frames as py-spy dumps them, innermost first (asked for: "native")
+    native: Optional[_limited(str, max_length=MAX_NATIVE)] = None
 
 
 class RecentCollective(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
@@ -385,6 +388,7 @@ class Snapshot(_Shape):
     asked_at: Optional[_Num] = None  # the server's time of the question, echoed
     reason: Optional[_Name] = None  # why the server asked ("incident hang:r2"), echoed
     took_ms: _Num = 0.0  # how long the agent's thread took to answer
+    native_error: Optional[_Text] = None  # native frames were asked for: why there are none
 
 
 #: Event kinds an agent may send, and the shape of each body.

@@ -20,7 +20,6 @@ from typing import Any
 import click
 
 from dashboard.commands.inputs import BadInput
-from dashboard.diagnosis.text import stack_text
 from pgdash_agent.wire import DEFAULT_PORT
 
 POLL_S = 0.25
@@ -40,22 +39,30 @@ POLL_S = 0.25
               show_default="PGDASH_CA_FILE", help="CA to trust for an https server.")
 @click.option("--wait", default=10.0, show_default=True, type=click.FloatRange(0.5, 600),
               help="Seconds to wait for the answers.")
+@click.option("--native", is_flag=True,
+              help="Native frames too, by py-spy where the ranks run (it pauses each rank "
+                   "for a fraction of a second; see pgdash_agent/native.py).")
 @click.option("--json", "as_json", is_flag=True, help="Print the server's answer as JSON.")
 def snapshot_cmd(job: str, ranks: str, server: str, token: str | None, ca_file: str | None,
-                 wait: float, as_json: bool) -> None:
+                 wait: float, native: bool, as_json: bool) -> None:
     """Ask JOB's ranks (a job id or name) what they are doing, and print their stacks."""
     api = _Api(server, token, ca_file)
     job_id = _job_id(api, job)
     status, made = api.call("POST", f"/api/jobs/{job_id}/snapshots",
-                            {"ranks": _ranks(ranks)})
+                            {"ranks": _ranks(ranks), "native": native})
     if status != 202:
         raise BadInput(f"the server refused the snapshot: {made.get('error', made)}")
     deadline = time.monotonic() + wait
+    detail = ""
     while True:
-        status, view = api.call("GET", made["url"])
+        status, view = api.call("GET", made["url"] + detail)
         if status != 200:
             raise BadInput(f"cannot read snapshot {made['id']}: {view.get('error', view)}")
-        if view["complete"] or time.monotonic() >= deadline:
+        done = view["complete"] or time.monotonic() >= deadline
+        if done and native and not detail:  # one rank of each group in whole: its native
+            detail = "?detail=" + ",".join(str(g["ranks"][0]) for g in view["groups"])
+            continue
+        if done:
             break
         time.sleep(POLL_S)
     click.echo(json.dumps(view, indent=1) if as_json else render(job_id, view))
@@ -73,7 +80,8 @@ def render(job_id: int, view: dict[str, Any]) -> str:
             if where else ""
         lines += ["", f"{_ranks_text(group['ranks'])}: {group['thread'] or 'no thread'}{at}"]
         if group["frames"]:
-            lines.append(stack_text(group["frames"]).rstrip("\n"))
+            lines.append(group["stack"].rstrip("\n"))
+        lines += _native_lines(group["ranks"][0], ranks.get(str(group["ranks"][0]), {}))
     for rank, row in sorted(ranks.items(), key=lambda kv: int(kv[0])):
         if row["status"] in ("answered",):
             continue
@@ -82,6 +90,17 @@ def render(job_id: int, view: dict[str, Any]) -> str:
                      + (f" (its last stack, from a collective it sat in:)\n{last['stack']}"
                         if last else ""))
     return "\n".join(lines)
+
+
+def _native_lines(rank: int, row: dict[str, Any]) -> list[str]:
+    """The native frames of the rank's training thread, when its whole answer is here."""
+    if row.get("native_error"):
+        return [f"(rank {rank}: no native frames: {row['native_error']})"]
+    thread = next((t for t in row.get("threads") or [] if t.get("training")), None)
+    if thread is None or not thread.get("native"):
+        return []
+    return [f"native frames of rank {rank}, innermost first:",
+            *("  " + line for line in thread["native"].splitlines())]
 
 
 def _ranks_text(ranks: list[int]) -> str:

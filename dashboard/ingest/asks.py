@@ -43,10 +43,12 @@ class Request:
     reason: str
     asked: list[int]  # ranks whose agent was sent the question
     not_connected: list[int]  # ranks asked for whose agent holds no connection here
+    native: bool = False  # native frames asked for too (py-spy: it pauses each rank briefly)
 
     def row(self) -> dict[str, Any]:
         return {"id": self.id, "asked_at": self.asked_at, "reason": self.reason,
-                "asked": self.asked, "not_connected": self.not_connected}
+                "asked": self.asked, "not_connected": self.not_connected,
+                "native": self.native}
 
 
 class Busy(Exception):
@@ -96,9 +98,10 @@ class Asks:
         return session in self._links
 
     def request(self, job_id: int, ranks: list[int] | None, reason: str,
-                force: bool = False) -> Request | None:
+                force: bool = False, native: bool = False) -> Request | None:
         """Ask the agents of ``ranks`` (None: every rank) of the job's current attempt for a
-        snapshot; None when the job is unknown.
+        snapshot (``native``: with native frames, where py-spy can take them); None when the
+        job is unknown.
 
         Raises:
             UnknownRanks: some of ``ranks`` are not the job's.
@@ -125,7 +128,7 @@ class Asks:
                                    f": its ranks are 0-{max(sessions)}" if sessions else
                                    f"job {job_id} has no ranks yet")
             sessions = {rank: sessions[rank] for rank in ranks}
-        return self._send(job_id, sessions, reason, force)
+        return self._send(job_id, sessions, reason, force, native)
 
     def on_incident(self, event: str, job: dict[str, Any], incident: dict[str, Any]) -> None:
         """An ``on_incident`` listener: when an incident opens, snapshot its blamed ranks and
@@ -151,7 +154,7 @@ class Asks:
             self.request(job["id"], blamed + others, f"incident {incident['id']}", force=True)
 
     def _send(self, job_id: int, sessions: dict[int, str], reason: str,
-              force: bool) -> Request:
+              force: bool, native: bool = False) -> Request:
         now = self.clock()
         with self._lock:
             if not force and sessions and all(
@@ -160,7 +163,7 @@ class Asks:
                 self.counters["snapshot_requests_too_soon"] += 1
                 raise TooSoon(f"these ranks were asked less than {MIN_INTERVAL_S:g} s ago: "
                               "wait for their answers")
-            request = Request(uuid.uuid4().hex[:12], job_id, now, reason, [], [])
+            request = Request(uuid.uuid4().hex[:12], job_id, now, reason, [], [], native)
             sends = []
             for rank, session in sorted(sessions.items()):
                 send = self._links.get(session)
@@ -182,6 +185,8 @@ class Asks:
                 kept.popitem(last=False)
             self.counters["snapshot_requests"] += 1
         message = {"ask": request.id, "what": "snapshot", "at": now, "reason": reason[:200]}
+        if native:
+            message["native"] = True
         for send in sends:
             try:
                 send(message)

@@ -212,10 +212,15 @@ MAX_SNAPSHOT_RANKS = 4096  # ranks one request may name (ask "all" for more)
 @api.post("/api/jobs/<int:job_id>/snapshots")
 def api_snapshot_request(job_id: int):
     """Ask ranks for a snapshot: ``{"ranks": [0, 3]}``, ``"all"`` or ``"blamed"`` (the
-    ranks of the job's active incidents); answers arrive within seconds (GET its id)."""
+    ranks of the job's active incidents), ``"native": true`` for native frames too (py-spy
+    on the ranks' hosts; it pauses each for a fraction of a second); answers arrive within
+    seconds (GET its id)."""
     ingest = _ingest()
     body = request.get_json(silent=True)
     which = body.get("ranks", "all") if isinstance(body, dict) else None
+    native = body.get("native", False) if isinstance(body, dict) else False
+    if not isinstance(native, bool):
+        return jsonify(error=f'"native" must be true or false, got {native!r:.40}'), 400
     if which == "blamed":
         found = found_or_404(ingest.incidents(job_id), job_id)
         which = sorted({r for inc in found if inc["active"] for r in inc["ranks"]})
@@ -230,7 +235,8 @@ def api_snapshot_request(job_id: int):
                              f'{MAX_SNAPSHOT_RANKS} non-negative integers), {{"ranks": '
                              '"all"} or {"ranks": "blamed"}'), 400
     try:
-        made = ingest.asks.request(job_id, which, f"asked by {request.remote_addr}")
+        made = ingest.asks.request(job_id, which, f"asked by {request.remote_addr}",
+                                   native=native)
     except snapshots.UnknownRanks as exc:
         return jsonify(error=str(exc)), 400
     except snapshots.TooSoon as exc:

@@ -155,7 +155,8 @@ def _answer(answer: dict[str, Any]) -> dict[str, Any]:
     recent = [{"group": g, "op": op, "bytes": n, "start": t0, "end": t1}
               for g, op, n, t0, t1 in answer.get("recent") or []]
     return {"t": answer["t"], "took_ms": answer.get("took_ms"), "threads": threads,
-            "groups": answer.get("groups") or [], "recent": recent}
+            "groups": answer.get("groups") or [], "recent": recent,
+            **({"native_error": answer["native_error"]} if answer.get("native_error") else {})}
 
 
 def _last_stack(state: JobState, rank: int) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -44,8 +45,12 @@ def _post(server, path, body, token=TOKEN):
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def _hung_job(server, tmp_path, name, wire="v2", token=None):
-    env = {"PGDASH_WIRE": wire, **({"PGDASH_TOKEN": token} if token else {})}
+PY_SPY = str(Path(sys.executable).with_name("py-spy"))  # the test extra installs it
+
+
+def _hung_job(server, tmp_path, name, wire="v2", token=None, py_spy=PY_SPY):
+    env = {"PGDASH_WIRE": wire, "PGDASH_PY_SPY": py_spy,
+           **({"PGDASH_TOKEN": token} if token else {})}
     procs = launch_job("fault_job.py", 2, server.url, name, tmp_path, args=["hang"], env=env)
     job = wait_for(lambda: job_by_name(server, name), 60, f"job {name}")
     return job["id"], procs
@@ -89,7 +94,9 @@ def test_an_incident_carries_the_culprits_stack_at_the_line_it_is_frozen_in(tmp_
 def test_a_snapshot_on_demand_and_bad_requests_change_nothing(tmp_path, wire):
     # No incident meanwhile (its own snapshot would make the first request below too soon).
     server = _server(tmp_path, 600, "--token", TOKEN)
-    job_id, procs = _hung_job(server, tmp_path, f"asked-{wire}", wire, TOKEN)
+    # py-spy where v2 runs; none where v1 runs (the answer says so)
+    job_id, procs = _hung_job(server, tmp_path, f"asked-{wire}", wire, TOKEN,
+                              PY_SPY if wire == "v2" else str(tmp_path / "no-py-spy"))
     path = f"/api/jobs/{job_id}/snapshots"
     try:
         log = tmp_path / f"asked-{wire}-rank1.log"
@@ -99,7 +106,8 @@ def test_a_snapshot_on_demand_and_bad_requests_change_nothing(tmp_path, wire):
                 ({"ranks": "some"}, 400, "the body must be JSON"),
                 (b"\xff not json", 400, "the body must be JSON"),
                 ({"ranks": [True]}, 400, "the body must be JSON"),
-                ({"ranks": list(range(5000))}, 400, "the body must be JSON")):
+                ({"ranks": list(range(5000))}, 400, "the body must be JSON"),
+                ({"ranks": [0], "native": "yes"}, 400, '"native" must be true or false')):
             got, answer = _post(server, path, body)
             assert (got, said in answer.get("error", "")) == (status, True), (body, answer)
         assert _post(server, path, {"ranks": [0]}, token="wrong")[0] == 401
@@ -134,6 +142,19 @@ def test_a_snapshot_on_demand_and_bad_requests_change_nothing(tmp_path, wire):
         assert done.returncode == 0, done.stderr
         assert "1 of 1 ranks answered" in done.stdout and SLEEP_LINE in done.stdout
         assert "rank 1: MainThread at fault_job.py:78 in <module>" in done.stdout
+        # Native frames, asked for: py-spy's where it is installed, else why there are none.
+        time.sleep(MIN_INTERVAL_S)
+        done = subprocess.run([sys.executable, "-m", "dashboard", "snapshot", f"asked-{wire}",
+                               "--ranks", "1", "--native", "--server", server.url,
+                               "--token", TOKEN],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        if wire == "v2":
+            assert "native frames of rank 1, innermost first:" in done.stdout, done.stdout
+            native = done.stdout.split("native frames of rank 1, innermost first:")[1]
+            assert "time_sleep" in native and "fault_job.py" in native, native
+        else:
+            assert "(rank 1: no native frames: py-spy is not installed" in done.stdout
         done = subprocess.run([sys.executable, "-m", "dashboard", "snapshot", "nope",
                                "--server", server.url, "--token", TOKEN],
                               capture_output=True, text=True, timeout=60, cwd=ROOT)

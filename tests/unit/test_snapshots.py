@@ -254,3 +254,54 @@ def test_the_list_holds_requests_remembered_and_those_known_only_by_their_answer
     assert [(r["id"], r["answered"], r["asked"]) for r in listed] == [
         (remembered.id, 1, [0, 1, 2]), ("before", 2, [1, 2])]
     assert listed[1]["asked_at"] == 50.0 and listed[1]["reason"] == "incident hang:r1"
+
+
+# -- native frames (pgdash_agent.native) ------------------------------------------------------
+
+def test_py_spys_dump_is_read_per_thread_whatever_it_names_threads_by():
+    from pgdash_agent.native import parse_dump
+
+    dump = ('Process 7: python train.py\nPython v3.11.7 (/usr/bin/python3.11)\n\n'
+            'Thread 7 (idle): "MainThread"\n    clock_nanosleep (libc.so.6)\n'
+            '    <module> (train.py:3)\nThread 0x7F12AB (active): "loader"\n'
+            '    poll (libc.so.6)\n\nThread 9 (idle)\n    futex_wait (libc.so.6)\n')
+    assert parse_dump(dump) == {7: "clock_nanosleep (libc.so.6)\n<module> (train.py:3)",
+                                0x7F12AB: "poll (libc.so.6)", 9: "futex_wait (libc.so.6)"}
+
+
+def test_native_frames_come_only_when_asked_and_say_why_when_they_cannot():
+    snaps, outbox, _ = _agent_snapshots()
+    snaps.ask({"ask": "a1", "what": "snapshot"})
+    snaps.ask({"ask": "a2", "what": "snapshot", "native": "yes"})  # only true asks
+    snaps.ask({"ask": "a3", "what": "snapshot", "native": True})  # no py-spy here
+    snaps.answer()
+    plain, not_true, without = (e["body"] for e in _sent(outbox))
+    for body in (plain, not_true):
+        assert "native_error" not in body and not any("native" in t or "ids" in t
+                                                      for t in body["threads"])
+    assert without["native_error"].startswith("py-spy is not installed")
+    assert not any("ids" in t for t in without["threads"])  # matching ids are not sent
+    validate_event({"seq": 1, "t": 1.0, "kind": "snapshot", "body": without})
+
+
+def test_native_frames_are_py_spys_of_this_very_thread(tmp_path):
+    """The real py-spy (the test extra installs it) dumps this process: the training thread's
+    native frames end in the agent's own wait for py-spy."""
+    import sys
+    from pathlib import Path
+
+    from pgdash_agent.native import find_py_spy
+
+    py_spy = find_py_spy({"PGDASH_PY_SPY": str(Path(sys.executable).with_name("py-spy"))})
+    assert py_spy is not None, "pip install py-spy (the test extra has it)"
+    assert find_py_spy({"PGDASH_PY_SPY": str(tmp_path / "none"), "PATH": ""}) is None
+    snaps, outbox, _ = _agent_snapshots()
+    snaps.py_spy = py_spy
+    snaps.ask({"ask": "n1", "what": "snapshot", "native": True})
+    snaps.answer()
+    (event,) = _sent(outbox)
+    body = event["body"]
+    assert "native_error" not in body, body.get("native_error")
+    training = body["threads"][0]
+    assert training["training"] and "native_stacks" in training["native"], training["native"]
+    validate_event({"seq": 1, "t": 1.0, "kind": "snapshot", "body": body})

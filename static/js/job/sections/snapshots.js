@@ -53,7 +53,7 @@ async function ask(which) {
     const res = await fetch(PG.url("/api/jobs/" + JOB_ID + "/snapshots"), {
       method: "POST",
       headers: { "Content-Type": "application/json", Accept: "application/json" },
-      body: JSON.stringify({ ranks: which }),
+      body: JSON.stringify({ ranks: which, native: $("snapshot-native").checked }),
     });
     const body = await res.json().catch(() => ({}));
     if (!res.ok) {
@@ -288,7 +288,16 @@ function detailNodes(view) {
       "details",
       { class: "evidence snapshot-rank", dataset: { rank } },
       el("summary", { text: "rank " + rank + ": " + r.threads.length + (r.threads.length === 1 ? " thread" : " threads") + (PG.isNum(r.took_ms) ? ", answered in " + r.took_ms + " ms" : "") }),
-      r.threads.map((t) => el("div", { class: "ev-block" }, el("div", { class: "ev-label", text: String(t.name) + (t.training ? " (training thread)" : "") }), el("pre", { class: "ev-text", text: String(t.stack || "") }), t.native ? el("pre", { class: "ev-text native", text: String(t.native) }) : null))
+      r.native_error ? el("p", { class: "small muted", text: "No native frames: " + r.native_error }) : null,
+      r.threads.map((t) =>
+        el(
+          "div",
+          { class: "ev-block" },
+          el("div", { class: "ev-label", text: String(t.name) + (t.training ? " (training thread)" : "") }),
+          el("pre", { class: "ev-text", text: String(t.stack || "") }),
+          t.native ? [el("div", { class: "ev-label", text: "native frames, innermost first (py-spy)" }), el("pre", { class: "ev-text native", text: String(t.native) })] : null
+        )
+      )
     )
   );
 }
