@@ -27,6 +27,8 @@ THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
 MAX_ERRORS = 200  # verbatim error texts kept per job (the log keeps them all)
 MAX_SNAPSHOT_ANSWERS = 2048  # snapshot answers kept, of the newest requests
 F = TypeVar("F", bound="Fold")  # apply_all returns what it was called on (a JobState)
+# (class, event kind) -> its handler (Fold._on_<kind>), or None for a kind not folded
+_HANDLERS: dict[tuple[type, str], Any] = {}
 
 
 class StateObserver(Protocol):
@@ -112,27 +114,36 @@ class Fold:
     # -- the fold ----------------------------------------------------------------------------
 
     def apply(self, ev: StoredEvent) -> None:
+        # Every event of every job passes here (live and replay): comparisons instead of
+        # max(), the handler from a per-class table instead of getattr on a built name.
         self.applied += 1
-        self.last_event_id = max(self.last_event_id, ev["id"])
+        if ev["id"] > self.last_event_id:
+            self.last_event_id = ev["id"]
         t = ev["t"]
-        rank = self.sessions.get(ev["session"])
-        memo = self._summary_memo
-        if (ev["kind"] not in ROUTINE_KINDS or rank is None or rank.status == "lost"
-                or self.started_at is None or t < self.started_at
-                or memo is None or memo[1]["ended_at"] is not None):
+        kind = ev["kind"]
+        session = ev["session"]
+        rank = self.sessions.get(session)
+        started_at = self.started_at
+        if (kind not in ROUTINE_KINDS or rank is None or rank.status == "lost"
+                or started_at is None or t < started_at
+                or self._summary_memo is None or self._summary_memo[1]["ended_at"] is not None):
             self._summary_version += 1
-        if self.started_at is None or t < self.started_at:
+        if started_at is None or t < started_at:
             self.started_at = t
-        self.last_event_at = t if self.last_event_at is None else max(self.last_event_at, t)
+        if self.last_event_at is None or t > self.last_event_at:
+            self.last_event_at = t
         if rank is None:
-            rank = self.sessions[ev["session"]] = RankState(rank=None, session=ev["session"])
-        if ev["kind"] not in ("disconnect",):
-            rank.last_seen = max(rank.last_seen, t)
+            rank = self.sessions[session] = RankState(rank=None, session=session)
+        if kind != "disconnect" and t > rank.last_seen:
+            rank.last_seen = t
         if rank.first_seen is None or t < rank.first_seen:
             rank.first_seen = t
-        handler = getattr(self, "_on_" + ev["kind"], None)
+        try:
+            handler = _HANDLERS[type(self), kind]
+        except KeyError:
+            handler = _HANDLERS[type(self), kind] = getattr(type(self), "_on_" + kind, None)
         if handler is not None:
-            handler(rank, ev["body"], t)
+            handler(self, rank, ev["body"], t)
         if self.observer is not None:
             self.observer.applied(self, rank, ev)
 
@@ -246,7 +257,8 @@ class Fold:
         faults = self.gpu_faults.setdefault(r.rank, {})
         for key in gpu_fault_keys(body):
             faults.setdefault(key, t)
-        if any(reason in THROTTLE_REASONS for reason in body["reasons"]):
+        reasons = body["reasons"]
+        if reasons and any(reason in THROTTLE_REASONS for reason in reasons):
             self.throttled_since.setdefault(r.rank, t)
         else:
             self.throttled_since.pop(r.rank, None)

@@ -230,3 +230,126 @@ def test_a_checkpoint_stored_before_the_state_package_split_loads_and_reads_the_
     assert type(loaded).__module__ == "dashboard.state.job"
     assert _views(loaded) == _views(_fold(events))
     assert loaded.gpu_faults and loaded.exit_rows  # the job's XID and exit made it in
+
+
+def _naive_summaries(events):
+    """The latency tables as the fold defines them, one row at a time through
+    LatencyStats.add (what add_summary's inlined one-pass arithmetic must equal exactly:
+    values, float sums, and the order of keys, seconds and buckets)."""
+    import collections
+
+    from dashboard.state import LatencyStats
+    from dashboard.state.latency import OP_SECONDS, P2P_OPS, RECENT_INTERVALS
+
+    collectives, op_seconds, recent = {}, {}, {}
+    ranks = {}
+    for ev in events:
+        if ev["kind"] in ("hello", "connect", "init_done") and "rank" in ev["body"]:
+            ranks[ev["session"]] = ev["body"]["rank"]
+        if ev["kind"] != "coll_stats" or ev["session"] not in ranks:
+            continue
+        rank, body = ranks[ev["session"]], ev["body"]
+        points = {}
+        for row in body["rows"]:
+            source = row.get("source", "wrapper")
+            stats = collectives.setdefault((row["group"], row["op"], rank, source),
+                                           LatencyStats())
+            stats.add(row)
+            if row.get("timing") == "host_poll":
+                stats.resolution_us = max(stats.resolution_us or 0.0, row["resolution_us"])
+            series = op_seconds.setdefault((row["group"], row["op"], source), {})
+            if int(body["end"]) not in series:
+                series[int(body["end"])] = LatencyStats()
+                if len(series) > OP_SECONDS:
+                    del series[min(series)]
+            series.get(int(body["end"]), LatencyStats()).add(row)
+            if row.get("timing") == "host_poll" or row["op"] in P2P_OPS:
+                continue
+            point = points.setdefault(row["group"], [body["end"], 0, 0.0, {}])
+            point[1] += row["count"]
+            point[2] += row["sum_us"]
+            for bucket, n in row["hist"]:
+                point[3][bucket] = point[3].get(bucket, 0) + n
+        for group, (end, count, sum_us, hist) in points.items():
+            recent.setdefault((group, rank), collections.deque(maxlen=RECENT_INTERVALS)).append(
+                (end, count, sum_us, tuple(x for pair in sorted(hist.items()) for x in pair)))
+    return collectives, op_seconds, recent
+
+
+def _ordered(table):
+    """A table with its keys' order made visible (dicts compare regardless of order)."""
+    if isinstance(table, dict):
+        return [(k, _ordered(v)) for k, v in table.items()]
+    if hasattr(table, "hist"):
+        return (table.count, table.bytes, table.sum_us, table.max_us,
+                list(table.hist.items()), table.resolution_us)
+    return [tuple(x) for x in table] if hasattr(table, "maxlen") else table
+
+
+def test_a_generated_job_folds_its_latency_summaries_row_by_row_exactly():
+    """bench/fold.py's job (16 ranks of a 2x8 mesh, 70 s: past the 60 s the per-second
+    series and the straggler windows keep), plus the rows a real job rarely sends: a
+    Flight Recorder row timed by host polls, a summary arriving late for a second the
+    series already dropped, a pipeline's receive. Its tables equal the row-at-a-time
+    definition, down to the order of keys and buckets and the last bit of the sums; its
+    straggler (rank 5 waits least, as the one the others wait for) is found."""
+    from bench.fold import T0, build_log
+    from dashboard.diagnosis import Settings
+    from dashboard.diagnosis.rules import diagnose
+
+    events = build_log(ranks=16, seconds=70, hang_at=None, slow_rank=5, seed=4)
+    session = events[-1]["session"]
+    extra = [
+        {"group": "0", "op": "all_reduce", "count": 3, "bytes": 12, "sum_us": 0.1 + 0.2,
+         "max_us": 0.3, "hist": [[90, 2], [80, 1]], "source": "flight_recorder",
+         "timing": "host_poll", "resolution_us": 250.0},
+        {"group": "0", "op": "recv", "count": 2, "bytes": 8, "sum_us": 7.5, "max_us": 5.0,
+         "hist": [[30, 2]]},
+        {"group": "0", "op": "all_reduce", "count": 1, "bytes": 4, "sum_us": 9e9,
+         "max_us": 9e9, "hist": [[250, 1]]},
+    ]
+    late = {"start": T0 + 2.0, "end": T0 + 2.5, "rows": [dict(r) for r in extra]}
+    events[-20:-20] = [{"id": 0, "session": session, "seq": None, "t": T0 + 70.2,
+                        "received_at": T0 + 70.2, "kind": "coll_stats", "body": late}]
+    for i, ev in enumerate(events, start=1):
+        ev["id"] = i
+    state = JobState(1, "generated").apply_all(events)
+    collectives, op_seconds, recent = _naive_summaries(events)
+    assert _ordered(state.collectives) == _ordered(collectives)
+    assert _ordered(state.op_seconds) == _ordered(op_seconds)
+    assert _ordered(state.recent) == _ordered(recent)
+    assert len(state.op_seconds[("0", "all_reduce", "wrapper")]) == 60
+    # the late second went (older than the 60 kept); its row counts in the totals
+    assert int(T0 + 2.5) not in state.op_seconds[("0", "all_reduce", "wrapper")]
+    assert state.op_seconds[("0", "all_reduce", "flight_recorder")][int(T0 + 2.5)].count == 3
+    assert max(s.max_us for s in state.collectives.values()) == 9e9
+    polled = [s for (g, op, rank, src), s in state.collectives.items()
+              if src == "flight_recorder"]
+    assert [s.resolution_us for s in polled] == [250.0]
+    # 16 ranks x 70 s x 2 summaries x 3 ops of the world group (all_reduce, barrier, gather)
+    assert sum(s.count for (g, op, _r, src), s in state.collectives.items()
+               if g == "0" and src == "wrapper" and op != "recv") == 16 * 70 * 2 * 3 * 10 + 1
+    running = JobState(1, "generated").apply_all(events[:-40])  # before the late row, exits
+    findings = diagnose(running, events[-41]["t"] + 0.5, Settings())
+    assert {(f["kind"], tuple(f["ranks"])) for f in findings} == {("straggler", (5,))}
+
+
+def test_a_gpu_reading_folds_faults_and_throttling_as_the_reading_says():
+    log = two_running_ranks()
+    values = {"util_gpu": 90.0, "mem_used": 1.0, "temp_c": 60.0, "power_w": 300.0}
+
+    def gpu(t, xids=(), reasons=(), lost=False, **more):
+        log.add("s0", "gpu", {"uuid": "GPU-0", "lost": lost, "reasons": list(reasons),
+                              "xids": list(xids), "values": dict(values, **more)}, t=t)
+
+    gpu(11)
+    assert log.state().gpu_faults == {0: {}} and log.state().throttled_since == {}
+    gpu(12, reasons=["gpu_idle"])
+    gpu(13, reasons=["sw_power_cap", "hw_thermal_slowdown"], xids=[79], remap_pending=1.0)
+    gpu(14, reasons=["hw_slowdown"], ecc_uncorrected=2.0)
+    state = log.state()
+    assert state.gpu_faults == {0: {"xid:79": 13, "remap_pending": 13, "ecc": 14}}
+    assert state.throttled_since == {0: 13}
+    gpu(15, lost=True)
+    state = log.state()
+    assert state.throttled_since == {} and state.gpu_faults[0]["lost"] == 15
