@@ -84,8 +84,8 @@ class CollectiveTracker:
         self.dropped_records = 0
         self.internal_errors = 0
         self._summary: dict[tuple[str, str], LatencySummary] = {}
-        # The newest collectives summarised, (group, op, bytes, start, end) on the perf
-        # clock: what a snapshot shows of the minute before (pgdash_agent.snapshots). Filled
+        # The newest collectives summarised, (group, op, bytes, start, end, the Flight
+        # Recorder's sequence number or None) on the perf clock: what a snapshot shows of the minute before (pgdash_agent.snapshots). Filled
         # by summarise() on the agent's thread, never by the training thread.
         self.recent: collections.deque = collections.deque(maxlen=RECENT_COLLECTIVES)
         self.fr_enabled = True  # read sequence numbers for agent.flight_stats
@@ -163,7 +163,7 @@ class CollectiveTracker:
         recent = self.recent
         while records:
             track, op, nbytes, t0, t1, lo, hi = records.popleft()
-            recent.append((track.name, op, nbytes, t0, t1))
+            recent.append((track.name, op, nbytes, t0, t1, hi))
             if lo is not None:
                 wrapped.add(track.name, lo, hi)
             key = (track.name, op)

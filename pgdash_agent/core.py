@@ -92,7 +92,8 @@ class Agent:
         self.snapshots = Snapshots(self.tracker, self.outbox, self.reporter.wall,
                                    lambda: self.reporter.last_flight,
                                    wake=lambda: self.loop.wake.set(),
-                                   py_spy=native.find_py_spy(self.environ))
+                                   py_spy=native.find_py_spy(self.environ),
+                                   cpp_recent=lambda: self.fr_stats.recent)
         self.loop = AgentLoop(config, self.tracker, self.groups, self.reporter, self.stacks,
                               self._announce, self.snapshots)
         self.tracker.wake = self.loop.wake.set

@@ -34,75 +34,19 @@ per ``read_every_s``, and never more often than keeps its own measured cost unde
 from __future__ import annotations
 
 import bisect
-import json
+import collections
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from pgdash_agent.flight_dump import dump_tail, entry_bytes, op_name
 from pgdash_agent.wire import LatencySummary
 
 SOURCE = "flight_recorder"
-# Bytes per element of the dtype names FR writes (c10::ScalarType names).
-DTYPE_BYTES = {
-    "Byte": 1, "Char": 1, "Short": 2, "Int": 4, "Long": 8, "Half": 2, "Float": 4, "Double": 8,
-    "ComplexHalf": 4, "ComplexFloat": 8, "ComplexDouble": 16, "Bool": 1, "QInt8": 1,
-    "QUInt8": 1, "QInt32": 4, "BFloat16": 2, "Float8_e5m2": 1, "Float8_e4m3fn": 1,
-    "Float8_e5m2fnuz": 1, "Float8_e4m3fnuz": 1, "UInt16": 2, "UInt32": 4, "UInt64": 8,
-}
 MAX_INTERVALS = 50_000  # wrapped intervals kept per group between reads
 MAX_WAITING = 10_000  # entries kept while waiting for completion or for a wrapper's interval
 MAX_POLLS = 10_000  # completion observations kept per group between reads
-
-
-def op_name(profiling_name: str) -> str:
-    """``"gloo:all_reduce"`` -> ``"all_reduce"``; ``"nccl:send 1->2"`` -> ``"send"``."""
-    name = profiling_name.split(":", 1)[-1]
-    return name.split(" ", 1)[0] or "unknown"
-
-
-def entry_bytes(entry: dict[str, Any]) -> int:
-    """Bytes of an entry's inputs (what the wrappers count: the tensor handed in)."""
-    total = 0
-    for sizes, dtype in zip(entry.get("input_sizes") or (), entry.get("input_dtypes") or ()):
-        n = 1
-        for d in sizes:
-            n *= int(d)
-        total += n * DTYPE_BYTES.get(str(dtype), 0)
-    return total
-
-
-def dump_tail(raw: bytes | str, first_id: int | None) -> tuple[list[dict], dict]:
-    """A Flight Recorder dump's entries from record id ``first_id`` on (all when None), and
-    its pg_status. A free function, apart from :class:`FlightStats`, because it knows the
-    dump's text layout and nothing of what the entries mean.
-
-    Parsing 2000 entries costs tens of ms: only the tail after the last processed id is
-    decoded (entries are in record id order, keys sorted, as torch writes them).
-    """
-    data = raw.decode() if isinstance(raw, bytes) else raw
-    start = data.find('"entries":[')
-    if start < 0:
-        return [], (json.loads(data).get("pg_status") or {})
-    begin = start + len('"entries":[')
-    if first_id is not None:
-        at = data.find(f'"record_id":{first_id},', begin)
-        if at > 0:  # entries hold no nested objects and start with this key (sorted)
-            begin = max(begin, data.rfind('{"collective_seq_id"', begin, at))
-    decoder = json.JSONDecoder()
-    entries = []
-    pos = begin
-    length = len(data)
-    while pos < length and data[pos] != "]":
-        if data[pos] in ", ":
-            pos += 1
-            continue
-        entry, pos = decoder.raw_decode(data, pos)
-        entries.append(entry)
-    status = {}
-    tail = data.find('"pg_status":', pos)
-    if tail > 0:
-        status, _ = decoder.raw_decode(data, tail + len('"pg_status":'))
-    return entries, status
+RECENT_ENTRIES = 256  # the newest timed entries a snapshot shows (pgdash_agent.snapshots)
 
 
 @dataclass
@@ -199,6 +143,9 @@ class FlightStats:
         self.reads = 0
         self.errors = 0
         self.seen_cpp = False  # the last read found collectives only the recorder saw
+        # The newest entries timed here, (group, op, bytes, start, end, seq) in Unix seconds:
+        # the collectives issued from C++ on a snapshot's timeline
+        self.recent: collections.deque = collections.deque(maxlen=RECENT_ENTRIES)
         self.read_seconds = 0.0  # CPU time of the full reads (thread time)
         self._last_read = float("-inf")
         self._min_gap = 0.0
@@ -375,10 +322,13 @@ class FlightStats:
             timing = "host_poll"
         self.seen_cpp = True
         group = entry["process_group"][0]
-        s = self._summary.get((group, op_name(str(entry.get("profiling_name", "")))))
+        s_op = op_name(str(entry.get("profiling_name", "")))
+        s = self._summary.get((group, s_op))
         if s is None:
-            s = self._summary[(group, op_name(str(entry.get("profiling_name", ""))))] = _Summary()
-        s.add(max(latency * 1e6, 0.0), entry_bytes(entry))
+            s = self._summary[(group, s_op)] = _Summary()
+        nbytes = entry_bytes(entry)
+        s.add(max(latency * 1e6, 0.0), nbytes)
+        self.recent.append((group, s_op, nbytes, created, created + max(latency, 0.0), seq))
         if timing == "host_poll":
             s.timing = "host_poll"
             s.resolution_us = max(s.resolution_us, resolution * 1e6)

@@ -16,7 +16,7 @@ import collections
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from pgdash_agent import frames as pyframes
 from pgdash_agent import native as native_frames
@@ -38,17 +38,21 @@ class Snapshots:
         wake: wakes the background thread when a question arrives.
         py_spy: py-spy's path, for questions that ask for native frames (None: none here;
             see pgdash_agent.native).
+        cpp_recent: the newest collectives issued from C++ that the Flight Recorder timed,
+            (group, op, bytes, start, end, seq) in Unix seconds (FlightStats.recent).
     """
 
     def __init__(self, tracker: CollectiveTracker, outbox: Outbox,
                  wall: Callable[[float], float], flight: Callable[[], dict[str, Any]],
-                 wake: Callable[[], None], py_spy: str | None = None):
+                 wake: Callable[[], None], py_spy: str | None = None,
+                 cpp_recent: Callable[[], Iterable[tuple]] = tuple):
         self.tracker = tracker
         self.outbox = outbox
         self._wall = wall
         self._flight = flight
         self._wake = wake
         self.py_spy = py_spy
+        self._cpp_recent = cpp_recent
         self._pending: collections.deque[tuple[str, float | None, str | None, bool]] = \
             collections.deque()
         self._lock = threading.Lock()
@@ -115,11 +119,18 @@ class Snapshots:
                 thread["native"] = found
 
     def recent(self) -> list[list[Any]]:
-        """The newest collectives that ended, oldest first: [group, op, bytes, start, end]
-        with Unix times (Python-issued ones, through the agent's wrappers)."""
+        """The newest collectives that ended, by end time: ``[group, op, bytes, start, end,
+        seq]`` with Unix times for those Python issued (through the agent's wrappers; seq:
+        the Flight Recorder's sequence number where it runs), ``[..., seq,
+        "flight_recorder"]`` for those issued from C++ (DDP's) that the Flight Recorder
+        timed (pgdash_agent.flight_stats)."""
         wall = self._wall
-        return [[group, op, nbytes, round(wall(t0), 6), round(wall(t1), 6)]
-                for group, op, nbytes, t0, t1 in list(self.tracker.recent)]
+        rows = [[group, op, nbytes, round(wall(t0), 6), round(wall(t1), 6), seq]
+                for group, op, nbytes, t0, t1, seq in list(self.tracker.recent)]
+        rows += [[group, op, nbytes, round(t0, 6), round(t1, 6), seq, "flight_recorder"]
+                 for group, op, nbytes, t0, t1, seq in list(self._cpp_recent())]
+        rows.sort(key=lambda row: row[4])
+        return rows
 
 
 def threads_now(with_ids: bool = False) -> list[dict[str, Any]]:

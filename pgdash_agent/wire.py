@@ -366,14 +366,18 @@ class ThreadStack(_Shape):
 
 
 class RecentCollective(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
-    """``[group, op, bytes, start, end]``: one collective a snapshot's rank completed lately
-    (Unix times)."""
+    """``[group, op, bytes, start, end, seq, source]``: one collective a snapshot's rank
+    completed lately (Unix times; seq: the Flight Recorder's sequence number where known;
+    source "flight_recorder" for one issued from C++ that only the recorder saw; the last
+    two may be left out)."""
 
     group: _Name
     op: _Name
     bytes: _Count
     start: _Num
     end: _Num
+    seq: Optional[_Count] = None
+    source: Optional[_Name] = None
 
 
 class Snapshot(_Shape):
@@ -383,7 +387,8 @@ class Snapshot(_Shape):
     ask: _limited(str, max_length=MAX_ASK_ID)
     threads: _limited(list[ThreadStack], max_length=MAX_SNAPSHOT_THREADS)
     groups: _limited(list[GroupProgress], max_length=MAX_LIST) = []
-    # The newest collectives it completed, oldest first (the agent keeps 256)
+    # The newest collectives it completed, oldest first (the agent keeps 256 Python issued,
+    # 256 issued from C++)
     recent: _limited(list[RecentCollective], max_length=1024) = []
     asked_at: Optional[_Num] = None  # the server's time of the question, echoed
     reason: Optional[_Name] = None  # why the server asked ("incident hang:r2"), echoed

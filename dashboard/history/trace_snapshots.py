@@ -27,9 +27,12 @@ def snapshot_args(body: dict[str, Any]) -> dict[str, Any]:
 def draw_completed(file: TraceFile, pid: int, body: dict[str, Any], until: float) -> float:
     """Draw the snapshot's collectives that ended after ``until`` (those before were drawn
     from an earlier snapshot); returns the newest end drawn."""
-    for group, op, nbytes, start, end in body.get("recent") or []:
+    for row in body.get("recent") or []:
+        group, op, nbytes, start, end = row[:5]
         if end > until:
+            seq, source = (list(row[5:7]) + [None, None])[:2]
             file.complete("collectives", pid, file.tid(pid, COMPLETED + group), start, end, op,
-                          {"group": group, "op": op, "bytes": nbytes, "source": "snapshot"},
+                          {"group": group, "op": op, "bytes": nbytes, "seq": seq,
+                           "source": "snapshot" + (f" ({source})" if source else "")},
                           cat="collective")
     return max([until] + [row[4] for row in body.get("recent") or []])

@@ -152,8 +152,10 @@ def latest(state: JobState, ranks: list[int], since: float = 0.0) -> dict[str, A
 def _answer(answer: dict[str, Any]) -> dict[str, Any]:
     threads = [{**t, "stack": stack_text(t.get("frames") or [])}
                for t in answer.get("threads") or []]
-    recent = [{"group": g, "op": op, "bytes": n, "start": t0, "end": t1}
-              for g, op, n, t0, t1 in answer.get("recent") or []]
+    recent = [{"group": row[0], "op": row[1], "bytes": row[2], "start": row[3], "end": row[4],
+               "seq": row[5] if len(row) > 5 else None,
+               "source": (row[6] if len(row) > 6 else None) or "wrapper"}
+              for row in answer.get("recent") or []]
     return {"t": answer["t"], "took_ms": answer.get("took_ms"), "threads": threads,
             "groups": answer.get("groups") or [], "recent": recent,
             **({"native_error": answer["native_error"]} if answer.get("native_error") else {})}

@@ -6,7 +6,8 @@ import urllib.request
 
 import pytest
 
-from pgdash_agent.flight_stats import FlightStats, WrappedIntervals, entry_bytes, op_name
+from pgdash_agent.flight_dump import entry_bytes, op_name
+from pgdash_agent.flight_stats import FlightStats, WrappedIntervals
 from tests.helpers.procs import launch_job, wait_for, wait_job
 
 STEPS = 12
@@ -187,6 +188,10 @@ def test_completion_is_timed_by_the_status_polls():
     # Completed between the polls at 10 and 20 ms: 15 ms, exact to 10 ms.
     assert row["count"] == 1
     assert abs(row["sum_us"] - 15_000) < 1 and abs(row["resolution_us"] - 10_000) < 1
+    # A snapshot's timeline draws it (issued from C++, seen by the recorder alone).
+    [(group, op, nbytes, start, end, seq)] = stats.recent
+    assert (group, op, nbytes, start, seq) == ("0", "all_reduce", 16, 100.0, 1)
+    assert abs(end - 100.015) < 1e-6
 
 
 def test_device_timing_is_used_when_the_entry_has_it():

@@ -134,6 +134,12 @@ def test_a_snapshot_on_demand_and_bad_requests_change_nothing(tmp_path, wire):
         recent = view["ranks"]["1"]["recent"]
         assert len(recent) >= 5 and {c["op"] for c in recent} == {"all_reduce"}
         assert all(c["start"] <= c["end"] <= view["ranks"]["1"]["t"] for c in recent)
+        # Numbered as the Flight Recorder numbers them: one after the other, up to the last
+        # rank 1 completed; all issued from Python (the wrappers timed them).
+        seqs = [c["seq"] for c in recent]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and \
+            seqs[-1] == asleep["completed"], (seqs, asleep)
+        assert {c["source"] for c in recent} == {"wrapper"}
         # The same from the command line, by the job's name (after the rate limit's second).
         time.sleep(MIN_INTERVAL_S)
         done = subprocess.run([sys.executable, "-m", "dashboard", "snapshot", f"asked-{wire}",

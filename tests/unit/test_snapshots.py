@@ -305,3 +305,26 @@ def test_native_frames_are_py_spys_of_this_very_thread(tmp_path):
     training = body["threads"][0]
     assert training["training"] and "native_stacks" in training["native"], training["native"]
     validate_event({"seq": 1, "t": 1.0, "kind": "snapshot", "body": body})
+
+
+def test_the_ring_holds_python_and_cpp_issued_collectives_by_end_time_numbered():
+    snaps, outbox, _ = _agent_snapshots()
+    snaps.tracker.recent.extend([("0", "all_reduce", 64, 10.0, 10.5, 7),
+                                 ("0", "broadcast", 8, 11.0, 11.2, None)])
+    snaps._cpp_recent = lambda: [("1", "all_reduce", 4096, 10.6, 10.9, 3)]  # DDP's bucket
+    snaps.ask({"ask": "r", "what": "snapshot"})
+    snaps.answer()
+    (event,) = _sent(outbox)
+    assert event["body"]["recent"] == [["0", "all_reduce", 64, 10.0, 10.5, 7],
+                                       ["1", "all_reduce", 4096, 10.6, 10.9, 3, "flight_recorder"],
+                                       ["0", "broadcast", 8, 11.0, 11.2, None]]
+    validate_event({"seq": 1, "t": 1.0, "kind": "snapshot", "body": event["body"]})
+    # An agent from before sends five fields: still read.
+    old = dict(event["body"], recent=[["0", "all_reduce", 64, 10.0, 10.5]])
+    validate_event({"seq": 1, "t": 1.0, "kind": "snapshot", "body": old})
+    log = running(2)
+    log.add("s0", "snapshot", old, t=12.0)
+    request = views.answered_request(log.state(), 1, "r")
+    row = views.request_view(log.state(), request, 13.0, None)["ranks"]["0"]
+    assert row["recent"] == [{"group": "0", "op": "all_reduce", "bytes": 64, "start": 10.0,
+                              "end": 10.5, "seq": None, "source": "wrapper"}]

@@ -260,9 +260,9 @@ function timelineNode(view) {
       .filter((c) => c.end >= start)
       .map((c) =>
         el("span", {
-          class: "tl-bar",
+          class: "tl-bar" + (c.source === "flight_recorder" ? " tl-cpp" : ""),
           style: "left:" + x(c.start).toFixed(2) + "%;width:" + Math.max(0.3, x(c.end) - x(c.start)).toFixed(2) + "%;background:hsl(" + hue(c.op) + ",55%,55%)",
-          title: c.op + " on group " + c.group + ", " + PG.fmtUs((c.end - c.start) * 1e6) + ", " + PG.fmtBytes(c.bytes) + ", ended " + PG.fmtTime(c.end),
+          title: c.op + (c.seq != null ? " #" + c.seq : "") + " on group " + c.group + ", " + PG.fmtUs((c.end - c.start) * 1e6) + ", " + PG.fmtBytes(c.bytes) + ", ended " + PG.fmtTime(c.end) + (c.source === "flight_recorder" ? " (issued from C++, timed by the Flight Recorder)" : ""),
         })
       );
     for (const g of r.groups || []) {
@@ -274,7 +274,7 @@ function timelineNode(view) {
   return el(
     "div",
     { class: "ev-block snapshot-timeline" },
-    el("div", { class: "ev-label", text: "Last collectives, the " + TIMELINE_S + " s before each answer (red: in flight when asked)" }),
+    el("div", { class: "ev-label", text: "Last collectives, the " + TIMELINE_S + " s before each answer (red: in flight when asked; outlined: issued from C++, timed by the Flight Recorder)" }),
     rows,
     el("div", { class: "tl-legend small muted" }, Array.from(ops.keys()).map((op) => el("span", { class: "tl-key" }, el("span", { class: "tl-swatch", style: "background:hsl(" + hue(op) + ",55%,55%)" }), op)))
   );
