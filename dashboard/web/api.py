@@ -22,6 +22,7 @@ from dashboard.ingest.pipeline import Ingest
 from dashboard.state import JobState
 from dashboard.web import snapshots, views
 from dashboard.web.joblist import jobs_payload, row_facts
+from dashboard.web.compare import compare
 from dashboard.web.live import state_at
 from dashboard.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dashboard.web.metrics import Snapshot, exposition, live_jobs
@@ -175,22 +176,46 @@ def api_trace(job_id: int):
         "Content-Disposition": f'attachment; filename="pgdash-job-{job_id}-trace.json"'})
 
 
-@api.get("/api/jobs/<int:job_id>/state")
-def api_state(job_id: int):
+class _BadMoment(Exception):
+    """A moment asked for that is not one of the job's (the message says why)."""
+
+
+@api.errorhandler(_BadMoment)
+def _bad_moment(exc):
+    return jsonify(error=str(exc)), 400
+
+
+def _moment(job_id: int, name: str) -> float:
+    """Query parameter ``name`` as a moment of the job (Unix seconds); a 400 otherwise."""
     ingest = _ingest()
-    raw = request.args.get("at")
+    raw = request.args.get(name)
     try:
         at = float(raw) if raw is not None else None
     except ValueError:
         at = None
     if at is None or not math.isfinite(at):
-        return jsonify(error=f"at must be a time in Unix seconds, e.g. ?at=1764000000.5; "
-                             f"got {raw!r:.40}"), 400
+        raise _BadMoment(f"{name} must be a time in Unix seconds, e.g. "
+                         f"?{name}=1764000000.5; got {raw!r:.40}")
     job = found_or_404(ingest.store.jobs.get(job_id), job_id)
     bad = replay_moment_error(job, at, ingest.clock())
     if bad:
-        return jsonify(error=bad), 400
-    return found_or_404(state_at(ingest, job_id, at), job_id)
+        raise _BadMoment(bad if name == "at" else f"{name}: {bad}")
+    return at
+
+
+@api.get("/api/jobs/<int:job_id>/state")
+def api_state(job_id: int):
+    at = _moment(job_id, "at")
+    return found_or_404(state_at(_ingest(), job_id, at), job_id)
+
+
+@api.get("/api/jobs/<int:job_id>/compare")
+def api_compare(job_id: int):
+    """What changed from moment ``a`` to moment ``b`` (dashboard.web.compare)."""
+    a, b = _moment(job_id, "a"), _moment(job_id, "b")
+    ingest = _ingest()
+    first = found_or_404(state_at(ingest, job_id, a), job_id)
+    return compare(first, found_or_404(state_at(ingest, job_id, b), job_id))
 
 
 @api.get("/api/jobs/<int:job_id>/incidents")

@@ -655,6 +655,100 @@ def test_replay_slider_shows_the_hang_after_it_was_resolved(hang_server, watched
             agent.close()
 
 
+def test_scrubbing_by_keys_by_incident_and_comparing_two_moments(hang_server, watched):
+    """The hang job of the test above, ended: Home goes to its start, Shift+→ to the moment
+    its incident began, → a second on; a drag while a moment loads asks only for where the
+    slider stopped; A pinned inside the hang and B at the end say that the hang resolved and
+    rank 0 stopped being hung."""
+    page = watched.page
+    agents = [FakeAgent(hang_server.url, "keys", rank) for rank in range(2)]
+    try:
+        for agent in agents:
+            agent.send("group", {"name": "0", "desc": "world", "backend": "gloo",
+                                 "ranks": [0, 1]})
+        agents[1].send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 4,
+                                                 "inflight_op": "all_reduce",
+                                                 "inflight_since": time.time()}]})
+        agents[0].send("heartbeat", {"groups": [{"group": "0", "entered": 4, "completed": 4}]})
+        jid = job_id(hang_server, "keys")
+
+        def hang():
+            return next((f for f in hang_server.api(f"/api/jobs/{jid}/findings")["findings"]
+                         if f["kind"] == "hang"), None)
+
+        wait_for(hang, 10, "the hang finding")
+        time.sleep(2.5)  # a few moments judged inside the hang
+        for agent in agents:
+            agent.send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 5}]})
+        wait_for(lambda: not hang()["active"] or None, 10, "the hang to resolve")
+        for agent in agents:
+            agent.send("exit", {"clean": True, "exitcode": 0})
+        job = wait_for(lambda: (j := hang_server.api(f"/api/jobs/{jid}"))["status"] ==
+                       "finished" and j, 10, "the job to finish")
+        found = hang()
+        incident = hang_server.api(f"/api/jobs/{jid}/incidents")["incidents"][0]
+
+        page.goto(f"{hang_server.url}/jobs/{jid}")
+        expect(page.locator("#job-status")).to_have_text("finished", timeout=LIVE_MS)
+        slider = page.locator("#replay-at")
+        expect(page.locator("#replay-marks option")).to_have_count(2)  # opened, resolved
+        shown = page.locator("#job-page")
+        slider.focus()
+        page.keyboard.press("Home")
+        expect(shown).to_have_attribute("data-replayed", str(job["started_at"]))
+        page.keyboard.press("Shift+ArrowRight")
+        expect(shown).to_have_attribute("data-replayed", str(incident["first_seen"]))
+        page.keyboard.press("ArrowRight")
+        expect(shown).to_have_attribute("data-replayed", str(incident["first_seen"] + 1))
+        assert "at=" in page.url
+
+        # Dragging while a moment loads: the moments in between are not asked for; the
+        # one where the slider stopped is, once the one loading has come.
+        held = []
+        page.route(re.compile(r"/state\?at="), lambda route: held.append(route))
+        for value in ("100", "400", "700"):
+            slider.evaluate("(el, v) => { el.value = v; el.dispatchEvent(new Event('input')); }",
+                            value)
+        def routed(n):  # route handlers run while Playwright has the thread
+            for _ in range(50):
+                if len(held) >= n:
+                    return
+                page.wait_for_timeout(200)
+            raise AssertionError(f"{len(held)} moments asked, not {n}")
+
+        routed(1)
+        page.wait_for_timeout(300)
+        assert len(held) == 1
+        held[0].continue_()
+        routed(2)
+        end = job["ended_at"]
+        asked = float(re.search(r"at=([0-9.]+)", held[1].request.url).group(1))
+        assert abs(asked - (job["started_at"] + 0.7 * (end - job["started_at"]))) < 0.01
+        held[1].continue_()
+        page.unroute(re.compile(r"/state\?at="))
+        expect(shown).to_have_attribute("data-replayed", str(asked))
+
+        # A inside the hang, B at the end.
+        inside = found["last_seen"]
+        page.goto(f"{hang_server.url}/jobs/{jid}?at={inside}")
+        expect(page.locator("#findings li.finding[data-kind='hang']")).not_to_have_class(
+            re.compile(r"\bresolved\b"))
+        page.locator("#replay-pin").click()
+        expect(page.locator("#compare")).to_contain_text("move to another moment")
+        slider.focus()
+        page.keyboard.press("End")
+        compare = page.locator("#compare")
+        expect(compare).to_have_attribute("data-b", str(end))
+        expect(compare.locator(".compare-head")).to_contain_text("From A")
+        expect(compare).to_contain_text("Findings that resolved")
+        expect(compare).to_contain_text("rank 0 hung → exited")
+        page.locator(".compare-clear").click()
+        expect(compare).to_be_hidden()
+    finally:
+        close_all(agents)
+    watched.assert_clean()
+
+
 def test_a_desync_colours_the_rank_that_called_another_collective(server, agents, watched):
     page = watched.page
     ranks = [agents("mismatch", r, world_size=3) for r in range(3)]

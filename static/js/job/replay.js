@@ -7,6 +7,7 @@
  */
 import { PG } from "../common.js";
 import { $, JOB_ID, page, state } from "./ctx.js";
+import { compareTo, pin, setupCompare } from "./compare.js";
 import { forgetExpanded, haveLive, showLive, showSections } from "./live.js";
 
 const REPLAY_STEPS = 1000;
@@ -21,7 +22,8 @@ export const replayHooks = { render: () => {}, showError: () => {}, refresh: asy
 
 let request = 0; // answers to older requests are dropped
 let inFlight = false;
-let dragTimer = null;
+let wanted = null; // the newest moment asked (drag, keys) while another was loading
+let marks = []; // moments of the job's incidents (Unix seconds, sorted): Shift+arrows go there
 let playTimer = null;
 let pendingTimer = null;
 let range = null; // [start, end] of the job (Unix seconds), from GET /api/jobs/<id>
@@ -173,7 +175,75 @@ export async function loadReplay(at) {
   replayHooks.showError("");
   replayHooks.render();
   page.dataset.replayed = String(at); // tests wait for this
+  compareTo(at);
   return true;
+}
+
+/**
+ * Show `at` as soon as the server can: one moment is asked at a time, and while it loads
+ * the newest moment asked waits (dragging shows the moments in between as they come,
+ * coarse while the server is slow, the exact one where the slider stops).
+ */
+function seek(at) {
+  wanted = at;
+  if (inFlight) return;
+  const next = wanted;
+  wanted = null;
+  loadReplay(next).finally(() => {
+    if (wanted !== null && !inFlight) seek(wanted);
+  });
+}
+
+/** The moment a key press starts from: the one asked last, else the one shown. */
+function currentMoment() {
+  const b = bounds();
+  if (wanted !== null) return wanted;
+  if (state.replay) return state.replay.at;
+  return b ? b[1] : null;
+}
+
+/** ←/→ a second, Shift+←/→ the previous/next incident, Home/End the job's ends. */
+function stepKey(ev) {
+  const b = bounds();
+  const at = currentMoment();
+  if (!b || at === null || ev.altKey || ev.ctrlKey || ev.metaKey) return;
+  let next = null;
+  if (ev.key === "ArrowLeft" || ev.key === "ArrowRight") {
+    const dir = ev.key === "ArrowLeft" ? -1 : 1;
+    if (ev.shiftKey) {
+      const found = dir < 0 ? marks.filter((t) => t < at - 0.5).pop() : marks.find((t) => t > at + 0.5);
+      next = found === undefined ? (dir < 0 ? b[0] : b[1]) : found;
+    } else next = at + dir;
+  } else if (ev.key === "Home") next = b[0];
+  else if (ev.key === "End") next = b[1];
+  if (next === null) return;
+  ev.preventDefault();
+  pause();
+  next = Math.min(b[1], Math.max(b[0], next));
+  placeSlider(next);
+  describe(next);
+  seek(next);
+}
+
+/** Learn the moments of the job's incidents (they open and resolve): Shift+arrows' stops,
+ *  and the slider's tick marks. */
+async function learnMarks() {
+  const body = await PG.fetchJSON("/api/jobs/" + JOB_ID + "/incidents");
+  const found = new Set();
+  for (const inc of body.incidents || []) {
+    if (PG.isNum(inc.first_seen)) found.add(inc.first_seen);
+    if (!inc.active && PG.isNum(inc.last_seen)) found.add(inc.last_seen);
+  }
+  marks = Array.from(found).sort((x, y) => x - y);
+  const b = bounds();
+  const list = $("replay-marks");
+  while (list.firstChild) list.removeChild(list.firstChild);
+  if (!b) return;
+  for (const t of marks) {
+    const option = document.createElement("option");
+    option.value = String(Math.round(((t - b[0]) / (b[1] - b[0])) * REPLAY_STEPS));
+    list.appendChild(option);
+  }
 }
 
 function pause() {
@@ -214,7 +284,8 @@ function leaveReplay() {
   request++;
   momentSettled();
   pause();
-  clearTimeout(dragTimer);
+  wanted = null;
+  pin(null);
   state.replay = null;
   PG.setViewAt(null);
   page.classList.remove("replaying");
@@ -239,12 +310,22 @@ export function setupReplay() {
     pause();
     const at = b[0] + ((b[1] - b[0]) * Number(ev.target.value)) / REPLAY_STEPS;
     describe(at);
-    clearTimeout(dragTimer);
-    dragTimer = setTimeout(() => loadReplay(at), 120);
+    seek(at);
+  });
+  $("replay-at").addEventListener("keydown", stepKey); // a second a press, not a slider step
+  document.addEventListener("keydown", (ev) => {
+    const t = ev.target;
+    if ($("replay").hidden || ev.target === $("replay-at")) return;
+    if (!state.replay || (t && (t.isContentEditable || ["INPUT", "SELECT", "TEXTAREA"].includes(t.tagName)))) return;
+    stepKey(ev);
   });
   $("replay-play").addEventListener("click", () => (playTimer ? pause() : play()));
   $("replay-live").addEventListener("click", backToLive);
-  learnRange().catch(() => {}).then(showIndicator); // without it the slider spans what the page knows
+  setupCompare(currentMoment);
+  learnRange().catch(() => {}).then(() => {
+    showIndicator();
+    return learnMarks();
+  }).catch(() => {}); // without it the slider spans what the page knows
   PG.tick(() => state.replay && range && range.running && showIndicator()); // "(2 m ago)" moves on
 
   const raw = new URLSearchParams(location.search).get("at");
