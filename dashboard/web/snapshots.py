@@ -5,7 +5,9 @@ frames and its groups' progress (``JobState.snapshots``). Read against the reque
 is ``answered``, ``waiting`` (asked less than ANSWER_WAIT_S ago), ``no answer`` (asked, silent:
 its interpreter may be blocked with the GIL held, or its agent's thread stuck) or ``not
 connected`` (no connection here: exited, lost, or connected to another server process), the
-last two with the last stack the rank sent when it sat in a collective, if any. Identical
+last two with the rank's own status (``rank_status``: exited, failed, lost, running: a rank in
+teardown or dead says so) and the last stack the rank sent when it sat in a collective, if
+any. Identical
 training-thread stacks collapse into one group with its ranks, the smallest groups (the odd
 ones out: the rank at fault is usually alone in what it does) first.
 """
@@ -48,6 +50,12 @@ def request_view(state: JobState, request: Request, now: float,
         else:
             status = "not connected"
         row = {"status": status}
+        known = state.rank_index().get(rank)
+        if status != "waiting" and known is not None:
+            # Why it may not answer: exited, failed or lost (teardown, dead), or running
+            row["rank_status"] = str(known.status)
+            if known.exit_at is not None:
+                row["exit_at"] = known.exit_at
         last = _last_stack(state, rank)
         if status != "waiting" and last is not None:
             row["last_stack"] = last

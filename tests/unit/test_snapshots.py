@@ -150,6 +150,7 @@ def test_answers_read_against_their_request_with_the_odd_stack_first():
     asks.link("s4", link)
     asks.unlink("s4", link)  # rank 4's agent holds no connection here
     log = running(5)
+    log.add("s4", "exit", {"clean": False}, t=100.5)  # rank 4 failed: nobody left to ask
     made = asks.request(1, None, "test")
     for rank in (0, 1):
         _answer(log, rank, made.id, 101.0, _frames(10, 20))
@@ -168,6 +169,9 @@ def test_answers_read_against_their_request_with_the_odd_stack_first():
     later = views.request_view(state, made, now=clock.t + ANSWER_WAIT_S)
     assert later["ranks"]["3"]["status"] == "no answer" and later["missing"] == [3, 4]
     assert later["ranks"]["3"]["last_stack"]["stack"] == "rank 3 waited here"
+    assert later["ranks"]["3"]["rank_status"] == "running"  # alive, yet silent
+    assert (later["ranks"]["4"]["rank_status"], later["ranks"]["4"]["exit_at"]) == \
+        ("failed", 100.5)
 
 
 def test_an_incident_shows_its_culprits_newest_answer_since_it_began():

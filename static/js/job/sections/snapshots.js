@@ -181,9 +181,19 @@ function stackGroups(groups) {
   );
 }
 
+const GONE = {
+  exited: "it exited",
+  finished: "it exited",
+  failed: "it failed",
+  lost: "it was lost (its process vanished)",
+};
+
 const WHY = {
   "no answer": (proc) => "asked, silent: its interpreter may be blocked in C with the GIL held, or frozen; `py-spy dump --native --pid " + (proc ? proc.pid + "` on " + proc.host : "<pid>` on its host") + " shows where",
-  "not connected": () => "its agent holds no connection here: exited, lost, or connected to another server process",
+  "not connected": (proc, row) =>
+    GONE[row.rank_status]
+      ? GONE[row.rank_status] + (PG.isNum(row.exit_at) ? " at " + PG.fmtTime(row.exit_at) : "") + ": nobody is left to ask"
+      : "its agent holds no connection here: exited, lost, or connected to another server process",
 };
 
 function processOf(rank) {
@@ -207,7 +217,7 @@ function missingNode(view) {
           "li",
           { dataset: { rank } },
           el("span", { class: "blamed", text: "rank " + rank }),
-          " " + row.status + ": " + WHY[row.status](processOf(Number(rank))),
+          " " + row.status + ": " + WHY[row.status](processOf(Number(rank)), row),
           row.last_stack ? el("details", null, el("summary", { text: "its last stack, sent from a collective " + PG.fmtTime(row.last_stack.t) }), el("pre", { class: "ev-text", text: String(row.last_stack.stack || "") })) : null
         )
       )
