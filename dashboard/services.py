@@ -27,6 +27,7 @@ from dashboard.ingest.pipeline import Ingest
 from dashboard.storage.compaction import Compactor, Policy
 from dashboard.storage.database import database_url
 from dashboard.storage.store import Store
+from dashboard.web.moments import Moments
 from dashboard.web.notify import Notifier
 from dashboard.web.push import LivePush
 
@@ -49,6 +50,7 @@ class Services:
     node: ClusterNode | None = None
     metrics_per_rank: bool = False
     trace_max_events: int = 0
+    moments: Moments | None = None  # the last few replayed moments, kept (state?at=, compare)
 
     def start(self) -> "Services":
         if self.node is not None:
@@ -120,7 +122,8 @@ def build(config: Mapping[str, Any]) -> Services:
                     socketio=socketio, pusher=pusher, new_limits=new_limits, guard=guard,
                     notifier=notifier, cluster=cluster, node=node,
                     metrics_per_rank=flag(config["METRICS_PER_RANK"]),
-                    trace_max_events=trace_max_events)
+                    trace_max_events=trace_max_events,
+                    moments=Moments(ingest.clock))
 
 
 def flag(value: Any) -> bool:

@@ -203,19 +203,24 @@ def _moment(job_id: int, name: str) -> float:
     return at
 
 
+def _state_at(job_id: int, at: float) -> dict[str, Any]:
+    """``state_at`` of the job, from the moments kept when it is one (dashboard.web.moments)."""
+    parts = services.current()
+    make = lambda: state_at(parts.ingest, job_id, at)  # noqa: E731
+    found = parts.moments.get(job_id, at, make) if parts.moments is not None else make()
+    return found_or_404(found, job_id)
+
+
 @api.get("/api/jobs/<int:job_id>/state")
 def api_state(job_id: int):
-    at = _moment(job_id, "at")
-    return found_or_404(state_at(_ingest(), job_id, at), job_id)
+    return _state_at(job_id, _moment(job_id, "at"))
 
 
 @api.get("/api/jobs/<int:job_id>/compare")
 def api_compare(job_id: int):
     """What changed from moment ``a`` to moment ``b`` (dashboard.web.compare)."""
     a, b = _moment(job_id, "a"), _moment(job_id, "b")
-    ingest = _ingest()
-    first = found_or_404(state_at(ingest, job_id, a), job_id)
-    return compare(first, found_or_404(state_at(ingest, job_id, b), job_id))
+    return compare(_state_at(job_id, a), _state_at(job_id, b))
 
 
 @api.get("/api/jobs/<int:job_id>/incidents")

@@ -53,3 +53,25 @@ def test_a_latency_that_moved_is_listed_with_its_factor_and_one_that_did_not_is_
     assert (moved["family"], moved["op"]) == ("default_pg", "all_reduce")
     assert 2.5 < moved["factor"] < 3.5  # 3x, of medians over windows a little apart
     assert abs(moved["b_p50_us"] / moved["a_p50_us"] - moved["factor"]) < 0.01
+
+
+def test_moments_shown_are_kept_once_final_a_few_at_a_time_for_a_while():
+    from dashboard.web.moments import SETTLED_S, Moments
+
+    clock, mono, made = [1000.0], [0.0], []
+    kept = Moments(lambda: clock[0], size=2, ttl_s=60.0, monotonic=lambda: mono[0])
+
+    def get(at):
+        return kept.get(1, at, lambda: made.append(at) or {"at": at})
+
+    assert get(900.0) == get(900.0) == {"at": 900.0} and made == [900.0]  # folded once
+    get(clock[0] - SETTLED_S / 2)
+    get(clock[0] - SETTLED_S / 2)  # events may still be stamped at it: folded again
+    assert made.count(clock[0] - SETTLED_S / 2) == 2
+    get(901.0), get(902.0)  # two more: the oldest goes
+    get(900.0)
+    assert made.count(900.0) == 2 and kept.hits == 1
+    mono[0] += 61.0  # compaction may have rewritten what it folded
+    get(902.0)
+    assert made.count(902.0) == 2
+    assert kept.get(2, 5.0, lambda: None) is None and kept.get(2, 5.0, lambda: 7) == 7
