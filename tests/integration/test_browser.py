@@ -564,35 +564,42 @@ def test_job_page_opened_before_the_job_exists_shows_it_when_it_appears(server, 
     watched.assert_clean()
 
 
+def _hang_that_resolves(server, name: str, hold_s: float = 0.0):
+    """A 2-rank job whose rank 1 waits in all_reduce #5 that rank 0 has not entered, until
+    the hang is found (and ``hold_s`` more); then rank 0 catches up, both exit. Returns
+    (job id, its hang finding, the agents: the caller closes them)."""
+    agents = [FakeAgent(server.url, name, rank) for rank in range(2)]
+    for agent in agents:
+        agent.send("group", {"name": "0", "desc": "world", "backend": "gloo", "ranks": [0, 1]})
+    agents[1].send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 4,
+                                             "inflight_op": "all_reduce",
+                                             "inflight_since": time.time()}]})
+    agents[0].send("heartbeat", {"groups": [{"group": "0", "entered": 4, "completed": 4}]})
+    jid = job_id(server, name)
+
+    def hang():
+        return next((f for f in server.api(f"/api/jobs/{jid}/findings")["findings"]
+                     if f["kind"] == "hang"), None)
+
+    wait_for(hang, 10, "the hang finding")
+    time.sleep(hold_s)
+    for agent in agents:  # rank 0 arrives; both complete #5
+        agent.send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 5}]})
+    wait_for(lambda: not hang()["active"] or None, 10, "the hang to resolve")
+    for agent in agents:
+        agent.send("exit", {"clean": True, "exitcode": 0})
+    wait_for(lambda: job_by_name(server, name)["status"] == "finished" or None, 10,
+             "the job to finish")
+    return jid, hang(), agents
+
+
 def test_replay_slider_shows_the_hang_after_it_was_resolved(hang_server, watched):
     """Rank 1 waits in all_reduce #5 that rank 0 has not entered; then rank 0 catches up.
     Live, the hang is resolved; dragged back to the middle of it, the page shows it again,
     with the rank states of that moment, and "Back to live" returns."""
     page = watched.page
-    agents = [FakeAgent(hang_server.url, "scrub", rank) for rank in range(2)]
+    jid, _, agents = _hang_that_resolves(hang_server, "scrub")
     try:
-        for agent in agents:
-            agent.send("group", {"name": "0", "desc": "world", "backend": "gloo",
-                                 "ranks": [0, 1]})
-        agents[1].send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 4,
-                                                 "inflight_op": "all_reduce",
-                                                 "inflight_since": time.time()}]})
-        agents[0].send("heartbeat", {"groups": [{"group": "0", "entered": 4, "completed": 4}]})
-        jid = job_id(hang_server, "scrub")
-
-        def hang_findings():
-            return [f for f in hang_server.api(f"/api/jobs/{jid}/findings")["findings"]
-                    if f["kind"] == "hang"]
-
-        wait_for(hang_findings, 10, "the hang finding")
-        for agent in agents:  # rank 0 arrives; both complete #5
-            agent.send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 5}]})
-        wait_for(lambda: not hang_findings()[0]["active"] or None, 10, "the hang to resolve")
-        for agent in agents:
-            agent.send("exit", {"clean": True, "exitcode": 0})
-        wait_for(lambda: job_by_name(hang_server, "scrub")["status"] == "finished" or None, 10,
-                 "the job to finish")
-
         page.goto(f"{hang_server.url}/jobs/{jid}")
         expect(page.locator("#job-status")).to_have_text("finished", timeout=LIVE_MS)
         live_hang = page.locator("#findings li.finding[data-kind='hang']")
@@ -605,7 +612,8 @@ def test_replay_slider_shows_the_hang_after_it_was_resolved(hang_server, watched
         # span (between first_seen, when its wait crossed the threshold, and the first
         # moment of the grid that judged it, the server did not know it yet).
         job = hang_server.api(f"/api/jobs/{jid}")
-        hang = hang_findings()[0]
+        hang = next(f for f in hang_server.api(f"/api/jobs/{jid}/findings")["findings"]
+                    if f["kind"] == "hang")
         moment = hang["last_seen"]
         # Rounded up: a slider step before it may fall before the only moment that judged
         # the hang active (a short one, on a busy machine).
@@ -661,31 +669,9 @@ def test_scrubbing_by_keys_by_incident_and_comparing_two_moments(hang_server, wa
     slider stopped; A pinned inside the hang and B at the end say that the hang resolved and
     rank 0 stopped being hung."""
     page = watched.page
-    agents = [FakeAgent(hang_server.url, "keys", rank) for rank in range(2)]
+    jid, found, agents = _hang_that_resolves(hang_server, "keys", hold_s=2.5)
     try:
-        for agent in agents:
-            agent.send("group", {"name": "0", "desc": "world", "backend": "gloo",
-                                 "ranks": [0, 1]})
-        agents[1].send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 4,
-                                                 "inflight_op": "all_reduce",
-                                                 "inflight_since": time.time()}]})
-        agents[0].send("heartbeat", {"groups": [{"group": "0", "entered": 4, "completed": 4}]})
-        jid = job_id(hang_server, "keys")
-
-        def hang():
-            return next((f for f in hang_server.api(f"/api/jobs/{jid}/findings")["findings"]
-                         if f["kind"] == "hang"), None)
-
-        wait_for(hang, 10, "the hang finding")
-        time.sleep(2.5)  # a few moments judged inside the hang
-        for agent in agents:
-            agent.send("heartbeat", {"groups": [{"group": "0", "entered": 5, "completed": 5}]})
-        wait_for(lambda: not hang()["active"] or None, 10, "the hang to resolve")
-        for agent in agents:
-            agent.send("exit", {"clean": True, "exitcode": 0})
-        job = wait_for(lambda: (j := hang_server.api(f"/api/jobs/{jid}"))["status"] ==
-                       "finished" and j, 10, "the job to finish")
-        found = hang()
+        job = hang_server.api(f"/api/jobs/{jid}")
         incident = hang_server.api(f"/api/jobs/{jid}/incidents")["incidents"][0]
 
         page.goto(f"{hang_server.url}/jobs/{jid}")
