@@ -23,19 +23,30 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 CHROMIUM = "/usr/bin/chromium"
 
-# name -> (scenario, ranks, seconds to let it run after its fault, topology view, full page)
+def snapshot_all(page):
+    """Ask every rank for a snapshot from the Snapshots card; its answers are the shot."""
+    page.click("#snapshot-all")
+    page.wait_for_selector("#snapshot-view[data-complete='1']", timeout=30_000)
+    page.click("#snapshot-view .snapshot-rank summary")  # one rank's threads, opened
+    time.sleep(1)
+    return page.locator("#snapshots-card")
+
+
+# name -> (scenario, ranks, seconds to let it run after its fault, topology view, full page,
+#          what to do before the shot: returns the element to shoot, or None for the page)
 SHOTS = {
-    "demo-hang": ("hang", 4, 25, None, False),
-    "demo-hang-full": ("hang", 4, 25, None, True),
-    "demo-healthy": ("healthy", 4, 20, "mesh", False),
-    "demo-straggler": ("straggler", 4, 30, None, False),
-    "demo-crash": ("crash", 4, 12, None, False),
-    "demo-desync": ("desync", 4, 15, None, False),
+    "demo-hang": ("hang", 4, 25, None, False, None),
+    "demo-hang-full": ("hang", 4, 25, None, True, None),
+    "demo-healthy": ("healthy", 4, 20, "mesh", False, None),
+    "demo-straggler": ("straggler", 4, 30, None, False, None),
+    "demo-crash": ("crash", 4, 12, None, False, None),
+    "demo-desync": ("desync", 4, 15, None, False, None),
+    "demo-snapshots": ("hang", 4, 25, None, False, snapshot_all),
 }
 
 
 def shoot(name: str, scenario: str, ranks: int, seconds: float, view: str | None,
-          full: bool, browser) -> None:
+          full: bool, prepare, browser) -> None:
     db = Path(tempfile.mkdtemp()) / "shots.db"
     demo = subprocess.Popen(
         [sys.executable, "-m", "dashboard", "demo", "--scenario", scenario, "--ranks",
@@ -59,7 +70,12 @@ def shoot(name: str, scenario: str, ranks: int, seconds: float, view: str | None
         if view:
             page.select_option("#topology-view", view)
             time.sleep(1)
-        page.screenshot(path=str(DOCS / f"{name}.png"), full_page=full)
+        element = prepare(page) if prepare is not None else None
+        if element is not None:  # the sticky header would cover part of it
+            page.add_style_tag(content="header { position: static !important; }")
+            element.screenshot(path=str(DOCS / f"{name}.png"))
+        else:
+            page.screenshot(path=str(DOCS / f"{name}.png"), full_page=full)
         page.close()
         print(f"{name}: {url} -> docs/{name}.png", flush=True)
     finally:
