@@ -141,7 +141,7 @@ class Agent:
         await asyncio.sleep(rng.random())
         step, period_start = 0, time.monotonic()
         while not stop.is_set():
-            step += 1
+            step += 0 if b.hung else 1  # hung: every group stays where it stopped
             for offset, beat in b.schedule:
                 delay = period_start + offset - time.monotonic()
                 if delay > 0:
@@ -151,6 +151,12 @@ class Agent:
                     except asyncio.TimeoutError:
                         pass
                 span = b.stats_span
+                if b.hung:  # nothing completes: a heartbeat and a GPU reading, no summary
+                    if beat:
+                        self.put([e for e in second_events(self.rank, step, groups, b.ops,
+                                                           rng, span=span)
+                                  if e[0] != "coll_stats"])
+                    continue
                 self.put(second_events(self.rank, step, groups, b.ops, rng, span=span) if beat
                          else [summary_event(groups, b.ops, rng, span)])
             period_start += b.agent.interval_s
@@ -339,6 +345,7 @@ class Bench:
         self.last_error: str | None = None
         self.acks: dict[int, list[float]] = {i: [] for i in range(len(urls))}
         self.measuring = False
+        self.hung = False  # the job hangs: agents send what a hung rank sends (bench.snapshots)
 
 
 # -- the servers under test -----------------------------------------------------------------

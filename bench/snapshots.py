@@ -13,6 +13,7 @@ the GIL to answer (the training thread's frames 30 deep, three more threads), wh
 snapshot can delay training by (goal: 50 ms).
 
     python -m bench.snapshots --ranks 64,1024 --rounds 5
+    python -m bench.snapshots --ranks 1024 --hung      # a hung job: when all ranks are asked
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ async def run_one(world: int, args, workdir: Path) -> dict:
         while bench.connected < world and time.monotonic() - t0 < 120:
             await asyncio.sleep(0.5)
         await asyncio.sleep(args.settle)
+        if args.hung:  # what a hung job sends: heartbeats and GPU readings, no summaries
+            bench.hung = True
+            await asyncio.sleep(args.settle)
         job = next(j for j in get(base + "/api/jobs")["jobs"] if j["name"] == bench.job)
         loop = asyncio.get_running_loop()
         every, one, answered, sizes, busy = [], [], [], [], 0
@@ -152,10 +156,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--settle", type=float, default=10.0,
                    help="seconds after all connected before asking (as bench.capacity)")
+    p.add_argument("--hung", action="store_true",
+                   help="snapshot a hung job (after --settle s at full traffic, the agents "
+                        "send what hung ranks send: heartbeats and GPU readings, no latency "
+                        "summaries, for --settle s more): when one snapshots all ranks")
     args = p.parse_args()
     worlds = [int(x) for x in args.ranks.split(",")]
     print(f"pgdash snapshots: {os.cpu_count()} CPUs, {args.rounds} rounds per N, simulated "
-          "agents at the agent's defaults (v2) answering as the agent does", flush=True)
+          "agents at the agent's defaults (v2) answering as the agent does"
+          + (", the job hung (heartbeats and GPU readings only)" if args.hung else ""),
+          flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="pgdash-snapshots-") as tmp:
         for world in worlds:
