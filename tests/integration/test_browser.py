@@ -377,6 +377,11 @@ def test_hang_finding_shows_its_hint_and_highlights_the_rank_at_fault(hang_serve
             "train.py:42 in step: batch = next(loader)", timeout=LIVE_MS)
         expect(incident.locator(".incident-snapshot pre")).to_contain_text("queue.py")
         expect(incident.locator("button.snapshot-ask")).to_have_text("Snapshot again")
+        # The whole request, every rank asked with the incident, opens in the Snapshots card.
+        incident.locator("button.snapshot-open").click()
+        view = page.locator("#snapshot-view")
+        expect(view).to_have_attribute("data-request", asked["ask"])
+        expect(view.locator(".stack-group").first).to_have_attribute("data-ranks", "2")
         page.locator("#findings-details > summary").click()
         # The rank states are on the topology before anything is selected.
         topology = page.locator("#topology")

@@ -1,6 +1,7 @@
 /* pgdash job page: incidents and findings, with their hints, evidence and selection. */
 import { PG } from "../../common.js";
 import { $, hooks, state, text, groupLabel, severityOf, attemptCount, JOB_ID } from "../ctx.js";
+import { openRequest } from "./snapshots.js";
 
 const { el, clear, DASH } = PG;
 
@@ -155,7 +156,8 @@ function snapshotNode(snap) {
     { class: "ev-block incident-snapshot" },
     el("div", { class: "ev-label" }, "What rank " + snap.rank + " is doing (" + String(snap.thread || "its training thread") + ", asked ", PG.ago(snap.t), ")"),
     at ? el("div", { class: "mono snapshot-where", text: at }) : null,
-    el("pre", { class: "ev-text", text: String(snap.stack || "") })
+    el("pre", { class: "ev-text", text: String(snap.stack || "") }),
+    snap.ask ? el("button", { type: "button", class: "snapshot-open", text: "Every rank asked, and their last collectives", on: { click: () => openRequest(snap.ask) } }) : null
   );
 }
 

@@ -100,6 +100,13 @@ function requestLabel(at, reason, answered, asked) {
   return PG.fmtTime(at) + " \u00b7 " + (reason || "asked") + " \u00b7 " + answered + "/" + asked + " answered";
 }
 
+/** Show request ``id`` in the card and bring the card into view (an incident's snapshot:
+ *  every asked rank's answer and last collectives around it). */
+export async function openRequest(id) {
+  await listRequests(id);
+  $("snapshots-card").scrollIntoView({ behavior: "smooth", block: "start" });
+}
+
 /** Show one request, polling while its answers come. */
 function show(id) {
   shown = id;
