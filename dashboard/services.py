@@ -116,8 +116,8 @@ def build(config: Mapping[str, Any]) -> Services:
                         cors_allowed_origins=[], logger=False, engineio_logger=False,
                         message_queue=queue_url, channel="pgdash-socketio")
     pusher = LivePush(socketio, ingest, config["PUSH_INTERVAL"], cluster=cluster)
-    node = ClusterNode(cluster, ingest.follower, on_snapshot_request=pusher.send_snapshot) \
-        if cluster is not None else None
+    node = ClusterNode(cluster, ingest.follower, on_snapshot_request=pusher.send_snapshot,
+                       on_ask=ingest.asks.deliver) if cluster is not None else None
     return Services(store=store, ingest=ingest, compactor=compactor, refusals=refusals,
                     socketio=socketio, pusher=pusher, new_limits=new_limits, guard=guard,
                     notifier=notifier, cluster=cluster, node=node,

@@ -177,6 +177,7 @@ class Leases:
 
 
 WATCH_CHANNEL = "pgdash:watch"  # Redis channel: "send this browser a snapshot of job J"
+ASK_CHANNEL = "pgdash:ask"  # Redis channel: "ask these agents' sessions this question"
 
 
 class Membership:
@@ -226,6 +227,13 @@ class Membership:
 
         self.redis.publish(WATCH_CHANNEL, json.dumps({"job": job_id, "sid": sid}))
 
+    def publish_ask(self, sessions: list[str], message: dict[str, Any]) -> None:
+        """Hand a question (dashboard.ingest.asks) for agents connected to no connection of
+        this process to every process: those holding one send it."""
+        import json
+
+        self.redis.publish(ASK_CHANNEL, json.dumps({"sessions": sessions, "message": message}))
+
     def exposition(self) -> str:
         """Prometheus lines for this process's part of the cluster (appended to /metrics)."""
         age = time.time() - self.tail_read_at if self.tail_read_at else float("nan")
@@ -266,16 +274,20 @@ class ClusterNode:
             folds the tail, ``settled`` says a job needs no owner, ``adopt`` takes one on.
         on_snapshot_request: ``(job_id, sid)``: send browser ``sid`` a snapshot of an owned
             job (the live push).
+        on_ask: ``(sessions, message)``: a question another process relayed for agents that
+            may be connected here (Asks.deliver).
         tail_s: seconds between reads of the log's tail.
     """
 
     def __init__(self, membership: Membership, follower,
                  on_snapshot_request: Callable[[int, str], None] | None = None,
-                 tail_s: float = 0.2):
+                 tail_s: float = 0.2,
+                 on_ask: Callable[[list[str], dict[str, Any]], None] | None = None):
         self.membership = membership
         self.leases, self.tail = membership.leases, membership.tail
         self.follower = follower
         self.on_snapshot_request = on_snapshot_request
+        self.on_ask = on_ask
         self.tail_s = tail_s
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -347,19 +359,27 @@ class ClusterNode:
         while not self._stop.is_set():
             try:
                 pubsub = self.membership.redis.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(WATCH_CHANNEL)
+                pubsub.subscribe(WATCH_CHANNEL, ASK_CHANNEL)
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message is None:
                         continue
+                    channel = message["channel"]
+                    channel = channel.decode() if isinstance(channel, bytes) else channel
                     try:
                         request = json.loads(message["data"])
-                        job_id, sid = int(request["job"]), str(request["sid"])
+                        if channel == ASK_CHANNEL:
+                            sessions = [str(s) for s in request["sessions"]]
+                            question = dict(request["message"])
+                        else:
+                            job_id, sid = int(request["job"]), str(request["sid"])
                     except (ValueError, KeyError, TypeError):
-                        log.warning("pgdash: ignored a malformed snapshot request on %s",
-                                    WATCH_CHANNEL)
+                        log.warning("pgdash: ignored a malformed message on %s", channel)
                         continue
-                    if self.membership.owns(job_id) and self.on_snapshot_request is not None:
+                    if channel == ASK_CHANNEL:
+                        if self.on_ask is not None:
+                            self.on_ask(sessions, question)
+                    elif self.membership.owns(job_id) and self.on_snapshot_request is not None:
                         self.on_snapshot_request(job_id, sid)
             except Exception:
                 log.exception("pgdash: the Redis snapshot-request channel failed; "

@@ -44,11 +44,12 @@ class Request:
     asked: list[int]  # ranks whose agent was sent the question
     not_connected: list[int]  # ranks asked for whose agent holds no connection here
     native: bool = False  # native frames asked for too (py-spy: it pauses each rank briefly)
+    relayed: list[int] = dataclasses.field(default_factory=list)  # of asked: through Redis
 
     def row(self) -> dict[str, Any]:
         return {"id": self.id, "asked_at": self.asked_at, "reason": self.reason,
                 "asked": self.asked, "not_connected": self.not_connected,
-                "native": self.native}
+                "native": self.native, "relayed": self.relayed}
 
 
 class Busy(Exception):
@@ -66,14 +67,20 @@ class Asks:
         read: ``read(job_id, view)`` runs ``view(state)`` on the job's live JobState (None
             for an unknown job): Ingest.read.
         clock: wall clock (the requests' times; injected for tests).
+        lag: how far ingest is behind its agents (seconds).
+        relay: clustered, ``relay(sessions, message)`` hands a question for agents connected
+            to no connection here to the other processes (Membership.publish_ask); each
+            delivers it to those it holds (:meth:`deliver`). None: one process.
     """
 
     def __init__(self, read: Callable[[int, Callable[[Any], Any]], Any],
                  clock: Callable[[], float] = time.time,
-                 lag: Callable[[], float] = lambda: 0.0):
+                 lag: Callable[[], float] = lambda: 0.0,
+                 relay: Callable[[list[str], dict[str, Any]], None] | None = None):
         self.read = read
         self.clock = clock
         self.lag = lag
+        self.relay = relay
         self._auto_at: dict[int, float] = {}  # job -> its last request with an incident
         self._lock = threading.Lock()
         self._links: dict[str, Callable[[dict[str, Any]], None]] = {}
@@ -164,15 +171,19 @@ class Asks:
                 raise TooSoon(f"these ranks were asked less than {MIN_INTERVAL_S:g} s ago: "
                               "wait for their answers")
             request = Request(uuid.uuid4().hex[:12], job_id, now, reason, [], [], native)
-            sends = []
+            sends, elsewhere = [], []
             for rank, session in sorted(sessions.items()):
                 send = self._links.get(session)
-                if send is None:
+                if send is None and self.relay is None:
                     request.not_connected.append(rank)
                     continue
                 request.asked.append(rank)
                 self._last_asked[(job_id, rank)] = now
-                sends.append(send)
+                if send is None:  # another process may hold it: "no answer" if none does
+                    request.relayed.append(rank)
+                    elsewhere.append(session)
+                else:
+                    sends.append(send)
             if len(self._last_asked) > MAX_REMEMBERED:  # only the last second matters
                 self._last_asked = {key: t for key, t in self._last_asked.items()
                                     if now - t < MIN_INTERVAL_S}
@@ -193,7 +204,25 @@ class Asks:
                 self.counters["asks_sent"] += 1
             except Exception:
                 self.counters["asks_failed"] += 1
+        if elsewhere:
+            try:
+                self.relay(elsewhere, message)
+                self.counters["asks_relayed"] += len(elsewhere)
+            except Exception:
+                self.counters["asks_failed"] += len(elsewhere)
         return request
+
+    def deliver(self, sessions: list[str], message: dict[str, Any]) -> None:
+        """A question another process relayed: send it to the agents of ``sessions`` that
+        hold a connection here (the others are somebody else's)."""
+        with self._lock:
+            sends = [self._links[s] for s in sessions if s in self._links]
+        for send in sends:
+            try:
+                send(message)
+                self.counters["asks_sent"] += 1
+            except Exception:
+                self.counters["asks_failed"] += 1
 
     def requests(self, job_id: int) -> list[Request]:
         """The job's requests remembered here, newest first."""

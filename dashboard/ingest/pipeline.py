@@ -92,7 +92,9 @@ class Ingest:
         self.stopping = False
         self.cluster = cluster
         # The server's questions to agents; an incident that opens asks for its ranks' stacks.
-        self.asks = Asks(self.read, lambda: self.clock(), lambda: self.lag.current())
+        # Clustered, agents connected to the other processes are asked through Redis.
+        self.asks = Asks(self.read, lambda: self.clock(), lambda: self.lag.current(),
+                         relay=cluster.publish_ask if cluster is not None else None)
         self.books = LiveBooks(store, settings, lambda: self.clock(), self.judged_at,
                                listeners(self.asks.on_incident, on_incident), self.counters,
                                self.changed.job)

@@ -121,6 +121,18 @@ def test_split_job_is_diagnosed_once_and_seen_live_from_the_other_process(
         assert seen_hang, "the browser on the other process never saw the hang"
 
         owner = a if other is b else b
+        # The hang's snapshot, asked by the owner, reached the ranks connected to the other
+        # process through Redis: every rank answered, rank 2 asleep where it hangs.
+        request = wait_for(lambda: next((r for r in owner.api(
+            f"/api/jobs/{job['id']}/snapshots")["snapshots"]
+            if r["reason"] == "incident hang:r2"), None), 30, "the incident's snapshot")
+        assert request["relayed"] and sorted(request["asked"]) == [0, 1, 2], request
+        view = wait_for(lambda: (v := owner.api(
+            f"/api/jobs/{job['id']}/snapshots/{request['id']}?detail=2"))["complete"] and v,
+            30, "every rank's answer")
+        assert {r: row["status"] for r, row in view["ranks"].items()} == \
+            {"0": "answered", "1": "answered", "2": "answered"}
+        assert "time.sleep(3600)" in view["ranks"]["2"]["threads"][0]["stack"]
         assert "pgdash_cluster_owned_jobs 1" in _metrics(owner)
         assert "pgdash_cluster_owned_jobs 0" in _metrics(other)
         # One hang, stored once: the other process did not diagnose it a second time.

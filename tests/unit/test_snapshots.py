@@ -332,3 +332,25 @@ def test_the_ring_holds_python_and_cpp_issued_collectives_by_end_time_numbered()
     row = views.request_view(log.state(), request, 13.0, None)["ranks"]["0"]
     assert row["recent"] == [{"group": "0", "op": "all_reduce", "bytes": 64, "start": 10.0,
                               "end": 10.5, "seq": None, "source": "wrapper"}]
+
+
+def test_clustered_a_rank_connected_to_another_process_is_asked_through_it():
+    """Process A holds ranks 0 and 1, B holds rank 2: A's request relays rank 2's question
+    (Membership.publish_ask on Redis) and B delivers it to the connection it holds."""
+    relayed = []
+    state = running(3).state()
+    a = Asks(lambda job_id, view: view(state), Clock(), relay=lambda s, m: relayed.append((s, m)))
+    b = Asks(lambda job_id, view: view(state), Clock())
+    sent = {r: [] for r in range(3)}
+    for r in (0, 1):
+        a.link(f"s{r}", sent[r].append)
+    b.link("s2", sent[2].append)
+    made = a.request(1, None, "asked")
+    assert (made.asked, made.relayed, made.not_connected) == ([0, 1, 2], [2], [])
+    ((sessions, message),) = relayed
+    assert sessions == ["s2"] and message["ask"] == made.id and not sent[2]
+    b.deliver(sessions, message)
+    a.deliver(sessions, message)  # A got its own publish too: it holds no s2, sends nothing
+    assert sent[2] == [message] and len(sent[0]) == len(sent[1]) == 1
+    assert a.counters["asks_relayed"] == 1 and b.counters["asks_sent"] == 1
+    assert made.row()["relayed"] == [2]
