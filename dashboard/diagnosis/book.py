@@ -206,6 +206,18 @@ class Book:
                 out.append(changes)
         return out
 
+    def due(self, state: JobState, limit: float) -> int:
+        """How many moments ``tick_through(state, limit)`` would judge, at most (an ended
+        job's stop once it settles): what catching up costs."""
+        if self.ticked is None:
+            return 0
+        every = self.settings.diagnose_every
+        last = math.floor(limit / every)
+        if state.status in ENDED and state.last_event_at is not None:
+            last = min(last, math.ceil((state.last_event_at + self.settings.reconnect_grace)
+                                       / every) + 1)
+        return max(0, last - self.ticked) // self._stride(state)
+
     def _stride(self, state: JobState) -> int:
         """Judge every this many moments of the grid: 1, or coarser for a big job."""
         s = self.settings

@@ -159,6 +159,12 @@ class LiveBooks:
                 state.apply(ev)
         if timeline is not None and state.applied:
             book = timeline.current_book()
+            # A job still "running" whose agents went silent long ago (the server was down,
+            # or the whole job lost its network): catching up would judge every moment since,
+            # 86,400 a day. Its book then starts from the stored findings, as above.
+            if book.diagnosed + book.due(state, self.judged_at()) > \
+                    self.RECOMPUTE_MAX_DIAGNOSES:
+                return state
             self._tick_now()(book, state)
             if not too_dear(book):
                 book.keep(self.store.findings.of_job(job_id))

@@ -223,3 +223,30 @@ def test_a_known_session_reconnects_at_once_while_the_writer_is_behind(ingest):
     assert [e["kind"] for e in ingest.store.log.events(job)] == [
         "connect", "hello", "disconnect", "connect", "heartbeat"]
     assert ingest.read(job, lambda s: s.ranks()[0].status) == "running"
+
+
+def test_a_job_silent_for_hours_loads_without_judging_every_moment_since(ingest, monkeypatch):
+    """A job whose agents vanished without a word (the server was down, the cluster lost
+    power) stays "running" in the log; read hours later, its book starts from the findings
+    stored then instead of judging every moment since (86,400 a day: a bench's job stored
+    months before took minutes to open)."""
+    now = [1000.0]
+    ingest.clock = lambda: now[0]
+    session, job = ingest.connect(auth("s0", 0))
+    ingest.batch(session, job, batch(ev(1, "hello", {
+        "job": "j", "rank": 0, "world_size": 1, "host": "h", "pid": 1, "backend": "gloo"},
+        t=now[0])))
+    now[0] = 1000.0 + 3 * 3600  # more moments than LiveBooks.RECOMPUTE_MAX_DIAGNOSES
+    from dashboard.diagnosis import book as book_module
+
+    judged = []
+    real = book_module.diagnose
+    monkeypatch.setattr(book_module, "diagnose", lambda *a: judged.append(a[1]) or real(*a))
+    later = Ingest(ingest.store, clock=lambda: now[0], settings=ingest.settings).start()
+    assert later.read(job, lambda s: s.status) == "running"
+    later.findings(job)  # judged from now on
+    assert len(judged) <= 2, f"{len(judged)} moments judged to open the job"
+    now[0] += 30  # and on from there, as any live job
+    later.diagnosis.run()
+    assert [(f["kind"], f["ranks"]) for f in later.findings(job) if f["active"]] == \
+        [("rank_lost", [0])]
