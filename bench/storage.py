@@ -149,6 +149,10 @@ def simulate(args, db: Path) -> dict:
         if s % 600 == 0:
             print(f"  simulated {s // 60} min of {args.minutes:g} "
                   f"({time.perf_counter() - wall:.0f} s)", flush=True)
+    if args.end:  # every rank exits cleanly: a job that ended (bench.scrub replays it)
+        clock.t = t0 + seconds + 1
+        for rank in range(world):
+            send(rank, [("exit", {"clean": True}, clock.t)]).result(timeout=600)
     if compactor is not None:
         start = time.perf_counter()
         compactor.run_once()
@@ -268,6 +272,9 @@ def main() -> None:
                         help="PGDASH_CHECKPOINT_S: a stored state every this many seconds of "
                              "the log (default: the server's, 300; a multiple of the cell)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--end", action="store_true",
+                        help="every rank exits cleanly at the end (the job ends; without it "
+                             "the job is left running, its agents silent)")
     parser.add_argument("--no-export", action="store_true",
                         help="skip export / import (minutes for a 256-rank hour)")
     parser.add_argument("--verbose", action="store_true", help="each state?at= moment")
