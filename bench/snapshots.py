@@ -51,7 +51,8 @@ async def timed_request(loop, base: str, job_id: int, ranks) -> tuple[float, int
     except urllib.error.HTTPError as exc:
         if exc.code == 503:
             return None
-        raise
+        raise SystemExit(f"bench: the server refused the snapshot ({exc.code}): "
+                         f"{exc.read()[:300]!r}") from None
     while True:
         view = await loop.run_in_executor(None, get, base + made["url"], 120)
         answered = sum(1 for r in view["ranks"].values() if r["status"] == "answered")

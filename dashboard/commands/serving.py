@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from dashboard import allocator
 from dashboard.commands.inputs import BadInput, db_option, shown
 from dashboard.config import DEFAULT_HOST, DEFAULT_PORT, DEFAULTS
 from dashboard.demo.run import DEMO_HANG_AFTER, SCENARIOS
@@ -94,6 +95,7 @@ def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
                     keep_full_s=keep_full, keep_around_findings_s=keep_around_findings,
                     tls=(tls_cert, tls_key) if tls_cert else None, log_incidents=True)
     _tune_gc()
+    allocator.fix_mmap_threshold()  # big transient buffers are given back when freed
     # A service manager stops with SIGTERM: stop as on Ctrl-C, so that with --queue this
     # process hands its jobs over at once instead of after its leases run out.
     signal.signal(signal.SIGTERM, _interrupt)

@@ -50,6 +50,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
+from dashboard import allocator
 from dashboard.storage.thinning import gpu_throttled, plan
 
 if TYPE_CHECKING:  # the command line reads Policy's defaults without loading SQLAlchemy
@@ -181,6 +182,7 @@ class Compactor:
             removed += self.compact_job(job_id, first, last)
         if removed or (self.packed, self.checkpoints_deleted) != before:
             self.store.reclaim()
+            allocator.trim()  # what the pass built and freed goes back (dashboard.allocator)
         return removed
 
     def compact_job(self, job_id: int, first_at: float, last_at: float) -> int:

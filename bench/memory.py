@@ -1,0 +1,384 @@
+"""Does a healthy job's server memory stay flat? RSS over time, split into where it lives.
+
+What runs: a real ``pgdash serve`` process (this repository's, a fresh SQLite file) started
+through a small in-process probe (``python -m bench.memory _serve ...``: this module), and N
+simulated agents sending what the real agent sends at its defaults (``bench.capacity``'s
+agents, protocol v2 unless ``--wire v1``). Every ``--sample`` seconds the probe inside the
+server writes one JSON line:
+
+* ``rss``: VmRSS of the process (/proc/self/status);
+* ``glibc_*``: glibc malloc's view (``mallinfo2``: ``arena`` bytes taken from the system for
+  the heaps, ``inuse`` bytes handed out, ``free`` bytes free inside the heaps but still held,
+  ``mmap`` bytes of large blocks mmapped apart), and the number of arenas (``malloc_info``);
+* ``pymalloc``: bytes of pymalloc's arenas (``sys._debugmallocstats``): Python's small
+  objects live there, outside glibc's heaps;
+* ``sqlite``: bytes SQLite's allocator holds (``sqlite3_memory_used``: page caches,
+  statements, schemas of every connection);
+* ``traced``: with ``--tracemalloc``, what tracemalloc traces (the Python heap, requested
+  sizes), and the top growing allocation sites (filename:lineno) against the snapshot taken
+  at ``--mark`` seconds (once a minute: a snapshot is costly, and its memory shows in RSS);
+* thread count and the SQLite file, WAL and SHM sizes (from outside).
+
+Configurations (``--configs``, run one after another, each on its own fresh server):
+``baseline``; ``arena2`` (``MALLOC_ARENA_MAX=2``); ``trim`` (``malloc_trim(0)`` called by the
+probe every ``--sample`` seconds); ``arena2trim`` (both); ``mmap256k``
+(``MALLOC_MMAP_THRESHOLD_=262144``: a fixed threshold, which turns glibc's dynamic one off). ``+tm`` after a name
+(``baseline+tm``) also runs tracemalloc in that server (slower: the figures are for the
+attribution, not the RSS; on 2 cores a traced server keeps up with ~48 ranks, not 128: past
+that its backlog, not a leak, fills the heap, and the agents' reconnections show it).
+
+Reported per configuration: RSS at each sample, the growth between ``--mark`` and the end
+as MB per rank-hour, the steady-state RSS per rank above an idle server's, and the
+breakdown at the end. A measurement, not a test: exit status 0 whatever the figures. From the
+repository root::
+
+    python -m bench.memory                                       # 128 ranks, 7 min, baseline
+    python -m bench.memory --ranks 128 --minutes 7 --configs baseline,arena2,trim
+    python -m bench.memory --configs baseline+tm --json /tmp/mem.json
+    git worktree add /tmp/mem-ref <commit>
+    python -m bench.memory --reference /tmp/mem-ref   # that pgdash's server first, then this one
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import ctypes.util
+import gc
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CONFIGS = {
+    "baseline": ({}, False),
+    "arena2": ({"MALLOC_ARENA_MAX": "2"}, False),
+    "trim": ({}, True),
+    "arena2trim": ({"MALLOC_ARENA_MAX": "2"}, True),
+    # A fixed mmap threshold: glibc then neither raises it (nor the trim threshold, twice it)
+    # after a large block is freed, so blocks above it are mmapped and unmapped at free.
+    "mmap256k": ({"MALLOC_MMAP_THRESHOLD_": "262144"}, False),
+}
+
+
+# -- the probe inside the server ------------------------------------------------------------
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                 "uordblks", "fordblks", "keepcost")]
+
+
+def _libc():
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.mallinfo2.restype = _Mallinfo2
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    return libc
+
+
+def _sqlite():
+    try:
+        lib = ctypes.CDLL("libsqlite3.so.0")  # the one _sqlite3 links (already loaded)
+        lib.sqlite3_memory_used.restype = ctypes.c_int64
+        return lib
+    except OSError:
+        return None
+
+
+_STDERR_LOCK = threading.Lock()
+
+
+def _pymalloc_bytes() -> int | None:
+    """Bytes in pymalloc's arenas now: ``sys._debugmallocstats`` writes to fd 2, so fd 2 is
+    pointed at a file for the call."""
+    with _STDERR_LOCK, tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    m = re.search(r"(\d+) arenas \* (\d+) bytes/arena\s*=\s*([\d,]+)", text)
+    return int(m.group(3).replace(",", "")) if m else None
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _arenas(libc, path: str) -> int:
+    fp = libc.fopen(path.encode(), b"w")
+    if not fp:
+        return -1
+    libc.malloc_info(0, fp)
+    libc.fclose(fp)
+    return Path(path).read_text().count("<heap nr=")
+
+
+def _probe(out: Path, every: float, trim: bool, frames: int, mark_s: float) -> None:
+    libc, sqlite = _libc(), _sqlite()
+    import tracemalloc
+
+    t0 = time.monotonic()
+    marked, last_top = None, 0.0
+    info_path = str(out) + ".malloc_info.xml"
+    while True:
+        time.sleep(every)
+        row: dict = {"t": round(time.monotonic() - t0, 1)}
+        if trim:
+            t = time.perf_counter()
+            libc.malloc_trim(0)
+            row["trim_ms"] = round((time.perf_counter() - t) * 1000, 2)
+        mi = libc.mallinfo2()
+        row.update(rss=_status("VmRSS") * 1024, threads=_status("Threads"),
+                   glibc_arena=mi.arena, glibc_inuse=mi.uordblks + mi.hblkhd,
+                   glibc_free=mi.fordblks, glibc_mmap=mi.hblkhd,
+                   glibc_arenas=_arenas(libc, info_path), pymalloc=_pymalloc_bytes(),
+                   sqlite=sqlite.sqlite3_memory_used() if sqlite else None,
+                   blocks=sys.getallocatedblocks(), gc_objects=len(gc.get_objects()))
+        if tracemalloc.is_tracing():
+            row["traced"] = tracemalloc.get_traced_memory()[0]
+            row["traced_overhead"] = tracemalloc.get_tracemalloc_memory()
+            if marked is None and row["t"] >= mark_s:
+                marked = tracemalloc.take_snapshot()
+                row["marked"] = True
+            elif marked is not None and row["t"] - last_top >= 55:
+                last_top = row["t"]
+                snap = tracemalloc.take_snapshot()
+                stats = snap.compare_to(marked, "lineno")
+                row["top"] = [{"where": f"{s.traceback[0].filename}:{s.traceback[0].lineno}",
+                               "size": s.size, "diff": s.size_diff, "count": s.count,
+                               "count_diff": s.count_diff}
+                              for s in stats[:25]]
+                del snap, stats
+        with out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def serve(argv: list[str]) -> None:
+    """``python -m bench.memory _serve --stats FILE [--every S] [--trim] [--tracemalloc N]
+    [--mark S] -- SERVE ARGS``: the probe in a thread, then ``pgdash serve``."""
+    p = argparse.ArgumentParser(prog="bench.memory _serve")
+    p.add_argument("--stats", required=True)
+    p.add_argument("--every", type=float, default=15.0)
+    p.add_argument("--trim", action="store_true")
+    p.add_argument("--tracemalloc", type=int, default=0)
+    p.add_argument("--mark", type=float, default=120.0)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    if args.tracemalloc:
+        import tracemalloc
+
+        tracemalloc.start(args.tracemalloc)
+    threading.Thread(target=_probe, name="bench-memory-probe", daemon=True,
+                     args=(Path(args.stats), args.every, args.trim, args.tracemalloc,
+                           args.mark)).start()
+    from dashboard.cli import main
+
+    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    sys.argv = ["pgdash", "serve", *rest]
+    main()
+
+
+# -- the bench ------------------------------------------------------------------------------
+
+def _read_stats(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _mb(v) -> str:
+    return "-" if v is None else f"{v / 2**20:.1f}"
+
+
+async def run_one(name: str, args, workdir: Path, root: Path = ROOT) -> dict:
+    from bench.capacity import Bench, CompactAgent, SocketIOAgent
+    from tests.helpers.procs import free_port, get_json, wait_for
+
+    base = name.split("+")[0]
+    env_extra, trim = CONFIGS[base]
+    traced = name.endswith("+tm")
+    workdir.mkdir(parents=True, exist_ok=True)
+    db = workdir / f"memory-{name}.db"
+    stats = workdir / f"memory-{name}.jsonl"
+    log = workdir / f"memory-{name}.log"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # This file as a script: the probe is this checkout's, the server (``dashboard``) the
+    # one of ``root`` (PYTHONPATH first), so another checkout is measured by the same probe.
+    cmd = [sys.executable, str(Path(__file__).resolve()), "_serve", "--stats", str(stats),
+           "--every", str(args.sample), "--mark", str(args.mark),
+           *(["--trim"] if trim else []), *(["--tracemalloc", "1"] if traced else []),
+           "--", "--port", str(port), "--db", f"sqlite:///{db}", *args.server_args.split()]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, cwd=root, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **env_extra,
+                                     "PYTHONPATH": os.pathsep.join([str(root), str(ROOT)])})
+    print(f"[{name}] server pid {proc.pid} on {url} ({' '.join(f'{k}={v}' for k, v in env_extra.items()) or 'default malloc'}"
+          f"{', malloc_trim every sample' if trim else ''}{', tracemalloc' if traced else ''})",
+          flush=True)
+    try:
+        wait_for(lambda: proc.poll() is None and get_json(url + "/api/jobs") is not None, 60,
+                 f"pgdash server on {url}")
+        bench = Bench([url], args.ranks, args.ops, f"memory-{args.ranks}-{uuid.uuid4().hex[:6]}")
+        cls = CompactAgent if args.wire == "v2" else SocketIOAgent
+        agents = [cls(bench, r) for r in range(args.ranks)]
+        stop = asyncio.Event()
+        tasks = []
+        for i, a in enumerate(agents):
+            tasks.append(asyncio.create_task(a.run(stop)))
+            if i % 64 == 63:
+                await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        files: list[tuple[float, int, int]] = []
+        shown = None  # the probe's last row printed
+        while time.monotonic() - t0 < args.minutes * 60:
+            await asyncio.sleep(args.sample)
+            sizes = [(db.parent / (db.name + s)).stat().st_size
+                     if (db.parent / (db.name + s)).exists() else 0 for s in ("", "-wal")]
+            files.append((time.monotonic() - t0, *sizes))
+            rows = _read_stats(stats)
+            if rows and rows[-1]["t"] != shown:
+                r = rows[-1]
+                shown = r["t"]
+                print(f"[{name}] t={r['t']:.0f}s rss={_mb(r['rss'])} MB glibc in use "
+                      f"{_mb(r['glibc_inuse'])} free {_mb(r['glibc_free'])} arenas "
+                      f"{r['glibc_arenas']} pymalloc {_mb(r['pymalloc'])} sqlite "
+                      f"{_mb(r['sqlite'])} traced {_mb(r.get('traced'))} threads "
+                      f"{r['threads']} | connected {bench.connected} reconnects "
+                      f"{bench.reconnects} db {_mb(sizes[0])} wal {_mb(sizes[1])}", flush=True)
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        rows = _read_stats(stats)
+        return {"config": name, "ranks": args.ranks, "samples": rows, "files": files,
+                "connected": bench.connected, "reconnects": bench.reconnects,
+                "ack_timeouts": bench.ack_timeouts}
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _at(rows: list[dict], t: float) -> dict | None:
+    return min(rows, key=lambda r: abs(r["t"] - t)) if rows else None
+
+
+def report(results: list[dict], args) -> None:
+    print("\n## RSS over time (MB)\n")
+    names = [r["config"] for r in results]
+    print("| t (s) | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    times = sorted({round(s["t"]) for r in results for s in r["samples"]})
+    for t in times:
+        cells = []
+        for r in results:
+            s = _at(r["samples"], t)
+            cells.append(_mb(s["rss"]) if s and abs(s["t"] - t) < args.sample / 2 else "")
+        print(f"| {t} | " + " | ".join(cells) + " |")
+    print("\n## growth and breakdown\n")
+    print("| config | RSS at mark / end (MB) | growth mark->end, MB per rank-hour | KB per rank "
+          "at end | glibc in use / free / arenas | pymalloc | SQLite | traced | threads | "
+          "reconnects |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        rows = r["samples"]
+        if not rows:
+            print(f"| {r['config']} | no samples |")
+            continue
+        a, b = _at(rows, args.mark), rows[-1]
+        hours = max(1e-9, (b["t"] - a["t"]) / 3600)
+        rate = (b["rss"] - a["rss"]) / 2**20 / (r["ranks"] * hours)
+        per_rank = (b["rss"] - rows[0]["rss"]) / 1024 / r["ranks"]
+        print(f"| {r['config']} | {_mb(a['rss'])} / {_mb(b['rss'])} | {rate:.2f} "
+              f"| {per_rank:.0f} (above the first sample) "
+              f"| {_mb(b['glibc_inuse'])} / {_mb(b['glibc_free'])} / {b['glibc_arenas']} "
+              f"| {_mb(b['pymalloc'])} | {_mb(b['sqlite'])} | {_mb(b.get('traced'))} "
+              f"| {b['threads']} | {r['reconnects']} |")
+    for r in results:
+        tops = [s for s in r["samples"] if s.get("top")]
+        if tops:
+            print(f"\n## {r['config']}: top growing allocation sites, t={args.mark:.0f}s -> "
+                  f"t={tops[-1]['t']:.0f}s\n")
+            print("| where | size now | growth | blocks growth |")
+            print("|---|---|---|---|")
+            for s in tops[-1]["top"][:20]:
+                where = s["where"].replace(str(ROOT) + "/", "")
+                where = re.sub(r".*/site-packages/", "", where)
+                print(f"| {where} | {s['size'] / 1024:.0f} KB | {s['diff'] / 1024:+.0f} KB "
+                      f"| {s['count_diff']:+d} |")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["_serve"]:
+        serve(sys.argv[2:])
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=128)
+    p.add_argument("--minutes", type=float, default=7.0, help="run time per configuration")
+    p.add_argument("--sample", type=float, default=15.0, help="seconds between samples")
+    p.add_argument("--mark", type=float, default=120.0,
+                   help="seconds into the run from which growth is measured")
+    p.add_argument("--configs", default="baseline",
+                   help="comma-separated: baseline, arena2, trim, arena2trim; '+tm' after one "
+                        "also runs tracemalloc in its server")
+    p.add_argument("--wire", default="v2", choices=("v1", "v2"))
+    p.add_argument("--ops", type=int, default=None, help="coll_stats rows per rank-second")
+    p.add_argument("--server-args", default="", help="extra arguments to pgdash serve")
+    p.add_argument("--keep", metavar="DIR", help="keep databases, logs and samples in DIR")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument("--reference", type=Path, metavar="PATH",
+                   help="another checkout (git worktree add PATH <commit>): each configuration "
+                        "runs on its server too, first, named NAME@reference")
+    args = p.parse_args()
+    if args.ops is None:
+        from bench.common import OPS_PER_SECOND
+
+        args.ops = OPS_PER_SECOND
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for n in names:
+        if n.split("+")[0] not in CONFIGS or n.count("+") > 1 or ("+" in n and not n.endswith("+tm")):
+            p.error(f"unknown configuration {n!r}")
+    print(f"pgdash memory: {args.ranks} ranks, wire {args.wire}, {args.minutes:g} min per "
+          f"configuration, a sample every {args.sample:g} s, {os.cpu_count()} CPUs", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="pgdash-memory-") as tmp:
+        workdir = Path(args.keep or tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            if args.reference:
+                ref = asyncio.run(run_one(name, args, workdir / "reference",
+                                          args.reference.resolve()))
+                results.append({**ref, "config": f"{ref['config']}@reference"})
+            results.append(asyncio.run(run_one(name, args, workdir)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    report(results, args)
+
+
+if __name__ == "__main__":
+    main()
