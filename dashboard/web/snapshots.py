@@ -42,7 +42,7 @@ def request_view(state: JobState, request: Request, now: float,
             row = {"status": "answered", "t": answer["t"], "took_ms": answer.get("took_ms"),
                    "stack_group": group_of[rank]}
             if detail is None or rank in detail:
-                row.update(_answer(answer))
+                row.update(_answer(answer), **_health(state, rank))
             ranks[str(rank)] = row
             continue
         if rank in request.asked:
@@ -167,6 +167,25 @@ def _answer(answer: dict[str, Any]) -> dict[str, Any]:
     return {"t": answer["t"], "took_ms": answer.get("took_ms"), "threads": threads,
             "groups": answer.get("groups") or [], "recent": recent,
             **({"native_error": answer["native_error"]} if answer.get("native_error") else {})}
+
+
+MAX_ERROR_CHARS = 2000  # of the rank's last error shown beside its answer
+
+
+def _health(state: JobState, rank: int) -> dict[str, Any]:
+    """What else the server knows of the rank, beside what it answered: its last GPU
+    reading and its last error (this attempt's), when it has them."""
+    out: dict[str, Any] = {}
+    gpu = state.gpus.get(rank)
+    if gpu is not None:
+        out["gpu"] = gpu
+    error = next((e for e in reversed(state.errors) if e.get("rank") == rank
+                  and e.get("attempt", 0) == state.attempt), None)
+    if error is not None:
+        out["error"] = {"t": error.get("t"), "where": error.get("where"),
+                        "error_type": error.get("error_type"),
+                        "error": str(error.get("error") or "")[:MAX_ERROR_CHARS]}
+    return out
 
 
 def _last_stack(state: JobState, rank: int) -> dict[str, Any] | None:

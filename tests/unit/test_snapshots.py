@@ -157,8 +157,19 @@ def test_answers_read_against_their_request_with_the_odd_stack_first():
     _answer(log, 2, made.id, 101.0, _frames(10, 42))
     log.add("s3", "stack", {"group": "0", "seq": 5, "op": "all_reduce", "since": 99.0,
                             "stack": "rank 3 waited here"}, t=100.0)
+    log.add("s2", "gpu", {"uuid": "GPU-2", "lost": False, "reasons": [], "xids": [],
+                          "values": {"util_gpu": 97.0, "temp_c": 71.0}}, t=100.2)
+    log.add("s2", "error", {"where": "collective", "error_type": "RuntimeError",
+                            "error": "Connection closed by peer"}, t=100.4)
     state = log.state()
     view = views.request_view(state, made, now=clock.t + 1, detail={2})
+    # Beside its answer, what the server knows of the rank: its last GPU reading and error.
+    shown = view["ranks"]["2"]
+    assert (shown["gpu"]["util_gpu"], shown["gpu"]["t"]) == (97.0, 100.2)
+    assert shown["error"] == {"t": 100.4, "where": "collective", "error_type": "RuntimeError",
+                              "error": "Connection closed by peer"}
+    whole = views.request_view(state, made, now=clock.t + 1, detail=None)["ranks"]["0"]
+    assert "threads" in whole and "gpu" not in whole and "error" not in whole  # none known
     assert "threads" not in view["ranks"]["0"] and view["ranks"]["0"]["stack_group"] == 1
     assert {r: row["status"] for r, row in view["ranks"].items()} == \
         {"0": "answered", "1": "answered", "2": "answered", "3": "waiting",

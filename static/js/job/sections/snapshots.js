@@ -8,7 +8,7 @@
  * Every grouping and status comes from the server (dashboard/web/snapshots.py).
  */
 import { PG } from "../../common.js";
-import { $, JOB_ID, state } from "../ctx.js";
+import { $, JOB_ID, state, text } from "../ctx.js";
 
 const { el, clear } = PG;
 
@@ -305,6 +305,8 @@ function detailNodes(view) {
       "details",
       { class: "evidence snapshot-rank", dataset: { rank } },
       el("summary", { text: "rank " + rank + ": " + r.threads.length + (r.threads.length === 1 ? " thread" : " threads") + (PG.isNum(r.took_ms) ? ", answered in " + r.took_ms + " ms" : "") }),
+      r.gpu ? el("p", { class: "small", text: "Last GPU reading (" + PG.fmtTime(r.gpu.t) + "): " + [PG.isNum(r.gpu.util_gpu) ? r.gpu.util_gpu + "% busy" : null, PG.isNum(r.gpu.temp_c) ? r.gpu.temp_c + " °C" : null, PG.isNum(r.gpu.power_w) ? r.gpu.power_w + " W" : null, r.gpu.lost ? "GPU lost" : null].filter(Boolean).join(", ") }) : null,
+      r.error ? el("div", { class: "ev-block" }, el("div", { class: "ev-label", text: "Last error (" + PG.fmtTime(r.error.t) + ", " + text(r.error.where) + "): " + text(r.error.error_type) }), el("pre", { class: "ev-text", text: String(r.error.error) })) : null,
       r.native_error ? el("p", { class: "small muted", text: "No native frames: " + r.native_error }) : null,
       r.threads.map((t) =>
         el(
