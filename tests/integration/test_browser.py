@@ -429,6 +429,8 @@ def test_the_snapshots_card_asks_ranks_and_groups_their_answers(server, watched)
     agents = [FakeAgent(server.url, "snap", rank, world_size=4) for rank in range(4)]
     try:
         agents[0].send("group", {"name": "0", "ranks": [0, 1, 2, 3]})
+        agents[2].send("gpu", {"uuid": "GPU-2", "lost": False, "reasons": [], "xids": [],
+                               "values": {"util_gpu": 97.0, "temp_c": 71.0}})
         jid = job_id(server, "snap")
         page.goto(f"{server.url}/jobs/{jid}")
         expect(page.locator("#live-text")).to_have_text("Live")
@@ -475,6 +477,7 @@ def test_the_snapshots_card_asks_ranks_and_groups_their_answers(server, watched)
         expect(view.locator(".tl-row[data-rank='0'] .tl-inflight")).to_have_count(1)
         expect(view.locator(".tl-row[data-rank='2'] .tl-inflight")).to_have_count(0)
         expect(view.locator(".snapshot-rank[data-rank='2'] summary")).to_contain_text("1 thread")
+        expect(view.locator(".snapshot-rank[data-rank='2']")).to_contain_text("97% busy, 71 °C")
         # The request is listed (stored answers survive; the picker shows it).
         expect(page.locator("#snapshot-list option")).to_have_count(1)
         expect(page.locator("#snapshot-list option").first).to_contain_text("3/4 answered")
