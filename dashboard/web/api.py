@@ -206,7 +206,10 @@ def _moment(job_id: int, name: str) -> float:
 def _state_at(job_id: int, at: float) -> dict[str, Any]:
     """``state_at`` of the job, from the moments kept when it is one (dashboard.web.moments)."""
     parts = services.current()
-    make = lambda: state_at(parts.ingest, job_id, at)  # noqa: E731
+
+    def make() -> dict[str, Any] | None:
+        return state_at(parts.ingest, job_id, at)
+
     found = parts.moments.get(job_id, at, make) if parts.moments is not None else make()
     return found_or_404(found, job_id)
 
