@@ -329,6 +329,20 @@ class CompactAgent(Agent):
                 self._acked(ack["id"], ack)
 
 
+async def launch(bench: "Bench", wire_name: str,
+                 stop: asyncio.Event) -> tuple[list["Agent"], list[asyncio.Task]]:
+    """Start the bench's simulated agents as a launch does: the ranks arrive over a few
+    seconds (64 every 0.2 s). They run until ``stop`` is set. Returns (agents, tasks)."""
+    cls = CompactAgent if wire_name == "v2" else SocketIOAgent
+    agents, tasks = [], []
+    for rank in range(bench.world):
+        agents.append(cls(bench, rank))
+        tasks.append(asyncio.create_task(agents[-1].run(stop)))
+        if rank % 64 == 63:
+            await asyncio.sleep(0.2)
+    return agents, tasks
+
+
 class Bench:
     def __init__(self, urls: list[str], world: int, ops: int, job: str,
                  ssl_context: ssl.SSLContext | None = None):
@@ -464,15 +478,9 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
     try:
         bench = Bench(urls, world, args.ops, f"capacity-{world}-k{k}-{uuid.uuid4().hex[:6]}",
                       CONTEXT)
-        cls = CompactAgent if wire_name == "v2" else SocketIOAgent
-        agents = [cls(bench, r) for r in range(world)]
         stop = asyncio.Event()
-        tasks = []
         t_connect = time.monotonic()
-        for i, a in enumerate(agents):  # a launch: ranks arrive over a few seconds
-            tasks.append(asyncio.create_task(a.run(stop)))
-            if i % 64 == 63:
-                await asyncio.sleep(0.2)
+        agents, tasks = await launch(bench, wire_name, stop)
         while bench.connected < world and time.monotonic() - t_connect < 120:
             await asyncio.sleep(0.5)
         connect_s = time.monotonic() - t_connect

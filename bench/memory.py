@@ -213,7 +213,7 @@ def _mb(v) -> str:
 
 
 async def run_one(name: str, args, workdir: Path, root: Path = ROOT) -> dict:
-    from bench.capacity import Bench, CompactAgent, SocketIOAgent
+    from bench.capacity import Bench, launch
     from tests.helpers.procs import free_port, get_json, wait_for
 
     base = name.split("+")[0]
@@ -242,14 +242,8 @@ async def run_one(name: str, args, workdir: Path, root: Path = ROOT) -> dict:
         wait_for(lambda: proc.poll() is None and get_json(url + "/api/jobs") is not None, 60,
                  f"pgdash server on {url}")
         bench = Bench([url], args.ranks, args.ops, f"memory-{args.ranks}-{uuid.uuid4().hex[:6]}")
-        cls = CompactAgent if args.wire == "v2" else SocketIOAgent
-        agents = [cls(bench, r) for r in range(args.ranks)]
         stop = asyncio.Event()
-        tasks = []
-        for i, a in enumerate(agents):
-            tasks.append(asyncio.create_task(a.run(stop)))
-            if i % 64 == 63:
-                await asyncio.sleep(0.2)
+        _, tasks = await launch(bench, args.wire, stop)
         t0 = time.monotonic()
         files: list[tuple[float, int, int]] = []
         shown = None  # the probe's last row printed

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from bench.capacity import Bench, CompactAgent, get, metric
+from bench.capacity import Bench, get, launch, metric
 from bench.common import OPS_PER_SECOND, fmt, pct, start_servers, stop_servers
 from dashboard.ingest.asks import MIN_INTERVAL_S
 
@@ -68,13 +68,8 @@ async def run_one(world: int, args, workdir: Path) -> dict:
     base = servers[0].url
     try:
         bench = Bench([base], world, OPS_PER_SECOND, f"snapshots-{world}")
-        agents = [CompactAgent(bench, r) for r in range(world)]
         stop = asyncio.Event()
-        tasks = []
-        for i, a in enumerate(agents):
-            tasks.append(asyncio.create_task(a.run(stop)))
-            if i % 64 == 63:
-                await asyncio.sleep(0.2)
+        _, tasks = await launch(bench, "v2", stop)
         t0 = time.monotonic()
         while bench.connected < world and time.monotonic() - t0 < 120:
             await asyncio.sleep(0.5)

@@ -198,12 +198,7 @@ class Asks:
         message = {"ask": request.id, "what": "snapshot", "at": now, "reason": reason[:200]}
         if native:
             message["native"] = True
-        for send in sends:
-            try:
-                send(message)
-                self.counters["asks_sent"] += 1
-            except Exception:
-                self.counters["asks_failed"] += 1
+        self._send_all(sends, message)
         if elsewhere:
             try:
                 self.relay(elsewhere, message)
@@ -217,6 +212,10 @@ class Asks:
         hold a connection here (the others are somebody else's)."""
         with self._lock:
             sends = [self._links[s] for s in sessions if s in self._links]
+        self._send_all(sends, message)
+
+    def _send_all(self, sends: list[Callable[[dict[str, Any]], None]],
+                  message: dict[str, Any]) -> None:
         for send in sends:
             try:
                 send(message)
