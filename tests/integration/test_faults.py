@@ -204,6 +204,6 @@ def test_healthy_four_rank_training_stays_silent(diag_server, tmp_path):
                        and j["status"] == "finished" and j, 20, "the job to finish")
         assert job["world_size"] == 4
         loud = [f for f in findings(diag_server, "healthy-train") if f["severity"] != "info"]
-        assert loud == []
+        assert loud == [], [(f["kind"], f["ranks"], f["summary"], f["evidence"]) for f in loud]
     finally:
         stop(procs)
