@@ -150,6 +150,11 @@ class JobState(Fold):
         """Group name -> its family: the description it shares with others, else its name."""
         return {name: family_of(g) for name, g in self.groups.items()}
 
+    def last_error(self, rank: int) -> dict[str, Any] | None:
+        """The latest error of that rank in the current attempt."""
+        return next((e for e in reversed(self.errors) if e.get("rank") == rank
+                     and e.get("attempt", 0) == self.attempt), None)
+
     def progress_of(self, group: str) -> dict[int, dict[str, Any]]:
         """Progress rows of one group by rank (read-only; indexed once per state version)."""
         return self.grouped("progress").get(group, {})

@@ -179,8 +179,7 @@ def _health(state: JobState, rank: int) -> dict[str, Any]:
     gpu = state.gpus.get(rank)
     if gpu is not None:
         out["gpu"] = gpu
-    error = next((e for e in reversed(state.errors) if e.get("rank") == rank
-                  and e.get("attempt", 0) == state.attempt), None)
+    error = state.last_error(rank)
     if error is not None:
         out["error"] = {"t": error.get("t"), "where": error.get("where"),
                         "error_type": error.get("error_type"),

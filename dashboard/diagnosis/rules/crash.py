@@ -60,12 +60,6 @@ def code_bug(err: dict[str, Any] | None, cause: Any) -> dict[str, Any] | None:
     return user_frame(frames)
 
 
-def _last_error(state: JobState, rank: int) -> dict[str, Any] | None:
-    """The latest error of that rank in the current attempt."""
-    return next((e for e in reversed(state.errors) if e.get("rank") == rank
-                 and e.get("attempt", 0) == state.attempt), None)
-
-
 def _is_init_failure(state: JobState, r: RankState) -> bool:
     return bool((state.init.get(r.session) or {}).get("error"))
 
@@ -79,7 +73,7 @@ def _ends(state: JobState) -> list[tuple[float, int]]:
             if r.status == RankStatus.LOST and r.exit_at is not None:
                 out.append((r.exit_at, r.rank))
             elif r.status == RankStatus.FAILED and not _is_init_failure(state, r):
-                err = _last_error(state, r.rank)
+                err = state.last_error(r.rank)
                 cause = classify(err["error"], err.get("error_type")) if err else None
                 if err and cause is not None and not cause.victim:
                     out.append((err["t"], r.rank))
@@ -153,7 +147,7 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
             how = f"nothing heard from it for {heard:.0f} s (heartbeats stopped)"
         else:
             continue
-        victims = {v.rank: _last_error(state, v.rank) for v in state.ranks()
+        victims = {v.rank: state.last_error(v.rank) for v in state.ranks()
                    if v.status == RankStatus.FAILED and v.rank != r.rank}
         out.append(finding(
             "rank_lost", Severity.CRITICAL, [r.rank], None,
@@ -174,7 +168,7 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         return []
     causes = {}
     for r in failed:
-        err = _last_error(state, r.rank)
+        err = state.last_error(r.rank)
         cause = classify(err["error"], err.get("error_type"), backend_of(state)) if err else None
         causes[r.rank] = (err, cause)
     # After a rank left early, or a hung job was stopped, failures that only waited on a peer
