@@ -377,6 +377,9 @@ def test_hang_finding_shows_its_hint_and_highlights_the_rank_at_fault(hang_serve
             "train.py:42 in step: batch = next(loader)", timeout=LIVE_MS)
         expect(incident.locator(".incident-snapshot pre")).to_contain_text("queue.py")
         expect(incident.locator("button.snapshot-ask")).to_have_text("Snapshot again")
+        # The Snapshots card lists the incident's request by itself, and shows it.
+        expect(page.locator("#snapshot-list option")).to_have_count(1)
+        expect(page.locator("#snapshot-view")).to_have_attribute("data-request", asked["ask"])
         # The whole request, every rank asked with the incident, opens in the Snapshots card.
         incident.locator("button.snapshot-open").click()
         view = page.locator("#snapshot-view")

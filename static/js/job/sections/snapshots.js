@@ -21,6 +21,8 @@ const MAX_RANKS_TEXT = 20000; // the ranks box accepts at most this many charact
 let shown = null; // the request id on screen
 let pollTimer = null;
 let pollUntil = 0;
+const listed = new Set(); // request ids the picker holds
+let listing = false; // a listing is on its way
 
 /** "3", "0-7,12" -> [0..7, 12]; throws with what is wrong. */
 export function parseRanks(textIn) {
@@ -81,6 +83,8 @@ async function listRequests(select) {
     return;
   }
   const list = Array.isArray(body.snapshots) ? body.snapshots : [];
+  listed.clear();
+  for (const r of list) listed.add(r.id);
   const picker = $("snapshot-list");
   clear(
     picker,
@@ -348,8 +352,14 @@ export function setupSnapshots() {
   listRequests(null);
 }
 
-/** On every render: the rank selected elsewhere fills the box; replay hides the asking. */
+/** On every render: the rank selected elsewhere fills the box; replay hides the asking; an
+ *  incident's snapshot the picker does not hold yet is listed (shown, if none was). */
 export function renderSnapshotControls() {
+  const asked = (state.incidents || []).map((i) => i.snapshot && i.snapshot.ask).filter(Boolean);
+  if (!listing && asked.some((id) => !listed.has(id))) {
+    listing = true;
+    listRequests(shown).finally(() => (listing = false));
+  }
   const asking = $("snapshot-ask");
   asking.hidden = Boolean(state.replay);
   const sel = state.selection && state.selection.kind === "rank" ? String(state.selection.rank) : null;
