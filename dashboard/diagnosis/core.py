@@ -75,6 +75,12 @@ class Settings:
     # (see rules.straggler_verdict._sparse_straggler)
     straggler_sparse_calls: int = 48
     straggler_sparse_share: float = 0.08
+    # ... and only when so few long waits of the straggler against so many of the others is
+    # unlikely by chance (a sign test: with no straggler, a long wait is the candidate's or a
+    # typical other's alike). Where it is not, the window doubles, twice. On a crowded host
+    # the scheduler makes one rank of a pair late a few more times than the other: 5 long
+    # waits against 1 in 48 collectives warned on a healthy job (p 0.11).
+    straggler_sparse_p: float = 0.01
     straggler_ratio: float = 3.0  # the others wait this many times longer than the straggler
     straggler_min_wait_us: float = 2000.0  # ... and at least this much longer per collective
     slow_history: int = 10  # intervals of history before slow_collective can judge

@@ -9,11 +9,13 @@ rules.straggler_chains asks it of the other groups a straggler is itself late in
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from dashboard.diagnosis.core import Settings
-from dashboard.diagnosis.rules.windows import (intervals_holding, mean_us, pooled_histogram,
-                                               share_above, typical_of_others)
+from dashboard.diagnosis.rules.windows import (count_above, intervals_holding, mean_us,
+                                               pooled_histogram, share_above,
+                                               typical_of_others)
 from dashboard.state import quantile_us
 
 
@@ -82,11 +84,26 @@ def _sparse_straggler(windows: dict[int, list[tuple]], depth: int,
     times its p90 (and ``straggler_min_wait_us`` more); the others must have long waits at
     ``straggler_sparse_share`` or more of their collectives (a pause of one rank, however long,
     is one long wait among those; random jitter makes the candidate's own p90 long too), and
-    the candidate at a quarter of that share at most."""
-    n = intervals_holding(windows, depth, s.straggler_sparse_calls, s)
-    if n is None:
-        return None
-    recent = {rank: pts[-n:] for rank, pts in windows.items()}
+    the candidate at a quarter of that share at most. Few long waits are weak evidence: a
+    crowded host's scheduler makes one rank of a pair late a few more times than the other.
+    So the counts must also pass a sign test (``straggler_sparse_p``); where they do not,
+    the window doubles, twice, while the summaries kept reach."""
+    calls = s.straggler_sparse_calls
+    for _ in range(3):
+        n = intervals_holding(windows, depth, calls, s)
+        if n is None:
+            return None
+        verdict = _sparse_verdict({rank: pts[-n:] for rank, pts in windows.items()}, n, s)
+        if verdict is not False:
+            return verdict
+        calls *= 2
+    return None
+
+
+def _sparse_verdict(recent: dict[int, list[tuple]], n: int,
+                    s: Settings) -> StragglerVerdict | None | bool:
+    """The sparse straggler of one window; None if there is none, False if the counts are
+    too few to tell (a longer window may)."""
     pooled = {rank: pooled_histogram(pts) for rank, pts in recent.items()}
     means = {rank: mean_us(pts) for rank, pts in recent.items()}
     slow = min(means, key=means.get)
@@ -94,9 +111,25 @@ def _sparse_straggler(windows: dict[int, list[tuple]], depth: int,
     long_us = max(s.straggler_ratio * p90, p90 + s.straggler_min_wait_us)
     shares = {rank: share_above(h, long_us) for rank, h in pooled.items() if rank != slow}
     share = typical_of_others(shares, slow)
-    if share < s.straggler_sparse_share or share_above(pooled[slow], long_us) > share / 4:
+    own = share_above(pooled[slow], long_us)
+    if share < s.straggler_sparse_share or own > share / 4:
         return None
+    theirs = typical_of_others({rank: count_above(h, long_us) for rank, h in pooled.items()
+                                if rank != slow}, slow)
+    mine = count_above(pooled[slow], long_us)
+    if sign_test(mine, int(theirs) + mine) > s.straggler_sparse_p:
+        return False
     typical = typical_of_others({rank: quantile_us(h, 1.0 - share, 0.0)
                                  for rank, h in pooled.items() if rank != slow}, slow)
     medians = {rank: quantile_us(h, 0.5, 0.0) for rank, h in pooled.items()}
     return StragglerVerdict(slow, medians, typical, n, recent, round(share, 2))
+
+
+def sign_test(fewer: int, total: int) -> float:
+    """The chance of ``fewer`` or fewer of ``total`` coin flips landing one way: how likely
+    the candidate's long waits are this few against the others' if nobody were late more.
+    Exact up to 400 flips, the normal approximation above (a busy group's long window)."""
+    if total > 400:
+        z = (fewer + 0.5 - total / 2) / math.sqrt(total / 4)
+        return 0.5 * math.erfc(-z / math.sqrt(2))
+    return sum(math.comb(total, k) for k in range(fewer + 1)) / 2 ** total

@@ -52,11 +52,15 @@ def intervals_holding(windows: dict[int, list[tuple]], depth: int, calls: int,
     return n if n <= depth else None
 
 
+def count_above(hist: dict[int, int], us: float) -> int:
+    """How many of a histogram's collectives took longer than ``us``."""
+    return sum(c for b, c in hist.items() if hist_bucket_value(b) > us)
+
+
 def share_above(hist: dict[int, int], us: float) -> float:
     """The share of a histogram's collectives that took longer than ``us``."""
     total = sum(hist.values())
-    above = sum(c for b, c in hist.items() if hist_bucket_value(b) > us)
-    return above / total if total else 0.0
+    return count_above(hist, us) / total if total else 0.0
 
 
 def pooled_histogram(points: list[tuple]) -> dict[int, int]:
