@@ -12,8 +12,9 @@ from __future__ import annotations
 import collections
 from typing import Any, Hashable, Iterable, Protocol, TypeVar
 
-from dashboard.state.latency import LatencyStats, add_summary, current_point, upgraded_point
-from dashboard.state.records import TERMINAL_RANK, RankState, StoredEvent
+from dashboard.state.latency import (LatencyStats, add_summary, current_point, per_family,
+                                     upgraded_point)
+from dashboard.state.records import TERMINAL_RANK, RankState, StoredEvent, family_of
 
 # Events that leave the job summary (status, world size, backend, start) as it was, unless
 # the rank was lost (a heartbeat revives it), the event starts the job earlier, or the job
@@ -76,8 +77,10 @@ class Fold:
         # (group, rank) -> per heartbeat (t, samples in flight, samples) of the Flight Recorder,
         # for groups whose collectives run in C++ (how long a rank waits inside DDP's)
         self.fr_tallies: dict[tuple[str, int], collections.deque] = {}
-        # (group, op, source) -> whole second of the agents' clocks -> every rank's summaries
+        # (family, op, source) -> whole second of the agents' clocks -> every rank's summaries
+        # (the latency chart's; OP_SECONDS of them; older checkpoints hold group names)
         self.op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]] = {}
+        self.family_of: dict[str, str] = {}  # group name -> its family (records.family_of)
         # request id -> rank -> its answer (pgdash_agent.snapshots), of the newest requests
         self.snapshots: dict[str, dict[int, dict[str, Any]]] = {}
         self.snapshot_answers = 0  # answers in ``snapshots`` (MAX_SNAPSHOT_ANSWERS at most)
@@ -105,6 +108,9 @@ class Fold:
         self.__dict__.setdefault("exit_rows", {})  # checkpoints of earlier versions
         self.__dict__.setdefault("snapshots", {})
         self.__dict__.setdefault("snapshot_answers", 0)
+        if "family_of" not in data:  # checkpoints of earlier versions: series per group
+            self.family_of = {name: family_of(g) for name, g in self.groups.items()}
+            self.op_seconds = per_family(self.op_seconds, self.family_of)
         for key, window in self.recent.items():
             # A window is all old or all new (a loaded state is upgraded whole): its ends tell.
             if window and not (current_point(window[0]) and current_point(window[-1])):
@@ -206,13 +212,16 @@ class Fold:
     def _on_group(self, r: RankState, body: dict[str, Any], t: float) -> None:
         group = self.groups.get(body["name"])
         if group is None or group["ranks"] != body["ranks"]:
-            self.groups[body["name"]] = {"name": body["name"], "desc": body.get("desc"),
-                                         "backend": body.get("backend"),
-                                         "ranks": list(body["ranks"])}
+            group = self.groups[body["name"]] = {"name": body["name"],
+                                                 "desc": body.get("desc"),
+                                                 "backend": body.get("backend"),
+                                                 "ranks": list(body["ranks"])}
+            self.family_of[body["name"]] = family_of(group)
 
     def _on_coll_stats(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is not None and not self._stale(r):
-            add_summary(self.collectives, self.op_seconds, self.recent, r.rank, body)
+            add_summary(self.collectives, self.op_seconds, self.recent, r.rank, body,
+                        self.family_of)
 
     def _on_heartbeat(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.status == "lost":

@@ -15,7 +15,7 @@ from typing import Any, Callable, Hashable
 
 from dashboard.state.fold import Fold
 from dashboard.state.latency import LatencyStats
-from dashboard.state.records import RankState, family_of, rank_row, status_of
+from dashboard.state.records import RankState, rank_row, status_of
 
 MEMO_ENTRIES = 16  # JobState.memo(): a quiet job is diagnosed at ever new times
 
@@ -148,7 +148,7 @@ class JobState(Fold):
 
     def families(self) -> dict[str, str]:
         """Group name -> its family: the description it shares with others, else its name."""
-        return {name: family_of(g) for name, g in self.groups.items()}
+        return dict(self.family_of)
 
     def last_error(self, rank: int) -> dict[str, Any] | None:
         """The latest error of that rank in the current attempt."""

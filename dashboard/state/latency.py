@@ -18,7 +18,9 @@ from pgdash_agent.wire import hist_bucket, hist_bucket_value
 
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})  # the agent's point-to-point ops (collective_wrappers)
 RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
-OP_SECONDS = 60  # seconds of merged summaries kept per (group, op) for the latency chart
+# Seconds of merged summaries kept per (family, op, source) for the latency chart: its 30
+# (dashboard.web.live.TIMELINE_BINS) and two for the summaries of a second still arriving.
+OP_SECONDS = 32
 
 
 @dataclasses.dataclass
@@ -99,13 +101,34 @@ def upgraded_point(point: tuple) -> tuple:
 
 
 
+def per_family(op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]],
+               families: dict[str, str]) -> dict[tuple[str, str, str], dict[int, LatencyStats]]:
+    """Per-second series kept per group (checkpoints of earlier versions) merged per family,
+    the newest OP_SECONDS seconds of each."""
+    out: dict[tuple[str, str, str], dict[int, LatencyStats]] = {}
+    for (group, op, source), series in op_seconds.items():
+        merged = out.setdefault((families.get(group, group), op, source), {})
+        for second, stats in series.items():
+            into = merged.get(second)
+            if into is None:
+                into = merged[second] = LatencyStats()
+            into.merge(stats)
+    return {key: dict(sorted(series.items())[-OP_SECONDS:]) for key, series in out.items()}
+
+
 def add_summary(collectives: dict[tuple[str, str, int, str], LatencyStats],
                 op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]],
                 recent: dict[tuple[str, int], collections.deque],
-                rank: int, body: dict[str, Any]) -> None:
+                rank: int, body: dict[str, Any], families: dict[str, str]) -> None:
     """Fold one rank's latency summary (a ``coll_stats`` body) into the job's totals per
-    (group, op, rank, source), the per-second series per (group, op, source) and the recent
+    (group, op, rank, source), the per-second series per (family, op, source) and the recent
     window per (group, rank).
+
+    The per-second series are what the latency chart draws, per family of groups (all the
+    data-parallel groups of a mesh together): kept per family (``families``: group name ->
+    family, a group not in it counts as its own), there are as many as the mesh has
+    dimensions, not as many as it has groups (at 64 ranks of a 4x4x4 mesh, 163 series of 60
+    seconds were half of the job's state).
 
     The hottest code of the fold (every row of every rank's summary, three times): one pass
     per row with LatencyStats.add inlined, what it reads of the row read once (the same
@@ -135,7 +158,7 @@ def add_summary(collectives: dict[tuple[str, str, int, str], LatencyStats],
         timing = row.get("timing")
         if timing == "host_poll":
             stats.resolution_us = max(stats.resolution_us or 0.0, row.get("resolution_us", 0.0))
-        series_key = (group, op, source)
+        series_key = (families.get(group, group), op, source)
         series = op_seconds.get(series_key)
         if series is None:
             series = op_seconds[series_key] = {}

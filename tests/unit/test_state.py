@@ -242,8 +242,12 @@ def _naive_summaries(events):
     from dashboard.state.latency import OP_SECONDS, P2P_OPS, RECENT_INTERVALS
 
     collectives, op_seconds, recent = {}, {}, {}
-    ranks = {}
+    ranks, families = {}, {}
     for ev in events:
+        if ev["kind"] == "group":  # the per-second series are per family of groups
+            desc = ev["body"].get("desc")
+            families.setdefault(ev["body"]["name"],
+                                desc if desc and desc != "undefined" else ev["body"]["name"])
         if ev["kind"] in ("hello", "connect", "init_done") and "rank" in ev["body"]:
             ranks[ev["session"]] = ev["body"]["rank"]
         if ev["kind"] != "coll_stats" or ev["session"] not in ranks:
@@ -257,7 +261,8 @@ def _naive_summaries(events):
             stats.add(row)
             if row.get("timing") == "host_poll":
                 stats.resolution_us = max(stats.resolution_us or 0.0, row["resolution_us"])
-            series = op_seconds.setdefault((row["group"], row["op"], source), {})
+            series = op_seconds.setdefault((families.get(row["group"], row["group"]),
+                                            row["op"], source), {})
             if int(body["end"]) not in series:
                 series[int(body["end"])] = LatencyStats()
                 if len(series) > OP_SECONDS:
@@ -318,10 +323,14 @@ def test_a_generated_job_folds_its_latency_summaries_row_by_row_exactly():
     assert _ordered(state.collectives) == _ordered(collectives)
     assert _ordered(state.op_seconds) == _ordered(op_seconds)
     assert _ordered(state.recent) == _ordered(recent)
-    assert len(state.op_seconds[("0", "all_reduce", "wrapper")]) == 60
-    # the late second went (older than the 60 kept); its row counts in the totals
-    assert int(T0 + 2.5) not in state.op_seconds[("0", "all_reduce", "wrapper")]
-    assert state.op_seconds[("0", "all_reduce", "flight_recorder")][int(T0 + 2.5)].count == 3
+    from dashboard.state.latency import OP_SECONDS
+
+    world = state.family_of["0"]  # the series are per family: the world group's is its own
+    assert world == "default_pg" and len(state.op_seconds) < len(state.groups) * 2
+    assert len(state.op_seconds[(world, "all_reduce", "wrapper")]) == OP_SECONDS
+    # the late second went (older than the OP_SECONDS kept); its row counts in the totals
+    assert int(T0 + 2.5) not in state.op_seconds[(world, "all_reduce", "wrapper")]
+    assert state.op_seconds[(world, "all_reduce", "flight_recorder")][int(T0 + 2.5)].count == 3
     assert max(s.max_us for s in state.collectives.values()) == 9e9
     polled = [s for (g, op, rank, src), s in state.collectives.items()
               if src == "flight_recorder"]
