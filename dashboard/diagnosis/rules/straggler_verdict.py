@@ -13,9 +13,8 @@ import math
 from typing import NamedTuple
 
 from dashboard.diagnosis.core import Settings
-from dashboard.diagnosis.rules.windows import (count_above, intervals_holding, mean_us,
-                                               pooled_histogram, share_above,
-                                               typical_of_others)
+from dashboard.diagnosis.rules.windows import (Pools, count_above, intervals_holding,
+                                               mean_us, share_above, typical_of_others)
 from dashboard.state import quantile_us
 
 
@@ -48,14 +47,14 @@ def straggler_in(windows: dict[int, list[tuple]], back: int,
     """
     windows = {rank: pts[:len(pts) - back] for rank, pts in windows.items()}
     depth = min(len(p) for p in windows.values())
+    pools = Pools(windows)
     # A window of straggler_min_calls where the others' waits are also steady (a rank slower
     # by about the same time at every step); else twice as many collectives (waits spread).
     for calls, steady in ((s.straggler_min_calls, True), (2 * s.straggler_min_calls, False)):
         n = intervals_holding(windows, depth, calls, s)
         if n is None:
             return None
-        recent = {rank: pts[-n:] for rank, pts in windows.items()}
-        pooled = {rank: pooled_histogram(pts) for rank, pts in recent.items()}
+        pooled = pools.upto(n)
         medians = {rank: quantile_us(h, 0.5, 0.0) for rank, h in pooled.items()}
         slow = min(medians, key=medians.get)
         lows = {rank: quantile_us(h, 1.0 - s.straggler_late_share, 0.0)
@@ -69,12 +68,13 @@ def straggler_in(windows: dict[int, list[tuple]], back: int,
                      for rank, h in pooled.items() if rank != slow}
             if typical < s.straggler_steady * typical_of_others(highs, slow):
                 continue
+        recent = {rank: pts[-n:] for rank, pts in windows.items()}
         return StragglerVerdict(slow, medians, typical, n, recent, s.straggler_late_share)
-    return _sparse_straggler(windows, depth, s)
+    return _sparse_straggler(windows, depth, s, pools)
 
 
-def _sparse_straggler(windows: dict[int, list[tuple]], depth: int,
-                      s: Settings) -> StragglerVerdict | None:
+def _sparse_straggler(windows: dict[int, list[tuple]], depth: int, s: Settings,
+                      pools: Pools) -> StragglerVerdict | None:
     """A straggler of a group that runs several collectives a step (FSDP's all-gathers and
     reduce-scatters per layer, DDP's buckets): the others wait for it once a step, at the
     step's first collective, so at one in k of theirs, never nine in ten.
@@ -93,18 +93,18 @@ def _sparse_straggler(windows: dict[int, list[tuple]], depth: int,
         n = intervals_holding(windows, depth, calls, s)
         if n is None:
             return None
-        verdict = _sparse_verdict({rank: pts[-n:] for rank, pts in windows.items()}, n, s)
+        verdict = _sparse_verdict({rank: pts[-n:] for rank, pts in windows.items()},
+                                  pools.upto(n), n, s)
         if verdict is not False:
             return verdict
         calls *= 2
     return None
 
 
-def _sparse_verdict(recent: dict[int, list[tuple]], n: int,
+def _sparse_verdict(recent: dict[int, list[tuple]], pooled: dict[int, dict[int, int]], n: int,
                     s: Settings) -> StragglerVerdict | None | bool:
-    """The sparse straggler of one window; None if there is none, False if the counts are
-    too few to tell (a longer window may)."""
-    pooled = {rank: pooled_histogram(pts) for rank, pts in recent.items()}
+    """The sparse straggler of one window (``pooled``: its histograms); None if there is
+    none, False if the counts are too few to tell (a longer window may)."""
     means = {rank: mean_us(pts) for rank, pts in recent.items()}
     slow = min(means, key=means.get)
     p90 = quantile_us(pooled[slow], 0.9, 0.0)
