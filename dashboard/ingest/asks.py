@@ -26,6 +26,7 @@ VICTIMS = 3  # ranks snapshotted with an incident beside the blamed ones
 AUTO_EVERY_S = 10.0  # at most one request with an incident per job this often
 MAX_AUTO_LAG_S = 2.0  # no request with an incident while ingest is this far behind
 MAX_RANKS_WHEN_BEHIND = 64  # ranks one request may ask meanwhile
+READ_WAIT_S = 5.0  # a request waits this long for the job's state, then says the server is busy
 MAX_REMEMBERED = 65_536  # (job, rank) ask times kept for the rate limit before pruning
 
 
@@ -64,8 +65,9 @@ class Asks:
     """Sessions' ways to be asked, and the requests made of each job.
 
     Args:
-        read: ``read(job_id, view)`` runs ``view(state)`` on the job's live JobState (None
-            for an unknown job): Ingest.read.
+        read: ``read(job_id, view, timeout=None)`` runs ``view(state)`` on the job's live
+            JobState (None for an unknown job), raising TimeoutError when the state is not
+            free within ``timeout`` seconds: Ingest.read.
         clock: wall clock (the requests' times; injected for tests).
         lag: how far ingest is behind its agents (seconds).
         relay: clustered, ``relay(sessions, message)`` hands a question for agents connected
@@ -116,8 +118,16 @@ class Asks:
             TooSoon: every rank asked was asked less than MIN_INTERVAL_S ago (unless
                 ``force``, which the server's own requests with an incident use).
         """
-        sessions = self.read(job_id, lambda state: {
-            rank: r.session for rank, r in state.rank_index().items()})
+        try:
+            sessions = self.read(job_id, lambda state: {
+                rank: r.session for rank, r in state.rank_index().items()},
+                timeout=READ_WAIT_S)
+        except TimeoutError:
+            # A server far behind its agents holds the job's state for long stretches (it
+            # judges the moments it owes): seen at 1,024 ranks, a request waited 60 s.
+            self.counters["snapshot_requests_busy"] += 1
+            raise Busy(f"the server is catching up with this job's agents (its state was not "
+                       f"free for {READ_WAIT_S:g} s): ask again in a few seconds") from None
         if sessions is None:
             return None
         lag = self.lag()

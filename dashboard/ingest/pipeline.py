@@ -141,11 +141,17 @@ class Ingest:
         """Whether this process diagnoses the job (always, unless clustered)."""
         return self.cluster is None or self.cluster.owns(job_id)
 
-    def read(self, job_id: int, view: Callable[[JobState], Any]) -> Any:
-        """Run ``view(state)`` while no event is being applied; None if the job is unknown."""
-        with self.cache.lock:
+    def read(self, job_id: int, view: Callable[[JobState], Any],
+             timeout: float | None = None) -> Any:
+        """Run ``view(state)`` while no event is being applied; None if the job is unknown.
+        Raises TimeoutError if that takes longer than ``timeout`` seconds to begin."""
+        if not self.cache.lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError(f"job {job_id}'s state was busy for {timeout} s")
+        try:
             state = self.state(job_id)
             return None if state is None else view(state)
+        finally:
+            self.cache.lock.release()
 
     # -- job states --------------------------------------------------------------------------
 

@@ -250,3 +250,33 @@ def test_a_job_silent_for_hours_loads_without_judging_every_moment_since(ingest,
     later.diagnosis.run()
     assert [(f["kind"], f["ranks"]) for f in later.findings(job) if f["active"]] == \
         [("rank_lost", [0])]
+
+
+def test_a_snapshot_request_waits_for_a_busy_jobs_state_a_bounded_time(ingest, monkeypatch):
+    """A server far behind its agents holds a job's state for long stretches (the writer
+    judges the moments it owes under the lock). A request for a snapshot waited 60 s for
+    it at 1,024 ranks; it now says the server is busy after READ_WAIT_S, and asks nothing."""
+    from dashboard.ingest import asks as asks_module
+
+    monkeypatch.setattr(asks_module, "READ_WAIT_S", 0.2)
+    session, job = ingest.connect(auth("a", 0))
+    ingest.batch(session, job, lifecycle(0, world=1))
+    held, release = threading.Event(), threading.Event()
+
+    def writer_judging():
+        with ingest.cache.lock:
+            held.set()
+            release.wait(10)
+
+    busy = threading.Thread(target=writer_judging)
+    busy.start()
+    try:
+        held.wait(5)
+        with pytest.raises(asks_module.Busy, match="catching up with this job's agents"):
+            ingest.asks.request(job, None, "asked by a test")
+        assert ingest.asks.requests(job) == []
+        assert ingest.asks.counters["snapshot_requests_busy"] == 1
+    finally:
+        release.set()
+        busy.join()
+    assert ingest.asks.request(job, None, "again").asked == []  # free: asked (none connected)

@@ -91,7 +91,7 @@ class Clock:
 def _asks(world=3):
     state = running(world).state()
     clock = Clock()
-    asks = Asks(lambda job_id, view: view(state) if job_id == 1 else None, clock)
+    asks = Asks(lambda job_id, view, timeout=None: view(state) if job_id == 1 else None, clock)
     sent = {r: [] for r in range(world)}
     for r in range(world):
         asks.link(f"s{r}", sent[r].append)
@@ -350,8 +350,11 @@ def test_clustered_a_rank_connected_to_another_process_is_asked_through_it():
     (Membership.publish_ask on Redis) and B delivers it to the connection it holds."""
     relayed = []
     state = running(3).state()
-    a = Asks(lambda job_id, view: view(state), Clock(), relay=lambda s, m: relayed.append((s, m)))
-    b = Asks(lambda job_id, view: view(state), Clock())
+    def read(job_id, view, timeout=None):
+        return view(state)
+
+    a = Asks(read, Clock(), relay=lambda s, m: relayed.append((s, m)))
+    b = Asks(read, Clock())
     sent = {r: [] for r in range(3)}
     for r in (0, 1):
         a.link(f"s{r}", sent[r].append)
