@@ -168,9 +168,31 @@ def canonical(value):
 
 
 PUBLIC_TABLES = ("groups", "collectives", "progress", "errors", "init", "stacks", "exit_rows",
-                 "recent", "fr_tallies", "op_seconds", "snapshots", "gpus", "gpu_history",
+                 "recent", "fr_tallies", "snapshots", "gpus", "gpu_history",
                  "gpu_faults", "throttled_since", "attempt", "attempt_started", "started_at",
                  "last_event_at", "last_event_id", "applied")
+
+
+def latency_series(state, seconds: int = 32) -> dict:
+    """The per-second latency series as the chart reads them: per (family, op, source), its
+    newest ``seconds`` seconds, each (count, bytes, max_us, histogram). A pgdash before
+    714b178 kept them per group for 60 s; this reads both alike. Not the sum of times: added
+    in another order (per group, then per family) it differs in its last bits, and the
+    chart never reads it."""
+    families = {name: g["desc"] if g.get("desc") and g["desc"] != "undefined" else name
+                for name, g in state.groups.items()}
+    merged: dict = {}
+    for (group, op, source), series in state.op_seconds.items():
+        per = merged.setdefault((families.get(group, group), op, source), {})
+        for second, stats in series.items():
+            cell = per.setdefault(second, [0, 0, 0.0, collections.Counter()])
+            cell[0] += stats.count
+            cell[1] += stats.bytes
+            cell[2] = max(cell[2], stats.max_us)
+            cell[3].update(stats.hist)
+    return {key: {second: [c[0], c[1], c[2], sorted(c[3].items())]
+                  for second, c in sorted(per.items())[-seconds:]}
+            for key, per in sorted(merged.items())}
 
 
 def observed(state, at: float) -> dict:
@@ -184,7 +206,7 @@ def observed(state, at: float) -> dict:
     findings = diagnose(state, at, settings)
     shown = sections(state, at=at, findings=[dict(f) for f in findings], settings=settings)
     tables = {name: getattr(state, name) for name in PUBLIC_TABLES}
-    # the order of op_seconds' seconds matters to readers (min(series) aside): kept as is
+    tables["op_seconds"] = latency_series(state)
     return {"findings": canonical(findings), "sections": canonical(shown),
             "tables": canonical(tables), "summary": canonical(state.summary()),
             "ranks": canonical(state.ranks()), "attempt_rows": canonical(state.attempt_rows()),
