@@ -13,7 +13,9 @@ collectives (the others wait in an all_reduce; nothing completes, so no summarie
 has a hang and a straggler to find.
 
 Printed: events/s of the whole log (the best of ``--repeat`` folds, each into a fresh
-JobState) and each kind's share of the time (a second fold timing every event).
+JobState) and each kind's share of the time (a second fold timing every event); at each
+moment checked, the time one judgement takes (``diagnose`` alone: the live server judges
+each job every half second, every second above 256 ranks) and the whole read.
 
 ``--reference PATH`` folds the same log with the pgdash of another checkout (e.g. a
 ``git worktree add /tmp/fold-ref HEAD``) in a subprocess, the figures side by side, and
@@ -252,6 +254,9 @@ def worker(args) -> None:
         prof.runcall(state.apply_all, log)
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     if not args.no_check:
+        from dashboard.diagnosis import Settings
+        from dashboard.diagnosis.rules import diagnose
+
         checks = []
         state, done = JobState(1, "bench-fold"), 0
         for cut in cuts:
@@ -259,9 +264,13 @@ def worker(args) -> None:
             done = cut
             at = log[cut - 1]["t"] + 0.5
             start = time.perf_counter()
+            diagnose(state, at, Settings())  # a judgement alone: what live judging costs
+            judged = time.perf_counter() - start
+            start = time.perf_counter()
             seen = observed(state, at)
             took = time.perf_counter() - start
-            checks.append({"cut": cut, "at": at, "observed": seen, "read_s": took})
+            checks.append({"cut": cut, "at": at, "observed": seen, "read_s": took,
+                           "judge_s": judged})
         # A checkpoint of the whole state, loaded, reads the same (the codec's round trip).
         from dashboard.storage.codec import decode_state, encode_state
         loaded = decode_state(encode_state(state))
@@ -398,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
             line = (f"  {what:22} at +{check['at'] - T0:6.1f} s: findings "
                     f"{seen['findings_kinds'] or '-'}, digest {digest(seen)}, "
                     f"read in {check['read_s']:.2f} s")
+            if "judge_s" in check:
+                line += f", judged in {check['judge_s']:.3f} s"
+                if ref is not None and "judge_s" in ref["checks"][i]:
+                    line += f" (reference {ref['checks'][i]['judge_s']:.3f} s)"
             if ref is not None:
                 other = ref["checks"][i]["observed"]
                 diff = first_difference(seen, other)
