@@ -181,8 +181,7 @@ def latency_series(state, seconds: int = 32) -> dict:
     714b178 kept them per group for 60 s; this reads both alike. Not the sum of times: added
     in another order (per group, then per family) it differs in its last bits, and the
     chart never reads it."""
-    families = {name: g["desc"] if g.get("desc") and g["desc"] != "undefined" else name
-                for name, g in state.groups.items()}
+    families = state.families()
     merged: dict = {}
     for (group, op, source), series in state.op_seconds.items():
         per = merged.setdefault((families.get(group, group), op, source), {})
