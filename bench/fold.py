@@ -284,10 +284,11 @@ def worker(args) -> None:
 def run_worker(root: Path, log_path: str, args, profile: bool = False,
                check: bool = True) -> dict:
     """A worker on the checkout ``root`` (its ``dashboard`` first on sys.path)."""
+    from bench.common import checkout_env
+
     with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as fh:
         out_path = fh.name
-    env = dict(os.environ, PYTHONSAFEPATH="1",
-               PYTHONPATH=os.pathsep.join([str(root), str(ROOT)]))
+    env = checkout_env(root)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--log", log_path,
            "--out", out_path, "--repeat", str(args.repeat)]
     if profile:

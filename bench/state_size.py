@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import subprocess
 import sys
 import time
@@ -72,7 +71,9 @@ def measure(ranks: int, seconds: int) -> dict:
 
 
 def in_subprocess(root: Path, ranks: int, seconds: int) -> dict:
-    env = dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join([str(root), str(ROOT)]))
+    from bench.common import checkout_env
+
+    env = checkout_env(root)
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
                           "--ranks", str(ranks), "--seconds", str(seconds)],
                          env=env, cwd=str(root), check=True, capture_output=True, text=True)
