@@ -56,8 +56,8 @@ def request_view(state: JobState, request: Request, now: float,
             row["rank_status"] = str(known.status)
             if known.exit_at is not None:
                 row["exit_at"] = known.exit_at
-        last = _last_stack(state, rank)
-        if status != "waiting" and last is not None:
+        last = _last_stack(state, rank) if status != "waiting" else None
+        if last is not None:
             row["last_stack"] = last
         ranks[str(rank)] = row
     missing = [int(r) for r, row in ranks.items() if row["status"] in ("no answer",
