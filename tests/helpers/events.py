@@ -70,9 +70,10 @@ def intervals(log, rank, group, waits_ms, start=101.0, per=20):
             t=start + i)
 
 
-def half_seconds(log, rank, waits_ms, start=101.0):
-    """One coll_stats per half second (PGDASH_STATS_INTERVAL_S) for ``rank``; ``waits_ms``:
-    per summary, the wait of each of its collectives (a list, so that a summary can mix)."""
+def half_seconds(log, rank, waits_ms, start=101.0, group="0"):
+    """One coll_stats per half second (PGDASH_STATS_INTERVAL_S) for ``rank`` on ``group``;
+    ``waits_ms``: per summary, the wait of each of its collectives (a list, so that a
+    summary can mix)."""
     from pgdash_agent.wire import hist_bucket
 
     for i, waits in enumerate(waits_ms):
@@ -81,6 +82,6 @@ def half_seconds(log, rank, waits_ms, start=101.0):
             hist[hist_bucket(ms * 1000)] = hist.get(hist_bucket(ms * 1000), 0) + 1
         end = start + 0.5 * i
         log.add(f"s{rank}", "coll_stats", {"start": end - 0.5, "end": end, "rows": [
-            {"group": "0", "op": "all_reduce", "count": len(waits), "bytes": 16 * len(waits),
+            {"group": group, "op": "all_reduce", "count": len(waits), "bytes": 16 * len(waits),
              "sum_us": 1000.0 * sum(waits), "max_us": 1000.0 * max(waits),
              "hist": sorted(hist.items())}]}, t=end)

@@ -250,6 +250,38 @@ def test_a_crowded_hosts_few_extra_late_arrivals_of_one_rank_of_a_pair_are_no_st
     assert (f["kind"], f["ranks"]) == ("straggler", [1])
 
 
+def test_the_victim_of_a_young_straggler_in_another_group_is_not_named():
+    """pgdash demo --scenario straggler: a 2x2 mesh (tp "tp0" = [0, 1], "tp1" = [2, 3]; dp
+    "dp0" = [0, 2], "dp1" = [1, 3]), where rank 3 became 30 ms slower a step 1.5 s ago. Rank
+    1 waits for it in dp1 (DDP's all-reduce, whose waits spread to 7 ms when healthy) and
+    so arrives 30 ms late in tp0. Twelve late steps in 48 are the sparse case; dp1's newest
+    summary is not in yet, and its 8 long waits are too few for a verdict there, yet they
+    tell whom rank 1 waited for. Named before: rank 1, in tp0."""
+    from tests.helpers.events import half_seconds
+
+    log = running(4, groups=(("tp0", [0, 1]), ("tp1", [2, 3]), ("dp0", [0, 2]),
+                              ("dp1", [1, 3])))
+
+    def waits(healthy, late, young=3):  # half seconds of 4 steps each
+        return [healthy] * (12 - young) + [[late] * 4] * young
+
+    for rank, late in ((0, 30.0), (1, 1.0)):
+        half_seconds(log, rank, waits([1.0, 2.0] * 2, late), group="tp0")
+    for rank, late in ((2, 30.0), (3, 1.0)):
+        half_seconds(log, rank, waits([1.0, 2.0] * 2, late), group="tp1")
+    for rank, late in ((1, 30.0), (3, 2.5)):  # one summary behind
+        half_seconds(log, rank, waits([2.5, 3.0, 5.0, 7.0], late, young=2)[:-1],
+                     group="dp1")
+    for rank in (0, 2):
+        half_seconds(log, rank, [[2.5, 3.0, 5.0, 7.0]] * 11, group="dp0")
+    found = diagnose(log.state(), 107.0, S)
+    assert {f["group"]: f["ranks"] for f in found} == {"tp0": [3], "tp1": [3]}
+    tp0 = next(f for f in found if f["group"] == "tp0")
+    assert [(h["waits"], h["rank"], h["group"]) for h in tp0["evidence"]["chain"]] == [
+        (1, 3, "dp1")]
+    assert "rank 1 waits for rank 3 inside" in tp0["summary"]
+
+
 def test_one_pause_among_many_collectives_is_no_straggler():
     """Rank 0 checkpoints for 5 s once: the others wait once, long; nothing else differs."""
     from tests.helpers.events import half_seconds

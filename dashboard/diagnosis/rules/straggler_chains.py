@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from dashboard.diagnosis.core import Settings
 from dashboard.diagnosis.rules.straggler_verdict import StragglerVerdict, straggler_in
-from dashboard.diagnosis.rules.windows import pooled_histogram, windows_of
+from dashboard.diagnosis.rules.windows import (count_above, pooled_histogram,
+                                               typical_of_others, windows_of)
 from dashboard.state import JobState, quantile_us
 
 
@@ -47,27 +48,68 @@ def late_chain(state: JobState, group: str, slow: int, verdicts: dict[str, Strag
     of the ranks kept waiting by another straggler (``[{"waits", "rank", "group",
     "source"}]``; empty when it waits for nobody; None while a group where it waits long
     cannot name whom it waits for yet: DDP's all-reduce, seen by the wrappers through the
-    agent's comm hook, is such a group for a rank late in a tensor-parallel group)."""
+    agent's comm hook, is such a group for a rank late in a tensor-parallel group). Where
+    that group names nobody yet, the long waits of the same window may (_waited_for)."""
+    late = _lateness(verdicts[group])
+
     def next_hop(rank: int, seen: set[str]) -> Any:
         for other in sorted(state.groups, key=str):
             members = (state.groups.get(other) or {}).get("ranks") or ()
             if other in seen or rank not in members:
                 continue
             verdict = verdicts.get(other)
-            windows = None
+            windows = windows_of(state, other, now)
             if verdict is None:  # not conclusive there yet: what its newest window says
-                windows = windows_of(state, other, now)
                 verdict = straggler_in(windows, 0, s) if len(windows) >= 2 else None
             if verdict is not None and verdict.rank != rank:
                 means, typical = verdict.medians, verdict.typical
                 if rank in means and means[rank] >= typical * 0.5:  # it is one who waits there
                     return {"waits": rank, "rank": verdict.rank, "group": other,
                             "source": "python", "wait_us": round(means[rank], 1)}
-            elif verdict is None and windows and _waits_long(windows, rank, s):
+            waited = _waited_for(windows, rank, late)
+            if waited is not None:
+                return {"waits": rank, "rank": waited[0], "group": other, "source": "python",
+                        "long_waits": waited[1]}
+            if verdict is None and windows and _waits_long(windows, rank, s):
                 return _UNKNOWN
         return None
 
     return _walk(group, slow, next_hop)
+
+
+def _lateness(verdict: StragglerVerdict) -> tuple[float, float, float]:
+    """How late a group's straggler made the others: ``(since, wait, count)``, the start of
+    its window, the others' typical long wait (the median of their waits at the verdict's
+    late share) and how many of their collectives waited half that or more."""
+    slow = verdict.rank
+    pooled = {r: pooled_histogram(pts) for r, pts in verdict.recent.items() if r != slow}
+    wait = typical_of_others({r: quantile_us(h, 1.0 - verdict.share / 2, 0.0)
+                              for r, h in pooled.items()}, slow)
+    count = typical_of_others({r: count_above(h, wait / 2) for r, h in pooled.items()}, slow)
+    return min(pts[0][0] for pts in verdict.recent.values()), wait, count
+
+
+def _waited_for(windows: dict[int, list[tuple]], rank: int, late: tuple[float, float, float]
+                ) -> tuple[int, float] | None:
+    """The peer ``rank`` waited for in a group, judged by the collectives it was late at
+    (``late``: see _lateness): in the same time, it waited half as long as the others
+    waited for it, at a third as many collectives or more (and three at least), and the
+    peer that waited so least did so at a quarter as many at most. ``(peer, how many)``,
+    or None.
+
+    A verdict of that group does not tell this while the slowness is young: a rank late at
+    every step from a moment on is first seen late at a share of a window's collectives
+    (the sparse case), while the medians of those who wait for it are still short."""
+    since, wait, count = late
+    counts = {r: count_above(pooled_histogram([p for p in pts if p[0] >= since]), wait / 2)
+              for r, pts in windows.items()}
+    if len(counts) < 2 or rank not in counts:
+        return None
+    peer = min((r for r in counts if r != rank), key=counts.get)
+    mine = counts[rank]
+    if mine < max(3, count / 3) or counts[peer] > mine / 4:
+        return None
+    return peer, mine
 
 
 def _waits_long(windows: dict[int, list[tuple]], rank: int, s: Settings,
