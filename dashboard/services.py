@@ -61,7 +61,7 @@ class Services:
         return self
 
     def stop(self) -> None:
-        self.ingest.stopping = True
+        self.ingest.stop()
         self.pusher.stop()
         self.ingest.diagnosis.stop()
         if self.node is not None:

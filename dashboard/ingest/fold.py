@@ -5,7 +5,8 @@ One task per batch, in one transaction: drop what the session stored already (ad
 insert the rest, judge the findings book's moments due before the batch arrived
 (dashboard.ingest.livebooks), store a checkpoint when the batch opens a new period
 (dashboard.history.rewind), fold, store the job's changed summary and mark the job changed.
-Clustered, the log's tail folds instead (dashboard.ingest.follow).
+Clustered, the log's tail folds instead (dashboard.ingest.follow); as the server stops, the
+batches still queued are only stored.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class LiveFold:
         self.store, self.admission, self.cache, self.books = store, admission, cache, books
         self.rewind, self.lag, self.counters = rewind, lag, counters
         self.changed, self.cluster = changed, cluster
+        # Set as the server stops: batches still queued are stored, not folded or judged (a
+        # restart folds the log from the last checkpoint, as after a crash).
+        self.draining = False
 
     def write(self, conn, session: str, job_id: int, evs: list[dict[str, Any]]) -> int:
         """Writer thread: drop what is already stored, insert the rest, fold it into state."""
@@ -55,6 +59,8 @@ class LiveFold:
             self.counters["stored_events"] += len(fresh)
             if self.cluster is not None:  # the log's tail folds it, here and in the owner
                 self.cluster.touch(job_id)
+                return len(fresh)
+            if self.draining:
                 return len(fresh)
             with self.cache.lock:
                 state = self.cache.state(job_id)

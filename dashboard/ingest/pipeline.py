@@ -86,8 +86,8 @@ class Ingest:
         self.counters: collections.Counter[str] = collections.Counter()
         self.lag = IngestLag(clock, store.writer.backlog_s)
         self.agent_connections = 0  # open v2 connections (dashboard.ingest.front counts them)
-        # Set when the server stops: its connections then close because it leaves, not
-        # because the ranks did, so their disconnects are not recorded (a rolling restart
+        # Set when the server stops (stop()): its connections then close because it leaves,
+        # not because the ranks did, so their disconnects are not recorded (a rolling restart
         # must not mark every rank lost).
         self.stopping = False
         self.cluster = cluster
@@ -244,6 +244,13 @@ class Ingest:
             except queue.Full:
                 pass  # wait for room, as a new session does
         return session, self.store.writer.submit(admit)
+
+    def stop(self) -> None:
+        """The server is stopping: disconnects are not recorded, and what the writer still
+        holds is stored without being folded (the fold and its judging were what kept an
+        overloaded server from exiting for many seconds; a restart folds the stored log)."""
+        self.stopping = True
+        self.fold.draining = True
 
     def disconnect(self, session: str) -> None:
         job_id = self.admission.job_of(session)
