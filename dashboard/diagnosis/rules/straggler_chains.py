@@ -101,15 +101,18 @@ def _waited_for(windows: dict[int, list[tuple]], rank: int, late: tuple[float, f
     every step from a moment on is first seen late at a share of a window's collectives
     (the sparse case), while the medians of those who wait for it are still short."""
     since, wait, count = late
-    counts = {r: count_above(pooled_histogram([p for p in pts if p[0] >= since]), wait / 2)
-              for r, pts in windows.items()}
-    if len(counts) < 2 or rank not in counts:
+
+    def long_waits(r: int) -> int:
+        return count_above(pooled_histogram([p for p in windows[r] if p[0] >= since]),
+                           wait / 2)
+
+    if len(windows) < 2 or rank not in windows:
         return None
-    peer = min((r for r in counts if r != rank), key=counts.get)
-    mine = counts[rank]
-    if mine < max(3, count / 3) or counts[peer] > mine / 4:
-        return None
-    return peer, mine
+    mine = long_waits(rank)
+    if mine < max(3, count / 3):
+        return None  # (the others' counted only when it did wait: a world group is large)
+    peer, least = min(((r, long_waits(r)) for r in windows if r != rank), key=lambda x: x[1])
+    return (peer, mine) if least <= mine / 4 else None
 
 
 def _waits_long(windows: dict[int, list[tuple]], rank: int, s: Settings,
