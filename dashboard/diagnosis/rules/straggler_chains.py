@@ -15,12 +15,13 @@ from typing import Any, Callable
 
 from dashboard.diagnosis.core import Settings
 from dashboard.diagnosis.rules.straggler_verdict import StragglerVerdict, straggler_in
-from dashboard.diagnosis.rules.windows import (count_above, pooled_histogram,
+from dashboard.diagnosis.rules.windows import (count_above, mean_us, pooled_histogram,
                                                typical_of_others, windows_of)
 from dashboard.state import JobState, quantile_us
 
 
 MAX_HOPS = 4  # a chain of waits followed this far at most (groups rarely nest deeper)
+LATENESS_SAMPLE = 32  # others whose waits say how late a straggler made them (_lateness)
 _UNKNOWN = object()  # a hop that cannot be told yet
 
 
@@ -80,9 +81,13 @@ def late_chain(state: JobState, group: str, slow: int, verdicts: dict[str, Strag
 def _lateness(verdict: StragglerVerdict) -> tuple[float, float, float]:
     """How late a group's straggler made the others: ``(since, wait, count)``, the start of
     its window, the others' typical long wait (the median of their waits at the verdict's
-    late share) and how many of their collectives waited half that or more."""
+    late share) and how many of their collectives waited half that or more. Typical over
+    LATENESS_SAMPLE of the others at most, evenly spread (a median: at 1,024 ranks, pooling
+    every other rank's window made a judgement with a straggler a quarter slower)."""
     slow = verdict.rank
-    pooled = {r: pooled_histogram(pts) for r, pts in verdict.recent.items() if r != slow}
+    others = sorted(r for r in verdict.recent if r != slow)
+    others = others[::max(1, len(others) // LATENESS_SAMPLE)]
+    pooled = {r: pooled_histogram(verdict.recent[r]) for r in others}
     wait = typical_of_others({r: quantile_us(h, 1.0 - verdict.share / 2, 0.0)
                               for r, h in pooled.items()}, slow)
     count = typical_of_others({r: count_above(h, wait / 2) for r, h in pooled.items()}, slow)
@@ -94,7 +99,7 @@ def _waited_for(windows: dict[int, list[tuple]], rank: int, late: tuple[float, f
     """The peer ``rank`` waited for in a group, judged by the collectives it was late at
     (``late``: see _lateness): in the same time, it waited half as long as the others
     waited for it, at a third as many collectives or more (and three at least), and the
-    peer that waited so least did so at a quarter as many at most. ``(peer, how many)``,
+    peer that waited least (mean) waited so at a quarter as many at most. ``(peer, how many)``,
     or None.
 
     A verdict of that group does not tell this while the slowness is young: a rank late at
@@ -110,9 +115,11 @@ def _waited_for(windows: dict[int, list[tuple]], rank: int, late: tuple[float, f
         return None
     mine = long_waits(rank)
     if mine < max(3, count / 3):
-        return None  # (the others' counted only when it did wait: a world group is large)
-    peer, least = min(((r, long_waits(r)) for r in windows if r != rank), key=lambda x: x[1])
-    return (peer, mine) if least <= mine / 4 else None
+        return None
+    # The peer it waited for is the one that waited least (by mean: a world group is large)
+    peer = min((r for r in windows if r != rank),
+               key=lambda r: mean_us([p for p in windows[r] if p[0] >= since]))
+    return (peer, mine) if long_waits(peer) <= mine / 4 else None
 
 
 def _waits_long(windows: dict[int, list[tuple]], rank: int, s: Settings,
