@@ -16,10 +16,10 @@ of the machine cancels out; reported: the median loop time per mode and the rati
 On a 2-core machine the loop's own spread between runs (a 1-float all_reduce over loopback
 TCP, ~400 us) is several percent, more than the goal. So the agent's part is also measured
 directly, with the server away (``direct``): on rank 0 the installed wrapper around a
-collective that does nothing, and the one around ``Work.wait`` on a work already done, against
-the same calls unwrapped (what the training thread pays per call), and the agent thread's work per record (summarising it), timed while that
-thread is stopped. Their sum, against the ``none`` loop's time per call, is the agent's share
-of this loop. A measurement, not a test: exit status 0 whatever the figures. From the
+collective that does nothing, and the one around ``Work.wait`` on a work already done,
+against the same calls unwrapped (what the training thread pays per call); and the agent
+thread's work per record (summarising it), timed while that thread is stopped. Their sum,
+against the ``none`` loop's time per call, is the agent's share of this loop. A measurement, not a test: exit status 0 whatever the figures. From the
 repository root::
 
     python -m bench.agent_away                  # 3 rounds of 6 runs, 20,000 calls each
@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.common import ROOT, free_port, rank_env, stop_by_pid
 
@@ -117,8 +118,9 @@ def direct(result: str, calls: int) -> None:
     dist.destroy_process_group()
 
 
-def run(mode: str, server_url: str, tmp: Path, args: argparse.Namespace) -> float:
-    """One run of ``mode`` on RANKS fresh processes; rank 0's loop time in seconds."""
+def run(mode: str, server_url: str, tmp: Path, args: argparse.Namespace) -> Any:
+    """One run of ``mode`` on RANKS fresh processes: rank 0's loop time in seconds, or for
+    ``direct`` its figures (``wrapper_us``, ``record_us``)."""
     port = str(free_port())
     result = tmp / f"{mode}-{time.monotonic_ns()}.json"
     procs = []
