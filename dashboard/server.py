@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
+import time
 from typing import Any
 
 from dashboard.config import DEFAULTS
+
+log = logging.getLogger("pgdash.server")
 
 
 class ServerError(Exception):
@@ -55,9 +59,15 @@ class Server:
         return self
 
     def stop(self) -> None:
-        self.services.stop()
-        self.front.stop()
-        self.services.close()
+        """Stop serving, close the connections, store what the writer holds; how long each
+        took is logged (a service manager waits for the exit, then kills)."""
+        steps = []
+        for name, step in (("services", self.services.stop), ("connections", self.front.stop),
+                           ("store", self.services.close)):
+            start = time.monotonic()
+            step()
+            steps.append(f"{name} {time.monotonic() - start:.1f} s")
+        log.info("pgdash: stopped (%s)", ", ".join(steps))
 
 
 def make_server(db: str, host: str, port: int, *, tls: tuple[str, str] | None = None,
