@@ -19,8 +19,8 @@ directly, with the server away (``direct``): on rank 0 the installed wrapper aro
 collective that does nothing, and the one around ``Work.wait`` on a work already done,
 against the same calls unwrapped (what the training thread pays per call); and the agent
 thread's work per record (summarising it), timed while that thread is stopped. Their sum,
-against the ``none`` loop's time per call, is the agent's share of this loop. A measurement, not a test: exit status 0 whatever the figures. From the
-repository root::
+against the ``none`` loop's time per call, is the agent's share of this loop. A measurement,
+not a test: exit status 0 whatever the figures. From the repository root::
 
     python -m bench.agent_away                  # 3 rounds of 6 runs, 20,000 calls each
     python -m bench.agent_away --rounds 1 --calls 5000
@@ -89,24 +89,17 @@ def direct(result: str, calls: int) -> None:
         group = dist.distributed_c10d._get_default_group()
         agent.loop.stop()  # its thread's work is timed below, on its own
 
-        def loop(fn) -> float:
+        def per_call(fn, *args, **kwargs) -> float:  # us
             start = time.perf_counter()
             for _ in range(calls):
-                fn(t, group=group)
+                fn(*args, **kwargs)
             return (time.perf_counter() - start) / calls * 1e6
 
         waits = type(work).wait, type(work).wait.__wrapped__  # the agent's, the original
-
-        def wait_loop(fn) -> float:
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn(work)
-            return (time.perf_counter() - start) / calls * 1e6
-
         bare, wrapper, record = [], [], []
         for _ in range(9):
-            bare.append(loop(nothing) + wait_loop(waits[1]))
-            wrapper.append(loop(wrapped) + wait_loop(waits[0]))
+            bare.append(per_call(nothing, t, group=group) + per_call(waits[1], work))
+            wrapper.append(per_call(wrapped, t, group=group) + per_call(waits[0], work))
             n = len(agent.tracker.records)
             start = time.perf_counter()
             agent.tracker.summarise()

@@ -24,13 +24,13 @@ from pgdash_agent.config import AgentConfig
 ROOT = Path(__file__).resolve().parent.parent
 
 
-
 def checkout_env(root: Path) -> dict[str, str]:
     """The environment of a worker that runs one of this checkout's benches against the
     pgdash of ``root``: ``root`` first on PYTHONPATH, this checkout after it (for ``bench``),
     and not the script's own folder (PYTHONSAFEPATH)."""
     return dict(os.environ, PYTHONSAFEPATH="1",
                 PYTHONPATH=os.pathsep.join([str(root), str(ROOT)]))
+
 
 # -- figures --------------------------------------------------------------------------------
 

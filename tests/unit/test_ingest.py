@@ -234,8 +234,8 @@ def test_a_stopping_server_stores_what_its_writer_holds_without_folding_it(inges
                                                      "host": "h", "pid": 1})))
     release = threading.Event()
     ingest.store.writer.submit_nowait(lambda conn: release.wait(60))  # the writer is behind
-    ack, pending = ingest.batch_nowait(session, job, batch(
-        ev(2, "heartbeat", {"groups": []}, t=2.0), ev(3, "exit", {"clean": True}, t=3.0))["events"])
+    queued = batch(ev(2, "heartbeat", {"groups": []}, t=2.0), ev(3, "exit", {"clean": True}, t=3.0))
+    ack, pending = ingest.batch_nowait(session, job, queued["events"])
     ingest.stop()
     release.set()
     assert ack["ok"] and pending.result(timeout=20) == 2  # stored: acknowledged
