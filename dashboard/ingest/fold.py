@@ -51,6 +51,9 @@ class LiveFold:
         fresh, last = self.admission.fresh(session, evs)
         self.counters["duplicate_events"] += len(evs) - len(fresh)
         if not fresh:
+            sent = newest_sent(evs)
+            if sent is not None:  # all sent again: what was received is folded already
+                self.lag.read_through(session, sent)
             return 0
         with self.books.stamping() as now:
             ids = self.store.log.insert(conn, job_id, session, fresh, now,
@@ -72,8 +75,7 @@ class LiveFold:
                 self.lag.check_pause()  # the writer may be first to run after a pause
                 # A batch far later than its session's usual (the server stood still) says
                 # the others' news is late too: the moments it spans wait (dashboard.ingest.lag).
-                newest = max((ev["t"] for ev in fresh if ev.get("seq") is not None),
-                             default=None)
+                newest = newest_sent(fresh)
                 late = 0.0 if newest is None else self.lag.lateness(session, newest, now)
                 self.books.before_fold(conn, job_id, state, now,
                                        late if late > LAG_WARN_S else 0.0)
@@ -90,3 +92,9 @@ class LiveFold:
             self.store.jobs.update(conn, job_id, after)
         self.changed.job(job_id, list_changed=after != before)
         return len(fresh)
+
+
+def newest_sent(events: list[dict[str, Any]]) -> float | None:
+    """The newest event time (the agent's clock) among events an agent sent (server events,
+    without a seq, have the server's)."""
+    return max((ev["t"] for ev in events if ev.get("seq") is not None), default=None)

@@ -210,7 +210,7 @@ class AgentLink(asyncio.Protocol):
             self.ingest.agent_connections -= 1
             session, self.session = self.session, None
             self.ingest.asks.unlink(session, self._ask)
-            self.front.loop.run_in_executor(None, self.ingest.disconnect, session)
+            self.ingest.disconnect(session)  # queued, never waited for
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -307,30 +307,39 @@ class AgentLink(asyncio.Protocol):
         self._send({"id": batch_id, **self.ingest.committed(self.session, ack, stored)})
 
     def _admit(self, auth: Any) -> None:
+        """Admit the agent on the loop: the checks are quick, and the job is known when the
+        writer has placed the session (no thread waits for it: a pool of threads each waiting
+        on a writer behind its backlog kept agents out of an overloaded server)."""
         if self._admitting:
             self._send({"ok": False, "error": "wait for the answer to auth", "retry": True})
             return
-        self._admitting = True
-        future = self.front.loop.run_in_executor(None, self.ingest.connect, auth,
-                                                 self.address)
-        future.add_done_callback(self._admitted)
-
-    def _admitted(self, future: asyncio.Future) -> None:
-        self._admitting = False
         from dashboard.ingest.pipeline import Refused
 
         try:
-            session, job_id = future.result()
+            session, job = self.ingest.connect_nowait(auth, self.address)
         except Refused as exc:  # ingest's refusal log says it, once per agent
             self._send({"ok": False, "error": str(exc), "retry": False})
             self._close("refused")
             return
         except Exception as exc:
-            self._send({"ok": False, "error": f"server error: {exc}", "retry": True})
-            self._close("server error")
+            self._refuse_for(exc)
+            return
+        self._admitting = True
+        job.add_done_callback(lambda fut: self._hand_back(self._admitted, session, fut))
+
+    def _refuse_for(self, exc: BaseException) -> None:
+        self._send({"ok": False, "error": f"server error: {exc}", "retry": True})
+        self._close("server error")
+
+    def _admitted(self, session: str, job: concurrent.futures.Future) -> None:
+        self._admitting = False
+        try:
+            job_id = job.result()
+        except Exception as exc:
+            self._refuse_for(exc)
             return
         if self.transport is None or self.transport.is_closing():
-            self.front.loop.run_in_executor(None, self.ingest.disconnect, session)
+            self.ingest.disconnect(session)
             return
         self.session, self.job_id = session, job_id
         self.ingest.agent_connections += 1

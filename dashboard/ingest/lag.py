@@ -11,8 +11,15 @@ Subtracting each session's own floor removes its clock offset and network delay,
 clocks need not agree with the server's. The server's lag is a high percentile of the
 batches folded in the last ``window_s`` seconds (one agent resending old events after a
 reconnect does not count as overload), or the age of the oldest write still queued, or a
-recent pause of the server itself, whichever is larger (a stalled server folds nothing to
-measure: right after it resumes, the silence it has not read yet would look like the ranks').
+recent pause of the server itself, or how far any rank's events received lead those folded,
+whichever is larger (a stalled server folds nothing to measure: right after it resumes, the
+silence it has not read yet would look like the ranks').
+
+The last of those is what keeps a rank the server reads late from being called silent: for
+each session, the newest event time it has received (queued for the writer, or refused with a
+full queue: the agent sends it again) against the newest it has folded, both on the agent's
+clock. A rank is then judged silent only when nothing came from it, folded or not, for the
+silence a rule asks; one that sent nothing (frozen, cut off) leads by nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ PAUSE_NOTICED_S = 1.0  # the watchdog overslept by this much: the server itself 
 WATCHDOG_S = 0.1  # how often the watchdog wakes
 MAX_SAMPLES = 8192  # bound of the window, whatever the rate
 MAX_SESSIONS = 1_000_000  # floors kept (one per agent process)
+UNREAD_KEEP_S = 120.0  # received, never folded since (the agent gave up, or died): forgotten
 
 
 class IngestLag:
@@ -48,6 +56,9 @@ class IngestLag:
         self.backlog_s = backlog_s
         self.window_s = window_s
         self._floor: dict[str, float] = {}
+        self._read: dict[str, float] = {}  # session -> newest event time folded
+        # session -> (newest event time received past what is folded, wall time received)
+        self._unread: dict[str, tuple[float, float]] = {}
         self._samples: collections.deque[tuple[float, float]] = collections.deque(
             maxlen=MAX_SAMPLES)
         self._pauses: collections.deque[tuple[float, float]] = collections.deque(maxlen=64)
@@ -84,8 +95,39 @@ class IngestLag:
         if floor is None or delay < floor:
             if floor is None and len(self._floor) >= MAX_SESSIONS:
                 self._floor.clear()  # a server up for months: start the floors afresh
+                self._read.clear()
             self._floor[session] = floor = delay
         self._samples.append((folded_at, delay - floor))
+        self.read_through(session, newest_event_t)
+
+    def received(self, session: str, newest_event_t: float) -> None:
+        """Any thread: a batch of ``session`` whose newest event (agent time) is
+        ``newest_event_t`` came in, to be folded or refused (the agent sends it again)."""
+        read = self._read.get(session)
+        if read is None or newest_event_t <= read:
+            return  # a session not folded yet leads by nothing known; the backlog says it
+        unread = self._unread.get(session)
+        if unread is None or newest_event_t > unread[0]:
+            self._unread[session] = (newest_event_t, self.clock())
+
+    def read_through(self, session: str, newest_event_t: float) -> None:
+        """Writer thread: ``session``'s events up to ``newest_event_t`` are folded (or were
+        already: a batch sent again)."""
+        if newest_event_t > self._read.get(session, float("-inf")):
+            self._read[session] = newest_event_t
+        unread = self._unread.get(session)
+        if unread is not None and newest_event_t >= unread[0]:
+            self._unread.pop(session, None)
+
+    def unread_s(self) -> float:
+        """How far the events received from the most-behind session lead those folded."""
+        now, lead = self.clock(), 0.0
+        for session, (newest, at) in tuple(self._unread.items()):
+            if now - at > UNREAD_KEEP_S:
+                self._unread.pop(session, None)
+            else:
+                lead = max(lead, newest - self._read.get(session, newest))
+        return lead
 
     def lateness(self, session: str, newest_event_t: float, folded_at: float) -> float:
         """How much later than usual a batch of ``session`` is folded now (0 for a session
@@ -102,6 +144,8 @@ class IngestLag:
 
     def forget(self, session: str) -> None:
         self._floor.pop(session, None)
+        self._read.pop(session, None)
+        self._unread.pop(session, None)
 
     def current(self) -> float:
         """The server's lag now, in seconds (0.0 when it keeps up)."""
@@ -112,7 +156,7 @@ class IngestLag:
             if recent else 0.0
         paused = max((gap for at, gap in tuple(self._pauses) if now - at <= self.window_s + gap),
                      default=0.0)
-        return max(0.0, measured, paused, self.backlog_s())
+        return max(0.0, measured, paused, self.backlog_s(), self.unread_s())
 
     def judged_at(self, now: float) -> float:
         """The moment live verdicts are judged up to: ``now``, or, while the server is

@@ -32,7 +32,7 @@ from dashboard.diagnosis.incidents import Incident
 from dashboard.diagnosis.incidents import incidents as incidents_of
 from dashboard.diagnosis.timeline import Timeline
 from dashboard.ingest.diagnosing import LiveDiagnosis
-from dashboard.ingest.fold import LiveFold
+from dashboard.ingest.fold import LiveFold, newest_sent
 from dashboard.ingest.follow import LogFollower
 from dashboard.ingest.guard import LoginGuard
 from dashboard.ingest.lag import IngestLag
@@ -210,7 +210,24 @@ class Ingest:
     # -- agent connections -------------------------------------------------------------------
 
     def connect(self, auth: Any, address: str | None = None) -> tuple[str, int]:
-        """Admit an agent connecting from client ``address``; returns ``(session, job_id)``.
+        """Admit an agent connecting from client ``address``; returns ``(session, job_id)``
+        once its job is known (:meth:`connect_nowait`, waited for).
+
+        Raises:
+            Refused: bad token or malformed auth (the message says what to fix).
+        """
+        session, job = self.connect_nowait(auth, address)
+        return session, job.result(timeout=self.store.writer.submit_timeout)
+
+    def connect_nowait(self, auth: Any,
+                       address: str | None = None) -> tuple[str, concurrent.futures.Future]:
+        """Admit an agent without waiting: its session and the future of its job id.
+
+        Its connect event is queued for the writer past the queue's bound, as are its
+        disconnect's (one of each per connection): under a flood of batches, admitting
+        agents must wait for nothing but the writer's turn, and a server that made them wait
+        for room would have held every thread that admits agents while the ranks it kept out
+        looked lost (a healthy 1,024-rank job beside a CPU hog got 981 rank_lost criticals).
 
         Raises:
             Refused: bad token or malformed auth (the message says what to fix).
@@ -222,28 +239,30 @@ class Ingest:
                 self.refusals.refused(auth, address, str(exc))
             raise
         session = auth["session"]
+        known = self.admission.job_of(session)
         connected = self._server_event("connect", {"rank": auth.get("rank"),
                                                    "host": auth.get("host"),
                                                    "attempt": auth.get("attempt")})
 
         def admit(conn) -> int:  # one transaction: the job, the session, its connect event
             job_id = self.admission.assign(conn, auth)
+            if known is None:
+                # A new agent hears that it is in when this commits, and sends from then:
+                # its silence is counted from here, not from a request that waited behind
+                # the backlog.
+                connected["t"] = self.clock()
             self.fold.write(conn, session, job_id, [connected])
             return job_id
 
-        known = self.admission.job_of(session)
-        if known is not None:
-            # A reconnection of a session this process already placed: its job is known, so
-            # the agent is taken at once and its connect event queued like a batch (ahead of
-            # its next ones: the writer's queue is in order). Waiting for the writer would
-            # lock agents out of a server that is behind, and their silence would look like
-            # lost ranks.
-            try:
-                self.store.writer.submit_nowait(admit)
-                return session, known
-            except queue.Full:
-                pass  # wait for room, as a new session does
-        return session, self.store.writer.submit(admit)
+        pending = self.store.writer.submit_nowait(admit, bounded=False)
+        if known is None:
+            return session, pending
+        # A reconnection of a session this process already placed: its job is known, so the
+        # agent is taken at once and its connect event is queued like a batch (ahead of its
+        # next ones: the writer's queue is in order).
+        job: concurrent.futures.Future = concurrent.futures.Future()
+        job.set_result(known)
+        return session, job
 
     def stop(self) -> None:
         """The server is stopping: disconnects are not recorded, and what the writer still
@@ -309,6 +328,9 @@ class Ingest:
         ack: Ack = {"ok": True, "stored": 0, "rejected": rejected}
         if not good:
             return ack, None
+        sent = newest_sent(good)
+        if sent is not None:  # received, if not folded yet: its rank is not silent
+            self.lag.received(session, sent)
         try:
             pending = self.store.writer.submit_nowait(
                 lambda conn: self.fold.write(conn, session, job_id, good))
@@ -332,5 +354,11 @@ class Ingest:
 
     def _record_server_event(self, session: str, job_id: int, kind: str,
                              body: dict[str, Any]) -> None:
+        """Queue a server event of ``session`` without waiting (past the queue's bound: one
+        per connection change; see :meth:`connect_nowait`)."""
         event = self._server_event(kind, body)
-        self.store.writer.submit(lambda conn: self.fold.write(conn, session, job_id, [event]))
+        try:
+            self.store.writer.submit_nowait(
+                lambda conn: self.fold.write(conn, session, job_id, [event]), bounded=False)
+        except WriterStopped:
+            pass  # the server is stopping: its connections close because it leaves

@@ -2,8 +2,13 @@
 
 One thread protects the single write connection (as SQLite wants): tasks wait in a bounded
 queue, and the writer runs whatever is queued together in one transaction (group commit).
-A full queue is the server's backpressure (``submit_nowait`` raises ``queue.Full``); reads
-use their own pooled connections and never wait for it (SQLite runs in WAL mode).
+A full queue is the server's backpressure on agents' batches (``submit_nowait`` raises
+``queue.Full``). The server's own writes are not refused and never wait for room: a
+connection's connect and disconnect (one per connection, so bounded by the connections), the
+findings, compaction. Had they waited for room behind a flood of batches, an overloaded
+server would have held every thread that admits agents, and agents that could not get back in
+would have looked lost. Reads use their own pooled connections and never wait for the writer
+(SQLite runs in WAL mode).
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ class Writer:
     Args:
         engine: the database.
         batch_limit: the most tasks one transaction takes.
-        queue_limit: the most tasks waiting (past it, ``submit_nowait`` raises queue.Full).
+        queue_limit: the most tasks waiting for ``submit_nowait`` to queue one more (past it,
+            it raises queue.Full); the server's own writes (``submit``, and
+            ``submit_nowait(bounded=False)``) are queued past it.
         before_commit: called with the connection after a batch's tasks, inside their
             transaction (the event log inserts the rows its tasks deferred).
         after_rollback: called after a failed transaction, before the failure listeners
@@ -47,7 +54,8 @@ class Writer:
         self.batch_limit = batch_limit
         self.submit_timeout = 30.0
         self._before_commit, self._after_rollback = before_commit, after_rollback
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_limit)
+        self.queue_limit = queue_limit
+        self._queue: queue.Queue = queue.Queue()  # bounded by submit_nowait (see queue_limit)
         self._thread = threading.Thread(target=self._loop, name="pgdash-writer", daemon=True)
         self._stopping = False
         self._closed = False  # set by stop(): what is submitted from then on fails at once
@@ -82,25 +90,31 @@ class Writer:
         every task in it gets the exception.
         """
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._enqueue((task, future, time.monotonic()), timeout)
+        self._enqueue((task, future, time.monotonic()))
         return future.result(timeout=timeout)
 
-    def submit_nowait(self, task: Task) -> concurrent.futures.Future:
+    def submit_nowait(self, task: Task, bounded: bool = True) -> concurrent.futures.Future:
         """Queue ``task`` for the writer without waiting; the future holds its result.
+
+        Args:
+            bounded: refuse it when ``queue_limit`` tasks wait (an agent's batch); False for
+                the server's own writes, bounded otherwise (one per connection change).
 
         Raises:
             queue.Full: the write queue is at its bound (the server is overloaded).
         """
+        if bounded and self.queued() >= self.queue_limit:
+            raise queue.Full
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._enqueue((task, future, time.monotonic()), None, block=False)
+        self._enqueue((task, future, time.monotonic()))
         return future
 
-    def _enqueue(self, item: tuple, timeout: float | None, block: bool = True) -> None:
-        """Queue ``item`` (no lock: the event loop's thread must never wait here for a
-        blocked submitter); one queued as the writer stopped is failed, not left waiting."""
+    def _enqueue(self, item: tuple) -> None:
+        """Queue ``item`` (never waits: the queue has no bound of its own); one queued as the
+        writer stopped is failed, not left waiting."""
         if self._closed:
             raise WriterStopped("the database writer has stopped: the server is shutting down")
-        self._queue.put(item, block=block, timeout=timeout)
+        self._queue.put(item)
         if self._closed and not self._thread.is_alive():
             self._fail_queued()
 
@@ -116,6 +130,10 @@ class Writer:
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Block until everything queued so far is committed (tests, shutdown)."""
         self.submit(lambda conn: None, timeout=timeout)
+
+    def queued(self) -> int:
+        """Tasks waiting for the writer."""
+        return self._queue.qsize()
 
     def backlog_s(self) -> float:
         """Seconds the oldest queued write has waited for the writer (0.0 if none)."""

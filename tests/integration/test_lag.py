@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+import urllib.parse
 
 import socketio
+import websocket
 
-from pgdash_agent.wire import UI_NAMESPACE
+from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, UI_NAMESPACE, decode_v2, encode_v2
 
 from dashboard.diagnosis import Settings, diagnose
 from dashboard.ingest.lag import IngestLag
+from dashboard.server import make_server
 from dashboard.state import JobState
 from tests.helpers.procs import get_body, job_by_name, launch_job, wait_for, wait_job
 
@@ -64,6 +68,28 @@ def test_a_queued_write_and_a_pause_of_the_server_count_as_lag():
     clock.t += 10
     assert lag.current() == 20.0  # still reading what arrived while it was stopped
     clock.t += 20
+    assert lag.current() == 0.0
+
+
+def test_events_received_but_not_folded_count_as_lag_and_silence_does_not():
+    """A rank whose batches wait for the writer, or were refused with a full queue, is read
+    late, not silent: the lag is how far what came from it leads what is folded. A rank that
+    sends nothing leads by nothing."""
+    clock = Clock()
+    lag = IngestLag(clock)
+    for s in ("a", "b", "silent"):
+        lag.folded(s, clock.t - 0.1, clock.t)
+    clock.t += 30
+    lag.received("a", clock.t - 0.2)  # queued (or refused: sent again) and not folded yet
+    lag.received("b", clock.t - 20.0)
+    assert abs(lag.current() - 29.9) < 1e-6  # a: 1029.8 received, 999.9 folded
+    lag.folded("a", clock.t - 0.2, clock.t)  # a is read; b still leads by 10.1 s
+    assert abs(lag.current() - 10.1) < 1e-6
+    lag.read_through("b", clock.t - 20.0)  # b's batch was sent again and is already stored
+    assert lag.current() < 0.2  # a's batch was folded 0.1 s later than usual
+    lag.received("b", clock.t - 1.0)  # an agent that gives up on what it sent is forgotten
+    assert lag.current() > 5
+    clock.t += 121
     assert lag.current() == 0.0
 
 
@@ -160,3 +186,60 @@ def test_metrics_per_rank_only_when_asked_and_escaped():
     (seen,) = [l for l in loud if l.startswith("pgdash_rank_last_seen_timestamp_seconds{")]
     assert seen == ('pgdash_rank_last_seen_timestamp_seconds{job="a\\"b\\\\c",rank="3"} '
                     '1.764000000125e+09')
+
+
+def _v2_agent(url: str, session: str, rank: int) -> websocket.WebSocket:
+    """A v2 agent's connection that has sent its auth (the reply is left to read)."""
+    parsed = urllib.parse.urlparse(url)
+    ws = websocket.create_connection(f"ws://{parsed.hostname}:{parsed.port}{AGENT_V2_PATH}",
+                                     timeout=30)
+    ws.send_binary(encode_v2({"auth": {"v": PROTOCOL_V2, "session": session, "job": "held",
+                                       "rank": rank, "host": "h", "pid": 100 + rank}}))
+    return ws
+
+
+def test_agents_are_admitted_while_the_writer_is_behind(tmp_path):
+    """A writer far behind (held here) keeps no thread waiting on it to admit agents: every
+    connect and disconnect is queued for it at once, in order, whatever the queue's bound.
+    (Each used to wait for its commit on one of a handful of threads: beside a CPU hog a
+    1,024-rank job's agents then could not get back in, and 981 ranks were called lost.)"""
+    server = make_server(f"sqlite:///{tmp_path / 'held.db'}", "127.0.0.1", 0).start()
+    writer = server.services.ingest.store.writer
+    writer.queue_limit = 4  # agents' batches are refused past it; admissions never are
+    held, holding = threading.Event(), threading.Event()
+
+    def hold() -> None:  # the writer runs nothing else until held is set
+        held.clear()
+        holding.clear()
+        writer.submit_nowait(lambda conn: (holding.set(), held.wait(60)), bounded=False)
+        holding.wait(30)
+
+    agents: list[websocket.WebSocket] = []
+    try:
+        hold()
+        world = 20  # more than the threads of a default executor on any machine here
+        agents = [_v2_agent(server.url, f"s{rank}", rank) for rank in range(world)]
+        wait_for(lambda: writer.queued() >= world, 30, "every admission queued for the writer")
+        held.set()
+        assert all(decode_v2(ws.recv())["ok"] for ws in agents)
+        job_id = server.services.ingest.admission.job_of("s0")
+        # Held again: half the agents drop and come back. A reconnection is taken at once,
+        # and its disconnect and connect wait for the writer in that order.
+        hold()
+        for rank in range(world // 2):
+            agents[rank].close()
+            agents[rank] = _v2_agent(server.url, f"s{rank}", rank)
+            assert decode_v2(agents[rank].recv()) == {"ok": True, "job": job_id}
+        wait_for(lambda: writer.queued() >= 2 * (world // 2), 30,
+                 "the disconnects and connects queued")
+        held.set()
+        writer.wait_idle(30)
+        ranks = server.services.ingest.read(job_id, lambda state: {
+            r.rank: r.status for r in state.ranks()})
+        assert sorted(ranks) == list(range(world)) and "lost" not in ranks.values()
+        assert server.services.ingest.findings(job_id) == []
+    finally:
+        held.set()
+        for ws in agents:
+            ws.close()
+        server.stop()

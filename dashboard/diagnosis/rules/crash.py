@@ -127,6 +127,7 @@ def _heard_until(state: JobState, but: RankState | None = None) -> float:
 
 def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
+    failed: dict[int, Any] | None = None
     for r in state.ranks():
         if r.status == RankStatus.LOST and _consequence(state, r, s):
             continue
@@ -147,8 +148,10 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
             how = f"nothing heard from it for {heard:.0f} s (heartbeats stopped)"
         else:
             continue
-        victims = {v.rank: state.last_error(v.rank) for v in state.ranks()
-                   if v.status == RankStatus.FAILED and v.rank != r.rank}
+        if failed is None:  # once per judgement: a server can see many ranks go at once
+            failed = {v.rank: state.last_error(v.rank) for v in state.ranks()
+                      if v.status == RankStatus.FAILED}
+        victims = {k: v for k, v in failed.items() if k != r.rank}
         out.append(finding(
             "rank_lost", Severity.CRITICAL, [r.rank], None,
             f"Rank {r.rank} vanished{process_label(r)}: {how}.",
