@@ -76,9 +76,11 @@ def _components(findings: list[Finding]) -> list[list[Finding]]:
 
 def _rank(f: Finding) -> tuple:
     """Primary finding first: an active one (a resolved stall does not name a live hang),
-    a cause before a symptom, then severity, then the earliest."""
+    a cause before a symptom, then severity, then the one that names the rank most directly
+    (fewest hops of its chain: the group where the others wait for the culprit itself reads
+    better than one where they wait for its victim), then the earliest."""
     return (not f["active"], f["kind"] not in CAUSES, SEVERITY_ORDER[f["severity"]],
-            f["first_seen"], f["id"])
+            len((f.get("evidence") or {}).get("chain") or ()), f["first_seen"], f["id"])
 
 
 def _link(f: Finding, primary: Finding) -> dict[str, Any]:

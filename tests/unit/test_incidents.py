@@ -142,6 +142,18 @@ def test_a_gpu_fault_and_the_straggler_it_makes_are_one_incident():
     assert incs["gpu:r2"]["kind"] == "gpu_fault" and incs["gpu:r2"]["first_seen"] == 90.0
 
 
+def test_a_straggler_incident_leads_with_the_group_that_waits_for_the_culprit_itself():
+    """The demo's shape: in tp the others wait for rank 1, which waits for rank 3 in dp (a
+    hop), seen first; in dp they wait for rank 3 itself. The incident reads from dp."""
+    hop = [{"rank": 3, "waits": 1, "group": "dp"}]
+    found = [f_("straggler", [3], "tp", "warning", t=90.0, chain=hop),
+             f_("straggler", [3], "dp", "warning", t=91.0)]
+    [inc] = incidents(found)
+    assert inc["ranks"] == [3] and inc["first_seen"] == 90.0
+    assert inc["chain"][0]["link"] == "root cause: the ranks of group dp keep waiting for rank 3"
+    assert inc["summary"].startswith("straggler on [3]") and "1 related finding" in inc["summary"]
+
+
 def test_unrelated_causes_and_group_wide_slowness_stay_apart():
     found = [f_("config_mismatch", [1], key="NCCL_IB"), f_("rank_failed", [1]),
              f_("slow_collective", [0, 1, 2], "0", "warning", key="latest"),
