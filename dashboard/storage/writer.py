@@ -89,9 +89,7 @@ class Writer:
         Tasks queued together share one transaction (group commit). If the transaction fails,
         every task in it gets the exception.
         """
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._enqueue((task, future, time.monotonic()))
-        return future.result(timeout=timeout)
+        return self.submit_nowait(task, bounded=False).result(timeout=timeout)
 
     def submit_nowait(self, task: Task, bounded: bool = True) -> concurrent.futures.Future:
         """Queue ``task`` for the writer without waiting; the future holds its result.
