@@ -8,7 +8,7 @@ A finding names what is wrong, the rank(s) at fault, a next step, and its eviden
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from dashboard.statuses import TextEnum
 
@@ -96,9 +96,17 @@ class Settings:
     hidden_min_busy: int = 3  # ... (at least this many times, and two standard errors)
     hidden_horizon: float = 10.0  # ... over at most this many seconds of heartbeats (older
     # ones describe the job before it slowed down)
+    # The live server's word on each agent's connection (dashboard.ingest.heard.Heard.heard):
+    # (session, moment) -> the newest time by then that it heard from the agent or owed it an
+    # acknowledgement, or None when it cannot say. None (replay, tests): the fold alone says.
+    heard: Callable[[str, float], float | None] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a checkpoint's timeline holds its settings) without ``heard``: the
+        connections are the live server's, not the job's."""
+        return {k: v for k, v in self.__dict__.items() if k != "heard"}
 
-Finding = dict[str, Any]
 
 Finding = dict[str, Any]
 SEVERITY_ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}

@@ -25,6 +25,7 @@ from dashboard.diagnosis.incidents import Incident
 from dashboard.diagnosis.timeline import BookLog, Timeline
 from dashboard.state import JobState, StoredEvent
 from dashboard.storage.store import Store
+from dashboard.storage.writer import WriterStopped
 
 
 class LiveBooks:
@@ -119,10 +120,17 @@ class LiveBooks:
         return out
 
     def save(self, job_id: int, found: list[Changes]) -> None:
-        """Store changed findings; never under the states lock (the writer takes it too)."""
+        """Queue changed findings for the writer; never under the states lock (the writer
+        takes it too). Not waited for: behind a backlog the wait ran out, and the round's
+        book log was lost with it ("live diagnosis failed", bench/capacity.py at 1,024
+        ranks beside a CPU hog)."""
         rows = changed_rows(found)
         if rows:
-            self.store.writer.submit(lambda conn: self.store.findings.save(conn, job_id, rows))
+            try:
+                self.store.writer.submit_nowait(
+                    lambda conn: self.store.findings.save(conn, job_id, rows), bounded=False)
+            except WriterStopped:
+                pass  # the server is stopping: a restart judges the stored log again
 
     def _tick_now(self) -> Callable[[Book, JobState], list[Changes]]:
         """How to judge the moments due now (states lock held, so every event folded was

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import logging
 import queue
 import time
@@ -35,6 +36,7 @@ from dashboard.ingest.diagnosing import LiveDiagnosis
 from dashboard.ingest.fold import LiveFold, newest_sent
 from dashboard.ingest.follow import LogFollower
 from dashboard.ingest.guard import LoginGuard
+from dashboard.ingest.heard import Heard
 from dashboard.ingest.lag import IngestLag
 from dashboard.ingest.livebooks import LiveBooks
 from dashboard.history.rewind import Rewind
@@ -85,6 +87,10 @@ class Ingest:
         self.changed = Changed()  # what readers (the live push) have not taken yet
         self.counters: collections.Counter[str] = collections.Counter()
         self.lag = IngestLag(clock, store.writer.backlog_s)
+        # Who the connections heard from, for the rules: a rank the fold reads late is not
+        # silent while its agent's frames come in, or wait for their acknowledgement.
+        self.heard = Heard(lambda: self.clock())
+        settings = dataclasses.replace(settings, heard=self.heard.heard)
         self.agent_connections = 0  # open v2 connections (dashboard.ingest.front counts them)
         # Set when the server stops (stop()): its connections then close because it leaves,
         # not because the ranks did, so their disconnects are not recorded (a rolling restart
@@ -119,7 +125,8 @@ class Ingest:
 
     @settings.setter
     def settings(self, settings: Settings) -> None:
-        self.books.settings = settings
+        self.books.settings = settings if settings.heard else \
+            dataclasses.replace(settings, heard=self.heard.heard)
 
     @property
     def active_incidents(self) -> dict[int, int]:
@@ -239,6 +246,7 @@ class Ingest:
                 self.refusals.refused(auth, address, str(exc))
             raise
         session = auth["session"]
+        self.heard.connected(session)
         known = self.admission.job_of(session)
         connected = self._server_event("connect", {"rank": auth.get("rank"),
                                                    "host": auth.get("host"),
@@ -272,6 +280,7 @@ class Ingest:
         self.fold.draining = True
 
     def disconnect(self, session: str) -> None:
+        self.heard.closed(session)  # before the disconnect's time: nothing heard after it
         job_id = self.admission.job_of(session)
         if job_id is not None and not self.stopping:
             self._record_server_event(session, job_id, "disconnect", {})
@@ -298,11 +307,13 @@ class Ingest:
 
     def committed(self, session: str, ack: Ack, stored: int) -> Ack:
         """The acknowledgement of a batch whose write committed."""
+        self.heard.answered(session)
         self.admission.release(session)
         return {**ack, "stored": stored}
 
     def write_failed(self, session: str, events: Any, exc: BaseException) -> Ack:
         """The acknowledgement of a batch whose write failed: the agent sends it again."""
+        self.heard.answered(session)
         self.counters["failed_writes"] += 1
         self.hold(session, events)
         return {"ok": False, "retry": True, "retry_after": 1.0,
@@ -316,6 +327,7 @@ class Ingest:
         Returns the acknowledgement so far and the future of the write (its result: how many
         events were stored), or None when nothing needs writing (then the ack is final).
         """
+        self.heard.received(session)  # whatever becomes of the batch: the agent is there
         held = self.admission.held_back(session, events)
         if held is not None:
             return held, None
@@ -342,6 +354,7 @@ class Ingest:
         except WriterStopped:
             return {"ok": False, "retry": True, "retry_after": 1.0,
                     "error": "the server is stopping; sending again"}, None
+        self.heard.owe(session)
         return ack, pending
 
     def _server_event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -349,7 +362,8 @@ class Ingest:
 
     def hold(self, session: str, events: Any) -> None:
         """Refuse (retry) batches of ``session`` that start past this refused one's first seq
-        (see Admission.HOLD_S)."""
+        (see Admission.HOLD_S). Its agent is there, and waits as told."""
+        self.heard.received(session)
         self.admission.hold(session, events)
 
     def _record_server_event(self, session: str, job_id: int, kind: str,

@@ -112,9 +112,16 @@ class ServerProcess:
                  "--db", self.db_url, *self.extra],
                 stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
                 env={**os.environ, **self.env} if self.env else None)
-        wait_for(lambda: self.proc.poll() is None and self.api("/api/jobs") is not None,
-                 30, f"pgdash server on {self.url}")
+        # 60 s: a loaded machine (the suite's two workers, Chromium, a CPU hog) once took
+        # more than 30 s to bring a server up.
+        wait_for(self._answers, 60, f"pgdash server on {self.url}")
         return self
+
+    def _answers(self) -> bool:
+        if self.proc.poll() is not None:  # it died: say why now, not after the timeout
+            log = self.log_path.read_text(errors="replace")[-2000:] if self.log_path else ""
+            raise AssertionError(f"pgdash serve exited with {self.proc.returncode}: {log}")
+        return self.api("/api/jobs") is not None
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

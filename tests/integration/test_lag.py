@@ -17,6 +17,7 @@ from dashboard.diagnosis import Settings, diagnose
 from dashboard.ingest.lag import IngestLag
 from dashboard.server import make_server
 from dashboard.state import JobState
+from tests.helpers.events import hello
 from tests.helpers.procs import get_body, job_by_name, launch_job, wait_for, wait_job
 
 
@@ -240,6 +241,64 @@ def test_agents_are_admitted_while_the_writer_is_behind(tmp_path):
         assert server.services.ingest.findings(job_id) == []
     finally:
         held.set()
+        for ws in agents:
+            ws.close()
+        server.stop()
+
+
+def test_a_rank_whose_reports_come_late_is_not_lost_while_its_connection_is_heard(tmp_path):
+    """An overloaded server reads some ranks' reports far later than others' (their agents
+    wait for acks, then send 20 s of reports at once). Here rank 2's agent sends heartbeats
+    20 s old, every half second: the fold reads it 20 s behind the others, and on that alone
+    the rank was lost (925 rank_lost criticals on a healthy 1,024-rank job beside a CPU hog).
+    Its connection says it is there. Once it sends nothing, it is lost as before."""
+    server = make_server(f"sqlite:///{tmp_path / 'late.db'}", "127.0.0.1", 0).start()
+    ingest = server.services.ingest
+    ingest.settings = Settings(lost_after=5.0)
+    agents: list[websocket.WebSocket] = []
+    seq = [0, 0, 0]
+
+    def send(rank: int, kind: str, body: dict) -> None:
+        seq[rank] += 1
+        t = time.time() - (20.0 if rank == 2 else 0.0)
+        agents[rank].send_binary(encode_v2({"id": seq[rank], "events": [
+            {"seq": seq[rank], "t": t, "kind": kind, "body": body}]}))
+        while "id" not in (reply := decode_v2(agents[rank].recv())):
+            pass  # the server's question (an incident asks its ranks for stacks)
+        assert reply["ok"], reply
+
+    def beat(ranks) -> None:
+        for rank in ranks:
+            send(rank, "heartbeat", {"groups": [{"group": "0", "entered": seq[rank],
+                                                 "completed": seq[rank], "inflight_op": None,
+                                                 "inflight_since": None}]})
+
+    def lost() -> list[list[int]]:
+        return [f["ranks"] for f in ingest.findings(job_id) or []
+                if f["kind"] == "rank_lost" and f["active"]]
+
+    try:
+        agents = [_v2_agent(server.url, f"s{rank}", rank) for rank in range(3)]
+        assert all(decode_v2(ws.recv())["ok"] for ws in agents)
+        for rank in range(3):
+            send(rank, "hello", hello(rank, world=3))
+            send(rank, "init_start", {"rank": rank, "world_size": 3})
+            send(rank, "init_done", {"rank": rank, "world_size": 3, "backend": "gloo",
+                                     "duration_s": 0.1})
+            send(rank, "group", {"name": "0", "ranks": [0, 1, 2]})
+        job_id = ingest.admission.job_of("s0")
+        until = time.monotonic() + 12.0  # judged every half second, 20 s behind the others
+        while time.monotonic() < until:
+            beat(range(3))
+            time.sleep(0.5)
+        on_the_fold_alone = ingest.read(job_id, lambda state: [
+            f["ranks"] for f in diagnose(state, ingest.judged_at(), Settings(lost_after=5.0))])
+        assert on_the_fold_alone == [[2]]
+        assert ingest.findings(job_id) == []
+        wait_for(lambda: (beat((0, 1)), time.sleep(0.5), lost())[2], 60,
+                 "rank 2 lost once its connection is quiet too")
+        assert lost() == [[2]]
+    finally:
         for ws in agents:
             ws.close()
         server.stop()

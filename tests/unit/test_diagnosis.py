@@ -1,5 +1,7 @@
 """Diagnosis rules on hand-made event logs: who is blamed, when, and silence when healthy."""
 
+import dataclasses
+
 from dashboard.diagnosis import Settings, diagnose
 from tests.helpers.events import Log, half_seconds, hello, intervals, kinds, progress, running
 
@@ -507,3 +509,34 @@ def test_no_sample_in_flight_yet_is_no_proof_of_not_waiting():
         ddp_tallies(log, r, "1" if r % 2 == 0 else "2", n, 12, t=95.0)
     found = diagnose(log.state(), 106, S)
     assert sorted((f["group"], f["ranks"]) for f in found) == [("3", [1]), ("4", [3])]
+
+
+def test_a_rank_whose_connection_the_server_hears_is_not_lost_while_the_fold_reads_it_late():
+    """An agent waiting for acks from a server behind its agents sends nothing more, and its
+    next batch lands after the others' (a healthy 1,024-rank job beside a CPU hog got 925
+    rank_lost criticals so): the live server's connections say it is there (Settings.heard)."""
+    log = running(4)  # every rank reported at 100
+    for r in range(3):
+        progress(log, r, 117.0, ("0", 12, 12, None, None))  # the others read 17 s past it
+    assert kinds(diagnose(log.state(), 122.0, S)) == [("rank_lost", [3])]
+    heard_at: dict[str, float] = {"s3": 121.0}
+    live = dataclasses.replace(S, heard=lambda session, at: min(heard_at.get(session, at), at))
+    assert diagnose(log.state(), 122.0, live) == []
+    heard_at["s3"] = 106.9  # heard last 15.1 s before: its connection is quiet too
+    assert kinds(diagnose(log.state(), 122.0, live)) == [("rank_lost", [3])]
+    cannot_say = dataclasses.replace(S, heard=lambda session, at: None)
+    assert kinds(diagnose(log.state(), 122.0, cannot_say)) == [("rank_lost", [3])]
+
+
+def test_a_dropped_connection_is_back_when_the_server_hears_its_agent_again():
+    log = running(3)
+    for r in range(3):
+        progress(log, r, 100.5, ("0", 5, 5, None, None))
+    log.add("s1", "disconnect", {}, t=101.0)
+    for r in (0, 2):
+        progress(log, r, 110.0, ("0", 9, 9, None, None))
+    assert kinds(diagnose(log.state(), 110.0, S)) == [("rank_lost", [1])]
+    back = dataclasses.replace(S, heard=lambda session, at: 109.0 if session == "s1" else at)
+    assert diagnose(log.state(), 110.0, back) == []  # its reconnection is not folded yet
+    before_close = dataclasses.replace(S, heard=lambda session, at: 100.9)
+    assert kinds(diagnose(log.state(), 110.0, before_close)) == [("rank_lost", [1])]

@@ -125,6 +125,19 @@ def _heard_until(state: JobState, but: RankState | None = None) -> float:
     return seen[len(seen) // 2] if seen else float("inf")
 
 
+def _connection_alive(r: RankState, since: float, now: float, s: Settings) -> bool:
+    """Whether the live server heard from ``r``'s agent within ``lost_after`` of ``now``, on its
+    connection (a frame, or an acknowledgement it still owed), and after ``since`` for a rank
+    whose connection closed (it came back): then the fold is only behind, and the rank is not
+    lost (dashboard.ingest.heard)."""
+    if s.heard is None:
+        return False
+    heard = s.heard(r.session, now)
+    if heard is None:
+        return False
+    return now - heard <= s.lost_after and (r.status != RankStatus.LOST or heard > since)
+
+
 def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
     failed: dict[int, Any] | None = None
@@ -147,6 +160,8 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
             since = r.last_seen + s.lost_after
             how = f"nothing heard from it for {heard:.0f} s (heartbeats stopped)"
         else:
+            continue
+        if _connection_alive(r, since, now, s):
             continue
         if failed is None:  # once per judgement: a server can see many ranks go at once
             failed = {v.rank: state.last_error(v.rank) for v in state.ranks()
