@@ -257,7 +257,8 @@ class Agent:
             self.bench.retries += 1
             wait = ack.get("retry_after")
             if isinstance(wait, (int, float)) and wait > 0:
-                self.quiet_until = time.monotonic() + min(float(wait), 30.0)
+                self.quiet_until = max(self.quiet_until,
+                                       time.monotonic() + min(float(wait), 30.0))
         elif self.bench.measuring:
             self.bench.acks[self.server].append(time.monotonic() - entry[0])
         self.wake.set()

@@ -228,8 +228,10 @@ class Sender(threading.Thread):
             self.outbox.requeue(events)
             wait = ack.get("retry_after")
             if isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait > 0:
-                # Rate-limited: send nothing for a while (bounded, whatever the server says).
-                self._quiet_until = time.monotonic() + min(float(wait), 30.0)
+                # Rate-limited or overloaded: send nothing for a while (bounded, whatever the
+                # server says), and never less than an earlier refusal asked.
+                self._quiet_until = max(self._quiet_until,
+                                        time.monotonic() + min(float(wait), 30.0))
             self._note_error(f"server asked to retry: {ack.get('error')}")
         else:
             self.rejected += len(events)

@@ -12,6 +12,7 @@ batches still queued are only stored.
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any
 
 from dashboard.history.rewind import Rewind
@@ -94,7 +95,9 @@ class LiveFold:
         return len(fresh)
 
 
-def newest_sent(events: list[dict[str, Any]]) -> float | None:
+def newest_sent(events: list[Any]) -> float | None:
     """The newest event time (the agent's clock) among events an agent sent (server events,
-    without a seq, have the server's)."""
-    return max((ev["t"] for ev in events if ev.get("seq") is not None), default=None)
+    without a seq, have the server's). Events not validated yet (a batch refused before it
+    was read) count where their seq and time are numbers."""
+    return max((t for ev in events if isinstance(ev, dict) and ev.get("seq") is not None
+                and type(t := ev.get("t")) in (float, int) and math.isfinite(t)), default=None)

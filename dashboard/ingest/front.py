@@ -277,7 +277,7 @@ class AgentLink(asyncio.Protocol):
                                       len(frame))
             if refusal is not None:
                 self.ingest.counters["rate_limited_batches"] += 1
-                self.ingest.hold(self.session, events)
+                self.ingest.hold(self.session, events, refusal.retry_after)
                 self._send({"id": batch_id, "ok": False, "error": refusal.reason,
                             "retry": True, "retry_after": refusal.retry_after})
                 return

@@ -315,7 +315,7 @@ class Ingest:
         """The acknowledgement of a batch whose write failed: the agent sends it again."""
         self.heard.answered(session)
         self.counters["failed_writes"] += 1
-        self.hold(session, events)
+        self.hold(session, events, 1.0)
         return {"ok": False, "retry": True, "retry_after": 1.0,
                 "error": "server could not store the batch: "
                          + describe_write_error(self.store.url, exc)}
@@ -331,6 +331,8 @@ class Ingest:
         held = self.admission.held_back(session, events)
         if held is not None:
             return held, None
+        if isinstance(events, list) and not self.store.writer.has_room(len(events)):
+            return self._overloaded(session, events), None  # not even read: it comes again
         try:
             good, rejected = validate_events(events)
         except WireError as exc:
@@ -340,31 +342,44 @@ class Ingest:
         ack: Ack = {"ok": True, "stored": 0, "rejected": rejected}
         if not good:
             return ack, None
-        sent = newest_sent(good)
-        if sent is not None:  # received, if not folded yet: its rank is not silent
-            self.lag.received(session, sent)
+        self._received(session, good)  # before the writer may fold it
         try:
             pending = self.store.writer.submit_nowait(
-                lambda conn: self.fold.write(conn, session, job_id, good))
+                lambda conn: self.fold.write(conn, session, job_id, good), events=len(good))
         except queue.Full:
-            self.counters["overloaded_batches"] += 1
-            self.hold(session, events)
-            return {"ok": False, "retry": True, "retry_after": 1.0,
-                    "error": "server overloaded: its write queue is full; sending again"}, None
+            return self._overloaded(session, events), None
         except WriterStopped:
             return {"ok": False, "retry": True, "retry_after": 1.0,
                     "error": "the server is stopping; sending again"}, None
         self.heard.owe(session)
         return ack, pending
 
+    def _received(self, session: str, events: list[Any]) -> None:
+        """Events of ``session`` came in, to be folded or sent again: its rank is not silent
+        while they wait (dashboard.ingest.lag)."""
+        sent = newest_sent(events)
+        if sent is not None:
+            self.lag.received(session, sent)
+
+    def _overloaded(self, session: str, events: list[Any]) -> Ack:
+        """Refuse a batch the writer has no room for: the agent keeps it and sends it again
+        once the backlog had time to drain (1-5 s)."""
+        self.counters["overloaded_batches"] += 1
+        self._received(session, events)
+        wait = min(5.0, max(1.0, round(self.store.writer.backlog_s(), 1)))
+        self.hold(session, events, wait)
+        return {"ok": False, "retry": True, "retry_after": wait,
+                "error": "server overloaded: its write queue is full; sending again"}
+
     def _server_event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         return {"seq": None, "t": self.clock(), "kind": kind, "body": body}
 
-    def hold(self, session: str, events: Any) -> None:
+    def hold(self, session: str, events: Any, quiet_s: float = 0.0) -> None:
         """Refuse (retry) batches of ``session`` that start past this refused one's first seq
-        (see Admission.HOLD_S). Its agent is there, and waits as told."""
+        (see Admission.HOLD_S); its agent was told to wait ``quiet_s`` first. It is there,
+        and waits as told."""
         self.heard.received(session)
-        self.admission.hold(session, events)
+        self.admission.hold(session, events, quiet_s)
 
     def _record_server_event(self, session: str, job_id: int, kind: str,
                              body: dict[str, Any]) -> None:

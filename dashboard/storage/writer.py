@@ -3,7 +3,11 @@
 One thread protects the single write connection (as SQLite wants): tasks wait in a bounded
 queue, and the writer runs whatever is queued together in one transaction (group commit).
 A full queue is the server's backpressure on agents' batches (``submit_nowait`` raises
-``queue.Full``). The server's own writes are not refused and never wait for room: a
+``queue.Full``): full when ``queue_limit`` tasks wait, or when the agents' events waiting and
+being written reach ``events_limit``. Counted in tasks alone, the queue held what every agent's
+window of unacknowledged batches holds: at 1,024 ranks behind a backlog, four batches of 200
+events each per agent, ~11 KB of Python objects per event, and the server grew to 6 GB. The
+server's own writes are not refused and never wait for room: a
 connection's connect and disconnect (one per connection, so bounded by the connections), the
 findings, compaction. Had they waited for room behind a flood of batches, an overloaded
 server would have held every thread that admits agents, and agents that could not get back in
@@ -25,6 +29,10 @@ import sqlalchemy as sa
 log = logging.getLogger("pgdash.storage")
 
 Task = Callable[[sa.Connection], Any]
+# Agents' events queued or in the transaction being written, at most: ~230 MB of decoded
+# events at the largest latency summaries measured (bench/capacity.py), and seconds of a
+# 1,024-rank job's traffic at the agent's defaults.
+EVENTS_LIMIT = 20_000
 
 
 class WriterStopped(RuntimeError):
@@ -40,6 +48,8 @@ class Writer:
         queue_limit: the most tasks waiting for ``submit_nowait`` to queue one more (past it,
             it raises queue.Full); the server's own writes (``submit``, and
             ``submit_nowait(bounded=False)``) are queued past it.
+        events_limit: the most agents' events (the ``events`` of bounded tasks) queued or in
+            the transaction being written; one transaction takes at most half of it.
         before_commit: called with the connection after a batch's tasks, inside their
             transaction (the event log inserts the rows its tasks deferred).
         after_rollback: called after a failed transaction, before the failure listeners
@@ -47,7 +57,7 @@ class Writer:
     """
 
     def __init__(self, engine: sa.Engine, *, batch_limit: int = 2000,
-                 queue_limit: int = 10_000,
+                 queue_limit: int = 10_000, events_limit: int = EVENTS_LIMIT,
                  before_commit: Callable[[sa.Connection], None] = lambda conn: None,
                  after_rollback: Callable[[], None] = lambda: None):
         self.engine = engine
@@ -55,6 +65,9 @@ class Writer:
         self.submit_timeout = 30.0
         self._before_commit, self._after_rollback = before_commit, after_rollback
         self.queue_limit = queue_limit
+        self.events_limit = events_limit
+        self._events = 0  # agents' events queued or being written (under _events_lock)
+        self._events_lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()  # bounded by submit_nowait (see queue_limit)
         self._thread = threading.Thread(target=self._loop, name="pgdash-writer", daemon=True)
         self._stopping = False
@@ -91,21 +104,48 @@ class Writer:
         """
         return self.submit_nowait(task, bounded=False).result(timeout=timeout)
 
-    def submit_nowait(self, task: Task, bounded: bool = True) -> concurrent.futures.Future:
+    def submit_nowait(self, task: Task, bounded: bool = True,
+                      events: int = 1) -> concurrent.futures.Future:
         """Queue ``task`` for the writer without waiting; the future holds its result.
 
         Args:
-            bounded: refuse it when ``queue_limit`` tasks wait (an agent's batch); False for
-                the server's own writes, bounded otherwise (one per connection change).
+            bounded: refuse it when the queue is full (an agent's batch); False for the
+                server's own writes, bounded otherwise (one per connection change).
+            events: how many agents' events the task writes (a bounded task's share of
+                ``events_limit``).
 
         Raises:
             queue.Full: the write queue is at its bound (the server is overloaded).
         """
-        if bounded and self.queued() >= self.queue_limit:
-            raise queue.Full
+        weight = 0
+        if bounded:
+            with self._events_lock:
+                if not self.has_room(events):
+                    raise queue.Full
+                weight = max(1, events)
+                self._events += weight
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._enqueue((task, future, time.monotonic()))
+        try:
+            self._enqueue((task, future, time.monotonic(), weight))
+        except WriterStopped:
+            self._written(weight)
+            raise
         return future
+
+    def has_room(self, events: int) -> bool:
+        """Whether an agent's batch of ``events`` events would be queued now (one is, into an
+        empty budget, whatever its size)."""
+        return self.queued() < self.queue_limit and (
+            self._events == 0 or self._events + events <= self.events_limit)
+
+    def queued_events(self) -> int:
+        """Agents' events queued or being written."""
+        return self._events
+
+    def _written(self, weight: int) -> None:
+        if weight:
+            with self._events_lock:
+                self._events -= weight
 
     def _enqueue(self, item: tuple) -> None:
         """Queue ``item`` (never waits: the queue has no bound of its own); one queued as the
@@ -122,8 +162,10 @@ class Writer:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if item is not None and not item[1].done():
-                item[1].set_exception(WriterStopped("the database writer has stopped"))
+            if item is not None:
+                self._written(item[3])
+                if not item[1].done():
+                    item[1].set_exception(WriterStopped("the database writer has stopped"))
 
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Block until everything queued so far is committed (tests, shutdown)."""
@@ -144,8 +186,10 @@ class Writer:
             item = self._queue.get()
             if item is None:
                 return
-            batch = [item]
-            while len(batch) < self.batch_limit:
+            batch, events = [item], item[3]
+            # At most batch_limit tasks and half the events' budget a transaction: the
+            # agents' acknowledgements wait for its commit, and its events fill memory.
+            while len(batch) < self.batch_limit and events < self.events_limit // 2:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
@@ -154,17 +198,21 @@ class Writer:
                     self._stopping = True
                     break
                 batch.append(nxt)
-            self._run(batch)
+                events += nxt[3]
+            try:
+                self._run(batch)
+            finally:
+                self._written(events)
             if self._stopping:
                 return
 
-    def _run(self, batch: list[tuple[Task, concurrent.futures.Future, float]]) -> None:
+    def _run(self, batch: list[tuple[Task, concurrent.futures.Future, float, int]]) -> None:
         results = []
         try:
             with self.engine.begin() as conn:
                 if self.engine.dialect.name == "sqlite":
                     conn.exec_driver_sql("SELECT 1")  # take the connection now
-                for task, _, _ in batch:
+                for task, *_ in batch:
                     results.append(task(conn))
                 self._before_commit(conn)
             self.commits += 1
@@ -174,8 +222,8 @@ class Writer:
             log.exception("pgdash: write failed; %d task(s) not stored", len(batch))
             for listener in self._failure_listeners:
                 listener()
-            for _, future, _ in batch:
+            for _, future, *_ in batch:
                 future.set_exception(exc)
             return
-        for (_, future, _), result in zip(batch, results):
+        for (_, future, *_), result in zip(batch, results):
             future.set_result(result)

@@ -50,7 +50,8 @@ def register_agent_namespace(socketio: SocketIO, ingest: Ingest, guard: LoginGua
         refusal = _over_rate(rates.get(request.sid), payload)
         if refusal is not None:
             ingest.counters["rate_limited_batches"] += 1
-            ingest.hold(known[0], payload.get("events") if isinstance(payload, dict) else None)
+            ingest.hold(known[0], payload.get("events") if isinstance(payload, dict) else None,
+                        refusal.retry_after)
             return {"ok": False, "error": refusal.reason, "retry": True,
                     "retry_after": refusal.retry_after}
         ack = ingest.batch(known[0], known[1], payload)

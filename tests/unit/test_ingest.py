@@ -299,3 +299,35 @@ def test_a_snapshot_request_waits_for_a_busy_jobs_state_a_bounded_time(ingest, m
         release.set()
         busy.join()
     assert ingest.asks.request(job, None, "again").asked == []  # free: asked (none connected)
+
+
+def test_a_full_writer_refuses_unread_batches_and_the_agents_later_ones_wait_as_long(ingest):
+    """Past the writer's bound in events, an agent's batch is refused before it is validated,
+    with a wait; its later batches are refused with the rest of that wait (a shorter one
+    sent them all again at once), and nothing is lost once there is room."""
+    session, job = ingest.connect(auth("a", 0))
+    hello = ev(1, "hello", {"job": "j", "rank": 0, "world_size": 1, "host": "h", "pid": 1})
+    assert ingest.batch(session, job, batch(hello))["ok"]
+    writer = ingest.store.writer
+    writer.events_limit = 3
+    release = threading.Event()
+    writer.submit_nowait(lambda conn: release.wait(60), bounded=False)  # the writer is busy
+    try:
+        beats = [ev(seq, "heartbeat", {"groups": []}, t=float(seq)) for seq in range(2, 8)]
+        ack, pending = ingest.batch_nowait(session, job, beats[:3])  # fills the bound
+        assert ack["ok"] and pending is not None
+        refused, none = ingest.batch_nowait(session, job, [beats[3], {"seq": "junk"}])
+        assert none is None and refused["retry"] and refused["retry_after"] >= 1.0
+        assert "overloaded" in refused["error"]
+        assert ingest.counters["rejected_events"] == 0  # refused unread: nothing validated
+        later, _ = ingest.batch_nowait(session, job, beats[4:])
+        assert later["retry"] and "earlier batch" in later["error"]
+        assert later["retry_after"] >= 0.9 * refused["retry_after"]
+    finally:
+        release.set()
+    assert pending.result(10) == 3
+    writer.wait_idle()
+    assert writer.queued_events() == 0
+    for part in (beats[3:4], beats[4:]):  # the agent sends them again, in order
+        assert ingest.batch(session, job, batch(*part))["ok"]
+    assert [e["seq"] for e in ingest.store.log.events(job) if e["seq"]] == list(range(1, 8))

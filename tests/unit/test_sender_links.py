@@ -125,3 +125,21 @@ def test_a_link_that_answers_nothing_is_dropped_and_what_was_unacknowledged_goes
     finally:
         sender.stop()
         server.close()
+
+
+def test_a_shorter_wait_asked_later_does_not_cut_short_an_earlier_one():
+    """A server with no room refuses a batch and asks for a few seconds; the agent's later
+    batches, refused because the first must come again first, say 0.1 s. Taking the shorter
+    wait sent everything again at once into a server that had just said it was full."""
+    config = AgentConfig(server="http://127.0.0.1:9", wire="v2")
+    sender = Sender(config, Outbox(100), lambda: {"session": "s", "job": "j", "rank": 0})
+    events = [{"seq": 1, "t": time.time(), "kind": "heartbeat", "body": {"groups": []}}]
+    sender._apply_ack(events, {"ok": False, "retry": True, "retry_after": 4.0,
+                               "error": "server overloaded"})
+    until = sender._quiet_until
+    assert until > time.monotonic() + 3.0
+    later = [{"seq": 2, "t": time.time(), "kind": "heartbeat", "body": {"groups": []}}]
+    sender._apply_ack(later, {"ok": False, "retry": True, "retry_after": 0.1,
+                               "error": "an earlier batch was not stored yet"})
+    assert sender._quiet_until == until
+    assert len(sender.outbox) == 2  # both kept, to be sent again in order
