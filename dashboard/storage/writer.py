@@ -4,15 +4,16 @@ One thread protects the single write connection (as SQLite wants): tasks wait in
 queue, and the writer runs whatever is queued together in one transaction (group commit).
 A full queue is the server's backpressure on agents' batches (``submit_nowait`` raises
 ``queue.Full``): full when ``queue_limit`` tasks wait, or when the agents' events waiting and
-being written reach ``events_limit``. Counted in tasks alone, the queue held what every agent's
-window of unacknowledged batches holds: at 1,024 ranks behind a backlog, four batches of 200
-events each per agent, ~11 KB of Python objects per event, and the server grew to 6 GB. The
-server's own writes are not refused and never wait for room: a
-connection's connect and disconnect (one per connection, so bounded by the connections), the
-findings, compaction. Had they waited for room behind a flood of batches, an overloaded
-server would have held every thread that admits agents, and agents that could not get back in
-would have looked lost. Reads use their own pooled connections and never wait for the writer
-(SQLite runs in WAL mode).
+being written reach ``events_limit``. Counted in tasks alone, the queue held what every
+agent's window of unacknowledged batches holds: at 1,024 ranks behind a backlog, four batches
+of 200 events per agent, ~11 KB of Python objects per event, and the server grew to 6 GB.
+
+The server's own writes are not refused and never wait for room: a connection's connect and
+disconnect (one per connection, so bounded by the connections), the findings, compaction.
+Had they waited for room behind a flood of batches, an overloaded server would have held
+every thread that admits agents, and agents that could not get back in would have looked
+lost. Reads use their own pooled connections and never wait for the writer (SQLite runs in
+WAL mode).
 """
 
 from __future__ import annotations
