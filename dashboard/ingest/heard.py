@@ -25,8 +25,12 @@ import collections
 import threading
 from typing import Callable
 
-SPAN_GAP_S = 2.0  # heard again within this: one span (heartbeats come every second)
-SPANS_KEPT = 64  # per session: silences of more than SPAN_GAP_S, newest kept
+# Heard again within this: one span. Heartbeats come every second, and a server with no room
+# asks an agent to wait at most 5 s (dashboard.ingest.pipeline): so an agent that is there
+# keeps one span, however far behind the server reads it. Silences shorter than this go
+# unseen, and rank_lost asks about silences of lost_after (15 s).
+SPAN_GAP_S = 6.0
+SPANS_KEPT = 64  # per session: silences longer than SPAN_GAP_S, the newest kept
 MAX_SESSIONS = 1_000_000  # a server up for months starts afresh past this
 
 

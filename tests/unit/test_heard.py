@@ -23,7 +23,7 @@ def test_frames_and_owed_acknowledgements_are_heard_and_silence_is_not():
     assert heard.heard("a", 1003.5) == 1003.5  # inside the span
     assert heard.heard("a", 1030.0) == 1005.0  # silent since
     assert heard.heard("a", 999.0) is None  # before its first frame
-    clock.t = 1010.0
+    clock.t = 1015.0
     heard.received("a")
     heard.owe("a")  # its batch waits for the writer: the agent waits for its ack
     assert heard.heard("a", 1040.0) == 1040.0
