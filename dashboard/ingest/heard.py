@@ -62,12 +62,14 @@ class Heard:
         with self._lock:
             entry = self._entry(session)
             entry.open, entry.owed = True, 0
-            self._mark(entry, self.clock())
+            now = self.clock()
+            self._cover(entry, now, now)
 
     def received(self, session: str) -> None:
         """A frame of ``session`` came in."""
         with self._lock:
-            self._mark(self._entry(session), self.clock())
+            now = self.clock()
+            self._cover(self._entry(session), now, now)
 
     def owe(self, session: str) -> None:
         """A batch of ``session`` waits for the writer, and its agent for the acknowledgement
@@ -84,8 +86,15 @@ class Heard:
             entry = self._sessions.get(session)
             if entry is None or not entry.open:
                 return  # its connection closed: nothing went out
-            entry.owed = max(0, entry.owed - 1)
-            self._mark(entry, self.clock())
+            now = self.clock()
+            if entry.owed:
+                # Owed all along: heard through the wait, also when a moment inside it is
+                # judged later (a server behind judges the past).
+                self._cover(entry, entry.owed_since, now)
+                entry.owed -= 1
+                entry.owed_since = now
+            else:
+                self._cover(entry, now, now)
 
     def closed(self, session: str) -> None:
         """The connection of ``session`` closed: nothing is owed on it any more."""
@@ -93,7 +102,7 @@ class Heard:
             entry = self._sessions.get(session)
             if entry is not None:
                 if entry.owed:
-                    self._mark(entry, self.clock())  # owed until now
+                    self._cover(entry, entry.owed_since, self.clock())  # owed until now
                 entry.open, entry.owed = False, 0
 
     def heard(self, session: str, at: float) -> float | None:
@@ -120,9 +129,10 @@ class Heard:
         return entry
 
     @staticmethod
-    def _mark(entry: _Session, now: float) -> None:
+    def _cover(entry: _Session, start: float, end: float) -> None:
+        """Heard from ``start`` through ``end`` (the newest span grows, or a new one begins)."""
         spans = entry.spans
-        if spans and now - spans[-1][1] <= SPAN_GAP_S:
-            spans[-1][1] = max(spans[-1][1], now)
+        if spans and start - spans[-1][1] <= SPAN_GAP_S:
+            spans[-1][1] = max(spans[-1][1], end)
         else:
-            spans.append([now, now])
+            spans.append([start, end])

@@ -17,16 +17,9 @@ from dashboard.diagnosis import Settings, diagnose
 from dashboard.ingest.lag import IngestLag
 from dashboard.server import make_server
 from dashboard.state import JobState
+from tests.helpers.clock import Clock
 from tests.helpers.events import hello
 from tests.helpers.procs import get_body, job_by_name, launch_job, wait_for, wait_job
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_lag_is_how_much_later_than_usual_batches_are_folded():

@@ -1,14 +1,7 @@
 """What the server's connections heard from each agent (dashboard.ingest.heard)."""
 
 from dashboard.ingest.heard import SPANS_KEPT, Heard
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+from tests.helpers.clock import Clock
 
 
 def test_frames_and_owed_acknowledgements_are_heard_and_silence_is_not():
@@ -31,6 +24,7 @@ def test_frames_and_owed_acknowledgements_are_heard_and_silence_is_not():
     clock.t = 1050.0
     heard.answered("a")
     assert heard.heard("a", 1080.0) == 1050.0  # acknowledged, and nothing came since
+    assert heard.heard("a", 1040.0) == 1040.0  # a moment of the wait, judged after it
 
 
 def test_a_closed_connection_is_owed_nothing_and_heard_again_when_it_reconnects():

@@ -15,6 +15,7 @@ from pgdash_agent.wire import MAX_SNAPSHOT_THREADS, WireError, validate_event
 from dashboard.ingest.asks import (ANSWER_WAIT_S, MIN_INTERVAL_S, Asks, Busy, TooSoon,
                                    UnknownRanks)
 from dashboard.web import snapshots as views
+from tests.helpers.clock import Clock
 from tests.helpers.events import running
 
 
@@ -78,14 +79,6 @@ def test_a_snapshot_body_is_bounded_on_the_wire():
     with pytest.raises(WireError, match="threads"):
         validate_event({"seq": 1, "t": 1.0, "kind": "snapshot", "body": body})
     assert len(threads_now()) <= MAX_SNAPSHOT_THREADS
-
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
 
 
 def _asks(world=3):
