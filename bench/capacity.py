@@ -29,6 +29,9 @@ Measured per N, over ``--seconds`` of steady state after everybody connected:
   ``/proc``), as CPU-seconds per rank-hour, and as a share of one core.
 * **RSS** and threads of the server process at the end; **findings** (warning or critical)
   the healthy job raised; **lag** the server reported (``/metrics``); reconnects.
+* **bench agents stalled**: simulated ranks whose loop ran ``STALL_REPORT_S`` or more late
+  (this process starved: beside a CPU hog at 1,024 ranks, all of them, by 20-40 s), and the
+  longest. Such a rank sends nothing meanwhile: a ``rank_lost`` on it is the bench's own.
 
 Reference in the same run: the first N given (e.g. 64) is a load any version holds, so a
 busy machine shows up as worse figures there too.
