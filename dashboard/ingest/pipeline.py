@@ -90,7 +90,7 @@ class Ingest:
         # Who the connections heard from, for the rules: a rank the fold reads late is not
         # silent while its agent's frames come in, or wait for their acknowledgement.
         self.heard = Heard(lambda: self.clock())
-        settings = dataclasses.replace(settings, heard=self.heard.heard)
+        settings = self._hearing(settings)
         self.agent_connections = 0  # open v2 connections (dashboard.ingest.front counts them)
         # Set when the server stops (stop()): its connections then close because it leaves,
         # not because the ranks did, so their disconnects are not recorded (a rolling restart
@@ -125,7 +125,11 @@ class Ingest:
 
     @settings.setter
     def settings(self, settings: Settings) -> None:
-        self.books.settings = settings if settings.heard else \
+        self.books.settings = self._hearing(settings)
+
+    def _hearing(self, settings: Settings) -> Settings:
+        """``settings`` whose rules ask this server's connections what they heard."""
+        return settings if settings.heard else \
             dataclasses.replace(settings, heard=self.heard.heard)
 
     @property
@@ -315,7 +319,7 @@ class Ingest:
         """The acknowledgement of a batch whose write failed: the agent sends it again."""
         self.heard.answered(session)
         self.counters["failed_writes"] += 1
-        self.hold(session, events, 1.0)
+        self.admission.hold(session, events, 1.0)
         return {"ok": False, "retry": True, "retry_after": 1.0,
                 "error": "server could not store the batch: "
                          + describe_write_error(self.store.url, exc)}
@@ -367,7 +371,7 @@ class Ingest:
         self.counters["overloaded_batches"] += 1
         self._received(session, events)
         wait = min(5.0, max(1.0, round(self.store.writer.backlog_s(), 1)))
-        self.hold(session, events, wait)
+        self.admission.hold(session, events, wait)  # heard already, by batch_nowait
         return {"ok": False, "retry": True, "retry_after": wait,
                 "error": "server overloaded: its write queue is full; sending again"}
 
