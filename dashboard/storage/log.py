@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import heapq
 import logging
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import msgspec
 import sqlalchemy as sa
 
 from dashboard.storage.codec import decode_body, encode_body, raw_body
-from dashboard.storage.packs import UnreadablePack, open_stored
+from dashboard.storage.packformat import Pack
+from dashboard.storage.packs import OpenPacks, UnreadablePack
 from dashboard.storage.schema import event_packs, events, jobs
 
 log = logging.getLogger("pgdash.storage")
@@ -46,6 +47,7 @@ class EventLog:
     def __init__(self, engine: sa.Engine):
         self.engine = engine
         self.unreadable_packs = 0  # passed over by events_after / events_by_id (logged)
+        self.open_packs = OpenPacks()  # packs read lately, kept for the reads that follow
         self._next_id: int | None = None  # see _allocate_ids
         self._deferred: list[tuple] = []  # event rows of this transaction, see insert
         self._deferred_rows: list[dict[str, Any]] = []  # the same, other databases
@@ -154,7 +156,7 @@ class EventLog:
             with self.engine.connect() as conn:
                 rows, packs, cutoff = _read_log(conn, job_id, after, upto, chunk, PACKS_AHEAD)
             last = after
-            for ev in _merge(rows, packs, after, cutoff, raw):
+            for ev in _merge(rows, packs, after, cutoff, self.open_packs.open, raw):
                 if ev["id"] != last:  # a row packed between the two reads comes twice
                     last = ev["id"]
                     yield ev
@@ -207,7 +209,7 @@ class EventLog:
                      only: set[int] | None = None) -> list[dict[str, Any]]:
         """Events of a pack as ``events_after`` rows (with ``job_id``), [] if unreadable."""
         try:
-            pack = open_stored(pack_row)
+            pack = self.open_packs.open(pack_row)
         except UnreadablePack as exc:
             self.unreadable_packs += 1
             log.error("pgdash: %s", exc)
@@ -284,8 +286,9 @@ def _read_log(conn: sa.Connection, job_id: int | None, after: int, upto: int | N
 
 
 def _merge(rows: list[Any], packs: list[Any], after: int, cutoff: int | None,
-           raw: bool = False) -> Iterator[dict[str, Any]]:
-    """StoredEvent dicts of rows and packs in id order (a pack's decoded lazily)."""
+           open_pack: Callable[[Any], Pack], raw: bool = False) -> Iterator[dict[str, Any]]:
+    """StoredEvent dicts of rows and packs in id order (a pack opened when the read reaches
+    it, where the packs do not overlap: one job's cells)."""
     body = (lambda r: raw_body(r["body_z"]) if r["body_z"] is not None else load_body(r)) \
         if raw else load_body
     row_events = ({"id": r["id"], "session": r["session"], "seq": r["seq"], "t": r["t"],
@@ -293,8 +296,12 @@ def _merge(rows: list[Any], packs: list[Any], after: int, cutoff: int | None,
                    "body": body(r)} for r in rows)
     if not packs:
         return row_events
-    return heapq.merge(row_events, *(open_stored(p).events(after, cutoff, raw)
-                                     for p in packs), key=_event_id)
+    packs = sorted(packs, key=lambda p: p.first_id)
+    if all(a.last_id < b.first_id for a, b in zip(packs, packs[1:])):
+        in_order = (ev for p in packs for ev in open_pack(p).events(after, cutoff, raw))
+        return heapq.merge(row_events, in_order, key=_event_id)
+    return heapq.merge(row_events, *(open_pack(p).events(after, cutoff, raw) for p in packs),
+                       key=_event_id)
 
 
 def _event_id(ev: dict[str, Any]) -> int:

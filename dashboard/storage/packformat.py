@@ -38,49 +38,67 @@ _payload_decoders = {
 # nanosecond, NVML's milliwatts as watts), whose float64 bytes look random to zlib although
 # they hold ~25 bits.
 _SCALE = 1000
+PACK_EVENT_BYTES = 96  # an opened pack's memory per event beyond its bodies (89 measured)
 _DECIMAL_MAX = 2.0 ** 53 / _SCALE  # larger: no exact integer k with k / _SCALE == x
 
 
-def _untransposed(kidx: list[int], lengths: list[int], blob: bytes,
-                  decimals: list[tuple[int, int, bytes]] = ()) -> list[memoryview]:
-    """Each event's body bytes, from pack_payload's transposed groups and decimal columns
-    (no copy per body)."""
-    if len(lengths) != len(kidx):
-        raise ValueError("its bodies' lengths do not add up")
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, key in enumerate(zip(kidx, lengths)):
-        groups.setdefault(key, []).append(i)
-    cut: dict[int, list[tuple[int, bytes]]] = {}
-    for g, offset, planes in decimals:
-        if not 0 <= g < len(groups):
-            raise ValueError("a decimal column lies outside its bodies")
-        cut.setdefault(g, []).append((offset, planes))
-    if sum(len(members) * (size - 8 * len(cut.get(g, ())))
-           for g, ((_, size), members) in enumerate(groups.items())) != len(blob):
-        raise ValueError("its bodies' lengths do not add up")
-    bodies: list[Any] = [None] * len(kidx)
-    pos = 0
-    for g, ((_, size), members) in enumerate(groups.items()):
-        m = len(members)
-        rows = bytearray(m * size)
-        windows = cut.get(g, [])
-        taken = set()
-        for offset, planes in windows:
-            if not 0 <= offset <= size - 8 or len(planes) != 8 * m or \
-                    taken & set(range(offset, offset + 8)):
+class Bodies:
+    """Each event's body bytes, from pack_payload's transposed groups and decimal columns:
+    one buffer per group of bodies of one shape, and per event its group and row (a few
+    bytes an event; a body's bytes are sliced when asked for)."""
+
+    __slots__ = ("_rows", "_sizes", "_group", "_row")
+
+    def __init__(self, kidx: list[int], lengths: list[int], blob: bytes,
+                 decimals: list[tuple[int, int, bytes]] = ()):
+        if len(lengths) != len(kidx):
+            raise ValueError("its bodies' lengths do not add up")
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, key in enumerate(zip(kidx, lengths)):
+            groups.setdefault(key, []).append(i)
+        cut: dict[int, list[tuple[int, bytes]]] = {}
+        for g, offset, planes in decimals:
+            if not 0 <= g < len(groups):
                 raise ValueError("a decimal column lies outside its bodies")
-            taken.update(range(offset, offset + 8))
-            floats = _decimals_back(planes, m)
-            for j in range(8):
-                rows[offset + j::size] = floats[j::8]
-        for j in range(size):
-            if j not in taken:
-                rows[j::size] = blob[pos:pos + m]
-                pos += m
-        view = memoryview(rows)
-        for r, i in enumerate(members):
-            bodies[i] = view[r * size:(r + 1) * size]
-    return bodies
+            cut.setdefault(g, []).append((offset, planes))
+        if sum(len(members) * (size - 8 * len(cut.get(g, ())))
+               for g, ((_, size), members) in enumerate(groups.items())) != len(blob):
+            raise ValueError("its bodies' lengths do not add up")
+        self._rows: list[bytearray] = []
+        self._sizes: list[int] = []
+        self._group = array.array("I", bytes(4 * len(kidx)))
+        self._row = array.array("I", bytes(4 * len(kidx)))
+        pos = 0
+        for g, ((_, size), members) in enumerate(groups.items()):
+            m = len(members)
+            rows = bytearray(m * size)
+            taken = set()
+            for offset, planes in cut.get(g, []):
+                if not 0 <= offset <= size - 8 or len(planes) != 8 * m or \
+                        taken & set(range(offset, offset + 8)):
+                    raise ValueError("a decimal column lies outside its bodies")
+                taken.update(range(offset, offset + 8))
+                floats = _decimals_back(planes, m)
+                for j in range(8):
+                    rows[offset + j::size] = floats[j::8]
+            for j in range(size):
+                if j not in taken:
+                    rows[j::size] = blob[pos:pos + m]
+                    pos += m
+            self._rows.append(rows)
+            self._sizes.append(size)
+            for r, i in enumerate(members):
+                self._group[i] = g
+                self._row[i] = r
+
+    def __getitem__(self, i: int) -> bytes:
+        g = self._group[i]
+        size = self._sizes[g]
+        start = self._row[i] * size
+        return self._rows[g][start:start + size]
+
+    def __len__(self) -> int:
+        return len(self._group)
 
 
 def _float_offsets(body: bytes) -> list[int]:
@@ -151,11 +169,11 @@ def _shuffled(values: list[float]) -> bytes:
     return b"".join(raw[i::8] for i in range(8))
 
 
-def _unshuffled(data: bytes, n: int) -> list[float]:
+def _unshuffled(data: bytes, n: int) -> array.array:
     raw = bytearray(8 * n)
     for i in range(8):
         raw[i::8] = data[i * n:(i + 1) * n]
-    return array.array("d", bytes(raw)).tolist()
+    return array.array("d", raw)
 
 
 def encode_pack(events: list[dict[str, Any]], level: int = PACK_LEVEL,
@@ -231,20 +249,21 @@ def pack_payload(events: list[dict[str, Any]], decimals: bool = True) -> bytes:
 class Pack:
     """A pack opened for reading: its ids at once, each event's dict only when asked for.
 
-    Bodies stay MessagePack (views of the payload's regrouped bytes) until their event is
-    built, so that a pack of a 1,024-rank cell costs its payload's bytes in memory, not a
-    few hundred megabytes of dicts, and ids at or below ``after`` cost no dict at all.
+    Bodies stay MessagePack (the payload's regrouped bytes, see :class:`Bodies`) until their
+    event is built, so that a pack of a 1,024-rank cell costs its payload's bytes in memory
+    and a few dozen bytes an event, not a few hundred megabytes of dicts, and ids at or
+    below ``after`` cost no dict at all.
     """
 
-    __slots__ = ("ids", "_sessions", "_sidx", "_seqs", "_t", "_r", "_kinds", "_kidx",
-                 "_bodies")
+    __slots__ = ("ids", "nbytes", "_sessions", "_sidx", "_seqs", "_t", "_r", "_kinds",
+                 "_kidx", "_bodies")
 
     def __init__(self, raw: bytes, version: int = PACK_V2):
         try:
             (n, deltas, self._sessions, self._sidx, seq_d, t_raw, r_raw, self._kinds,
              self._kidx, lengths, blob, *decimals) = _payload_decoders[version].decode(raw)
-            self.ids = list(itertools.accumulate(deltas))
-            self._bodies = _untransposed(self._kidx, lengths, blob, *decimals)
+            self.ids = array.array("q", itertools.accumulate(deltas))
+            self._bodies = Bodies(self._kidx, lengths, blob, *decimals)
             seqs: list[int | None] = []
             last_seq: dict[int, int] = {}
             for s, d in zip(self._sidx, seq_d):
@@ -259,6 +278,9 @@ class Pack:
                 raise ValueError("its columns differ in length")
             self._sessions[max(self._sidx, default=0)]
             self._kinds[max(self._kidx, default=0)]
+            # What it holds in memory, about: the bodies' bytes, and per event its column
+            # values (an id, two times and a seq as objects) and six list slots.
+            self.nbytes = len(raw) + n * PACK_EVENT_BYTES
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError,
                 IndexError, struct.error) as exc:
             raise ValueError(f"pack cannot be read: {exc}") from None

@@ -5,7 +5,11 @@ reads them merged with its rows."""
 
 from __future__ import annotations
 
-from typing import Any
+import collections
+import threading
+import time
+import zlib
+from typing import Any, Callable
 
 import sqlalchemy as sa
 
@@ -32,6 +36,86 @@ def open_stored(row: Any) -> Pack:
             f"pgdash; otherwise delete that row (DELETE FROM event_packs WHERE job_id = "
             f"{row.job_id} AND first_id = {row.first_id}): its events are lost, the rest "
             f"of the job reads on") from None
+
+
+# Packs opened lately are kept for the reads that follow: scrubbing a stored job reads the
+# same cell moment after moment, and a 1,024-rank cell (~160,000 events) takes about a
+# second to open (bench/storage.py). Kept while read, within this many bytes, and let go
+# after IDLE_S unread.
+OPEN_PACKS_BYTES = 256 * 2**20
+OPEN_PACKS_IDLE_S = 60.0
+
+
+class OpenPacks:
+    """Packs opened for reading, kept: :meth:`open` opens a stored pack's row, or gives the
+    Pack opened for the same bytes before. Thread-safe; packs are immutable once stored
+    (compaction replaces a pack by another row, whose bytes differ).
+
+    Args:
+        max_bytes: the memory the packs kept may hold (Pack.nbytes, an estimate).
+        idle_s: a pack not read for this long is let go (a timer thread runs only while
+            packs are kept).
+    """
+
+    def __init__(self, max_bytes: int = OPEN_PACKS_BYTES, idle_s: float = OPEN_PACKS_IDLE_S,
+                 monotonic: Callable[[], float] = time.monotonic):
+        self.max_bytes, self.idle_s, self.monotonic = max_bytes, idle_s, monotonic
+        self._kept: collections.OrderedDict[tuple, tuple[float, Pack]] = \
+            collections.OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self.opened = self.reused = 0  # for tests and benches
+
+    def open(self, row: Any) -> Pack:
+        """The :class:`Pack` of an ``event_packs`` row (job_id, first_id, last_id, data).
+
+        Raises:
+            UnreadablePack: as :func:`open_stored`.
+        """
+        data = row.data
+        key = (row.job_id, row.first_id, row.last_id, len(data), zlib.crc32(data))
+        now = self.monotonic()
+        with self._lock:
+            found = self._kept.pop(key, None)
+            if found is not None:
+                self._kept[key] = (now, found[1])
+                self.reused += 1
+                return found[1]
+        pack = open_stored(row)
+        with self._lock:
+            self.opened += 1
+            if pack.nbytes > self.max_bytes or key in self._kept:
+                return pack
+            self._kept[key] = (now, pack)
+            self._bytes += pack.nbytes
+            while self._bytes > self.max_bytes:
+                self._bytes -= self._kept.popitem(last=False)[1][1].nbytes
+            self._arm()
+        return pack
+
+    def kept_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+    def sweep(self) -> None:
+        """Let go of the packs not read for ``idle_s``."""
+        with self._lock:
+            self._timer = None
+            cutoff = self.monotonic() - self.idle_s
+            while self._kept:
+                key, (used, pack) = next(iter(self._kept.items()))
+                if used > cutoff:
+                    break
+                del self._kept[key]
+                self._bytes -= pack.nbytes
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._kept and self._timer is None:
+            self._timer = threading.Timer(self.idle_s, self.sweep)
+            self._timer.daemon = True
+            self._timer.start()
 
 
 class Packs:

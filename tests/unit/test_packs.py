@@ -19,7 +19,7 @@ from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
 from dashboard.storage.database import upgrade
 from dashboard.storage.log import load_body
-from dashboard.storage.packs import UnreadablePack
+from dashboard.storage.packs import OpenPacks, UnreadablePack
 from dashboard.storage.store import Store
 from tests.helpers.simjob import (FULL, RANKS, T0, _fold, _job_events, _store_job, _views,
                                   insert_old_job)
@@ -161,7 +161,7 @@ def test_a_packed_log_folds_to_the_same_state_at_every_event_and_exports_the_sam
         if i % 500 == 0:
             assert _views(packed_fold) == _views(full), i
     # state?at (a fresh Rewind: from the log) at moments all over the packed part.
-    rewind = Rewind(store, copy_sessions=0, persist_every_s=120.0)
+    rewind = Rewind(store, copies_bytes=0, persist_every_s=120.0)
     for at in (T0 + 350.5, T0 + 20.25, T0 + 200.0, T0 + 61.7, T0 + 300.01):
         assert rewind.view(job_id, "j", at, _views) == _views(_fold(events, at)), at
     assert list(archive.export_lines(store, job_id, now=1.0)) == before
@@ -475,3 +475,67 @@ def test_a_pack_write_that_fails_midway_leaves_the_rows_as_they_were(store):
         store.writer.submit(task)
     assert not store.packs.of_job(job_id)
     assert list(store.log.events(job_id)) == events
+
+
+# -- packs opened for reading, kept ------------------------------------------------------------
+
+def test_a_scrub_opens_each_pack_once_and_the_next_only_when_the_read_gets_there(store):
+    events = _stored(_job_events(300))
+    job_id = _store_job(store, events)
+    Compactor(store, FULL).run_once()
+    packs = store.packs.of_job(job_id)
+    assert len(packs) >= 3
+    kept = store.log.open_packs
+    first = packs[0]
+    inside = [ev for ev in events if first["first_id"] < ev["id"] < first["last_id"]]
+    for _ in range(3):  # moment after moment inside one cell: one open
+        assert list(store.log.events(job_id, after=first["first_id"],
+                                     upto=first["last_id"] - 1)) == inside
+    assert (kept.opened, kept.reused) == (1, 2)
+    read = store.log.events(job_id, after=first["first_id"])  # a fold that stops early
+    assert [next(read)["id"] for _ in range(3)] == [ev["id"] for ev in inside[:3]]
+    read.close()
+    assert (kept.opened, kept.reused) == (1, 3)  # the cell after it was not opened
+    assert list(store.log.events(job_id)) == events
+    assert kept.opened == len(packs) and kept.kept_bytes() > 0
+
+
+def test_a_pack_rewritten_is_read_from_its_new_bytes(store):
+    events = _stored(_job_events(1500))
+    _store_job(store, events)
+    Compactor(store, Policy(keep_full_s=10_000, around_findings_s=60, pack_after_s=60)).run_once()
+    full = list(store.log.events(1))
+    assert full == events  # every pack read, and kept
+    thinning = Compactor(store, Policy(keep_full_s=300, around_findings_s=60, pack_after_s=60))
+    thinning.run_once()
+    assert any(p["thinned"] for p in store.packs.of_job(1))
+    fresh = Store(store.url).start()  # nothing kept: what the file holds now
+    try:
+        want = list(fresh.log.events(1))
+    finally:
+        fresh.close()
+    assert len(want) < len(full)
+    assert list(store.log.events(1)) == want
+
+
+def test_packs_kept_are_let_go_once_idle_and_kept_within_their_bytes(store):
+    _store_job(store, _stored(_job_events(300)))
+    Compactor(store, FULL).run_once()
+    rows = _pack_data(store)
+    assert len(rows) >= 3
+    now = [0.0]
+    kept = OpenPacks(max_bytes=10**9, idle_s=60.0, monotonic=lambda: now[0])
+    packs = [kept.open(r) for r in rows]
+    assert kept.open(rows[0]) is packs[0] and kept.reused == 1
+    assert kept.kept_bytes() == sum(p.nbytes for p in packs)
+    now[0] = 30.0
+    kept.open(rows[1])  # read again: younger than the others
+    now[0] = 75.0
+    kept.sweep()
+    assert kept.kept_bytes() == packs[1].nbytes
+    assert kept.open(rows[0]) is not packs[0]  # let go, so opened again
+    small = OpenPacks(max_bytes=packs[0].nbytes + packs[1].nbytes // 2)
+    for r in rows:
+        small.open(r)
+    assert small.kept_bytes() == packs[-1].nbytes  # the newest that fits; the older went
+    assert small.open(rows[-1]) is not None and small.reused == 1
