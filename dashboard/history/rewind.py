@@ -5,10 +5,11 @@ moment after another. Folding the log from its start each time costs the whole l
 request: minutes for a big job. Rewind keeps, per job, a cursor (the last state it built
 and the last event in it) that a later moment continues from, and checkpoints (copies taken
 every ``spacing`` events folded, and at least EVENTS_PER_SESSION_COPIED per agent session,
-spread out as they grow in number) that an earlier moment starts from. Copies are taken
-only of states of at most ``copy_sessions`` agent sessions: a 1,024-rank state is tens of
-megabytes, so a big job keeps its cursor alone in memory (backwards, it starts from the
-stored checkpoints below).
+spread out as they grow in number or outgrow ``copies_bytes``) that an earlier moment starts
+from. A copy of a 1,024-rank state is ~7 MB (zlib 1 of its pickle, 0.5 s to take and as
+long to restore, against ~25 s of that job's log to fold): a job scrubbed back and forth
+keeps about 16 of them, spread over what was scrubbed. Backwards past them, a moment starts
+from the stored checkpoints below.
 
 Persistent checkpoints (the ``checkpoints`` table) are what a big job scrubs backwards from,
 and what any job starts from after a restart: the state is stored each time a fold crosses
@@ -44,6 +45,9 @@ from dashboard.storage.store import Store
 log = logging.getLogger("pgdash.rewind")
 
 T = TypeVar("T")
+# In-memory copies of folded states, all jobs together (Rewind's ``copies_bytes``): 16 of a
+# 1,024-rank job's.
+COPIES_BYTES = 128 * 2**20
 
 
 @dataclasses.dataclass
@@ -77,7 +81,7 @@ class Rewind:
     EVENTS_PER_SESSION_COPIED = 100
 
     def __init__(self, store: Store, max_jobs: int = 4, checkpoints: int = 16,
-                 spacing: int = 2000, copy_sessions: int = 256,
+                 spacing: int = 2000, copies_bytes: int = COPIES_BYTES,
                  persist_every_s: float = 300.0,
                  new_state: Callable[[int, str], Any] = JobState):
         self.store = store
@@ -88,7 +92,7 @@ class Rewind:
         self.checkpoints_saved = 0
         self._live_period: dict[int, float] = {}  # by job: the period of its last live batch
         self.max_jobs, self.max_checkpoints = max_jobs, checkpoints
-        self.spacing, self.copy_sessions = spacing, copy_sessions
+        self.spacing, self.copies_bytes = spacing, copies_bytes  # 0: no copies
         self._lock = threading.Lock()
         self._cursors: collections.OrderedDict[int, _Point] = collections.OrderedDict()
         self._checkpoints: dict[int, list[_Copy]] = {}  # by job, in log order
@@ -246,13 +250,21 @@ class Rewind:
         return _Point(last_at, last_id, state, folded)
 
     def _mark(self, job_id: int, point: _Point) -> None:
-        if len(point.state.sessions) > self.copy_sessions:
+        if not self.copies_bytes:
             return
         marks = self._checkpoints.setdefault(job_id, [])
         if any(m.last_id == point.last_id for m in marks):
             return
-        marks.append(_Copy(point.at, point.last_id, encode_state(point.state, level=1)))
+        copy = _Copy(point.at, point.last_id, encode_state(point.state, level=1))
+        if len(copy.data) * 2 > self.copies_bytes:
+            return  # a state this big keeps its cursor alone
+        marks.append(copy)
         marks.sort(key=lambda m: m.last_id)
-        if len(marks) > self.max_checkpoints:  # keep them spread: every other one, twice
-            del marks[1::2]                     # as far apart from now on
+        while len(marks) > self.max_checkpoints or self._copies_held() > self.copies_bytes:
+            del marks[1::2]  # keep them spread: every other one, twice as far apart from now on
             self._spacing[job_id] = 2 * self._spacing.get(job_id, self.spacing)
+            if len(marks) <= 1:
+                break
+
+    def _copies_held(self) -> int:
+        return sum(len(m.data) for marks in self._checkpoints.values() for m in marks)

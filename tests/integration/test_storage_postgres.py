@@ -19,11 +19,11 @@ def test_compaction_and_stored_checkpoints_work_on_postgres(pg_url):
         stored = list(store.log.events(job_id))
         assert removed == len(events) - len(stored) > len(events) // 2
         assert _views(_fold(stored)) == _views(_fold(events))
-        first = Rewind(store, copy_sessions=0, persist_every_s=120.0)
+        first = Rewind(store, copies_bytes=0, persist_every_s=120.0)
         first.view(job_id, "j", stored[-1]["received_at"], lambda s: None)
         first.wait_saved()
         store.writer.wait_idle()
-        restarted = Rewind(store, copy_sessions=0, persist_every_s=120.0)
+        restarted = Rewind(store, copies_bytes=0, persist_every_s=120.0)
         at = T0 + 800.5  # inside the window: folds the same as the full log
         assert restarted.view(job_id, "j", at, _views) == _views(_fold(stored, at))
         assert restarted.checkpoints_loaded == 1

@@ -8,6 +8,7 @@ from dashboard.web import views
 from dashboard.ingest.pipeline import Ingest, Refused
 from dashboard.web.live import state_at
 from dashboard.storage.store import Store
+from dashboard.storage.codec import encode_state
 from tests.helpers.ingest import auth, batch, ev, hang_job  # noqa: F401  (hang_job: a fixture)
 
 
@@ -197,6 +198,17 @@ def test_scrubbing_gives_a_fresh_fold_at_every_moment_and_reads_only_what_it_mus
         assert rewind.view(job, "long", 500.0, seen) == seen(fresh(500.0))
         assert rewind.events_read - before < sum(e["received_at"] <= 500.0 for e in events) // 2
         assert len(rewind._checkpoints[job]) <= 4
+        # Copies stay within their bytes, thinned as they grow; one over half of them is
+        # not taken (a big job keeps its cursor alone).
+        size = len(encode_state(rewind.cursor(job), level=1))
+        for budget, most in ((int(2.5 * size), 2), (int(1.5 * size), 0)):
+            bounded = Rewind(store, spacing=300, checkpoints=4, copies_bytes=budget,
+                             new_state=ingest.rewind.new_state)
+            for at in (650.0, 300.0, 500.0, 200.0):
+                assert bounded.view(job, "long", at, seen) == seen(fresh(at)), at
+                assert bounded._copies_held() <= budget
+            assert len(bounded._checkpoints.get(job, [])) <= most
+            assert most == 0 or bounded._checkpoints[job]
     finally:
         store.close()
 

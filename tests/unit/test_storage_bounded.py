@@ -213,13 +213,13 @@ def _file_bytes(store: Store) -> int:
 def test_scrubbing_back_starts_from_a_stored_checkpoint_also_after_a_restart(store):
     events = _job_events(1200)
     job_id = _store_job(store, events)
-    # copy_sessions=0: no in-memory copies, as for a 1,024-rank job
-    first = Rewind(store, copy_sessions=0, persist_every_s=120.0)
+    # copies_bytes=0: no in-memory copies
+    first = Rewind(store, copies_bytes=0, persist_every_s=120.0)
     first.view(job_id, "j", events[-1]["received_at"], lambda s: None)
     first.wait_saved()  # compressed off the scrub's thread, then queued
     store.writer.wait_idle()
     assert first.checkpoints_saved >= 8
-    restarted = Rewind(store, copy_sessions=0, persist_every_s=120.0)
+    restarted = Rewind(store, copies_bytes=0, persist_every_s=120.0)
     for at in (T0 + 1000.5, T0 + 500.5, T0 + 130.0):  # backwards
         before = restarted.events_read
         got = restarted.view(job_id, "j", at, _views)
