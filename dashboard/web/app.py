@@ -1,6 +1,7 @@
 """The app factory: config, then the server's parts (dashboard.services), then the web on
 top of them: the API and page blueprints (dashboard.web.api, dashboard.web.pages), access
-control (dashboard.web.access) and the Socket.IO namespaces (dashboard.web.sockets)."""
+control (dashboard.web.access), gzip for big JSON answers (dashboard.web.compression) and
+the Socket.IO namespaces (dashboard.web.sockets)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from flask import Flask
 from dashboard import services as parts
 from dashboard.config import DEFAULTS
 from dashboard.resources import resource_dir
-from dashboard.web import access
+from dashboard.web import access, compression
 from dashboard.web.api import api
 from dashboard.web.pages import pages
 from dashboard.web.sockets import register_agent_namespace, register_ui_namespace
@@ -38,6 +39,7 @@ def create_app(test_config: dict[str, Any] | None = None,
     socketio = services.socketio
     socketio.init_app(app)
     access.register(app, socketio, app.config["TOKEN"], services.guard)
+    compression.register(app)
     app.register_blueprint(pages)
     app.register_blueprint(api)
     register_agent_namespace(socketio, services.ingest, services.guard, services.new_limits)

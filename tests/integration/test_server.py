@@ -3,6 +3,7 @@ is lost, tokens are enforced, and browsers get live pushes."""
 
 from __future__ import annotations
 
+import json
 import queue
 import subprocess
 import sys
@@ -264,3 +265,41 @@ def test_state_at_a_moment_has_the_sections_the_live_feed_sent_at_it(server):
         for client in agents:
             client.disconnect()
         ui.disconnect()
+
+
+def test_a_big_json_answer_is_gzipped_for_a_client_that_accepts_it(server):
+    import gzip
+    import http.client
+    import urllib.parse
+
+    agent = agent_client(server.url, session="wide", job="wide")
+    try:
+        assert send(agent, [ev(1, "hello", {**HELLO, "job": "wide"}),
+                            ev(2, "group", {"name": "0", "ranks": list(range(4096))})]
+                    )["stored"] == 2
+        job = wait_for(lambda: job_by_name(server, "wide"), 10, "the job")
+        parts = urllib.parse.urlsplit(server.url)
+
+        def fetch(path: str, **headers: str) -> tuple[dict, bytes]:
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+            try:
+                conn.request("GET", path, headers={k.replace("_", "-"): v
+                                                   for k, v in headers.items()})
+                resp = conn.getresponse()
+                assert resp.status == 200
+                return dict(resp.getheaders()), resp.read()
+            finally:
+                conn.close()
+
+        moment = f"/api/jobs/{job['id']}/state?at={time.time() + 1}"
+        plain_headers, plain = fetch(moment)
+        assert "Content-Encoding" not in plain_headers and len(plain) > 16 * 1024
+        headers, body = fetch(moment, Accept_Encoding="gzip, deflate")
+        assert headers["Content-Encoding"] == "gzip" and "Accept-Encoding" in headers["Vary"]
+        assert len(body) < len(plain) // 3
+        assert json.loads(gzip.decompress(body))["groups"] == json.loads(plain)["groups"]
+        # A small answer goes as it is.
+        headers, body = fetch(f"/api/jobs/{job['id']}/incidents", Accept_Encoding="gzip")
+        assert "Content-Encoding" not in headers and isinstance(json.loads(body), (dict, list))
+    finally:
+        agent.disconnect()
