@@ -4,8 +4,9 @@ What runs: a simulated job of ``--ranks`` ranks (default 64; the issue's figure 
 ``--ranks 256``) for ``--minutes`` of simulated time (default 60), written through the real
 path (``Ingest.connect`` and ``Ingest.batch_nowait`` -> the Store's writer thread -> a real
 SQLite file, folded live into JobState) with a clock the bench moves forward. Each rank
-sends what a real agent sends once a second (bench.common's generator: a heartbeat,
-a latency summary of ``--ops`` rows, a GPU reading); at ``--hang-at`` minutes one rank
+sends what a real agent sends at its defaults (bench.common.agent_schedule: a heartbeat, a
+GPU reading and a latency summary of ``--ops`` rows a second, and a second summary half a
+second later, PGDASH_STATS_INTERVAL_S = 0.5), a second's events in one batch; at ``--hang-at`` minutes one rank
 stops entering the world group's collectives for ``--hang-for`` minutes (the others wait
 in an all_reduce), so diagnosis raises a hang that resolves: the "full resolution kept
 around findings" part of the figure. Live diagnosis runs every 10 simulated seconds; the
@@ -55,7 +56,8 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.common import members, mesh_groups, pct, second_events, start_events
+from bench.common import (agent_schedule, members, mesh_groups, pct, second_events,
+                          start_events, summary_event)
 from dashboard.history import archive
 from dashboard.ingest.pipeline import Ingest
 from dashboard.web.live import state_at
@@ -117,15 +119,21 @@ def simulate(args, db: Path) -> dict:
     hang_end = hang_start + args.hang_for * 60
     stuck = world // 2  # the rank that stops entering the world group's collectives
     seconds = int(args.minutes * 60)
+    schedule = agent_schedule()  # [(0.0, True), (0.5, False)] at the agent's defaults
+    span = schedule[1][0] if len(schedule) > 1 else 1.0  # what a summary covers
     wall, compact_s = time.perf_counter(), 0.0
     for s in range(1, seconds + 1):
         base = t0 + s
         for rank in range(world):
             clock.t = base + rank / world  # each rank at its own phase within the second
-            events = second_events(rank, s, groups[rank], args.ops, rng)
             t = clock.t - 0.05
-            hb, coll, gpu = events
-            coll[1]["start"], coll[1]["end"] = t - 1.0, t
+            # What the agent sends a second at its defaults (bench.common.agent_schedule): at
+            # the heartbeat a summary, the heartbeat and a GPU reading, and a summary at each
+            # stats interval between; here in one batch, as an agent behind by a beat sends.
+            hb, coll, gpu = second_events(rank, s, groups[rank], args.ops, rng, now=t,
+                                          span=span)
+            events = [summary_event(groups[rank], args.ops, rng, span, now=t - 1 + offset)
+                      for offset, _ in schedule[1:]] + [hb, coll, gpu]
             if hang_start <= t < hang_end:
                 step = int(args.hang_at * 60)
                 for row in hb[1]["groups"]:
