@@ -230,7 +230,7 @@ class Rewind:
     def _fold(self, job_id: int, point: _Point, at: float) -> _Point:
         state, last_id, last_at, folded = point.state, point.last_id, point.at, point.folded
         every = self.persist_every_s
-        for ev in self.store.log.events(job_id, after=last_id):
+        for ev in self.store.log.events(job_id, after=last_id, keep=True):
             self.events_read += 1
             if every and last_id:
                 boundary = math.floor(ev["received_at"] / every) * every

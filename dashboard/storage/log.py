@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from dashboard.storage.codec import decode_body, encode_body, raw_body
 from dashboard.storage.packformat import Pack
-from dashboard.storage.packs import OpenPacks, UnreadablePack
+from dashboard.storage.packs import OpenPacks, UnreadablePack, open_stored
 from dashboard.storage.schema import event_packs, events, jobs
 
 log = logging.getLogger("pgdash.storage")
@@ -47,7 +47,7 @@ class EventLog:
     def __init__(self, engine: sa.Engine):
         self.engine = engine
         self.unreadable_packs = 0  # passed over by events_after / events_by_id (logged)
-        self.open_packs = OpenPacks()  # packs read lately, kept for the reads that follow
+        self.open_packs = OpenPacks()  # packs replays read lately, kept for their next reads
         self._next_id: int | None = None  # see _allocate_ids
         self._deferred: list[tuple] = []  # event rows of this transaction, see insert
         self._deferred_rows: list[dict[str, Any]] = []  # the same, other databases
@@ -143,10 +143,13 @@ class EventLog:
     # -- reading -----------------------------------------------------------------------------
 
     def events(self, job_id: int, chunk: int = 5000, after: int = 0,
-               upto: int | None = None, raw: bool = False) -> Iterator[dict[str, Any]]:
+               upto: int | None = None, raw: bool = False,
+               keep: bool = False) -> Iterator[dict[str, Any]]:
         """The job's events in log order (those with an id above ``after``, and at most
         ``upto`` when given), as StoredEvent dicts: rows and packs merged (``raw``: bodies
-        as dashboard.storage.codec.RawBody where they are MessagePack, for moving them unread).
+        as dashboard.storage.codec.RawBody where they are MessagePack, for moving them unread;
+        ``keep``: the packs read are kept open for the reads that follow, see
+        :class:`OpenPacks`: a replay's, not a single pass's such as an export or compaction).
 
         Raises:
             UnreadablePack: a pack of this job that this pgdash cannot read (the message
@@ -156,7 +159,8 @@ class EventLog:
             with self.engine.connect() as conn:
                 rows, packs, cutoff = _read_log(conn, job_id, after, upto, chunk, PACKS_AHEAD)
             last = after
-            for ev in _merge(rows, packs, after, cutoff, self.open_packs.open, raw):
+            opener = self.open_packs.open if keep else open_stored
+            for ev in _merge(rows, packs, after, cutoff, opener, raw):
                 if ev["id"] != last:  # a row packed between the two reads comes twice
                     last = ev["id"]
                     yield ev
@@ -209,7 +213,7 @@ class EventLog:
                      only: set[int] | None = None) -> list[dict[str, Any]]:
         """Events of a pack as ``events_after`` rows (with ``job_id``), [] if unreadable."""
         try:
-            pack = self.open_packs.open(pack_row)
+            pack = open_stored(pack_row)
         except UnreadablePack as exc:
             self.unreadable_packs += 1
             log.error("pgdash: %s", exc)

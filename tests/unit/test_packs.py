@@ -215,6 +215,7 @@ def test_job_events_is_right_across_pack_and_row_boundaries(store):
                     if ev["id"] > after and (upto is None or ev["id"] <= upto)]
             assert list(store.log.events(job_id, after=after, upto=upto)) == want, (after, upto)
             assert list(store.log.events(job_id, chunk=7, after=after, upto=upto)) == want
+            assert list(store.log.events(job_id, after=after, upto=upto, keep=True)) == want
 
 
 def test_the_cluster_tail_sees_packed_events_of_every_job(store):
@@ -488,15 +489,17 @@ def test_a_scrub_opens_each_pack_once_and_the_next_only_when_the_read_gets_there
     kept = store.log.open_packs
     first = packs[0]
     inside = [ev for ev in events if first["first_id"] < ev["id"] < first["last_id"]]
+    assert list(store.log.events(job_id)) == events  # a single pass keeps nothing
+    assert (kept.opened, kept.kept_bytes()) == (0, 0)
     for _ in range(3):  # moment after moment inside one cell: one open
         assert list(store.log.events(job_id, after=first["first_id"],
-                                     upto=first["last_id"] - 1)) == inside
+                                     upto=first["last_id"] - 1, keep=True)) == inside
     assert (kept.opened, kept.reused) == (1, 2)
-    read = store.log.events(job_id, after=first["first_id"])  # a fold that stops early
+    read = store.log.events(job_id, after=first["first_id"], keep=True)  # a fold that stops
     assert [next(read)["id"] for _ in range(3)] == [ev["id"] for ev in inside[:3]]
     read.close()
     assert (kept.opened, kept.reused) == (1, 3)  # the cell after it was not opened
-    assert list(store.log.events(job_id)) == events
+    assert list(store.log.events(job_id, keep=True)) == events
     assert kept.opened == len(packs) and kept.kept_bytes() > 0
 
 
@@ -504,7 +507,7 @@ def test_a_pack_rewritten_is_read_from_its_new_bytes(store):
     events = _stored(_job_events(1500))
     _store_job(store, events)
     Compactor(store, Policy(keep_full_s=10_000, around_findings_s=60, pack_after_s=60)).run_once()
-    full = list(store.log.events(1))
+    full = list(store.log.events(1, keep=True))
     assert full == events  # every pack read, and kept
     thinning = Compactor(store, Policy(keep_full_s=300, around_findings_s=60, pack_after_s=60))
     thinning.run_once()
@@ -515,7 +518,7 @@ def test_a_pack_rewritten_is_read_from_its_new_bytes(store):
     finally:
         fresh.close()
     assert len(want) < len(full)
-    assert list(store.log.events(1)) == want
+    assert list(store.log.events(1, keep=True)) == want
 
 
 def test_packs_kept_are_let_go_once_idle_and_kept_within_their_bytes(store):
