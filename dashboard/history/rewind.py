@@ -256,15 +256,28 @@ class Rewind:
         if any(m.last_id == point.last_id for m in marks):
             return
         copy = _Copy(point.at, point.last_id, encode_state(point.state, level=1))
-        if len(copy.data) * 2 > self.copies_bytes:
-            return  # a state this big keeps its cursor alone
+        if len(copy.data) * 2 > self.copies_bytes:  # a state this big keeps its cursor alone:
+            self._thinned(job_id)                    # tried ever more rarely
+            return
         marks.append(copy)
         marks.sort(key=lambda m: m.last_id)
-        while len(marks) > self.max_checkpoints or self._copies_held() > self.copies_bytes:
-            del marks[1::2]  # keep them spread: every other one, twice as far apart from now on
-            self._spacing[job_id] = 2 * self._spacing.get(job_id, self.spacing)
-            if len(marks) <= 1:
-                break
+        if len(marks) > self.max_checkpoints:
+            self._thin(job_id)
+        held = {job: sum(len(m.data) for m in kept) for job, kept in self._checkpoints.items()}
+        while sum(held.values()) > self.copies_bytes:  # the job holding most gives way
+            most = max(held, key=held.get)
+            self._thin(most)
+            held[most] = sum(len(m.data) for m in self._checkpoints[most])
+
+    def _thin(self, job_id: int) -> None:
+        """Keep the job's copies spread: every other one goes (the oldest stays), and they
+        are taken twice as far apart from now on; the last one goes too if it alone is left."""
+        marks = self._checkpoints[job_id]
+        del marks[1 if len(marks) > 1 else 0::2]
+        self._thinned(job_id)
+
+    def _thinned(self, job_id: int) -> None:
+        self._spacing[job_id] = 2 * self._spacing.get(job_id, self.spacing)
 
     def _copies_held(self) -> int:
         return sum(len(m.data) for marks in self._checkpoints.values() for m in marks)

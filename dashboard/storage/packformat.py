@@ -38,7 +38,7 @@ _payload_decoders = {
 # nanosecond, NVML's milliwatts as watts), whose float64 bytes look random to zlib although
 # they hold ~25 bits.
 _SCALE = 1000
-PACK_EVENT_BYTES = 96  # an opened pack's memory per event beyond its bodies (89 measured)
+PACK_EVENT_BYTES = 120  # an opened pack's memory per event beyond its bodies (89-116)
 _DECIMAL_MAX = 2.0 ** 53 / _SCALE  # larger: no exact integer k with k / _SCALE == x
 
 
@@ -278,11 +278,11 @@ class Pack:
                 raise ValueError("its columns differ in length")
             self._sessions[max(self._sidx, default=0)]
             self._kinds[max(self._kidx, default=0)]
-            # What it holds in memory, about: the bodies' bytes, and per event its column
-            # values (an id, two times and a seq as objects) and six list slots.
+            # What it holds in memory, about: the bodies' bytes, and per event an id, two
+            # times, a group and a row in arrays, and a session, kind and seq in lists.
             self.nbytes = len(raw) + n * PACK_EVENT_BYTES
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError,
-                IndexError, struct.error) as exc:
+                IndexError, OverflowError, struct.error) as exc:
             raise ValueError(f"pack cannot be read: {exc}") from None
 
     def events(self, after: int = 0, upto: int | None = None,

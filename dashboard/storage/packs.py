@@ -112,8 +112,11 @@ class OpenPacks:
             self._arm()
 
     def _arm(self) -> None:
+        """Have :meth:`sweep` run when the least recently read pack turns idle."""
         if self._kept and self._timer is None:
-            self._timer = threading.Timer(self.idle_s, self.sweep)
+            oldest = next(iter(self._kept.values()))[0]
+            due = max(0.0, oldest + self.idle_s - self.monotonic())
+            self._timer = threading.Timer(due + 0.01, self.sweep)
             self._timer.daemon = True
             self._timer.start()
 

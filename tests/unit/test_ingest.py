@@ -213,6 +213,28 @@ def test_scrubbing_gives_a_fresh_fold_at_every_moment_and_reads_only_what_it_mus
         store.close()
 
 
+def test_scrub_copies_of_all_jobs_share_their_bytes(tmp_path):
+    """Two jobs scrubbed in turn: their copies together stay within the budget, the job
+    holding most gives way, and each keeps some."""
+    from dashboard.history.rewind import Rewind, _Point
+    from dashboard.state import JobState
+
+    def state(job: int, n: int) -> JobState:
+        return JobState(job, "j").apply_all(
+            {"id": i, "session": f"s{i % 4}", "seq": i, "t": 100.0 + i, "received_at": 100.0 + i,
+             "kind": "heartbeat", "body": {"groups": []}} for i in range(1, n))
+
+    size = len(encode_state(state(1, 50), level=1))
+    store = Store(f"sqlite:///{tmp_path / 'copies.sqlite'}")
+    rewind = Rewind(store, copies_bytes=int(5.5 * size), checkpoints=16)
+    for job in (1, 2):
+        for k in range(1, 9):
+            rewind._mark(job, _Point(100.0 + k, 10 * k, state(job, 50)))
+            assert rewind._copies_held() <= rewind.copies_bytes
+    kept = {job: len(marks) for job, marks in rewind._checkpoints.items()}
+    assert kept[1] >= 1 and kept[2] >= 1 and sum(kept.values()) <= 5, kept
+
+
 def test_a_known_session_reconnects_at_once_while_the_writer_is_behind(ingest):
     """A server behind its agents still takes back a session it knows: its job is known, the
     connect event is queued in order; only a session it has never seen waits for the
