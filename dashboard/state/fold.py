@@ -100,6 +100,7 @@ class Fold:
         self._ranks_memo: tuple[int, dict[int, RankState]] | None = None
         self._memo: dict[Hashable, Any] = {}  # see memo()
         self._memo_applied = 0
+        self._kept: dict[Hashable, Any] = {}  # see JobState.kept(); never stored
 
     def __setstate__(self, data: dict[str, Any]) -> None:
         """A stored checkpoint's state; one an earlier pgdash stored has its latency
@@ -108,6 +109,7 @@ class Fold:
         self.__dict__.setdefault("exit_rows", {})  # checkpoints of earlier versions
         self.__dict__.setdefault("snapshots", {})
         self.__dict__.setdefault("snapshot_answers", 0)
+        self.__dict__.setdefault("_kept", {})  # not stored (see codec.pickle_state)
         if "family_of" not in data:  # checkpoints of earlier versions: series per group
             self.family_of = {name: family_of(g) for name, g in self.groups.items()}
             self.op_seconds = per_family(self.op_seconds, self.family_of)

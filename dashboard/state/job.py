@@ -197,6 +197,14 @@ class JobState(Fold):
             self._memo[key] = build()
         return self._memo[key]
 
+    def kept(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """``make()``, kept with this state for as long as it lives, never stored with it: for
+        views that keep themselves in step with the fold (dashboard.web.timeline)."""
+        kept = self._kept
+        if key not in kept:
+            kept[key] = make()
+        return kept[key]
+
     def claims(self, rank: int | None, session: str, attempt: int = 0) -> bool:
         """Whether another session of that attempt already holds ``rank`` in this job."""
         if rank is None:

@@ -164,12 +164,12 @@ def pickle_state(fold: Any) -> bytes:
     """The first half of :func:`encode_state`: what must be taken while nothing folds into
     the state (the second, :func:`compress_state`, may run elsewhere)."""
     state = getattr(fold, "state", fold)
-    memo = (state._memo, state._summary_memo, state._ranks_memo)
-    state._memo, state._summary_memo, state._ranks_memo = {}, None, None
+    memo = (state._memo, state._summary_memo, state._ranks_memo, state._kept)
+    state._memo, state._summary_memo, state._ranks_memo, state._kept = {}, None, None, {}
     try:
         return pickle.dumps(fold, protocol=pickle.HIGHEST_PROTOCOL)
     finally:
-        state._memo, state._summary_memo, state._ranks_memo = memo
+        state._memo, state._summary_memo, state._ranks_memo, state._kept = memo
 
 
 def compress_state(raw: bytes, level: int = STATE_LEVEL) -> bytes:

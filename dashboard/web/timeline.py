@@ -5,7 +5,10 @@ no SQL."""
 
 from __future__ import annotations
 
+import array
+import collections
 import itertools
+import threading
 from typing import Any
 
 from dashboard.state import JobState, LatencyStats, group_order
@@ -36,29 +39,12 @@ def timeline_grid(state: JobState, bins: int = 30) -> dict[str, Any]:
     first = last - bins + 1
     busy_of: dict[str, dict[int, list]] = {}  # family -> rank -> busy percent per bin
     sampled: set[str] = set()  # families with rows from the Flight Recorder's samples
+    busy_rows = _busy_rows(state)
     for (g, rank), window in state.recent.items():
-        # The summaries on the grid are the window's newest (one agent's summaries end in
-        # the order it sent them): back to the first before the grid, whose end starts the
-        # interval of the first on it, then forward. At 256 ranks this is most of a moment's
-        # views, and about half a window lies before the grid.
-        start = len(window)
-        while start and window[start - 1][0] >= first:
-            start -= 1
-        if start == len(window):
-            continue
         rows = busy_of.setdefault(families.get(g, g), {})
-        row = rows.get(rank)
-        if row is None:
-            row = rows[rank] = [None] * bins
-        prev_end = window[start - 1][0] if start else None
-        for end, _count, sum_us, _hist in itertools.islice(window, start, None):
-            b = int(end) - first
-            dt = end - prev_end if prev_end is not None else 1.0
-            prev_end = end
-            # Summaries of under a second (PGDASH_STATS_INTERVAL_S) share a bin: their busy
-            # times add up; a longer one is spread over its seconds.
-            pct = round(sum_us / 1e4 / (dt if 1.0 < dt < 10 else 1.0))
-            row[b] = min(100, pct if row[b] is None else row[b] + pct)
+        row = busy_rows.row(g, rank, window, first, bins, rows.get(rank))
+        if row is not None:
+            rows[rank] = row
     for (g, rank), tallies in state.fr_tallies.items():
         # C++-issued collectives are timed to the agent's poll gap, not to the collective:
         # their busy share comes from how many of its samples found the rank inside one.
@@ -122,3 +108,149 @@ def _op_series(state: JobState, families: dict[str, str], order: list[str], firs
                     "p50_us": [c.percentile(0.5) if c else None for c in cells],
                     "p99_us": [c.percentile(0.99) if c else None for c in cells]})
     return out
+
+
+def busy_row(window: collections.deque, first: int, bins: int,
+             into: list | None = None) -> list | None:
+    """One (group, rank) window's busy percent per second of the grid starting at ``first``,
+    added to ``into`` (the row of another group of the family) if given (None: no summary
+    on the grid). The definition; _BusyRows keeps the same sums as the fold goes."""
+    # The summaries on the grid are the window's newest (one agent's summaries end in the
+    # order it sent them): back to the first before the grid, whose end starts the interval
+    # of the first on it, then forward.
+    start = len(window)
+    while start and window[start - 1][0] >= first:
+        start -= 1
+    if start == len(window):
+        return None
+    row: list = [None] * bins if into is None else into
+    prev_end = window[start - 1][0] if start else None
+    for end, _count, sum_us, _hist in itertools.islice(window, start, None):
+        b = int(end) - first
+        dt = end - prev_end if prev_end is not None else 1.0
+        prev_end = end
+        pct = _pct(sum_us, dt)
+        row[b] = min(100, pct if row[b] is None else row[b] + pct)
+    return row
+
+
+def _pct(sum_us: float, dt: float) -> int:
+    # Summaries of under a second (PGDASH_STATS_INTERVAL_S) share a bin: their busy times
+    # add up; a longer one is spread over its seconds.
+    return round(sum_us / 1e4 / (dt if 1.0 < dt < 10 else 1.0))
+
+
+def _busy_rows(state: JobState) -> "_BusyRows":
+    return state.kept("busy_rows", _BusyRows)
+
+
+class _BusyRows:
+    """busy_row() of every window, kept in step with the fold: a moment later costs the
+    summaries appended since (and those that fell off a window's far end), not every
+    window again. At 1,024 ranks the windows hold ~300,000 summaries on a 30-second grid,
+    and reading them all was half of a replayed moment; what is kept is ~1 KB per window.
+    A window whose ends go back in time (an agent's clock stepped back) or that holds a
+    negative or absurd time is read whole, as is a grid longer than RING seconds."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # two readers of one state (the live push, the API)
+        self._of: dict[tuple[str, int], _Window] = {}
+
+    def row(self, group: str, rank: int, window: collections.deque, first: int, bins: int,
+            into: list | None) -> list | None:
+        """busy_row(window, first, bins, into)."""
+        with self._lock:
+            kept = self._of.get((group, rank))
+            if kept is None or not kept.follow(window):
+                kept = _Window(window)
+            if not kept.exact:
+                self._of.pop((group, rank), None)
+            else:
+                self._of[(group, rank)] = kept
+                if kept.holds(first):
+                    return kept.row(first, bins, into)
+        return busy_row(window, first, bins, into)
+
+
+RING = 64  # seconds of busy sums kept per window: the grid's 30 and then some
+EMPTY = -1  # a second of the ring no summary ended in
+MAX_PCT = 2**24  # a summary's busy percent kept in the ring (60 of them fit in an int32)
+
+
+class _Window:
+    """The sums busy_row() makes of one window whose ends only go forward, for each of its
+    newest RING seconds: each summary counts its busy percent over its interval from the
+    one before it, the window's oldest over one second (nothing before it is left)."""
+
+    __slots__ = ("window", "parts", "ring", "newest", "exact")
+
+    def __init__(self, window: collections.deque) -> None:
+        self.window = window
+        self.parts: collections.deque = collections.deque(maxlen=window.maxlen)  # its tuples
+        self.ring = array.array("i", [EMPTY]) * RING  # second % RING -> busy percent
+        self.newest = -2**62  # the newest summary's second
+        self.exact = True  # False: ends that go back, or a time out of bounds
+        self._append(window)
+
+    def follow(self, window: collections.deque) -> bool:
+        """Take in what was appended to ``window`` since; False: it is not the window this
+        follows any more (replaced, emptied, or more appended than it holds)."""
+        if window is not self.window:
+            return False
+        parts = self.parts
+        if not parts or not window:
+            self._append(window)
+            return not parts or bool(window)
+        last = parts[-1]
+        for i in range(len(window) - 1, -1, -1):
+            if window[i] is last:
+                self._append(itertools.islice(window, i + 1, None))
+                return True
+        return False
+
+    def _append(self, summaries: Any) -> None:
+        parts, ring = self.parts, self.ring
+        for entry in summaries:
+            if len(parts) == parts.maxlen:  # its oldest falls off the window
+                old = parts.popleft()
+                second = int(old[0])
+                self._add(second, -_pct(old[2], 1.0))
+                if parts:  # the next is the oldest now: over one second
+                    nxt = parts[0]
+                    self._add(int(nxt[0]), _pct(nxt[2], 1.0) - _pct(nxt[2], nxt[0] - old[0]))
+                if (not parts or int(parts[0][0]) != second) and second > self.newest - RING:
+                    ring[second % RING] = EMPTY
+            end, sum_us = entry[0], entry[2]
+            alone = _pct(sum_us, 1.0)
+            pct = alone if not parts else _pct(sum_us, end - parts[-1][0])
+            if not (0 <= alone < MAX_PCT and 0 <= pct < MAX_PCT) or \
+                    (parts and end < parts[-1][0]):
+                self.exact = False  # read whole (BusyRows drops this one)
+                return
+            second = int(end)
+            if second > self.newest:  # the seconds it moves past are empty
+                for s in range(max(self.newest + 1, second - RING + 1), second + 1):
+                    ring[s % RING] = EMPTY
+                self.newest = second
+            self._add(second, pct)
+            parts.append(entry)
+
+    def _add(self, second: int, pct: int) -> None:
+        if second > self.newest - RING:  # older seconds left the ring: no grid reads them
+            i = second % RING
+            self.ring[i] = pct if self.ring[i] == EMPTY else self.ring[i] + pct
+
+    def holds(self, first: int) -> bool:
+        return first > self.newest - RING
+
+    def row(self, first: int, bins: int, into: list | None) -> list | None:
+        if not self.parts or self.parts[-1][0] < first:
+            return None
+        row: list = [None] * bins if into is None else into
+        ring = self.ring
+        for b in range(min(bins, self.newest - first + 1)):
+            pct = ring[(first + b) % RING]
+            if pct != EMPTY:
+                # Percentages of 0 or more: busy_row's running min(100, ...) is the sum's.
+                row[b] = min(100, pct if row[b] is None else row[b] + pct)
+        return row

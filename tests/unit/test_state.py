@@ -362,3 +362,50 @@ def test_a_gpu_reading_folds_faults_and_throttling_as_the_reading_says():
     gpu(15, lost=True)
     state = log.state()
     assert state.throttled_since == {} and state.gpu_faults[0]["lost"] == 15
+
+
+def test_busy_rows_kept_in_step_with_the_fold_are_the_rows_read_whole():
+    # The heat map's rows follow each window as summaries are appended and fall off its far
+    # end (timeline._BusyRows); whatever the window went through, a row is busy_row()'s.
+    import collections
+    import random
+
+    rng = random.Random(7)
+    for trial in range(300):
+        window = collections.deque(maxlen=rng.choice((1, 2, 5, 60, None)))
+        other = collections.deque([(95.0, 1, 3e5, ()), (96.5, 1, 9e5, ())], maxlen=60)
+        state = JobState(1, "j")
+        state.recent = {("0", 0): window, ("1", 0): other}
+        rows = timeline._busy_rows(state)
+        end = 100.0
+        for step in range(rng.randint(1, 40)):
+            for _ in range(rng.choice((0, 1, 2, 3, 70))):
+                odd = rng.random() < 0.02  # a clock stepped back; a negative time
+                end += rng.choice((0.0, 0.25, 0.5, 1.0, 1.5, 4.0, 12.0)) * (-1 if odd else 1)
+                sum_us = rng.uniform(0, 2e6) * (-1 if rng.random() < 0.02 else 1)
+                window.append((end, 1, sum_us, ()))
+            if rng.random() < 0.03:  # replaced (a checkpoint loaded, an upgrade)
+                window = state.recent[("0", 0)] = collections.deque(window, maxlen=window.maxlen)
+            bins = rng.choice((1, 4, 30, 100))
+            # the grid's last second: the newest of every window's (another's may be newer)
+            last = int(max(e[0] for e in [*window, *other])) + rng.choice((0, 0, 1, 3))
+            first = last - bins + 1
+            into = rng.choice((None, "other"))
+            want_into = None if into is None else timeline.busy_row(other, first, bins)
+            got_into = None if into is None else timeline.busy_row(other, first, bins)
+            want = timeline.busy_row(window, first, bins, want_into)
+            got = rows.row("0", 0, window, first, bins, got_into)
+            assert got == want, (trial, step, list(window)[-5:], first, bins)
+
+
+def test_what_a_state_keeps_beside_its_fold_is_not_stored():
+    from dashboard.storage.codec import decode_state, encode_state
+
+    log = two_running_ranks()
+    log.add("s0", "coll_stats", stats("0", "all_reduce", 4, 100.0), t=20)
+    state = log.state()
+    before = timeline.timeline_grid(state, bins=4)
+    assert state._kept
+    loaded = decode_state(encode_state(state))
+    assert loaded._kept == {} and state._kept
+    assert timeline.timeline_grid(loaded, bins=4) == before
