@@ -148,7 +148,7 @@ class _BusyRows:
     """busy_row() of every window, kept in step with the fold: a moment later costs the
     summaries appended since (and those that fell off a window's far end), not every
     window again. At 1,024 ranks the windows hold ~300,000 summaries on a 30-second grid,
-    and reading them all was half of a replayed moment; what is kept is ~1 KB per window.
+    and reading them all was half of a replayed moment; what is kept is ~1.7 KB a window.
     A window whose ends go back in time (an agent's clock stepped back) or that holds a
     negative or absurd time is read whole, as is a grid longer than RING seconds."""
 
@@ -197,11 +197,12 @@ class _Window:
         follows any more (replaced, emptied, or more appended than it holds)."""
         if window is not self.window:
             return False
-        parts = self.parts
-        if not parts or not window:
+        if not window:
+            return not self.parts
+        if not self.parts:
             self._append(window)
-            return not parts or bool(window)
-        last = parts[-1]
+            return True
+        last = self.parts[-1]
         for i in range(len(window) - 1, -1, -1):
             if window[i] is last:
                 self._append(itertools.islice(window, i + 1, None))

@@ -390,9 +390,11 @@ def test_busy_rows_kept_in_step_with_the_fold_are_the_rows_read_whole():
             # the grid's last second: the newest of every window's (another's may be newer)
             last = int(max(e[0] for e in [*window, *other])) + rng.choice((0, 0, 1, 3))
             first = last - bins + 1
-            into = rng.choice((None, "other"))
-            want_into = None if into is None else timeline.busy_row(other, first, bins)
-            got_into = None if into is None else timeline.busy_row(other, first, bins)
+            # added to the row of another group of the family, or a row of its own (each
+            # side gets its own copy: a row is added to in place)
+            merged = rng.random() < 0.5
+            want_into = timeline.busy_row(other, first, bins) if merged else None
+            got_into = timeline.busy_row(other, first, bins) if merged else None
             want = timeline.busy_row(window, first, bins, want_into)
             got = rows.row("0", 0, window, first, bins, got_into)
             assert got == want, (trial, step, list(window)[-5:], first, bins)
