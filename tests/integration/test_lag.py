@@ -14,7 +14,7 @@ import websocket
 from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, UI_NAMESPACE, decode_v2, encode_v2
 
 from dashboard.diagnosis import Settings, diagnose
-from dashboard.ingest.lag import IngestLag
+from dashboard.ingest.lag import LAG_REFRESH_S, IngestLag
 from dashboard.server import make_server
 from dashboard.state import JobState
 from tests.helpers.clock import Clock
@@ -85,6 +85,23 @@ def test_events_received_but_not_folded_count_as_lag_and_silence_does_not():
     assert lag.current() > 5
     clock.t += 121
     assert lag.current() == 0.0
+
+
+def test_the_lag_verdicts_wait_for_is_measured_at_most_every_refresh_a_pause_at_once():
+    """Measuring reads the whole window; judged_at is asked per batch while behind."""
+    clock = Clock()
+    lag = IngestLag(clock)
+    lag.folded("a", clock.t - 0.1, clock.t)
+    clock.t += 30
+    lag.received("a", clock.t - 0.1)  # 30 s of a's events not folded yet: behind
+    assert abs(lag.judged_at(clock.t) - (clock.t - 30.0)) < 1e-6
+    lag.folded("a", clock.t - 0.1, clock.t)  # caught up, but not measured again yet
+    half = clock.t + LAG_REFRESH_S / 2
+    assert abs(lag.judged_at(half) - (half - 30.0)) < 1e-6
+    clock.t += 2 * LAG_REFRESH_S
+    assert lag.judged_at(clock.t) == clock.t
+    lag.paused(20.0)  # the server stood still: heeded at once
+    assert abs(lag.judged_at(clock.t) - (clock.t - 20.0)) < 1e-6
 
 
 def _job_with_two_ranks() -> JobState:
