@@ -404,9 +404,13 @@ EVENT_KINDS: dict[str, type[_Shape]] = {
 }
 
 
+_Seq = _limited(int, ge=1, le=2**63 - 1)
+_Time = _limited(float, ge=0, lt=MAX_TIME)  # Unix seconds
+
+
 class _Envelope(_Shape):
-    seq: _limited(int, ge=1, le=2**63 - 1)
-    t: _limited(float, ge=0, lt=MAX_TIME)  # Unix seconds
+    seq: _Seq
+    t: _Time
     kind: _Name
     body: dict
 
@@ -516,6 +520,8 @@ def validate_events(events: Any) -> tuple[list[Event], list[dict[str, Any]]]:
 
     Raises WireError when the list itself is wrong (then nothing in it is usable).
     """
+    if isinstance(events, CheckedEvents):
+        return list(events), []
     if not isinstance(events, list):
         raise WireError("batch.events must be a list")
     if len(events) > MAX_BATCH_EVENTS:
@@ -568,6 +574,47 @@ def decode_v2(frame: bytes | str) -> Any:
         return msgspec.msgpack.decode(frame)
     except msgspec.DecodeError as exc:
         raise WireError(f"frame is not valid MessagePack: {exc}") from None
+
+
+class CheckedEvents(list):
+    """Events :func:`decode_v2_batch` decoded straight into their shapes: each is what
+    :func:`validate_event` returns for it, so :func:`validate_events` passes them as they are."""
+
+
+class _RawEvent(msgspec.Struct):
+    seq: _Seq
+    t: _Time
+    kind: _Name
+    body: msgspec.Raw  # decoded with its kind's shape
+
+
+class _RawBatch(msgspec.Struct):
+    id: int
+    events: _limited(list[_RawEvent], max_length=MAX_BATCH_EVENTS)
+
+
+_raw_batch = msgspec.msgpack.Decoder(_RawBatch)
+_body_decoders = {kind: msgspec.msgpack.Decoder(shape) for kind, shape in EVENT_KINDS.items()}
+
+
+def decode_v2_batch(frame: bytes) -> tuple[int, CheckedEvents] | None:
+    """A v2 batch frame whose events are all valid, decoded straight from MessagePack into
+    their shapes (half the server's cost per batch of :func:`decode_v2` and then
+    :func:`validate_events`, which build every body as dicts first); None for any other
+    frame, which those two then read, so that every error is theirs and names its field.
+
+    Nothing is checked less: the shapes are the same, and MessagePack text is UTF-8 checked
+    as it is decoded (no lone surrogate can arrive, which :func:`_encodable` looks for in
+    JSON). An event time sent as an integer is read as a float.
+    """
+    try:
+        batch = _raw_batch.decode(frame)
+        return batch.id, CheckedEvents(
+            {"seq": ev.seq, "t": ev.t, "kind": ev.kind,
+             "body": _builtins(_body_decoders[ev.kind].decode(ev.body))}
+            for ev in batch.events)
+    except (msgspec.DecodeError, KeyError, TypeError):  # TypeError: a text frame
+        return None
 
 
 def _plain(value: Any) -> Any:

@@ -29,7 +29,7 @@ from websockets.protocol import State
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
-from pgdash_agent.wire import AGENT_V2_PATH, WireError, decode_v2, encode_v2
+from pgdash_agent.wire import AGENT_V2_PATH, WireError, decode_v2, decode_v2_batch, encode_v2
 from dashboard.ingest.tls import route_tls
 
 log = logging.getLogger("pgdash.server")
@@ -254,24 +254,27 @@ class AgentLink(asyncio.Protocol):
 
     def _message(self, frame: bytes | str) -> None:
         self.ingest.counters["received_bytes"] += len(frame)
-        try:
-            message = decode_v2(frame)
-        except WireError as exc:
-            self.ingest.counters["rejected_batches"] += 1
-            self._send({"ok": False, "error": str(exc), "retry": False})
-            return
-        if not isinstance(message, dict):
-            self._send({"ok": False, "error": "a v2 frame must be a map", "retry": False})
-            return
-        if self.session is None:
-            self._admit(message.get("auth"))
-            return
-        batch_id = message.get("id")
+        # An admitted agent's batch, all valid: its events come checked (wire.decode_v2_batch).
+        batch = decode_v2_batch(frame) if self.session is not None else None
+        if batch is None:
+            try:
+                message = decode_v2(frame)
+            except WireError as exc:
+                self.ingest.counters["rejected_batches"] += 1
+                self._send({"ok": False, "error": str(exc), "retry": False})
+                return
+            if not isinstance(message, dict):
+                self._send({"ok": False, "error": "a v2 frame must be a map", "retry": False})
+                return
+            if self.session is None:
+                self._admit(message.get("auth"))
+                return
+            batch = message.get("id"), message.get("events")
+        batch_id, events = batch
         if isinstance(batch_id, bool) or not isinstance(batch_id, int):
             self._send({"ok": False, "error": "a v2 batch needs an integer id", "retry": False})
             return
         self.ingest.counters["batches_v2"] += 1
-        events = message.get("events")
         if self.rate is not None:  # charged before validation: garbage costs too
             refusal = self.rate.admit(len(events) if isinstance(events, list) else 1,
                                       len(frame))

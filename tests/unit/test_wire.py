@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from pgdash_agent.wire import (MAX_BATCH_EVENTS, PROTOCOL_VERSION, WireError, hist_bucket,
-                        hist_bucket_value, validate_auth, validate_batch, validate_event)
+from pgdash_agent.wire import (MAX_BATCH_EVENTS, PROTOCOL_VERSION, WireError, decode_v2_batch,
+                               encode_v2, hist_bucket, hist_bucket_value, validate_auth,
+                               validate_batch, validate_event, validate_events)
 
 
 def ev(kind, body, seq=1, t=1.0):
@@ -39,23 +40,33 @@ def test_auth_missing_field():
         validate_auth(bad)
 
 
+GOOD = [
+    ev("hello", {"job": "j", "host": "h", "pid": 3, "rank": None, "env": {"RANK": "0"},
+                 "versions": {"torch": "2.13.0", "cuda": None}}),
+    ev("init_start", {"init_method": "env://", "rank": -1, "world_size": -1}),
+    ev("init_done", {"rank": 0, "world_size": 2, "duration_s": 0.5}),
+    ev("init_failed", {"error_type": "DistStoreError", "error": "x", "duration_s": 1}),
+    ev("group", {"name": "0", "ranks": [0, 1]}),
+    ev("coll_stats", {"start": 1, "end": 2, "rows": [
+        {"group": "0", "op": "all_reduce", "count": 2, "bytes": 8, "sum_us": 3.0,
+         "max_us": 2.0, "hist": [[8, 2]]}]}),
+    ev("heartbeat", {"groups": [{"group": "0", "entered": 3, "completed": 2,
+                                 "inflight_op": "all_reduce", "inflight_since": 1.5}],
+                     "dropped": {"coll_stats": 2}}),
+    ev("error", {"where": "collective", "error_type": "RuntimeError", "error": "boom"}),
+    ev("exit", {"clean": True}),
+    ev("gpu", {"uuid": "GPU-0", "lost": False, "values": {"temp_c": 61.0, "power_w": None},
+               "reasons": ["hw_slowdown"], "xids": [79], "name": "NVIDIA H200"}),
+    ev("stack", {"group": "0", "seq": 7, "op": "all_reduce", "since": 1.5, "stack": "f()"}),
+    ev("left", {"group": None}),
+    ev("snapshot", {"ask": "a1", "threads": [{"name": "MainThread", "frames": [
+        {"file": "/home/me/train.py", "line": 42, "function": "step"}], "training": True}],
+        "recent": [["0", "all_reduce", 8, 1.0, 1.5, 3, None]], "took_ms": 2.5}),
+]
+
+
 def test_events_of_every_kind_validate():
-    events = [
-        ev("hello", {"job": "j", "host": "h", "pid": 3, "rank": None, "env": {"RANK": "0"},
-                     "versions": {"torch": "2.13.0", "cuda": None}}),
-        ev("init_start", {"init_method": "env://", "rank": -1, "world_size": -1}),
-        ev("init_done", {"rank": 0, "world_size": 2, "duration_s": 0.5}),
-        ev("init_failed", {"error_type": "DistStoreError", "error": "x", "duration_s": 1}),
-        ev("group", {"name": "0", "ranks": [0, 1]}),
-        ev("coll_stats", {"start": 1, "end": 2, "rows": [
-            {"group": "0", "op": "all_reduce", "count": 2, "bytes": 8, "sum_us": 3.0,
-             "max_us": 2.0, "hist": [[8, 2]]}]}),
-        ev("heartbeat", {"groups": [{"group": "0", "entered": 3, "completed": 2,
-                                     "inflight_op": "all_reduce", "inflight_since": 1.5}],
-                         "dropped": {"coll_stats": 2}}),
-        ev("error", {"where": "collective", "error_type": "RuntimeError", "error": "boom"}),
-        ev("exit", {"clean": True}),
-    ]
+    events = GOOD
     for e in events:
         stored = validate_event(e)
         assert [stored[k] for k in ("seq", "t", "kind")] == [e[k] for k in ("seq", "t", "kind")]
@@ -91,7 +102,7 @@ def test_an_error_with_a_traceback_is_stored_and_an_old_agents_without_one_too()
     assert "traceback" not in old["body"]
 
 
-@pytest.mark.parametrize("event, message", [
+BAD_EVENTS = [
     (ev("error", {"where": "uncaught", "error_type": "E", "error": "x",
                   "traceback": [FRAME] * 41}), "body.traceback: .* length <= 40"),
     (ev("error", {"where": "uncaught", "error_type": "E", "error": "x",
@@ -116,10 +127,39 @@ def test_an_error_with_a_traceback_is_stored_and_an_old_agents_without_one_too()
     (ev("heartbeat", {"groups": [], "dropped": {"x": -1}}), r"body.dropped\[...\]: Expected `int` >= 0"),
     ("not an object", "event: Expected `object`, got `str`"),
     (ev("exit", {"clean": True}, t=math.nan), "event.t: Expected `float`"),
-])
+]
+
+
+@pytest.mark.parametrize("event, message", BAD_EVENTS)
 def test_bad_events_name_the_field(event, message):
     with pytest.raises(WireError, match=message):
         validate_event(event)
+
+
+def test_a_v2_batch_read_straight_into_its_shapes_is_what_validation_stores():
+    """The server's fast path for v2 batches (decode_v2_batch) gives what validate_events
+    gives for the same events, a newer agent's fields left out alike."""
+    newer = ev("coll_stats", {"start": 1, "end": 2, "future": 1, "rows": [
+        {"group": "0", "op": "a", "count": 1, "bytes": 0, "sum_us": 1, "max_us": 1,
+         "hist": [[5, 1]], "nested": [[[]]]}]}, seq=9)
+    events = GOOD + [newer]
+    batch_id, fast = decode_v2_batch(encode_v2({"id": 4, "events": events, "later": True}))
+    assert batch_id == 4
+    assert fast == validate_events(events)[0]
+    assert validate_events(fast) == (fast, [])
+
+
+@pytest.mark.parametrize("event, message", BAD_EVENTS)
+def test_a_v2_batch_with_any_bad_event_is_left_to_validation_which_names_it(event, message):
+    assert decode_v2_batch(encode_v2({"id": 1, "events": [GOOD[0], event]})) is None
+
+
+@pytest.mark.parametrize("frame", [
+    encode_v2({"id": True, "events": []}), encode_v2({"id": 1}), encode_v2({"auth": {}}),
+    encode_v2({"id": 1, "events": [GOOD[0]] * (MAX_BATCH_EVENTS + 1)}), b"\xc1", "text",
+])
+def test_a_v2_frame_that_is_not_a_good_batch_is_left_to_validation(frame):
+    assert decode_v2_batch(frame) is None
 
 
 def test_batch_keeps_good_events_and_reports_bad_ones():

@@ -10,6 +10,8 @@ judges nothing.
 
 from __future__ import annotations
 
+import operator
+
 from pgdash_agent.wire import hist_bucket_value
 
 from dashboard.statuses import RankStatus
@@ -33,11 +35,14 @@ def _all_windows(state: JobState, now: float) -> dict[str, dict[int, list[tuple]
             if rank not in running:
                 continue
             if window and window[-1][0] <= now:  # live: only empty summaries to leave out
-                windows[rank] = [p for p in window if p[1]]
+                windows[rank] = list(filter(_calls, window))
             else:
                 windows[rank] = [p for p in window if p[0] <= now and p[1] > 0]
         out[group] = windows
     return out
+
+
+_calls = operator.itemgetter(1)  # a summary's count of collectives (0: an empty one)
 
 
 def mean_us(points: list[tuple]) -> float:
