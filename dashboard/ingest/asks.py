@@ -28,6 +28,9 @@ MAX_AUTO_LAG_S = 2.0  # no request with an incident while ingest is this far beh
 MAX_RANKS_WHEN_BEHIND = 64  # ranks one request may ask meanwhile
 READ_WAIT_S = 5.0  # a request waits this long for the job's state, then says the server is busy
 MAX_REMEMBERED = 65_536  # (job, rank) ask times kept for the rate limit before pruning
+# Answers read as they arrive, before the writer has stored and folded them (all requests
+# together, the newest kept): a request's view shows them at once, not after the backlog.
+MAX_EARLY = 256
 
 
 class TooSoon(Exception):
@@ -46,6 +49,8 @@ class Request:
     not_connected: list[int]  # ranks asked for whose agent holds no connection here
     native: bool = False  # native frames asked for too (py-spy: it pauses each rank briefly)
     relayed: list[int] = dataclasses.field(default_factory=list)  # of asked: through Redis
+    # session -> rank, of the ranks asked on a connection this process holds
+    sessions: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
 
     def row(self) -> dict[str, Any]:
         return {"id": self.id, "asked_at": self.asked_at, "reason": self.reason,
@@ -90,6 +95,9 @@ class Asks:
         self._requests: collections.OrderedDict[int, collections.OrderedDict[str, Request]] = \
             collections.OrderedDict()
         self._last_asked: dict[tuple[int, int], float] = {}  # (job, rank) -> when
+        # (request id, rank) -> its answer as the fold files it, received, maybe not folded
+        self._early: collections.OrderedDict[tuple[str, int], dict[str, Any]] = \
+            collections.OrderedDict()
         self.counters = collections.Counter()
 
     def link(self, session: str, send: Callable[[dict[str, Any]], None]) -> None:
@@ -189,6 +197,7 @@ class Asks:
                     continue
                 request.asked.append(rank)
                 self._last_asked[(job_id, rank)] = now
+                request.sessions[session] = rank
                 if send is None:  # another process may hold it: "no answer" if none does
                     request.relayed.append(rank)
                     elsewhere.append(session)
@@ -216,6 +225,33 @@ class Asks:
             except Exception:
                 self.counters["asks_failed"] += len(elsewhere)
         return request
+
+    def arrived(self, session: str, job_id: int, events: list[dict[str, Any]]) -> None:
+        """Any thread: validated events of ``session`` came in, to be stored and folded
+        behind whatever the writer has queued. An answer to a request made here is kept as it
+        is, so that the request's view shows it now (:meth:`early`), not after the backlog:
+        at 1,024 ranks, ~1.5 s."""
+        answers = [ev for ev in events if ev["kind"] == "snapshot"]
+        if not answers:
+            return
+        with self._lock:
+            kept = self._requests.get(job_id, {})
+            for ev in answers:
+                request = kept.get(ev["body"]["ask"])
+                rank = None if request is None else request.sessions.get(session)
+                if rank is None:
+                    continue  # not asked here, or not of this session
+                key = (request.id, rank)
+                self._early[key] = dict(ev["body"], t=ev["t"], session=session)
+                self._early.move_to_end(key)
+                while len(self._early) > MAX_EARLY:
+                    self._early.popitem(last=False)
+
+    def early(self, request: Request) -> dict[int, dict[str, Any]]:
+        """The answers to ``request`` received here, folded or not yet (rank -> answer)."""
+        with self._lock:
+            return {rank: answer for (request_id, rank), answer in self._early.items()
+                    if request_id == request.id}
 
     def deliver(self, sessions: list[str], message: dict[str, Any]) -> None:
         """A question another process relayed: send it to the agents of ``sessions`` that

@@ -347,6 +347,7 @@ class Ingest:
         if not good:
             return ack, None
         self._received(session, good)  # before the writer may fold it
+        self.asks.arrived(session, job_id, good)  # a snapshot answer shows before it is folded
         try:
             pending = self.store.writer.submit_nowait(
                 lambda conn: self.fold.write(conn, session, job_id, good), events=len(good))

@@ -301,9 +301,10 @@ def api_snapshot(job_id: int, request_id: str):
     else:
         return jsonify(error=f"detail must be ranks like 1,5 or all, got {raw!r:.40}"), 400
     made = ingest.asks.get(job_id, request_id)
+    early = ingest.asks.early(made) if made is not None else None
     view = ingest.read(job_id, lambda s: snapshots.request_view(
-        s, made or snapshots.answered_request(s, job_id, request_id), ingest.clock(), detail)
-        if made is not None or request_id in s.snapshots else False)
+        s, made or snapshots.answered_request(s, job_id, request_id), ingest.clock(), detail,
+        early) if made is not None or request_id in s.snapshots else False)
     if view is False:
         return jsonify(error=f"job {job_id} has no snapshot {request_id!r:.80}: "
                              f"GET /api/jobs/{job_id}/snapshots lists them"), 404

@@ -27,12 +27,16 @@ TOP_FRAMES = 12  # frames of a group's stack shown in the grouping's key and tex
 
 
 def request_view(state: JobState, request: Request, now: float,
-                 detail: set[int] | None = frozenset()) -> dict[str, Any]:
+                 detail: set[int] | None = frozenset(),
+                 early: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """One request: per rank its status, the stacks grouped, where each rank stands in each
     of its groups (the wavefront), and who is missing. Each rank's whole answer (every
     thread, every group) only for the ranks in ``detail`` (None: all): at 1,024 ranks the
-    whole answers are megabytes, the grouped view a few kilobytes."""
+    whole answers are megabytes, the grouped view a few kilobytes. ``early``: answers
+    received and not folded yet (dashboard.ingest.asks.Asks.early); the folded win."""
     answers = state.snapshots.get(request.id, {})
+    if early:
+        answers = {**early, **answers}
     groups = group_stacks(answers)
     group_of = {rank: i for i, g in enumerate(groups) for rank in g["ranks"]}
     ranks: dict[str, dict[str, Any]] = {}

@@ -14,6 +14,7 @@ from pgdash_agent.snapshots import MAX_PENDING, Snapshots, threads_now
 from pgdash_agent.wire import MAX_SNAPSHOT_THREADS, WireError, validate_event
 from dashboard.ingest.asks import (ANSWER_WAIT_S, MIN_INTERVAL_S, Asks, Busy, TooSoon,
                                    UnknownRanks)
+from dashboard.ingest import asks as asks_module
 from dashboard.web import snapshots as views
 from tests.helpers.clock import Clock
 from tests.helpers.events import running
@@ -176,6 +177,37 @@ def test_answers_read_against_their_request_with_the_odd_stack_first():
     assert later["ranks"]["3"]["rank_status"] == "running"  # alive, yet silent
     assert (later["ranks"]["4"]["rank_status"], later["ranks"]["4"]["exit_at"]) == \
         ("failed", 100.5)
+
+
+def test_an_answer_shows_as_it_arrives_and_reads_the_same_once_folded(monkeypatch):
+    """Behind a backlog the writer folds an answer seconds after it came in (1,024 ranks):
+    the request's view shows it as it arrives (Asks.arrived / Asks.early)."""
+    asks, _, clock, _ = _asks(world=3)
+    log = running(3)
+    made = asks.request(1, [1, 2], "two ranks")
+    body = {"ask": made.id, "threads": [{"name": "MainThread", "training": True,
+                                         "frames": _frames(7)}]}
+
+    def snapshot(seq, answer):
+        return {"seq": seq, "t": 101.0, "kind": "snapshot", "body": answer}
+
+    # Not kept: a rank not asked, an answer to a request made elsewhere, other kinds.
+    asks.arrived("s0", 1, [snapshot(5, body)])
+    asks.arrived("s1", 1, [snapshot(5, {**body, "ask": "elsewhere"}),
+                           {"seq": 6, "t": 101.0, "kind": "exit", "body": {"clean": True}}])
+    assert asks.early(made) == {}
+    asks.arrived("s1", 1, [snapshot(7, body)])
+    before = views.request_view(log.state(), made, clock.t + 1, None, asks.early(made))
+    assert {r: row["status"] for r, row in before["ranks"].items()} == \
+        {"1": "answered", "2": "waiting"}
+    log.add("s1", "snapshot", body, t=101.0)  # the writer folds it
+    folded = views.request_view(log.state(), made, clock.t + 1, None)
+    assert folded == before
+    assert views.request_view(log.state(), made, clock.t + 1, None, asks.early(made)) == folded
+    # Bounded, the oldest let go first.
+    monkeypatch.setattr(asks_module, "MAX_EARLY", 1)
+    asks.arrived("s2", 1, [snapshot(8, body)])
+    assert list(asks.early(made)) == [2]
 
 
 def test_an_incident_shows_its_culprits_newest_answer_since_it_began():
