@@ -15,6 +15,12 @@ shell that waits until the agent has done so; at 2 or 3 only an administrator ca
 answer says why it has no native frames. In a container, ptrace may also need
 ``--cap-add SYS_PTRACE``. Without py-spy, or where it fails, a snapshot has its Python frames
 only, and says why in ``native_error``.
+
+A rank whose own agent cannot answer (its interpreter blocked in C with the GIL held, or
+stopped) is read by another rank's agent on the same host (:func:`peer_dump`): the server
+asks one that answered. Only a process of the same user and the same launch is read (its
+rendezvous variables equal this process's: :func:`same_launch`). The frozen rank cannot name
+a tracer, so under Yama's default (1) this needs root or CAP_SYS_PTRACE (or Yama at 0).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import re
 import shutil
 import subprocess
 from typing import Mapping
+
+from pgdash_agent.wire import MAX_TEXT
 
 NATIVE_TIMEOUT_S = 5.0  # py-spy's whole run; the agent's thread waits for it (reports wait)
 MAX_NATIVE_CHARS = 16_384  # of one thread's native stack (pgdash_agent.wire.MAX_NATIVE)
@@ -77,6 +85,72 @@ def native_stacks(py_spy: str, timeout: float = NATIVE_TIMEOUT_S
             why[-1][:500] if why else "no message") + \
             " (ptrace of this process was refused? see pgdash_agent/native.py)"
     return parse_dump(out), None
+
+
+# What makes two processes ranks of one launch: the rendezvous and the launcher's ids.
+LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+               "SLURM_STEP_ID", "PGDASH_JOB", "WORLD_SIZE")
+
+
+def same_launch(pid: int, environ: Mapping[str, str]) -> str | None:
+    """Why process ``pid`` may not be read for this process's job (None: it may): it must
+    be another process of this user whose launch variables (LAUNCH_VARS) are this one's,
+    and those must say something (a rendezvous port or a launcher id)."""
+    if pid == os.getpid():
+        return "that is this process"
+    mine = {k: environ.get(k) for k in LAUNCH_VARS}
+    if not any(mine.get(k) for k in ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                                      "PGDASH_JOB")):
+        return "this rank's environment names no launch (MASTER_PORT, a launcher id)"
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return f"process {pid} belongs to another user"
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        return f"process {pid} cannot be read here ({exc.strerror or exc})"
+    theirs = dict(item.split("=", 1) for item in raw.decode("utf-8", "replace").split("\0")
+                  if "=" in item)
+    differ = [k for k in LAUNCH_VARS if theirs.get(k) != mine[k]]
+    if differ:
+        return f"process {pid} is not a rank of this launch ({differ[0]} differs)"
+    return None
+
+
+def peer_dump(py_spy: str | None, pid: int, environ: Mapping[str, str] | None = None,
+              timeout: float = NATIVE_TIMEOUT_S) -> tuple[str | None, str | None]:
+    """(``py-spy dump --native`` of process ``pid``, another rank of this launch on this
+    host, or None; why there is none, or None). Never raises."""
+    if py_spy is None:
+        return None, ("py-spy is not installed where this rank runs (pip install py-spy, "
+                      "or set PGDASH_PY_SPY to its path)")
+    why = same_launch(pid, os.environ if environ is None else environ)
+    if why is not None:
+        return None, why
+    try:
+        done = subprocess.run([py_spy, "dump", "--native", "--pid", str(pid)],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy did not finish within {timeout:g} s"
+    except OSError as exc:
+        return None, f"could not run {py_spy}: {exc}"
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        return None, (f"py-spy failed (exit {done.returncode}): "
+                      + (lines[-1][:500] if lines else "no message")
+                      + " (ptrace of another process needs root, CAP_SYS_PTRACE or Yama's "
+                        "ptrace_scope 0: see pgdash_agent/native.py)")
+    return done.stdout[:MAX_TEXT], None
+
+
+def gil_holder(text: str) -> str | None:
+    """The thread a py-spy dump shows holding the GIL (``Thread 123 (active+gil):
+    "MainThread"``): its name, or its id when it has none; None when no thread holds it."""
+    for line in text.splitlines():
+        head = _THREAD.match(line)
+        if head and "gil" in head.group(2):
+            return head.group(3) or head.group(1)
+    return None
 
 
 def parse_dump(text: str) -> dict[int, str]:

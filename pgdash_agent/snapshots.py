@@ -7,7 +7,9 @@ which reads every thread's Python frames (``sys._current_frames``: the training 
 cooperate, and a thread blocked in C with the GIL released is read as it stands), where each
 group is and the newest collectives that ended (with their times), and sends them as a ``snapshot`` event in the usual stream: stored, acknowledged and
 resent like any other. The agent executes nothing it is sent: a question it does not know is
-counted and ignored. Training never waits for any of it.
+counted and ignored. Training never waits for any of it. One question reads another process:
+"peer", for a rank of this launch on this host whose own agent is silent, answered with
+py-spy's dump of it (pgdash_agent.native.peer_dump checks the process first).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from pgdash_agent import frames as pyframes
 from pgdash_agent import native as native_frames
 from pgdash_agent.collectives import CollectiveTracker
 from pgdash_agent.outbox import Outbox
-from pgdash_agent.wire import ASKS, MAX_ASK_ID, MAX_NAME, MAX_SNAPSHOT_THREADS
+from pgdash_agent.wire import ASKS, MAX_ASK_ID, MAX_NAME, MAX_RANKS, MAX_SNAPSHOT_THREADS
 
 MAX_PENDING = 4  # questions waiting for the background thread; the oldest goes first
+MAX_PID = 2**22  # Linux's pid_max at most
 
 
 class Snapshots:
@@ -53,7 +56,8 @@ class Snapshots:
         self._wake = wake
         self.py_spy = py_spy
         self._cpp_recent = cpp_recent
-        self._pending: collections.deque[tuple[str, float | None, str | None, bool]] = \
+        self._pending: collections.deque[
+            tuple[str, float | None, str | None, bool, tuple[int, int] | None]] = \
             collections.deque()
         self._lock = threading.Lock()
         self.dropped = 0  # questions dropped because MAX_PENDING were waiting
@@ -73,11 +77,19 @@ class Snapshots:
             reason = message.get("reason")
             reason = reason[:MAX_NAME] if isinstance(reason, str) else None
             native = message.get("native") is True
+            peer = None
+            if message["what"] == "peer":  # another rank of this host: {"pid", "rank"}
+                pid, rank = message.get("pid"), message.get("rank")
+                if not (type(pid) is int and 0 < pid <= MAX_PID and type(rank) is int
+                        and 0 <= rank <= MAX_RANKS):
+                    self.ignored += 1
+                    return
+                peer = (pid, rank)
             with self._lock:
                 if len(self._pending) >= MAX_PENDING:
                     self._pending.popleft()
                     self.dropped += 1
-                self._pending.append((ask, at, reason, native))
+                self._pending.append((ask, at, reason, native, peer))
             self._wake()
         except Exception:
             self.ignored += 1
@@ -88,13 +100,18 @@ class Snapshots:
             with self._lock:
                 if not self._pending:
                     return
-                ask, at, reason, native = self._pending.popleft()
+                ask, at, reason, native, peer = self._pending.popleft()
             started = time.perf_counter()
-            self.tracker.summarise()  # the collectives that ended since the last pass
-            body: dict[str, Any] = {"ask": ask, "threads": threads_now(with_ids=native),
-                                    "groups": self.tracker.progress(self._wall, self._flight()),
-                                    "recent": self.recent()}
-            if native:
+            if peer is not None:
+                body: dict[str, Any] = {"ask": ask, "threads": [], "for_rank": peer[1]}
+                dump, why = native_frames.peer_dump(self.py_spy, peer[0])
+                body.update({"peer_dump": dump} if why is None else {"native_error": why})
+            else:
+                self.tracker.summarise()  # the collectives that ended since the last pass
+                body = {"ask": ask, "threads": threads_now(with_ids=native),
+                        "groups": self.tracker.progress(self._wall, self._flight()),
+                        "recent": self.recent()}
+            if native and peer is None:
                 self._add_native(body)
             if at is not None:
                 body["asked_at"] = float(at)

@@ -32,7 +32,11 @@ BATCH_EVENT = "batch"
 # with that map. The
 # agent answers with a ``snapshot`` event in its usual stream; it executes nothing it is sent.
 ASK_EVENT = "ask"
-ASKS = ("snapshot",)  # what an agent answers; anything else is counted and ignored
+# What an agent answers; anything else is counted and ignored. "peer": read another rank of
+# the same job on this host from outside ({"pid", "rank"}), one whose own agent did not
+# answer (its interpreter blocked, e.g. in C with the GIL held); answered as a ``snapshot``
+# with ``for_rank``.
+ASKS = ("snapshot", "peer")
 MAX_ASK_ID = 64
 MAX_SNAPSHOT_THREADS = 64
 MAX_NATIVE = 16_384  # characters of one thread's native stack (pgdash_agent.native)
@@ -394,6 +398,10 @@ class Snapshot(_Shape):
     reason: Optional[_Name] = None  # why the server asked ("incident hang:r2"), echoed
     took_ms: _Num = 0.0  # how long the agent's thread took to answer
     native_error: Optional[_Text] = None  # native frames were asked for: why there are none
+    # A "peer" answer: this rank read rank ``for_rank`` (its agent silent) with py-spy from
+    # outside; ``peer_dump`` is py-spy's text (threads empty), or native_error says why not.
+    for_rank: Optional[_Rank] = None
+    peer_dump: Optional[_Text] = None
 
 
 #: Event kinds an agent may send, and the shape of each body.

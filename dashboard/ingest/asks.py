@@ -18,6 +18,8 @@ import time
 import uuid
 from typing import Any, Callable
 
+from dashboard.statuses import RankStatus
+
 MAX_REQUESTS = 32  # requests remembered per job (the answers are in the log regardless)
 MAX_JOBS = 256  # jobs whose requests are remembered, the most recently asked
 MIN_INTERVAL_S = 1.0  # between two requests of one job that ask the same rank
@@ -31,6 +33,11 @@ MAX_REMEMBERED = 65_536  # (job, rank) ask times kept for the rate limit before 
 # Answers read as they arrive, before the writer has stored and folded them (all requests
 # together, the newest kept): a request's view shows them at once, not after the backlog.
 MAX_EARLY = 256
+# A rank asked here that has not answered this long after the request is read from outside
+# by a rank of its host whose agent did answer (wire.ASKS "peer"; its own interpreter may be
+# blocked in C with the GIL held), this many such ranks a request at most.
+PEER_AFTER_S = 3.0
+MAX_PEER_ASKS = 8
 
 
 class TooSoon(Exception):
@@ -51,6 +58,7 @@ class Request:
     relayed: list[int] = dataclasses.field(default_factory=list)  # of asked: through Redis
     # session -> rank, of the ranks asked on a connection this process holds
     sessions: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
+    peers: dict[int, int] = dataclasses.field(default_factory=dict)  # silent rank -> reader
 
     def row(self) -> dict[str, Any]:
         return {"id": self.id, "asked_at": self.asked_at, "reason": self.reason,
@@ -83,11 +91,13 @@ class Asks:
     def __init__(self, read: Callable[[int, Callable[[Any], Any]], Any],
                  clock: Callable[[], float] = time.time,
                  lag: Callable[[], float] = lambda: 0.0,
-                 relay: Callable[[list[str], dict[str, Any]], None] | None = None):
+                 relay: Callable[[list[str], dict[str, Any]], None] | None = None,
+                 schedule: Callable[[float, Callable[[], None]], None] | None = None):
         self.read = read
         self.clock = clock
         self.lag = lag
         self.relay = relay
+        self.schedule = schedule or _later
         self._auto_at: dict[int, float] = {}  # job -> its last request with an incident
         self._lock = threading.Lock()
         self._links: dict[str, Callable[[dict[str, Any]], None]] = {}
@@ -218,6 +228,8 @@ class Asks:
         if native:
             message["native"] = True
         self._send_all(sends, message)
+        if sends:
+            self.schedule(PEER_AFTER_S, lambda: self.ask_peers(request))
         if elsewhere:
             try:
                 self.relay(elsewhere, message)
@@ -225,6 +237,36 @@ class Asks:
             except Exception:
                 self.counters["asks_failed"] += len(elsewhere)
         return request
+
+    def ask_peers(self, request: Request) -> None:
+        """Have each rank asked here that has not answered read from outside by a rank of its
+        host whose agent did (MAX_PEER_ASKS at most): a ``peer`` question naming the silent
+        rank's pid, answered with py-spy's dump (pgdash_agent.native.peer_dump). Runs on a
+        timer's thread PEER_AFTER_S after the request; never raises."""
+        try:
+            early = self.early(request)
+            silent = self.read(request.job_id,
+                               lambda state: silent_ranks(state, request, early),
+                               timeout=READ_WAIT_S)
+        except Exception:  # a busy or stopping server: those ranks just read "no answer"
+            self.counters["snapshot_peer_asks_failed"] += 1
+            return
+        sends = []
+        with self._lock:
+            for rank, pid, readers in silent or []:
+                reader = next(((peer, self._links[s]) for peer, s in readers
+                               if s in self._links), None)
+                if reader is None:
+                    continue
+                request.peers[rank] = reader[0]
+                sends.append((reader[1], {"ask": request.id, "what": "peer", "pid": pid,
+                                          "rank": rank, "at": self.clock(),
+                                          "reason": request.reason[:200]}))
+                if len(sends) >= MAX_PEER_ASKS:
+                    break
+        for send, message in sends:
+            self._send_all([send], message)
+            self.counters["snapshot_peer_asks"] += 1
 
     def arrived(self, session: str, job_id: int, events: list[dict[str, Any]]) -> None:
         """Any thread: validated events of ``session`` came in, to be stored and folded
@@ -237,6 +279,8 @@ class Asks:
         with self._lock:
             kept = self._requests.get(job_id, {})
             for ev in answers:
+                if ev["body"].get("for_rank") is not None:
+                    continue  # a reading of another rank: shown once folded
                 request = kept.get(ev["body"]["ask"])
                 rank = None if request is None else request.sessions.get(session)
                 if rank is None:
@@ -280,3 +324,31 @@ class Asks:
 
 
 __all__ = ["ANSWER_WAIT_S", "Asks", "Busy", "Request", "TooSoon", "UnknownRanks"]
+
+
+def _later(delay: float, call: Callable[[], None]) -> None:
+    timer = threading.Timer(delay, call)
+    timer.daemon = True
+    timer.start()
+
+
+def silent_ranks(state: Any, request: Request, early: dict[int, dict[str, Any]]
+                 ) -> list[tuple[int, int, list[tuple[int, str]]]]:
+    """The ranks asked on a connection here that are running and have not answered, each as
+    (rank, pid, [(rank, session) of the ranks of its host that answered])."""
+    answered = set(state.snapshots.get(request.id, {})) | set(early)
+    index = state.rank_index()
+    by_host: dict[str, list[tuple[int, str]]] = {}
+    for rank in sorted(answered):
+        r = index.get(rank)
+        if r is not None and r.host:
+            by_host.setdefault(r.host, []).append((rank, r.session))
+    out = []
+    for rank in sorted(set(request.sessions.values()) - answered):
+        r = index.get(rank)
+        if r is None or r.pid is None or r.status != RankStatus.RUNNING:
+            continue
+        readers = by_host.get(r.host, [])
+        if readers:
+            out.append((rank, r.pid, readers))
+    return out

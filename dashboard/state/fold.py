@@ -27,6 +27,8 @@ THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
                     "hw_power_brake_slowdown")
 MAX_ERRORS = 200  # verbatim error texts kept per job (the log keeps them all)
 MAX_SNAPSHOT_ANSWERS = 2048  # snapshot answers kept, of the newest requests
+MAX_PEER_REQUESTS = 32  # requests whose "peer" readings are kept ...
+MAX_PEER_RANKS = 16  # ... of this many silent ranks each (the server asks for 8 at most)
 F = TypeVar("F", bound="Fold")  # apply_all returns what it was called on (a JobState)
 # (class, event kind) -> its handler (Fold._on_<kind>), or None for a kind not folded
 _HANDLERS: dict[tuple[type, str], Any] = {}
@@ -84,6 +86,9 @@ class Fold:
         # request id -> rank -> its answer (pgdash_agent.snapshots), of the newest requests
         self.snapshots: dict[str, dict[int, dict[str, Any]]] = {}
         self.snapshot_answers = 0  # answers in ``snapshots`` (MAX_SNAPSHOT_ANSWERS at most)
+        # request id -> silent rank -> another rank's reading of it from outside ("peer"
+        # answers: py-spy's dump, or why there is none), of the newest MAX_PEER_REQUESTS
+        self.snapshot_peers: dict[str, dict[int, dict[str, Any]]] = {}
         self.gpus: dict[int, dict[str, Any]] = {}  # rank -> latest GPU reading
         self.gpu_history: dict[int, collections.deque] = {}  # rank -> [t, util, mem, temp, W]
         # rank -> fault key ("xid:79", "ecc", "remap_failure", "lost", ...) -> first seen
@@ -109,6 +114,7 @@ class Fold:
         self.__dict__.setdefault("exit_rows", {})  # checkpoints of earlier versions
         self.__dict__.setdefault("snapshots", {})
         self.__dict__.setdefault("snapshot_answers", 0)
+        self.__dict__.setdefault("snapshot_peers", {})
         self.__dict__.setdefault("_kept", {})  # not stored (see codec.pickle_state)
         if "family_of" not in data:  # checkpoints of earlier versions: series per group
             self.family_of = {name: family_of(g) for name, g in self.groups.items()}
@@ -250,7 +256,13 @@ class Fold:
             self.stacks[(body["group"], r.rank)] = dict(body, t=t)
 
     def _on_snapshot(self, r: RankState, body: dict[str, Any], t: float) -> None:
-        if r.rank is not None:
+        if r.rank is not None and body.get("for_rank") is not None:  # read from outside
+            peers = self.snapshot_peers.setdefault(body["ask"], {})
+            if len(peers) < MAX_PEER_RANKS or body["for_rank"] in peers:
+                peers[body["for_rank"]] = dict(body, t=t, by=r.rank)
+            while len(self.snapshot_peers) > MAX_PEER_REQUESTS:
+                del self.snapshot_peers[next(iter(self.snapshot_peers))]
+        elif r.rank is not None:
             self.snapshot_answers = keep_answer(self.snapshots, self.snapshot_answers, r,
                                                 body, t)
 

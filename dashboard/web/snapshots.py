@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboard.ingest.asks import ANSWER_WAIT_S, Busy, Request, TooSoon, UnknownRanks
+from pgdash_agent.native import gil_holder
+
+from dashboard.ingest.asks import (ANSWER_WAIT_S, PEER_AFTER_S, Busy, Request, TooSoon,
+                                   UnknownRanks)
 from dashboard.diagnosis.text import stack_text, user_frame
 from dashboard.state import JobState
 
@@ -63,6 +66,9 @@ def request_view(state: JobState, request: Request, now: float,
         last = _last_stack(state, rank) if status != "waiting" else None
         if last is not None:
             row["last_stack"] = last
+        outside = _read_from_outside(state, request, rank, now)
+        if outside is not None:
+            row["read_from_outside"] = outside
         ranks[str(rank)] = row
     missing = [int(r) for r, row in ranks.items() if row["status"] in ("no answer",
                                                                         "not connected")]
@@ -174,6 +180,28 @@ def _answer(answer: dict[str, Any]) -> dict[str, Any]:
 
 
 MAX_ERROR_CHARS = 2000  # of the rank's last error shown beside its answer
+
+
+def _read_from_outside(state: JobState, request: Request, rank: int,
+                       now: float) -> dict[str, Any] | None:
+    """A silent rank as another rank of its host read it with py-spy (Asks.ask_peers):
+    ``{"by", "t", "dump", "gil_held_by"}`` (the thread holding the GIL: a rank blocked in C
+    with it cannot run its agent), or ``{"by", "t", "error"}``; ``{"by"}`` while asked,
+    ``{"by", "error"}`` when that agent did not answer in time either."""
+    reading = state.snapshot_peers.get(request.id, {}).get(rank)
+    if reading is None:
+        by = request.peers.get(rank)
+        if by is None:
+            return None
+        if now - request.asked_at < PEER_AFTER_S + ANSWER_WAIT_S:
+            return {"by": by}  # asked
+        return {"by": by, "error": "its agent did not answer that question either"}
+    out = {"by": reading["by"], "t": reading["t"]}
+    if reading.get("peer_dump") is not None:
+        out.update(dump=reading["peer_dump"], gil_held_by=gil_holder(reading["peer_dump"]))
+    else:
+        out["error"] = reading.get("native_error") or "no reading"
+    return out
 
 
 def _health(state: JobState, rank: int) -> dict[str, Any]:

@@ -467,11 +467,20 @@ def test_the_snapshots_card_asks_ranks_and_groups_their_answers(server, watched)
             "train.py:40 in load: time.sleep(3600)")
         expect(groups.nth(1)).to_have_attribute("data-ranks", "0,1")
         expect(view.locator(".wavefront tr.odd-one td").nth(1)).to_have_text("2")
-        # Rank 3 never answers: after the server's wait it is named, with why.
-        expect(view.locator(".snapshot-missing li[data-rank='3']")).to_contain_text(
-            "no answer", timeout=15_000)
-        expect(view.locator(".snapshot-missing li[data-rank='3']")).to_contain_text(
-            "py-spy dump --native --pid 1003` on node-a")
+        # Rank 3 never answers: after the server's wait it is named, with why, and rank 0
+        # (same host) is asked to read it from outside.
+        missing = view.locator(".snapshot-missing li[data-rank='3']")
+        expect(missing).to_contain_text("no answer", timeout=15_000)
+        expect(missing).to_contain_text("py-spy dump --native --pid 1003` on node-a")
+        peer = wait_for(lambda: next((m for m in agents[0].asked if m["what"] == "peer"), None),
+                        10, "the question to read rank 3")
+        assert (peer["pid"], peer["rank"]) == (1003, 3)
+        agents[0].send("snapshot", {"ask": peer["ask"], "threads": [], "for_rank": 3,
+                                    "peer_dump": 'Thread 1003 (active+gil): "MainThread"\n'
+                                                 "    match (re/__init__.py:166)\n"})
+        expect(missing.locator(".snapshot-outside summary")).to_contain_text(
+            "blocked with the GIL held (thread MainThread)", timeout=LIVE_MS)
+        expect(missing.locator(".snapshot-outside pre")).to_contain_text("match (re/")
         expect(view).to_have_attribute("data-complete", "1")
         expect(page.locator("#snapshot-status")).to_contain_text("3 answered, 1 no answer")
         rows = view.locator(".snapshot-timeline .tl-row")

@@ -168,3 +168,28 @@ def test_a_snapshot_on_demand_and_bad_requests_change_nothing(tmp_path, wire):
     finally:
         _stop(procs)
         server.stop()
+
+
+def test_a_rank_blocked_in_c_with_the_gil_held_is_read_from_outside_by_its_hosts_peer(tmp_path):
+    """Its agent cannot answer (no thread of its interpreter runs); the server has rank 0's
+    agent, on the same host, read it with py-spy: the page shows where it is blocked."""
+    server = _server(tmp_path, 600)
+    procs = launch_job("fault_job.py", 2, server.url, "gil", tmp_path, args=["gil"],
+                       env={"PGDASH_PY_SPY": PY_SPY})
+    try:
+        job = wait_for(lambda: job_by_name(server, "gil"), 60, "job gil")
+        wait_for(lambda: "FAULT" in (tmp_path / "gil-rank1.log").read_text(), 60,
+                 "rank 1 blocked")
+        time.sleep(1.0)  # rank 1's agent has stopped with it
+        status, made = _post(server, f"/api/jobs/{job['id']}/snapshots", {"ranks": "all"})
+        assert status == 202, made
+        view = wait_for(lambda: (v := server.api(made["url"]))["ranks"]["1"].get(
+            "read_from_outside", {}).get("t") and v, 45, "rank 1 read by rank 0")
+        assert view["ranks"]["0"]["status"] == "answered"
+        assert view["ranks"]["1"]["status"] in ("waiting", "no answer")
+        outside = view["ranks"]["1"]["read_from_outside"]
+        assert outside["by"] == 0 and outside["gil_held_by"] == "MainThread", outside
+        assert "fault_job.py" in outside["dump"] and "match" in outside["dump"], outside["dump"]
+    finally:
+        _stop(procs)
+        server.stop()

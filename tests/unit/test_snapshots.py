@@ -4,6 +4,8 @@ answers read against a request (statuses, stacks grouped with the odd one out fi
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 
 import pytest
@@ -14,10 +16,13 @@ from pgdash_agent.snapshots import MAX_PENDING, Snapshots, threads_now
 from pgdash_agent.wire import MAX_SNAPSHOT_THREADS, WireError, validate_event
 from dashboard.ingest.asks import (ANSWER_WAIT_S, MIN_INTERVAL_S, Asks, Busy, TooSoon,
                                    UnknownRanks)
+from pgdash_agent import native as native_frames
 from dashboard.ingest import asks as asks_module
+from dashboard.ingest.asks import PEER_AFTER_S
+from dashboard.state.fold import MAX_PEER_RANKS, MAX_PEER_REQUESTS
 from dashboard.web import snapshots as views
 from tests.helpers.clock import Clock
-from tests.helpers.events import running
+from tests.helpers.events import hello, running
 
 
 def _agent_snapshots():
@@ -58,7 +63,11 @@ def test_the_agent_answers_a_snapshot_with_its_threads_training_thread_first():
 @pytest.mark.parametrize("message", [
     None, "snapshot", {"ask": "a", "what": "exec", "code": "import os"},  # nothing is executed
     {"ask": "", "what": "snapshot"}, {"ask": "x" * 65, "what": "snapshot"},
-    {"ask": 7, "what": "snapshot"}, {"what": "snapshot"}])
+    {"ask": 7, "what": "snapshot"}, {"what": "snapshot"},
+    {"ask": "a", "what": "peer", "pid": "1", "rank": 0}, {"ask": "a", "what": "peer", "pid": 0,
+                                                         "rank": 0},
+    {"ask": "a", "what": "peer", "pid": 5, "rank": -1}, {"ask": "a", "what": "peer", "pid": 5},
+    {"ask": "a", "what": "peer", "pid": True, "rank": 0}])
 def test_questions_the_agent_does_not_answer_are_counted_and_ignored(message):
     snaps, outbox, woken = _agent_snapshots()
     snaps.ask(message)
@@ -82,10 +91,12 @@ def test_a_snapshot_body_is_bounded_on_the_wire():
     assert len(threads_now()) <= MAX_SNAPSHOT_THREADS
 
 
-def _asks(world=3):
-    state = running(world).state()
+def _asks(world=3, log=None):
+    state = (log or running(world)).state()
     clock = Clock()
-    asks = Asks(lambda job_id, view, timeout=None: view(state) if job_id == 1 else None, clock)
+    asks = Asks(lambda job_id, view, timeout=None: view(state) if job_id == 1 else None, clock,
+                schedule=lambda delay, call: asks.scheduled.append((delay, call)))
+    asks.scheduled = []  # the timers a request set (peers read after PEER_AFTER_S)
     sent = {r: [] for r in range(world)}
     for r in range(world):
         asks.link(f"s{r}", sent[r].append)
@@ -208,6 +219,74 @@ def test_an_answer_shows_as_it_arrives_and_reads_the_same_once_folded(monkeypatc
     monkeypatch.setattr(asks_module, "MAX_EARLY", 1)
     asks.arrived("s2", 1, [snapshot(8, body)])
     assert list(asks.early(made)) == [2]
+
+
+def test_a_silent_rank_is_read_from_outside_by_a_rank_of_its_host_that_answered():
+    log = running(3)
+    log.add("s2", "hello", {**hello(2, world=3), "host": "node1"}, t=100.0)  # another host
+    asks, sent, clock, _ = _asks(log=log)
+    made = asks.request(1, None, "all")
+    ((delay, later),) = asks.scheduled
+    assert delay == PEER_AFTER_S
+    _answer(log, 0, made.id, 101.0, _frames(10))
+    # Asks reads the state it was made with; give it the one with rank 0's answer.
+    asks.read = lambda job_id, view, timeout=None: view(log.state())
+    later()
+    # Rank 1 (silent, on node0) is read by rank 0; rank 2 (silent, alone on node1) is not.
+    (question,) = [m for m in sent[0] if m["what"] == "peer"]
+    assert (question["ask"], question["pid"], question["rank"]) == (made.id, 101, 1)
+    assert [m["what"] for m in sent[2]] == ["snapshot"] and made.peers == {1: 0}
+    view = views.request_view(log.state(), made, clock.t + 1)
+    assert view["ranks"]["1"]["read_from_outside"] == {"by": 0}  # asked, not read yet
+    assert "read_from_outside" not in view["ranks"]["2"]
+    late = views.request_view(log.state(), made, clock.t + PEER_AFTER_S + ANSWER_WAIT_S)
+    assert late["ranks"]["1"]["read_from_outside"] == {
+        "by": 0, "error": "its agent did not answer that question either"}
+    dump = ('Process 101: python train.py\n\nThread 101 (active+gil): "MainThread"\n'
+            '    match (re/__init__.py:166)\n    <module> (train.py:42)\n')
+    log.add("s0", "snapshot", {"ask": made.id, "threads": [], "for_rank": 1,
+                               "peer_dump": dump}, t=102.0)
+    view = views.request_view(log.state(), made, clock.t + ANSWER_WAIT_S)
+    assert view["ranks"]["1"]["status"] == "no answer"  # its own agent never answered
+    assert view["ranks"]["1"]["read_from_outside"] == {"by": 0, "t": 102.0, "dump": dump,
+                                                       "gil_held_by": "MainThread"}
+    assert view["ranks"]["0"]["status"] == "answered"  # its own answer stays its own
+
+
+def test_readings_from_outside_are_kept_apart_and_bounded():
+    log = running(2)
+    for rank in range(MAX_PEER_RANKS + 3):  # an agent naming ranks without end
+        log.add("s0", "snapshot", {"ask": "r1", "threads": [], "for_rank": rank,
+                                   "native_error": "py-spy failed"}, t=101.0)
+    state = log.state()
+    assert state.snapshots == {} and len(state.snapshot_peers["r1"]) == MAX_PEER_RANKS
+    for i in range(MAX_PEER_REQUESTS + 1):
+        log.add("s0", "snapshot", {"ask": f"q{i}", "threads": [], "for_rank": 1,
+                                   "native_error": "x"}, t=102.0)
+    assert len(log.state().snapshot_peers) == MAX_PEER_REQUESTS
+
+
+def test_the_agent_reads_another_process_only_of_its_own_launch(tmp_path):
+    mine = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "2"}
+    same = subprocess.Popen(["sleep", "30"], env=mine)
+    other = subprocess.Popen(["sleep", "30"], env={**mine, "MASTER_PORT": "29501"})
+    try:
+        assert native_frames.same_launch(same.pid, mine) is None
+        assert "MASTER_PORT differs" in native_frames.same_launch(other.pid, mine)
+        assert "names no launch" in native_frames.same_launch(same.pid, {})
+        assert native_frames.same_launch(os.getpid(), mine) == "that is this process"
+        assert "MASTER_PORT differs" in native_frames.peer_dump("/bin/true", other.pid, mine)[1]
+    finally:
+        for proc in (same, other):
+            proc.kill()
+            proc.wait()
+    snaps, outbox, _ = _agent_snapshots()  # no py-spy here: it says so, for that rank
+    snaps.ask({"ask": "a", "what": "peer", "pid": same.pid, "rank": 1})
+    snaps.answer()
+    (event,) = _sent(outbox)
+    assert event["body"]["for_rank"] == 1 and event["body"]["threads"] == []
+    assert "py-spy is not installed" in event["body"]["native_error"]
+    validate_event({"seq": 1, "t": 1.0, "kind": "snapshot", "body": event["body"]})
 
 
 def test_an_incident_shows_its_culprits_newest_answer_since_it_began():

@@ -133,7 +133,9 @@ async function poll(id, detail) {
   const have = Object.entries(view.ranks).filter(([, row]) => row.threads).map(([r]) => Number(r));
   renderView(view);
   const missingDetail = want.some((r) => !have.includes(r) && view.ranks[r] && view.ranks[r].status === "answered");
-  if ((!view.complete || missingDetail) && Date.now() < pollUntil) {
+  // A silent rank another rank's agent is still reading from outside (py-spy) comes later.
+  const reading = Object.values(view.ranks).some((row) => row.read_from_outside && !row.read_from_outside.dump && !row.read_from_outside.error);
+  if ((!view.complete || missingDetail || reading) && Date.now() < pollUntil) {
     pollTimer = setTimeout(() => poll(id, want), missingDetail && view.complete ? 0 : POLL_MS);
   }
 }
@@ -213,6 +215,23 @@ function processOf(rank) {
   return r && PG.isNum(r.pid) && r.host ? r : null;
 }
 
+/** A silent rank as another rank's agent on its host read it with py-spy (or why it could not). */
+function outsideNode(outside) {
+  if (!outside) return null;
+  const by = "rank " + outside.by + "'s agent (same host)";
+  if (!outside.dump && outside.error) return el("div", { class: "snapshot-outside", text: by + " could not read it from outside: " + outside.error });
+  if (!outside.dump) return el("div", { class: "snapshot-outside", text: by + " is reading it from outside with py-spy\u2026" });
+  const what = outside.gil_held_by
+    ? "blocked with the GIL held (thread " + outside.gil_held_by + "), so its agent cannot answer"
+    : "read from outside";
+  return el(
+    "details",
+    { class: "snapshot-outside", open: true },
+    el("summary", { text: what + ": py-spy dump by " + by + " at " + PG.fmtTime(outside.t) }),
+    el("pre", { class: "ev-text", text: String(outside.dump) })
+  );
+}
+
 function missingNode(view) {
   const missing = Object.entries(view.ranks).filter(([, r]) => WHY[r.status]);
   if (!missing.length) return null;
@@ -229,6 +248,7 @@ function missingNode(view) {
           { dataset: { rank } },
           el("span", { class: "blamed", text: "rank " + rank }),
           " " + row.status + ": " + WHY[row.status](processOf(Number(rank)), row),
+          outsideNode(row.read_from_outside),
           row.last_stack ? el("details", null, el("summary", { text: "its last stack, sent from a collective " + PG.fmtTime(row.last_stack.t) }), el("pre", { class: "ev-text", text: String(row.last_stack.stack || "") })) : null
         )
       )
