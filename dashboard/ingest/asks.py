@@ -334,8 +334,10 @@ def _later(delay: float, call: Callable[[], None]) -> None:
 
 def silent_ranks(state: Any, request: Request, early: dict[int, dict[str, Any]]
                  ) -> list[tuple[int, int, list[tuple[int, str]]]]:
-    """The ranks asked on a connection here that are running and have not answered, each as
-    (rank, pid, [(rank, session) of the ranks of its host that answered])."""
+    """The ranks of a request that have not answered, each as (rank, pid, [(rank, session)
+    of the ranks of its host that answered]): those asked on a connection here, and those
+    whose connection is gone while their process may live on (lost: a v1 agent blocked with
+    the GIL held cannot answer Socket.IO's pings either)."""
     answered = set(state.snapshots.get(request.id, {})) | set(early)
     index = state.rank_index()
     by_host: dict[str, list[tuple[int, str]]] = {}
@@ -344,9 +346,10 @@ def silent_ranks(state: Any, request: Request, early: dict[int, dict[str, Any]]
         if r is not None and r.host:
             by_host.setdefault(r.host, []).append((rank, r.session))
     out = []
-    for rank in sorted(set(request.sessions.values()) - answered):
+    for rank in sorted((set(request.sessions.values()) | set(request.not_connected))
+                       - answered):
         r = index.get(rank)
-        if r is None or r.pid is None or r.status != RankStatus.RUNNING:
+        if r is None or r.pid is None or r.status not in (RankStatus.RUNNING, RankStatus.LOST):
             continue
         readers = by_host.get(r.host, [])
         if readers:
