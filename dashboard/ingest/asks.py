@@ -207,11 +207,11 @@ class Asks:
                     continue
                 request.asked.append(rank)
                 self._last_asked[(job_id, rank)] = now
-                request.sessions[session] = rank
                 if send is None:  # another process may hold it: "no answer" if none does
                     request.relayed.append(rank)
                     elsewhere.append(session)
                 else:
+                    request.sessions[session] = rank
                     sends.append(send)
             if len(self._last_asked) > MAX_REMEMBERED:  # only the last second matters
                 self._last_asked = {key: t for key, t in self._last_asked.items()
@@ -242,7 +242,11 @@ class Asks:
         """Have each rank asked here that has not answered read from outside by a rank of its
         host whose agent did (MAX_PEER_ASKS at most): a ``peer`` question naming the silent
         rank's pid, answered with py-spy's dump (pgdash_agent.native.peer_dump). Runs on a
-        timer's thread PEER_AFTER_S after the request; never raises."""
+        timer's thread PEER_AFTER_S after the request; never raises. Not while ingest is
+        behind: answers may then be late, and py-spy would stop a rank that is only slow."""
+        if self.lag() > MAX_AUTO_LAG_S:
+            self.counters["snapshot_peer_asks_skipped"] += 1
+            return
         try:
             early = self.early(request)
             silent = self.read(request.job_id,

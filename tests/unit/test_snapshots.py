@@ -231,6 +231,10 @@ def test_a_silent_rank_is_read_from_outside_by_a_rank_of_its_host_that_answered(
     _answer(log, 0, made.id, 101.0, _frames(10))
     # Asks reads the state it was made with; give it the one with rank 0's answer.
     asks.read = lambda job_id, view, timeout=None: view(log.state())
+    asks.lag = lambda: 10.0  # ingest behind: answers may be late, nobody is read
+    later()
+    assert not [m for m in sent[0] if m["what"] == "peer"]
+    asks.lag = lambda: 0.0
     later()
     # Rank 1 (silent, on node0) is read by rank 0; rank 2 (silent, alone on node1) is not.
     (question,) = [m for m in sent[0] if m["what"] == "peer"]
