@@ -7,22 +7,23 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
+from pgdash_agent import native as native_frames
 from pgdash_agent.collectives import CollectiveTracker
 from pgdash_agent.outbox import Outbox
 from pgdash_agent.snapshots import MAX_PENDING, Snapshots, threads_now
 from pgdash_agent.wire import MAX_SNAPSHOT_THREADS, WireError, validate_event
-from dashboard.ingest.asks import (ANSWER_WAIT_S, MIN_INTERVAL_S, Asks, Busy, TooSoon,
-                                   UnknownRanks)
-from pgdash_agent import native as native_frames
+from dashboard.ingest.asks import (ANSWER_WAIT_S, MIN_INTERVAL_S, PEER_AFTER_S, Asks, Busy,
+                                   TooSoon, UnknownRanks)
 from dashboard.ingest import asks as asks_module
-from dashboard.ingest.asks import PEER_AFTER_S
 from dashboard.state.fold import MAX_PEER_RANKS, MAX_PEER_REQUESTS
 from dashboard.web import snapshots as views
 from tests.helpers.clock import Clock
 from tests.helpers.events import hello, running
+from tests.helpers.procs import wait_for
 
 
 def _agent_snapshots():
@@ -275,6 +276,9 @@ def test_the_agent_reads_another_process_only_of_its_own_launch(tmp_path):
     same = subprocess.Popen(["sleep", "30"], env=mine)
     other = subprocess.Popen(["sleep", "30"], env={**mine, "MASTER_PORT": "29501"})
     try:
+        for proc in (same, other):  # until exec: a child just forked still has our environment
+            wait_for(lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"sleep"),
+                     10, "sleep started")
         assert native_frames.same_launch(same.pid, mine) is None
         assert "MASTER_PORT differs" in native_frames.same_launch(other.pid, mine)
         assert "names no launch" in native_frames.same_launch(same.pid, {})
