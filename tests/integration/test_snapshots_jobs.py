@@ -18,6 +18,8 @@ from tests.helpers.procs import ROOT, ServerProcess, job_by_name, launch_job, wa
 
 TOKEN = "snap-token-0123456789"
 SLEEP_LINE = "time.sleep(3600)"  # where tests/jobs/fault_job.py's "hang" rank sleeps
+SLEEP_LINE_NO = next(n for n, line in enumerate(
+    (ROOT / "tests/jobs/fault_job.py").read_text().splitlines(), 1) if SLEEP_LINE in line)
 
 
 def _server(tmp_path, hang_after, *extra):
@@ -147,7 +149,7 @@ def test_a_snapshot_on_demand_and_bad_requests_change_nothing(tmp_path, wire):
                               capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert done.returncode == 0, done.stderr
         assert "1 of 1 ranks answered" in done.stdout and SLEEP_LINE in done.stdout
-        assert "rank 1: MainThread at fault_job.py:78 in <module>" in done.stdout
+        assert f"rank 1: MainThread at fault_job.py:{SLEEP_LINE_NO} in <module>" in done.stdout
         # Native frames, asked for: py-spy's where it is installed, else why there are none.
         time.sleep(MIN_INTERVAL_S)
         done = subprocess.run([sys.executable, "-m", "dashboard", "snapshot", f"asked-{wire}",
