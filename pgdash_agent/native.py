@@ -129,7 +129,8 @@ def peer_dump(py_spy: str | None, pid: int, environ: Mapping[str, str] | None = 
         return None, why
     try:
         done = subprocess.run([py_spy, "dump", "--native", "--pid", str(pid)],
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, errors="replace",
+                              timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, f"py-spy did not finish within {timeout:g} s"
     except OSError as exc:
