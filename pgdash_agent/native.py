@@ -154,6 +154,21 @@ def gil_holder(text: str) -> str | None:
     return None
 
 
+def where_blocked(text: str) -> str | None:
+    """Where a py-spy dump's GIL-holding thread (else its first) stands: its innermost
+    Python frame and the one that called it, as py-spy prints them (``match
+    (re/__init__.py:166), called from inject (train.py:40)``); None without one."""
+    threads: list[tuple[bool, list[str]]] = []
+    for line in text.splitlines():
+        head = _THREAD.match(line)
+        if head:
+            threads.append(("gil" in head.group(2), []))
+        elif threads and line.startswith((" ", "\t")) and ".py:" in line:
+            threads[-1][1].append(line.strip())
+    frames = next((f for gil, f in threads if gil), threads[0][1] if threads else [])
+    return ", called from ".join(frames[:2]) or None
+
+
 def parse_dump(text: str) -> dict[int, str]:
     """py-spy dump's text -> {thread id as py-spy names it: its frames, one a line}."""
     found: dict[int, list[str]] = {}

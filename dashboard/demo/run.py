@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Iterator
 
 import click
 
@@ -20,6 +23,8 @@ SCENARIOS = {
     "checkpoint": "healthy; rank 0 checkpoints for 5 s once while the others wait (no finding)",
     "straggler": "the last rank's steps take 30% longer",
     "hang": "the last rank stops before its tensor-parallel all_reduce",
+    "frozen": "the last rank blocks in C with the GIL held: its agent cannot answer, and "
+              "another rank's reads it from outside (py-spy)",
     "crash": "rank 1 raises an exception",
     "kill": "rank 1 is killed (SIGKILL), like the OOM killer would",
     "desync": "the last rank calls broadcast where the others call all_reduce",
@@ -52,6 +57,7 @@ def launch_ranks(ranks: int, server_url: str, job: str, args: list[str],
         mismatch = {"NCCL_IB_DISABLE": "1"} if scenario == "config-mismatch" and rank == last \
             else {}
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
+                   **_py_spy(),
                    LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=master_port, PGDASH_SERVER=server_url, PGDASH_JOB=job,
                    OMP_NUM_THREADS="1", **mismatch)
@@ -60,8 +66,33 @@ def launch_ranks(ranks: int, server_url: str, job: str, args: list[str],
     return procs
 
 
+def _py_spy() -> dict[str, str]:
+    """py-spy beside this Python (a virtual environment not on PATH), for the ranks' native
+    frames, unless PGDASH_PY_SPY names one."""
+    spy = Path(sys.executable).with_name("py-spy")
+    return {"PGDASH_PY_SPY": str(spy)} if "PGDASH_PY_SPY" not in os.environ and \
+        os.access(spy, os.X_OK) else {}
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _deferred_interrupts() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block ends: one that interrupted ``Popen`` after it
+    started a rank, before it returned, left that rank running unknown to ``stop_ranks``
+    (found orphaned after tests/integration/test_readme.py's demo run beside a CPU hog)."""
+    came: list[int] = []
+    before = {sig: signal.signal(sig, lambda signum, frame: came.append(signum))
+              for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    if came:
+        raise KeyboardInterrupt
 
 
 def stop_ranks(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
@@ -131,8 +162,9 @@ def run_demo(ranks: int, port: int, scenario: str, steps: int, db: str,
         click.echo(f"pgdash demo: {ranks} ranks, scenario {scenario!r} "
                    f"({SCENARIOS[scenario]}), job {job}")
         click.echo(f"pgdash demo: open {server.url}/  (Ctrl-C stops)")
-        launch_ranks(ranks, server.url, job, ["--scenario", scenario, "--steps", str(steps)],
-                     scenario, procs)
+        with _deferred_interrupts():
+            launch_ranks(ranks, server.url, job,
+                         ["--scenario", scenario, "--steps", str(steps)], scenario, procs)
         while True:
             if job_id is None:
                 match = next((j for j in ingest.store.jobs.newest(limit=5) if j["name"] == job),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import time
 
@@ -32,6 +33,11 @@ def inject(scenario: str, rank: int, last: int) -> None:
         print(f"rank {rank}: injected hang", flush=True)
         while True:
             time.sleep(3600)
+    if scenario == "frozen" and rank == last:
+        print(f"rank {rank}: blocked in C with the GIL held", flush=True)
+        # Backtracks for ever inside _sre, which never lets the GIL go: no other thread of
+        # this process (the agent's included) runs again. SIGTERM still stops it.
+        re.match(r"(a+)+$", "a" * 64 + "!")
     if scenario == "checkpoint" and rank == 0:  # healthy: a pause is not a fault
         print(f"rank {rank}: checkpointing for 5 s", flush=True)
         time.sleep(5.0)

@@ -53,3 +53,22 @@ def test_crash_scenario_prints_the_culprit(tmp_path):
     assert code == 0 and "as job 1" in out, out
     code, again = pgdash(tmp_path, "replay", "1", "--hang-after", "10", "--db", other)
     assert code == 0 and again.splitlines()[1:] == replayed.splitlines()[1:], again
+
+
+def test_a_stop_while_the_ranks_start_waits_until_each_started_rank_is_known():
+    """Ctrl-C during launch_ranks must not cut a Popen between its fork and its return (that
+    rank ran on, orphaned, unknown to stop_ranks): it is raised once the block ends."""
+    import os
+    import signal
+
+    import pytest
+
+    from dashboard.demo.run import _deferred_interrupts
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with _deferred_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append("after the signal")
+    assert reached == ["after the signal"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

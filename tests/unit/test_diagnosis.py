@@ -540,3 +540,34 @@ def test_a_dropped_connection_is_back_when_the_server_hears_its_agent_again():
     assert diagnose(log.state(), 110.0, back) == []  # its reconnection is not folded yet
     before_close = dataclasses.replace(S, heard=lambda session, at: 100.9)
     assert kinds(diagnose(log.state(), 110.0, before_close)) == [("rank_lost", [1])]
+
+
+def test_a_silent_rank_still_connected_reads_frozen_once_a_rank_of_its_host_read_it():
+    """Heartbeats stopped, connection open: not "vanished". Read from outside by a rank of
+    its host (a snapshot's peer reading), it is named frozen, with where it holds the GIL."""
+    log = running(2)
+    for t in (101, 102, 103):
+        progress(log, 0, t, ("0", 5, 4, "all_reduce", 101.0))
+    progress(log, 1, 101, ("0", 4, 4, None, None))
+    for t in range(104, 125):
+        progress(log, 0, t, ("0", 5, 4, "all_reduce", 101.0))
+    lost = next(f for f in diagnose(log.state(), 124.0, S) if f["kind"] == "rank_lost")
+    assert lost["ranks"] == [1] and "went silent" in lost["summary"]
+    assert "its connection still open" in lost["summary"] and "frozen" in lost["hint"]
+    dump = ('Thread 101 (active+gil): "MainThread"\n    sre_ucs1_match (_sre/sre_lib.h:1200)\n'
+            '    match (re/__init__.py:166)\n    inject (/job/train.py:38)\n')
+    log.add("s0", "snapshot", {"ask": "a1", "threads": [], "for_rank": 1, "peer_dump": dump},
+            t=110.0)
+    lost = next(f for f in diagnose(log.state(), 124.0, S) if f["kind"] == "rank_lost")
+    assert lost["summary"].endswith(
+        "rank 0 on its host read it from outside: blocked with the GIL held by its thread "
+        "MainThread, in match (re/__init__.py:166), called from inject (/job/train.py:38).")
+    assert lost["summary"].startswith("Rank 1 is frozen")
+    assert lost["evidence"]["read_from_outside"] == {"by": 0, "t": 110.0,
+                                                     "gil_held_by": "MainThread"}
+    gone = running(2)  # a rank whose connection closed: it vanished, as before
+    for t in range(101, 112):
+        progress(gone, 0, t, ("0", t, t, None, None))
+    gone.add("s1", "disconnect", {}, t=104.0)
+    (lost,) = [f for f in diagnose(gone.state(), 111.0, S) if f["kind"] == "rank_lost"]
+    assert lost["ranks"] == [1] and "vanished" in lost["summary"] and "died" in lost["hint"]

@@ -267,7 +267,9 @@ def init_incomplete(n, backend, py_spy):
     world = n + 2
     for r in range(2):
         log.add(f"s{r}", "hello", {"job": "job", "rank": r, "world_size": world,
-                                   "host": "node0", "pid": 1000 + r}, t=100.0)
+                                   "host": "node0", "pid": 1000 + r,
+                                   "versions": {"py-spy": PY_SPY if py_spy else None}},
+                t=100.0)
         log.add(f"s{r}", "init_start", {"rank": r, "world_size": world, "backend": backend,
                                         "master_addr": "10.0.0.1", "master_port": "29500"},
                 t=100.0)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
+from pgdash_agent.native import gil_holder, where_blocked
+
 from dashboard.diagnosis.errors import classify
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import (backend_of, frame_label, process_label, sentence,
-                                      user_frame)
+                                      stack_commands, user_frame)
 from dashboard.diagnosis.rules.departures import departures
 from dashboard.diagnosis.rules.hangs import job_stop
 from dashboard.state import JobState, RankState
@@ -167,17 +169,58 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
             failed = {v.rank: state.last_error(v.rank) for v in state.ranks()
                       if v.status == RankStatus.FAILED}
         victims = {k: v for k, v in failed.items() if k != r.rank}
-        out.append(finding(
-            "rank_lost", Severity.CRITICAL, [r.rank], None,
-            f"Rank {r.rank} vanished{process_label(r)}: {how}.",
-            f"Look for why process {r.pid} on {r.host} died: `dmesg -T | grep -iE "
-            f"'killed process|out of memory'` on {r.host} (OOM killer), the launcher's exit "
-            f"code for rank {r.rank} (-9 is SIGKILL), and the end of that rank's own log. "
-            "Errors on other ranks after this moment are consequences.",
-            {"last_seen": r.last_seen, "host": r.host, "pid": r.pid,
-             "victims": {str(k): v for k, v in victims.items()}},
-            since, key=f"r{r.rank}"))
+        evidence = {"last_seen": r.last_seen, "host": r.host, "pid": r.pid,
+                    "victims": {str(k): v for k, v in victims.items()}}
+        dead = (f"Look for why process {r.pid} on {r.host} died: `dmesg -T | grep -iE "
+                f"'killed process|out of memory'` on {r.host} (OOM killer), the launcher's "
+                f"exit code for rank {r.rank} (-9 is SIGKILL), and the end of that rank's own "
+                "log. ")
+        if r.status == RankStatus.LOST:
+            summary, hint = f"Rank {r.rank} vanished{process_label(r)}: {how}.", dead
+        else:
+            summary, hint = _silent(state, r, how, evidence, now, dead)
+        out.append(finding("rank_lost", Severity.CRITICAL, [r.rank], None, summary,
+                           hint + "Errors on other ranks after this moment are consequences.",
+                           evidence, since, key=f"r{r.rank}"))
     return out
+
+
+def _silent(state: JobState, r: RankState, how: str, evidence: dict[str, Any], now: float,
+            dead: str) -> tuple[str, str]:
+    """What a rank whose heartbeats stopped while its connection stayed open is known to be
+    doing: frozen, when another rank of its host read it from outside since (a snapshot's
+    ``peer`` reading, dashboard.ingest.asks), else dead or frozen, not known which."""
+    reading = max((peers[r.rank] for peers in state.snapshot_peers.values()
+                   if r.rank in peers and peers[r.rank].get("peer_dump")
+                   and r.last_seen <= peers[r.rank]["t"] <= now),
+                  key=lambda p: p["t"], default=None)
+    if reading is None:
+        return (f"Rank {r.rank} went silent{process_label(r)}: {how}, its connection still "
+                "open.",
+                "Its process may be frozen rather than dead: a thread blocked in C with the "
+                "GIL held stops the agent too (a C extension that does not release it, a "
+                "regular expression, a lock), as does a stopped process (SIGSTOP, a "
+                f"debugger) or a host that stopped answering. {stack_commands(state, [r.rank])} "
+                "shows which (a snapshot asks a rank of that host to do it). If it is gone: "
+                f"{dead[0].lower()}{dead[1:]}")
+    holder = gil_holder(reading["peer_dump"])
+    evidence["read_from_outside"] = {"by": reading["by"], "t": reading["t"],
+                                     "gil_held_by": holder}
+    where = where_blocked(reading["peer_dump"])
+    summary = (f"Rank {r.rank} is frozen{process_label(r)}: {how}; rank {reading['by']} on "
+               f"its host read it from outside: "
+               + (f"blocked with the GIL held by its thread {holder}" if holder
+                  else "alive, its agent not running")
+               + (f", in {where}." if where else "."))
+    if holder:
+        return summary, ("Its agent cannot run while that thread holds the GIL. The "
+                         "snapshot's reading (native frames, innermost first) shows the call "
+                         "that holds it: a C extension or custom op that does not release the "
+                         "GIL around long work, a regular expression that backtracks, a lock "
+                         "taken with the GIL held. ")
+    return summary, ("No thread holds the GIL, yet the agent's thread does not run: the "
+                     "process may be stopped (SIGSTOP, a debugger) or starved; the snapshot's "
+                     "reading shows where each thread stands. ")
 
 
 def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
