@@ -24,7 +24,7 @@ SCENARIOS = {
     "straggler": "the last rank's steps take 30% longer",
     "hang": "the last rank stops before its tensor-parallel all_reduce",
     "frozen": "the last rank blocks in C with the GIL held: its agent cannot answer, and "
-              "another rank's reads it from outside (py-spy)",
+              "another rank's agent reads it from outside (py-spy)",
     "crash": "rank 1 raises an exception",
     "kill": "rank 1 is killed (SIGKILL), like the OOM killer would",
     "desync": "the last rank calls broadcast where the others call all_reduce",
