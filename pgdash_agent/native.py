@@ -38,6 +38,9 @@ NATIVE_TIMEOUT_S = 5.0  # py-spy's whole run; the agent's thread waits for it (r
 MAX_NATIVE_CHARS = 16_384  # of one thread's native stack (pgdash_agent.wire.MAX_NATIVE)
 PR_SET_PTRACER = 0x59616D61  # linux/prctl.h: Yama's "this process may trace me"
 
+NO_PY_SPY = ("py-spy is not installed where this rank runs (pip install py-spy, or set "
+             "PGDASH_PY_SPY to its path)")
+
 _THREAD = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \(([^)]*)\)(?:: "(.*)")?\s*$')
 
 
@@ -80,11 +83,16 @@ def native_stacks(py_spy: str, timeout: float = NATIVE_TIMEOUT_S
     finally:
         _allow_tracer(0)
     if proc.returncode != 0:
-        why = (err or out).strip().splitlines()
-        return {}, f"py-spy failed (exit {proc.returncode}): " + (
-            why[-1][:500] if why else "no message") + \
-            " (ptrace of this process was refused? see pgdash_agent/native.py)"
+        return {}, _failed(proc.returncode, out, err,
+                           "ptrace of this process was refused? see pgdash_agent/native.py")
     return parse_dump(out), None
+
+
+def _failed(returncode: int, out: str, err: str, advice: str) -> str:
+    """Why py-spy gave no dump: its exit status, its last line, and what may help."""
+    lines = (err or out).strip().splitlines()
+    return (f"py-spy failed (exit {returncode}): "
+            f"{lines[-1][:500] if lines else 'no message'} ({advice})")
 
 
 # What makes two processes ranks of one launch: the rendezvous and the launcher's ids.
@@ -122,8 +130,7 @@ def peer_dump(py_spy: str | None, pid: int, environ: Mapping[str, str] | None = 
     """(``py-spy dump --native`` of process ``pid``, another rank of this launch on this
     host, or None; why there is none, or None). Never raises."""
     if py_spy is None:
-        return None, ("py-spy is not installed where this rank runs (pip install py-spy, "
-                      "or set PGDASH_PY_SPY to its path)")
+        return None, NO_PY_SPY
     why = same_launch(pid, os.environ if environ is None else environ)
     if why is not None:
         return None, why
@@ -136,51 +143,49 @@ def peer_dump(py_spy: str | None, pid: int, environ: Mapping[str, str] | None = 
     except OSError as exc:
         return None, f"could not run {py_spy}: {exc}"
     if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        return None, (f"py-spy failed (exit {done.returncode}): "
-                      + (lines[-1][:500] if lines else "no message")
-                      + " (ptrace of another process needs root, CAP_SYS_PTRACE or Yama's "
-                        "ptrace_scope 0: see pgdash_agent/native.py)")
+        return None, _failed(done.returncode, done.stdout, done.stderr,
+                             "ptrace of another process needs root, CAP_SYS_PTRACE or Yama's "
+                             "ptrace_scope 0: see pgdash_agent/native.py")
     return done.stdout[:MAX_TEXT], None
+
+
+def _threads(text: str) -> list[tuple[str, str, str | None, list[str]]]:
+    """py-spy dump's text -> each thread as (its id as py-spy prints it, its state such as
+    ``active+gil``, its name or None, its frames one a line, innermost first)."""
+    threads: list[tuple[str, str, str | None, list[str]]] = []
+    current: list[str] | None = None
+    for line in text.splitlines():
+        head = _THREAD.match(line)
+        if head:
+            current = []
+            threads.append((head.group(1), head.group(2), head.group(3), current))
+        elif current is not None and line.startswith((" ", "\t")) and line.strip():
+            current.append(line.strip())
+        elif line.strip():
+            current = None
+    return threads
 
 
 def gil_holder(text: str) -> str | None:
     """The thread a py-spy dump shows holding the GIL (``Thread 123 (active+gil):
     "MainThread"``): its name, or its id when it has none; None when no thread holds it."""
-    for line in text.splitlines():
-        head = _THREAD.match(line)
-        if head and "gil" in head.group(2):
-            return head.group(3) or head.group(1)
-    return None
+    return next((name or tid for tid, state, name, _ in _threads(text) if "gil" in state),
+                None)
 
 
 def where_blocked(text: str) -> str | None:
     """Where a py-spy dump's GIL-holding thread (else its first) stands: its innermost
     Python frame and the one that called it, as py-spy prints them (``match
     (re/__init__.py:166), called from inject (train.py:40)``); None without one."""
-    threads: list[tuple[bool, list[str]]] = []
-    for line in text.splitlines():
-        head = _THREAD.match(line)
-        if head:
-            threads.append(("gil" in head.group(2), []))
-        elif threads and line.startswith((" ", "\t")) and ".py:" in line:
-            threads[-1][1].append(line.strip())
-    frames = next((f for gil, f in threads if gil), threads[0][1] if threads else [])
-    return ", called from ".join(frames[:2]) or None
+    threads = _threads(text)
+    frames = next((f for _, state, _, f in threads if "gil" in state),
+                  threads[0][3] if threads else [])
+    return ", called from ".join([f for f in frames if ".py:" in f][:2]) or None
 
 
 def parse_dump(text: str) -> dict[int, str]:
     """py-spy dump's text -> {thread id as py-spy names it: its frames, one a line}."""
     found: dict[int, list[str]] = {}
-    current: list[str] | None = None
-    for line in text.splitlines():
-        head = _THREAD.match(line)
-        if head:
-            current = found.setdefault(int(head.group(1), 0), [])
-        elif current is not None and line.startswith((" ", "\t")) and line.strip():
-            current.append(line.strip())
-        elif not line.strip():
-            continue
-        else:
-            current = None
+    for tid, _state, _name, frames in _threads(text):
+        found.setdefault(int(tid, 0), []).extend(frames)
     return {tid: "\n".join(lines)[:MAX_NATIVE_CHARS] for tid, lines in found.items()}

@@ -111,8 +111,8 @@ class Snapshots:
                 body = {"ask": ask, "threads": threads_now(with_ids=native),
                         "groups": self.tracker.progress(self._wall, self._flight()),
                         "recent": self.recent()}
-            if native and peer is None:
-                self._add_native(body)
+                if native:
+                    self._add_native(body)
             if at is not None:
                 body["asked_at"] = float(at)
             if reason is not None:
@@ -124,8 +124,7 @@ class Snapshots:
         """Each thread's native frames from py-spy, or why there are none."""
         ids = [thread.pop("ids", ()) for thread in body["threads"]]
         if self.py_spy is None:
-            body["native_error"] = ("py-spy is not installed where this rank runs (pip "
-                                    "install py-spy, or set PGDASH_PY_SPY to its path)")
+            body["native_error"] = native_frames.NO_PY_SPY
             return
         stacks, why = native_frames.native_stacks(self.py_spy)
         if why is not None:

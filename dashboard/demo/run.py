@@ -49,6 +49,7 @@ def launch_ranks(ranks: int, server_url: str, job: str, args: list[str],
     rank, ``config-mismatch`` gives it a different setting.
     """
     master_port = str(free_port())
+    py_spy = _py_spy()
     last = ranks - 1
     procs = [] if procs is None else procs
     for rank in range(ranks):
@@ -57,7 +58,7 @@ def launch_ranks(ranks: int, server_url: str, job: str, args: list[str],
         mismatch = {"NCCL_IB_DISABLE": "1"} if scenario == "config-mismatch" and rank == last \
             else {}
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
-                   **_py_spy(),
+                   **py_spy,
                    LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=master_port, PGDASH_SERVER=server_url, PGDASH_JOB=job,
                    OMP_NUM_THREADS="1", **mismatch)
