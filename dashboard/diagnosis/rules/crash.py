@@ -178,18 +178,21 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
         if r.status == RankStatus.LOST:
             summary, hint = f"Rank {r.rank} vanished{process_label(r)}: {how}.", dead
         else:
-            summary, hint = _silent(state, r, how, evidence, now, dead)
+            summary, hint, outside = _silent(state, r, how, now, dead)
+            if outside is not None:
+                evidence["read_from_outside"] = outside
         out.append(finding("rank_lost", Severity.CRITICAL, [r.rank], None, summary,
                            hint + "Errors on other ranks after this moment are consequences.",
                            evidence, since, key=f"r{r.rank}"))
     return out
 
 
-def _silent(state: JobState, r: RankState, how: str, evidence: dict[str, Any], now: float,
-            dead: str) -> tuple[str, str]:
+def _silent(state: JobState, r: RankState, how: str, now: float,
+            dead: str) -> tuple[str, str, dict[str, Any] | None]:
     """What a rank whose heartbeats stopped while its connection stayed open is known to be
-    doing: frozen, when another rank of its host read it from outside since (a snapshot's
-    ``peer`` reading, dashboard.ingest.asks), else dead or frozen, not known which."""
+    doing, as (summary, hint, the reading's evidence): frozen, when another rank of its host
+    read it from outside since (a snapshot's ``peer`` reading, dashboard.ingest.asks), else
+    dead or frozen, not known which (no reading)."""
     reading = max((peers[r.rank] for peers in state.snapshot_peers.values()
                    if r.rank in peers and peers[r.rank].get("peer_dump")
                    and r.last_seen <= peers[r.rank]["t"] <= now),
@@ -202,10 +205,9 @@ def _silent(state: JobState, r: RankState, how: str, evidence: dict[str, Any], n
                 "regular expression, a lock), as does a stopped process (SIGSTOP, a "
                 f"debugger) or a host that stopped answering. {stack_commands(state, [r.rank])} "
                 "shows which (a snapshot asks a rank of that host to do it). If it is gone: "
-                f"{dead[0].lower()}{dead[1:]}")
+                f"{dead[0].lower()}{dead[1:]}", None)
     holder = gil_holder(reading["peer_dump"])
-    evidence["read_from_outside"] = {"by": reading["by"], "t": reading["t"],
-                                     "gil_held_by": holder}
+    outside = {"by": reading["by"], "t": reading["t"], "gil_held_by": holder}
     where = where_blocked(reading["peer_dump"])
     summary = (f"Rank {r.rank} is frozen{process_label(r)}: {how}; rank {reading['by']} on "
                f"its host read it from outside: "
@@ -217,10 +219,10 @@ def _silent(state: JobState, r: RankState, how: str, evidence: dict[str, Any], n
                          "snapshot's reading (native frames, innermost first) shows the call "
                          "that holds it: a C extension or custom op that does not release the "
                          "GIL around long work, a regular expression that backtracks, a lock "
-                         "taken with the GIL held. ")
+                         "taken with the GIL held. "), outside
     return summary, ("No thread holds the GIL, yet the agent's thread does not run: the "
                      "process may be stopped (SIGSTOP, a debugger) or starved; the snapshot's "
-                     "reading shows where each thread stands. ")
+                     "reading shows where each thread stands. "), outside
 
 
 def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
