@@ -19,13 +19,18 @@ from dashboard.diagnosis.text import agree, group_label, have, ranks_label, stac
 from dashboard.state import JobState
 
 
+def in_p2p(row: dict[str, Any]) -> bool:
+    """Whether a progress row is inside a point-to-point op."""
+    return bool(P2P.busy(row) and row.get("p2p_op"))
+
+
 def _p2p_waits(state: JobState, group: str, frame: Frame, rows: dict[int, dict[str, Any]],
                longer_than: float) -> dict[int, int]:
     """Ranks of ``group`` waiting in a point-to-point op longer than ``longer_than`` for a
     peer that has not posted its side: rank -> that peer."""
     out = {}
     for rank, row in rows.items():
-        if (P2P.busy(row) and row.get("p2p_op") and frame.now - row["p2p_since"] >= longer_than
+        if (in_p2p(row) and frame.now - row["p2p_since"] >= longer_than
                 and is_running(state, rank, frame)):
             peer = p2p_peer_behind(rank, row, rows)
             if peer is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
-from dashboard.diagnosis.rules.p2p import p2p_finding
+from dashboard.diagnosis.rules.p2p import in_p2p, p2p_finding
 from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, View, chain_text,
                                              follow_waits, is_running, ranks_behind, rows_at,
                                              stop_evidence, stopped_text, stuck_collective)
@@ -119,6 +119,8 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
                 since + threshold, key=f"{seq}" if view is PYTHON else f"fr{seq}"))
             break
         else:
+            if not any(map(in_p2p, rows.values())):
+                continue  # no point-to-point wait: its threshold (the group's history) unread
             threshold, _ = stall_threshold(state, group, PYTHON, rows, s)
             p2p = p2p_finding(state, group, frame, s, threshold, "stall")
             if p2p is not None:

@@ -10,9 +10,10 @@ judges nothing.
 
 from __future__ import annotations
 
+import math
 import operator
 
-from pgdash_agent.wire import hist_bucket_value
+from pgdash_agent.wire import HIST_BUCKETS_PER_OCTAVE, HIST_MAX_BUCKET, hist_bucket_value
 
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Settings
@@ -60,8 +61,27 @@ def intervals_holding(windows: dict[int, list[tuple]], depth: int, calls: int,
 
 
 def count_above(hist: dict[int, int], us: float) -> int:
-    """How many of a histogram's collectives took longer than ``us``."""
-    return sum(c for b, c in hist.items() if hist_bucket_value(b) > us)
+    """How many of a histogram's collectives took longer than ``us`` (whose bucket's value
+    is above it)."""
+    first = first_bucket_above(us)
+    return sum(c for b, c in hist.items() if b >= first)
+
+
+def first_bucket_above(us: float) -> int:
+    """The lowest histogram bucket whose value is above ``us``: the buckets' values grow
+    with their index, so a bucket is above ``us`` exactly when its index is at least this
+    (one comparison per bucket instead of a power; a judgement of 1,024 ranks made 150,000)."""
+    if not us >= 0.0:  # negative (every bucket is above) or NaN (none is)
+        return 0 if us < 0.0 else HIST_MAX_BUCKET + 1
+    if us == math.inf:
+        return HIST_MAX_BUCKET + 1
+    b = min(max(0, math.ceil(math.log2(us) * HIST_BUCKETS_PER_OCTAVE - 0.5)),
+            HIST_MAX_BUCKET + 1) if us > 0.0 else 0
+    while b > 0 and hist_bucket_value(b - 1) > us:
+        b -= 1
+    while b <= HIST_MAX_BUCKET and hist_bucket_value(b) <= us:
+        b += 1
+    return b
 
 
 def share_above(hist: dict[int, int], us: float) -> float:
