@@ -221,9 +221,11 @@ class Book:
     def _stride(self, state: JobState) -> int:
         """Judge every this many moments of the grid: 1, or coarser for a big job."""
         s = self.settings
-        if len(state.rank_index()) <= s.large_job_ranks:
+        ranks = len(state.rank_index())
+        if ranks <= s.large_job_ranks:
             return 1
-        return max(1, round(s.large_job_every / s.diagnose_every))
+        every = s.large_job_every if ranks <= s.huge_job_ranks else s.huge_job_every
+        return max(1, round(every / s.diagnose_every))
 
     def update(self, state: JobState, now: float) -> Changes:
         """Fold the diagnosis at ``now`` into the book; returns what changed.

@@ -28,11 +28,16 @@ class Settings:
     # second, as agents summarise latencies (PGDASH_STATS_INTERVAL_S): a summary that makes
     # a straggler conclusive is judged at most this long after it arrives (bench/detect.py).
     diagnose_every: float = 0.5
-    # ... but a job of more ranks than this is judged on every second only: diagnosing 1,024
-    # ranks takes ~0.2 s of a core, and twice a second it took 40% of one (bench/capacity.py).
-    # A function of the state, so replay skips the same moments.
+    # ... but a job of more ranks than this is judged on every second only, and one of more
+    # than huge_job_ranks every two seconds: a judgement's cost grows with the ranks (0.22 s
+    # of a core at 1,024, bench.fold's mesh), and judged every second it kept a quarter of
+    # the one core a job's events are folded on (bench/capacity.py); the stall and hang
+    # thresholds (10 s and more) hardly notice a second more. A function of the state, so
+    # replay skips the same moments.
     large_job_ranks: int = 256
     large_job_every: float = 1.0
+    huge_job_ranks: int = 512
+    huge_job_every: float = 2.0
     hang_after: float = 60.0  # --hang-after: a collective waiting this long is a hang
     # Ranks of a moving job are routinely a few collectives apart (heartbeats are snapshots
     # taken at different moments): the page shows a rank "behind" only once the others have

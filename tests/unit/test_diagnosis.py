@@ -571,3 +571,53 @@ def test_a_silent_rank_still_connected_reads_frozen_once_a_rank_of_its_host_read
     gone.add("s1", "disconnect", {}, t=104.0)
     (lost,) = [f for f in diagnose(gone.state(), 111.0, S) if f["kind"] == "rank_lost"]
     assert lost["ranks"] == [1] and "vanished" in lost["summary"] and "died" in lost["hint"]
+
+
+def test_a_bigger_job_is_judged_on_a_coarser_grid_the_same_live_and_in_replay():
+    """Up to 256 ranks every moment of the grid (0.5 s), up to 512 every second, above that
+    every two seconds: a judgement's cost grows with the ranks. The grid is a function of the
+    state, so a second book over the same state judges the same moments."""
+    from dashboard.diagnosis.book import Book
+    from tests.helpers.events import running
+
+    class Counting(Book):
+        def update(self, state, now):
+            self.judged.append(now)
+            return super().update(state, now)
+
+    for world, every in ((8, 0.5), (256, 0.5), (300, 1.0), (512, 1.0), (513, 2.0), (1024, 2.0)):
+        state = running(world).state()
+        seen = []
+        for _ in range(2):
+            book = Counting(S)
+            book.judged = []
+            book.tick_through(state, 1000.0)  # the first tick starts the grid
+            book.tick_through(state, 1010.0)
+            seen.append(book.judged)
+        assert seen[0] == seen[1]
+        gaps = {round(b - a, 3) for a, b in zip(seen[0], seen[0][1:])}
+        assert gaps == {every}, (world, gaps)
+        assert all(t % every == 0 for t in seen[0]), (world, seen[0][:3])
+
+
+def test_the_first_bucket_above_a_latency_is_the_one_a_bucket_by_bucket_search_finds():
+    import math
+    import random
+
+    from dashboard.diagnosis.rules.windows import count_above, first_bucket_above
+    from pgdash_agent.wire import HIST_MAX_BUCKET, hist_bucket_value
+
+    values = [hist_bucket_value(b) for b in range(HIST_MAX_BUCKET + 1)]
+    rng = random.Random(7)
+    latencies = (values + [math.nextafter(v, 0.0) for v in values]
+                 + [math.nextafter(v, math.inf) for v in values]
+                 + [rng.uniform(0.0, 1e7) for _ in range(2000)]
+                 + [10 ** rng.uniform(-300, 300) for _ in range(2000)]
+                 + [0.0, -1.0, 5e-324, 1.0, 1e300, math.inf, -math.inf, math.nan])
+    for us in latencies:
+        want = next((b for b, v in enumerate(values) if v > us), HIST_MAX_BUCKET + 1)
+        assert first_bucket_above(us) == want, us
+    hist = {b: b + 1 for b in range(0, HIST_MAX_BUCKET + 1, 7)}
+    for us in latencies[::50]:
+        assert count_above(hist, us) == sum(c for b, c in hist.items()
+                                            if hist_bucket_value(b) > us), us
