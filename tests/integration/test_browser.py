@@ -684,6 +684,37 @@ def test_replay_slider_shows_the_hang_after_it_was_resolved(hang_server, watched
             agent.close()
 
 
+def test_a_moment_shown_or_asked_ahead_is_shown_again_without_asking_the_server(
+        hang_server, watched):
+    """Resting on a moment, the page asks for the second after it; → then shows that second
+    with no new request, and ← goes back to a moment already shown, also with none."""
+    page = watched.page
+    jid, _found, agents = _hang_that_resolves(hang_server, "kept", hold_s=2.5)
+    try:
+        job = hang_server.api(f"/api/jobs/{jid}")
+        at = job["started_at"] + 1
+        asked = []
+        page.on("request", lambda req: asked.append(req.url) if "/state?at=" in req.url else None)
+        page.goto(f"{hang_server.url}/jobs/{jid}?at={at}")
+        shown = page.locator("#job-page")
+        expect(shown).to_have_attribute("data-replayed", str(at), timeout=LIVE_MS)
+        expect(shown).to_have_attribute("data-ahead", str(at + 1), timeout=LIVE_MS)
+        assert sum(f"at={at + 1}" in u for u in asked) == 1
+        expect(page.locator("#replay")).to_be_visible()  # once the job's span is known
+        page.locator("#replay-at").focus()
+        page.keyboard.press("ArrowRight")
+        expect(shown).to_have_attribute("data-replayed", str(at + 1))
+        expect(shown).to_have_attribute("data-ahead", str(at + 2))  # resting on at + 1
+        page.keyboard.press("ArrowLeft")
+        expect(shown).to_have_attribute("data-replayed", str(at))
+        assert sum(f"at={at}" in u and f"at={at}" + "0" not in u for u in asked) == 1, asked
+        assert sum(f"at={at + 1}" in u for u in asked) == 1, asked
+        watched.assert_clean()
+    finally:
+        for agent in agents:
+            agent.close()
+
+
 def test_scrubbing_by_keys_by_incident_and_comparing_two_moments(hang_server, watched):
     """The hang job of the test above, ended: Home goes to its start, Shift+→ to the moment
     its incident began, → a second on; a drag while a moment loads asks only for where the
@@ -708,6 +739,8 @@ def test_scrubbing_by_keys_by_incident_and_comparing_two_moments(hang_server, wa
         page.keyboard.press("ArrowRight")
         expect(shown).to_have_attribute("data-replayed", str(incident["first_seen"] + 1))
         assert "at=" in page.url
+        # Resting there, the page asks for the second after it.
+        expect(shown).to_have_attribute("data-ahead", str(incident["first_seen"] + 2))
 
         # Dragging while a moment loads: the moments in between are not asked for; the
         # one where the slider stopped is, once the one loading has come.

@@ -2,7 +2,8 @@
  * pgdash job page: replay. The slider maps 0..1000 onto the job's start..end (or now); the
  * page then shows the server's sections at that moment (GET /api/jobs/<id>/state?at=, the
  * same sections the live feed sends, judged at that moment's event time): ranks, findings,
- * progress, charts, heat map, GPUs, errors. Play advances the moment at 1x-60x.
+ * progress, charts, heat map, GPUs, errors. Play advances the moment at 1x-60x. Moments
+ * shown are kept (a few), and the second after the one shown is asked ahead.
  * /jobs/<id>?at=<unix seconds> opens the page at that moment; the address follows the slider.
  */
 import { PG } from "../common.js";
@@ -16,6 +17,13 @@ const PLAY_TICK_MS = 500; // how often playing asks for the next moment
 // (a big job's moment can take the server seconds to fold).
 const PENDING_AFTER_MS = 300;
 const IDLE_TEXT = "drag to see the whole page as it was at that moment";
+// Moments already shown come back at once (a step back, a second look): the newest few are
+// kept. A 1,024-rank moment is ~2 MB of JSON, so few.
+const MAX_KEPT = 8;
+// A moment this close to a running job's present may still gain events (a batch received
+// and not yet stored): it is shown, never kept.
+const SETTLED_S = 10;
+const AHEAD_AFTER_MS = 400; // resting on a moment this long asks for the next second
 
 /** What main.js provides: render(), showError(), refresh(). */
 export const replayHooks = { render: () => {}, showError: () => {}, refresh: async () => {} };
@@ -26,7 +34,10 @@ let wanted = null; // the newest moment asked (drag, keys) while another was loa
 let marks = []; // moments of the job's incidents (Unix seconds, sorted): Shift+arrows go there
 let playTimer = null;
 let pendingTimer = null;
+let aheadTimer = null;
 let range = null; // [start, end] of the job (Unix seconds), from GET /api/jobs/<id>
+const kept = new Map(); // moment (Unix seconds) -> its answer, the least recently used first
+const asked = new Map(); // moment -> the answer on its way (shown or fetched ahead)
 
 /** The job's span: its start to its end, or to now while it runs. */
 function bounds() {
@@ -141,14 +152,54 @@ function placeSlider(at) {
   if (b) $("replay-at").value = String(Math.round(((at - b[0]) / (b[1] - b[0])) * REPLAY_STEPS));
 }
 
+/**
+ * The server's answer for moment `at`: kept from before, on its way already (fetched ahead),
+ * or asked now. A settled moment's answer is kept (see SETTLED_S).
+ */
+function fetchMoment(at) {
+  const have = kept.get(at);
+  if (have) {
+    kept.delete(at); // now the most recently used
+    kept.set(at, have);
+    return Promise.resolve(have);
+  }
+  if (asked.has(at)) return asked.get(at);
+  const settled = !range || !range.running || at < PG.clockNow() - SETTLED_S;
+  const answer = PG.fetchJSON("/api/jobs/" + JOB_ID + "/state?at=" + at)
+    .then((data) => {
+      if (settled) {
+        kept.set(at, data);
+        while (kept.size > MAX_KEPT) kept.delete(kept.keys().next().value);
+      }
+      return data;
+    })
+    .finally(() => asked.delete(at));
+  asked.set(at, answer);
+  return answer;
+}
+
+/**
+ * While the page rests on `at`, ask for the second after it: → and Play then show it at
+ * once. One moment ahead only: the server keeps the moment it showed last, so the next
+ * second is a short fold there, where a moment before it would be a rewind.
+ */
+function fetchAhead(at) {
+  const b = bounds();
+  const next = at + 1;
+  if (!b || next > b[1] || playTimer || kept.has(next) || asked.has(next)) return;
+  fetchMoment(next).catch(() => {}); // said when it is shown, if it ever is
+  page.dataset.ahead = String(next); // tests wait for this
+}
+
 /** Show the job at `at` (Unix seconds); a failure is said on the page, nothing else moves. */
 export async function loadReplay(at) {
   const ticket = ++request;
+  clearTimeout(aheadTimer);
   inFlight = true;
   awaitMoment(at);
   let data;
   try {
-    data = await PG.fetchJSON("/api/jobs/" + JOB_ID + "/state?at=" + at);
+    data = await fetchMoment(at);
   } catch (err) {
     if (ticket === request) {
       inFlight = false;
@@ -176,6 +227,10 @@ export async function loadReplay(at) {
   replayHooks.render();
   page.dataset.replayed = String(at); // tests wait for this
   compareTo(at);
+  // Once the page rests there (not while a drag or Play moves on): the second after.
+  aheadTimer = setTimeout(() => {
+    if (!inFlight && wanted === null && state.replay && state.replay.at === at) fetchAhead(at);
+  }, AHEAD_AFTER_MS);
   return true;
 }
 
@@ -282,6 +337,7 @@ function backToLive() {
 
 function leaveReplay() {
   request++;
+  clearTimeout(aheadTimer);
   momentSettled();
   pause();
   wanted = null;
