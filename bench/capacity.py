@@ -27,6 +27,10 @@ Measured per N, over ``--seconds`` of steady state after everybody connected:
   is committed to the database); p95.
 * **server CPU**: user+system CPU seconds of the server process over the window (from
   ``/proc``), as CPU-seconds per rank-hour, and as a share of one core.
+* **bytes on the wire**: websocket payload bytes per rank-second, agents to server and back
+  (the frames' payloads, without TCP, TLS or websocket framing).
+* **cost per rank** (a second table): CPU-s per rank-hour, those bytes, RSS over the ranks
+  and what each rank added to the RSS of the row of fewer ranks before it.
 * **RSS** and threads of the server process at the end; **findings** (warning or critical)
   the healthy job raised; **lag** the server reported (``/metrics``); reconnects.
 * **bench agents stalled**: simulated ranks whose loop ran ``STALL_REPORT_S`` or more late
@@ -297,11 +301,14 @@ class SocketIOAgent(Agent):
         self.next_id += 1
         self.sent[self.next_id] = (time.monotonic(), events)
         payload = json.dumps([wire.BATCH_EVENT, {"v": wire.PROTOCOL_VERSION, "events": events}])
-        await self.ws.send(f"42{wire.AGENT_NAMESPACE},{self.next_id}{payload}")
+        frame = f"42{wire.AGENT_NAMESPACE},{self.next_id}{payload}"
+        self.bench.count(len(frame), 0)  # JSON as json.dumps writes it: ASCII, a byte a char
+        await self.ws.send(frame)
 
     async def _read(self) -> None:
         prefix = f"43{wire.AGENT_NAMESPACE},"
         async for frame in self.ws:
+            self.bench.count(0, len(frame))
             if frame == "2":
                 await self.ws.send("3")
             elif frame.startswith(f'42{wire.AGENT_NAMESPACE},["{wire.ASK_EVENT}"'):
@@ -328,10 +335,13 @@ class CompactAgent(Agent):
     async def _send(self, events) -> None:
         self.next_id += 1
         self.sent[self.next_id] = (time.monotonic(), events)
-        await self.ws.send(wire.encode_v2({"id": self.next_id, "events": events}))
+        frame = wire.encode_v2({"id": self.next_id, "events": events})
+        self.bench.count(len(frame), 0)
+        await self.ws.send(frame)
 
     async def _read(self) -> None:
         async for frame in self.ws:
+            self.bench.count(0, len(frame))
             ack = wire.decode_v2(frame)
             if wire.ASK_EVENT in ack:  # the server's question: answered as the agent does
                 self.answer(ack)
@@ -369,7 +379,15 @@ class Bench:
         self.last_error: str | None = None
         self.acks: dict[int, list[float]] = {i: [] for i in range(len(urls))}
         self.measuring = False
+        # Websocket payload bytes while measuring, agents to servers and back (frames'
+        # payloads: no TCP, TLS or websocket framing).
+        self.bytes_up = self.bytes_down = 0
         self.hung = False  # the job hangs: agents send what a hung rank sends (bench.snapshots)
+
+    def count(self, up: int, down: int) -> None:
+        if self.measuring:
+            self.bytes_up += up
+            self.bytes_down += down
 
 
 # -- the servers under test -----------------------------------------------------------------
@@ -506,6 +524,7 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
         own_cpu0 = time.process_time()
         t0 = time.monotonic()
         bench.measuring = True
+        bench.bytes_up = bench.bytes_down = 0
         reconnects0, timeouts0, retries0 = bench.reconnects, bench.ack_timeouts, bench.retries
         ages: list[list[float]] = [[] for _ in urls]
         lags: list[list[float]] = [[] for _ in urls]
@@ -581,6 +600,8 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
             "fresh_p95": worst_p95,
             "ack_p95": pct(all_acks, 0.95), "acks": len(all_acks),
             "cpu_core": sum(cpu), "cpu_rank_hour": sum(cpu) / world * 3600,
+            "up_bytes_rank_s": bench.bytes_up / world / window,
+            "down_bytes_rank_s": bench.bytes_down / world / window,
             "rss_mb": sum(p["rss_mb"] for p in per), "threads": sum(p["threads"] for p in per),
             "lag_max": max((p["lag_max"] for p in per if p["lag_max"] is not None),
                            default=None),
@@ -663,6 +684,7 @@ def table(rows: list[dict]) -> None:
                   f"| {r['ack_timeouts']} / {r['retries']} / {r['reconnects']} "
                   f"| {stopped(r.get('stop_s'))} "
                   f"| {r['agents_stalled']} ({fmt(r['agent_stall_max'], '.1f')} s) |")
+        cost_table(rows)
         return
     print("| K | ranks | process | ranks on it | owns job | freshness p50 / p95 on its API "
           "| ack p95 | CPU | waited for a CPU | RSS | lag max |")
@@ -694,6 +716,26 @@ def table(rows: list[dict]) -> None:
     for k in sorted({r["processes"] for r in rows}):
         held = [r["ranks"] for r in rows if r["processes"] == k and r["held"]]
         print(f"K={k}: largest N held: {max(held) if held else 'none of those tried'}")
+
+
+def cost_table(rows: list[dict]) -> None:
+    """What each rank costs as the ranks grow: server CPU, websocket payload bytes each way,
+    and memory, both RSS over ranks and what each rank added to the run of fewer ranks before
+    it (the server's own base left out)."""
+    print("\n| ranks | CPU-s per rank-hour | bytes per rank-second, agent to server / back "
+          "| RSS per rank | RSS each rank added since the row above |")
+    print("|---|---|---|---|---|")
+    before: dict[str, dict] = {}
+    sides = list(dict.fromkeys(r["server"] or "" for r in rows))  # as run: before, after
+    for r in sorted(rows, key=lambda r: (sides.index(r["server"] or ""), r["ranks"])):
+        prev = before.get(r["server"] or "")
+        added = (f"{(r['rss_mb'] - prev['rss_mb']) * 1024 / (r['ranks'] - prev['ranks']):.0f} KB"
+                 if prev and r["ranks"] > prev["ranks"] else "-")
+        print(f"| {r['ranks']}{' ' + r['server'] if r['server'] else ''} "
+              f"| {fmt(r['cpu_rank_hour'])} | {r['up_bytes_rank_s']:,.0f} / "
+              f"{r['down_bytes_rank_s']:,.0f} | {r['rss_mb'] * 1024 / r['ranks']:,.0f} KB "
+              f"| {added} |")
+        before[r["server"] or ""] = r
 
 
 def make_certificate(workdir: Path) -> tuple[Path, Path]:
