@@ -18,11 +18,14 @@ const PLAY_TICK_MS = 500; // how often playing asks for the next moment
 const PENDING_AFTER_MS = 300;
 const IDLE_TEXT = "drag to see the whole page as it was at that moment";
 // Moments already shown come back at once (a step back, a second look): the newest few are
-// kept. A 1,024-rank moment is ~2 MB of JSON, so few.
+// kept, 8 at most and fewer for a big job (a 1,024-rank moment is ~2 MB of JSON): about
+// KEPT_RANKS rank-moments in all, never fewer than 2 moments.
 const MAX_KEPT = 8;
+const KEPT_RANKS = 4096;
 // A moment this close to a running job's present may still gain events (a batch received
-// and not yet stored): it is shown, never kept.
-const SETTLED_S = 10;
+// and not yet stored, more than ten seconds of them when the server is behind): it is
+// shown, never kept.
+const SETTLED_S = 60;
 const AHEAD_AFTER_MS = 400; // resting on a moment this long asks for the next second
 
 /** What main.js provides: render(), showError(), refresh(). */
@@ -153,29 +156,37 @@ function placeSlider(at) {
 }
 
 /**
- * The server's answer for moment `at`: kept from before, on its way already (fetched ahead),
- * or asked now. A settled moment's answer is kept (see SETTLED_S).
+ * The server's answer for moment `at`: kept from before (if settled: see SETTLED_S), on its
+ * way already (fetched ahead), or asked now.
  */
 function fetchMoment(at) {
   const have = kept.get(at);
-  if (have) {
-    kept.delete(at); // now the most recently used
+  kept.delete(at); // now the most recently used, or asked again
+  if (have && settled(at)) {
     kept.set(at, have);
     return Promise.resolve(have);
   }
   if (asked.has(at)) return asked.get(at);
-  const settled = !range || !range.running || at < PG.clockNow() - SETTLED_S;
   const answer = PG.fetchJSON("/api/jobs/" + JOB_ID + "/state?at=" + at)
     .then((data) => {
-      if (settled) {
-        kept.set(at, data);
-        while (kept.size > MAX_KEPT) kept.delete(kept.keys().next().value);
-      }
+      kept.set(at, data);
+      while (kept.size > maxKept()) kept.delete(kept.keys().next().value);
       return data;
     })
     .finally(() => asked.delete(at));
   asked.set(at, answer);
   return answer;
+}
+
+/** Whether moment `at` can no longer change: the job ended, or it is long past. */
+function settled(at) {
+  return (range !== null && !range.running) || at < PG.clockNow() - SETTLED_S;
+}
+
+/** How many moments the page keeps for this job (see KEPT_RANKS). */
+function maxKept() {
+  const ranks = state.job && Array.isArray(state.job.ranks) ? state.job.ranks.length : 0;
+  return Math.max(2, Math.min(MAX_KEPT, Math.floor(KEPT_RANKS / Math.max(1, ranks))));
 }
 
 /**
@@ -186,7 +197,7 @@ function fetchMoment(at) {
 function fetchAhead(at) {
   const b = bounds();
   const next = at + 1;
-  if (!b || next > b[1] || playTimer || kept.has(next) || asked.has(next)) return;
+  if (!b || next > b[1] || playTimer || (kept.has(next) && settled(next)) || asked.has(next)) return;
   fetchMoment(next).catch(() => {}); // said when it is shown, if it ever is
   page.dataset.ahead = String(next); // tests wait for this
 }
