@@ -478,10 +478,16 @@ def test_the_snapshots_card_asks_ranks_and_groups_their_answers(server, watched)
         assert (peer["pid"], peer["rank"]) == (1003, 3)
         agents[0].send("snapshot", {"ask": peer["ask"], "threads": [], "for_rank": 3,
                                     "peer_dump": 'Thread 1003 (active+gil): "MainThread"\n'
-                                                 "    match (re/__init__.py:166)\n"})
+                                                 "    match (re/__init__.py:166)\n"
+                                                 'Thread 1009 (idle): "pgdash-sender"\n'
+                                                 "    Outbox.wait (pgdash_agent/outbox.py:60)\n"})
         expect(missing.locator(".snapshot-outside summary")).to_contain_text(
             "blocked with the GIL held (thread MainThread)", timeout=LIVE_MS)
         expect(missing.locator(".snapshot-outside pre")).to_contain_text("match (re/")
+        # The agent's own threads only wait: left out, and said so.
+        expect(missing.locator(".snapshot-outside pre")).not_to_contain_text("pgdash-sender")
+        expect(missing.locator(".snapshot-outside")).to_contain_text(
+            "1 thread of pgdash's agent left out")
         expect(view).to_have_attribute("data-complete", "1")
         expect(page.locator("#snapshot-status")).to_contain_text("3 answered, 1 no answer")
         rows = view.locator(".snapshot-timeline .tl-row")

@@ -223,6 +223,27 @@ function processOf(rank) {
   return r && PG.isNum(r.pid) && r.host ? r : null;
 }
 
+const DUMP_THREAD = /^Thread (0x[0-9A-Fa-f]+|\d+) \(([^)]*)\)(?:: "(.*)")?\s*$/; // as pgdash_agent/native.py reads it
+
+/**
+ * py-spy's dump without the agent's own threads (named pgdash-…), which only wait: the
+ * text, and how many were left out. The API keeps the whole dump.
+ */
+function userThreads(dump) {
+  const kept = [];
+  let skipping = false;
+  let left = 0;
+  for (const line of String(dump).split("\n")) {
+    const head = DUMP_THREAD.exec(line);
+    if (head) {
+      skipping = (head[3] || "").startsWith("pgdash-");
+      left += skipping ? 1 : 0;
+    } else if (skipping && !/^\s/.test(line)) skipping = false;
+    if (!skipping) kept.push(line);
+  }
+  return { text: kept.join("\n"), left };
+}
+
 /** A silent rank as another rank's agent on its host read it with py-spy (or why it could not). */
 function outsideNode(outside) {
   if (!outside) return null;
@@ -232,11 +253,13 @@ function outsideNode(outside) {
   const what = outside.gil_held_by
     ? "blocked with the GIL held (thread " + outside.gil_held_by + "), so its agent cannot answer"
     : "read from outside";
+  const shown = userThreads(outside.dump);
   return el(
     "details",
     { class: "snapshot-outside", open: true },
     el("summary", { text: what + ": py-spy dump by " + by + " at " + PG.fmtTime(outside.t) }),
-    el("pre", { class: "ev-text", text: String(outside.dump) })
+    el("pre", { class: "ev-text", text: shown.text }),
+    shown.left ? el("div", { class: "muted", text: shown.left + " thread" + (shown.left === 1 ? "" : "s") + " of pgdash's agent left out (GET the snapshot for the whole dump)" }) : null
   );
 }
 
