@@ -45,6 +45,10 @@ class AgentConfig:
     # PGDASH_DDP_HOOK: 0 leaves DDP models unhooked (see agent.ddp: their gradient all-reduce
     # then shows only in the Flight Recorder, untimed on gloo)
     ddp_hook: bool = True
+    # PGDASH_PEER_READ: 0 keeps Yama's rule (only ancestors may ptrace this rank), so that
+    # another rank of its host cannot read it with py-spy if it blocks with the GIL held
+    # (see pgdash_agent.native.allow_peer_reads; only where py-spy is installed)
+    peer_read: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":

@@ -98,6 +98,7 @@ class Agent:
                               self._announce, self.snapshots)
         self.tracker.wake = self.loop.wake.set
         self._detached = False
+        self.peer_readable = False  # see start()
         self.ddp = DDPHooks()
 
     @property
@@ -123,6 +124,9 @@ class Agent:
             self.tracker.track_for(pg)
         self.groups.scan()
         self.failures.install()
+        # A rank blocked with the GIL held cannot name a tracer then: it names one now.
+        self.peer_readable = bool(self.config.peer_read and self.snapshots.py_spy
+                                  and native.allow_peer_reads())
         self.sender.start()
         self.loop.start()
         return self
@@ -176,6 +180,8 @@ class Agent:
             "rejected": self.sender.rejected, "last_error": self.sender.last_error,
             "internal_errors": self.tracker.internal_errors,
             "asks": {"dropped": self.snapshots.dropped, "ignored": self.snapshots.ignored},
+            # Yama allowed only ancestors to ptrace this rank, and it let its user's do so
+            "peer_readable": self.peer_readable,
         }
 
     # -- what is sent ------------------------------------------------------------------------

@@ -19,8 +19,11 @@ only, and says why in ``native_error``.
 A rank whose own agent cannot answer (its interpreter blocked in C with the GIL held, or
 stopped) is read by another rank's agent on the same host (:func:`peer_dump`): the server
 asks one that answered. Only a process of the same user and the same launch is read (its
-rendezvous variables equal this process's: :func:`same_launch`). The frozen rank cannot name
-a tracer, so under Yama's default (1) this needs root or CAP_SYS_PTRACE (or Yama at 0).
+rendezvous variables equal this process's: :func:`same_launch`). A frozen rank cannot name a
+tracer then, so it does at attach (:func:`allow_peer_reads`, where py-spy is installed, unless
+``PGDASH_PEER_READ=0``): under Yama's default (1) it lets any process of its own user trace it,
+as Yama at 0 does for every process; other users still cannot, and at 2 or 3 it changes
+nothing (root or CAP_SYS_PTRACE are then needed).
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ from pgdash_agent.wire import MAX_TEXT
 NATIVE_TIMEOUT_S = 5.0  # py-spy's whole run; the agent's thread waits for it (reports wait)
 MAX_NATIVE_CHARS = 16_384  # of one thread's native stack (pgdash_agent.wire.MAX_NATIVE)
 PR_SET_PTRACER = 0x59616D61  # linux/prctl.h: Yama's "this process may trace me"
+PR_SET_PTRACER_ANY = 2**64 - 1  # (unsigned long)-1: any process (of this user) may
+YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+# Who may trace this process between native dumps: 0 (Yama's rule) or PR_SET_PTRACER_ANY once
+# allow_peer_reads named it.
+_standing_tracer = 0
 
 NO_PY_SPY = ("py-spy is not installed where this rank runs (pip install py-spy, or set "
              "PGDASH_PY_SPY to its path)")
@@ -52,12 +60,32 @@ def find_py_spy(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def _allow_tracer(pid: int) -> None:
-    """Let ``pid`` ptrace this process where Yama allows only ancestors (0: nobody more).
-    Without Yama (or on another OS) it changes nothing, and failing is harmless."""
+    """Let ``pid`` ptrace this process where Yama allows only ancestors (0: nobody more;
+    PR_SET_PTRACER_ANY: any process). Without Yama (or on another OS) it changes nothing, and
+    failing is harmless."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, pid, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, ctypes.c_ulong(pid), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def allow_peer_reads(scope_path: str = YAMA_SCOPE) -> bool:
+    """At attach: where Yama lets only a process's ancestors trace it (ptrace_scope 1, most
+    distributions' default), let any process of this user trace this one, so that a rank of
+    its host can read it with py-spy should it block with the GIL held (its agent cannot
+    name a tracer then). True when it did; without Yama, or at 0 (anyone of this user may
+    already), 2 or 3 (only an administrator may), nothing is done."""
+    global _standing_tracer
+    try:
+        with open(scope_path) as f:
+            scope = f.read().strip()
+    except OSError:
+        return False
+    if scope != "1":
+        return False
+    _standing_tracer = PR_SET_PTRACER_ANY
+    _allow_tracer(_standing_tracer)
+    return True
 
 
 def native_stacks(py_spy: str, timeout: float = NATIVE_TIMEOUT_S
@@ -81,7 +109,7 @@ def native_stacks(py_spy: str, timeout: float = NATIVE_TIMEOUT_S
         proc.communicate()
         return {}, f"py-spy did not finish within {timeout:g} s"
     finally:
-        _allow_tracer(0)
+        _allow_tracer(_standing_tracer)
     if proc.returncode != 0:
         return {}, _failed(proc.returncode, out, err,
                            "ptrace of this process was refused? see pgdash_agent/native.py")
@@ -144,8 +172,9 @@ def peer_dump(py_spy: str | None, pid: int, environ: Mapping[str, str] | None = 
         return None, f"could not run {py_spy}: {exc}"
     if done.returncode != 0:
         return None, _failed(done.returncode, done.stdout, done.stderr,
-                             "ptrace of another process needs root, CAP_SYS_PTRACE or Yama's "
-                             "ptrace_scope 0: see pgdash_agent/native.py")
+                             "ptrace of another process needs root, CAP_SYS_PTRACE, Yama's "
+                             "ptrace_scope 0, or 1 with PGDASH_PEER_READ on in the rank read: "
+                             "see pgdash_agent/native.py")
     return done.stdout[:MAX_TEXT], None
 
 

@@ -434,6 +434,39 @@ def test_native_frames_are_py_spys_of_this_very_thread(tmp_path):
     validate_event({"seq": 1, "t": 1.0, "kind": "snapshot", "body": body})
 
 
+def test_where_yama_lets_only_ancestors_trace_a_rank_it_lets_its_users_processes(
+        tmp_path, monkeypatch):
+    """A rank blocked with the GIL held cannot name a tracer, so at attach it names any
+    process of its user (Yama's ptrace_scope 1 only; this machine has no Yama, so the scope
+    is a file here and the prctl calls are recorded), and a dump of its own native frames
+    puts that back afterwards instead of Yama's rule."""
+    import sys
+    from pathlib import Path
+
+    from pgdash_agent.config import AgentConfig
+
+    monkeypatch.setattr(native_frames, "_standing_tracer", 0)
+    named = []
+    monkeypatch.setattr(native_frames, "_allow_tracer", named.append)
+    scope = tmp_path / "ptrace_scope"
+    for value in ("0\n", "2\n", "3\n"):
+        scope.write_text(value)
+        assert native_frames.allow_peer_reads(str(scope)) is False
+    assert native_frames.allow_peer_reads(str(tmp_path / "no-yama")) is False
+    assert named == []
+    scope.write_text("1\n")
+    assert native_frames.allow_peer_reads(str(scope)) is True
+    assert named == [native_frames.PR_SET_PTRACER_ANY]
+
+    py_spy = str(Path(sys.executable).with_name("py-spy"))
+    stacks, why = native_frames.native_stacks(py_spy)
+    assert why is None and stacks
+    assert named[1] not in (0, native_frames.PR_SET_PTRACER_ANY)  # py-spy's pid, for the dump
+    assert named[2:] == [native_frames.PR_SET_PTRACER_ANY]  # ... and any process again
+    assert AgentConfig.from_env({"PGDASH_PEER_READ": "0"}).peer_read is False
+    assert AgentConfig.from_env({}).peer_read is True
+
+
 def test_the_ring_holds_python_and_cpp_issued_collectives_by_end_time_numbered():
     snaps, outbox, _ = _agent_snapshots()
     snaps.tracker.recent.extend([("0", "all_reduce", 64, 10.0, 10.5, 7),
