@@ -59,6 +59,8 @@ class Request:
     # session -> rank, of the ranks asked on a connection this process holds
     sessions: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
     peers: dict[int, int] = dataclasses.field(default_factory=dict)  # silent rank -> reader
+    # silent rank -> why no rank of its host was asked to read it (ask_peers); "*": all
+    unread: dict[int | str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     def row(self) -> dict[str, Any]:
         return {"id": self.id, "asked_at": self.asked_at, "reason": self.reason,
@@ -246,7 +248,10 @@ class Asks:
         behind: answers may then be late, and py-spy would stop a rank that is only slow."""
         if self.lag() > MAX_AUTO_LAG_S:
             self.counters["snapshot_peer_asks_skipped"] += 1
+            request.unread["*"] = ("the server was behind its agents, and py-spy would stop "
+                                   "a rank that is only slow: nobody was asked to read it")
             return
+        request.unread.pop("*", None)
         try:
             early = self.early(request)
             silent = self.read(request.job_id,
@@ -261,13 +266,20 @@ class Asks:
                 reader = next(((peer, self._links[s]) for peer, s in readers
                                if s in self._links), None)
                 if reader is None:
+                    request.unread[rank] = (
+                        "no other rank of its host answered (alone there, or all silent), so "
+                        "nobody there could read it" if not readers else
+                        "the ranks of its host that answered are connected to another server "
+                        "process")
+                    continue
+                if len(sends) >= MAX_PEER_ASKS:
+                    request.unread[rank] = (f"only {MAX_PEER_ASKS} silent ranks are read "
+                                            "from outside per request")
                     continue
                 request.peers[rank] = reader[0]
                 sends.append((reader[1], {"ask": request.id, "what": "peer", "pid": pid,
                                           "rank": rank, "at": self.clock(),
                                           "reason": request.reason[:200]}))
-                if len(sends) >= MAX_PEER_ASKS:
-                    break
         for send, message in sends:
             self._send_all([send], message)
             self.counters["snapshot_peer_asks"] += 1
@@ -355,7 +367,5 @@ def silent_ranks(state: Any, request: Request, early: dict[int, dict[str, Any]]
         r = index.get(rank)
         if r is None or r.pid is None or r.status not in (RankStatus.RUNNING, RankStatus.LOST):
             continue
-        readers = by_host.get(r.host, [])
-        if readers:
-            out.append((rank, r.pid, readers))
+        out.append((rank, r.pid, by_host.get(r.host, [])))
     return out

@@ -22,6 +22,7 @@ from dashboard.ingest.asks import (ANSWER_WAIT_S, PEER_AFTER_S, Busy, Request, T
                                    UnknownRanks)
 from dashboard.diagnosis.text import stack_text, user_frame
 from dashboard.state import JobState
+from dashboard.statuses import RankStatus
 
 __all__ = ["Busy", "TooSoon", "UnknownRanks", "answered_request", "group_stacks", "latest",
            "listing", "request_view", "wavefront", "with_snapshots"]
@@ -66,7 +67,7 @@ def request_view(state: JobState, request: Request, now: float,
         last = _last_stack(state, rank) if status != "waiting" else None
         if last is not None:
             row["last_stack"] = last
-        outside = _read_from_outside(state, request, rank, now)
+        outside = _read_from_outside(state, request, rank, now, known)
         if outside is not None:
             row["read_from_outside"] = outside
         ranks[str(rank)] = row
@@ -182,17 +183,21 @@ def _answer(answer: dict[str, Any]) -> dict[str, Any]:
 MAX_ERROR_CHARS = 2000  # of the rank's last error shown beside its answer
 
 
-def _read_from_outside(state: JobState, request: Request, rank: int,
-                       now: float) -> dict[str, Any] | None:
+def _read_from_outside(state: JobState, request: Request, rank: int, now: float,
+                       known: Any = None) -> dict[str, Any] | None:
     """A silent rank as another rank of its host read it with py-spy (Asks.ask_peers):
     ``{"by", "t", "dump", "gil_held_by"}`` (the thread holding the GIL: a rank blocked in C
     with it cannot run its agent), or ``{"by", "t", "error"}``; ``{"by"}`` while asked,
-    ``{"by", "error"}`` when that agent did not answer in time either."""
+    ``{"by", "error"}`` when that agent did not answer in time either, ``{"error"}`` when
+    nobody was asked (why: alone on its host, the server behind, ...)."""
     reading = state.snapshot_peers.get(request.id, {}).get(rank)
     if reading is None:
         by = request.peers.get(rank)
         if by is None:
-            return None
+            may_live = known is not None and known.status in (RankStatus.RUNNING,
+                                                              RankStatus.LOST)
+            why = request.unread.get(rank) or (request.unread.get("*") if may_live else None)
+            return {"error": why} if why else None
         if now - request.asked_at < PEER_AFTER_S + ANSWER_WAIT_S:
             return {"by": by}  # asked
         return {"by": by, "error": "its agent did not answer that question either"}

@@ -16,8 +16,8 @@ from pgdash_agent.collectives import CollectiveTracker
 from pgdash_agent.outbox import Outbox
 from pgdash_agent.snapshots import MAX_PENDING, Snapshots, threads_now
 from pgdash_agent.wire import MAX_SNAPSHOT_THREADS, WireError, validate_event
-from dashboard.ingest.asks import (ANSWER_WAIT_S, MIN_INTERVAL_S, PEER_AFTER_S, Asks, Busy,
-                                   TooSoon, UnknownRanks)
+from dashboard.ingest.asks import (ANSWER_WAIT_S, MAX_PEER_ASKS, MIN_INTERVAL_S, PEER_AFTER_S,
+                                   Asks, Busy, TooSoon, UnknownRanks)
 from dashboard.ingest import asks as asks_module
 from dashboard.state.fold import MAX_PEER_RANKS, MAX_PEER_REQUESTS
 from dashboard.web import snapshots as views
@@ -235,6 +235,9 @@ def test_a_silent_rank_is_read_from_outside_by_a_rank_of_its_host_that_answered(
     asks.lag = lambda: 10.0  # ingest behind: answers may be late, nobody is read
     later()
     assert not [m for m in sent[0] if m["what"] == "peer"]
+    behind = views.request_view(log.state(), made, clock.t + ANSWER_WAIT_S)["ranks"]
+    assert "the server was behind" in behind["1"]["read_from_outside"]["error"]
+    assert "read_from_outside" not in behind["0"]  # it answered
     asks.lag = lambda: 0.0
     later()
     # Rank 1 (silent, on node0) is read by rank 0; rank 2 (silent, alone on node1) is not.
@@ -243,7 +246,9 @@ def test_a_silent_rank_is_read_from_outside_by_a_rank_of_its_host_that_answered(
     assert [m["what"] for m in sent[2]] == ["snapshot"] and made.peers == {1: 0}
     view = views.request_view(log.state(), made, clock.t + 1)
     assert view["ranks"]["1"]["read_from_outside"] == {"by": 0}  # asked, not read yet
-    assert "read_from_outside" not in view["ranks"]["2"]
+    assert view["ranks"]["2"]["read_from_outside"] == {  # why nobody read it
+        "error": "no other rank of its host answered (alone there, or all silent), so nobody "
+                 "there could read it"}
     late = views.request_view(log.state(), made, clock.t + PEER_AFTER_S + ANSWER_WAIT_S)
     assert late["ranks"]["1"]["read_from_outside"] == {
         "by": 0, "error": "its agent did not answer that question either"}
@@ -256,6 +261,24 @@ def test_a_silent_rank_is_read_from_outside_by_a_rank_of_its_host_that_answered(
     assert view["ranks"]["1"]["read_from_outside"] == {"by": 0, "t": 102.0, "dump": dump,
                                                        "gil_held_by": "MainThread"}
     assert view["ranks"]["0"]["status"] == "answered"  # its own answer stays its own
+
+
+def test_at_most_eight_silent_ranks_a_request_are_read_from_outside_and_the_rest_say_so():
+    world = MAX_PEER_ASKS + 4
+    log = running(world)
+    asks, sent, clock, _ = _asks(world, log=log)
+    made = asks.request(1, None, "all")
+    ((_, later),) = asks.scheduled
+    _answer(log, 0, made.id, 101.0, _frames(10))  # rank 0 answers; every other rank is silent
+    asks.read = lambda job_id, view, timeout=None: view(log.state())
+    later()
+    questions = [m for m in sent[0] if m["what"] == "peer"]
+    assert [q["rank"] for q in questions] == list(range(1, MAX_PEER_ASKS + 1))
+    ranks = views.request_view(log.state(), made, clock.t + ANSWER_WAIT_S)["ranks"]
+    assert ranks[str(MAX_PEER_ASKS)]["read_from_outside"] == {"by": 0}
+    for rank in range(MAX_PEER_ASKS + 1, world):
+        assert ranks[str(rank)]["read_from_outside"] == {
+            "error": f"only {MAX_PEER_ASKS} silent ranks are read from outside per request"}
 
 
 def test_readings_from_outside_are_kept_apart_and_bounded():

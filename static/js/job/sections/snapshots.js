@@ -247,6 +247,7 @@ function userThreads(dump) {
 /** A silent rank as another rank's agent on its host read it with py-spy (or why it could not). */
 function outsideNode(outside) {
   if (!outside) return null;
+  if (!PG.isNum(outside.by)) return el("div", { class: "snapshot-outside", text: "Not read from outside: " + (outside.error || "nobody was asked") });
   const by = "rank " + outside.by + "'s agent (same host)";
   if (!outside.dump && outside.error) return el("div", { class: "snapshot-outside", text: by + " could not read it from outside: " + outside.error });
   if (!outside.dump) return el("div", { class: "snapshot-outside", text: by + " is reading it from outside with py-spy\u2026" });
