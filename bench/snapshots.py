@@ -111,8 +111,9 @@ async def run_one(world: int, args, workdir: Path, server: str = "this",
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
         except asyncio.TimeoutError:
             pass  # agents still closing: the server is stopped below regardless
-        return {"ranks": world, "server": server, "connected": bench.connected, "all_p50": pct(every, 0.5),
-                "all_p95": pct(every, 0.95), "one_p50": pct(one, 0.5), "one_p95": pct(one, 0.95),
+        return {"ranks": world, "server": server, "connected": bench.connected,
+                "all_p50": pct(every, 0.5), "all_p95": pct(every, 0.95),
+                "one_p50": pct(one, 0.5), "one_p95": pct(one, 0.95),
                 "answered_min": min(answered, default=None),
                 "view_kb": max(sizes, default=0) / 1024, "refused_busy": busy,
                 "lag_s": metric(text, "pgdash_ingest_lag_seconds"), "findings": loud,
