@@ -690,6 +690,35 @@ def test_replay_slider_shows_the_hang_after_it_was_resolved(hang_server, watched
             agent.close()
 
 
+def test_a_silent_rank_alone_on_its_host_says_why_nobody_read_it(server, watched):
+    """Rank 1 is alone on node-b and never answers: no rank of its host can read it from
+    outside, and the card says so beside the py-spy command to run there."""
+    page = watched.page
+    agents = [FakeAgent(server.url, "alone", 0, world_size=2),
+              FakeAgent(server.url, "alone", 1, world_size=2, host="node-b")]
+    try:
+        agents[0].send("group", {"name": "0", "ranks": [0, 1]})
+        jid = job_id(server, "alone")
+        page.goto(f"{server.url}/jobs/{jid}")
+        expect(page.locator("#live-text")).to_have_text("Live")
+        page.locator("#snapshot-ranks").fill("0-1")
+        page.locator("#snapshot-ranks").press("Enter")
+        (asked,) = wait_for(lambda: agents[0].asked, 10, "the question to rank 0")
+        agents[0].send("snapshot", {"ask": asked["ask"], "threads": [
+            {"name": "MainThread", "training": True,
+             "frames": [{"file": "/job/train.py", "line": 30, "function": "step",
+                         "code": "dist.all_reduce(t)"}]}]})
+        missing = page.locator("#snapshot-view .snapshot-missing li[data-rank='1']")
+        expect(missing.locator(".snapshot-outside")).to_have_text(
+            "Not read from outside: no other rank of its host answered (alone there, or all "
+            "silent), so nobody there could read it", timeout=15_000)
+        expect(missing).to_contain_text("py-spy dump --native --pid 1001` on node-b")
+        assert not [m for m in agents[0].asked if m["what"] == "peer"]
+        watched.assert_clean()
+    finally:
+        close_all(agents)
+
+
 def test_a_moment_shown_or_asked_ahead_is_shown_again_without_asking_the_server(
         hang_server, watched):
     """Resting on a moment, the page asks for the second after it; → then shows that second
