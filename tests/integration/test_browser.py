@@ -690,6 +690,11 @@ def test_replay_slider_shows_the_hang_after_it_was_resolved(hang_server, watched
             agent.close()
 
 
+def _js_number(t: float) -> str:
+    """A number as the page writes it (String(t)): 1796404104, not 1796404104.0."""
+    return str(int(t)) if float(t).is_integer() else repr(float(t))
+
+
 def test_a_silent_rank_alone_on_its_host_says_why_nobody_read_it(server, watched):
     """Rank 1 is alone on node-b and never answers: no rank of its host can read it from
     outside, and the card says so beside the py-spy command to run there."""
@@ -730,20 +735,32 @@ def test_a_moment_shown_or_asked_ahead_is_shown_again_without_asking_the_server(
         at = job["started_at"] + 1
         asked = []
         page.on("request", lambda req: asked.append(req.url) if "/state?at=" in req.url else None)
-        page.goto(f"{hang_server.url}/jobs/{jid}?at={at}")
+
+        def times(t):  # requests for moment t
+            return sum(u.endswith("/state?at=" + _js_number(t)) for u in asked)
+
+        page.goto(f"{hang_server.url}/jobs/{jid}?at={_js_number(at)}")
         shown = page.locator("#job-page")
-        expect(shown).to_have_attribute("data-replayed", str(at), timeout=LIVE_MS)
-        expect(shown).to_have_attribute("data-ahead", str(at + 1), timeout=LIVE_MS)
-        assert sum(f"at={at + 1}" in u for u in asked) == 1
+        expect(shown).to_have_attribute("data-replayed", _js_number(at), timeout=LIVE_MS)
+        expect(shown).to_have_attribute("data-ahead", _js_number(at + 1), timeout=LIVE_MS)
+        assert times(at + 1) == 1, asked
         expect(page.locator("#replay")).to_be_visible()  # once the job's span is known
         page.locator("#replay-at").focus()
         page.keyboard.press("ArrowRight")
-        expect(shown).to_have_attribute("data-replayed", str(at + 1))
-        expect(shown).to_have_attribute("data-ahead", str(at + 2))  # resting on at + 1
+        expect(shown).to_have_attribute("data-replayed", _js_number(at + 1))
+        expect(shown).to_have_attribute("data-ahead", _js_number(at + 2))  # resting on at + 1
         page.keyboard.press("ArrowLeft")
-        expect(shown).to_have_attribute("data-replayed", str(at))
-        assert sum(f"at={at}" in u and f"at={at}" + "0" not in u for u in asked) == 1, asked
-        assert sum(f"at={at + 1}" in u for u in asked) == 1, asked
+        expect(shown).to_have_attribute("data-replayed", _js_number(at))
+        assert (times(at), times(at + 1)) == (1, 1), asked
+        # The next incident mark was asked ahead too (the job has 2 ranks): Shift+→ asks
+        # nothing new.
+        incident = hang_server.api(f"/api/jobs/{jid}/incidents")["incidents"][0]
+        mark = min(t for t in (incident["first_seen"], incident["last_seen"]) if t > at + 0.5)
+        expect(shown).to_have_attribute("data-ahead-marks",
+                                        re.compile(re.escape(_js_number(mark))))
+        page.keyboard.press("Shift+ArrowRight")
+        expect(shown).to_have_attribute("data-replayed", _js_number(mark))
+        assert times(mark) == 1, asked
         watched.assert_clean()
     finally:
         for agent in agents:
@@ -770,12 +787,17 @@ def test_scrubbing_by_keys_by_incident_and_comparing_two_moments(hang_server, wa
         page.keyboard.press("Home")
         expect(shown).to_have_attribute("data-replayed", str(job["started_at"]))
         page.keyboard.press("Shift+ArrowRight")
-        expect(shown).to_have_attribute("data-replayed", str(incident["first_seen"]))
+        expect(shown).to_have_attribute("data-replayed", _js_number(incident["first_seen"]))
         page.keyboard.press("ArrowRight")
-        expect(shown).to_have_attribute("data-replayed", str(incident["first_seen"] + 1))
+        expect(shown).to_have_attribute("data-replayed", _js_number(incident["first_seen"] + 1))
         assert "at=" in page.url
-        # Resting there, the page asks for the second after it.
-        expect(shown).to_have_attribute("data-ahead", str(incident["first_seen"] + 2))
+        # Resting there, the page asks for the second after it, and the incident marks on
+        # either side (a small job).
+        expect(shown).to_have_attribute("data-ahead", _js_number(incident["first_seen"] + 2))
+        at = incident["first_seen"] + 1
+        marks = sorted({incident["first_seen"], incident["last_seen"]})
+        around = [t for t in marks if t > at + 0.5][:1] + [t for t in marks if t < at - 0.5][-1:]
+        expect(shown).to_have_attribute("data-ahead-marks", " ".join(map(_js_number, around)))
 
         # Dragging while a moment loads: the moments in between are not asked for; the
         # one where the slider stopped is, once the one loading has come.

@@ -27,6 +27,7 @@ const KEPT_RANKS = 4096;
 // shown, never kept.
 const SETTLED_S = 60;
 const AHEAD_AFTER_MS = 400; // resting on a moment this long asks for the next second
+const MARKS_AHEAD_RANKS = 256; // ... and, up to this many ranks, the incidents on either side
 
 /** What main.js provides: render(), showError(), refresh(). */
 export const replayHooks = { render: () => {}, showError: () => {}, refresh: async () => {} };
@@ -189,17 +190,36 @@ function maxKept() {
   return Math.max(2, Math.min(MAX_KEPT, Math.floor(KEPT_RANKS / Math.max(1, ranks))));
 }
 
+/** Whether moment `at` is kept (and settled) or on its way: asking again would add nothing. */
+function have(at) {
+  return (kept.has(at) && settled(at)) || asked.has(at);
+}
+
 /**
  * While the page rests on `at`, ask for the second after it: → and Play then show it at
- * once. One moment ahead only: the server keeps the moment it showed last, so the next
- * second is a short fold there, where a moment before it would be a rewind.
+ * once. One second ahead only: the server keeps the moment it showed last, so the next
+ * second is a short fold there, where a moment before it would be a rewind. For a job of up
+ * to MARKS_AHEAD_RANKS ranks (its moments cost the server a fraction of a second), the
+ * incident marks on either side follow, one after the other: Shift+←/→ then show them at once.
  */
 function fetchAhead(at) {
   const b = bounds();
+  if (!b || playTimer) return;
   const next = at + 1;
-  if (!b || next > b[1] || playTimer || (kept.has(next) && settled(next)) || asked.has(next)) return;
-  fetchMoment(next).catch(() => {}); // said when it is shown, if it ever is
-  page.dataset.ahead = String(next); // tests wait for this
+  const ahead = next <= b[1] && !have(next) ? fetchMoment(next) : Promise.resolve();
+  if (next <= b[1]) page.dataset.ahead = String(next); // tests wait for this
+  const ranks = state.job && Array.isArray(state.job.ranks) ? state.job.ranks.length : Infinity;
+  if (ranks > MARKS_AHEAD_RANKS) return;
+  const around = [marks.find((t) => t > at + 0.5), marks.filter((t) => t < at - 0.5).pop()].filter((t) => t !== undefined);
+  let chain = ahead.catch(() => {});
+  for (const t of around) {
+    // Each only while the page still rests on `at` (a drag or a key press moved on: no more).
+    const resting = () => state.replay && state.replay.at === at && !inFlight;
+    chain = chain.then(() => (resting() && !have(t) ? fetchMoment(t).catch(() => {}) : null));
+  }
+  chain.then(() => {
+    if (state.replay && state.replay.at === at) page.dataset.aheadMarks = around.join(" "); // tests wait for this
+  });
 }
 
 /** Show the job at `at` (Unix seconds); a failure is said on the page, nothing else moves. */
