@@ -33,6 +33,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 from typing import Mapping
 
 from pgdash_agent.wire import MAX_TEXT
@@ -53,10 +55,13 @@ _THREAD = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \(([^)]*)\)(?:: "(.*)")?\s*$
 
 
 def find_py_spy(environ: Mapping[str, str] | None = None) -> str | None:
-    """``PGDASH_PY_SPY`` (a path), else ``py-spy`` on PATH; None when there is none."""
+    """``PGDASH_PY_SPY`` (a path), else ``py-spy`` on PATH, else beside this Python (pip put
+    it there in a virtual environment that is not on PATH); None when there is none."""
     env = os.environ if environ is None else environ
-    path = env.get("PGDASH_PY_SPY") or shutil.which("py-spy")
-    return path if path and os.access(path, os.X_OK) else None
+    named = env.get("PGDASH_PY_SPY")
+    candidates = [named] if named else [shutil.which("py-spy"),
+                                        str(Path(sys.executable).with_name("py-spy"))]
+    return next((path for path in candidates if path and os.access(path, os.X_OK)), None)
 
 
 def _allow_tracer(pid: int) -> None:

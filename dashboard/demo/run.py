@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Iterator
 
 import click
@@ -49,7 +48,6 @@ def launch_ranks(ranks: int, server_url: str, job: str, args: list[str],
     rank, ``config-mismatch`` gives it a different setting.
     """
     master_port = str(free_port())
-    py_spy = _py_spy()
     last = ranks - 1
     procs = [] if procs is None else procs
     for rank in range(ranks):
@@ -58,21 +56,12 @@ def launch_ranks(ranks: int, server_url: str, job: str, args: list[str],
         mismatch = {"NCCL_IB_DISABLE": "1"} if scenario == "config-mismatch" and rank == last \
             else {}
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
-                   **py_spy,
                    LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=master_port, PGDASH_SERVER=server_url, PGDASH_JOB=job,
                    OMP_NUM_THREADS="1", **mismatch)
         procs.append(subprocess.Popen([sys.executable, "-m", "dashboard.demo.train", *args],
                                       env=env))
     return procs
-
-
-def _py_spy() -> dict[str, str]:
-    """py-spy beside this Python (a virtual environment not on PATH), for the ranks' native
-    frames, unless PGDASH_PY_SPY names one."""
-    spy = Path(sys.executable).with_name("py-spy")
-    return {"PGDASH_PY_SPY": str(spy)} if "PGDASH_PY_SPY" not in os.environ and \
-        os.access(spy, os.X_OK) else {}
 
 
 def _interrupt(signum, frame):

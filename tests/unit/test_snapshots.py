@@ -434,6 +434,19 @@ def test_native_frames_come_only_when_asked_and_say_why_when_they_cannot():
     validate_event({"seq": 1, "t": 1.0, "kind": "snapshot", "body": without})
 
 
+def test_py_spy_is_found_beside_this_python_when_it_is_not_on_path(monkeypatch):
+    """A virtual environment run without activating it (.venv/bin/torchrun): its py-spy is
+    not on PATH, but beside the interpreter; PGDASH_PY_SPY, when given, is the only one."""
+    import sys
+    from pathlib import Path
+
+    from pgdash_agent.native import find_py_spy
+
+    monkeypatch.setenv("PATH", "")
+    assert find_py_spy({}) == str(Path(sys.executable).with_name("py-spy"))
+    assert find_py_spy({"PGDASH_PY_SPY": "/nonexistent/py-spy"}) is None
+
+
 def test_native_frames_are_py_spys_of_this_very_thread(tmp_path):
     """The real py-spy (the test extra installs it) dumps this process: the training thread's
     native frames end in the agent's own wait for py-spy."""
