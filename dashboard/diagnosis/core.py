@@ -74,6 +74,10 @@ class Settings:
     # step; jitter, or a crowded host's scheduler, spreads them); else on twice the calls
     straggler_steady: float = 0.5
     straggler_persist: int = 1  # ... judged so on this many consecutive windows
+    # ... and a window of fewer summaries than this (a busy group's, whose collectives fill
+    # one summary) only when the window before named the same rank: CI once warned on a
+    # healthy 2-rank FSDP job whose rank 1 was kept off its core for one half-second summary
+    straggler_min_span: int = 2
     # ... or, for groups that run several collectives a step (FSDP, DDP's buckets: the others
     # wait at the step's first one only), on a window of this many collectives per rank, the
     # others waited long at this share of theirs and the straggler at a quarter of it at most

@@ -56,6 +56,11 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
         before = straggler_in(windows, s.straggler_persist, s)
         if before is not None and before.rank != found[0].rank:
             continue
+        # A verdict whose whole window is one summary is half a second of evidence: a
+        # crowded host's scheduler can keep one rank of a pair off its core that long. The
+        # window before must say so too (one summary later, for a straggler that persists).
+        if found[-1].intervals < s.straggler_min_span and before is None:
+            continue
         verdicts[group] = found[0]
     out = []
     for group, (slow, means, typical, n, recent, share) in verdicts.items():
