@@ -447,8 +447,14 @@ class _ServerEnvelope(_Shape):
     seq: None = None
 
 
+class _Disconnected(_Shape):
+    # How long the server had owed the agent an acknowledgement when the connection closed
+    # (absent: nothing owed): an agent gives up on a server that is behind and reconnects.
+    owed_s: Optional[_limited(float, ge=0, le=1e6)] = None
+
+
 #: Event kinds the server itself records (never accepted from an agent), and their bodies.
-SERVER_KINDS: dict[str, type[_Shape]] = {"connect": _Connected, "disconnect": _Shape}
+SERVER_KINDS: dict[str, type[_Shape]] = {"connect": _Connected, "disconnect": _Disconnected}
 
 
 def _check(value: Any, shape: type, where: str) -> Any:

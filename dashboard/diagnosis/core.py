@@ -57,6 +57,12 @@ class Settings:
     # A rank whose connection closed is lost unless it is back this soon (an agent that
     # reconnects after a network blip, or after acks came late from a busy server).
     reconnect_grace: float = 1.5
+    # ... but one that closed while the server had owed its agent an acknowledgement this long
+    # (the agent gave up on a server behind its agents: protocol v1 after its ack timeout,
+    # v2 when pings go unanswered too) is lost only after lost_after, as a silent rank is:
+    # reconnecting into a crowded server takes longer than the grace (bench/capacity.py
+    # --wire v1, 512 and 1,024 ranks: a healthy job got rank_lost criticals in 5 of 7 runs)
+    owed_close_after: float = 2.0
     # After the latest arrival at rendezvous, missing ranks are named. 3 s named ranks that
     # were only slow to start on a crowded host (bench/detect.py: a false init_incomplete in
     # 2 of ~40 runs); a launcher starts ranks within seconds, a rank that never comes stays

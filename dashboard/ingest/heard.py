@@ -96,14 +96,19 @@ class Heard:
             else:
                 self._cover(entry, now, now)
 
-    def closed(self, session: str) -> None:
-        """The connection of ``session`` closed: nothing is owed on it any more."""
+    def closed(self, session: str) -> float:
+        """The connection of ``session`` closed: nothing is owed on it any more. Returns how
+        long an acknowledgement had been owed on it (0.0: none)."""
         with self._lock:
             entry = self._sessions.get(session)
+            owed = 0.0
             if entry is not None:
                 if entry.owed:
-                    self._cover(entry, entry.owed_since, self.clock())  # owed until now
+                    now = self.clock()
+                    self._cover(entry, entry.owed_since, now)  # owed until now
+                    owed = max(0.0, now - entry.owed_since)
                 entry.open, entry.owed = False, 0
+            return owed
 
     def heard(self, session: str, at: float) -> float | None:
         """The newest moment at or before ``at`` (server time) at which the server heard from

@@ -50,6 +50,13 @@ T = TypeVar("T")
 
 log = logging.getLogger("pgdash.server")
 
+# How long a protocol v1 batch waits for its write before the agent is told to send it again
+# (it stays queued and is stored once: the writer drops what it already holds). Half the
+# agent's ack timeout (PGDASH_ACK_TIMEOUT_S, 10 s): a v1 agent that gets no answer by then
+# reconnects, and at 1,024 ranks behind a 50 s backlog that made 700-800 reconnects a run,
+# a thread held per waiting batch, and the crowd of reconnecting ranks a rank_lost critical.
+V1_ACK_WAIT_S = 5.0
+
 __all__ = ["Ingest", "Refused"]
 
 
@@ -284,10 +291,11 @@ class Ingest:
         self.fold.draining = True
 
     def disconnect(self, session: str) -> None:
-        self.heard.closed(session)  # before the disconnect's time: nothing heard after it
+        owed = self.heard.closed(session)  # before the disconnect's time: nothing heard after
         job_id = self.admission.job_of(session)
         if job_id is not None and not self.stopping:
-            self._record_server_event(session, job_id, "disconnect", {})
+            self._record_server_event(session, job_id, "disconnect",
+                                      {"owed_s": round(owed, 1)} if owed >= 0.1 else {})
 
     # -- events ------------------------------------------------------------------------------
 
@@ -304,10 +312,23 @@ class Ingest:
         if pending is None:
             return ack
         try:
-            stored = pending.result(timeout=self.store.writer.submit_timeout)
+            stored = pending.result(timeout=V1_ACK_WAIT_S)
+        except concurrent.futures.TimeoutError:
+            return self.still_queued(session)
         except Exception as exc:
             return self.write_failed(session, events, exc)
         return self.committed(session, ack, stored)
+
+    def still_queued(self, session: str) -> Ack:
+        """The acknowledgement of a v1 batch still waiting for the writer after V1_ACK_WAIT_S:
+        not stored yet, so not acknowledged; sent again once the backlog had time to drain,
+        instead of a reconnect when the agent's ack timeout runs out."""
+        self.heard.answered(session)
+        self.counters["v1_acks_deferred"] += 1
+        backlog = self.store.writer.backlog_s()
+        return {"ok": False, "retry": True, "retry_after": min(5.0, max(1.0, round(backlog, 1))),
+                "error": f"the server is {backlog:.0f} s behind: this batch waits in its write "
+                         "queue (sending it again stores it once)"}
 
     def committed(self, session: str, ack: Ack, stored: int) -> Ack:
         """The acknowledgement of a batch whose write committed."""

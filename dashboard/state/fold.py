@@ -318,6 +318,7 @@ class Fold:
         if r.status not in TERMINAL_RANK:
             r.status = "lost"
             r.exit_at = t
+            r.closed_owed_s = body.get("owed_s") or 0.0
 
     def _record_error(self, r: RankState, body: dict[str, Any], t: float) -> None:
         self.errors.append({"rank": r.rank, "attempt": r.attempt, "t": t, **body})

@@ -45,6 +45,9 @@ class RankState:
     # When the rank destroyed its default process group (``left`` event): it left
     # distributed training, though its process may go on.
     left_at: float | None = None
+    # How long the server had owed its agent an acknowledgement when its connection last
+    # closed (the ``disconnect`` event's ``owed_s``; 0.0: nothing owed, or stored before).
+    closed_owed_s: float = 0.0
     # How the process was started, as its hello said (pgdash_agent.identity.Launch); None from
     # older agents (and in checkpoints stored before: the class default stands in).
     command: str | None = None

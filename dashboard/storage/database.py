@@ -200,7 +200,7 @@ def describe_write_error(url: str, exc: BaseException) -> str:
                  else parsed.render_as_string(hide_password=True))
     except Exception:
         where = "the database"
-    text = str(getattr(exc, "orig", None) or exc).splitlines()[0][:300]
+    text = (str(getattr(exc, "orig", None) or exc).splitlines() or [type(exc).__name__])[0][:300]
     if "locked" in text or "busy" in text:
         return (f"database {where} is locked by another process ({text}); pgdash keeps the "
                 "batch for a retry: end whatever holds the lock (a sqlite3 shell, a backup), "

@@ -106,12 +106,13 @@ class _Collector:
         refused = CounterMetricFamily("pgdash_ingest_refused", "Batches and connections "
                                       "refused.",
                                       labels=["what"])
-        # Refused with retry (rate_limited, held_back, write_failed, overloaded): the agent
-        # keeps the batch and sends it again later.
+        # Refused with retry (rate_limited, held_back, write_failed, overloaded, still_queued):
+        # the agent keeps the batch and sends it again later.
         for what, key in (("batch", "rejected_batches"), ("connection", "refused_connections"),
                           ("overloaded", "overloaded_batches"),
                           ("rate_limited", "rate_limited_batches"),
-                          ("held_back", "held_batches"), ("write_failed", "failed_writes")):
+                          ("held_back", "held_batches"), ("write_failed", "failed_writes"),
+                          ("still_queued", "v1_acks_deferred")):
             refused.add_metric([what], s.counters.get(key, 0))
         yield refused
         received = CounterMetricFamily("pgdash_ingest_received_bytes", "Bytes of agent "

@@ -207,6 +207,23 @@ def test_a_dropped_connection_is_not_lost_before_the_others_are_read_past_its_gr
     assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [2])]
 
 
+def test_a_connection_that_gave_up_on_a_server_behind_gets_a_silent_ranks_patience():
+    """A v1 agent whose acknowledgement the server had owed for 10 s reconnects, into a server
+    so crowded that the reconnection takes seconds: not lost after the grace of a dropped
+    connection, only after lost_after, as a silent rank; one that closed with nothing owed
+    (a killed process) is named after the grace as before."""
+    log = running(3)
+    log.add("s1", "disconnect", {"owed_s": 10.2}, t=101.0)
+    log.add("s2", "disconnect", {}, t=101.0)
+    for t in (103.0, 110.0):
+        progress(log, 0, t, ("0", 6, 6, None, None))
+        assert kinds(diagnose(log.state(), t, S)) == [("rank_lost", [2])], t
+    progress(log, 0, 116.5, ("0", 7, 7, None, None))
+    found = diagnose(log.state(), 116.5, S)
+    assert kinds(found) == [("rank_lost", [1]), ("rank_lost", [2])]
+    assert "kept it waiting 10 s for an acknowledgement" in found[0]["summary"]
+
+
 def test_init_incomplete_names_the_missing_rank_after_the_grace():
     log = Log()
     for r, t in ((0, 10.0), (2, 11.0)):

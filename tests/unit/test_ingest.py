@@ -259,6 +259,59 @@ def test_a_known_session_reconnects_at_once_while_the_writer_is_behind(ingest):
     assert ingest.read(job, lambda s: s.ranks()[0].status) == "running"
 
 
+def test_a_v1_batch_behind_a_busy_writer_is_answered_in_time_and_stored_once(
+        ingest, monkeypatch):
+    """A v1 batch waits for its write at most V1_ACK_WAIT_S: then its agent is told to send it
+    again, well before its own ack timeout would make it reconnect. It stays queued, so it is
+    stored as it comes to the writer, and the agent's second copy adds nothing."""
+    from dashboard.ingest import pipeline
+
+    monkeypatch.setattr(pipeline, "V1_ACK_WAIT_S", 0.2)
+    session, job = ingest.connect(auth("a", 0))
+    release = threading.Event()
+    ingest.store.writer.submit_nowait(lambda conn: release.wait(60))  # the writer is busy
+    try:
+        ack = ingest.batch(session, job, lifecycle(0))
+    finally:
+        release.set()
+    assert ack["ok"] is False and ack["retry"] is True and 1.0 <= ack["retry_after"] <= 5.0
+    assert "waits in its write queue" in ack["error"]
+    assert ingest.counters["v1_acks_deferred"] == 1
+    assert ingest.batch(session, job, lifecycle(0)) == {"ok": True, "stored": 0,
+                                                        "rejected": []}
+    assert [e["kind"] for e in ingest.store.log.events(job)] == ["connect", "hello", "exit"]
+
+
+def test_a_connection_closed_while_its_ack_was_owed_says_how_long(ingest):
+    """The disconnect the server records says how long it had kept the agent waiting (the
+    rank_lost rule's patience for an agent that gave up on a server behind); an imported
+    one is checked like any server event."""
+    from pgdash_agent.wire import WireError, validate_server_event
+
+    session, job = ingest.connect(auth("a", 0))
+    hello = ev(1, "hello", {"job": "j", "rank": 0, "world_size": 2, "host": "h", "pid": 1})
+    ack, pending = ingest.batch_nowait(session, job, [hello])
+    pending.result(10)  # stored; the acknowledgement never went out
+    ingest.disconnect(session)
+    ingest.store.writer.wait_idle()
+    last = list(ingest.store.log.events(job))[-1]
+    assert last["kind"] == "disconnect" and last["body"]["owed_s"] >= 1.0
+    assert ingest.read(job, lambda s: s.ranks()[0].closed_owed_s) == last["body"]["owed_s"]
+    session, job = ingest.connect(auth("b", 1))
+    ingest.disconnect(session)  # nothing owed
+    ingest.store.writer.wait_idle()
+    assert list(ingest.store.log.events(job))[-1]["body"] == {}
+    with pytest.raises(WireError, match="owed_s"):
+        validate_server_event({"t": 1.0, "kind": "disconnect", "body": {"owed_s": -1}})
+
+
+def test_a_write_error_without_a_message_is_named_by_its_type():
+    from dashboard.storage.database import describe_write_error
+
+    text = describe_write_error("sqlite:////tmp/x.db", TimeoutError())
+    assert text == "could not write to database /tmp/x.db: TimeoutError"
+
+
 def test_a_stopping_server_stores_what_its_writer_holds_without_folding_it(ingest):
     """At SIGTERM an overloaded server's writer held 15 s of batches, each folded and judged
     before its commit: it took 18 s to exit with 1,024 agents connected. Stopping, it only

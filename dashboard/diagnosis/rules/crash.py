@@ -148,7 +148,13 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
             continue
         if r.status == RankStatus.LOST:
             since, how = r.exit_at or r.last_seen, "its connection closed without a clean exit"
-            if min(now, _heard_until(state)) - since < s.reconnect_grace:
+            grace = s.reconnect_grace
+            if r.closed_owed_s >= s.owed_close_after:  # it gave up on this server: patience
+                grace = s.lost_after
+                how = (f"its connection closed after the server had kept it waiting "
+                       f"{r.closed_owed_s:.0f} s for an acknowledgement, and it did not come "
+                       f"back within {grace:.0f} s")
+            if min(now, _heard_until(state)) - since < grace:
                 continue
         elif r.status in (RankStatus.RUNNING, RankStatus.INITIALIZING):
             # Against the others while most are heard; on the clock when most are silent
