@@ -84,6 +84,11 @@ class Settings:
     # one summary) only when the window before named the same rank: CI once warned on a
     # healthy 2-rank FSDP job whose rank 1 was kept off its core for one half-second summary
     straggler_min_span: int = 2
+    # ... and a rank named whose newest summary ends more than this before another's is
+    # judged again over the time all of them have reported (rules.windows.aligned): the
+    # agents' summaries (PGDASH_STATS_INTERVAL_S, 0.5 s) end at different phases of the
+    # interval, and one that ends at most half of it later covers mostly the same time
+    straggler_align_s: float = 0.25
     # ... or, for groups that run several collectives a step (FSDP, DDP's buckets: the others
     # wait at the step's first one only), on a window of this many collectives per rank, the
     # others waited long at this share of theirs and the straggler at a quarter of it at most

@@ -269,6 +269,27 @@ def test_one_crowded_half_second_of_a_busy_group_is_no_straggler_until_the_next_
     assert (f["kind"], f["ranks"]) == ("straggler", [1])
 
 
+def test_a_victim_whose_newest_summaries_are_not_in_yet_is_not_the_straggler():
+    """The corpus's plain all_reduce loop, 3 ranks: rank 1 became 60 ms late a step. Ranks 0
+    and 2 wait for it, but rank 2's summaries of those steps are not in yet: judged on an
+    older stretch of time than the others, it waited least and was named. The ranks are
+    compared over the time all of them have reported."""
+    from tests.helpers.events import half_seconds
+
+    healthy = [1.0, 1.5, 2.0, 2.5] * 6
+    for late in (1, 2):
+        log = running(3)
+        half_seconds(log, 0, [healthy] * 4 + [[60.0] * 7] * late)
+        half_seconds(log, 1, [healthy] * 4 + [[0.5] * 7] * late)
+        half_seconds(log, 2, [[0.8, 1.2, 1.6, 2.0] * 6] * 4)
+        now = 101.0 + 0.5 * (3 + late)
+        assert diagnose(log.state(), now, S) == [], late
+        # Rank 2's summaries come in: the straggler is named, not its victim.
+        half_seconds(log, 2, [[60.0] * 7] * late, start=103.0)
+        (f,) = diagnose(log.state(), now, S)
+        assert (f["kind"], f["ranks"]) == ("straggler", [1]), (late, f)
+
+
 def test_the_victim_of_a_young_straggler_in_another_group_is_not_named():
     """pgdash demo --scenario straggler: a 2x2 mesh (tp "tp0" = [0, 1], "tp1" = [2, 3]; dp
     "dp0" = [0, 2], "dp1" = [1, 3]), where rank 3 became 30 ms slower a step 1.5 s ago. Rank

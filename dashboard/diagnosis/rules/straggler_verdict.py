@@ -13,8 +13,9 @@ import math
 from typing import NamedTuple
 
 from dashboard.diagnosis.core import Settings
-from dashboard.diagnosis.rules.windows import (Pools, count_above, intervals_holding,
-                                               mean_us, share_above, typical_of_others)
+from dashboard.diagnosis.rules.windows import (Pools, aligned, count_above,
+                                               intervals_holding, mean_us, share_above,
+                                               typical_of_others)
 from dashboard.state import quantile_us
 
 
@@ -44,8 +45,29 @@ def straggler_in(windows: dict[int, list[tuple]], back: int,
     them: neither reaches nine in ten. Pooled rather than interval by interval, the window
     can be as short as one summary interval, so that a straggler is named about one interval
     after its first full interval of late collectives.
+
+    A rank named whose newest summary is older than the others' (``straggler_align_s``) is
+    judged again on the time all of them have reported (rules.windows.aligned): judged on an
+    older stretch than the others, a victim of a straggler that had just slowed down, whose
+    first late collectives were not in yet, waited least and was named. Only then, as
+    aligning every window holds each verdict back until the slowest rank's summary is in.
     """
     windows = {rank: pts[:len(pts) - back] for rank, pts in windows.items()}
+    verdict = _straggler_of(windows, s)
+    if verdict is not None and _behind(windows, verdict.rank, s.straggler_align_s):
+        verdict = _straggler_of(aligned(windows, s.straggler_align_s), s)
+    return verdict
+
+
+def _behind(windows: dict[int, list[tuple]], rank: int, slack_s: float) -> bool:
+    """Whether ``rank``'s newest summary ends more than ``slack_s`` before another's."""
+    newest = max(pts[-1][0] for pts in windows.values() if pts)
+    return not windows[rank] or windows[rank][-1][0] + slack_s < newest
+
+
+def _straggler_of(windows: dict[int, list[tuple]], s: Settings) -> StragglerVerdict | None:
+    if not all(windows.values()):
+        return None
     depth = min(len(p) for p in windows.values())
     pools = Pools(windows)
     # A window of straggler_min_calls where the others' waits are also steady (a rank slower

@@ -50,6 +50,25 @@ def mean_us(points: list[tuple]) -> float:
     return sum(p[2] for p in points) / max(1, sum(p[1] for p in points))
 
 
+def aligned(windows: dict[int, list[tuple]], slack_s: float) -> dict[int, list[tuple]]:
+    """Each rank's summaries up to where every rank has reported: those ending after the
+    earliest newest end (plus ``slack_s``: the agents' summaries end at different phases of
+    their interval) are left out. A rank whose latest summary is not in yet would be judged
+    on an older stretch of time than the others: the victims of a straggler that has just
+    slowed down, when one of them had not reported its first late collectives, waited less
+    than those that had, and was named."""
+    if not windows:
+        return windows
+    horizon = min(pts[-1][0] if pts else math.inf for pts in windows.values()) + slack_s
+    out = {}
+    for rank, pts in windows.items():
+        k = len(pts)
+        while k and pts[k - 1][0] > horizon:
+            k -= 1
+        out[rank] = pts if k == len(pts) else pts[:k]
+    return out
+
+
 def intervals_holding(windows: dict[int, list[tuple]], depth: int, calls: int,
                       s: Settings) -> int | None:
     """How many of the newest summaries hold ``calls`` collectives on every rank (at least
