@@ -61,8 +61,7 @@ def straggler_in(windows: dict[int, list[tuple]], back: int,
 
 def _behind(windows: dict[int, list[tuple]], rank: int, slack_s: float) -> bool:
     """Whether ``rank``'s newest summary ends more than ``slack_s`` before another's."""
-    newest = max(pts[-1][0] for pts in windows.values() if pts)
-    return not windows[rank] or windows[rank][-1][0] + slack_s < newest
+    return windows[rank][-1][0] + slack_s < max(pts[-1][0] for pts in windows.values())
 
 
 def _straggler_of(windows: dict[int, list[tuple]], s: Settings) -> StragglerVerdict | None:

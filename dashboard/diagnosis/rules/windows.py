@@ -53,10 +53,7 @@ def mean_us(points: list[tuple]) -> float:
 def aligned(windows: dict[int, list[tuple]], slack_s: float) -> dict[int, list[tuple]]:
     """Each rank's summaries up to where every rank has reported: those ending after the
     earliest newest end (plus ``slack_s``: the agents' summaries end at different phases of
-    their interval) are left out. A rank whose latest summary is not in yet would be judged
-    on an older stretch of time than the others: the victims of a straggler that has just
-    slowed down, when one of them had not reported its first late collectives, waited less
-    than those that had, and was named."""
+    their interval) are left out (see rules.straggler_verdict.straggler_in)."""
     if not windows:
         return windows
     horizon = min(pts[-1][0] if pts else math.inf for pts in windows.values()) + slack_s
