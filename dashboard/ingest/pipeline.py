@@ -326,7 +326,7 @@ class Ingest:
         self.heard.answered(session)
         self.counters["v1_acks_deferred"] += 1
         backlog = self.store.writer.backlog_s()
-        return {"ok": False, "retry": True, "retry_after": min(5.0, max(1.0, round(backlog, 1))),
+        return {"ok": False, "retry": True, "retry_after": _drain_wait(backlog),
                 "error": f"the server is {backlog:.0f} s behind: this batch waits in its write "
                          "queue (sending it again stores it once)"}
 
@@ -392,7 +392,7 @@ class Ingest:
         once the backlog had time to drain (1-5 s)."""
         self.counters["overloaded_batches"] += 1
         self._received(session, events)
-        wait = min(5.0, max(1.0, round(self.store.writer.backlog_s(), 1)))
+        wait = _drain_wait(self.store.writer.backlog_s())
         self.admission.hold(session, events, wait)  # heard already, by batch_nowait
         return {"ok": False, "retry": True, "retry_after": wait,
                 "error": "server overloaded: its write queue is full; sending again"}
@@ -417,3 +417,8 @@ class Ingest:
                 lambda conn: self.fold.write(conn, session, job_id, [event]), bounded=False)
         except WriterStopped:
             pass  # the server is stopping: its connections close because it leaves
+
+
+def _drain_wait(backlog_s: float) -> float:
+    """How long an agent told to send a batch again waits first: the writer's backlog, 1-5 s."""
+    return min(5.0, max(1.0, round(backlog_s, 1)))
