@@ -32,6 +32,7 @@ import ctypes
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -98,27 +99,61 @@ def native_stacks(py_spy: str, timeout: float = NATIVE_TIMEOUT_S
     """({native thread id: its native and Python frames, innermost first}, why there are
     none or None). Never raises."""
     try:
-        # The shell waits for a line before it becomes py-spy (same pid): by then this
-        # process has named that pid its tracer.
+        # The shell waits for a line, by when this process has named it (and so its children)
+        # its tracer. It stops py-spy after ``timeout`` itself and then wakes this process:
+        # py-spy stopped mid-dump can leave its target stopped (benfred/py-spy#416), and this
+        # process cannot wake itself then.
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", 'read _ && exec "$0" dump --native --pid "$1"', py_spy,
-             str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
+            ["/bin/sh", "-c", 'read _ && timeout -s KILL "$2" "$0" dump --native --pid "$1"; '
+             'code=$?; kill -CONT "$1"; exit $code', py_spy, str(os.getpid()), f"{timeout:g}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
     except OSError as exc:
         return {}, f"could not run {py_spy}: {exc}"
     _allow_tracer(proc.pid)
     try:
-        out, err = proc.communicate("\n", timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        out, err = proc.communicate("\n", timeout=timeout + 5)
+    except subprocess.TimeoutExpired:  # the shell itself is stuck: stop it and its children
+        _kill_group(proc.pid)
         proc.communicate()
         return {}, f"py-spy did not finish within {timeout:g} s"
     finally:
         _allow_tracer(_standing_tracer)
+    if proc.returncode == 137:  # timeout's SIGKILL
+        return {}, f"py-spy did not finish within {timeout:g} s"
     if proc.returncode != 0:
         return {}, _failed(proc.returncode, out, err,
                            "ptrace of this process was refused? see pgdash_agent/native.py")
     return parse_dump(out), None
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, a debugger): its state in /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2:][:1] in (b"T", b"t")
+    except (OSError, ValueError):
+        return False
+
+
+def _wake_if_left_stopped(pid: int, was_stopped: bool) -> None:
+    """py-spy stopped mid-dump (our timeout, a crash) can leave the process it read stopped
+    (benfred/py-spy#416): wake it, unless it was stopped before we read it (then its
+    stopping is what the user is debugging, not ours to undo)."""
+    if was_stopped or not _stopped(pid):
+        return
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except OSError:
+        pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def _failed(returncode: int, out: str, err: str, advice: str) -> str:
@@ -167,6 +202,7 @@ def peer_dump(py_spy: str | None, pid: int, environ: Mapping[str, str] | None = 
     why = same_launch(pid, os.environ if environ is None else environ)
     if why is not None:
         return None, why
+    was_stopped = _stopped(pid)
     try:
         done = subprocess.run([py_spy, "dump", "--native", "--pid", str(pid)],
                               capture_output=True, text=True, errors="replace",
@@ -175,6 +211,8 @@ def peer_dump(py_spy: str | None, pid: int, environ: Mapping[str, str] | None = 
         return None, f"py-spy did not finish within {timeout:g} s"
     except OSError as exc:
         return None, f"could not run {py_spy}: {exc}"
+    finally:
+        _wake_if_left_stopped(pid, was_stopped)
     if done.returncode != 0:
         return None, _failed(done.returncode, done.stdout, done.stderr,
                              "ptrace of another process needs root, CAP_SYS_PTRACE, Yama's "

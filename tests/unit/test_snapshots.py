@@ -5,7 +5,9 @@ answers read against a request (statuses, stacks grouped with the odd one out fi
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -468,6 +470,55 @@ def test_native_frames_are_py_spys_of_this_very_thread(tmp_path):
     training = body["threads"][0]
     assert training["training"] and "native_stacks" in training["native"], training["native"]
     validate_event({"seq": 1, "t": 1.0, "kind": "snapshot", "body": body})
+
+
+# A py-spy that stops the process it reads and never ends: what a py-spy killed mid-dump can
+# leave behind (benfred/py-spy#416). Its arguments are py-spy's: dump --native --pid PID.
+STOPPING_PY_SPY = '#!/bin/sh\nkill -STOP "$4"\nexec sleep 30\n'
+
+
+def _stopping_py_spy(tmp_path):
+    path = tmp_path / "py-spy"
+    path.write_text(STOPPING_PY_SPY)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_py_spy_that_times_out_reading_its_own_rank_leaves_it_running(tmp_path):
+    """The rank cannot wake itself once stopped: the shell around py-spy does, after its
+    timeout. Run in a child process, so that a failure stops that child, not the tests."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pgdash_agent.native import native_stacks; "
+         "print(native_stacks(sys.argv[1], timeout=1.0)[1])", _stopping_py_spy(tmp_path)],
+        stdout=subprocess.PIPE, text=True, cwd=Path(native_frames.__file__).parents[1])
+    try:
+        out, _ = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGCONT)
+            child.kill()
+            child.wait()
+    assert out.strip() == "py-spy did not finish within 1 s"
+
+
+def test_a_py_spy_that_times_out_reading_a_peer_wakes_it_unless_it_was_stopped_before(
+        tmp_path):
+    py_spy = _stopping_py_spy(tmp_path)
+    launch = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29577", "WORLD_SIZE": "2"}
+    peer = subprocess.Popen(["sleep", "60"], env=launch)
+    try:
+        wait_for(lambda: Path(f"/proc/{peer.pid}/cmdline").read_bytes().startswith(b"sleep"),
+                 10, "sleep started")
+        dump, why = native_frames.peer_dump(py_spy, peer.pid, launch, timeout=1.0)
+        assert (dump, why) == (None, "py-spy did not finish within 1 s")
+        assert not native_frames._stopped(peer.pid)  # py-spy's stop undone
+        os.kill(peer.pid, signal.SIGSTOP)  # a rank stopped by the fault being debugged
+        wait_for(lambda: native_frames._stopped(peer.pid), 10, "the peer stopped")
+        native_frames.peer_dump(py_spy, peer.pid, launch, timeout=1.0)
+        assert native_frames._stopped(peer.pid)  # not ours to wake
+    finally:
+        peer.kill()
+        peer.wait()
 
 
 def test_where_yama_lets_only_ancestors_trace_a_rank_it_lets_its_users_processes(
