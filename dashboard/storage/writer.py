@@ -34,6 +34,12 @@ Task = Callable[[sa.Connection], Any]
 # events at the largest latency summaries measured (bench/capacity.py), and seconds of a
 # 1,024-rank job's traffic at the agent's defaults.
 EVENTS_LIMIT = 20_000
+# After stop(), how long agents' batches still queued are written before the rest are failed.
+# They are not acknowledged yet (v2's connections are closed by then; a v1 batch failed gets
+# `retry`), so their agents send them again, to this server restarted or another, whose log
+# stores each event once: a SIGTERM loses nothing acknowledged. The server's own writes
+# (connects, disconnects, findings) are always written. A 512-rank v1 job's queue took 4.2 s.
+STOP_GRACE_S = 1.0
 
 
 class WriterStopped(RuntimeError):
@@ -73,6 +79,7 @@ class Writer:
         self._thread = threading.Thread(target=self._loop, name="pgdash-writer", daemon=True)
         self._stopping = False
         self._closed = False  # set by stop(): what is submitted from then on fails at once
+        self._shed_after = float("inf")  # monotonic time from which agents' batches are failed
         self.commits = 0
         self.write_errors = 0
         # Called on the writer thread after a failed transaction, so that whoever keeps
@@ -86,11 +93,14 @@ class Writer:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        """Commit what is queued, then end the thread (at most 10 s). Writes submitted from
-        then on raise WriterStopped at once instead of waiting for a thread that is gone."""
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Commit the server's own writes queued, and the agents' batches the writer reaches
+        within ``grace_s`` (the rest fail with WriterStopped: see STOP_GRACE_S), then end the
+        thread (at most 10 s). Writes submitted from then on raise WriterStopped at once
+        instead of waiting for a thread that is gone."""
         if self._closed:
             return
+        self._shed_after = time.monotonic() + grace_s
         self._closed = True
         if self._thread.is_alive():
             self._queue.put(None)
@@ -200,12 +210,27 @@ class Writer:
                     break
                 batch.append(nxt)
                 events += nxt[3]
+            if self._closed and time.monotonic() > self._shed_after:
+                batch = self._shed(batch)
             try:
                 self._run(batch)
             finally:
                 self._written(events)
             if self._stopping:
                 return
+
+    @staticmethod
+    def _shed(batch: list[tuple[Task, concurrent.futures.Future, float, int]]
+              ) -> list[tuple[Task, concurrent.futures.Future, float, int]]:
+        """The server's own tasks of ``batch``; its agents' batches fail, unwritten."""
+        kept = []
+        for item in batch:
+            if item[3]:
+                item[1].set_exception(WriterStopped(
+                    "not stored: the server stopped first; the agent sends it again"))
+            else:
+                kept.append(item)
+        return kept
 
     def _run(self, batch: list[tuple[Task, concurrent.futures.Future, float, int]]) -> None:
         results = []

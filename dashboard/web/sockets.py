@@ -15,6 +15,7 @@ from pgdash_agent.wire import AGENT_NAMESPACE, ASK_EVENT, BATCH_EVENT, UI_NAMESP
 from dashboard.ingest import limits
 from dashboard.ingest.guard import LoginGuard
 from dashboard.ingest.pipeline import Ingest, Refused
+from dashboard.storage.writer import WriterStopped
 from dashboard.web.joblist import jobs_payload
 from dashboard.web.push import LivePush
 
@@ -36,10 +37,12 @@ def register_agent_namespace(socketio: SocketIO, ingest: Ingest, guard: LoginGua
             asks[request.sid] = functools.partial(socketio.emit, ASK_EVENT, to=request.sid,
                                                   namespace=AGENT_NAMESPACE)
             ingest.asks.link(sessions[request.sid][0], asks[request.sid])
-        except Refused as exc:  # ingest's refusal log says it, once per agent
+        except (Refused, WriterStopped) as exc:  # ingest's refusal log says a Refused once
             from flask_socketio import ConnectionRefusedError
 
-            raise ConnectionRefusedError(str(exc)) from None
+            raise ConnectionRefusedError(
+                str(exc) if isinstance(exc, Refused) else
+                "the server is stopping; the agent connects again by itself") from None
 
     @socketio.on(BATCH_EVENT, namespace=AGENT_NAMESPACE)
     def agent_batch(payload=None):

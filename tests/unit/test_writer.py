@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from dashboard.storage.writer import Writer, WriterStopped
+from tests.helpers.procs import wait_for
 
 
 @pytest.fixture
@@ -69,3 +70,34 @@ def test_what_a_stopped_writer_fails_gives_its_room_back(tmp_path):
         writer.submit_nowait(lambda conn: None, events=10)
     assert writer.queued_events() == 0
     writer.engine.dispose()
+
+
+@pytest.mark.parametrize("grace_s", [0.0, 30.0])
+def test_a_stopping_writer_writes_its_own_tasks_and_agents_batches_only_within_the_grace(
+        writer, grace_s):
+    """Agents' batches queued when the server stops are not acknowledged yet: past the grace
+    they fail unwritten, and their agents send them again; the server's own writes are
+    written whatever the grace."""
+    release = _hold(writer)
+    ran = []
+    agents = [writer.submit_nowait(lambda conn, i=i: ran.append(i), events=10)
+              for i in range(3)]
+    own = writer.submit_nowait(lambda conn: ran.append("own") or "own", bounded=False)
+    stopping = threading.Thread(target=writer.stop, args=(grace_s,))
+    stopping.start()
+    try:
+        wait_for(lambda: writer._closed, 10, "the writer closed", interval=0.01)
+        release.set()
+        stopping.join(10)
+    finally:
+        release.set()
+    assert own.result(1) == "own"
+    if grace_s:
+        assert ran == [0, 1, 2, "own"] and all(f.result(1) is None for f in agents)
+    else:
+        assert ran == ["own"]
+        for pending in agents:
+            with pytest.raises(WriterStopped, match="the agent sends it again"):
+                pending.result(1)
+    assert writer.queued_events() == 0
+
