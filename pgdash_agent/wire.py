@@ -451,6 +451,9 @@ class _Disconnected(_Shape):
     # How long the server had owed the agent an acknowledgement when the connection closed
     # (absent: nothing owed): an agent gives up on a server that is behind and reconnects.
     owed_s: Optional[_limited(float, ge=0, le=1e6)] = None
+    # The agent closed the connection itself (a websocket close frame, Socket.IO's disconnect
+    # packet) rather than its process vanishing: alive, it gave up on this link (absent: no).
+    goodbye: Optional[bool] = None
 
 
 #: Event kinds the server itself records (never accepted from an agent), and their bodies.

@@ -210,7 +210,8 @@ class AgentLink(asyncio.Protocol):
             self.ingest.agent_connections -= 1
             session, self.session = self.session, None
             self.ingest.asks.unlink(session, self._ask)
-            self.ingest.disconnect(session)  # queued, never waited for
+            # queued, never waited for; a close frame received: the agent closed it itself
+            self.ingest.disconnect(session, goodbye=self.ws.close_rcvd is not None)
         if not self.closed.done():
             self.closed.set_result(None)
 

@@ -290,12 +290,16 @@ class Ingest:
         self.stopping = True
         self.fold.draining = True
 
-    def disconnect(self, session: str) -> None:
+    def disconnect(self, session: str, goodbye: bool = False) -> None:
+        """The connection of ``session`` closed; ``goodbye``: its agent closed it (a killed
+        process cannot: its kernel just closes the socket)."""
         owed = self.heard.closed(session)  # before the disconnect's time: nothing heard after
         job_id = self.admission.job_of(session)
         if job_id is not None and not self.stopping:
-            self._record_server_event(session, job_id, "disconnect",
-                                      {"owed_s": round(owed, 1)} if owed >= 0.1 else {})
+            body: dict[str, Any] = {"owed_s": round(owed, 1)} if owed >= 0.1 else {}
+            if goodbye:
+                body["goodbye"] = True
+            self._record_server_event(session, job_id, "disconnect", body)
 
     # -- events ------------------------------------------------------------------------------
 

@@ -319,6 +319,7 @@ class Fold:
             r.status = "lost"
             r.exit_at = t
             r.closed_owed_s = body.get("owed_s") or 0.0
+            r.closed_goodbye = bool(body.get("goodbye"))
 
     def _record_error(self, r: RankState, body: dict[str, Any], t: float) -> None:
         self.errors.append({"rank": r.rank, "attempt": r.attempt, "t": t, **body})

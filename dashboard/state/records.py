@@ -48,6 +48,8 @@ class RankState:
     # How long the server had owed its agent an acknowledgement when its connection last
     # closed (the ``disconnect`` event's ``owed_s``; 0.0: nothing owed, or stored before).
     closed_owed_s: float = 0.0
+    # Whether its agent closed that connection itself (``goodbye``): its process was alive.
+    closed_goodbye: bool = False
     # How the process was started, as its hello said (pgdash_agent.identity.Launch); None from
     # older agents (and in checkpoints stored before: the class default stands in).
     command: str | None = None

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import msgspec
 from flask import request
+from engineio.base_server import BaseServer
 from flask_socketio import SocketIO, join_room, leave_room, rooms
 
 from pgdash_agent.wire import AGENT_NAMESPACE, ASK_EVENT, BATCH_EVENT, UI_NAMESPACE
@@ -19,6 +20,8 @@ from dashboard.storage.writer import WriterStopped
 from dashboard.web.joblist import jobs_payload
 from dashboard.web.push import LivePush
 
+
+CLIENT_DISCONNECT = BaseServer.reason.CLIENT_DISCONNECT
 
 def register_agent_namespace(socketio: SocketIO, ingest: Ingest, guard: LoginGuard | None,
                              new_limits: Callable[[], limits.ConnectionLimits]) -> None:
@@ -62,14 +65,17 @@ def register_agent_namespace(socketio: SocketIO, ingest: Ingest, guard: LoginGua
         return {**ack, "job": known[1]} if ack.get("ok") else ack
 
     @socketio.on("disconnect", namespace=AGENT_NAMESPACE)
-    def agent_disconnect(*_args):
+    def agent_disconnect(reason=None):
         rates.pop(request.sid, None)
         known = sessions.pop(request.sid, None)
         ask = asks.pop(request.sid, None)
         if known is not None:
             if ask is not None:
                 ingest.asks.unlink(known[0], ask)
-            ingest.disconnect(known[0])
+            # python-socketio's reason: the agent's own disconnect packet (best effort: its
+            # client may close the socket before the packet is out), or its transport
+            # closing under it (a killed process), a ping timeout...
+            ingest.disconnect(known[0], goodbye=reason == CLIENT_DISCONNECT)
 
 
 def _over_rate(rate: limits.ConnectionLimits | None, payload: Any) -> limits.Refusal | None:

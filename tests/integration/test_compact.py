@@ -11,7 +11,8 @@ import sys
 import pytest
 import websocket
 
-from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, decode_v2, encode_v2
+from pgdash_agent.wire import (AGENT_NAMESPACE, AGENT_V2_PATH, PROTOCOL_V2, PROTOCOL_VERSION,
+                               decode_v2, encode_v2)
 from tests.helpers.procs import (JOBS, ROOT, ServerProcess, job_by_name, launch_job,
                                  stored_events, wait_for, wait_job)
 from tests.helpers.agents import HELLO, ev
@@ -148,3 +149,57 @@ def test_sigterm_with_agents_connected_stops_cleanly_and_loses_no_rank(tmp_path)
     kinds = [e["kind"] for e in stored_events(db)]
     assert kinds.count("hello") == 2 and kinds.count("heartbeat") == 2
     assert "disconnect" not in kinds
+
+
+# A process that connects as an agent, then is killed: its kernel closes the socket, nobody
+# says goodbye. argv: server url, session, wire.
+KILLED_AGENT = r'''
+import os, signal, sys
+url, session, wire = sys.argv[1:4]
+if wire == "v2":
+    from tests.integration.test_compact import v2_connect
+    ws, hello = v2_connect(url, session=session, job="killed")
+    assert hello["ok"], hello
+else:
+    from tests.helpers.agents import agent_client
+    agent_client(url, session=session, job="killed")
+print("connected", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+@pytest.mark.parametrize("wire", ["v2", "v1"])
+def test_the_server_tells_an_agent_that_said_goodbye_from_a_killed_process(server, wire):
+    """An agent that closes its connection itself was alive to do it: rank_lost gives it a
+    silent rank's patience (dashboard.diagnosis.core: reconnect_grace); a killed process
+    cannot say goodbye, and is named after the short grace as before."""
+    if wire == "v2":
+        ws, hello = v2_connect(server.url, session="leaves", job="leaves")
+        assert hello["ok"] is True
+        ws.close()  # a close frame, as the agent's CompactClient.disconnect sends
+    else:  # Socket.IO's disconnect packet, sent before the socket closes (socketio.Client's
+        # disconnect() may close it first: then the server sees a transport close)
+        ws = websocket.create_connection(
+            "ws" + server.url[len("http"):] + "/socket.io/?EIO=4&transport=websocket",
+            timeout=20)
+        assert ws.recv().startswith("0")  # Engine.IO's open
+        ws.send(f"40{AGENT_NAMESPACE}," + json.dumps(
+            {"v": PROTOCOL_VERSION, "session": "leaves", "job": "leaves", "rank": 0,
+             "host": "h", "pid": 1}))
+        assert ws.recv().startswith(f"40{AGENT_NAMESPACE},"), "not admitted"
+        ws.send(f"41{AGENT_NAMESPACE},")
+        ws.close()
+    killed = subprocess.run([sys.executable, "-c", KILLED_AGENT, server.url, "killed", wire],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert killed.returncode == -9 and "connected" in killed.stdout, killed.stderr
+
+    def disconnect(name):
+        job = job_by_name(server, name)
+        return next((ev["body"] for ev in stored_events(server.db_url, [job["id"]])
+                     if ev["kind"] == "disconnect"), None) if job else None
+
+    assert wait_for(lambda: disconnect("leaves"), 30, "its disconnect stored") == \
+        {"goodbye": True}
+    assert wait_for(lambda: disconnect("killed") is not None, 30, "its disconnect stored")
+    assert disconnect("killed") == {}

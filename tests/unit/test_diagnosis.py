@@ -212,16 +212,20 @@ def test_a_connection_that_gave_up_on_a_server_behind_gets_a_silent_ranks_patien
     so crowded that the reconnection takes seconds: not lost after the grace of a dropped
     connection, only after lost_after, as a silent rank; one that closed with nothing owed
     (a killed process) is named after the grace as before."""
-    log = running(3)
+    log = running(4)
     log.add("s1", "disconnect", {"owed_s": 10.2}, t=101.0)
     log.add("s2", "disconnect", {}, t=101.0)
+    # An agent that closed its connection itself (its ack timed out before the server, too
+    # busy to read the batch, knew it owed anything): alive then, patience too.
+    log.add("s3", "disconnect", {"goodbye": True}, t=101.0)
     for t in (103.0, 110.0):
         progress(log, 0, t, ("0", 6, 6, None, None))
         assert kinds(diagnose(log.state(), t, S)) == [("rank_lost", [2])], t
     progress(log, 0, 116.5, ("0", 7, 7, None, None))
     found = diagnose(log.state(), 116.5, S)
-    assert kinds(found) == [("rank_lost", [1]), ("rank_lost", [2])]
+    assert kinds(found) == [("rank_lost", [1]), ("rank_lost", [2]), ("rank_lost", [3])]
     assert "kept it waiting 10 s for an acknowledgement" in found[0]["summary"]
+    assert "its agent closed its connection" in found[2]["summary"]
 
 
 def test_init_incomplete_names_the_missing_rank_after_the_grace():

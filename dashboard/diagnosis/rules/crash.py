@@ -154,6 +154,10 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
                 how = (f"its connection closed after the server had kept it waiting "
                        f"{r.closed_owed_s:.0f} s for an acknowledgement, and it did not come "
                        f"back within {grace:.0f} s")
+            elif r.closed_goodbye:  # its agent closed it: alive then, and reconnecting
+                grace = s.lost_after
+                how = (f"its agent closed its connection (alive then: a dead process cannot "
+                       f"say goodbye) and did not come back within {grace:.0f} s")
             if min(now, _heard_until(state)) - since < grace:
                 continue
         elif r.status in (RankStatus.RUNNING, RankStatus.INITIALIZING):
