@@ -20,8 +20,8 @@ from dashboard.storage.writer import WriterStopped
 from dashboard.web.joblist import jobs_payload
 from dashboard.web.push import LivePush
 
-
 CLIENT_DISCONNECT = BaseServer.reason.CLIENT_DISCONNECT
+
 
 def register_agent_namespace(socketio: SocketIO, ingest: Ingest, guard: LoginGuard | None,
                              new_limits: Callable[[], limits.ConnectionLimits]) -> None:
