@@ -195,6 +195,8 @@ class Agent:
                         reader.cancel()
                 except (OSError, websockets.ConnectionClosed, asyncio.TimeoutError,
                         AckTimeout) as exc:
+                    if isinstance(exc, AckTimeout):  # the agent leaves: it says goodbye
+                        await self._goodbye()
                     b.reconnects += 1
                     b.last_error = f"{type(exc).__name__}: {exc}"
                     self._requeue()
@@ -206,6 +208,10 @@ class Agent:
                         self.ws = None
         finally:
             producer.cancel()
+
+    async def _goodbye(self) -> None:
+        """What the agent sends before closing a connection it gives up on (the websocket's
+        close frame, sent by ``ws.close()``, says it on v2)."""
 
     async def _pump(self, stop: asyncio.Event, reader: asyncio.Task) -> None:
         cfg = self.bench.agent
@@ -304,6 +310,13 @@ class SocketIOAgent(Agent):
         frame = f"42{wire.AGENT_NAMESPACE},{self.next_id}{payload}"
         self.bench.count(len(frame), 0)  # JSON as json.dumps writes it: ASCII, a byte a char
         await self.ws.send(frame)
+
+    async def _goodbye(self) -> None:
+        """Socket.IO's disconnect packet, as pgdash_agent.sender's client writes it first."""
+        try:
+            await asyncio.wait_for(self.ws.send(f"41{wire.AGENT_NAMESPACE},"), 1.0)
+        except (OSError, websockets.ConnectionClosed, asyncio.TimeoutError):
+            pass
 
     async def _read(self) -> None:
         prefix = f"43{wire.AGENT_NAMESPACE},"
