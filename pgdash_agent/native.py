@@ -116,15 +116,19 @@ def native_stacks(py_spy: str, timeout: float = NATIVE_TIMEOUT_S
     except subprocess.TimeoutExpired:  # the shell itself is stuck: stop it and its children
         _kill_group(proc.pid)
         proc.communicate()
-        return {}, f"py-spy did not finish within {timeout:g} s"
+        return {}, _late(timeout)
     finally:
         _allow_tracer(_standing_tracer)
     if proc.returncode == 137:  # timeout's SIGKILL
-        return {}, f"py-spy did not finish within {timeout:g} s"
+        return {}, _late(timeout)
     if proc.returncode != 0:
         return {}, _failed(proc.returncode, out, err,
                            "ptrace of this process was refused? see pgdash_agent/native.py")
     return parse_dump(out), None
+
+
+def _late(timeout: float) -> str:
+    return f"py-spy did not finish within {timeout:g} s"
 
 
 def _stopped(pid: int) -> bool:
@@ -208,7 +212,7 @@ def peer_dump(py_spy: str | None, pid: int, environ: Mapping[str, str] | None = 
                               capture_output=True, text=True, errors="replace",
                               timeout=timeout)
     except subprocess.TimeoutExpired:
-        return None, f"py-spy did not finish within {timeout:g} s"
+        return None, _late(timeout)
     except OSError as exc:
         return None, f"could not run {py_spy}: {exc}"
     finally:

@@ -28,8 +28,6 @@ log = logging.getLogger("pgdash.agent")
 # An ack this many PGDASH_ACK_TIMEOUT_S late drops the connection even from a server that
 # answers pings (a batch it may have lost is sent again on a new one).
 SLOW_ACK_LIMIT = 6
-
-
 GOODBYE_WAIT_S = 1.0  # how long a v1 disconnect waits for its goodbye to be written
 
 

@@ -63,12 +63,6 @@ class Settings:
     # reconnecting into a crowded server takes longer than the grace (bench/capacity.py
     # --wire v1, 512 and 1,024 ranks: a healthy job got rank_lost criticals in 5 of 7 runs)
     owed_close_after: float = 2.0
-    # A connection its agent closed itself (a websocket close frame, Socket.IO's disconnect
-    # packet) gets lost_after too: the process was alive to send it, and an agent closes only
-    # to connect again (or after its exit, which is not lost). A killed process sends none.
-    # Its ack timeout runs out before the server knows it owes anything when the server is
-    # too busy to read the batch (bench/capacity.py --wire v1, 512 ranks: rank_lost critical
-    # with owed_s 0).
     # After the latest arrival at rendezvous, missing ranks are named. 3 s named ranks that
     # were only slow to start on a crowded host (bench/detect.py: a false init_incomplete in
     # 2 of ~40 runs); a launcher starts ranks within seconds, a rank that never comes stays

@@ -1,9 +1,12 @@
-"""A Socket.IO agent (protocol v1) on a real server, for tests that speak the wire."""
+"""Agents on a real server, for tests that speak the wire: a Socket.IO one (protocol v1), and
+a plain websocket speaking protocol v2."""
 
 
 import socketio
+import websocket
 
-from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
+from pgdash_agent.wire import (AGENT_NAMESPACE, AGENT_V2_PATH, PROTOCOL_V2, PROTOCOL_VERSION,
+                               decode_v2, encode_v2)
 
 
 def agent_client(url, session="s1", job="edge", rank=0, token=None, auth=None):
@@ -30,3 +33,11 @@ def ev(seq, kind, body, t=100.0):
 
 
 HELLO = {"job": "edge", "rank": 0, "world_size": 1, "host": "h", "pid": 1, "backend": "gloo"}
+
+
+def v2_connect(server_url: str, **auth):
+    ws = websocket.create_connection("ws" + server_url[len("http"):] + AGENT_V2_PATH, timeout=20)
+    ws.send_binary(encode_v2({"auth": {"v": PROTOCOL_V2, "session": auth.pop("session", "s1"),
+                                       "job": "compact", "rank": 0, "host": "h", "pid": 1,
+                                       **auth}}))
+    return ws, decode_v2(ws.recv())

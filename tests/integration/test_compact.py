@@ -11,19 +11,10 @@ import sys
 import pytest
 import websocket
 
-from pgdash_agent.wire import (AGENT_NAMESPACE, AGENT_V2_PATH, PROTOCOL_V2, PROTOCOL_VERSION,
-                               decode_v2, encode_v2)
+from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION, decode_v2, encode_v2
 from tests.helpers.procs import (JOBS, ROOT, ServerProcess, job_by_name, launch_job,
                                  stored_events, wait_for, wait_job)
-from tests.helpers.agents import HELLO, ev
-
-
-def v2_connect(server_url: str, **auth):
-    ws = websocket.create_connection("ws" + server_url[len("http"):] + AGENT_V2_PATH, timeout=20)
-    ws.send_binary(encode_v2({"auth": {"v": PROTOCOL_V2, "session": auth.pop("session", "s1"),
-                                       "job": "compact", "rank": 0, "host": "h", "pid": 1,
-                                       **auth}}))
-    return ws, decode_v2(ws.recv())
+from tests.helpers.agents import HELLO, ev, v2_connect
 
 
 def closed_by_server(ws) -> bool:
@@ -157,7 +148,7 @@ KILLED_AGENT = r'''
 import os, signal, sys
 url, session, wire = sys.argv[1:4]
 if wire == "v2":
-    from tests.integration.test_compact import v2_connect
+    from tests.helpers.agents import v2_connect
     ws, hello = v2_connect(url, session=session, job="killed")
     assert hello["ok"], hello
 else:

@@ -154,7 +154,12 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
                 how = (f"its connection closed after the server had kept it waiting "
                        f"{r.closed_owed_s:.0f} s for an acknowledgement, and it did not come "
                        f"back within {grace:.0f} s")
-            elif r.closed_goodbye:  # its agent closed it: alive then, and reconnecting
+            elif r.closed_goodbye:
+                # Its agent closed it (a websocket close frame, Socket.IO's disconnect
+                # packet): alive then, and an agent closes only to connect again (after its
+                # exit it is not lost); a killed process sends none. Owed nothing, when the
+                # server was too busy to read its batch before its ack timeout ran out
+                # (bench/capacity.py --wire v1, 512 ranks: rank_lost critical, no owed_s).
                 grace = s.lost_after
                 how = (f"its agent closed its connection (alive then: a dead process cannot "
                        f"say goodbye) and did not come back within {grace:.0f} s")
