@@ -505,6 +505,38 @@ def test_the_snapshots_card_asks_ranks_and_groups_their_answers(server, watched)
     watched.assert_clean()
 
 
+def test_a_rank_that_ended_before_it_answered_says_so_not_that_it_may_be_blocked(server,
+                                                                                  watched):
+    """Asked as it went down (an incident's own snapshot comes as its ranks fail): the page
+    says how it ended, not that its interpreter may be blocked, nor a py-spy command for a
+    pid that is gone."""
+    page = watched.page
+    agents = [FakeAgent(server.url, "ended", rank, world_size=2) for rank in range(2)]
+    try:
+        agents[0].send("group", {"name": "0", "ranks": [0, 1]})
+        jid = job_id(server, "ended")
+        page.goto(f"{server.url}/jobs/{jid}")
+        expect(page.locator("#live-text")).to_have_text("Live")
+        page.locator("#snapshot-ranks").fill("0-1")
+        page.locator("#snapshot-ranks").press("Enter")
+        (asked,) = wait_for(lambda: agents[0].asked, 10, "the question to rank 0")
+        wait_for(lambda: agents[1].asked, 10, "the question to rank 1")
+        agents[0].send("snapshot", {"ask": asked["ask"], "asked_at": asked["at"], "threads": [
+            {"name": "MainThread", "training": True,
+             "frames": [{"file": "/job/train.py", "line": 30, "function": "step",
+                         "code": "dist.all_reduce(t)"}]}]})
+        agents[1].send("exit", {"clean": False, "reason": "uncaught exception"})
+        missing = page.locator("#snapshot-view .snapshot-missing li[data-rank='1']")
+        expect(missing).to_contain_text("no answer: asked, silent: it failed at ",
+                                        timeout=15_000)
+        expect(missing).to_contain_text(", before it answered")
+        expect(missing).not_to_contain_text("blocked")
+        expect(missing).not_to_contain_text("py-spy dump")
+    finally:
+        close_all(agents)
+    watched.assert_clean()
+
+
 def test_errors_are_shown_verbatim_as_text_and_gpus_say_why_they_are_empty(server, agents,
                                                                           watched):
     page = watched.page

@@ -201,19 +201,26 @@ const GONE = {
   lost: "it was lost (its process vanished)",
 };
 
+/** How a rank that has ended ended, and when ("it failed at 12:00:01"); null while it runs. */
+function gone(row) {
+  return GONE[row.rank_status] ? GONE[row.rank_status] + (PG.isNum(row.exit_at) ? " at " + PG.fmtTime(row.exit_at) : "") : null;
+}
+
 // Why a rank did not answer. Where a rank of its host read it from outside (or is reading it),
 // that reading says where it is: the py-spy command to run by hand is left out unless the
-// reading failed.
+// reading failed. A rank that has ended since (asked as it went down) is not "blocked".
 const WHY = {
   "no answer": (proc, row) =>
     row.read_from_outside && !row.read_from_outside.error
       ? "asked, silent"
-      : "asked, silent: its interpreter may be blocked in C with the GIL held, or frozen; `py-spy dump --native --pid " + (proc ? proc.pid + "` on " + proc.host : "<pid>` on its host") + " shows where",
+      : gone(row)
+        ? "asked, silent: " + gone(row) + ", before it answered"
+        : "asked, silent: its interpreter may be blocked in C with the GIL held, or frozen; `py-spy dump --native --pid " + (proc ? proc.pid + "` on " + proc.host : "<pid>` on its host") + " shows where",
   "not connected": (proc, row) =>
     row.read_from_outside && row.read_from_outside.dump
       ? "its agent's connection is gone, but its process is still there"
-      : GONE[row.rank_status]
-        ? GONE[row.rank_status] + (PG.isNum(row.exit_at) ? " at " + PG.fmtTime(row.exit_at) : "") + ": nobody is left to ask"
+      : gone(row)
+        ? gone(row) + ": nobody is left to ask"
         : "its agent holds no connection here: exited, lost, or connected to another server process",
 };
 
