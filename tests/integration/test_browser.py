@@ -505,6 +505,16 @@ def test_the_snapshots_card_asks_ranks_and_groups_their_answers(server, watched)
     watched.assert_clean()
 
 
+def _ask_ranks_0_1_from_the_page(page, server, agent, job: str) -> None:
+    """Open ``job``'s live page (group 0 of ranks 0 and 1, said by ``agent``) and ask ranks
+    0-1 for a snapshot from its snapshots card."""
+    agent.send("group", {"name": "0", "ranks": [0, 1]})
+    page.goto(f"{server.url}/jobs/{job_id(server, job)}")
+    expect(page.locator("#live-text")).to_have_text("Live")
+    page.locator("#snapshot-ranks").fill("0-1")
+    page.locator("#snapshot-ranks").press("Enter")
+
+
 def test_a_rank_that_ended_before_it_answered_says_so_not_that_it_may_be_blocked(server,
                                                                                   watched):
     """Asked as it went down (an incident's own snapshot comes as its ranks fail): the page
@@ -513,12 +523,7 @@ def test_a_rank_that_ended_before_it_answered_says_so_not_that_it_may_be_blocked
     page = watched.page
     agents = [FakeAgent(server.url, "ended", rank, world_size=2) for rank in range(2)]
     try:
-        agents[0].send("group", {"name": "0", "ranks": [0, 1]})
-        jid = job_id(server, "ended")
-        page.goto(f"{server.url}/jobs/{jid}")
-        expect(page.locator("#live-text")).to_have_text("Live")
-        page.locator("#snapshot-ranks").fill("0-1")
-        page.locator("#snapshot-ranks").press("Enter")
+        _ask_ranks_0_1_from_the_page(page, server, agents[0], "ended")
         (asked,) = wait_for(lambda: agents[0].asked, 10, "the question to rank 0")
         wait_for(lambda: agents[1].asked, 10, "the question to rank 1")
         agents[0].send("snapshot", {"ask": asked["ask"], "asked_at": asked["at"], "threads": [
@@ -734,12 +739,7 @@ def test_a_silent_rank_alone_on_its_host_says_why_nobody_read_it(server, watched
     agents = [FakeAgent(server.url, "alone", 0, world_size=2),
               FakeAgent(server.url, "alone", 1, world_size=2, host="node-b")]
     try:
-        agents[0].send("group", {"name": "0", "ranks": [0, 1]})
-        jid = job_id(server, "alone")
-        page.goto(f"{server.url}/jobs/{jid}")
-        expect(page.locator("#live-text")).to_have_text("Live")
-        page.locator("#snapshot-ranks").fill("0-1")
-        page.locator("#snapshot-ranks").press("Enter")
+        _ask_ranks_0_1_from_the_page(page, server, agents[0], "alone")
         (asked,) = wait_for(lambda: agents[0].asked, 10, "the question to rank 0")
         agents[0].send("snapshot", {"ask": asked["ask"], "threads": [
             {"name": "MainThread", "training": True,
