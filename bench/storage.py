@@ -24,6 +24,10 @@ Printed:
 * **state?at**: ``Ingest.state_at`` (what ``GET /api/jobs/<id>/state?at=`` runs) for
   ``--moments`` random moments in random order (forward and backwards): the first (cold)
   one, then p50 / p95 / max; again with a fresh Ingest on the same file (a restart);
+* **state?at&within=**: the same moments after the restart as the page asks them while its
+  slider moves on a big job (``&within=30``: the newest keyframe up to 30 s before, stored
+  by the live fold every ``--keyframe-every`` seconds, dashboard.history.keyframes; a moment
+  without one is folded), and the keyframes' bytes per rank-hour;
 * **export / import**: ``pgdash export``'s lines of the job into a file, and that file
   imported as a new job (dashboard.history.archive), in seconds.
 
@@ -61,6 +65,11 @@ from bench.common import (agent_schedule, members, mesh_groups, pct, second_even
 from dashboard.history import archive
 from dashboard.ingest.pipeline import Ingest
 from dashboard.web.live import state_at
+
+try:
+    from dashboard.web.live import moment
+except ImportError:  # a pgdash from before keyframes
+    moment = None
 from dashboard.storage.store import Store
 
 try:
@@ -209,8 +218,11 @@ def scrub(ingest: Ingest, job_id: int, moments: list[float], verbose: bool = Fal
 
 
 def make_ingest(args, store: Store, clock: Clock) -> Ingest:
-    """The server's ingest, storing checkpoints every --checkpoint-every seconds."""
-    ingest = Ingest(store, clock=clock)
+    """The server's ingest, storing checkpoints every --checkpoint-every seconds and
+    keyframes every --keyframe-every (where this pgdash has them)."""
+    frames = {} if moment is None else {"keyframe_every_s": args.keyframe_every,
+                                        "render_moment": moment}
+    ingest = Ingest(store, clock=clock, **frames)
     if args.checkpoint_every is not None:
         ingest.rewind.persist_every_s = args.checkpoint_every
     return ingest.start()
@@ -226,6 +238,39 @@ def make_compactor(args, store: Store, ingest: Ingest, clock: Clock):
     return Compactor(store, Policy(keep_full_s=args.keep_full,
                                    around_findings_s=args.keep_around_findings, **more),
                      guard=ingest.rewind.compacting, **timed)
+
+
+WITHIN_S = 30.0  # what the page asks while its slider moves (static/js/job/replay.js)
+
+
+def scrub_near(ingest: Ingest, job_id: int, moments: list[float]) -> tuple[list[float], int]:
+    """``state?at=T&within=30`` at each moment, as the API answers it: the keyframe's JSON,
+    or a fold of T without one. (times, moments answered by a keyframe)"""
+    times, hits = [], 0
+    for at in moments:
+        start = time.perf_counter()
+        found = ingest.keyframes.near(job_id, at, WITHIN_S)
+        if found is None:
+            json.dumps(state_at(ingest, job_id, at))
+        times.append(time.perf_counter() - start)
+        hits += found is not None
+    return times, hits
+
+
+def report_near(ingest: Ingest, store: Store, job_id: int, moments: list[float],
+                rank_hours: float) -> None:
+    if not hasattr(ingest, "keyframes"):
+        return
+    times, hits = scrub_near(ingest, job_id, moments)
+    with store.engine.connect() as conn:
+        n, size = conn.exec_driver_sql(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(answer)), 0) FROM keyframes").first()
+    print(f"state?at&within={WITHIN_S:g} after a restart: "
+          f"p50 {statistics.median(times) * 1000:.0f} ms, p95 {pct(times, 0.95) * 1000:.0f} "
+          f"ms, max {max(times) * 1000:.0f} ms; "
+          f"{hits} of {len(times)} moments from a keyframe [goal p50 <= 100 ms, p95 <= 200]")
+    print(f"keyframes stored: {n} ({size / 1e6:.1f} MB, {size / rank_hours / 1e3:.0f} kB per "
+          f"rank-hour; made {ingest.keyframes.made} by this process's scrubs)")
 
 
 def random_moments(args, t0: float, end: float) -> list[float]:
@@ -256,6 +301,8 @@ def scrub_again(args) -> None:
         report_scrub(f"state?at on {args.db}", *scrub(ingest, job_id, moments, args.verbose,
                                                       T0 if args.at else None))
         store.writer.wait_idle()
+        report_near(make_ingest(args, store, Clock(end)), store, job_id, moments,
+                    args.ranks * args.minutes / 60)
     finally:
         store.close()
 
@@ -279,6 +326,9 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
                         help="PGDASH_CHECKPOINT_S: a stored state every this many seconds of "
                              "the log (default: the server's, 300; a multiple of the cell)")
+    parser.add_argument("--keyframe-every", type=float, default=10.0, metavar="SECONDS",
+                        help="PGDASH_KEYFRAME_S: the page's answer stored every this many "
+                             "seconds (default: the server's, 10; 0: none)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--end", action="store_true",
                         help="every rank exits cleanly at the end (the job ends; without it "
@@ -347,6 +397,8 @@ def main() -> None:
         report_scrub("state?at after a restart", *scrub(restarted, job_id, moments,
                                                           args.verbose))
         store.writer.wait_idle()
+        report_near(make_ingest(args, store, Clock(run["end"])), store, job_id, moments,
+                    rank_hours)
         size, used = disk_bytes(db)
         with store.engine.connect() as conn:
             kept = conn.exec_driver_sql(

@@ -53,6 +53,7 @@ DEFAULTS = {
     "PACK_AFTER_S": Policy.pack_after_s,  # a cell this old is stored as one pack; 0: never
     "CHECKPOINT_KEEP_S": Policy.checkpoint_keep_s,  # old checkpoints: one per this; 0: all
     "CHECKPOINT_S": 300.0,  # a stored JobState every this many seconds of the log
+    "KEYFRAME_S": 10.0,  # the page's answer stored every this many seconds (history.keyframes)
 }
 
 __all__ = ["DEFAULTS", "DEFAULT_DB", "DEFAULT_HOST", "DEFAULT_PORT", "DIAGNOSE_EVERY_S"]

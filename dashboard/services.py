@@ -12,6 +12,7 @@ ingest's log follower.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
@@ -20,6 +21,7 @@ from flask_socketio import SocketIO
 
 from dashboard.cluster.node import ClusterNode, Membership
 from dashboard.console import IncidentLog, RefusalLog, listeners
+from dashboard.config import DIAGNOSE_EVERY_S
 from dashboard.diagnosis import Settings
 from dashboard.ingest import guard as login_guard
 from dashboard.ingest import limits
@@ -27,6 +29,7 @@ from dashboard.ingest.pipeline import Ingest
 from dashboard.storage.compaction import Compactor, Policy
 from dashboard.storage.database import database_url
 from dashboard.storage.store import Store
+from dashboard.web.live import moment
 from dashboard.web.moments import Moments
 from dashboard.web.notify import Notifier
 from dashboard.web.push import LivePush
@@ -89,6 +92,7 @@ def build(config: Mapping[str, Any]) -> Services:
     if queue_url:
         _check_cluster_config(config["DB"], queue_url)
     policy, checkpoint_every_s = _storage_policy(config)
+    keyframe_every_s = _keyframe_period(config)
     new_limits = _rate_limits(config)
     refusals = _refusal_log(config)
     notifier = None
@@ -107,7 +111,8 @@ def build(config: Mapping[str, Any]) -> Services:
                     settings=Settings(hang_after=float(config["HANG_AFTER"]),
                                       stall_after=float(config["STALL_AFTER"])),
                     on_incident=listeners(notifier, console), refusals=refusals,
-                    cluster=cluster, checkpoint_every_s=checkpoint_every_s).start()
+                    cluster=cluster, checkpoint_every_s=checkpoint_every_s,
+                    keyframe_every_s=keyframe_every_s, render_moment=moment).start()
     ingest.lag.start()  # the pause watchdog: a stopped server never blames a rank
     compactor = Compactor(store, policy, guard=ingest.rewind.compacting, owns=ingest.owns,
                           clock=ingest.clock)
@@ -170,6 +175,22 @@ def _storage_policy(config: Mapping[str, Any]) -> tuple[Policy, float]:
         raise ValueError(f"PGDASH_CHECKPOINT_S ({every:g}) must be 0 (none) or a multiple of "
                          f"PGDASH_COMPACT_CELL_S ({policy.cell_s:g})")
     return policy, every
+
+
+def _keyframe_period(config: Mapping[str, Any]) -> float:
+    """PGDASH_KEYFRAME_S: 0 (none) or a multiple of the diagnosis grid (a keyframe is a
+    moment the findings book judged)."""
+    raw = config["KEYFRAME_S"]
+    try:
+        every = float(raw)
+    except (TypeError, ValueError):
+        every = -1.0
+    if not (every == 0 or (math.isfinite(every) and every > 0 and
+                           math.isclose(every / DIAGNOSE_EVERY_S,
+                                        round(every / DIAGNOSE_EVERY_S)))):
+        raise ValueError(f"PGDASH_KEYFRAME_S must be 0 (no keyframes) or a multiple of "
+                         f"{DIAGNOSE_EVERY_S:g} seconds, e.g. 10; got {raw!r:.40}")
+    return every
 
 
 def _rate_limits(config: Mapping[str, Any]) -> Callable[[], limits.ConnectionLimits]:

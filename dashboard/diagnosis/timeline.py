@@ -167,6 +167,14 @@ class Timeline:
         """Judge the moments due up to ``at`` (no event received by then may come later)."""
         self._keep(self.current_book().tick_through(self.state, at))
 
+    def settled_book(self, at: float) -> Book:
+        """The book as of ``at`` where no event received by ``at`` is still to come (a fold
+        passing it): the moments due up to ``at`` are judged on this timeline's own book,
+        as the next event would have them."""
+        if self.log is None or at > self.log.through:
+            self.advance(at)
+        return self.book_at(at)
+
     def book_at(self, at: float) -> Book:
         """The book as of ``at``, leaving this timeline where it is (a cursor that a later
         event continues from must not have judged moments past that event)."""

@@ -38,6 +38,8 @@ import queue
 import threading
 from typing import Any, Callable, Iterator, TypeVar
 
+from dashboard.diagnosis.timeline import Timeline
+from dashboard.history.keyframes import Keyframes
 from dashboard.storage.codec import compress_state, decode_state, encode_state, pickle_state
 from dashboard.state import JobState
 from dashboard.storage.store import Store
@@ -83,9 +85,11 @@ class Rewind:
     def __init__(self, store: Store, max_jobs: int = 4, checkpoints: int = 16,
                  spacing: int = 2000, copies_bytes: int = COPIES_BYTES,
                  persist_every_s: float = 300.0,
-                 new_state: Callable[[int, str], Any] = JobState):
+                 new_state: Callable[[int, str], Any] = JobState,
+                 keyframes: Keyframes | None = None):
         self.store = store
         self.new_state = new_state
+        self.keyframes = keyframes  # stored where a fold of Timelines passes their moments
         self.persist_every_s = persist_every_s  # PGDASH_CHECKPOINT_S; 0: none stored
         self._persisted: dict[int, set[float]] = {}  # by job: moments stored already
         self.checkpoints_loaded = 0  # for tests and the bench
@@ -230,12 +234,18 @@ class Rewind:
     def _fold(self, job_id: int, point: _Point, at: float) -> _Point:
         state, last_id, last_at, folded = point.state, point.last_id, point.at, point.folded
         every = self.persist_every_s
+        keyframes = self.keyframes if isinstance(state, Timeline) else None
         for ev in self.store.log.events(job_id, after=last_id, keep=True):
             self.events_read += 1
             if every and last_id:
                 boundary = math.floor(ev["received_at"] / every) * every
                 if last_at < boundary:  # the state holds exactly what arrived before it
                     self._persist(job_id, boundary, last_id, state)
+            if keyframes is not None and last_id:
+                # The moments passed up to the one asked for (none of the log is missing).
+                until = min(ev["received_at"], math.nextafter(at, math.inf))
+                for moment in keyframes.passing(job_id, state.state, last_at, until):
+                    keyframes.take(job_id, moment, state.state, state.settled_book(moment))
             if ev["received_at"] > at:
                 break
             state.apply(ev)

@@ -3,8 +3,9 @@ the job's state, in the order of the log.
 
 One task per batch, in one transaction: drop what the session stored already (admission),
 insert the rest, judge the findings book's moments due before the batch arrived
-(dashboard.ingest.livebooks), store a checkpoint when the batch opens a new period
-(dashboard.history.rewind), fold, store the job's changed summary and mark the job changed.
+(dashboard.ingest.livebooks), store a checkpoint and a keyframe when the batch opens a new
+period (dashboard.history.rewind, dashboard.history.keyframes), fold, store the job's changed
+summary and mark the job changed.
 Clustered, the log's tail folds instead (dashboard.ingest.follow); as the server stops, the
 batches still queued are only stored.
 """
@@ -15,6 +16,7 @@ import collections
 import math
 from typing import Any
 
+from dashboard.history.keyframes import Keyframes
 from dashboard.history.rewind import Rewind
 from dashboard.ingest.admission import Admission
 from dashboard.ingest.lag import LAG_WARN_S, IngestLag
@@ -31,6 +33,7 @@ class LiveFold:
         cache: the jobs' states held in memory.
         books: their findings books.
         rewind: stores checkpoints of the live fold.
+        keyframes: stores the page's answer at moments of the live fold.
         lag: the server's lag.
         counters: Ingest's counters.
         changed: told of each job that changed.
@@ -38,10 +41,10 @@ class LiveFold:
     """
 
     def __init__(self, store: Store, admission: Admission, cache: StateCache, books: LiveBooks,
-                 rewind: Rewind, lag: IngestLag, counters: collections.Counter[str],
-                 changed: Changed, cluster: Any = None):
+                 rewind: Rewind, keyframes: Keyframes, lag: IngestLag,
+                 counters: collections.Counter[str], changed: Changed, cluster: Any = None):
         self.store, self.admission, self.cache, self.books = store, admission, cache, books
-        self.rewind, self.lag, self.counters = rewind, lag, counters
+        self.rewind, self.keyframes, self.lag, self.counters = rewind, keyframes, lag, counters
         self.changed, self.cluster = changed, cluster
         # Set as the server stops: batches still queued are stored, not folded or judged (a
         # restart folds the log from the last checkpoint, as after a crash).
@@ -80,6 +83,8 @@ class LiveFold:
                 late = 0.0 if newest is None else self.lag.lateness(session, newest, now)
                 self.books.before_fold(conn, job_id, state, now,
                                        late if late > LAG_WARN_S else 0.0)
+                # The page's answer at the period's start, when this batch opens one.
+                self.keyframes.live(job_id, state, self.books.held(job_id), now)
                 for event_id, ev in zip(ids, fresh):
                     stored: StoredEvent = {"id": event_id, "session": session,
                                            "seq": ev.get("seq"), "t": ev["t"],

@@ -39,6 +39,7 @@ from dashboard.ingest.guard import LoginGuard
 from dashboard.ingest.heard import Heard
 from dashboard.ingest.lag import IngestLag
 from dashboard.ingest.livebooks import LiveBooks
+from dashboard.history.keyframes import Keyframes
 from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
 from dashboard.ingest.statecache import Changed, StateCache
@@ -79,6 +80,10 @@ class Ingest:
             here.
         checkpoint_every_s: how often a folded state is stored (``PGDASH_CHECKPOINT_S``;
             0: never; dashboard.history.rewind).
+        keyframe_every_s: how often the page's answer is stored (``PGDASH_KEYFRAME_S``;
+            0: never; dashboard.history.keyframes).
+        render_moment: that answer, ``(state, book, at, settings) -> dict``
+            (dashboard.web.live.moment); None: no keyframes.
     """
 
     def __init__(self, store: Store, token: str | None = None,
@@ -86,7 +91,9 @@ class Ingest:
                  settings: Settings = Settings(),
                  on_incident: Callable[[str, dict[str, Any], Incident], None] | None = None,
                  guard: LoginGuard | None = None, refusals: RefusalLog | None = None,
-                 cluster: Any = None, checkpoint_every_s: float = 300.0):
+                 cluster: Any = None, checkpoint_every_s: float = 300.0,
+                 keyframe_every_s: float = 10.0,
+                 render_moment: Callable[..., dict[str, Any]] | None = None):
         self.store = store
         self.refusals = refusals
         self.token = token
@@ -116,10 +123,14 @@ class Ingest:
                                    self.state, lambda job_id, state:
                                    (self.cache.add(job_id, state), self.changed.jobs_list.set()),
                                    guard)
+        self.keyframes = Keyframes(
+            store, keyframe_every_s, None if render_moment is None else
+            lambda state, book, at: render_moment(state, book, at, self.settings))
         self.rewind = Rewind(store, persist_every_s=checkpoint_every_s,
-                             new_state=lambda job_id, name: Timeline(job_id, name, self.settings))
+                             new_state=lambda job_id, name: Timeline(job_id, name, self.settings),
+                             keyframes=self.keyframes)
         self.fold = LiveFold(store, self.admission, self.cache, self.books, self.rewind,
-                             self.lag, self.counters, self.changed, cluster)
+                             self.keyframes, self.lag, self.counters, self.changed, cluster)
         self.diagnosis = LiveDiagnosis(self.cache, self.books, self.lag, self.owns)
         self.follower = None if cluster is None else LogFollower(
             store, self.cache, self.books, self.lag, lambda: self.clock(), self.counters,

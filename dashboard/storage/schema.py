@@ -17,6 +17,9 @@
   findings book concluded, moment by moment (dashboard.storage.findings);
 - ``checkpoints``: folded JobStates at moments of the log (dashboard.history.rewind), so that
   scrubbing backwards starts from the nearest one, also after a restart;
+- ``keyframes``: the page's whole answer for a job (``state?at=``) at moments on a grid
+  (dashboard.history.keyframes), so that scrubbing a big job reads a moment instead of
+  folding one;
 - ``job_owners``: which server process owns a live job (dashboard.storage.owners).
 """
 
@@ -102,6 +105,15 @@ checkpoints = sa.Table(
     sa.Column("last_id", sa.Integer, primary_key=True),  # the state holds events up to this
     sa.Column("at", sa.Float, nullable=False),  # arrival time of that last event
     sa.Column("state", sa.LargeBinary, nullable=False),
+)
+
+# ``GET /api/jobs/<id>/state?at=`` of a job at a moment on a grid, zlib of its JSON
+# (dashboard.history.keyframes), written by the server only (revision 0008).
+keyframes = sa.Table(
+    "keyframes", metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("at", sa.Float, primary_key=True),
+    sa.Column("answer", sa.LargeBinary, nullable=False),
 )
 
 # One job's events of one compaction cell (dashboard.storage.compaction), as

@@ -8,6 +8,7 @@ thread, and exposes the tables by job:
 - ``store.log``: the event log, rows and packs read as one (dashboard.storage.log);
 - ``store.packs``: older events packed by the compactor (dashboard.storage.packs);
 - ``store.checkpoints``: folded states at moments of the log (dashboard.storage.checkpoints);
+- ``store.keyframes``: the page's answers at moments on a grid (dashboard.storage.keyframes);
 - ``store.findings``: each job's findings and its findings book's log
   (dashboard.storage.findings);
 - ``store.owners``: which server process owns a live job (dashboard.storage.owners).
@@ -26,6 +27,7 @@ from dashboard.storage.checkpoints import Checkpoints
 from dashboard.storage.database import make_engine, upgrade
 from dashboard.storage.findings import StoredFindings
 from dashboard.storage.jobs import Jobs, Sessions
+from dashboard.storage.keyframes import StoredKeyframes
 from dashboard.storage.log import EventLog
 from dashboard.storage.owners import JobOwners
 from dashboard.storage.packs import Packs
@@ -46,6 +48,7 @@ class Store:
         self.sessions = Sessions(self.engine)
         self.packs = Packs(self.engine)
         self.checkpoints = Checkpoints(self.engine)
+        self.keyframes = StoredKeyframes(self.engine)
         self.findings = StoredFindings(self.engine)
         self.owners = JobOwners(self.engine)
 

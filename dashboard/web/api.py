@@ -139,6 +139,9 @@ def metrics():
     if parts.guard is not None:
         counters.update({f"login_{k}": v for k, v in parts.guard.counters.items()})
         counters["login_addresses"] = len(parts.guard)
+    frames = ingest.keyframes
+    counters.update(keyframes_made=frames.made, keyframes_skipped=frames.skipped,
+                    keyframes_failed=frames.failed)
     body = exposition(Snapshot(
         ingest.store.jobs.newest(limit=10_000), live_jobs(ingest), counters,
         ingest.store.writer.commits, ingest.store.writer.write_errors, ingest.lag.current(),
@@ -214,9 +217,30 @@ def _state_at(job_id: int, at: float) -> dict[str, Any]:
     return found_or_404(found, job_id)
 
 
+# The most ``within`` may say: a keyframe older than this is a different moment.
+MAX_WITHIN_S = 300.0
+
+
 @api.get("/api/jobs/<int:job_id>/state")
 def api_state(job_id: int):
-    return _state_at(job_id, _moment(job_id, "at"))
+    """The job at moment ``at``; with ``within=S``, the newest stored keyframe in
+    [at - S, at] will do (its ``at`` says which moment it is; dashboard.history.keyframes), and
+    without one the moment is folded."""
+    at = _moment(job_id, "at")
+    raw = request.args.get("within")
+    if raw is None:
+        return _state_at(job_id, at)
+    try:
+        within = float(raw)
+    except ValueError:
+        within = -1.0
+    if not 0 <= within <= MAX_WITHIN_S:
+        raise _BadMoment(f"within must be seconds from 0 to {MAX_WITHIN_S:g}: how far before "
+                         f"at a stored moment may be, e.g. &within=10; got {raw!r:.40}")
+    found = _ingest().keyframes.near(job_id, at, within)
+    if found is None:
+        return _state_at(job_id, at)
+    return current_app.response_class(found, mimetype="application/json")
 
 
 @api.get("/api/jobs/<int:job_id>/compare")

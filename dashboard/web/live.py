@@ -21,8 +21,8 @@ import time
 from typing import Any, Callable
 
 from dashboard.diagnosis import Settings
+from dashboard.diagnosis.book import Book
 from dashboard.diagnosis.incidents import incidents as incidents_of
-from dashboard.diagnosis.timeline import Timeline
 from dashboard.ingest.pipeline import Ingest
 from dashboard.state import JobState
 from dashboard.web import display, snapshots, timeline, views
@@ -99,17 +99,19 @@ def state_at(ingest: Ingest, job_id: int, at: float) -> dict[str, Any] | None:
     received by then folded, judged then, with its findings and incidents as the book had
     them then, the same first/last-seen times live showed (None if the job is unknown).
     Scrubbing forward continues the last fold (dashboard.history.rewind)."""
-    def read(timeline: Timeline) -> dict[str, Any]:
-        state, book = timeline.state, timeline.book_at(at)
-        # ``sections``: what the live feed sends, judged at ``at``; the findings and
-        # incidents of the book then, grouped once, serve both.
-        shown = sections(state, at=at, findings=book.findings(), settings=ingest.settings)
-        return {"at": at, "job": shown["job"], "ranks": shown["ranks"],
-                "groups": shown["groups"], "progress": views.progress_rows(state),
-                "findings": shown["findings"], "incidents": shown["incidents"],
-                "sections": shown}
+    return ingest.replay(job_id, at, lambda timeline: moment(
+        timeline.state, timeline.book_at(at), at, ingest.settings))
 
-    return ingest.replay(job_id, at, read)
+
+def moment(state: JobState, book: Book, at: float, settings: Settings) -> dict[str, Any]:
+    """The ``state?at=`` answer of ``state`` judged at ``at`` with ``book`` as of then: the
+    sections the live feed sends, and the findings and incidents of the book then, grouped
+    once for both. Also what a keyframe stores (dashboard.history.keyframes)."""
+    shown = sections(state, at=at, findings=book.findings(), settings=settings)
+    return {"at": at, "job": shown["job"], "ranks": shown["ranks"],
+            "groups": shown["groups"], "progress": views.progress_rows(state),
+            "findings": shown["findings"], "incidents": shown["incidents"],
+            "sections": shown}
 
 
 def progress_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

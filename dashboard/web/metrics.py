@@ -200,6 +200,14 @@ class _Collector:
         for outcome in ("sent", "retried", "failed", "dropped"):
             notify.add_metric([outcome], s.counters.get(f"notify_{outcome}", 0))
         yield notify
+        frames = CounterMetricFamily("pgdash_keyframes", "The page's answers stored at grid "
+                                     "moments (PGDASH_KEYFRAME_S), by outcome: made, skipped (a "
+                                     "live period whose findings were not judged exactly at its "
+                                     "start: a scrub stores it), failed (not rendered or "
+                                     "stored).", labels=["outcome"])
+        for outcome in ("made", "skipped", "failed"):
+            frames.add_metric([outcome], s.counters.get(f"keyframes_{outcome}", 0))
+        yield frames
         login = CounterMetricFamily("pgdash_login_attempts", "Token attempts on the pages, API "
                                     "and /ui (--token), by outcome: failed (a wrong token or "
                                     "cookie), refused (429: its address is past "

@@ -732,6 +732,43 @@ def _js_number(t: float) -> str:
     return str(int(t)) if float(t).is_integer() else repr(float(t))
 
 
+def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(tmp_path,
+                                                                               watched):
+    """A 256-rank job (a moment costs the server a fold of seconds): while the slider moves,
+    the page asks for the keyframe before each moment (``&within=``, a read) and says which
+    moment it shows; let go, it shows the exact moment where the slider stopped."""
+    from tests.helpers.storedjob import stored_job
+
+    job_id, _, _ = stored_job(tmp_path / "big.sqlite", 256, 60)
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'big.sqlite'}",
+                        log_path=tmp_path / "big-server.log").start()
+    try:
+        page = watched.page
+        asked: list[str] = []
+        page.on("request", lambda r: asked.append(r.url) if "/state?at=" in r.url else None)
+        page.goto(f"{srv.url}/jobs/{job_id}")
+        expect(page.locator("#job-status")).to_have_text("finished", timeout=LIVE_MS)
+        job = srv.api(f"/api/jobs/{job_id}")
+        start, end = job["started_at"], job["ended_at"]
+        slider, shown = page.locator("#replay-at"), page.locator("#job-page")
+        for value in (300, 500):
+            slider.evaluate("(el, v) => { el.value = String(v); "
+                            "el.dispatchEvent(new Event('input')); }", value)
+            at = start + (end - start) * value / 1000
+            keyframe = start + (at - start) // 10 * 10  # the grid's moment before it
+            assert keyframe < at
+            expect(shown).to_have_attribute("data-replayed", _js_number(keyframe))
+            expect(page.locator("#replay-when")).not_to_contain_text("loading")
+        assert asked and all("&within=30" in url for url in asked), asked
+        expect(page.locator("#topology .rk")).to_have_count(256)
+        # Let go: the moment where the slider is, folded.
+        slider.evaluate("el => el.dispatchEvent(new Event('change'))")
+        expect(shown).to_have_attribute("data-replayed", _js_number(at), timeout=LIVE_MS)
+        assert "within" not in asked[-1] and f"at={_js_number(at)}" in asked[-1]
+    finally:
+        srv.stop()
+
+
 def test_a_silent_rank_alone_on_its_host_says_why_nobody_read_it(server, watched):
     """Rank 1 is alone on node-b and never answers: no rank of its host can read it from
     outside, and the card says so beside the py-spy command to run there."""

@@ -22,11 +22,11 @@ def test_db_upgrade_on_postgres_makes_the_schema_with_the_right_types(pg_url):
     try:
         inspector = sa.inspect(engine)
         assert {"jobs", "sessions", "events", "findings", "job_owners", "checkpoints",
-                "event_packs", "book_log", "book_spans",
+                "event_packs", "book_log", "book_spans", "keyframes",
                 "alembic_version"} <= set(inspector.get_table_names())
         types = {t: {c["name"]: type(c["type"]).__name__ for c in inspector.get_columns(t)}
                  for t in ("jobs", "events", "findings", "job_owners", "event_packs",
-                           "book_log", "book_spans")}
+                           "book_log", "book_spans", "keyframes")}
         # Unix seconds need a double: a 4-byte REAL would round them to ~2 minutes.
         assert types["events"]["t"] == types["events"]["received_at"] == "DOUBLE_PRECISION"
         assert types["events"]["body"] == "TEXT"
@@ -39,11 +39,13 @@ def test_db_upgrade_on_postgres_makes_the_schema_with_the_right_types(pg_url):
         assert types["book_log"]["body"] == "BYTEA"
         assert types["jobs"]["exported_at"] == "DOUBLE_PRECISION"  # 0007: the launch's facts
         assert (types["jobs"]["command"], types["jobs"]["attempt"]) == ("VARCHAR", "INTEGER")
+        assert (types["keyframes"]["at"], types["keyframes"]["answer"]) == \
+            ("DOUBLE_PRECISION", "BYTEA")  # 0008
         uniques = {u["name"]: u["column_names"] for u in inspector.get_unique_constraints("events")}
         assert uniques["uq_events_session_seq"] == ["session", "seq"]
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() \
-                == "0007"
+                == "0008"
         # Upgrading again is a no-op, not an error.
         again = subprocess.run([sys.executable, "-m", "dashboard", "db", "upgrade", "--db",
                                 pg_url], capture_output=True, text=True, cwd=ROOT, timeout=120)

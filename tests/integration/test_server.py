@@ -306,3 +306,32 @@ def test_a_big_json_answer_is_gzipped_for_a_client_that_accepts_it(server):
         assert "Content-Encoding" not in headers and isinstance(json.loads(body), (dict, list))
     finally:
         agent.disconnect()
+
+
+def test_state_at_within_answers_the_keyframe_before_the_moment(tmp_path):
+    """``&within=S``: the newest keyframe in [at - S, at], read, not folded: the same answer
+    as the exact moment it is; without one in reach, the moment asked, folded."""
+    from tests.helpers.storedjob import stored_job
+
+    db = tmp_path / "kf.sqlite"
+    job_id, start, end = stored_job(db, 32, 40)
+    srv = ServerProcess(f"sqlite:///{db}").start()
+    try:
+        path = f"/api/jobs/{job_id}/state?at="
+        exact = srv.api(f"{path}{start + 20!r}")
+        near = srv.api(f"{path}{start + 27.5!r}&within=10")
+        assert near["at"] == start + 20 and near == exact
+        assert len(near["ranks"]) == 32
+        # Within 5 s of start + 39.5 there is none (start + 40 is after the moment): folded.
+        folded = srv.api(f"{path}{start + 39.5!r}&within=5")
+        assert folded["at"] == start + 39.5 and folded == srv.api(f"{path}{start + 39.5!r}")
+        import urllib.error
+
+        for bad in ("-1", "301", "nan", "soon", ""):
+            with pytest.raises(urllib.error.HTTPError) as info:
+                srv.api(f"{path}{start + 20!r}&within={bad}")
+            assert info.value.code == 400, bad
+            assert b"within must be seconds from 0 to 300" in info.value.read(), bad
+            info.value.close()
+    finally:
+        srv.stop()

@@ -3,7 +3,10 @@
  * page then shows the server's sections at that moment (GET /api/jobs/<id>/state?at=, the
  * same sections the live feed sends, judged at that moment's event time): ranks, findings,
  * progress, charts, heat map, GPUs, errors. Play advances the moment at 1x-60x. Moments
- * shown are kept (a few), and the second after the one shown is asked ahead.
+ * shown are kept (a few), and the second after the one shown is asked ahead. On a job whose
+ * moments are slow to fold, dragging and Play show the stored keyframes on the way (the
+ * newest at most KEYFRAME_WITHIN_S before the moment: ?within=, a read, not a fold) and the
+ * exact moment where the slider stops.
  * /jobs/<id>?at=<unix seconds> opens the page at that moment; the address follows the slider.
  */
 import { PG } from "../common.js";
@@ -28,6 +31,10 @@ const KEPT_RANKS = 4096;
 const SETTLED_S = 60;
 const AHEAD_AFTER_MS = 400; // resting on a moment this long asks for the next second
 const MARKS_AHEAD_RANKS = 256; // ... and, up to this many ranks, the incidents on either side
+// While the slider moves or plays, a job of this many ranks (a moment costs the server
+// seconds to fold) is shown by its keyframes (stored every PGDASH_KEYFRAME_S, 10 s by default).
+const KEYFRAME_RANKS = 256;
+const KEYFRAME_WITHIN_S = 30;
 
 /** What main.js provides: render(), showError(), refresh(). */
 export const replayHooks = { render: () => {}, showError: () => {}, refresh: async () => {} };
@@ -35,6 +42,7 @@ export const replayHooks = { render: () => {}, showError: () => {}, refresh: asy
 let request = 0; // answers to older requests are dropped
 let inFlight = false;
 let wanted = null; // the newest moment asked (drag, keys) while another was loading
+let wantedNear = false; // ... and whether a keyframe before it will do (the slider moving)
 let marks = []; // moments of the job's incidents (Unix seconds, sorted): Shift+arrows go there
 let playTimer = null;
 let pendingTimer = null;
@@ -156,26 +164,36 @@ function placeSlider(at) {
   if (b) $("replay-at").value = String(Math.round(((at - b[0]) / (b[1] - b[0])) * REPLAY_STEPS));
 }
 
+/** Whether moving the slider shows keyframes (see KEYFRAME_RANKS) rather than exact moments. */
+function byKeyframes() {
+  const ranks = state.job && Array.isArray(state.job.ranks) ? state.job.ranks.length : 0;
+  return ranks >= KEYFRAME_RANKS;
+}
+
 /**
  * The server's answer for moment `at`: kept from before (if settled: see SETTLED_S), on its
- * way already (fetched ahead), or asked now.
+ * way already (fetched ahead), or asked now. With `near`, the newest stored keyframe up to
+ * KEYFRAME_WITHIN_S before `at` will do (its `at` says which moment it is).
  */
-function fetchMoment(at) {
+function fetchMoment(at, near) {
   const have = kept.get(at);
   kept.delete(at); // now the most recently used, or asked again
   if (have && settled(at)) {
     kept.set(at, have);
     return Promise.resolve(have);
   }
-  if (asked.has(at)) return asked.get(at);
-  const answer = PG.fetchJSON("/api/jobs/" + JOB_ID + "/state?at=" + at)
+  const key = near ? "near " + at : at;
+  if (asked.has(key)) return asked.get(key);
+  if (!near && asked.has("near " + at)) return asked.get("near " + at).then(() => fetchMoment(at));
+  const within = near ? "&within=" + KEYFRAME_WITHIN_S : "";
+  const answer = PG.fetchJSON("/api/jobs/" + JOB_ID + "/state?at=" + at + within)
     .then((data) => {
-      kept.set(at, data);
+      kept.set(PG.isNum(data.at) ? data.at : at, data);
       while (kept.size > maxKept()) kept.delete(kept.keys().next().value);
       return data;
     })
-    .finally(() => asked.delete(at));
-  asked.set(at, answer);
+    .finally(() => asked.delete(key));
+  asked.set(key, answer);
   return answer;
 }
 
@@ -222,15 +240,18 @@ function fetchAhead(at) {
   });
 }
 
-/** Show the job at `at` (Unix seconds); a failure is said on the page, nothing else moves. */
-export async function loadReplay(at) {
+/**
+ * Show the job at `at` (Unix seconds), or with `near` at the keyframe before it the server
+ * has (see fetchMoment); a failure is said on the page, nothing else moves.
+ */
+export async function loadReplay(at, near) {
   const ticket = ++request;
   clearTimeout(aheadTimer);
   inFlight = true;
   awaitMoment(at);
   let data;
   try {
-    data = await fetchMoment(at);
+    data = await fetchMoment(at, near);
   } catch (err) {
     if (ticket === request) {
       inFlight = false;
@@ -246,6 +267,7 @@ export async function loadReplay(at) {
   }
   if (ticket !== request) return false;
   momentSettled();
+  if (PG.isNum(data.at)) at = data.at; // a keyframe: the moment it is
   state.replay = { at: at, shown: true };
   showReplayError("");
   PG.setViewAt(at); // "5 s ago" is measured from the moment shown, never from now
@@ -270,13 +292,14 @@ export async function loadReplay(at) {
  * the newest moment asked waits (dragging shows the moments in between as they come,
  * coarse while the server is slow, the exact one where the slider stops).
  */
-function seek(at) {
+function seek(at, near) {
   wanted = at;
+  wantedNear = Boolean(near);
   if (inFlight) return;
   const next = wanted;
   wanted = null;
-  loadReplay(next).finally(() => {
-    if (wanted !== null && !inFlight) seek(wanted);
+  loadReplay(next, wantedNear).finally(() => {
+    if (wanted !== null && !inFlight) seek(wanted, wantedNear);
   });
 }
 
@@ -354,7 +377,7 @@ function play() {
     at = Math.min(bounds()[1], at + (speed * (t - last)) / 1000);
     last = t;
     placeSlider(at);
-    loadReplay(at);
+    loadReplay(at, byKeyframes());
     if (at >= bounds()[1]) pause();
   };
   step();
@@ -397,7 +420,14 @@ export function setupReplay() {
     pause();
     const at = b[0] + ((b[1] - b[0]) * Number(ev.target.value)) / REPLAY_STEPS;
     describe(at);
-    seek(at);
+    seek(at, byKeyframes());
+  });
+  // Let go: the exact moment where it stopped (keyframes were shown on the way).
+  $("replay-at").addEventListener("change", (ev) => {
+    const b = bounds();
+    if (!b || !byKeyframes()) return;
+    const at = b[0] + ((b[1] - b[0]) * Number(ev.target.value)) / REPLAY_STEPS;
+    if (!state.replay || state.replay.at !== at) seek(at, false);
   });
   $("replay-at").addEventListener("keydown", stepKey); // a second a press, not a slider step
   document.addEventListener("keydown", (ev) => {

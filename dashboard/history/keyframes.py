@@ -1,0 +1,174 @@
+"""Keyframes: a job's whole ``state?at=`` answer, stored at every multiple of ``every_s``
+seconds of arrival time, so that dragging the page's slider and playing a big stored job
+read a moment instead of folding one.
+
+A moment that is not stored costs a fold from the nearest checkpoint (dashboard.history.rewind):
+seconds at 1,024 ranks. A keyframe costs a read and a zlib inflate (a 1,024-rank answer is
+~1.7 MB of JSON, ~130 kB stored). ``GET /api/jobs/<id>/state?at=T&within=S`` answers with the
+newest keyframe in [T - S, T] when there is one (its ``at`` says which moment it shows), and
+folds T otherwise; the page asks so while the slider moves or plays, and for the exact moment
+where it stops.
+
+A keyframe at K is made where a fold passes K with the state holding exactly the events that
+arrived by K (what ``state?at=K`` folds), rendered by ``render`` (the page's
+answer: dashboard.web.live.moment) with the book as of K:
+
+- by the live fold, on the writer thread, at the first batch that arrived after K, once the
+  book has judged exactly through K (``live``). Where the book judged past K (the timer ran
+  first) or not up to it (a server behind holds its verdicts back), it is skipped, counted in
+  ``skipped``: rendering costs the writer ~0.1-0.25 s at 1,024 ranks, once per period;
+- by a fold for ``state?at=`` that passes K (``passing``): what live skipped, jobs stored before
+  keyframes, and clustered jobs (their owner folds the log's tail, which makes none).
+
+The JSON is encoded on the folding thread (the answer may share objects with the state that
+the next event changes) and compressed and stored on another. A keyframe keeps the moment as
+it was folded then: compaction later thins the log's detail, not the keyframes. Keyframes
+are never thinned or deleted: ``every_s`` is the disk-for-scrub-speed setting
+(``PGDASH_KEYFRAME_S``; measured in README).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import math
+import queue
+import threading
+import zlib
+from typing import Any, Callable
+
+from dashboard.diagnosis.book import Book
+from dashboard.state import JobState
+from dashboard.storage.store import Store
+from dashboard.storage.writer import WriterStopped
+
+log = logging.getLogger("pgdash.keyframes")
+
+Render = Callable[[JobState, Book, float], dict[str, Any]]
+
+LEVEL = 6  # zlib level: 1,024 ranks, 1.7 MB of JSON -> 132 kB in 15 ms (level 1: 156 kB)
+# Jobs with fewer ranks get none: their moments fold in a tenth of a second or so, and an
+# answer's fixed part would cost them more per rank (8 ranks: ~130 kB per rank-hour).
+MIN_RANKS = 32
+
+
+class Keyframes:
+    """Args:
+        store: the database.
+        every_s: the grid (seconds of arrival time); 0: no keyframes.
+        render: the answer stored for a state and book at a moment; None: no keyframes.
+        min_ranks: jobs with fewer ranks get none.
+    """
+
+    def __init__(self, store: Store, every_s: float = 10.0, render: Render | None = None,
+                 min_ranks: int = MIN_RANKS):
+        self.store, self.every_s, self.render = store, every_s, render
+        self.min_ranks = min_ranks
+        self.made = 0  # rendered (live or by a fold)
+        self.skipped = 0  # live periods whose book was not judged exactly through their start
+        self.failed = 0  # answers that could not be rendered or stored
+        self._lock = threading.Lock()
+        self._moments: dict[int, set[float]] = {}  # by job: moments stored or on their way
+        self._live_period: dict[int, float] = {}  # by job: the period of its last live batch
+        self._compressor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="pgdash-keyframe")
+
+    def wanted(self, state: JobState) -> bool:
+        return bool(self.every_s) and self.render is not None and \
+            len(state.rank_index()) >= self.min_ranks
+
+    def live(self, job_id: int, state: JobState, book: Book | None, now: float) -> None:
+        """Writer thread, states lock held, the moments due before a batch that arrived at
+        ``now`` judged and the batch not folded yet: store the keyframe at the grid moment
+        before ``now``, if this batch is the first after it (the state then holds exactly
+        what arrived by then) and the book has judged exactly through it."""
+        if not self.wanted(state):
+            return
+        # The last grid moment before now (a batch that arrived at a grid moment belongs to
+        # it: state?at= holds what arrived by then).
+        boundary = (math.ceil(now / self.every_s) - 1) * self.every_s
+        previous = self._live_period.get(job_id)
+        self._live_period[job_id] = boundary
+        # Unknown previous period (the first batch since the state was loaded): the state
+        # might hold events after the moment already.
+        if previous is None or boundary <= previous or not state.last_event_id or book is None:
+            return
+        judged = book.judged_through
+        if judged is None or not math.isclose(judged, boundary, rel_tol=0, abs_tol=1e-6):
+            self.skipped += 1
+            return
+        self._take(job_id, boundary, state, book)
+
+    def passing(self, job_id: int, state: JobState, last_at: float,
+                until: float) -> list[float]:
+        """The grid moments from ``last_at`` (when the last event folded into ``state``
+        arrived) to ``until`` (exclusive: the next event's arrival) that have no keyframe
+        yet: the state holds exactly what arrived by each."""
+        every = self.every_s
+        if not every or not math.isfinite(last_at):
+            return []
+        first = math.ceil(last_at / every) * every
+        if first >= until or not self.wanted(state):  # (most events pass none: cheap first)
+            return []
+        known = self._known(job_id)
+        out = []
+        k = first
+        while k < until:
+            if k not in known:
+                out.append(k)
+            k = round(k + every, 6)
+        return out
+
+    def take(self, job_id: int, at: float, state: JobState, book: Book) -> None:
+        """Store the keyframe at ``at`` of ``state`` and ``book`` (exactly those at ``at``),
+        for a moment :meth:`passing` listed."""
+        self._take(job_id, at, state, book)
+
+    def near(self, job_id: int, at: float, within: float) -> bytes | None:
+        """The JSON of the job's newest keyframe in [at - within, at], or None."""
+        found = self.store.keyframes.newest(job_id, at - within, at)
+        if found is None:
+            return None
+        try:
+            return zlib.decompress(found[1])
+        except zlib.error:
+            log.error("pgdash: keyframe of job %s at %s unreadable; folding instead",
+                      job_id, found[0])
+            return None
+
+    def wait_saved(self, timeout: float = 30.0) -> None:
+        """Wait until the keyframes taken so far are queued for the writer."""
+        self._compressor.submit(lambda: None).result(timeout=timeout)
+
+    def _known(self, job_id: int) -> set[float]:
+        with self._lock:
+            known = self._moments.get(job_id)
+            if known is None:
+                known = self._moments[job_id] = self.store.keyframes.moments(job_id)
+            return known
+
+    def _take(self, job_id: int, at: float, state: JobState, book: Book) -> None:
+        known = self._known(job_id)
+        try:
+            raw = json.dumps(self.render(state, book, at), separators=(",", ":")).encode()
+        except Exception:  # a keyframe is an optimisation: the moment is folded instead
+            self.failed += 1
+            if self.failed == 1:  # the rest are counted (PGDASH /metrics)
+                log.exception("pgdash: keyframe of job %s at %s not rendered; scrubbing "
+                              "folds the moments instead", job_id, at)
+            return
+        with self._lock:
+            known.add(at)
+        self.made += 1
+        self._compressor.submit(self._save, job_id, at, raw)
+
+    def _save(self, job_id: int, at: float, raw: bytes) -> None:
+        data = zlib.compress(raw, LEVEL)
+        try:
+            self.store.writer.submit_nowait(
+                lambda conn: self.store.keyframes.save(conn, job_id, at, data))
+        except (queue.Full, WriterStopped):  # overloaded or stopping: a later fold stores it
+            self.failed += 1
+            with self._lock:
+                self._moments.get(job_id, set()).discard(at)

@@ -1,0 +1,145 @@
+"""Keyframes (dashboard.history.keyframes): the page's answer stored at grid moments by the live
+fold and by folds for ``state?at=``, each the same answer a fold of that moment gives."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import pytest
+
+from dashboard.ingest.pipeline import Ingest
+from dashboard.storage.store import Store
+from dashboard.web.live import moment, state_at
+from tests.helpers.simjob import RANKS, T0, _job_events, _store_job
+
+EVERY = 10.0
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(f"sqlite:///{tmp_path / 'db.sqlite'}").start()
+    yield s
+    s.close()
+
+
+def _live_job(ingest: Ingest, clock: list[float], seconds: int, min_ranks: int = RANKS) -> int:
+    """A RANKS-rank job with a hang, sent through the live path a second's batch at a time
+    (keyframes made for it although it is small, unless ``min_ranks`` says otherwise)."""
+    ingest.keyframes.min_ranks = min_ranks
+    sessions = []
+    for r in range(RANKS):
+        session, job_id = ingest.connect({"v": 1, "session": f"kf{r}", "job": "j", "rank": r,
+                                          "host": "h", "pid": 1})
+        sessions.append(session)
+    seq = {s: 0 for s in sessions}
+    by_second: dict[int, list[dict]] = {}
+    for ev in _job_events(seconds, hang=(T0 + 40, T0 + 90)):
+        by_second.setdefault(int(ev["received_at"] - T0), []).append(ev)
+    for second, evs in sorted(by_second.items()):
+        clock[0] = T0 + second + 0.5
+        for ev in evs:
+            session = sessions[int(ev["session"][1:])]
+            seq[session] += 1
+            ack = ingest.batch(session, job_id, {"v": 1, "events": [
+                {"seq": seq[session], "t": ev["t"], "kind": ev["kind"], "body": ev["body"]}]})
+            assert ack["ok"], ack
+    return job_id
+
+
+def _stored(ingest: Ingest, store: Store, job_id: int) -> dict[float, dict]:
+    ingest.keyframes.wait_saved()  # compressed off the folding thread, then queued
+    store.writer.wait_idle()
+    out = {}
+    for at in sorted(store.keyframes.moments(job_id)):
+        out[at] = json.loads(zlib.decompress(store.keyframes.newest(job_id, at, at)[1]))
+    return out
+
+
+def _folded(store: Store, job_id: int, at: float) -> dict:
+    """The answer of a fold of moment ``at`` by a server that makes no keyframes, as the API
+    sends it (JSON)."""
+    fresh = Ingest(store, keyframe_every_s=0).start()
+    return json.loads(json.dumps(state_at(fresh, job_id, at)))
+
+
+def test_the_live_fold_stores_the_answer_of_each_period_start(store):
+    clock = [T0]
+    ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
+                    render_moment=moment).start()
+    job_id = _live_job(ingest, clock, 120)
+    kept = _stored(ingest, store, job_id)
+    # Each batch of the test's arrives at T0 + s + 0.5: every period after the first is
+    # opened by a batch with its book judged exactly through the period's start.
+    assert sorted(kept) == [T0 + k * EVERY for k in range(1, 12)]
+    assert ingest.keyframes.skipped == 0
+    # The hang's verdicts as they stood at each moment (rank 0 stopped at T0 + 40).
+    assert not any(f["active"] for f in kept[T0 + 30]["findings"])
+    assert any(f["active"] and f["ranks"] == [0] for f in kept[T0 + 80]["findings"])
+    for at in (T0 + 10, T0 + 50, T0 + 80, T0 + 110):
+        assert kept[at] == _folded(store, job_id, at), at
+        assert kept[at]["at"] == at
+
+
+def test_a_fold_for_a_moment_stores_the_keyframes_it_passes(store):
+    """Where live made none (a job stored before keyframes, a clustered job), a scrub that
+    folds through grid moments stores them, the same answers the live fold would have."""
+    clock = [T0]
+    quiet = Ingest(store, clock=lambda: clock[0], keyframe_every_s=0).start()
+    job_id = _live_job(quiet, clock, 100)
+    quiet.store.writer.wait_idle()
+    assert store.keyframes.moments(job_id) == set()
+    scrub = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
+                   render_moment=moment).start()
+    scrub.keyframes.min_ranks = RANKS
+    state_at(scrub, job_id, T0 + 65.3)
+    kept = _stored(scrub, store, job_id)
+    # The agents connected at T0: that moment too, and up to the moment asked.
+    assert sorted(kept) == [T0 + k * EVERY for k in range(0, 7)]
+    for at in kept:
+        assert kept[at] == _folded(store, job_id, at), at
+    # Scrubbing on stores the rest once; nothing is stored twice.
+    state_at(scrub, job_id, T0 + 99.0)
+    made = scrub.keyframes.made
+    state_at(scrub, job_id, T0 + 20.0)
+    state_at(scrub, job_id, T0 + 99.0)
+    assert sorted(_stored(scrub, store, job_id)) == [T0 + k * EVERY for k in range(0, 10)]
+    assert scrub.keyframes.made == made
+
+
+def test_near_reads_the_newest_keyframe_within_the_span_and_never_a_later_one(store):
+    clock = [T0]
+    ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
+                    render_moment=moment).start()
+    job_id = _live_job(ingest, clock, 45)
+    _stored(ingest, store, job_id)
+    near = ingest.keyframes.near
+    assert json.loads(near(job_id, T0 + 29.9, 10))["at"] == T0 + 20
+    assert json.loads(near(job_id, T0 + 30.0, 10))["at"] == T0 + 30
+    assert near(job_id, T0 + 9.9, 5) is None  # none in [T0 + 4.9, T0 + 9.9]
+    assert near(job_id, T0 + 39.5, 0) is None  # within 0: only a keyframe at that moment
+    assert near(job_id + 1, T0 + 30, 10) is None  # another job's
+
+
+def test_a_small_job_gets_none(store):
+    """Its moments fold in a fraction of a second; keyframes would cost it more per rank."""
+    clock = [T0]
+    ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
+                    render_moment=moment).start()
+    job_id = _live_job(ingest, clock, 35, min_ranks=RANKS + 1)
+    state_at(ingest, job_id, T0 + 34)
+    assert ingest.keyframes.made == 0 and _stored(ingest, store, job_id) == {}
+
+
+def test_an_answer_that_cannot_be_rendered_costs_the_fold_nothing(store):
+    clock = [T0]
+
+    def broken(*_):
+        raise RuntimeError("boom")
+
+    ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
+                    render_moment=broken).start()
+    job_id = _live_job(ingest, clock, 35)
+    assert ingest.keyframes.failed == 3 and _stored(ingest, store, job_id) == {}
+    stored = list(store.log.events(job_id))
+    assert ingest.state(job_id).last_event_id == stored[-1]["id"]  # every batch was folded
