@@ -22,6 +22,8 @@ A measurement, not a test: exit status 0 whatever the figures. From the reposito
     git worktree add /tmp/scrub-ref 4a3e4b0
     python -m bench.scrub --reference /tmp/scrub-ref        # before/after in one run
     python -m bench.scrub --db job.db --reference /tmp/scrub-ref   # a job bench.storage kept
+    python -m bench.scrub --db new.db --reference /tmp/scrub-ref --reference-db old.db
+        # the same job stored by each checkout (keyframes are stored as the job runs)
 """
 
 from __future__ import annotations
@@ -84,8 +86,12 @@ def measure(browser, server: ServerProcess, args) -> dict:
             lag = t0 + (i + 1) * 0.016 - time.perf_counter()
             if lag > 0:
                 time.sleep(lag)
-        released = page.evaluate("performance.now()")
         moving_s = time.perf_counter() - t0
+        # Let go (a mouse release fires change: a page that showed keyframes on the way asks
+        # for the exact moment now).
+        page.evaluate("() => document.getElementById('replay-at')"
+                      ".dispatchEvent(new Event('change'))")
+        released = page.evaluate("performance.now()")
         target = start + (end - start) * 900 / 1000
         page.wait_for_function(
             f"Math.abs(Number(document.getElementById('job-page').dataset.replayed) - "
@@ -128,6 +134,10 @@ def main() -> int:
     p.add_argument("--ranks", type=int, default=32)
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--reference", type=Path, help="another checkout to compare with")
+    p.add_argument("--reference-db", type=Path,
+                   help="the reference's copy of the job (default: --db), e.g. the same job "
+                        "stored by that checkout: a file a newer pgdash migrated is not "
+                        "one an older one opens")
     p.add_argument("--drag-s", type=float, default=5.0)
     p.add_argument("--speed", type=int, default=10, choices=(1, 5, 10, 30, 60))
     p.add_argument("--play-s", type=int, default=10)
@@ -139,15 +149,15 @@ def main() -> int:
         db = args.db or work / "job.db"
         if not db.exists():
             make_job(db, args.ranks, args.minutes)
-        trees = [("this", ROOT)] + ([("reference", args.reference.resolve())]
-                                    if args.reference else [])
+        trees = [("this", ROOT, db)] + ([("reference", args.reference.resolve(),
+                                          args.reference_db or db)] if args.reference else [])
         rows = []
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             try:
-                for label, root in trees:
+                for label, root, source in trees:
                     copy = work / f"{label}.db"  # scrubs store the checkpoints they pass
-                    shutil.copy(db, copy)
+                    shutil.copy(source, copy)
                     server = ServerProcess(f"sqlite:///{copy}", root=root,
                                            log_path=work / f"server-{label}.log").start()
                     try:

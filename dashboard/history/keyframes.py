@@ -29,6 +29,7 @@ are never thinned or deleted: ``every_s`` is the disk-for-scrub-speed setting
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import json
 import logging
@@ -48,9 +49,12 @@ log = logging.getLogger("pgdash.keyframes")
 Render = Callable[[JobState, Book, float], dict[str, Any]]
 
 LEVEL = 6  # zlib level: 1,024 ranks, 1.7 MB of JSON -> 132 kB in 15 ms (level 1: 156 kB)
-# Jobs with fewer ranks get none: their moments fold in a tenth of a second or so, and an
-# answer's fixed part would cost them more per rank (8 ranks: ~130 kB per rank-hour).
-MIN_RANKS = 32
+# Jobs with fewer ranks get none (the page drags them by exact moments: at 8 ranks one folds
+# in ~50 ms; and an answer's fixed part would cost a small job more per rank: ~130 kB per
+# rank-hour at 8 ranks, ~45 kB at 1,024). static/js/job/replay.js's KEYFRAME_RANKS.
+MIN_RANKS = 128
+# The jobs whose stored moments are remembered (what scrubs pass; read again when needed).
+KNOWN_JOBS = 16
 
 
 class Keyframes:
@@ -69,8 +73,9 @@ class Keyframes:
         self.skipped = 0  # live periods whose book was not judged exactly through their start
         self.failed = 0  # answers that could not be rendered or stored
         self._lock = threading.Lock()
-        self._moments: dict[int, set[float]] = {}  # by job: moments stored or on their way
-        self._live_period: dict[int, float] = {}  # by job: the period of its last live batch
+        # By job, the most recently scrubbed last: moments stored or on their way.
+        self._moments: collections.OrderedDict[int, set[float]] = collections.OrderedDict()
+        self._live_period: dict[int, float] = {}  # by job held: the period of its last batch
         self._compressor = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="pgdash-keyframe")
 
@@ -141,15 +146,21 @@ class Keyframes:
         """Wait until the keyframes taken so far are queued for the writer."""
         self._compressor.submit(lambda: None).result(timeout=timeout)
 
+    def drop(self, job_id: int) -> None:
+        """The job's live state was let go (Ingest's cache): its next batch is a first."""
+        self._live_period.pop(job_id, None)
+
     def _known(self, job_id: int) -> set[float]:
         with self._lock:
             known = self._moments.get(job_id)
             if known is None:
                 known = self._moments[job_id] = self.store.keyframes.moments(job_id)
+                while len(self._moments) > KNOWN_JOBS:
+                    self._moments.popitem(last=False)
+            self._moments.move_to_end(job_id)
             return known
 
     def _take(self, job_id: int, at: float, state: JobState, book: Book) -> None:
-        known = self._known(job_id)
         try:
             raw = json.dumps(self.render(state, book, at), separators=(",", ":")).encode()
         except Exception:  # a keyframe is an optimisation: the moment is folded instead
@@ -158,8 +169,10 @@ class Keyframes:
                 log.exception("pgdash: keyframe of job %s at %s not rendered; scrubbing "
                               "folds the moments instead", job_id, at)
             return
-        with self._lock:
-            known.add(at)
+        with self._lock:  # (live: once per period by itself, so only where a scrub remembers)
+            known = self._moments.get(job_id)
+            if known is not None:
+                known.add(at)
         self.made += 1
         self._compressor.submit(self._save, job_id, at, raw)
 

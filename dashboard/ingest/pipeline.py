@@ -118,7 +118,7 @@ class Ingest:
         self.books = LiveBooks(store, settings, lambda: self.clock(), self.judged_at,
                                listeners(self.asks.on_incident, on_incident), self.counters,
                                self.changed.job)
-        self.cache = StateCache(store, self._load, max_cached_jobs, evicted=self.books.drop)
+        self.cache = StateCache(store, self._load, max_cached_jobs, evicted=self._evicted)
         self.admission = Admission(store, token, lambda: self.clock(), self.counters,
                                    self.state, lambda job_id, state:
                                    (self.cache.add(job_id, state), self.changed.jobs_list.set()),
@@ -193,6 +193,11 @@ class Ingest:
         # lock), so the load stops there.
         upto = self.cluster.tail.cursor if self.cluster else None
         return self.books.load(job_id, name, self.store.log.events(job_id, upto=upto))
+
+    def _evicted(self, job_id: int) -> None:
+        """A job's state let go from memory: so are its book and its live keyframe period."""
+        self.books.drop(job_id)
+        self.keyframes.drop(job_id)
 
     def judged_at(self) -> float:
         """The moment live verdicts are judged up to (dashboard.ingest.lag.IngestLag.judged_at)."""

@@ -102,3 +102,27 @@ def insert_old_job(conn) -> None:
 
 # Every cell older than a minute packed, nothing thinned: the whole log at full resolution.
 FULL = Policy(keep_full_s=3600, pack_after_s=60)
+
+
+def _send_live(ingest, clock: list[float], events: list[dict], job: str) -> int:
+    """``events`` (of :func:`_job_events`) sent through the live path as RANKS agents of
+    job ``job``, a second's events at a time, ``clock[0]`` at half past each second; the
+    job's id."""
+    sessions = []
+    for r in range(RANKS):
+        session, job_id = ingest.connect({"v": 1, "session": f"{job}{r}", "job": job,
+                                          "rank": r, "host": "h", "pid": 1})
+        sessions.append(session)
+    seq = {s: 0 for s in sessions}
+    by_second: dict[int, list[dict]] = {}
+    for ev in events:
+        by_second.setdefault(int(ev["received_at"] - T0), []).append(ev)
+    for second, evs in sorted(by_second.items()):
+        clock[0] = T0 + second + 0.5
+        for ev in evs:
+            session = sessions[int(ev["session"][1:])]
+            seq[session] += 1
+            ack = ingest.batch(session, job_id, {"v": 1, "events": [
+                {"seq": seq[session], "t": ev["t"], "kind": ev["kind"], "body": ev["body"]}]})
+            assert ack["ok"], ack
+    return job_id

@@ -314,14 +314,14 @@ def test_state_at_within_answers_the_keyframe_before_the_moment(tmp_path):
     from tests.helpers.storedjob import stored_job
 
     db = tmp_path / "kf.sqlite"
-    job_id, start, end = stored_job(db, 32, 40)
+    job_id, start, end = stored_job(db, 128, 40)
     srv = ServerProcess(f"sqlite:///{db}").start()
     try:
         path = f"/api/jobs/{job_id}/state?at="
         exact = srv.api(f"{path}{start + 20!r}")
         near = srv.api(f"{path}{start + 27.5!r}&within=10")
         assert near["at"] == start + 20 and near == exact
-        assert len(near["ranks"]) == 32
+        assert len(near["ranks"]) == 128
         # Within 5 s of start + 39.5 there is none (start + 40 is after the moment): folded.
         folded = srv.api(f"{path}{start + 39.5!r}&within=5")
         assert folded["at"] == start + 39.5 and folded == srv.api(f"{path}{start + 39.5!r}")

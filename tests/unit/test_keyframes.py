@@ -11,7 +11,7 @@ import pytest
 from dashboard.ingest.pipeline import Ingest
 from dashboard.storage.store import Store
 from dashboard.web.live import moment, state_at
-from tests.helpers.simjob import RANKS, T0, _job_events, _store_job
+from tests.helpers.simjob import RANKS, T0, _job_events, _send_live
 
 EVERY = 10.0
 
@@ -27,24 +27,7 @@ def _live_job(ingest: Ingest, clock: list[float], seconds: int, min_ranks: int =
     """A RANKS-rank job with a hang, sent through the live path a second's batch at a time
     (keyframes made for it although it is small, unless ``min_ranks`` says otherwise)."""
     ingest.keyframes.min_ranks = min_ranks
-    sessions = []
-    for r in range(RANKS):
-        session, job_id = ingest.connect({"v": 1, "session": f"kf{r}", "job": "j", "rank": r,
-                                          "host": "h", "pid": 1})
-        sessions.append(session)
-    seq = {s: 0 for s in sessions}
-    by_second: dict[int, list[dict]] = {}
-    for ev in _job_events(seconds, hang=(T0 + 40, T0 + 90)):
-        by_second.setdefault(int(ev["received_at"] - T0), []).append(ev)
-    for second, evs in sorted(by_second.items()):
-        clock[0] = T0 + second + 0.5
-        for ev in evs:
-            session = sessions[int(ev["session"][1:])]
-            seq[session] += 1
-            ack = ingest.batch(session, job_id, {"v": 1, "events": [
-                {"seq": seq[session], "t": ev["t"], "kind": ev["kind"], "body": ev["body"]}]})
-            assert ack["ok"], ack
-    return job_id
+    return _send_live(ingest, clock, _job_events(seconds, hang=(T0 + 40, T0 + 90)), "kf")
 
 
 def _stored(ingest: Ingest, store: Store, job_id: int) -> dict[float, dict]:

@@ -19,7 +19,8 @@ from dashboard.state import JobState
 from dashboard.storage.database import upgrade
 from dashboard.storage.store import Store
 from dashboard.web import views
-from tests.helpers.simjob import RANKS, T0, _fold, _job_events, _store_job, _views, insert_old_job
+from tests.helpers.simjob import (RANKS, T0, _fold, _job_events, _send_live, _store_job, _views,
+                                  insert_old_job)
 
 
 def _compacted(events: list[dict], updates: dict, deletes: list[int]) -> list[dict]:
@@ -264,23 +265,7 @@ def test_the_live_fold_stores_checkpoints_as_the_job_runs(store):
     clock = [T0]
     ingest = Ingest(store, clock=lambda: clock[0]).start()
     ingest.rewind.persist_every_s = 60.0
-    sessions = []
-    for r in range(RANKS):
-        session, job_id = ingest.connect({"v": 1, "session": f"live{r}", "job": "live",
-                                          "rank": r, "host": "h", "pid": 1})
-        sessions.append(session)
-    seq = {s: 0 for s in sessions}
-    by_second = {}
-    for ev in _job_events(400):
-        by_second.setdefault(int(ev["received_at"] - T0), []).append(ev)
-    for second, evs in sorted(by_second.items()):
-        clock[0] = T0 + second + 0.5
-        for ev in evs:
-            session = sessions[int(ev["session"][1:])]
-            seq[session] += 1
-            ack = ingest.batch(session, job_id, {"v": 1, "events": [
-                {"seq": seq[session], "t": ev["t"], "kind": ev["kind"], "body": ev["body"]}]})
-            assert ack["ok"], ack
+    job_id = _send_live(ingest, clock, _job_events(400), "live")
     ingest.rewind.wait_saved()  # compressed off the writer thread, then queued
     store.writer.wait_idle()
     assert ingest.rewind.checkpoints_saved >= 5

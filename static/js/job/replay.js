@@ -31,9 +31,10 @@ const KEPT_RANKS = 4096;
 const SETTLED_S = 60;
 const AHEAD_AFTER_MS = 400; // resting on a moment this long asks for the next second
 const MARKS_AHEAD_RANKS = 256; // ... and, up to this many ranks, the incidents on either side
-// While the slider moves or plays, a job of this many ranks (a moment costs the server
-// seconds to fold) is shown by its keyframes (stored every PGDASH_KEYFRAME_S, 10 s by default).
-const KEYFRAME_RANKS = 256;
+// While the slider moves or plays, a job of this many ranks (a moment costs the server up to
+// seconds to fold) is shown by its keyframes: the server stores them every PGDASH_KEYFRAME_S
+// (10 s by default) for jobs this big (dashboard/history/keyframes.py's MIN_RANKS).
+const KEYFRAME_RANKS = 128;
 const KEYFRAME_WITHIN_S = 30;
 
 /** What main.js provides: render(), showError(), refresh(). */
