@@ -13,10 +13,11 @@ A keyframe at K is made where a fold passes K with the state holding exactly the
 arrived by K (what ``state?at=K`` folds), rendered by ``render`` (the page's
 answer: dashboard.web.live.moment) with the book as of K:
 
-- by the live fold, on the writer thread, at the first batch that arrived after K, once the
-  book has judged exactly through K (``live``). Where the book judged past K (the timer ran
-  first) or not up to it (a server behind holds its verdicts back), it is skipped, counted in
-  ``skipped``: rendering costs the writer ~0.1-0.25 s at 1,024 ranks, once per period;
+- by the live fold, on the writer thread, at the first batch that arrived after K, with
+  the live book (``live``): judged through K, or less far when the server is behind its
+  agents and holds its verdicts back (the keyframe then shows them as the page did). Where
+  the book judged past K (the timer ran first) it is skipped, counted in ``skipped``.
+  Rendering costs the writer ~0.1-0.25 s at 1,024 ranks, once per period;
 - by a fold for ``state?at=`` that passes K (``passing``): what live skipped, jobs stored before
   keyframes, and clustered jobs (their owner folds the log's tail, which makes none).
 
@@ -70,7 +71,7 @@ class Keyframes:
         self.store, self.every_s, self.render = store, every_s, render
         self.min_ranks = min_ranks
         self.made = 0  # rendered (live or by a fold)
-        self.skipped = 0  # live periods whose book was not judged exactly through their start
+        self.skipped = 0  # live periods whose book had judged past their start
         self.failed = 0  # answers that could not be rendered or stored
         self._lock = threading.Lock()
         # By job, the most recently scrubbed last: moments stored or on their way.
@@ -87,7 +88,7 @@ class Keyframes:
         """Writer thread, states lock held, the moments due before a batch that arrived at
         ``now`` judged and the batch not folded yet: store the keyframe at the grid moment
         before ``now``, if this batch is the first after it (the state then holds exactly
-        what arrived by then) and the book has judged exactly through it."""
+        what arrived by then) and the book has judged nothing after it."""
         if not self.wanted(state):
             return
         # The last grid moment before now (a batch that arrived at a grid moment belongs to
@@ -99,8 +100,11 @@ class Keyframes:
         # might hold events after the moment already.
         if previous is None or boundary <= previous or not state.last_event_id or book is None:
             return
+        # A book judged past the moment (the timer ran first) has verdicts from after it. One
+        # not judged up to it is a server behind, holding its verdicts back: the keyframe
+        # keeps them as the page showed them then (a replay may judge those seconds later).
         judged = book.judged_through
-        if judged is None or not math.isclose(judged, boundary, rel_tol=0, abs_tol=1e-6):
+        if judged is None or judged > boundary + 1e-6:
             self.skipped += 1
             return
         self._take(job_id, boundary, state, book)

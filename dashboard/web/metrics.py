@@ -202,8 +202,8 @@ class _Collector:
         yield notify
         frames = CounterMetricFamily("pgdash_keyframes", "The page's answers stored at grid "
                                      "moments (PGDASH_KEYFRAME_S), by outcome: made, skipped (a "
-                                     "live period whose findings were not judged exactly at its "
-                                     "start: a scrub stores it), failed (not rendered or "
+                                     "live period whose findings were judged past its start: a "
+                                     "scrub stores it), failed (not rendered or "
                                      "stored).", labels=["outcome"])
         for outcome in ("made", "skipped", "failed"):
             frames.add_metric([outcome], s.counters.get(f"keyframes_{outcome}", 0))

@@ -761,8 +761,22 @@ def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(t
             expect(page.locator("#replay-when")).not_to_contain_text("loading")
         assert asked and all("&within=30" in url for url in asked), asked
         expect(page.locator("#topology .rk")).to_have_count(256)
-        # Let go: the moment where the slider is, folded.
+        # Let go: the moment where the slider is, folded. While it comes, the keyframe stays
+        # on screen undimmed, and the label says which moment is shown and which is coming.
+        held: list = []
+        page.route(re.compile(r"/state\?at=[0-9.]+$"), lambda route: held.append(route))
         slider.evaluate("el => el.dispatchEvent(new Event('change'))")
+        for _ in range(50):  # route handlers run while Playwright has the thread
+            if held:
+                break
+            page.wait_for_timeout(200)
+        assert held, "the exact moment was not asked"
+        page.wait_for_timeout(600)  # past the page's 300 ms before it says "loading"
+        expect(page.locator("#replay-when")).to_contain_text("loading")
+        expect(page.locator("#replay-when")).to_contain_text("showing")
+        expect(shown).not_to_have_class(re.compile(r"\breplay-pending\b"))
+        held[0].continue_()
+        page.unroute(re.compile(r"/state\?at=[0-9.]+$"))
         expect(shown).to_have_attribute("data-replayed", _js_number(at), timeout=LIVE_MS)
         assert "within" not in asked[-1] and f"at={_js_number(at)}" in asked[-1]
     finally:

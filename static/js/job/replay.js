@@ -145,11 +145,15 @@ function describe(at, pending) {
   $("replay-when").classList.add("replaying");
 }
 
-/** `at` is asked for: if it is slow to come, say that the page still shows another moment. */
+/**
+ * `at` is asked for: if it is slow to come, say that the page still shows another moment, and
+ * dim it, unless it is the keyframe just before `at` (a moment as true as any, seconds off).
+ */
 function awaitMoment(at) {
   clearTimeout(pendingTimer);
   pendingTimer = setTimeout(() => {
-    page.classList.add("replay-pending");
+    const shown = state.replay && state.replay.shown ? at - state.replay.at : Infinity;
+    if (!(byKeyframes() && shown >= 0 && shown <= KEYFRAME_WITHIN_S)) page.classList.add("replay-pending");
     describe(at, true);
   }, PENDING_AFTER_MS);
 }
