@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 from dashboard.statuses import RankStatus
 
+ENDED = (RankStatus.EXITED, RankStatus.FAILED)  # a rank whose exit the server has folded
+
 MAX_REQUESTS = 32  # requests remembered per job (the answers are in the log regardless)
 MAX_JOBS = 256  # jobs whose requests are remembered, the most recently asked
 MIN_INTERVAL_S = 1.0  # between two requests of one job that ask the same rank
@@ -53,7 +55,7 @@ class Request:
     asked_at: float
     reason: str
     asked: list[int]  # ranks whose agent was sent the question
-    not_connected: list[int]  # ranks asked for whose agent holds no connection here
+    not_connected: list[int]  # ranks not asked: no connection here, or their exit folded
     native: bool = False  # native frames asked for too (py-spy: it pauses each rank briefly)
     relayed: list[int] = dataclasses.field(default_factory=list)  # of asked: through Redis
     # session -> rank, of the ranks asked on a connection this process holds
@@ -139,8 +141,8 @@ class Asks:
                 ``force``, which the server's own requests with an incident use).
         """
         try:
-            sessions = self.read(job_id, lambda state: {
-                rank: r.session for rank, r in state.rank_index().items()},
+            found = self.read(job_id, lambda state: {
+                rank: (r.session, r.status) for rank, r in state.rank_index().items()},
                 timeout=READ_WAIT_S)
         except TimeoutError:
             # A server far behind its agents holds the job's state for long stretches (it
@@ -148,8 +150,12 @@ class Asks:
             self.counters["snapshot_requests_busy"] += 1
             raise Busy(f"the server is catching up with this job's agents (its state was not "
                        f"free for {READ_WAIT_S:g} s): ask again in a few seconds") from None
-        if sessions is None:
+        if found is None:
             return None
+        sessions = {rank: session for rank, (session, _) in found.items()}
+        # A rank whose exit is folded is not asked (its connection may outlive it a moment):
+        # the answer shows it as gone, with its last stack.
+        ended = {rank for rank, (_, status) in found.items() if status in ENDED}
         lag = self.lag()
         if not force and lag > MAX_AUTO_LAG_S and len(ranks if ranks is not None
                                                       else sessions) > MAX_RANKS_WHEN_BEHIND:
@@ -165,7 +171,7 @@ class Asks:
                                    f": its ranks are 0-{max(sessions)}" if sessions else
                                    f"job {job_id} has no ranks yet")
             sessions = {rank: sessions[rank] for rank in ranks}
-        return self._send(job_id, sessions, reason, force, native)
+        return self._send(job_id, sessions, reason, force, native, ended)
 
     def on_incident(self, event: str, job: dict[str, Any], incident: dict[str, Any]) -> None:
         """An ``on_incident`` listener: when an incident opens, snapshot its blamed ranks and
@@ -191,7 +197,7 @@ class Asks:
             self.request(job["id"], blamed + others, f"incident {incident['id']}", force=True)
 
     def _send(self, job_id: int, sessions: dict[int, str], reason: str,
-              force: bool, native: bool = False) -> Request:
+              force: bool, native: bool = False, ended: set[int] = frozenset()) -> Request:
         now = self.clock()
         with self._lock:
             if not force and sessions and all(
@@ -204,7 +210,7 @@ class Asks:
             sends, elsewhere = [], []
             for rank, session in sorted(sessions.items()):
                 send = self._links.get(session)
-                if send is None and self.relay is None:
+                if (send is None and self.relay is None) or rank in ended:
                     request.not_connected.append(rank)
                     continue
                 request.asked.append(rank)

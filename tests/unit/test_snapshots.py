@@ -128,6 +128,23 @@ def test_a_request_asks_each_connected_rank_once_and_remembers_who_was_not():
     assert [r.reason for r in asks.requests(1)] == ["asked by a test", "again, later"][::-1]
 
 
+def test_a_rank_whose_exit_is_folded_is_not_asked_and_reads_as_gone_with_its_last_stack():
+    """Its connection may outlive it a moment (the demo's kill snapshot asked four dead ranks,
+    each then 'asked, silent'): it is not asked, and reads as ended, not as blocked."""
+    log = running(3)
+    log.add("s1", "stack", {"group": "0", "op": "all_reduce", "seq": 5, "waited_s": 3.0,
+                            "stack": "File \"train.py\", line 9, in step"}, t=104.0)
+    log.add("s1", "exit", {"clean": False, "code": 1, "error": "boom"}, t=105.0)
+    asks, sent, clock, state = _asks(log=log)  # every rank's connection still linked
+    made = asks.request(1, None, "asked by a test")
+    assert (made.asked, made.not_connected) == ([0, 2], [1])
+    assert sent[1] == []
+    row = views.request_view(state, made, clock.t + ANSWER_WAIT_S + 1)["ranks"]["1"]
+    assert (row["status"], row["rank_status"], row["exit_at"]) == ("not connected", "failed",
+                                                                   105.0)
+    assert "train.py" in row["last_stack"]["stack"]
+
+
 def test_an_incident_snapshots_its_blamed_ranks_and_a_few_victims_at_once():
     asks, sent, _, _ = _asks(world=6)
     asks.request(1, [4], "asked by a user")  # a moment ago: the incident's request is forced
