@@ -107,7 +107,7 @@ class Keyframes:
         if judged is None or judged > boundary + 1e-6:
             self.skipped += 1
             return
-        self._take(job_id, boundary, state, book)
+        self.take(job_id, boundary, state, book)
 
     def passing(self, job_id: int, state: JobState, last_at: float,
                 until: float) -> list[float]:
@@ -128,11 +128,6 @@ class Keyframes:
                 out.append(k)
             k = round(k + every, 6)
         return out
-
-    def take(self, job_id: int, at: float, state: JobState, book: Book) -> None:
-        """Store the keyframe at ``at`` of ``state`` and ``book`` (exactly those at ``at``),
-        for a moment :meth:`passing` listed."""
-        self._take(job_id, at, state, book)
 
     def near(self, job_id: int, at: float, within: float) -> bytes | None:
         """The JSON of the job's newest keyframe in [at - within, at], or None."""
@@ -164,7 +159,9 @@ class Keyframes:
             self._moments.move_to_end(job_id)
             return known
 
-    def _take(self, job_id: int, at: float, state: JobState, book: Book) -> None:
+    def take(self, job_id: int, at: float, state: JobState, book: Book) -> None:
+        """Store the keyframe at ``at`` of ``state`` and ``book`` (exactly those at ``at``:
+        the live fold's, or a moment :meth:`passing` listed)."""
         try:
             raw = json.dumps(self.render(state, book, at), separators=(",", ":")).encode()
         except Exception:  # a keyframe is an optimisation: the moment is folded instead
