@@ -13,10 +13,11 @@ A keyframe at K is made where a fold passes K with the state holding exactly the
 arrived by K (what ``state?at=K`` folds), rendered by ``render`` (the page's
 answer: dashboard.web.live.moment) with the book as of K:
 
-- by the live fold, on the writer thread, at the first batch that arrived after K, with
-  the live book (``live``): judged through K, or less far when the server is behind its
-  agents and holds its verdicts back (the keyframe then shows them as the page did). Where
-  the book judged past K (the timer ran first) it is skipped, counted in ``skipped``.
+- by the live fold, on the writer thread, at the first batch that arrived after K (``opened``,
+  ``live``): the live book is judged through K first (the moments the batch would have had
+  judged anyway), or less far when the server is behind its agents and holds its verdicts
+  back (the keyframe then shows them as the page did). Where the book had judged past K
+  already (the timer ran first) it is skipped, counted in ``skipped``.
   Rendering costs the writer ~0.1-0.25 s at 1,024 ranks, once per period;
 - by a fold for ``state?at=`` that passes K (``passing``): what live skipped, jobs stored before
   keyframes, and clustered jobs (their owner folds the log's tail, which makes none).
@@ -84,13 +85,13 @@ class Keyframes:
         return bool(self.every_s) and self.render is not None and \
             len(state.rank_index()) >= self.min_ranks
 
-    def live(self, job_id: int, state: JobState, book: Book | None, now: float) -> None:
-        """Writer thread, states lock held, the moments due before a batch that arrived at
-        ``now`` judged and the batch not folded yet: store the keyframe at the grid moment
-        before ``now``, if this batch is the first after it (the state then holds exactly
-        what arrived by then) and the book has judged nothing after it."""
+    def opened(self, job_id: int, state: JobState, now: float) -> float | None:
+        """Writer thread, states lock held, before a batch that arrived at ``now`` is folded:
+        the grid moment before ``now`` if this batch is the first after it (the state then
+        holds exactly what arrived by then), else None. The caller judges the book through
+        that moment and passes both to :meth:`live`."""
         if not self.wanted(state):
-            return
+            return None
         # The last grid moment before now (a batch that arrived at a grid moment belongs to
         # it: state?at= holds what arrived by then).
         boundary = (math.ceil(now / self.every_s) - 1) * self.every_s
@@ -98,16 +99,20 @@ class Keyframes:
         self._live_period[job_id] = boundary
         # Unknown previous period (the first batch since the state was loaded): the state
         # might hold events after the moment already.
-        if previous is None or boundary <= previous or not state.last_event_id or book is None:
-            return
-        # A book judged past the moment (the timer ran first) has verdicts from after it. One
-        # not judged up to it is a server behind, holding its verdicts back: the keyframe
-        # keeps them as the page showed them then (a replay may judge those seconds later).
-        judged = book.judged_through
-        if judged is None or judged > boundary + 1e-6:
+        if previous is None or boundary <= previous or not state.last_event_id:
+            return None
+        return boundary
+
+    def live(self, job_id: int, state: JobState, book: Book | None, at: float) -> None:
+        """Store the keyframe at the moment :meth:`opened` gave, with the live book judged up
+        to it. A book judged past it (the timer ran first) has verdicts from after it: none.
+        One not judged up to it is a server behind, holding its verdicts back: the keyframe
+        keeps them as the page showed them then (a replay may judge those seconds later)."""
+        judged = None if book is None else book.judged_through
+        if judged is None or judged > at + 1e-6:
             self.skipped += 1
             return
-        self.take(job_id, boundary, state, book)
+        self.take(job_id, at, state, book)
 
     def passing(self, job_id: int, state: JobState, last_at: float,
                 until: float) -> list[float]:

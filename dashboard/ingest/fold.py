@@ -81,10 +81,13 @@ class LiveFold:
                 # the others' news is late too: the moments it spans wait (dashboard.ingest.lag).
                 newest = newest_sent(fresh)
                 late = 0.0 if newest is None else self.lag.lateness(session, newest, now)
-                self.books.before_fold(conn, job_id, state, now,
-                                       late if late > LAG_WARN_S else 0.0)
-                # The page's answer at the period's start, when this batch opens one.
-                self.keyframes.live(job_id, state, self.books.held(job_id), now)
+                late = late if late > LAG_WARN_S else 0.0
+                keyframe = self.keyframes.opened(job_id, state, now)
+                if keyframe is not None:  # the page's answer at the moment this batch is after
+                    self.books.before_fold(conn, job_id, state,
+                                           math.nextafter(keyframe, math.inf), late)
+                    self.keyframes.live(job_id, state, self.books.held(job_id), keyframe)
+                self.books.before_fold(conn, job_id, state, now, late)
                 for event_id, ev in zip(ids, fresh):
                     stored: StoredEvent = {"id": event_id, "session": session,
                                            "seq": ev.get("seq"), "t": ev["t"],

@@ -779,6 +779,17 @@ def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(t
         page.unroute(re.compile(r"/state\?at=[0-9.]+$"))
         expect(shown).to_have_attribute("data-replayed", _js_number(at), timeout=LIVE_MS)
         assert "within" not in asked[-1] and f"at={_js_number(at)}" in asked[-1]
+        # Play at 10x: keyframes too (each tick moves 5 s); at 1x the exact moments.
+        for speed, near in (("10", True), ("1", False)):
+            page.select_option("#replay-speed", speed)
+            del asked[:]
+            page.click("#replay-play")
+            for _ in range(50):
+                if len(asked) >= 2:
+                    break
+                page.wait_for_timeout(200)
+            page.click("#replay-play")  # pause
+            assert len(asked) >= 2 and all(("&within=" in url) == near for url in asked), asked
     finally:
         srv.stop()
 

@@ -36,6 +36,9 @@ const MARKS_AHEAD_RANKS = 256; // ... and, up to this many ranks, the incidents 
 // (10 s by default) for jobs this big (dashboard/history/keyframes.py's MIN_RANKS).
 const KEYFRAME_RANKS = 128;
 const KEYFRAME_WITHIN_S = 30;
+// Play shows keyframes when each tick moves this far (10x and faster): a slower one steps
+// the exact moments forward, each a short fold on from the last (the server keeps its place).
+const KEYFRAME_PLAY_STEP_S = 5;
 
 /** What main.js provides: render(), showError(), refresh(). */
 export const replayHooks = { render: () => {}, showError: () => {}, refresh: async () => {} };
@@ -382,7 +385,7 @@ function play() {
     at = Math.min(bounds()[1], at + (speed * (t - last)) / 1000);
     last = t;
     placeSlider(at);
-    loadReplay(at, byKeyframes());
+    loadReplay(at, byKeyframes() && (speed * PLAY_TICK_MS) / 1000 >= KEYFRAME_PLAY_STEP_S);
     if (at >= bounds()[1]) pause();
   };
   step();
