@@ -104,9 +104,10 @@ def insert_old_job(conn) -> None:
 FULL = Policy(keep_full_s=3600, pack_after_s=60)
 
 
-def _send_live(ingest, clock: list[float], events: list[dict], job: str) -> int:
+def _send_live(ingest, clock: list[float], events: list[dict], job: str,
+               offset: float = 0.5) -> int:
     """``events`` (of :func:`_job_events`) sent through the live path as RANKS agents of
-    job ``job``, a second's events at a time, ``clock[0]`` at half past each second; the
+    job ``job``, a second's events at a time, ``clock[0]`` ``offset`` past each second; the
     job's id."""
     sessions = []
     for r in range(RANKS):
@@ -118,7 +119,7 @@ def _send_live(ingest, clock: list[float], events: list[dict], job: str) -> int:
     for ev in events:
         by_second.setdefault(int(ev["received_at"] - T0), []).append(ev)
     for second, evs in sorted(by_second.items()):
-        clock[0] = T0 + second + 0.5
+        clock[0] = T0 + second + offset
         for ev in evs:
             session = sessions[int(ev["session"][1:])]
             seq[session] += 1
