@@ -54,6 +54,7 @@ DEFAULTS = {
     "CHECKPOINT_KEEP_S": Policy.checkpoint_keep_s,  # old checkpoints: one per this; 0: all
     "CHECKPOINT_S": 300.0,  # a stored JobState every this many seconds of the log
     "KEYFRAME_S": 10.0,  # the page's answer stored every this many seconds (history.keyframes)
+    "KEYFRAME_KEEP_S": Policy.keyframe_keep_s,  # old keyframes: those at multiples of this
 }
 
 __all__ = ["DEFAULTS", "DEFAULT_DB", "DEFAULT_HOST", "DEFAULT_PORT", "DIAGNOSE_EVERY_S"]

@@ -24,9 +24,10 @@ answer: dashboard.web.live.moment) with the book as of K:
 
 The JSON is encoded on the folding thread (the answer may share objects with the state that
 the next event changes) and compressed and stored on another. A keyframe keeps the moment as
-it was folded then: compaction later thins the log's detail, not the keyframes. Keyframes
-are never thinned or deleted: ``every_s`` is the disk-for-scrub-speed setting
-(``PGDASH_KEYFRAME_S``; measured in README).
+it was folded then: compaction later thins the log's detail, not the keyframes; beyond its
+window and away from findings it keeps only those at multiples of ``PGDASH_KEYFRAME_KEEP_S``
+(30 s), which a scrub does not store again. ``every_s`` is the disk-for-scrub-speed setting
+(``PGDASH_KEYFRAME_S``; measured in docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -125,11 +126,11 @@ class Keyframes:
         first = math.ceil(last_at / every) * every
         if first >= until or not self.wanted(state):  # (most events pass none: cheap first)
             return []
-        known = self._known(job_id)
+        known, wanted = self._known(job_id), self.store.keyframes.wanted
         out = []
         k = first
         while k < until:
-            if k not in known:
+            if k not in known and wanted(job_id, k):  # (not one compaction removed)
                 out.append(k)
             k = round(k + every, 6)
         return out

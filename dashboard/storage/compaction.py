@@ -31,7 +31,8 @@ together, which is where the bytes go: ranks send near-identical bodies). A cell
 the window is packed whole; once it leaves the window it is packed again, thinned as above
 (once). Each session's newest event, and its newest with a seq, stay rows
 (dashboard.storage.store). Stored checkpoints beyond the window and away from findings are thinned
-to one per ``checkpoint_keep_s``.
+to one per ``checkpoint_keep_s``, keyframes (dashboard.history.keyframes) to those at multiples of
+``keyframe_keep_s``.
 
 The :class:`Compactor` runs on its own thread: it reads with the store's pooled
 connections, encodes packs there, and writes each batch of cells as one task on the store's
@@ -69,6 +70,9 @@ class Policy:
     every_s: float = 30.0  # PGDASH_COMPACT_EVERY_S: how often the compactor looks
     pack_after_s: float = 60.0  # PGDASH_PACK_AFTER_S: a cell this old becomes a pack; 0: never
     checkpoint_keep_s: float = 1800.0  # PGDASH_CHECKPOINT_KEEP_S: old checkpoints, one per
+    # PGDASH_KEYFRAME_KEEP_S: old keyframes, those at multiples of this; 0: all. At most the
+    # 30 s before a moment the page takes a keyframe from (static/js/job/replay.js).
+    keyframe_keep_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.cell_s <= 0 or self.every_s <= 0:
@@ -81,6 +85,10 @@ class Policy:
         if self.checkpoint_keep_s < 0:
             raise ValueError(f"PGDASH_CHECKPOINT_KEEP_S is {self.checkpoint_keep_s:g} s: it "
                              "must be 0 (keep every stored checkpoint) or more seconds")
+        if not 0 <= self.keyframe_keep_s <= 30:
+            raise ValueError(f"PGDASH_KEYFRAME_KEEP_S is {self.keyframe_keep_s:g} s: it must "
+                             "be 0 (keep every keyframe) or up to 30 seconds (the page shows "
+                             "a keyframe at most 30 s before the moment it asks for)")
         if self.keep_full_s and self.keep_full_s < max(180.0, 2 * self.cell_s):
             # The fold's windows (60 latency intervals, two minutes of GPU readings) must lie
             # inside the window, or the newest state would differ from a full log's.
@@ -101,7 +109,8 @@ class Policy:
                             ("cell_s", "PGDASH_COMPACT_CELL_S"),
                             ("every_s", "PGDASH_COMPACT_EVERY_S"),
                             ("pack_after_s", "PGDASH_PACK_AFTER_S"),
-                            ("checkpoint_keep_s", "PGDASH_CHECKPOINT_KEEP_S")):
+                            ("checkpoint_keep_s", "PGDASH_CHECKPOINT_KEEP_S"),
+                            ("keyframe_keep_s", "PGDASH_KEYFRAME_KEEP_S")):
             if env.get(name):
                 try:
                     values[field] = float(env[name])
@@ -145,8 +154,12 @@ class Compactor:
         self.rewritten = 0  # summaries rewritten so far
         self.packed = 0  # packs written so far
         self.checkpoints_deleted = 0
+        self.keyframes_deleted = 0
+        self._keyframes_upto: dict[int, float] = {}  # job -> keyframes below this are thinned
         if policy.checkpoint_keep_s > 0:
             store.checkpoints.span = self.checkpoint_span
+        if policy.keyframe_keep_s > 0:
+            store.keyframes.kept = self.keyframe_kept
         self.errors = 0
 
     def start(self) -> "Compactor":
@@ -173,14 +186,14 @@ class Compactor:
     def run_once(self) -> int:
         """One pass over every job; returns the number of events removed."""
         removed = 0
-        before = (self.packed, self.checkpoints_deleted)
+        before = (self.packed, self.checkpoints_deleted, self.keyframes_deleted)
         for job_id, first, last in self.store.log.spans():
             if self._stop.is_set():
                 break
             if self.owns is not None and not self.owns(job_id):
                 continue
             removed += self.compact_job(job_id, first, last)
-        if removed or (self.packed, self.checkpoints_deleted) != before:
+        if removed or (self.packed, self.checkpoints_deleted, self.keyframes_deleted) != before:
             self.store.reclaim()
             allocator.trim()  # what the pass built and freed goes back (dashboard.allocator)
         return removed
@@ -211,9 +224,12 @@ class Compactor:
         begin = max(self._done_upto.get(job_id, start), self._packed_upto.get(job_id, start))
         if begin < pack_h:  # newer: packed at full resolution, thinned once it is old
             removed += self._walk(job_id, begin, pack_h, keep, final=False)
-        if policy.checkpoint_keep_s > 0 and thin_h > -math.inf:
+        if thin_h > -math.inf:
             self._thinned_before[job_id] = (thin_h, keep)
-            self._thin_checkpoints(job_id)
+            if policy.checkpoint_keep_s > 0:
+                self._thin_checkpoints(job_id)
+            if policy.keyframe_keep_s > 0:
+                self._thin_keyframes(job_id, thin_h)
         return removed
 
     def _resume(self, job_id: int) -> None:
@@ -248,6 +264,27 @@ class Compactor:
         every = self.policy.checkpoint_keep_s
         bucket = math.floor(at / every)
         return bucket * every, (bucket + 1) * every
+
+    def keyframe_kept(self, job_id: int, at: float) -> bool:
+        """Whether a keyframe at ``at`` is kept where old keyframes are thinned: inside the
+        window, near a finding, or at a multiple of ``keyframe_keep_s``. Asked before one is
+        stored, so that a scrub does not store again what was removed."""
+        horizon, keep = self._thinned_before.get(job_id, (-math.inf, ()))
+        every = self.policy.keyframe_keep_s
+        return at >= horizon or any(a <= at <= b for a, b in keep) or \
+            math.isclose(at / every, round(at / every), rel_tol=0, abs_tol=1e-9)
+
+    def _thin_keyframes(self, job_id: int, horizon: float) -> None:
+        """Beyond the window and away from findings, keep the keyframes at multiples of
+        ``keyframe_keep_s`` (the page shows the newest at most 30 s before a moment)."""
+        start = self._keyframes_upto.get(job_id, -math.inf)
+        drop = [at for at in self.store.keyframes.between(job_id, start, horizon)
+                if not self.keyframe_kept(job_id, at)]
+        if drop:
+            delete = self.store.keyframes.delete
+            self.store.writer.submit(lambda conn: delete(conn, job_id, drop), timeout=120.0)
+            self.keyframes_deleted += len(drop)
+        self._keyframes_upto[job_id] = horizon
 
     def _walk(self, job_id: int, start: float, horizon: float,
               keep: list[tuple[float, float]], final: bool) -> int:

@@ -1,7 +1,10 @@
 """Stored keyframes: a job's ``state?at=`` answer at moments on a grid, as zlib of its JSON
-(dashboard.history.keyframes makes and reads them)."""
+(dashboard.history.keyframes makes and reads them; dashboard.storage.compaction thins them
+beyond its window)."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import sqlalchemy as sa
 
@@ -13,6 +16,9 @@ class StoredKeyframes:
 
     def __init__(self, engine: sa.Engine):
         self.engine = engine
+        # (job id, moment) -> whether a keyframe there is kept, where the compactor thins
+        # them (dashboard.storage.compaction); None: every one is.
+        self.kept: Callable[[int, float], bool] | None = None
 
     def moments(self, job_id: int) -> set[float]:
         with self.engine.connect() as conn:
@@ -28,9 +34,28 @@ class StoredKeyframes:
                                .order_by(keyframes.c.at.desc()).limit(1)).first()
         return (row[0], bytes(row[1])) if row else None
 
-    @staticmethod
-    def save(conn: sa.Connection, job_id: int, at: float, answer: bytes) -> None:
-        """Writer thread: store the keyframe at ``at`` unless the job has one there."""
-        if not conn.execute(sa.select(keyframes.c.at).where(
+    def between(self, job_id: int, start: float, end: float) -> list[float]:
+        """The moments of the job's keyframes in [start, end), oldest first."""
+        with self.engine.connect() as conn:
+            return [r[0] for r in conn.execute(
+                sa.select(keyframes.c.at).where(keyframes.c.job_id == job_id,
+                                                keyframes.c.at >= start, keyframes.c.at < end)
+                .order_by(keyframes.c.at))]
+
+    def wanted(self, job_id: int, at: float) -> bool:
+        """Whether a keyframe at ``at`` would be kept (not where the compactor thinned)."""
+        return self.kept is None or self.kept(job_id, at)
+
+    def save(self, conn: sa.Connection, job_id: int, at: float, answer: bytes) -> None:
+        """Writer thread: store the keyframe at ``at`` unless the job has one there, or the
+        compactor thinned that stretch to fewer."""
+        if self.wanted(job_id, at) and not conn.execute(sa.select(keyframes.c.at).where(
                 keyframes.c.job_id == job_id, keyframes.c.at == at)).first():
             conn.execute(sa.insert(keyframes).values(job_id=job_id, at=at, answer=answer))
+
+    @staticmethod
+    def delete(conn: sa.Connection, job_id: int, moments: list[float]) -> None:
+        """Writer thread: delete the job's keyframes at these moments."""
+        for i in range(0, len(moments), 500):
+            conn.execute(sa.delete(keyframes).where(keyframes.c.job_id == job_id,
+                                                    keyframes.c.at.in_(moments[i:i + 500])))

@@ -4,6 +4,7 @@ fold and by folds for ``state?at=``, each the same answer a fold of that moment 
 from __future__ import annotations
 
 import json
+import math
 import zlib
 
 import pytest
@@ -129,3 +130,36 @@ def test_an_answer_that_cannot_be_rendered_costs_the_fold_nothing(store):
     assert ingest.keyframes.failed == 3 and _stored(ingest, store, job_id) == {}
     stored = list(store.log.events(job_id))
     assert ingest.state(job_id).last_event_id == stored[-1]["id"]  # every batch was folded
+
+
+def test_compaction_keeps_old_keyframes_every_30_s_and_a_scrub_stores_none_again(store):
+    """Beyond the window and away from findings, the keyframes at multiples of
+    PGDASH_KEYFRAME_KEEP_S stay (the page takes one up to 30 s before a moment); a scrub
+    through that stretch does not store the others again."""
+    from dashboard.storage.compaction import Compactor, Policy
+
+    clock = [T0]
+    ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
+                    render_moment=moment).start()
+    job_id = _live_job(ingest, clock, 400)
+    made = sorted(_stored(ingest, store, job_id))
+    compactor = Compactor(store, Policy(keep_full_s=180, around_findings_s=0),
+                          guard=ingest.rewind.compacting, clock=lambda: clock[0])
+    compactor.run_once()
+    last = max(ev["received_at"] for ev in store.log.events(job_id))
+    horizon = math.floor((last - 180) / 60) * 60  # the window's first cell (60 s, of epoch)
+    spans = [(f["first_seen"], f["last_seen"]) for f in store.findings.of_job(job_id)]
+    assert any(b < horizon for _, b in spans)  # the hang's: keyframes kept around it
+
+    def kept(at):
+        return at >= horizon or at % 30 == 0 or any(a <= at <= b for a, b in spans)
+
+    left = sorted(store.keyframes.moments(job_id))
+    assert left == [at for at in made if kept(at)] and len(left) < len(made)
+    assert compactor.keyframes_deleted == len(made) - len(left)
+    # A server that scrubs the job from its start stores nothing the compactor removed.
+    scrub = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
+                   render_moment=moment).start()
+    scrub.keyframes.min_ranks = RANKS
+    state_at(scrub, job_id, T0 + 170)
+    assert scrub.keyframes.made == 0 and sorted(_stored(scrub, store, job_id)) == left

@@ -154,6 +154,8 @@ def test_policy_settings_are_named_when_wrong():
         Policy.from_env({"PGDASH_KEEP_FULL_S": "soon"})
     assert Policy.from_env({"PGDASH_KEEP_FULL_S": "600"}, around_findings_s=60.0) == \
         Policy(keep_full_s=600.0, around_findings_s=60.0)
+    with pytest.raises(ValueError, match="PGDASH_KEYFRAME_KEEP_S is 60 s: .* up to 30 seconds"):
+        Policy.from_env({"PGDASH_KEYFRAME_KEEP_S": "60"})
 
 
 # -- on a real database ----------------------------------------------------------------------
