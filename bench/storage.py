@@ -67,9 +67,9 @@ from dashboard.ingest.pipeline import Ingest
 from dashboard.web.live import state_at
 
 try:
-    from dashboard.web.live import moment
+    from dashboard.web.live import keyframe, keyframe_answer
 except ImportError:  # a pgdash from before keyframes
-    moment = None
+    keyframe = keyframe_answer = None
 from dashboard.storage.store import Store
 
 try:
@@ -220,8 +220,8 @@ def scrub(ingest: Ingest, job_id: int, moments: list[float], verbose: bool = Fal
 def make_ingest(args, store: Store, clock: Clock) -> Ingest:
     """The server's ingest, storing checkpoints every --checkpoint-every seconds and
     keyframes every --keyframe-every (where this pgdash has them)."""
-    frames = {} if moment is None else {"keyframe_every_s": args.keyframe_every,
-                                        "render_moment": moment}
+    frames = {} if keyframe is None else {"keyframe_every_s": args.keyframe_every,
+                                          "render_keyframe": keyframe}
     ingest = Ingest(store, clock=clock, **frames)
     if args.checkpoint_every is not None:
         ingest.rewind.persist_every_s = args.checkpoint_every
@@ -252,6 +252,8 @@ def scrub_near(ingest: Ingest, job_id: int, moments: list[float]) -> tuple[list[
         found = ingest.keyframes.near(job_id, at, WITHIN_S)
         if found is None:
             json.dumps(state_at(ingest, job_id, at))
+        else:
+            keyframe_answer(found)
         times.append(time.perf_counter() - start)
         hits += found is not None
     return times, hits

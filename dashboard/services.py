@@ -29,7 +29,7 @@ from dashboard.ingest.pipeline import Ingest
 from dashboard.storage.compaction import Compactor, Policy
 from dashboard.storage.database import database_url
 from dashboard.storage.store import Store
-from dashboard.web.live import moment
+from dashboard.web.live import keyframe
 from dashboard.web.moments import Moments
 from dashboard.web.notify import Notifier
 from dashboard.web.push import LivePush
@@ -112,7 +112,7 @@ def build(config: Mapping[str, Any]) -> Services:
                                       stall_after=float(config["STALL_AFTER"])),
                     on_incident=listeners(notifier, console), refusals=refusals,
                     cluster=cluster, checkpoint_every_s=checkpoint_every_s,
-                    keyframe_every_s=keyframe_every_s, render_moment=moment).start()
+                    keyframe_every_s=keyframe_every_s, render_keyframe=keyframe).start()
     ingest.lag.start()  # the pause watchdog: a stopped server never blames a rank
     compactor = Compactor(store, policy, guard=ingest.rewind.compacting, owns=ingest.owns,
                           clock=ingest.clock)

@@ -3,8 +3,8 @@ seconds of arrival time, so that dragging the page's slider and playing a big st
 read a moment instead of folding one.
 
 A moment that is not stored costs a fold from the nearest checkpoint (dashboard.history.rewind):
-seconds at 1,024 ranks. A keyframe costs a read and a zlib inflate (a 1,024-rank answer is
-~1.7 MB of JSON, ~130 kB stored). ``GET /api/jobs/<id>/state?at=T&within=S`` answers with the
+seconds at 1,024 ranks. A keyframe costs a read, a zlib inflate and a splice (a 1,024-rank
+answer is ~1.7 MB of JSON, ~100 kB stored: dashboard.web.live.keyframe). ``GET /api/jobs/<id>/state?at=T&within=S`` answers with the
 newest keyframe in [T - S, T] when there is one (its ``at`` says which moment it shows), and
 folds T otherwise; the page asks so while the slider moves or plays, and for the exact moment
 where it stops.
@@ -22,8 +22,8 @@ answer: dashboard.web.live.moment) with the book as of K:
 - by a fold for ``state?at=`` that passes K (``passing``): what live skipped, jobs stored before
   keyframes, and clustered jobs (their owner folds the log's tail, which makes none).
 
-The JSON is encoded on the folding thread (the answer may share objects with the state that
-the next event changes) and compressed and stored on another. A keyframe keeps the moment as
+It is encoded on the folding thread (the answer may share objects with the state that the
+next event changes), compressed and stored on another. A keyframe keeps the moment as
 it was folded then: compaction later thins the log's detail, not the keyframes; beyond its
 window and away from findings it keeps only those at multiples of ``PGDASH_KEYFRAME_KEEP_S``
 (30 s), which a scrub does not store again. ``every_s`` is the disk-for-scrub-speed setting
@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import json
 import logging
 import math
 import queue
 import threading
 import zlib
-from typing import Any, Callable
+from typing import Callable
 
 from dashboard.diagnosis.book import Book
 from dashboard.state import JobState
@@ -49,9 +48,9 @@ from dashboard.storage.writer import WriterStopped
 
 log = logging.getLogger("pgdash.keyframes")
 
-Render = Callable[[JobState, Book, float], dict[str, Any]]
+Render = Callable[[JobState, Book, float], bytes]
 
-LEVEL = 6  # zlib level: 1,024 ranks, 1.7 MB of JSON -> 132 kB in 15 ms (level 1: 156 kB)
+LEVEL = 6  # zlib level: 1,024 ranks, 1.7 MB of JSON: 132 kB in 15 ms, against 156 kB at level 1
 # Jobs with fewer ranks get none (the page drags them by exact moments: at 8 ranks one folds
 # in ~50 ms; and an answer's fixed part would cost a small job more per rank: ~130 kB per
 # rank-hour at 8 ranks, ~45 kB at 1,024). static/js/job/replay.js's KEYFRAME_RANKS.
@@ -64,7 +63,8 @@ class Keyframes:
     """Args:
         store: the database.
         every_s: the grid (seconds of arrival time); 0: no keyframes.
-        render: the answer stored for a state and book at a moment; None: no keyframes.
+        render: what is stored of a state and book at a moment (its answer is made of it where
+            it is read: dashboard.web.live.keyframe and keyframe_answer); None: no keyframes.
         min_ranks: jobs with fewer ranks get none.
     """
 
@@ -136,7 +136,7 @@ class Keyframes:
         return out
 
     def near(self, job_id: int, at: float, within: float) -> bytes | None:
-        """The JSON of the job's newest keyframe in [at - within, at], or None."""
+        """What ``render`` made of the job's newest keyframe in [at - within, at], or None."""
         found = self.store.keyframes.newest(job_id, at - within, at)
         if found is None:
             return None
@@ -169,7 +169,7 @@ class Keyframes:
         """Store the keyframe at ``at`` of ``state`` and ``book`` (exactly those at ``at``:
         the live fold's, or a moment :meth:`passing` listed)."""
         try:
-            raw = json.dumps(self.render(state, book, at), separators=(",", ":")).encode()
+            raw = self.render(state, book, at)
         except Exception:  # a keyframe is an optimisation: the moment is folded instead
             self.failed += 1
             if self.failed == 1:  # the rest are counted (PGDASH /metrics)

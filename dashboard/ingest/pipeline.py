@@ -82,8 +82,8 @@ class Ingest:
             0: never; dashboard.history.rewind).
         keyframe_every_s: how often the page's answer is stored (``PGDASH_KEYFRAME_S``;
             0: never; dashboard.history.keyframes).
-        render_moment: that answer, ``(state, book, at, settings) -> dict``
-            (dashboard.web.live.moment); None: no keyframes.
+        render_keyframe: what is stored of that answer, ``(state, book, at, settings) ->
+            bytes`` (dashboard.web.live.keyframe); None: no keyframes.
     """
 
     def __init__(self, store: Store, token: str | None = None,
@@ -93,7 +93,7 @@ class Ingest:
                  guard: LoginGuard | None = None, refusals: RefusalLog | None = None,
                  cluster: Any = None, checkpoint_every_s: float = 300.0,
                  keyframe_every_s: float = 10.0,
-                 render_moment: Callable[..., dict[str, Any]] | None = None):
+                 render_keyframe: Callable[..., bytes] | None = None):
         self.store = store
         self.refusals = refusals
         self.token = token
@@ -124,8 +124,8 @@ class Ingest:
                                    (self.cache.add(job_id, state), self.changed.jobs_list.set()),
                                    guard)
         self.keyframes = Keyframes(
-            store, keyframe_every_s, None if render_moment is None else
-            lambda state, book, at: render_moment(state, book, at, self.settings))
+            store, keyframe_every_s, None if render_keyframe is None else
+            lambda state, book, at: render_keyframe(state, book, at, self.settings))
         self.rewind = Rewind(store, persist_every_s=checkpoint_every_s,
                              new_state=lambda job_id, name: Timeline(job_id, name, self.settings),
                              keyframes=self.keyframes)

@@ -1,4 +1,4 @@
-"""Stored keyframes: a job's ``state?at=`` answer at moments on a grid, as zlib of its JSON
+"""Stored keyframes: a job's ``state?at=`` answer at moments on a grid, zlib-compressed
 (dashboard.history.keyframes makes and reads them; dashboard.storage.compaction thins them
 beyond its window)."""
 

@@ -107,8 +107,9 @@ checkpoints = sa.Table(
     sa.Column("state", sa.LargeBinary, nullable=False),
 )
 
-# ``GET /api/jobs/<id>/state?at=`` of a job at a moment on a grid, zlib of its JSON
-# (dashboard.history.keyframes), written by the server only (revision 0008).
+# ``GET /api/jobs/<id>/state?at=`` of a job at a moment on a grid, zlib of what
+# dashboard.web.live.keyframe makes of it (dashboard.history.keyframes), written by the server
+# only (revision 0008).
 keyframes = sa.Table(
     "keyframes", metadata,
     sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), primary_key=True),

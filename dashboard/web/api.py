@@ -23,7 +23,7 @@ from dashboard.state import JobState
 from dashboard.web import snapshots, views
 from dashboard.web.joblist import jobs_payload, row_facts
 from dashboard.web.compare import compare
-from dashboard.web.live import state_at
+from dashboard.web.live import keyframe_answer, state_at
 from dashboard.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dashboard.web.metrics import Snapshot, exposition, live_jobs
 
@@ -240,7 +240,7 @@ def api_state(job_id: int):
     found = _ingest().keyframes.near(job_id, at, within)
     if found is None:
         return _state_at(job_id, at)
-    return current_app.response_class(found, mimetype="application/json")
+    return current_app.response_class(keyframe_answer(found), mimetype="application/json")
 
 
 @api.get("/api/jobs/<int:job_id>/compare")

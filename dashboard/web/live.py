@@ -17,6 +17,7 @@ moves sends that rank's rows, and a 1,024-rank job at rest sends next to nothing
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Callable
 
@@ -106,12 +107,75 @@ def state_at(ingest: Ingest, job_id: int, at: float) -> dict[str, Any] | None:
 def moment(state: JobState, book: Book, at: float, settings: Settings) -> dict[str, Any]:
     """The ``state?at=`` answer of ``state`` judged at ``at`` with ``book`` as of then: the
     sections the live feed sends, and the findings and incidents of the book then, grouped
-    once for both. Also what a keyframe stores (dashboard.history.keyframes)."""
+    once for both (a keyframe stores it as :func:`keyframe` says)."""
     shown = sections(state, at=at, findings=book.findings(), settings=settings)
     return {"at": at, "job": shown["job"], "ranks": shown["ranks"],
             "groups": shown["groups"], "progress": views.progress_rows(state),
             "findings": shown["findings"], "incidents": shown["incidents"],
             "sections": shown}
+
+
+# The answer's fields that are its sections' own (the same values): a keyframe stores them
+# once, with progress by columns only (a third fewer bytes: 98 kB against 139 at 1,024
+# ranks), and its answer is put back together from slices of the stored JSON.
+SHARED = ("job", "ranks", "groups", "findings", "incidents")
+
+
+def keyframe(state: JobState, book: Book, at: float, settings: Settings) -> bytes:
+    """What a keyframe stores of the ``state?at=`` answer at ``at`` (dashboard.history.keyframes):
+    a line of JSON saying where each shared section lies, then the sections' JSON;
+    :func:`keyframe_answer` makes the answer of it."""
+    return keyframe_of(at, sections(state, at=at, findings=book.findings(), settings=settings))
+
+
+def keyframe_of(at: float, shown: dict[str, Any]) -> bytes:
+    """:func:`keyframe` of the sections ``shown`` at ``at``."""
+    body, where = bytearray(b"{"), {}
+    for name, value in shown.items():
+        if len(body) > 1:
+            body += b","
+        body += _json(name) + b":"
+        start = len(body)
+        body += _json(value)
+        if name in SHARED or name == "progress":
+            where[name] = [start, len(body)]
+    body += b"}"
+    return _json({"at": at, "parts": where}) + b"\n" + bytes(body)
+
+
+def keyframe_answer(stored: bytes) -> bytes:
+    """The ``state?at=`` answer (JSON) of a keyframe's bytes: what :func:`moment` gives for
+    its moment."""
+    head, _, body = stored.partition(b"\n")
+    meta = json.loads(head)
+
+    def part(name: str) -> bytes:
+        start, end = meta["parts"][name]
+        return body[start:end]
+
+    out = bytearray(b'{"at":' + _json(meta["at"]))
+    for name in SHARED:
+        out += b',"' + name.encode() + b'":' + part(name)
+    out += b',"progress":' + _json(progress_rows(json.loads(part("progress"))))
+    out += b',"sections":' + body + b"}"
+    return bytes(out)
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def progress_rows(columns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of :func:`progress_columns` again (views.progress_rows')."""
+    rows = []
+    for col in columns:
+        inflight = {rank: (op, since) for rank, op, since in col["inflight"]}
+        for rank, entered, completed in zip(col["ranks"], col["entered"], col["completed"]):
+            op, since = inflight.get(rank, (None, None))
+            rows.append({"group": col["group"], "rank": rank, "entered": entered,
+                         "completed": completed, "inflight_op": op, "inflight_since": since,
+                         "source": col["source"]})
+    return rows
 
 
 def progress_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import pytest
 
 from dashboard.ingest.pipeline import Ingest
 from dashboard.storage.store import Store
-from dashboard.web.live import moment, state_at
+from dashboard.web.live import keyframe, keyframe_answer, state_at
 from tests.helpers.simjob import RANKS, T0, _job_events, _send_live
 
 EVERY = 10.0
@@ -38,7 +38,8 @@ def _stored(ingest: Ingest, store: Store, job_id: int) -> dict[float, dict]:
     store.writer.wait_idle()
     out = {}
     for at in sorted(store.keyframes.moments(job_id)):
-        out[at] = json.loads(zlib.decompress(store.keyframes.newest(job_id, at, at)[1]))
+        out[at] = json.loads(keyframe_answer(zlib.decompress(
+            store.keyframes.newest(job_id, at, at)[1])))
     return out
 
 
@@ -55,7 +56,7 @@ def test_the_live_fold_stores_the_answer_of_each_period_start(store, offset):
     book then had two grid moments due), the keyframe holds the moment exactly."""
     clock = [T0]
     ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
-                    render_moment=moment).start()
+                    render_keyframe=keyframe).start()
     job_id = _live_job(ingest, clock, 120, offset=offset)
     kept = _stored(ingest, store, job_id)
     assert sorted(kept) == [T0 + k * EVERY for k in range(1, 12)]
@@ -77,7 +78,7 @@ def test_a_fold_for_a_moment_stores_the_keyframes_it_passes(store):
     quiet.store.writer.wait_idle()
     assert store.keyframes.moments(job_id) == set()
     scrub = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
-                   render_moment=moment).start()
+                   render_keyframe=keyframe).start()
     scrub.keyframes.min_ranks = RANKS
     state_at(scrub, job_id, T0 + 65.3)
     kept = _stored(scrub, store, job_id)
@@ -97,12 +98,15 @@ def test_a_fold_for_a_moment_stores_the_keyframes_it_passes(store):
 def test_near_reads_the_newest_keyframe_within_the_span_and_never_a_later_one(store):
     clock = [T0]
     ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
-                    render_moment=moment).start()
+                    render_keyframe=keyframe).start()
     job_id = _live_job(ingest, clock, 45)
     _stored(ingest, store, job_id)
-    near = ingest.keyframes.near
-    assert json.loads(near(job_id, T0 + 29.9, 10))["at"] == T0 + 20
-    assert json.loads(near(job_id, T0 + 30.0, 10))["at"] == T0 + 30
+    def near(*args):
+        found = ingest.keyframes.near(*args)
+        return found if found is None else json.loads(keyframe_answer(found))
+
+    assert near(job_id, T0 + 29.9, 10)["at"] == T0 + 20
+    assert near(job_id, T0 + 30.0, 10)["at"] == T0 + 30
     assert near(job_id, T0 + 9.9, 5) is None  # none in [T0 + 4.9, T0 + 9.9]
     assert near(job_id, T0 + 39.5, 0) is None  # within 0: only a keyframe at that moment
     assert near(job_id + 1, T0 + 30, 10) is None  # another job's
@@ -112,7 +116,7 @@ def test_a_small_job_gets_none(store):
     """Its moments fold in a fraction of a second; keyframes would cost it more per rank."""
     clock = [T0]
     ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
-                    render_moment=moment).start()
+                    render_keyframe=keyframe).start()
     job_id = _live_job(ingest, clock, 35, min_ranks=RANKS + 1)
     state_at(ingest, job_id, T0 + 34)
     assert ingest.keyframes.made == 0 and _stored(ingest, store, job_id) == {}
@@ -125,7 +129,7 @@ def test_an_answer_that_cannot_be_rendered_costs_the_fold_nothing(store):
         raise RuntimeError("boom")
 
     ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
-                    render_moment=broken).start()
+                    render_keyframe=broken).start()
     job_id = _live_job(ingest, clock, 35)
     assert ingest.keyframes.failed == 3 and _stored(ingest, store, job_id) == {}
     stored = list(store.log.events(job_id))
@@ -140,7 +144,7 @@ def test_compaction_keeps_old_keyframes_every_30_s_and_a_scrub_stores_none_again
 
     clock = [T0]
     ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
-                    render_moment=moment).start()
+                    render_keyframe=keyframe).start()
     job_id = _live_job(ingest, clock, 400)
     made = sorted(_stored(ingest, store, job_id))
     compactor = Compactor(store, Policy(keep_full_s=180, around_findings_s=0),
@@ -159,7 +163,7 @@ def test_compaction_keeps_old_keyframes_every_30_s_and_a_scrub_stores_none_again
     assert compactor.keyframes_deleted == len(made) - len(left)
     # A server that scrubs the job from its start stores nothing the compactor removed.
     scrub = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
-                   render_moment=moment).start()
+                   render_keyframe=keyframe).start()
     scrub.keyframes.min_ranks = RANKS
     state_at(scrub, job_id, T0 + 170)
     assert scrub.keyframes.made == 0 and sorted(_stored(scrub, store, job_id)) == left
