@@ -17,8 +17,9 @@ answer: dashboard.web.live.moment) with the book as of K:
   ``live``): the live book is judged through K first (the moments the batch would have had
   judged anyway), or less far when the server is behind its agents and holds its verdicts
   back (the keyframe then shows them as the page did). Where the book had judged past K
-  already (the timer ran first) it is skipped, counted in ``skipped``.
-  Rendering costs the writer ~0.1-0.25 s at 1,024 ranks, once per period;
+  already (the timer ran first) it is skipped, counted in ``skipped``, as are the moments
+  that would take the writer past LIVE_SHARE of its time (rendering one costs ~0.3 s at
+  1,024 ranks);
 - by a fold for ``state?at=`` that passes K (``passing``): what live skipped, jobs stored before
   keyframes, and clustered jobs (their owner folds the log's tail, which makes none).
 
@@ -38,6 +39,7 @@ import logging
 import math
 import queue
 import threading
+import time
 import zlib
 from typing import Callable
 
@@ -57,6 +59,12 @@ LEVEL = 6  # zlib level: 1,024 ranks, 1.7 MB of JSON: 132 kB in 15 ms, against 1
 MIN_RANKS = 128
 # The jobs whose stored moments are remembered (what scrubs pass; read again when needed).
 KNOWN_JOBS = 16
+# The most of the writer's time live keyframes take: after one that took d seconds to render,
+# the job's next is at least d / LIVE_SHARE seconds later (1,024 ranks: ~0.3 s, so every
+# 20 s instead of 10). Each render holds the job's batches back meanwhile (bench/capacity.py:
+# at 1,024 ranks one every 10 s raised freshness p95 by half a second). A moment left out
+# is stored by a scrub that passes it; the page takes a keyframe up to 30 s back.
+LIVE_SHARE = 0.02
 
 
 class Keyframes:
@@ -72,13 +80,15 @@ class Keyframes:
                  min_ranks: int = MIN_RANKS):
         self.store, self.every_s, self.render = store, every_s, render
         self.min_ranks = min_ranks
+        self.live_share = LIVE_SHARE  # (tests of what a keyframe holds lift it)
         self.made = 0  # rendered (live or by a fold)
-        self.skipped = 0  # live periods whose book had judged past their start
+        self.skipped = 0  # live moments left to scrubs: judged past, or over the writer's budget
         self.failed = 0  # answers that could not be rendered or stored
         self._lock = threading.Lock()
         # By job, the most recently scrubbed last: moments stored or on their way.
         self._moments: collections.OrderedDict[int, set[float]] = collections.OrderedDict()
         self._live_period: dict[int, float] = {}  # by job held: the period of its last batch
+        self._live_after: dict[int, float] = {}  # by job held: no live keyframe before this
         self._compressor = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="pgdash-keyframe")
 
@@ -102,6 +112,9 @@ class Keyframes:
         # might hold events after the moment already.
         if previous is None or boundary <= previous or not state.last_event_id:
             return None
+        if boundary < self._live_after.get(job_id, -math.inf):  # the writer's budget
+            self.skipped += 1
+            return None
         return boundary
 
     def live(self, job_id: int, state: JobState, book: Book | None, at: float) -> None:
@@ -113,7 +126,9 @@ class Keyframes:
         if judged is None or judged > at + 1e-6:
             self.skipped += 1
             return
+        start = time.perf_counter()
         self.take(job_id, at, state, book)
+        self._live_after[job_id] = at + (time.perf_counter() - start) / self.live_share
 
     def passing(self, job_id: int, state: JobState, last_at: float,
                 until: float) -> list[float]:
@@ -154,6 +169,7 @@ class Keyframes:
     def drop(self, job_id: int) -> None:
         """The job's live state was let go (Ingest's cache): its next batch is a first."""
         self._live_period.pop(job_id, None)
+        self._live_after.pop(job_id, None)
 
     def _known(self, job_id: int) -> set[float]:
         with self._lock:

@@ -4,6 +4,7 @@ scrubbing it over HTTP and in the page."""
 from __future__ import annotations
 
 import argparse
+import sqlite3
 from pathlib import Path
 
 from bench.storage import T0, simulate
@@ -23,3 +24,14 @@ def stored_job(db: Path, ranks: int, seconds: int) -> tuple[int, float, float]:
     run["store"].writer.wait_idle()
     run["store"].close()
     return run["job_id"], T0, run["end"]
+
+
+def keyframe_moments(db: Path, job_id: int) -> list[float]:
+    """The moments of the job's stored keyframes (the live fold leaves some to scrubs: how
+    many depends on how long rendering took on this machine)."""
+    con = sqlite3.connect(db)
+    try:
+        return sorted(r[0] for r in con.execute("SELECT at FROM keyframes WHERE job_id = ?",
+                                                (job_id,)))
+    finally:
+        con.close()

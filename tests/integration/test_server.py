@@ -311,16 +311,17 @@ def test_a_big_json_answer_is_gzipped_for_a_client_that_accepts_it(server):
 def test_state_at_within_answers_the_keyframe_before_the_moment(tmp_path):
     """``&within=S``: the newest keyframe in [at - S, at], read, not folded: the same answer
     as the exact moment it is; without one in reach, the moment asked, folded."""
-    from tests.helpers.storedjob import stored_job
+    from tests.helpers.storedjob import keyframe_moments, stored_job
 
     db = tmp_path / "kf.sqlite"
     job_id, start, end = stored_job(db, 128, 40)
+    kept = keyframe_moments(db, job_id)  # on the 10 s grid
     srv = ServerProcess(f"sqlite:///{db}").start()
     try:
         path = f"/api/jobs/{job_id}/state?at="
-        exact = srv.api(f"{path}{start + 20!r}")
-        near = srv.api(f"{path}{start + 27.5!r}&within=10")
-        assert near["at"] == start + 20 and near == exact
+        exact = srv.api(f"{path}{kept[0]!r}")
+        near = srv.api(f"{path}{kept[0] + 7.5!r}&within=10")
+        assert near["at"] == kept[0] and near == exact
         assert len(near["ranks"]) == 128
         # Within 5 s of start + 39.5 there is none (start + 40 is after the moment): folded.
         folded = srv.api(f"{path}{start + 39.5!r}&within=5")

@@ -25,10 +25,12 @@ def store(tmp_path):
 
 
 def _live_job(ingest: Ingest, clock: list[float], seconds: int, min_ranks: int = RANKS,
-              offset: float = 0.5) -> int:
+              offset: float = 0.5, share: float = 1.0) -> int:
     """A RANKS-rank job with a hang, sent through the live path a second's batch at a time
-    (keyframes made for it although it is small, unless ``min_ranks`` says otherwise)."""
+    (keyframes made for it although it is small, unless ``min_ranks`` says otherwise, and
+    each period's, whatever a busy machine makes rendering cost)."""
     ingest.keyframes.min_ranks = min_ranks
+    ingest.keyframes.live_share = share
     return _send_live(ingest, clock, _job_events(seconds, hang=(T0 + 40, T0 + 90)), "kf",
                       offset)
 
@@ -120,6 +122,24 @@ def test_a_small_job_gets_none(store):
     job_id = _live_job(ingest, clock, 35, min_ranks=RANKS + 1)
     state_at(ingest, job_id, T0 + 34)
     assert ingest.keyframes.made == 0 and _stored(ingest, store, job_id) == {}
+
+
+def test_live_keyframes_take_at_most_their_share_of_the_writer(store):
+    """A render that takes d seconds puts the job's next live keyframe d / live_share
+    seconds later (the job's batches wait while one renders); scrubs store the others."""
+    import time
+
+    def slow(*args):
+        time.sleep(0.2)
+        return keyframe(*args)
+
+    clock = [T0]
+    ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
+                    render_keyframe=slow).start()
+    job_id = _live_job(ingest, clock, 120, share=0.01)  # 0.2 s or more: 20 s or more apart
+    kept = sorted(_stored(ingest, store, job_id))
+    assert len(kept) >= 2 and ingest.keyframes.skipped >= 4
+    assert all(b - a >= 3 * EVERY for a, b in zip(kept, kept[1:])), kept
 
 
 def test_an_answer_that_cannot_be_rendered_costs_the_fold_nothing(store):
