@@ -23,8 +23,9 @@ answer: dashboard.web.live.moment) with the book as of K:
 - by a fold for ``state?at=`` that passes K (``passing``): what live skipped, jobs stored before
   keyframes, and clustered jobs (their owner folds the log's tail, which makes none).
 
-It is encoded on the folding thread (the answer may share objects with the state that the
-next event changes), compressed and stored on another. A keyframe keeps the moment as
+It is encoded and compressed on the folding thread (the answer may share objects with the
+state that the next event changes): the live fold stores it in its own transaction, a scrub
+through the writer. A keyframe keeps the moment as
 it was folded then: compaction later thins the log's detail, not the keyframes; beyond its
 window and away from findings it keeps only those at multiples of ``PGDASH_KEYFRAME_KEEP_S``
 (30 s), which a scrub does not store again. ``every_s`` is the disk-for-scrub-speed setting
@@ -34,7 +35,6 @@ window and away from findings it keeps only those at multiples of ``PGDASH_KEYFR
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import logging
 import math
 import queue
@@ -42,6 +42,8 @@ import threading
 import time
 import zlib
 from typing import Callable
+
+import sqlalchemy as sa
 
 from dashboard.diagnosis.book import Book
 from dashboard.state import JobState
@@ -89,8 +91,6 @@ class Keyframes:
         self._moments: collections.OrderedDict[int, set[float]] = collections.OrderedDict()
         self._live_period: dict[int, float] = {}  # by job held: the period of its last batch
         self._live_after: dict[int, float] = {}  # by job held: no live keyframe before this
-        self._compressor = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="pgdash-keyframe")
 
     def wanted(self, state: JobState) -> bool:
         return bool(self.every_s) and self.render is not None and \
@@ -117,7 +117,8 @@ class Keyframes:
             return None
         return boundary
 
-    def live(self, job_id: int, state: JobState, book: Book | None, at: float) -> None:
+    def live(self, conn: sa.Connection, job_id: int, state: JobState, book: Book | None,
+             at: float) -> None:
         """Store the keyframe at the moment :meth:`opened` gave, with the live book judged up
         to it. A book judged past it (the timer ran first) has verdicts from after it: none.
         One not judged up to it is a server behind, holding its verdicts back: the keyframe
@@ -127,7 +128,7 @@ class Keyframes:
             self.skipped += 1
             return
         start = time.perf_counter()
-        self.take(job_id, at, state, book)
+        self.take(job_id, at, state, book, conn)
         self._live_after[job_id] = at + (time.perf_counter() - start) / self.live_share
 
     def passing(self, job_id: int, state: JobState, last_at: float,
@@ -162,10 +163,6 @@ class Keyframes:
                       job_id, found[0])
             return None
 
-    def wait_saved(self, timeout: float = 30.0) -> None:
-        """Wait until the keyframes taken so far are queued for the writer."""
-        self._compressor.submit(lambda: None).result(timeout=timeout)
-
     def drop(self, job_id: int) -> None:
         """The job's live state was let go (Ingest's cache): its next batch is a first."""
         self._live_period.pop(job_id, None)
@@ -181,9 +178,11 @@ class Keyframes:
             self._moments.move_to_end(job_id)
             return known
 
-    def take(self, job_id: int, at: float, state: JobState, book: Book) -> None:
+    def take(self, job_id: int, at: float, state: JobState, book: Book,
+             conn: sa.Connection | None = None) -> None:
         """Store the keyframe at ``at`` of ``state`` and ``book`` (exactly those at ``at``:
-        the live fold's, or a moment :meth:`passing` listed)."""
+        the live fold's, in its transaction ``conn``, or a moment :meth:`passing` listed,
+        through the writer)."""
         try:
             raw = self.render(state, book, at)
         except Exception:  # a keyframe is an optimisation: the moment is folded instead
@@ -197,10 +196,13 @@ class Keyframes:
             if known is not None:
                 known.add(at)
         self.made += 1
-        self._compressor.submit(self._save, job_id, at, raw)
-
-    def _save(self, job_id: int, at: float, raw: bytes) -> None:
+        # Compressed here (15 ms at 1,024 ranks): a thread of its own cost the server tens
+        # of megabytes of memory (glibc gives each allocating thread its own heap).
         data = zlib.compress(raw, LEVEL)
+        del raw
+        if conn is not None:  # the live fold's own transaction
+            self.store.keyframes.save(conn, job_id, at, data)
+            return
         try:
             self.store.writer.submit_nowait(
                 lambda conn: self.store.keyframes.save(conn, job_id, at, data))

@@ -86,7 +86,8 @@ class LiveFold:
                 if keyframe is not None:  # the page's answer at the moment this batch is after
                     self.books.before_fold(conn, job_id, state,
                                            math.nextafter(keyframe, math.inf), late)
-                    self.keyframes.live(job_id, state, self.books.held(job_id), keyframe)
+                    self.keyframes.live(conn, job_id, state, self.books.held(job_id),
+                                        keyframe)
                 self.books.before_fold(conn, job_id, state, now, late)
                 for event_id, ev in zip(ids, fresh):
                     stored: StoredEvent = {"id": event_id, "session": session,

@@ -20,7 +20,6 @@ def stored_job(db: Path, ranks: int, seconds: int) -> tuple[int, float, float]:
                               keep_around_findings=0, pack_after=None, checkpoint_keep=0,
                               checkpoint_every=None, keyframe_every=10.0)
     run = simulate(args, db)
-    run["ingest"].keyframes.wait_saved()
     run["store"].writer.wait_idle()
     run["store"].close()
     return run["job_id"], T0, run["end"]
