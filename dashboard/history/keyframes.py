@@ -45,6 +45,7 @@ from typing import Callable
 
 import sqlalchemy as sa
 
+from dashboard import allocator
 from dashboard.diagnosis.book import Book
 from dashboard.state import JobState
 from dashboard.storage.store import Store
@@ -129,6 +130,7 @@ class Keyframes:
             return
         start = time.perf_counter()
         self.take(job_id, at, state, book, conn)
+        allocator.trim()  # what the render built and freed goes back (dashboard.allocator)
         self._live_after[job_id] = at + (time.perf_counter() - start) / self.live_share
 
     def passing(self, job_id: int, state: JobState, last_at: float,

@@ -180,13 +180,20 @@ MAX_PCT = 2**24  # a summary's busy percent kept in the ring (60 of them fit in 
 class _Window:
     """The sums busy_row() makes of one window whose ends only go forward, for each of its
     newest RING seconds: each summary counts its busy percent over its interval from the
-    one before it, the window's oldest over one second (nothing before it is left)."""
+    one before it, the window's oldest over one second (nothing before it is left).
 
-    __slots__ = ("window", "parts", "ring", "newest", "exact")
+    Of the summaries it has taken in it keeps only their ends and busy times, as numbers
+    (and the newest itself, to find where to go on from): a follower read every 20 s or so
+    (a big job's keyframes) held on to every summary that left its window meanwhile, tens of
+    megabytes at 1,024 ranks."""
+
+    __slots__ = ("window", "ends", "sums", "last", "ring", "newest", "exact")
 
     def __init__(self, window: collections.deque) -> None:
         self.window = window
-        self.parts: collections.deque = collections.deque(maxlen=window.maxlen)  # its tuples
+        self.ends = array.array("d")  # the summaries' ends and busy times, oldest first:
+        self.sums = array.array("d")  # at most the window's maxlen
+        self.last: Any = None  # the newest summary taken in
         self.ring = array.array("i", [EMPTY]) * RING  # second % RING -> busy percent
         self.newest = -2**62  # the newest summary's second
         self.exact = True  # False: ends that go back, or a time out of bounds
@@ -198,11 +205,11 @@ class _Window:
         if window is not self.window:
             return False
         if not window:
-            return not self.parts
-        if not self.parts:
+            return not self.ends
+        if not self.ends:
             self._append(window)
             return True
-        last = self.parts[-1]
+        last = self.last
         for i in range(len(window) - 1, -1, -1):
             if window[i] is last:
                 self._append(itertools.islice(window, i + 1, None))
@@ -210,22 +217,21 @@ class _Window:
         return False
 
     def _append(self, summaries: Any) -> None:
-        parts, ring = self.parts, self.ring
+        ends, sums, ring, most = self.ends, self.sums, self.ring, self.window.maxlen
         for entry in summaries:
-            if len(parts) == parts.maxlen:  # its oldest falls off the window
-                old = parts.popleft()
-                second = int(old[0])
-                self._add(second, -_pct(old[2], 1.0))
-                if parts:  # the next is the oldest now: over one second
-                    nxt = parts[0]
-                    self._add(int(nxt[0]), _pct(nxt[2], 1.0) - _pct(nxt[2], nxt[0] - old[0]))
-                if (not parts or int(parts[0][0]) != second) and second > self.newest - RING:
+            if most is not None and len(ends) == most:  # its oldest falls off the window
+                old_end, old_sum = ends.pop(0), sums.pop(0)
+                second = int(old_end)
+                self._add(second, -_pct(old_sum, 1.0))
+                if ends:  # the next is the oldest now: over one second
+                    self._add(int(ends[0]), _pct(sums[0], 1.0) - _pct(sums[0], ends[0] - old_end))
+                if (not ends or int(ends[0]) != second) and second > self.newest - RING:
                     ring[second % RING] = EMPTY
             end, sum_us = entry[0], entry[2]
             alone = _pct(sum_us, 1.0)
-            pct = alone if not parts else _pct(sum_us, end - parts[-1][0])
+            pct = alone if not ends else _pct(sum_us, end - ends[-1])
             if not (0 <= alone < MAX_PCT and 0 <= pct < MAX_PCT) or \
-                    (parts and end < parts[-1][0]):
+                    (ends and end < ends[-1]):
                 self.exact = False  # read whole (BusyRows drops this one)
                 return
             second = int(end)
@@ -234,7 +240,9 @@ class _Window:
                     ring[s % RING] = EMPTY
                 self.newest = second
             self._add(second, pct)
-            parts.append(entry)
+            ends.append(end)
+            sums.append(sum_us)
+            self.last = entry
 
     def _add(self, second: int, pct: int) -> None:
         if second > self.newest - RING:  # older seconds left the ring: no grid reads them
@@ -245,7 +253,7 @@ class _Window:
         return first > self.newest - RING
 
     def row(self, first: int, bins: int, into: list | None) -> list | None:
-        if not self.parts or self.parts[-1][0] < first:
+        if not self.ends or self.ends[-1] < first:
             return None
         row: list = [None] * bins if into is None else into
         ring = self.ring
