@@ -2,9 +2,10 @@
 seconds of arrival time, so that dragging the page's slider and playing a big stored job
 read a moment instead of folding one.
 
-A moment that is not stored costs a fold from the nearest checkpoint (dashboard.history.rewind):
-seconds at 1,024 ranks. A keyframe costs a read, a zlib inflate and a splice (a 1,024-rank
-answer is ~1.7 MB of JSON, ~100 kB stored: dashboard.web.live.keyframe). ``GET /api/jobs/<id>/state?at=T&within=S`` answers with the
+A moment that is not stored costs a fold from the nearest checkpoint
+(dashboard.history.rewind): seconds at 1,024 ranks. A keyframe costs a read, a zlib inflate
+and a splice (a 1,024-rank answer is ~1.7 MB of JSON, ~100 kB stored:
+dashboard.web.live.keyframe). ``GET /api/jobs/<id>/state?at=T&within=S`` answers with the
 newest keyframe in [T - S, T] when there is one (its ``at`` says which moment it shows), and
 folds T otherwise; the page asks so while the slider moves or plays, and for the exact moment
 where it stops.

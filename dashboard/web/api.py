@@ -238,9 +238,15 @@ def api_state(job_id: int):
         raise _BadMoment(f"within must be seconds from 0 to {MAX_WITHIN_S:g}: how far before "
                          f"at a stored moment may be, e.g. &within=10; got {raw!r:.40}")
     found = _ingest().keyframes.near(job_id, at, within)
-    if found is None:
-        return _state_at(job_id, at)
-    return current_app.response_class(keyframe_answer(found), mimetype="application/json")
+    if found is not None:
+        try:
+            return current_app.response_class(keyframe_answer(found),
+                                              mimetype="application/json")
+        except (ValueError, KeyError, TypeError):  # not what this pgdash stores: folded
+            log.error("pgdash: a keyframe of job %s before %s is unreadable; folding the "
+                      "moment instead (DELETE FROM keyframes WHERE job_id = %s drops them)",
+                      job_id, at, job_id)
+    return _state_at(job_id, at)
 
 
 @api.get("/api/jobs/<int:job_id>/compare")

@@ -202,7 +202,7 @@ class _Collector:
         yield notify
         frames = CounterMetricFamily("pgdash_keyframes", "The page's answers stored at grid "
                                      "moments (PGDASH_KEYFRAME_S), by outcome: made, skipped (a "
-                                     "live period whose findings were judged past its start: a "
+                                     "live moment judged past, or over the writer's budget: a "
                                      "scrub stores it), failed (not rendered or "
                                      "stored).", labels=["outcome"])
         for outcome in ("made", "skipped", "failed"):

@@ -316,7 +316,15 @@ def test_state_at_within_answers_the_keyframe_before_the_moment(tmp_path):
     db = tmp_path / "kf.sqlite"
     job_id, start, end = stored_job(db, 128, 40)
     kept = keyframe_moments(db, job_id)  # on the 10 s grid
-    srv = ServerProcess(f"sqlite:///{db}").start()
+    import sqlite3
+    import zlib
+
+    con = sqlite3.connect(db)  # one keyframe this pgdash cannot read: that moment is folded
+    con.execute("UPDATE keyframes SET answer = ? WHERE at = ?", (zlib.compress(b"x\ny"),
+                                                                 kept[-1]))
+    con.commit()
+    con.close()
+    srv = ServerProcess(f"sqlite:///{db}", log_path=tmp_path / "server.log").start()
     try:
         path = f"/api/jobs/{job_id}/state?at="
         exact = srv.api(f"{path}{kept[0]!r}")
@@ -324,6 +332,8 @@ def test_state_at_within_answers_the_keyframe_before_the_moment(tmp_path):
         assert near["at"] == kept[0] and near == exact
         assert len(near["ranks"]) == 128
         # Within 5 s of start + 39.5 there is none (start + 40 is after the moment): folded.
+        assert srv.api(f"{path}{kept[-1] + 1!r}&within=5")["at"] == kept[-1] + 1
+        assert "keyframe of job" in (tmp_path / "server.log").read_text()
         folded = srv.api(f"{path}{start + 39.5!r}&within=5")
         assert folded["at"] == start + 39.5 and folded == srv.api(f"{path}{start + 39.5!r}")
         import urllib.error
