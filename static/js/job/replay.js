@@ -3,10 +3,10 @@
  * page then shows the server's sections at that moment (GET /api/jobs/<id>/state?at=, the
  * same sections the live feed sends, judged at that moment's event time): ranks, findings,
  * progress, charts, heat map, GPUs, errors. Play advances the moment at 1x-60x. Moments
- * shown are kept (a few), and the second after the one shown is asked ahead. On a job whose
- * moments are slow to fold, dragging and Play show the stored keyframes on the way (the
- * newest at most KEYFRAME_WITHIN_S before the moment: ?within=, a read, not a fold) and the
- * exact moment where the slider stops.
+ * shown are kept (a few), and the second after the one shown is asked ahead. On a big job
+ * (KEYFRAME_RANKS), whose moments take seconds to fold, dragging and fast Play show the
+ * stored keyframes on the way (the newest at most KEYFRAME_WITHIN_S before the moment:
+ * &within=, a read, not a fold) and the exact moment where the slider stops.
  * /jobs/<id>?at=<unix seconds> opens the page at that moment; the address follows the slider.
  */
 import { PG } from "../common.js";
