@@ -7,6 +7,7 @@ from typing import Callable
 
 import sqlalchemy as sa
 
+from dashboard.storage.database import delete_in
 from dashboard.storage.schema import checkpoints
 
 
@@ -60,9 +61,7 @@ class Checkpoints:
     @staticmethod
     def delete(conn: sa.Connection, job_id: int, last_ids: list[int]) -> None:
         """Writer thread: delete the job's checkpoints of these last ids."""
-        for i in range(0, len(last_ids), 500):
-            conn.execute(sa.delete(checkpoints).where(
-                checkpoints.c.job_id == job_id, checkpoints.c.last_id.in_(last_ids[i:i + 500])))
+        delete_in(conn, checkpoints.c.last_id, last_ids, checkpoints.c.job_id == job_id)
 
     def _wanted(self, conn: sa.Connection, job_id: int, last_id: int, at: float) -> bool:
         if conn.execute(sa.select(checkpoints.c.last_id).where(

@@ -5,6 +5,7 @@ means in one line a user can act on."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
@@ -171,6 +172,17 @@ def make_engine(url: str, busy_timeout_s: float = 30.0) -> sa.Engine:
 
 
 MIGRATION_LOCK = 0x70676461  # "pgda": the advisory lock key that serialises migrations
+
+
+# Values bound in one ``IN (...)`` at most (SQLite's limit on a statement's variables).
+IN_CHUNK = 500
+
+
+def delete_in(conn: sa.Connection, column: sa.Column, values: list, *where: Any) -> None:
+    """Writer thread: delete the rows of ``column``'s table whose ``column`` is one of
+    ``values`` (and that meet ``where``), IN_CHUNK values a statement."""
+    for i in range(0, len(values), IN_CHUNK):
+        conn.execute(sa.delete(column.table).where(*where, column.in_(values[i:i + IN_CHUNK])))
 
 
 def upgrade(url_or_engine: str | sa.Engine, revision: str = "head") -> None:

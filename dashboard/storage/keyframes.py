@@ -8,6 +8,7 @@ from typing import Callable
 
 import sqlalchemy as sa
 
+from dashboard.storage.database import delete_in
 from dashboard.storage.schema import keyframes
 
 
@@ -56,6 +57,4 @@ class StoredKeyframes:
     @staticmethod
     def delete(conn: sa.Connection, job_id: int, moments: list[float]) -> None:
         """Writer thread: delete the job's keyframes at these moments."""
-        for i in range(0, len(moments), 500):
-            conn.execute(sa.delete(keyframes).where(keyframes.c.job_id == job_id,
-                                                    keyframes.c.at.in_(moments[i:i + 500])))
+        delete_in(conn, keyframes.c.at, moments, keyframes.c.job_id == job_id)

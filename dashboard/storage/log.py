@@ -16,6 +16,7 @@ import msgspec
 import sqlalchemy as sa
 
 from dashboard.storage.codec import decode_body, encode_body, raw_body
+from dashboard.storage.database import delete_in
 from dashboard.storage.packformat import Pack
 from dashboard.storage.packs import OpenPacks, UnreadablePack, open_stored
 from dashboard.storage.schema import event_packs, events, jobs
@@ -137,8 +138,7 @@ class EventLog:
             conn.execute(sa.update(events).where(events.c.id == sa.bindparam("event_id"))
                          .values(body="", body_z=sa.bindparam("packed")),
                          [{"event_id": i, "packed": encode_body(b)} for i, b in updates.items()])
-        for i in range(0, len(deletes), 500):
-            conn.execute(sa.delete(events).where(events.c.id.in_(deletes[i:i + 500])))
+        delete_in(conn, events.c.id, deletes)
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
+from dashboard.storage.database import delete_in
 from dashboard.storage.packformat import Pack, encode_pack, open_pack
 from dashboard.storage.schema import event_packs, events
 
@@ -158,7 +159,6 @@ class Packs:
         if replaces:
             conn.execute(sa.delete(event_packs).where(event_packs.c.job_id == job_id,
                                                       event_packs.c.first_id.in_(replaces)))
-        for i in range(0, len(row_ids), 500):
-            conn.execute(sa.delete(events).where(events.c.id.in_(row_ids[i:i + 500])))
+        delete_in(conn, events.c.id, row_ids)
         if pack is not None:
             conn.execute(sa.insert(event_packs).values(**pack))
