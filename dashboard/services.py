@@ -169,8 +169,8 @@ def _storage_policy(config: Mapping[str, Any]) -> tuple[Policy, float]:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"storage settings (PGDASH_KEEP_FULL_S, PGDASH_KEEP_AROUND_FINDINGS_S, "
                          f"PGDASH_COMPACT_CELL_S, PGDASH_COMPACT_EVERY_S, PGDASH_PACK_AFTER_S, "
-                         f"PGDASH_CHECKPOINT_KEEP_S, PGDASH_CHECKPOINT_S, PGDASH_KEYFRAME_KEEP_S): "
-                         f"{exc}") from None
+                         f"PGDASH_CHECKPOINT_KEEP_S, PGDASH_CHECKPOINT_S, "
+                         f"PGDASH_KEYFRAME_KEEP_S): {exc}") from None
     if every < 0 or (every and (every / policy.cell_s) % 1):
         # Compaction never rewrites part of what a stored checkpoint holds only if the
         # checkpoints' moments are cell boundaries.

@@ -11,8 +11,8 @@ folds T otherwise; the page asks so while the slider moves or plays, and for the
 where it stops.
 
 A keyframe at K is made where a fold passes K with the state holding exactly the events that
-arrived by K (what ``state?at=K`` folds), rendered by ``render`` (the page's
-answer: dashboard.web.live.moment) with the book as of K:
+arrived by K (what ``state?at=K`` folds), rendered by ``render`` (what is stored of the
+page's answer: dashboard.web.live.keyframe) with the book as of K:
 
 - by the live fold, on the writer thread, at the first batch that arrived after K (``opened``,
   ``live``): the live book is judged through K first (the moments the batch would have had
@@ -46,7 +46,6 @@ from typing import Callable
 
 import sqlalchemy as sa
 
-from dashboard import allocator
 from dashboard.diagnosis.book import Book
 from dashboard.state import JobState
 from dashboard.storage.store import Store
@@ -94,7 +93,8 @@ class Keyframes:
         self._live_period: dict[int, float] = {}  # by job held: the period of its last batch
         self._live_after: dict[int, float] = {}  # by job held: no live keyframe before this
 
-    def wanted(self, state: JobState) -> bool:
+    def made_for(self, state: JobState) -> bool:
+        """Whether keyframes are made for this job (on, and it is big enough)."""
         return bool(self.every_s) and self.render is not None and \
             len(state.rank_index()) >= self.min_ranks
 
@@ -103,7 +103,7 @@ class Keyframes:
         the grid moment before ``now`` if this batch is the first after it (the state then
         holds exactly what arrived by then), else None. The caller judges the book through
         that moment and passes both to :meth:`live`."""
-        if not self.wanted(state):
+        if not self.made_for(state):
             return None
         # The last grid moment before now (a batch that arrived at a grid moment belongs to
         # it: state?at= holds what arrived by then).
@@ -131,7 +131,6 @@ class Keyframes:
             return
         start = time.perf_counter()
         self.take(job_id, at, state, book, conn)
-        allocator.trim()  # what the render built and freed goes back (dashboard.allocator)
         self._live_after[job_id] = at + (time.perf_counter() - start) / self.live_share
 
     def passing(self, job_id: int, state: JobState, last_at: float,
@@ -143,7 +142,7 @@ class Keyframes:
         if not every or not math.isfinite(last_at):
             return []
         first = math.ceil(last_at / every) * every
-        if first >= until or not self.wanted(state):  # (most events pass none: cheap first)
+        if first >= until or not self.made_for(state):  # (most events pass none: cheap first)
             return []
         known, wanted = self._known(job_id), self.store.keyframes.wanted
         out = []

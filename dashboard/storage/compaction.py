@@ -258,8 +258,7 @@ class Compactor:
         """Where old checkpoints are thinned: the stretch of arrival time that keeps one
         checkpoint around moment ``at`` (None: every checkpoint there is kept). The store
         asks before it saves one, so that a scrub does not store again what was removed."""
-        horizon, keep = self._thinned_before.get(job_id, (-math.inf, ()))
-        if at >= horizon or any(a <= at <= b for a, b in keep):
+        if self._kept_whole(job_id, at):
             return None
         every = self.policy.checkpoint_keep_s
         bucket = math.floor(at / every)
@@ -269,10 +268,15 @@ class Compactor:
         """Whether a keyframe at ``at`` is kept where old keyframes are thinned: inside the
         window, near a finding, or at a multiple of ``keyframe_keep_s``. Asked before one is
         stored, so that a scrub does not store again what was removed."""
-        horizon, keep = self._thinned_before.get(job_id, (-math.inf, ()))
         every = self.policy.keyframe_keep_s
-        return at >= horizon or any(a <= at <= b for a, b in keep) or \
+        return self._kept_whole(job_id, at) or \
             math.isclose(at / every, round(at / every), rel_tol=0, abs_tol=1e-9)
+
+    def _kept_whole(self, job_id: int, at: float) -> bool:
+        """Whether moment ``at`` of the job lies where nothing is thinned: inside the window
+        (not compacted yet) or near one of its findings."""
+        horizon, keep = self._thinned_before.get(job_id, (-math.inf, ()))
+        return at >= horizon or any(a <= at <= b for a, b in keep)
 
     def _thin_keyframes(self, job_id: int, horizon: float) -> None:
         """Beyond the window and away from findings, keep the keyframes at multiples of
