@@ -766,6 +766,7 @@ def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(t
         # on screen undimmed, and the label says which moment is shown and which is coming.
         held: list = []
         page.route(re.compile(r"/state\?at=[0-9.]+$"), lambda route: held.append(route))
+        page.evaluate("delete document.getElementById('job-page').dataset.aheadMarks")
         slider.evaluate("el => el.dispatchEvent(new Event('change'))")
         for _ in range(50):  # route handlers run while Playwright has the thread
             if held:
@@ -780,6 +781,9 @@ def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(t
         page.unroute(re.compile(r"/state\?at=[0-9.]+$"))
         expect(shown).to_have_attribute("data-replayed", _js_number(at), timeout=LIVE_MS)
         assert "within" not in asked[-1] and f"at={_js_number(at)}" in asked[-1]
+        # Resting there, the page asks for the next second and the incident marks on either
+        # side (exact moments): once it has, only Play asks.
+        expect(shown).to_have_attribute("data-ahead-marks", re.compile(r".*"), timeout=LIVE_MS)
         # Play at 10x: keyframes too (each tick moves 5 s); at 1x the exact moments.
         for speed, near in (("10", True), ("1", False)):
             page.select_option("#replay-speed", speed)
