@@ -94,20 +94,30 @@ class DeadLinkServer:
             try:
                 conn, _ = self.listener.accept()
             except OSError:
-                return
+                return  # close()d
             self.connections.append(conn)
-            request = b""
-            while b"\r\n\r\n" not in request:
-                request += conn.recv(4096)
-            key = next(line.split(b":", 1)[1].strip() for line in request.split(b"\r\n")
-                       if line.lower().startswith(b"sec-websocket-key:"))
-            accept = base64.b64encode(hashlib.sha1(
-                key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
-            conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                         b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
-            conn.recv(4096)  # the auth frame
-            ok = encode_v2({"ok": True, "job": 1})
-            conn.sendall(bytes([0x82, len(ok)]) + ok)
+            try:
+                self._handshake(conn)
+            except OSError:
+                continue  # close() ran, or the sender gave this link up, mid-handshake
+
+    @staticmethod
+    def _handshake(conn: socket.socket) -> None:
+        request = b""
+        while b"\r\n\r\n" not in request:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return
+            request += chunk
+        key = next(line.split(b":", 1)[1].strip() for line in request.split(b"\r\n")
+                   if line.lower().startswith(b"sec-websocket-key:"))
+        accept = base64.b64encode(hashlib.sha1(
+            key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                     b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+        conn.recv(4096)  # the auth frame
+        ok = encode_v2({"ok": True, "job": 1})
+        conn.sendall(bytes([0x82, len(ok)]) + ok)
 
     def close(self) -> None:
         self.listener.close()
