@@ -156,6 +156,8 @@ class Compactor:
         self.checkpoints_deleted = 0
         self.keyframes_deleted = 0
         self._keyframes_upto: dict[int, float] = {}  # job -> keyframes below this are thinned
+        # Rows packed within minutes need not be compressed one by one (their pack is).
+        store.log.compress = not policy.pack_after_s
         if policy.checkpoint_keep_s > 0:
             store.checkpoints.span = self.checkpoint_span
         if policy.keyframe_keep_s > 0:

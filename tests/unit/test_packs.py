@@ -171,6 +171,34 @@ def test_a_packed_log_folds_to_the_same_state_at_every_event_and_exports_the_sam
     assert _pack_data(store) == data
 
 
+def _body_formats(store: Store) -> set[int]:
+    with store.engine.connect() as conn:
+        return {bytes(r[0])[0] for r in conn.exec_driver_sql("SELECT body_z FROM events")}
+
+
+def test_rows_the_compactor_packs_are_stored_plain_and_others_compressed(store, tmp_path):
+    """Where cells are packed, a row lives minutes: its body is stored plain (format 02, no
+    zlib on the writer), and it reads back, packs and folds as a compressed one does."""
+    events = _stored(_job_events(200))
+    compactor = Compactor(store, FULL)
+    job_id = _store_job(store, events)
+    assert _body_formats(store) == {2}
+    assert list(store.log.events(job_id)) == events
+    compactor.run_once()
+    rows, packs, _ = _rows_and_packs(store)
+    assert packs and rows < len(events) // 4
+    assert list(store.log.events(job_id)) == events
+    # Never packed (PGDASH_PACK_AFTER_S=0): rows stay, compressed.
+    kept = Store(f"sqlite:///{tmp_path / 'kept.sqlite'}").start()
+    try:
+        Compactor(kept, Policy(keep_full_s=3600, pack_after_s=0))
+        kept_id = _store_job(kept, events)
+        assert _body_formats(kept) == {1}
+        assert list(kept.log.events(kept_id)) == events
+    finally:
+        kept.close()
+
+
 def test_a_quiet_job_packs_its_newest_cells_too_and_goes_on_after_them(store):
     events = _stored(_job_events(150))
     job_id = _store_job(store, events)

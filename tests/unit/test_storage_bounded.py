@@ -37,8 +37,12 @@ def test_compact_bodies_read_back_identically_and_are_far_smaller_than_json():
     packed = [encode_body(ev["body"]) for ev in events]
     assert [decode_body(p) for p in packed] == [ev["body"] for ev in events]
     assert sum(map(len, packed)) * 2 < json_bytes
-    with pytest.raises(ValueError, match="format 02"):
-        decode_body(b"\x02abc")
+    # Plain (format 02): rows the compactor packs soon, read back the same, uncompressed.
+    plain = [encode_body(ev["body"], compress=False) for ev in events]
+    assert [decode_body(p) for p in plain] == [ev["body"] for ev in events]
+    assert {p[0] for p in plain} == {2} and {p[0] for p in packed} == {1}
+    with pytest.raises(ValueError, match="format 03; this pgdash reads formats 01 and 02"):
+        decode_body(b"\x03abc")
 
 
 def msgspec_json(body: dict) -> bytes:
