@@ -8,7 +8,7 @@ that a later format can be added beside them and every stored row stays readable
   bodies are small (40 B - 2 kB) and mostly the same keys and op names again, which plain
   zlib cannot learn from one body; the preset dictionary teaches it. **Never edit
   ``_BODY_DICT_V1``**: rows written with it need exactly these bytes to be read. A better
-  dictionary is a new version byte. ``b"\x02"`` + MessagePack(body): the same body
+  dictionary is a new version byte. ``b"\\x02"`` + MessagePack(body): the same body
   uncompressed, for rows the compactor packs within minutes (dashboard.storage.packs
   compresses a whole cell far better); zlib of one body cost the writer ~20 us, a fifth of a
   1,024-rank server's CPU.
@@ -31,6 +31,7 @@ import msgspec
 
 BODY_V1 = 1
 BODY_PLAIN = 2
+_PLAIN = bytes((BODY_PLAIN,))
 STATE_V1 = 1
 # zlib level of checkpoints: at 256 ranks (a 10.6 MB pickle) level 6 stores 19% less than
 # level 1 (2.66 against 3.29 MB) for 0.2 s more on the writer thread every PGDASH_CHECKPOINT_S,
@@ -84,9 +85,6 @@ def encode_body(body: dict[str, Any], compress: bool = True) -> bytes:
         return _PLAIN + _encoder.encode(body)
     z = zlib.compressobj(6, zdict=_BODY_DICT_V1)
     return bytes((BODY_V1,)) + z.compress(_encoder.encode(body)) + z.flush()
-
-
-_PLAIN = bytes((BODY_PLAIN,))
 
 
 class RawBody(bytes):
