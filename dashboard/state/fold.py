@@ -12,8 +12,8 @@ from __future__ import annotations
 import collections
 from typing import Any, Hashable, Iterable, Protocol, TypeVar
 
-from dashboard.state.latency import (LatencyStats, add_summary, current_point, per_family,
-                                     upgraded_point)
+from dashboard.state.latency import LatencyStats, add_summary, per_family, upgraded_windows
+from dashboard.state.recent import RecentWindows
 from dashboard.state.records import TERMINAL_RANK, RankState, StoredEvent, family_of
 
 # Events that leave the job summary (status, world size, backend, start) as it was, unless
@@ -74,8 +74,8 @@ class Fold:
         # (group, rank) -> recent (end, count, sum_us, histogram) summaries, all ops of the
         # group together, for the straggler and slow rules (the histograms' quantiles tell a
         # peer late at nearly every collective from a few long waits, or from waits spread
-        # at random) and the heat map; the histogram is flat: (bucket, count, bucket, ...)
-        self.recent: dict[tuple[str, int], collections.deque] = {}
+        # at random) and the heat map, as columns (dashboard.state.recent)
+        self.recent = RecentWindows()
         # (group, rank) -> per heartbeat (t, samples in flight, samples) of the Flight Recorder,
         # for groups whose collectives run in C++ (how long a rank waits inside DDP's)
         self.fr_tallies: dict[tuple[str, int], collections.deque] = {}
@@ -105,25 +105,22 @@ class Fold:
         self._ranks_memo: tuple[int, dict[int, RankState]] | None = None
         self._memo: dict[Hashable, Any] = {}  # see memo()
         self._memo_applied = 0
-        self._kept: dict[Hashable, Any] = {}  # see JobState.kept(); never stored
 
     def __setstate__(self, data: dict[str, Any]) -> None:
         """A stored checkpoint's state; one an earlier pgdash stored has its latency
-        summaries upgraded to (end, count, sum_us, histogram) (see latency.upgraded_point)."""
+        summaries upgraded to today's windows (see latency.upgraded_windows)."""
         self.__dict__.update(data)
         self.__dict__.setdefault("exit_rows", {})  # checkpoints of earlier versions
         self.__dict__.setdefault("snapshots", {})
         self.__dict__.setdefault("snapshot_answers", 0)
         self.__dict__.setdefault("snapshot_peers", {})
-        self.__dict__.setdefault("_kept", {})  # not stored (see codec.pickle_state)
+        self.__dict__.pop("_kept", None)  # what views kept beside the fold (stored empty)
         if "family_of" not in data:  # checkpoints of earlier versions: series per group
             self.family_of = {name: family_of(g) for name, g in self.groups.items()}
             self.op_seconds = per_family(self.op_seconds, self.family_of)
-        for key, window in self.recent.items():
-            # A window is all old or all new (a loaded state is upgraded whole): its ends tell.
-            if window and not (current_point(window[0]) and current_point(window[-1])):
-                self.recent[key] = collections.deque(map(upgraded_point, window),
-                                                     maxlen=window.maxlen)
+        if isinstance(self.recent, dict):
+            # Checkpoints of earlier versions: a deque of tuples per (group, rank).
+            self.recent = upgraded_windows(self.recent)
 
     # -- the fold ----------------------------------------------------------------------------
 

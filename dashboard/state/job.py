@@ -170,12 +170,14 @@ class JobState(Fold):
         return not any(row["entered"] for row in rows) and any(
             row.get("fr_enqueued") for row in rows)
 
-    def recent_of(self, group: str) -> dict[int, collections.deque]:
-        """Recent latency summaries of one group by rank (read-only, indexed likewise)."""
-        return self.grouped("recent").get(group, {})
+    def recent_points(self) -> dict[tuple[str, int], list[tuple]]:
+        """Every (group, rank)'s recent latency summaries as (end, count, sum_us, flat
+        histogram) tuples, oldest first (tests and benches compare them; the rules read the
+        columns: dashboard.state.recent)."""
+        return self.recent.windows()
 
     def grouped(self, table: str) -> dict[str, dict[int, Any]]:
-        """One of the per (group, rank) tables (``progress``, ``recent``, ``fr_tallies``) as
+        """One of the per (group, rank) tables (``progress``, ``fr_tallies``) as
         group -> rank -> value (read-only; indexed once per state version)."""
         # Diagnosis asks per group for hundreds of groups at 1,024 ranks: one pass, not one
         # per group.
@@ -196,14 +198,6 @@ class JobState(Fold):
         if key not in self._memo:
             self._memo[key] = build()
         return self._memo[key]
-
-    def kept(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        """``make()``, kept with this state for as long as it lives, never stored with it: for
-        views that keep themselves in step with the fold (dashboard.web.timeline)."""
-        kept = self._kept
-        if key not in kept:
-            kept[key] = make()
-        return kept[key]
 
     def claims(self, rank: int | None, session: str, attempt: int = 0) -> bool:
         """Whether another session of that attempt already holds ``rank`` in this job."""

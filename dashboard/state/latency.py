@@ -9,15 +9,15 @@ arithmetic; ``upgraded_point`` reads the windows that earlier checkpoints stored
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 from typing import Any
 
 from pgdash_agent.wire import hist_bucket, hist_bucket_value
 
+from dashboard.state.recent import RecentWindows
+
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})  # the agent's point-to-point ops (collective_wrappers)
-RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
 # Seconds of merged summaries kept per (family, op, source) for the latency chart: its 30
 # (dashboard.web.live.TIMELINE_BINS) and two for the summaries of a second still arriving.
 OP_SECONDS = 32
@@ -81,6 +81,14 @@ def quantile_us(hist: dict[int, int], q: float, default: float) -> float:
     return default
 
 
+def upgraded_windows(recent: dict[tuple[str, int], Any]) -> RecentWindows:
+    """The straggler windows as checkpoints before dashboard.state.recent stored them (a
+    deque of summary tuples per (group, rank), in any layout upgraded_point reads), as
+    today's."""
+    return RecentWindows.of({key: [upgraded_point(p) for p in window]
+                             for key, window in recent.items() if window})
+
+
 def current_point(point: tuple) -> bool:
     return len(point) == 4 and isinstance(point[3], tuple)
 
@@ -118,11 +126,11 @@ def per_family(op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]],
 
 def add_summary(collectives: dict[tuple[str, str, int, str], LatencyStats],
                 op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]],
-                recent: dict[tuple[str, int], collections.deque],
+                recent: RecentWindows,
                 rank: int, body: dict[str, Any], families: dict[str, str]) -> None:
     """Fold one rank's latency summary (a ``coll_stats`` body) into the job's totals per
     (group, op, rank, source), the per-second series per (family, op, source) and the recent
-    window per (group, rank).
+    windows per (group, rank) (dashboard.state.recent).
 
     The per-second series are what the latency chart draws, per family of groups (all the
     data-parallel groups of a mesh together): kept per family (``families``: group name ->
@@ -198,13 +206,8 @@ def add_summary(collectives: dict[tuple[str, str, int, str], LatencyStats],
             second_hist[bucket] = second_get(bucket, 0) + n
             window_hist[bucket] = window_get(bucket, 0) + n
     for group, (end, count, sum_us, hist) in per_group.items():
-        # The histogram stays so that the straggler rule can pool intervals: one flat
-        # (bucket, count, bucket, count, ...) tuple, a third of the memory of pairs (a
-        # 1,024-rank job holds 60 of them per rank and group).
-        window = recent.get((group, rank))
-        if window is None:
-            window = recent[(group, rank)] = collections.deque(maxlen=RECENT_INTERVALS)
-        window.append((end, count, sum_us, tuple(_flat(sorted(hist.items())))))
+        # The histogram stays so that the straggler rule can pool intervals.
+        recent.append((group, rank), end, count, sum_us, tuple(_flat(sorted(hist.items()))))
 
 
 _flat = itertools.chain.from_iterable

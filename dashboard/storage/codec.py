@@ -132,7 +132,7 @@ def decode_body(data: bytes) -> dict[str, Any]:
 # What a JobState is made of; anything else in a checkpoint row means it was not ours.
 _ALLOWED = {
     ("dashboard.state.job", "JobState"), ("dashboard.state.records", "RankState"),
-    ("dashboard.state.latency", "LatencyStats"),
+    ("dashboard.state.latency", "LatencyStats"), ("dashboard.state.recent", "RecentWindows"),
     # Where checkpoints stored before dashboard.state became a package name them
     ("dashboard.state", "JobState"), ("dashboard.state", "RankState"),
     ("dashboard.state", "LatencyStats"), ("collections", "deque"),
@@ -175,12 +175,12 @@ def pickle_state(fold: Any) -> bytes:
     """The first half of :func:`encode_state`: what must be taken while nothing folds into
     the state (the second, :func:`compress_state`, may run elsewhere)."""
     state = getattr(fold, "state", fold)
-    memo = (state._memo, state._summary_memo, state._ranks_memo, state._kept)
-    state._memo, state._summary_memo, state._ranks_memo, state._kept = {}, None, None, {}
+    memo = (state._memo, state._summary_memo, state._ranks_memo)
+    state._memo, state._summary_memo, state._ranks_memo = {}, None, None
     try:
         return pickle.dumps(fold, protocol=pickle.HIGHEST_PROTOCOL)
     finally:
-        state._memo, state._summary_memo, state._ranks_memo, state._kept = memo
+        state._memo, state._summary_memo, state._ranks_memo = memo
 
 
 def compress_state(raw: bytes, level: int = STATE_LEVEL) -> bytes:

@@ -5,13 +5,13 @@ no SQL."""
 
 from __future__ import annotations
 
-import array
-import collections
-import itertools
-import threading
+import math
 from typing import Any
 
+import numpy as np
+
 from dashboard.state import JobState, LatencyStats, group_order
+from dashboard.state.recent import Columns
 
 
 def timeline_grid(state: JobState, bins: int = 30) -> dict[str, Any]:
@@ -30,26 +30,20 @@ def timeline_grid(state: JobState, bins: int = 30) -> dict[str, Any]:
     it inside one (a family drawn so, in part or whole, carries ``"sampled": true``).
     """
     families = state.families()
-    ends = [w[-1][0] for w in state.recent.values() if w]
+    newest = state.recent.newest_ends()  # (group, rank) -> its newest summary's end
+    ends = [max(newest.values())] if newest else []
     ends += [max(series) for series in state.op_seconds.values() if series]
     ends += [tallies[-1][0] for tallies in state.fr_tallies.values() if tallies]
     if not ends:
         return {"end": None, "step": 1, "bins": bins, "families": [], "ops": []}
     last = int(max(ends))
     first = last - bins + 1
-    busy_of: dict[str, dict[int, list]] = {}  # family -> rank -> busy percent per bin
     sampled: set[str] = set()  # families with rows from the Flight Recorder's samples
-    busy_rows = _busy_rows(state)
-    for (g, rank), window in state.recent.items():
-        rows = busy_of.setdefault(families.get(g, g), {})
-        row = busy_rows.row(g, rank, window, first, bins, rows.get(rank))
-        if row is not None:
-            rows[rank] = row
+    busy_of = _busy_of(state, families, first, bins)  # family -> rank -> percent per bin
     for (g, rank), tallies in state.fr_tallies.items():
         # C++-issued collectives are timed to the agent's poll gap, not to the collective:
         # their busy share comes from how many of its samples found the rank inside one.
-        if (g, rank) in state.recent and state.recent[(g, rank)] and \
-                state.recent[(g, rank)][-1][0] >= first:
+        if newest.get((g, rank), -math.inf) >= first:
             continue
         cells = [(int(t) - first, busy, n) for t, busy, n in tallies
                  if n and int(t) >= first]
@@ -110,156 +104,57 @@ def _op_series(state: JobState, families: dict[str, str], order: list[str], firs
     return out
 
 
-def busy_row(window: collections.deque, first: int, bins: int,
-             into: list | None = None) -> list | None:
-    """One (group, rank) window's busy percent per second of the grid starting at ``first``,
-    added to ``into`` (the row of another group of the family) if given (None: no summary
-    on the grid). The definition; _BusyRows keeps the same sums as the fold goes."""
-    # The summaries on the grid are the window's newest (one agent's summaries end in the
-    # order it sent them): back to the first before the grid, whose end starts the interval
-    # of the first on it, then forward.
-    start = len(window)
-    while start and window[start - 1][0] >= first:
-        start -= 1
-    if start == len(window):
+def _busy_of(state: JobState, families: dict[str, str], first: int,
+             bins: int) -> dict[str, dict[int, list]]:
+    """Per family, each rank's busy percent per second of the grid starting at ``first``
+    (None: no summary ended in that second), its groups' together (100 at most)."""
+    cols = state.recent.columns()
+    busy = busy_cells(cols, first, bins)
+    if busy is None:
+        return {}
+    # The rows of each (family, rank): its groups' windows, added up.
+    found = ~np.isnan(busy)
+    shown = np.flatnonzero(found.any(axis=1)).tolist()
+    cell: dict[tuple[str, int], int] = {}
+    which = [cell.setdefault((families.get(g, g), rank), len(cell))
+             for g, rank in (cols.ranks[i] for i in shown)]
+    total = np.zeros((len(cell), bins))
+    np.add.at(total, which, np.nan_to_num(busy[shown]))
+    seen = np.zeros((len(cell), bins), bool)
+    np.logical_or.at(seen, which, found[shown])
+    out: dict[str, dict[int, list]] = {}
+    for (family, rank), i in cell.items():
+        out.setdefault(family, {})[rank] = [int(min(100.0, v)) if s else None
+                                            for v, s in zip(total[i].tolist(), seen[i].tolist())]
+    return out
+
+
+def busy_cells(cols: Columns, first: int, bins: int) -> np.ndarray | None:
+    """Each rank's percent of each second of the grid starting at ``first`` spent inside the
+    group's collectives, as (ranks, bins) (NaN: no summary ended in that second; None: no
+    rank has any). A summary counts over its interval since the one before it (the oldest
+    kept over one second), spread over its seconds when longer than one (up to 10); those of
+    under a second (PGDASH_STATS_INTERVAL_S) share a second, their percents added. The
+    summaries on the grid are each rank's newest that end in it (one agent's end in the order
+    it sent them; after a clock that stepped back, those since)."""
+    width = cols.width
+    if not len(cols.ranks) or not width:
         return None
-    row: list = [None] * bins if into is None else into
-    prev_end = window[start - 1][0] if start else None
-    for end, _count, sum_us, _hist in itertools.islice(window, start, None):
-        b = int(end) - first
-        dt = end - prev_end if prev_end is not None else 1.0
-        prev_end = end
-        pct = _pct(sum_us, dt)
-        row[b] = min(100, pct if row[b] is None else row[b] + pct)
-    return row
-
-
-def _pct(sum_us: float, dt: float) -> int:
-    # Summaries of under a second (PGDASH_STATS_INTERVAL_S) share a bin: their busy times
-    # add up; a longer one is spread over its seconds.
-    return round(sum_us / 1e4 / (dt if 1.0 < dt < 10 else 1.0))
-
-
-def _busy_rows(state: JobState) -> "_BusyRows":
-    return state.kept("busy_rows", _BusyRows)
-
-
-class _BusyRows:
-    """busy_row() of every window, kept in step with the fold: a moment later costs the
-    summaries appended since (and those that fell off a window's far end), not every
-    window again. At 1,024 ranks the windows hold ~300,000 summaries on a 30-second grid,
-    and reading them all was half of a replayed moment; what is kept is ~1.7 KB a window.
-    A window whose ends go back in time (an agent's clock stepped back) or that holds a
-    negative or absurd time is read whole, as is a grid longer than RING seconds."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # two readers of one state (the live push, the API)
-        self._of: dict[tuple[str, int], _Window] = {}
-
-    def row(self, group: str, rank: int, window: collections.deque, first: int, bins: int,
-            into: list | None) -> list | None:
-        """busy_row(window, first, bins, into)."""
-        with self._lock:
-            kept = self._of.get((group, rank))
-            if kept is None or not kept.follow(window):
-                kept = _Window(window)
-            if not kept.exact:
-                self._of.pop((group, rank), None)
-            else:
-                self._of[(group, rank)] = kept
-                if kept.holds(first):
-                    return kept.row(first, bins, into)
-        return busy_row(window, first, bins, into)
-
-
-RING = 64  # seconds of busy sums kept per window: the grid's 30 and then some
-EMPTY = -1  # a second of the ring no summary ended in
-MAX_PCT = 2**24  # a summary's busy percent kept in the ring (60 of them fit in an int32)
-
-
-class _Window:
-    """The sums busy_row() makes of one window whose ends only go forward, for each of its
-    newest RING seconds: each summary counts its busy percent over its interval from the
-    one before it, the window's oldest over one second (nothing before it is left).
-
-    Of the summaries it has taken in it keeps only their ends and busy times, as numbers
-    (and the newest itself, to find where to go on from): a follower read every 20 s or so
-    (a big job's keyframes) held on to every summary that left its window meanwhile, tens of
-    megabytes at 1,024 ranks."""
-
-    __slots__ = ("window", "ends", "sums", "last", "ring", "newest", "exact")
-
-    def __init__(self, window: collections.deque) -> None:
-        self.window = window
-        self.ends = array.array("d")  # the summaries' ends and busy times, oldest first:
-        self.sums = array.array("d")  # at most the window's maxlen
-        self.last: Any = None  # the newest summary taken in
-        self.ring = array.array("i", [EMPTY]) * RING  # second % RING -> busy percent
-        self.newest = -2**62  # the newest summary's second
-        self.exact = True  # False: ends that go back, or a time out of bounds
-        self._append(window)
-
-    def follow(self, window: collections.deque) -> bool:
-        """Take in what was appended to ``window`` since; False: it is not the window this
-        follows any more (replaced, emptied, or more appended than it holds)."""
-        if window is not self.window:
-            return False
-        if not window:
-            return not self.ends
-        if not self.ends:
-            self._append(window)
-            return True
-        last = self.last
-        for i in range(len(window) - 1, -1, -1):
-            if window[i] is last:
-                self._append(itertools.islice(window, i + 1, None))
-                return True
-        return False
-
-    def _append(self, summaries: Any) -> None:
-        ends, sums, ring, most = self.ends, self.sums, self.ring, self.window.maxlen
-        for entry in summaries:
-            if most is not None and len(ends) == most:  # its oldest falls off the window
-                old_end, old_sum = ends.pop(0), sums.pop(0)
-                second = int(old_end)
-                self._add(second, -_pct(old_sum, 1.0))
-                if ends:  # the next is the oldest now: over one second
-                    self._add(int(ends[0]), _pct(sums[0], 1.0) - _pct(sums[0], ends[0] - old_end))
-                if (not ends or int(ends[0]) != second) and second > self.newest - RING:
-                    ring[second % RING] = EMPTY
-            end, sum_us = entry[0], entry[2]
-            alone = _pct(sum_us, 1.0)
-            pct = alone if not ends else _pct(sum_us, end - ends[-1])
-            if not (0 <= alone < MAX_PCT and 0 <= pct < MAX_PCT) or \
-                    (ends and end < ends[-1]):
-                self.exact = False  # read whole (BusyRows drops this one)
-                return
-            second = int(end)
-            if second > self.newest:  # the seconds it moves past are empty
-                for s in range(max(self.newest + 1, second - RING + 1), second + 1):
-                    ring[s % RING] = EMPTY
-                self.newest = second
-            self._add(second, pct)
-            ends.append(end)
-            sums.append(sum_us)
-            self.last = entry
-
-    def _add(self, second: int, pct: int) -> None:
-        if second > self.newest - RING:  # older seconds left the ring: no grid reads them
-            i = second % RING
-            self.ring[i] = pct if self.ring[i] == EMPTY else self.ring[i] + pct
-
-    def holds(self, first: int) -> bool:
-        return first > self.newest - RING
-
-    def row(self, first: int, bins: int, into: list | None) -> list | None:
-        if not self.ends or self.ends[-1] < first:
-            return None
-        row: list = [None] * bins if into is None else into
-        ring = self.ring
-        for b in range(min(bins, self.newest - first + 1)):
-            pct = ring[(first + b) % RING]
-            if pct != EMPTY:
-                # Percentages of 0 or more: busy_row's running min(100, ...) is the sum's.
-                row[b] = min(100, pct if row[b] is None else row[b] + pct)
-        return row
+    held = np.arange(width)[None, :] >= width - cols.sizes[:, None]
+    on = held & (cols.ends >= first)
+    on = np.logical_and.accumulate(on[:, ::-1], axis=1)[:, ::-1]  # the newest run of them
+    rows, col = np.nonzero(on)
+    if not len(rows):
+        return None
+    after = np.zeros_like(held)
+    after[:, 1:] = held[:, :-1]  # a summary with one before it in the window
+    dt = np.ones_like(cols.ends)
+    dt[:, 1:] = cols.ends[:, 1:] - cols.ends[:, :-1]
+    dt = np.where(after & (dt > 1.0) & (dt < 10), dt, 1.0)
+    pct = np.rint(cols.sums / 1e4 / dt)[rows, col]
+    second = np.trunc(cols.ends[rows, col]).astype(np.int64) - first
+    inside = second < bins  # an earlier summary ending after a later one (the clock stepped)
+    cell = rows[inside] * bins + second[inside]
+    total = np.bincount(cell, weights=pct[inside], minlength=len(cols.ranks) * bins)
+    seen = np.bincount(cell, minlength=len(cols.ranks) * bins) > 0
+    return np.where(seen, total, np.nan).reshape(len(cols.ranks), bins)

@@ -625,7 +625,8 @@ def test_the_first_bucket_above_a_latency_is_the_one_a_bucket_by_bucket_search_f
     import math
     import random
 
-    from dashboard.diagnosis.rules.windows import count_above, first_bucket_above
+    from dashboard.diagnosis.rules.windows import Windows, first_bucket_above
+    from dashboard.state.recent import RecentWindows
     from pgdash_agent.wire import HIST_MAX_BUCKET, hist_bucket_value
 
     values = [hist_bucket_value(b) for b in range(HIST_MAX_BUCKET + 1)]
@@ -639,6 +640,45 @@ def test_the_first_bucket_above_a_latency_is_the_one_a_bucket_by_bucket_search_f
         want = next((b for b, v in enumerate(values) if v > us), HIST_MAX_BUCKET + 1)
         assert first_bucket_above(us) == want, us
     hist = {b: b + 1 for b in range(0, HIST_MAX_BUCKET + 1, 7)}
+    # One rank's summaries, the histogram split over two of them, pooled as the rules pool.
+    flat = [x for pair in sorted(hist.items()) for x in pair]
+    half = len(flat) // 4 * 2
+    windows = Windows(RecentWindows.of({3: [(1.0, 1, 1.0, flat[:half]),
+                                            (2.0, 1, 1.0, flat[half:])]}).columns())
+    pooled = windows.pooled(2)
     for us in latencies[::50]:
-        assert count_above(hist, us) == sum(c for b, c in hist.items()
-                                            if hist_bucket_value(b) > us), us
+        want = sum(c for b, c in hist.items() if hist_bucket_value(b) > us)
+        assert pooled.counts_above(us) == [want], us
+        assert pooled.shares_above(us) == [want / sum(hist.values())], us
+
+
+def test_groups_judged_together_get_the_verdicts_each_gets_alone():
+    """The straggler rule judges all groups of one size at once (rules.windows.Windows); a
+    group's verdict must be the one it gets judged alone, whatever its neighbours in the
+    stack hold: bench/fold.py's 32-rank mesh (groups of 2, 4, 8 and the world), one rank
+    waiting least throughout, at several moments and windows back."""
+    from bench.fold import T0, build_log
+    from dashboard.diagnosis.rules.straggler_verdict import straggler_in, stragglers_in
+    from dashboard.diagnosis.rules.windows import stacked_windows
+    from dashboard.state import JobState
+
+    def seen(v):
+        return None if v is None else (v.rank, v.medians, v.typical, v.intervals, v.share,
+                                       v.recent.ranks, v.recent.cols.sizes.tolist())
+
+    events = build_log(ranks=32, seconds=40, hang_at=None, slow_rank=5, seed=2)
+    state, at, named = JobState(1, "j"), 0, 0
+    for moment in (12.0, 25.0, 40.0):
+        while at < len(events) and events[at]["received_at"] <= T0 + moment:
+            state.apply(events[at])
+            at += 1
+        stacks = stacked_windows(state, T0 + moment)
+        assert len(stacks) >= 3 and any(windows.groups > 1 for _, windows in stacks)
+        for groups, windows in stacks:
+            for back in range(4):
+                together = stragglers_in(windows, back, Settings())
+                alone = [straggler_in(windows.group(g), back, Settings())
+                         for g in range(len(groups))]
+                assert list(map(seen, together)) == list(map(seen, alone)), (moment, groups)
+                named += sum(v is not None for v in together)
+    assert named  # rank 5 is named somewhere: the verdicts compared are not all None

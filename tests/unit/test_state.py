@@ -165,28 +165,56 @@ def test_half_second_summaries_share_a_heat_map_second():
 
 
 def test_latency_summaries_are_kept_with_their_histogram_and_old_checkpoints_upgrade():
+    import collections
+
     from pgdash_agent.wire import hist_bucket
     from dashboard.storage.codec import decode_state, encode_state
-    from dashboard.diagnosis.rules.windows import pooled_histogram
 
     log = two_running_ranks()
     log.add("s0", "coll_stats", stats("0", "all_reduce", 4, 100.0), t=20)
     state = log.state()
-    (point,) = state.recent[("0", 0)]
-    assert point == (1, 4, 400.0, (hist_bucket(100.0), 4))
-    # What earlier pgdash versions stored: two quantiles before the histogram, and before
-    # that no histogram at all (its collectives then count at its lower quartile).
-    state.recent[("0", 0)].extend([(2, 4, 400.0, 90.0, 80.0, point[3]),
-                                   (3, 2, 300.0, 160.0, 150.0)])  # (never mixed, but safe)
-    state.recent[("0", 1)] = type(state.recent[("0", 0)])([(3, 2, 300.0, 160.0, 150.0)],
-                                                          maxlen=60)
+    point = (1, 4, 400.0, (hist_bucket(100.0), 4))
+    assert state.recent.window(("0", 0)) == [point]
+    assert decode_state(encode_state(state)).recent.window(("0", 0)) == [point]
+    # What earlier pgdash versions stored: a deque per (group, rank); its summaries with two
+    # quantiles before the histogram, and before that no histogram at all (its collectives
+    # then count at its lower quartile).
+    state.recent = {("0", 0): collections.deque([point, (2, 4, 400.0, 90.0, 80.0, point[3]),
+                                                 (3, 2, 300.0, 160.0, 150.0)], maxlen=60),
+                    ("0", 1): collections.deque([(3, 2, 300.0, 160.0, 150.0)], maxlen=60),
+                    ("1", 1): collections.deque(maxlen=60)}
     loaded = decode_state(encode_state(state))
-    assert list(loaded.recent[("0", 0)]) == [point, (2, 4, 400.0, point[3]),
-                                             (3, 2, 300.0, (hist_bucket(150.0), 2))]
-    assert list(loaded.recent[("0", 1)]) == [(3, 2, 300.0, (hist_bucket(150.0), 2))]
-    assert loaded.recent[("0", 0)].maxlen == 60
-    assert pooled_histogram(loaded.recent[("0", 0)]) == {hist_bucket(100.0): 8,
-                                                          hist_bucket(150.0): 2}
+    assert loaded.recent.windows() == {
+        ("0", 0): [point, (2, 4, 400.0, point[3]), (3, 2, 300.0, (hist_bucket(150.0), 2))],
+        ("0", 1): [(3, 2, 300.0, (hist_bucket(150.0), 2))]}
+
+
+def test_the_windows_keep_each_ranks_newest_summaries_in_order_whatever_the_batches():
+    """RecentWindows against a deque per rank: appends in batches of any size (a flush on
+    every read, or thousands waiting), ranks joining late, histograms of any width."""
+    import collections
+    import pickle
+    import random
+
+    from dashboard.state.recent import RecentWindows
+
+    rng = random.Random(3)
+    for trial in range(40):
+        width = rng.choice((1, 3, 60))
+        windows, want = RecentWindows(width), {}
+        for step in range(rng.randint(1, 300)):
+            rank = rng.randrange(rng.choice((1, 4, 20)))
+            flat = tuple(x for b in sorted(rng.sample(range(321), rng.randint(0, 12)))
+                         for x in (b, rng.randint(1, 10**6)))
+            point = (rng.uniform(0, 1e9), rng.randint(0, 10**6), rng.uniform(0, 1e7), flat)
+            windows.append(rank, *point)
+            want.setdefault(rank, collections.deque(maxlen=width)).append(point)
+            if rng.random() < 0.05:
+                assert windows.windows() == {r: list(d) for r, d in want.items()}, trial
+        assert windows.windows() == {r: list(d) for r, d in want.items()}, trial
+        assert windows.newest_ends() == {r: d[-1][0] for r, d in want.items()}
+        copy = pickle.loads(pickle.dumps(windows))
+        assert copy.windows() == windows.windows()
 
 
 @pytest.mark.parametrize("old_home", [b"agent.wire", b"pgdash_agent.wire"])
@@ -239,7 +267,8 @@ def _naive_summaries(events):
     import collections
 
     from dashboard.state import LatencyStats
-    from dashboard.state.latency import OP_SECONDS, P2P_OPS, RECENT_INTERVALS
+    from dashboard.state.latency import OP_SECONDS, P2P_OPS
+    from dashboard.state.recent import RECENT_INTERVALS
 
     collectives, op_seconds, recent = {}, {}, {}
     ranks, families = {}, {}
@@ -288,7 +317,7 @@ def _ordered(table):
     if hasattr(table, "hist"):
         return (table.count, table.bytes, table.sum_us, table.max_us,
                 list(table.hist.items()), table.resolution_us)
-    return [tuple(x) for x in table] if hasattr(table, "maxlen") else table
+    return table
 
 
 def test_a_generated_job_folds_its_latency_summaries_row_by_row_exactly():
@@ -322,7 +351,7 @@ def test_a_generated_job_folds_its_latency_summaries_row_by_row_exactly():
     collectives, op_seconds, recent = _naive_summaries(events)
     assert _ordered(state.collectives) == _ordered(collectives)
     assert _ordered(state.op_seconds) == _ordered(op_seconds)
-    assert _ordered(state.recent) == _ordered(recent)
+    assert state.recent_points() == {key: list(points) for key, points in recent.items()}
     from dashboard.state.latency import OP_SECONDS
 
     world = state.family_of["0"]  # the series are per family: the world group's is its own
@@ -364,50 +393,73 @@ def test_a_gpu_reading_folds_faults_and_throttling_as_the_reading_says():
     assert state.throttled_since == {} and state.gpu_faults[0]["lost"] == 15
 
 
-def test_busy_rows_kept_in_step_with_the_fold_are_the_rows_read_whole():
-    # The heat map's rows follow each window as summaries are appended and fall off its far
-    # end (timeline._BusyRows); whatever the window went through, a row is busy_row()'s.
-    import collections
+def _busy_row(window: list, first: int, bins: int, into: list | None = None) -> list | None:
+    """The heat map's row of one (group, rank) window, one summary at a time: each counts
+    its busy percent over its interval since the one before it (the oldest over a second),
+    spread over its seconds when 1-10 s long, in the second it ends; the newest summaries
+    that end on the grid count; percents add up, to 100 at most."""
+    start = len(window)
+    while start and window[start - 1][0] >= first:
+        start -= 1
+    if start == len(window):
+        return into
+    row = [None] * bins if into is None else into
+    prev = window[start - 1][0] if start else None
+    for end, _count, sum_us, _hist in window[start:]:
+        dt = end - prev if prev is not None else 1.0
+        prev = end
+        b = int(end) - first
+        if b < bins:
+            pct = round(sum_us / 1e4 / (dt if 1.0 < dt < 10 else 1.0))
+            row[b] = min(100, pct if row[b] is None else row[b] + pct)
+    return row
+
+
+def test_the_heat_maps_rows_are_each_summarys_busy_share_added_up():
+    # timeline._busy_of reads the windows' columns at once; whatever the windows hold
+    # (clocks that stepped back, summaries longer than a second or much longer, two groups of
+    # a family), a row is _busy_row()'s.
     import random
+
+    from dashboard.state.recent import RecentWindows
 
     rng = random.Random(7)
     for trial in range(300):
-        window = collections.deque(maxlen=rng.choice((1, 2, 5, 60, None)))
-        other = collections.deque([(95.0, 1, 3e5, ()), (96.5, 1, 9e5, ())], maxlen=60)
-        state = JobState(1, "j")
-        state.recent = {("0", 0): window, ("1", 0): other}
-        rows = timeline._busy_rows(state)
+        width = rng.choice((1, 2, 5, 60))
+        points: dict[str, list] = {"0": [], "1": [(95.0, 1, 3e5, ()), (96.5, 1, 9e5, ())]}
         end = 100.0
-        for step in range(rng.randint(1, 40)):
-            for _ in range(rng.choice((0, 1, 2, 3, 70))):
-                odd = rng.random() < 0.02  # a clock stepped back; a negative time
-                end += rng.choice((0.0, 0.25, 0.5, 1.0, 1.5, 4.0, 12.0)) * (-1 if odd else 1)
-                sum_us = rng.uniform(0, 2e6) * (-1 if rng.random() < 0.02 else 1)
-                window.append((end, 1, sum_us, ()))
-            if rng.random() < 0.03:  # replaced (a checkpoint loaded, an upgrade)
-                window = state.recent[("0", 0)] = collections.deque(window, maxlen=window.maxlen)
-            bins = rng.choice((1, 4, 30, 100))
-            # the grid's last second: the newest of every window's (another's may be newer)
-            last = int(max(e[0] for e in [*window, *other])) + rng.choice((0, 0, 1, 3))
-            first = last - bins + 1
-            # added to the row of another group of the family, or a row of its own (each
-            # side gets its own copy: a row is added to in place)
-            merged = rng.random() < 0.5
-            want_into = timeline.busy_row(other, first, bins) if merged else None
-            got_into = timeline.busy_row(other, first, bins) if merged else None
-            want = timeline.busy_row(window, first, bins, want_into)
-            got = rows.row("0", 0, window, first, bins, got_into)
-            assert got == want, (trial, step, list(window)[-5:], first, bins)
+        for _ in range(rng.choice((0, 1, 2, 3, 70))):
+            back = rng.random() < 0.02  # a clock stepped back
+            end += rng.choice((0.0, 0.25, 0.5, 1.0, 1.5, 4.0, 12.0)) * (-1 if back else 1)
+            points["0"].append((end, 1, rng.uniform(0, 2e6), ()))
+        points = {g: pts[-width:] for g, pts in points.items()}
+        state = JobState(1, "j")
+        state.recent = RecentWindows.of({(g, 0): pts for g, pts in points.items()}, width)
+        merged = rng.random() < 0.5
+        families = {"0": "f", "1": "f" if merged else "g"}
+        bins = rng.choice((1, 4, 30, 100))
+        last = int(max(e[0] for pts in points.values() for e in pts)) + rng.choice((0, 0, 1, 3))
+        first = last - bins + 1
+        want: dict[str, dict] = {}
+        for g in ("1", "0"):
+            row = _busy_row(points[g], first, bins, want.get(families[g], {}).get(0))
+            if row is not None:
+                want.setdefault(families[g], {})[0] = row
+        assert timeline._busy_of(state, families, first, bins) == want, (trial, points, first)
 
 
 def test_what_a_state_keeps_beside_its_fold_is_not_stored():
+    from dashboard.diagnosis import Settings
+    from dashboard.diagnosis.rules import diagnose
     from dashboard.storage.codec import decode_state, encode_state
 
     log = two_running_ranks()
     log.add("s0", "coll_stats", stats("0", "all_reduce", 4, 100.0), t=20)
     state = log.state()
     before = timeline.timeline_grid(state, bins=4)
-    assert state._kept
+    judged = diagnose(state, 21.0, Settings())
+    assert state._memo  # the windows the rules read, indexed for this moment
     loaded = decode_state(encode_state(state))
-    assert loaded._kept == {} and state._kept
+    assert loaded._memo == {} and state._memo
     assert timeline.timeline_grid(loaded, bins=4) == before
+    assert diagnose(loaded, 21.0, Settings()) == judged

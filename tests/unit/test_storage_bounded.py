@@ -80,7 +80,7 @@ def test_a_checkpoint_that_pickled_the_timeline_beside_the_book_still_loads():
     timeline.advance(T0 + 60)
     assert timeline.book.findings()  # the hang: the book holds something to read back
     stored = decode_state(encode_state(timeline))  # as checkpointed: no memo caches
-    raw = pickle.dumps(stored, protocol=2)  # unframed: editable
+    raw = pickle.dumps(stored, protocol=3)  # unframed: editable
     old = raw.replace(b"cdashboard.diagnosis.timeline\nTimeline\n",
                       b"cdashboard.diagnosis.book\nTimeline\n")
     assert old != raw and b"dashboard.diagnosis.timeline" not in old

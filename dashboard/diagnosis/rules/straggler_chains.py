@@ -15,9 +15,8 @@ from typing import Any, Callable
 
 from dashboard.diagnosis.core import Settings
 from dashboard.diagnosis.rules.straggler_verdict import StragglerVerdict, straggler_in
-from dashboard.diagnosis.rules.windows import (count_above, mean_us, pooled_histogram,
-                                               typical_of_others, windows_of)
-from dashboard.state import JobState, quantile_us
+from dashboard.diagnosis.rules.windows import Windows, typical_but, windows_of
+from dashboard.state import JobState
 
 
 MAX_HOPS = 4  # a chain of waits followed this far at most (groups rarely nest deeper)
@@ -84,17 +83,17 @@ def _lateness(verdict: StragglerVerdict) -> tuple[float, float, float]:
     late share) and how many of their collectives waited half that or more. Typical over
     LATENESS_SAMPLE of the others at most, evenly spread (a median: at 1,024 ranks, pooling
     every other rank's window made a judgement with a straggler a quarter slower)."""
-    slow = verdict.rank
-    others = sorted(r for r in verdict.recent if r != slow)
+    recent = verdict.recent
+    others = sorted((r, i) for i, r in enumerate(recent.ranks) if r != verdict.rank)
     others = others[::max(1, len(others) // LATENESS_SAMPLE)]
-    pooled = {r: pooled_histogram(verdict.recent[r]) for r in others}
-    wait = typical_of_others({r: quantile_us(h, 1.0 - verdict.share / 2, 0.0)
-                              for r, h in pooled.items()}, slow)
-    count = typical_of_others({r: count_above(h, wait / 2) for r, h in pooled.items()}, slow)
-    return min(pts[0][0] for pts in verdict.recent.values()), wait, count
+    sample = recent.cut(recent.cols.rows([i for _, i in others]))
+    pooled = sample.pooled_cells(sample.held())
+    wait = float(typical_but(pooled.quantiles(1.0 - verdict.share / 2, 0.0)[None, :], None)[0])
+    count = float(typical_but(pooled.counts_above(wait / 2)[None, :], None)[0])
+    return recent.oldest_end(), wait, count
 
 
-def _waited_for(windows: dict[int, list[tuple]], rank: int, late: tuple[float, float, float]
+def _waited_for(windows: Windows, rank: int, late: tuple[float, float, float]
                 ) -> tuple[int, float] | None:
     """The peer ``rank`` waited for in a group, judged by the collectives it was late at
     (``late``: see _lateness): in the same time, it waited half as long as the others
@@ -106,31 +105,29 @@ def _waited_for(windows: dict[int, list[tuple]], rank: int, late: tuple[float, f
     every step from a moment on is first seen late at a share of a window's collectives
     (the sparse case), while the medians of those who wait for it are still short."""
     since, wait, count = late
-
-    def long_waits(r: int) -> int:
-        return count_above(pooled_histogram([p for p in windows[r] if p[0] >= since]),
-                           wait / 2)
-
     if len(windows) < 2 or rank not in windows:
         return None
-    mine = long_waits(rank)
+    recent = windows.since(since)
+    long_waits = windows.pooled_cells(recent).counts_above(wait / 2).astype(int).tolist()
+    me = windows.ranks.index(rank)
+    mine = long_waits[me]
     if mine < max(3, count / 3):
         return None
     # The peer it waited for is the one that waited least (by mean: a world group is large)
-    peer = min((r for r in windows if r != rank),
-               key=lambda r: mean_us([p for p in windows[r] if p[0] >= since]))
-    return (peer, mine) if long_waits(peer) <= mine / 4 else None
+    means = windows.means(cells=recent)
+    peer = min((i for i in range(len(means)) if i != me), key=means.__getitem__)
+    return (windows.ranks[peer], mine) if long_waits[peer] <= mine / 4 else None
 
 
-def _waits_long(windows: dict[int, list[tuple]], rank: int, s: Settings,
-                intervals: int = 4) -> bool:
+def _waits_long(windows: Windows, rank: int, s: Settings, intervals: int = 4) -> bool:
     """Whether ``rank`` waits clearly longer than a peer in a group's newest summaries."""
     if rank not in windows:
         return False
-    medians = {r: quantile_us(pooled_histogram(pts[-intervals:]), 0.5, 0.0)
-               for r, pts in windows.items() if pts}
-    least = min((v for r, v in medians.items() if r != rank), default=None)
-    mine = medians.get(rank)
+    medians = windows.pooled(intervals).quantiles(0.5, 0.0).tolist()
+    held = (windows.cols.sizes > 0).tolist()
+    me = windows.ranks.index(rank)
+    least = min((v for i, v in enumerate(medians) if held[i] and i != me), default=None)
+    mine = medians[me] if held[me] else None
     return (least is not None and mine is not None and mine >= s.straggler_ratio * least
             and mine - least >= s.straggler_min_wait_us)
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
+
 from dashboard.diagnosis.core import Settings
-from dashboard.diagnosis.rules.windows import (Pools, aligned, count_above,
-                                               intervals_holding, mean_us, share_above,
-                                               typical_of_others)
-from dashboard.state import quantile_us
+from dashboard.diagnosis.rules.windows import Windows, aligned, intervals_holding, typical_but
 
 
 class StragglerVerdict(NamedTuple):
@@ -26,13 +25,19 @@ class StragglerVerdict(NamedTuple):
     medians: dict[int, float]  # median wait per rank, us
     typical: float  # the others' typical wait at their straggler_late_share least-waited, us
     intervals: int  # summaries (PGDASH_STATS_INTERVAL_S each) the window spans
-    recent: dict[int, list[tuple]]  # those summaries, per rank
+    recent: Windows  # those summaries (rules.windows: columns, and rank -> tuples)
     share: float  # at this share of their collectives the others waited ``typical`` or more
 
 
-def straggler_in(windows: dict[int, list[tuple]], back: int,
-                 s: Settings) -> StragglerVerdict | None:
-    """The straggler of the window ending ``back`` intervals ago, or None.
+def straggler_in(windows: Windows, back: int, s: Settings) -> StragglerVerdict | None:
+    """The straggler of one group's window ending ``back`` intervals ago, or None (see
+    stragglers_in)."""
+    return stragglers_in(windows, back, s)[0]
+
+
+def stragglers_in(windows: Windows, back: int, s: Settings) -> list[StragglerVerdict | None]:
+    """Per group of ``windows``, the straggler of the window ending ``back`` intervals ago,
+    or None.
 
     Returns ``(rank, median wait per rank, the others' typical wait at their
     ``straggler_late_share`` least-waited collectives, intervals, points)``. The window is
@@ -52,53 +57,66 @@ def straggler_in(windows: dict[int, list[tuple]], back: int,
     first late collectives were not in yet, waited least and was named. Only then, as
     aligning every window holds each verdict back until the slowest rank's summary is in.
     """
-    windows = {rank: pts[:len(pts) - back] for rank, pts in windows.items()}
-    verdict = _straggler_of(windows, s)
-    if verdict is not None and _behind(windows, verdict.rank, s.straggler_align_s):
-        verdict = _straggler_of(aligned(windows, s.straggler_align_s), s)
-    return verdict
+    windows = windows.older(back)
+    verdicts = _stragglers_of(windows, s)
+    behind = [g for g, v in enumerate(verdicts)
+              if v is not None and _behind(windows.group(g), v.rank, s.straggler_align_s)]
+    for g in behind:
+        one = windows.group(g)
+        verdicts[g] = _stragglers_of(aligned(one, s.straggler_align_s), s)[0]
+    return verdicts
 
 
-def _behind(windows: dict[int, list[tuple]], rank: int, slack_s: float) -> bool:
+def _behind(windows: Windows, rank: int, slack_s: float) -> bool:
     """Whether ``rank``'s newest summary ends more than ``slack_s`` before another's."""
-    return windows[rank][-1][0] + slack_s < max(pts[-1][0] for pts in windows.values())
+    newest = windows.newest_ends()
+    return newest[windows.ranks.index(rank)] + slack_s < newest.max()
 
 
-def _straggler_of(windows: dict[int, list[tuple]], s: Settings) -> StragglerVerdict | None:
-    if not all(windows.values()):
-        return None
-    depth = min(len(p) for p in windows.values())
-    pools = Pools(windows)
+def _stragglers_of(windows: Windows, s: Settings) -> list[StragglerVerdict | None]:
+    verdicts: list[StragglerVerdict | None] = [None] * windows.groups
+    depths = windows.depths()
+    open_ = depths > 0  # groups not judged yet
+    rows = np.arange(windows.groups)
     # A window of straggler_min_calls where the others' waits are also steady (a rank slower
     # by about the same time at every step); else twice as many collectives (waits spread).
     for calls, steady in ((s.straggler_min_calls, True), (2 * s.straggler_min_calls, False)):
-        n = intervals_holding(windows, depth, calls, s)
-        if n is None:
-            return None
-        pooled = pools.upto(n)
-        medians = {rank: quantile_us(h, 0.5, 0.0) for rank, h in pooled.items()}
-        slow = min(medians, key=medians.get)
-        lows = {rank: quantile_us(h, 1.0 - s.straggler_late_share, 0.0)
-                for rank, h in pooled.items() if rank != slow}
-        typical = typical_of_others(lows, slow)
-        if typical < s.straggler_ratio * medians[slow] or \
-                typical - medians[slow] < s.straggler_min_wait_us:
-            continue
-        if steady:
-            highs = {rank: quantile_us(h, s.straggler_late_share, 0.0)
-                     for rank, h in pooled.items() if rank != slow}
-            if typical < s.straggler_steady * typical_of_others(highs, slow):
-                continue
-        recent = {rank: pts[-n:] for rank, pts in windows.items()}
-        return StragglerVerdict(slow, medians, typical, n, recent, s.straggler_late_share)
-    return _sparse_straggler(windows, depth, s, pools)
+        n = np.where(open_, intervals_holding(windows, depths, calls, s), 0)
+        open_ &= n > 0  # too few collectives: nobody
+        if not open_.any():
+            return verdicts
+        pooled = windows.pooled(n)
+        medians = windows.per_group(pooled.quantiles(0.5, 0.0))
+        slow = medians.argmin(axis=1)
+        own = medians[rows, slow]
+        typical = typical_but(windows.per_group(
+            pooled.quantiles(1.0 - s.straggler_late_share, 0.0)), slow)
+        found = open_ & ~((typical < s.straggler_ratio * own) |
+                          (typical - own < s.straggler_min_wait_us))
+        if steady and found.any():
+            highs = windows.per_group(pooled.quantiles(s.straggler_late_share, 0.0))
+            found &= ~(typical < s.straggler_steady * typical_but(highs, slow))
+        for g in np.flatnonzero(found).tolist():
+            verdicts[g] = _verdict(windows, g, int(slow[g]), medians[g], float(typical[g]),
+                                   int(n[g]), s.straggler_late_share)
+        open_ &= ~found
+    if open_.any():
+        _sparse_stragglers(windows, depths, open_, verdicts, s)
+    return verdicts
 
 
-def _sparse_straggler(windows: dict[int, list[tuple]], depth: int, s: Settings,
-                      pools: Pools) -> StragglerVerdict | None:
-    """A straggler of a group that runs several collectives a step (FSDP's all-gathers and
-    reduce-scatters per layer, DDP's buckets): the others wait for it once a step, at the
-    step's first collective, so at one in k of theirs, never nine in ten.
+def _verdict(windows: Windows, g: int, slow: int, medians: np.ndarray, typical: float, n: int,
+             share: float) -> StragglerVerdict:
+    one = windows.group(g)
+    return StragglerVerdict(one.ranks[slow], dict(zip(one.ranks, medians.tolist())), typical, n,
+                            one.newest(n), share)
+
+
+def _sparse_stragglers(windows: Windows, depths: np.ndarray, open_: np.ndarray,
+                       verdicts: list[StragglerVerdict | None], s: Settings) -> None:
+    """The straggler of each ``open_`` group that runs several collectives a step (FSDP's
+    all-gathers and reduce-scatters per layer, DDP's buckets): the others wait for it once a
+    step, at the step's first collective, so at one in k of theirs, never nine in ten.
 
     On a window of ``straggler_sparse_calls`` collectives per rank (pooled histograms): the
     rank with the least mean wait is the candidate; a wait is long above ``straggler_ratio``
@@ -109,41 +127,38 @@ def _sparse_straggler(windows: dict[int, list[tuple]], depth: int, s: Settings,
     crowded host's scheduler makes one rank of a pair late a few more times than the other.
     So the counts must also pass a sign test (``straggler_sparse_p``); where they do not,
     the window doubles, twice, while the summaries kept reach."""
-    calls = s.straggler_sparse_calls
+    calls = np.full(windows.groups, s.straggler_sparse_calls)
+    rows = np.arange(windows.groups)
     for _ in range(3):
-        n = intervals_holding(windows, depth, calls, s)
-        if n is None:
-            return None
-        verdict = _sparse_verdict({rank: pts[-n:] for rank, pts in windows.items()},
-                                  pools.upto(n), n, s)
-        if verdict is not False:
-            return verdict
-        calls *= 2
-    return None
-
-
-def _sparse_verdict(recent: dict[int, list[tuple]], pooled: dict[int, dict[int, int]], n: int,
-                    s: Settings) -> StragglerVerdict | None | bool:
-    """The sparse straggler of one window (``pooled``: its histograms); None if there is
-    none, False if the counts are too few to tell (a longer window may)."""
-    means = {rank: mean_us(pts) for rank, pts in recent.items()}
-    slow = min(means, key=means.get)
-    p90 = quantile_us(pooled[slow], 0.9, 0.0)
-    long_us = max(s.straggler_ratio * p90, p90 + s.straggler_min_wait_us)
-    shares = {rank: share_above(h, long_us) for rank, h in pooled.items() if rank != slow}
-    share = typical_of_others(shares, slow)
-    own = share_above(pooled[slow], long_us)
-    if share < s.straggler_sparse_share or own > share / 4:
-        return None
-    theirs = typical_of_others({rank: count_above(h, long_us) for rank, h in pooled.items()
-                                if rank != slow}, slow)
-    mine = count_above(pooled[slow], long_us)
-    if sign_test(mine, int(theirs) + mine) > s.straggler_sparse_p:
-        return False
-    typical = typical_of_others({rank: quantile_us(h, 1.0 - share, 0.0)
-                                 for rank, h in pooled.items() if rank != slow}, slow)
-    medians = {rank: quantile_us(h, 0.5, 0.0) for rank, h in pooled.items()}
-    return StragglerVerdict(slow, medians, typical, n, recent, round(share, 2))
+        n = np.where(open_, intervals_holding(windows, depths, calls, s), 0)
+        open_ = open_ & (n > 0)
+        if not open_.any():
+            return
+        means = np.array(windows.means(n)).reshape(windows.groups, windows.size)
+        slow = means.argmin(axis=1)
+        pooled = windows.pooled(n)
+        p90 = windows.per_group(pooled.quantiles(0.9, 0.0))[rows, slow]
+        long_us = np.maximum(s.straggler_ratio * p90, p90 + s.straggler_min_wait_us)
+        shares = windows.per_group(pooled.shares_above(windows.per_rank(long_us)))
+        share = typical_but(shares, slow)
+        open_ &= ~((share < s.straggler_sparse_share) | (shares[rows, slow] > share / 4))
+        counts = windows.per_group(pooled.counts_above(windows.per_rank(long_us)))
+        theirs = typical_but(counts, slow)
+        more = np.zeros(windows.groups, bool)  # too few to tell: a longer window may
+        for g in np.flatnonzero(open_).tolist():
+            mine = int(counts[g, slow[g]])
+            if sign_test(mine, int(theirs[g]) + mine) > s.straggler_sparse_p:
+                more[g] = True
+        found = open_ & ~more
+        if found.any():
+            typical = typical_but(windows.per_group(pooled.quantiles(
+                windows.per_rank(1.0 - share), 0.0)), slow)
+            medians = windows.per_group(pooled.quantiles(0.5, 0.0))
+            for g in np.flatnonzero(found).tolist():
+                verdicts[g] = _verdict(windows, g, int(slow[g]), medians[g], float(typical[g]),
+                                       int(n[g]), round(float(share[g]), 2))
+        open_ = more
+        calls = calls * 2
 
 
 def sign_test(fewer: int, total: int) -> float:

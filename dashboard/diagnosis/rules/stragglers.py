@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.straggler_chains import hidden_chain, late_chain
-from dashboard.diagnosis.rules.straggler_verdict import StragglerVerdict, straggler_in
-from dashboard.diagnosis.rules.windows import mean_us, windows_of
+from dashboard.diagnosis.rules.straggler_verdict import StragglerVerdict, stragglers_in
+from dashboard.diagnosis.rules.windows import stacked_windows
 from dashboard.diagnosis.text import backend_of, group_label, process_label
 from dashboard.state import JobState
 
@@ -42,26 +44,29 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
     collectives. The check against the window before (another rank named there: noise)
     stops a straggler that hops between ranks. README, "Stragglers", has the figures.
     """
-    verdicts: dict[str, StragglerVerdict] = {}
-    for group in sorted(state.groups, key=str):
-        windows = windows_of(state, group, now)
-        if len(windows) < 2:
+    found: dict[str, StragglerVerdict] = {}
+    for groups, windows in stacked_windows(state, now):
+        if windows.size < 2:
             continue
-        found = [straggler_in(windows, back, s) for back in range(s.straggler_persist)]
-        if any(v is None for v in found) or len({v.rank for v in found}) != 1:
-            continue
+        persist = [stragglers_in(windows, back, s) for back in range(s.straggler_persist)]
         # The window just before, if it names another rank, makes this noise: a straggler
         # that changes from one interval to the next is a crowded host's scheduler, not a
         # slow rank (one whose slowness has just begun names nobody there, or itself).
-        before = straggler_in(windows, s.straggler_persist, s)
-        if before is not None and before.rank != found[0].rank:
-            continue
-        # A verdict whose whole window is one summary is half a second of evidence: a
-        # crowded host's scheduler can keep one rank of a pair off its core that long. The
-        # window before must say so too (one summary later, for a straggler that persists).
-        if found[-1].intervals < s.straggler_min_span and before is None:
-            continue
-        verdicts[group] = found[0]
+        before = stragglers_in(windows, s.straggler_persist, s)
+        for g, group in enumerate(groups):
+            seen = [verdicts[g] for verdicts in persist]
+            if any(v is None for v in seen) or len({v.rank for v in seen}) != 1:
+                continue
+            if before[g] is not None and before[g].rank != seen[0].rank:
+                continue
+            # A verdict whose whole window is one summary is half a second of evidence: a
+            # crowded host's scheduler can keep one rank of a pair off its core that long.
+            # The window before must say so too (one summary later, for a straggler that
+            # persists).
+            if seen[-1].intervals < s.straggler_min_span and before[g] is None:
+                continue
+            found[group] = seen[0]
+    verdicts = {group: found[group] for group in sorted(found, key=str)}
     out = []
     for group, (slow, means, typical, n, recent, share) in verdicts.items():
         # A rank late here only because it waited for another rank in a different group is
@@ -89,9 +94,9 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
         evidence = {"median_wait_us": {str(k): round(v, 1) for k, v in sorted(means.items())},
                     "others_wait_us": round(typical, 1),
                     "late_share": share,
-                    "mean_wait_us": {str(k): round(mean_us(pts), 1)
-                                     for k, pts in sorted(recent.items())},
-                    "intervals": n, "collectives": sum(p[1] for p in recent[slow])}
+                    "mean_wait_us": {str(k): round(v, 1)
+                                     for k, v in sorted(zip(recent.ranks, recent.means()))},
+                    "intervals": n, "collectives": recent.calls(slow)}
         if hidden:
             evidence["waits_in_cpp"] = hidden
         if chain:
@@ -105,7 +110,7 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
             "num_workers, slow storage), uneven batch or sequence lengths, extra work on that "
             "rank (logging, checkpointing), or a slower device (GPU clocks throttled: see GPU "
             "health).",
-            evidence, max(pts[-1][0] for pts in recent.values()), key=f"r{root}"))
+            evidence, float(recent.newest_ends().max()), key=f"r{root}"))
     return out
 
 
@@ -117,38 +122,53 @@ def slow_collective(state: JobState, now: float, s: Settings) -> list[Finding]:
     stay slow for ``slow_persist`` intervals (a one-second stall of a busy machine is not a
     finding), and only while the ranks run.
     """
-    out = []
-    for group in sorted(state.groups, key=str):
-        windows = windows_of(state, group, now)
-        if not windows:
+    out: dict[str, list[Finding]] = {}
+    for groups, windows in stacked_windows(state, now):
+        if not windows.size:
             continue
-        depth = min(len(p) for p in windows.values())
-        # Per interval, the fastest rank's (mean time, calls): one column per interval.
-        columns = zip(*[[(p[2] / p[1], p[1]) for p in pts[-depth:]]
-                        for pts in windows.values()])
-        fastest = [mean if calls >= s.slow_min_calls else None
-                   for mean, calls in map(min, columns)]
-        history = sorted(v for v in fastest[:-s.slow_persist] if v is not None)
-        current = fastest[-s.slow_persist:]
-        if len(history) < s.slow_history or len(current) < s.slow_persist or None in current:
-            continue
-        baseline = history[len(history) // 2]
-        if any(v < s.slow_ratio * baseline or v - baseline < s.slow_min_us for v in current):
-            continue
-        latest = current[-1]
-        members = sorted(windows)
-        out.append(finding(
-            "slow_collective", Severity.WARNING, members, group,
-            f"Collectives on {group_label(state, group)} take {latest / 1000:.1f} ms, "
-            f"{latest / baseline:.0f}x their usual {baseline / 1000:.2f} ms in this job.",
-            "The transfer itself slowed down on every rank (not one late rank): check the "
-            "links between these ranks' hosts ("
-            + ("NCCL_DEBUG=INFO shows the transport; `ibstat`, NVLink/PCIe errors in GPU "
-               "health" if backend_of(state, group) == "nccl" else
-               "gloo runs over TCP on the interface GLOO_SOCKET_IFNAME names; `ip -s link` "
-               "shows its errors and drops")
-            + "), other jobs sharing the network, and a sudden growth in message size.",
-            {"current_us": round(latest, 1), "baseline_us": round(baseline, 1),
-             "ranks": members, "intervals": s.slow_persist},
-            max(pts[-1][0] for pts in windows.values()), key="latest"))
-    return out
+        # Per interval (the newest ``depth`` of each rank) and group, the fastest rank's
+        # mean time and calls (the fewest calls of those as fast).
+        c = windows.cols
+        shape = (windows.groups, windows.size, c.width)
+        counts, sums = c.counts.reshape(shape), c.sums.reshape(shape)
+        means = np.where(counts > 0, sums / np.maximum(counts, 1), np.inf)
+        fastest_us = means.min(axis=1)
+        calls = np.where(means == fastest_us[:, None, :], counts,
+                         np.iinfo(np.int64).max).min(axis=1)
+        newest = windows.per_group(c.ends[:, -1]).max(axis=1).tolist()
+        for g, (group, depth) in enumerate(zip(groups, windows.depths().tolist())):
+            if depth:
+                out[group] = _slow_in(state, group, fastest_us[g, c.width - depth:].tolist(),
+                                calls[g, c.width - depth:].tolist(),
+                                sorted(windows.ranks[g * windows.size:(g + 1) * windows.size]),
+                                newest[g], s)
+    return [f for group in sorted(out, key=str) for f in out[group]]
+
+
+def _slow_in(state: JobState, group: str, fastest_us: list[float], calls: list[int],
+             members: list[int], newest: float, s: Settings) -> list[Finding]:
+    """slow_collective of one group, from its fastest rank's mean time and calls per
+    interval, oldest first."""
+    fastest = [mean if n >= s.slow_min_calls else None for mean, n in zip(fastest_us, calls)]
+    history = sorted(v for v in fastest[:-s.slow_persist] if v is not None)
+    current = fastest[-s.slow_persist:]
+    if len(history) < s.slow_history or len(current) < s.slow_persist or None in current:
+        return []
+    baseline = history[len(history) // 2]
+    if any(v < s.slow_ratio * baseline or v - baseline < s.slow_min_us for v in current):
+        return []
+    latest = current[-1]
+    return [finding(
+        "slow_collective", Severity.WARNING, members, group,
+        f"Collectives on {group_label(state, group)} take {latest / 1000:.1f} ms, "
+        f"{latest / baseline:.0f}x their usual {baseline / 1000:.2f} ms in this job.",
+        "The transfer itself slowed down on every rank (not one late rank): check the "
+        "links between these ranks' hosts ("
+        + ("NCCL_DEBUG=INFO shows the transport; `ibstat`, NVLink/PCIe errors in GPU "
+           "health" if backend_of(state, group) == "nccl" else
+           "gloo runs over TCP on the interface GLOO_SOCKET_IFNAME names; `ip -s link` "
+           "shows its errors and drops")
+        + "), other jobs sharing the network, and a sudden growth in message size.",
+        {"current_us": round(latest, 1), "baseline_us": round(baseline, 1),
+         "ranks": members, "intervals": s.slow_persist},
+        newest, key="latest")]
