@@ -16,7 +16,10 @@ cost more than the arithmetic itself.
 
 The fold appends one summary at a time, and writing single cells of arrays costs more than
 making a tuple: appends wait in a list and go into the arrays together (vectorised) when the
-windows are read, pickled, or FLUSH_AT of them wait.
+windows are read, pickled, or FLUSH_AT of them wait. The histograms are most of the bytes
+(up to K buckets per summary, K the most any summary had), so they never move: they sit in a
+ring per row, and what reads a summary's histogram goes through its slot (``Columns.slots``);
+moving, selecting or reordering summaries moves only their slots.
 
 Counts are kept as 64-bit integers clipped at COUNT_CAP, a histogram's counts as 32-bit ones
 clipped at HIST_CAP (an interval of half a second holds at most ~10^6 collectives: the caps
@@ -31,6 +34,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from pgdash_agent.wire import HIST_MAX_BUCKET as HIST_MAX
+
 RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
 FLUSH_AT = 65536  # appends waiting at most before they go into the arrays
 COUNT_CAP = 2**56  # a summary's count of collectives, at most (60 of them fit in an int64)
@@ -40,64 +45,90 @@ Point = tuple  # (end, count, sum_us, flat histogram)
 
 
 class Columns:
-    """Windows at one moment (what RecentWindows.columns returns; never changed).
+    """Windows at one moment: ``ranks`` (what each row is the window of: in RecentWindows its
+    (group, rank), in the rules' windows of a group its rank), and per row, right-aligned
+    (the newest summary last; an empty cell has count 0), ``ends``, ``counts``, ``sums``
+    and ``slots`` (rows, width) and ``sizes`` (the summaries each holds). A summary's
+    histogram is read through ``histograms`` (``store``'s ring, row ``store_rows``, slot
+    ``slots``; the empty slot holds none).
 
-    ``ranks``: what each row is the window of (in RecentWindows, its (group, rank); in the
-    rules' windows of a group, its rank), in the order they first reported; ``ends``, ``counts``,
-    ``sums``: (rows, width) arrays, right-aligned; ``sizes``: the summaries each row holds;
-    ``buckets``, ``hist``: (rows, width, K) arrays of each summary's histogram (K its most
-    buckets; a cell past a summary's own has count 0)."""
+    RecentWindows.columns returns its own arrays, which its next flush changes in place
+    (moving 60 summaries of every row to new arrays each second was most of the cost of
+    keeping them): read them before the fold appends again (the rules read under the
+    state's lock; reading a histogram after the store moved on raises). What ``select``,
+    ``rows`` and ``cut`` make are copies or views of their own."""
 
-    __slots__ = ("ranks", "ends", "counts", "sums", "sizes", "buckets", "hist")
+    __slots__ = ("ranks", "ends", "counts", "sums", "sizes", "slots", "store_rows", "store",
+                 "generation", "span")
 
-    def __init__(self, ranks: list[int], ends: np.ndarray, counts: np.ndarray,
-                 sums: np.ndarray, sizes: np.ndarray, buckets: np.ndarray, hist: np.ndarray):
+    def __init__(self, ranks: list, ends: np.ndarray, counts: np.ndarray, sums: np.ndarray,
+                 sizes: np.ndarray, slots: np.ndarray, store_rows: np.ndarray,
+                 store: "RecentWindows", generation: int, span: tuple[int, int]):
         self.ranks = ranks
         self.ends, self.counts, self.sums, self.sizes = ends, counts, sums, sizes
-        self.buckets, self.hist = buckets, hist
+        self.slots, self.store_rows = slots, store_rows
+        self.store, self.generation = store, generation
+        self.span = span  # lowest and highest bucket any histogram may hold collectives in
 
-    @classmethod
-    def empty(cls, width: int = RECENT_INTERVALS) -> "Columns":
-        return cls([], np.zeros((0, width)), np.zeros((0, width), np.int64),
-                   np.zeros((0, width)), np.zeros(0, np.int64),
-                   np.zeros((0, width, 1), np.uint16), np.zeros((0, width, 1), np.uint32))
+    def _like(self, ranks: list, ends: np.ndarray, counts: np.ndarray, sums: np.ndarray,
+              sizes: np.ndarray, slots: np.ndarray, store_rows: np.ndarray) -> "Columns":
+        return Columns(ranks, ends, counts, sums, sizes, slots, store_rows, self.store,
+                       self.generation, self.span)
 
     @property
     def width(self) -> int:
         return self.ends.shape[1]
 
+    def histograms(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The buckets and counts (rows, width - start, K) of the histograms of each row's
+        summaries from column ``start`` on."""
+        store = self.store
+        if store.generation != self.generation:
+            raise RuntimeError("latency windows read after the fold appended to them: read "
+                               "RecentWindows.columns() again")
+        rows = self.store_rows[:, None]
+        slots = self.slots[:, start:]
+        return store.buckets[rows, slots], store.hist[rows, slots]
+
     def points(self, row: int) -> list[Point]:
         """Row ``row``'s summaries, oldest first, as (end, count, sum_us, flat histogram)."""
         start = self.width - int(self.sizes[row])
-        ends = self.ends[row, start:].tolist()
-        counts = self.counts[row, start:].tolist()
-        sums = self.sums[row, start:].tolist()
-        buckets = self.buckets[row, start:].tolist()
-        hist = self.hist[row, start:].tolist()
-        return [(e, c, s, _flat_of(b, h)) for e, c, s, b, h in zip(ends, counts, sums, buckets,
-                                                                     hist)]
+        one = self.rows([row])
+        buckets, hist = one.histograms(start)
+        return [(e, c, s, _flat_of(b, h)) for e, c, s, b, h in zip(
+            one.ends[0, start:].tolist(), one.counts[0, start:].tolist(),
+            one.sums[0, start:].tolist(), buckets[0].tolist(), hist[0].tolist())]
+
+    def cut(self, start: int, stop: int | None = None) -> "Columns":
+        """Each row's cells from column ``start`` to ``stop`` (views), sizes counted anew."""
+        stop = self.width if stop is None else stop
+        held = np.clip(stop - (self.width - self.sizes), 0, stop - start)
+        return self._like(self.ranks, self.ends[:, start:stop], self.counts[:, start:stop],
+                          self.sums[:, start:stop], held, self.slots[:, start:stop],
+                          self.store_rows)
 
     def select(self, keep: np.ndarray) -> "Columns":
         """The summaries where ``keep`` (rows, width) is true, right-aligned again (each row's
-        kept summaries in their order, empty cells zeroed)."""
+        kept summaries in their order, empty cells emptied)."""
         # A stable sort of each row's cells by kept-ness puts the kept last, in order.
         order = np.argsort(keep, axis=1, kind="stable")
         kept = np.take_along_axis(keep, order, axis=1)
 
-        def move(a: np.ndarray) -> np.ndarray:
-            out = np.take_along_axis(a, order if a.ndim == 2 else order[:, :, None], axis=1)
-            out[~kept] = 0
+        def move(a: np.ndarray, empty: Any = 0) -> np.ndarray:
+            out = np.take_along_axis(a, order, axis=1)
+            out[~kept] = empty
             return out
 
-        return Columns(self.ranks, move(self.ends), move(self.counts), move(self.sums),
-                       keep.sum(axis=1), move(self.buckets), move(self.hist))
+        return self._like(self.ranks, move(self.ends), move(self.counts), move(self.sums),
+                          keep.sum(axis=1), move(self.slots, self.store.empty_slot),
+                          self.store_rows)
 
-    def rows(self, which: np.ndarray | list[int]) -> "Columns":
+    def rows(self, which: np.ndarray | list[int] | range) -> "Columns":
         """Only the rows ``which`` (indices), in that order."""
         which = np.asarray(which, dtype=np.int64)
-        return Columns([self.ranks[i] for i in which.tolist()], self.ends[which],
-                       self.counts[which], self.sums[which], self.sizes[which],
-                       self.buckets[which], self.hist[which])
+        return self._like([self.ranks[i] for i in which.tolist()], self.ends[which],
+                          self.counts[which], self.sums[which], self.sizes[which],
+                          self.slots[which], self.store_rows[which])
 
 
 def _flat_of(buckets: list[int], counts: list[int]) -> tuple:
@@ -114,10 +145,29 @@ class RecentWindows:
 
     def __init__(self, width: int = RECENT_INTERVALS) -> None:
         self.width = width
-        self._row_of: dict[Any, int] = {}
-        self._cols = Columns.empty(width)
-        self._pending: list[tuple] = []  # (key, end, count, sum_us, flat histogram)
         self._lock = threading.Lock()  # readers flush; the fold only appends
+        self._reset()
+
+    def _reset(self) -> None:
+        width = self.width
+        self._row_of: dict[Any, int] = {}
+        self._keys: list = []
+        self.ends, self.counts, self.sums = (np.zeros((0, width)), np.zeros((0, width), np.int64),
+                                             np.zeros((0, width)))
+        self.sizes = np.zeros(0, np.int64)
+        # The histograms' ring: per row, width slots and an empty one (``empty_slot``);
+        # ``head``: the slot of each row's oldest summary.
+        self.buckets = np.zeros((0, width + 1, 1), np.uint16)
+        self.hist = np.zeros((0, width + 1, 1), np.uint32)
+        self.head = np.zeros(0, np.int64)
+        self.span = (HIST_MAX, 0)  # no bucket yet
+        self.generation = 0
+        self._cols: Columns | None = None
+        self._pending: list[tuple] = []  # (key, end, count, sum_us, flat histogram)
+
+    @property
+    def empty_slot(self) -> int:
+        return self.width
 
     def append(self, key: tuple[str, int], end: float, count: int, sum_us: float,
                flat: tuple) -> None:
@@ -128,7 +178,7 @@ class RecentWindows:
 
     def clear(self) -> None:
         with self._lock:
-            self._row_of, self._cols, self._pending = {}, Columns.empty(self.width), []
+            self._reset()
 
     def __len__(self) -> int:
         """(group, rank)s with summaries."""
@@ -138,10 +188,19 @@ class RecentWindows:
         return bool(self._row_of) or bool(self._pending)
 
     def columns(self) -> Columns:
-        """Every row's summaries as arrays (a snapshot: later appends make new arrays)."""
+        """Every row's summaries as arrays (the store's own: see Columns)."""
         if self._pending:
             self._flush()
-        return self._cols
+        cols = self._cols
+        if cols is None:
+            width = self.width
+            column = np.arange(width)[None, :]
+            slots = (self.head[:, None] + column) % width
+            slots[column < width - self.sizes[:, None]] = self.empty_slot
+            cols = self._cols = Columns(self._keys, self.ends, self.counts, self.sums,
+                                        self.sizes, slots, np.arange(len(self._keys)), self,
+                                        self.generation, self.span)
+        return cols
 
     def window(self, key: tuple[str, int]) -> list[Point]:
         """One (group, rank)'s summaries, oldest first ([] if it sent none)."""
@@ -160,7 +219,7 @@ class RecentWindows:
         return dict(zip(cols.ranks, cols.ends[:, -1].tolist()))
 
     @classmethod
-    def of(cls, windows: dict[tuple[str, int], Iterable[Point]],
+    def of(cls, windows: dict[Any, Iterable[Point]],
            width: int = RECENT_INTERVALS) -> "RecentWindows":
         """Windows holding these summaries (oldest first; only the newest ``width`` kept)."""
         out = cls(width)
@@ -179,19 +238,22 @@ class RecentWindows:
                 return
             batch = self._pending[:n]
             del self._pending[:n]  # appended meanwhile: kept for the next flush
-            self._cols = self._merged(self._cols, batch)
+            self._merge(batch)
+            self.generation += 1
+            self._cols = None
 
-    def _merged(self, cols: Columns, batch: list[tuple]) -> Columns:
-        """``cols`` with the summaries of ``batch`` appended (vectorised: one pass per array
-        for the whole batch, whatever the rows it touches)."""
+    def _merge(self, batch: list[tuple]) -> None:
+        """The summaries of ``batch`` appended (vectorised: one pass per array for the whole
+        batch, whatever the rows it touches)."""
         width = self.width
         row_of = self._row_of
-        added = [key for key in dict.fromkeys(p[0] for p in batch) if key not in row_of]
-        for key in added:
-            row_of[key] = len(row_of)
-        keys = cols.ranks + added
-        rows = np.fromiter((row_of[p[0]] for p in batch), np.int64, len(batch))
-        total = len(keys)
+        keys, ends, counts, sums, flats = zip(*batch)  # the batch by field
+        added = [key for key in dict.fromkeys(keys) if key not in row_of]
+        if added:
+            row_of.update(zip(added, range(len(row_of), len(row_of) + len(added))))
+            self._keys = self._keys + added  # a new list: Columns hold the old one
+        rows = np.fromiter(map(row_of.__getitem__, keys), np.int64, len(batch))
+        total = len(self._keys)
         # Each summary's place among its row's new ones, and how many each row gets.
         order = np.argsort(rows, kind="stable")
         sorted_rows = rows[order]
@@ -201,76 +263,104 @@ class RecentWindows:
         place[order] = np.arange(len(batch)) - np.repeat(starts, run)
         got = np.bincount(rows, minlength=total)
         keep = place >= got[rows] - width  # more than a window's worth: only the newest
-        column = width - got[rows] + place
-        rows, column = rows[keep], column[keep]
-        kept = [p for p, k in zip(batch, keep.tolist()) if k]
-
-        pairs = [len(p[4]) // 2 for p in kept]
-        k = max(cols.buckets.shape[2], max(pairs, default=1), 1)
-        # The old rows shifted left by what each gets (new rows start empty).
+        if not keep.all():
+            rows, place = rows[keep], place[keep]
+            kept = keep.tolist()
+            ends, counts, sums, flats = ([v for v, k in zip(field, kept) if k]
+                                         for field in (ends, counts, sums, flats))
+        pairs = np.fromiter(map(len, flats), np.int64, len(flats)) // 2
+        self._grow(total, int(pairs.max(initial=1)))
+        # Each row's old summaries move left by as many as it gets (in place: rows that get
+        # the same number together, mostly all of them), the cells they leave emptied; their
+        # histograms stay in their ring, whose head moves on as far.
         shift = np.minimum(got, width)
-        old = cols.ends.shape[0]
+        for by in np.unique(shift[shift > 0]).tolist():
+            moved = np.flatnonzero(shift == by)
+            every = len(moved) == total
+            for a in (self.ends, self.counts, self.sums):
+                if every:
+                    a[:, :width - by] = a[:, by:]
+                    a[:, width - by:] = 0
+                else:
+                    a[moved, :width - by] = a[moved, by:]
+                    a[moved, width - by:] = 0
+        self.head = (self.head + shift) % width
+        self.sizes = np.minimum(self.sizes + got, width)
+        column = width - got[rows] + place
+        self.ends[rows, column] = ends
+        self.counts[rows, column] = np.minimum(_ints(counts), COUNT_CAP)
+        self.sums[rows, column] = sums
+        # The new summaries' slots: where the summaries that left were.
+        slot = (self.head[rows] + column) % width
+        self.buckets[rows, slot] = 0
+        self.hist[rows, slot] = 0
+        if pairs.any():
+            flat = _ints(list(itertools.chain.from_iterable(flats)))
+            which = np.repeat(np.arange(len(flats)), pairs)
+            pair = np.arange(len(which)) - np.repeat(np.cumsum(pairs) - pairs, pairs)
+            buckets = flat[0::2]
+            self.buckets[rows[which], slot[which], pair] = buckets
+            self.hist[rows[which], slot[which], pair] = np.minimum(flat[1::2], HIST_CAP)
+            self.span = (min(self.span[0], int(buckets.min())),
+                         max(self.span[1], int(buckets.max())))
 
-        def grown(a: np.ndarray, dtype: Any) -> np.ndarray:
-            shape = (total,) + a.shape[1:2] + ((k,) if a.ndim == 3 else ())
-            out = np.zeros(shape, dtype)
+    def _grow(self, rows: int, k: int) -> None:
+        """Room for ``rows`` rows and histograms of ``k`` buckets."""
+        old, have = len(self.ends), self.buckets.shape[2]
+        if rows == old and k <= have:
+            return
+        k = max(k, have)
+
+        def grown(a: np.ndarray) -> np.ndarray:
+            out = np.zeros((rows,) + a.shape[1:2] + ((k,) if a.ndim == 3 else ()), a.dtype)
             if a.ndim == 3:
-                out[:old, :, :a.shape[2]] = a
+                out[:old, :, :have] = a
             else:
                 out[:old] = a
-            index = np.minimum(np.arange(width)[None, :] + shift[:, None], width - 1)
-            out = np.take_along_axis(out, index if a.ndim == 2 else index[:, :, None], axis=1)
-            # Cells that came from beyond the row's end are the new summaries' (written below).
-            out[np.arange(width)[None, :] >= width - shift[:, None]] = 0
             return out
 
-        ends, counts, sums = grown(cols.ends, np.float64), grown(cols.counts, np.int64), \
-            grown(cols.sums, np.float64)
-        buckets, hist = grown(cols.buckets, np.uint16), grown(cols.hist, np.uint32)
-        sizes = np.zeros(total, np.int64)
-        sizes[:old] = cols.sizes
-        sizes = np.minimum(sizes + got, width)
-        ends[rows, column] = [p[1] for p in kept]
-        counts[rows, column] = [min(p[2], COUNT_CAP) for p in kept]
-        sums[rows, column] = [p[3] for p in kept]
-        if any(pairs):
-            flat = _ints(list(itertools.chain.from_iterable(p[4] for p in kept)))
-            which = np.repeat(np.arange(len(kept)), pairs)
-            slot = np.arange(len(which)) - np.repeat(np.cumsum(pairs) - pairs, pairs)
-            buckets[rows[which], column[which], slot] = flat[0::2]
-            hist[rows[which], column[which], slot] = np.minimum(flat[1::2], HIST_CAP)
-        return Columns(keys, ends, counts, sums, sizes, buckets, hist)
+        self.ends, self.counts, self.sums = grown(self.ends), grown(self.counts), grown(self.sums)
+        self.buckets, self.hist = grown(self.buckets), grown(self.hist)
+        self.sizes, self.head = grown(self.sizes), grown(self.head)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         cols = self.columns()
-        return {"width": self.width, "ranks": list(cols.ranks), "k": cols.buckets.shape[2],
+        buckets, hist = cols.histograms()  # oldest first: the ring unrolled
+        return {"width": self.width, "ranks": list(cols.ranks), "k": buckets.shape[2],
                 "ends": cols.ends.tobytes(), "counts": cols.counts.tobytes(),
                 "sums": cols.sums.tobytes(), "sizes": cols.sizes.tobytes(),
-                "buckets": cols.buckets.tobytes(), "hist": cols.hist.tobytes()}
+                "buckets": buckets.tobytes(), "hist": hist.tobytes()}
 
     def __setstate__(self, data: dict[str, Any]) -> None:
-        width, ranks, k = data["width"], data["ranks"], data["k"]
-        n = len(ranks)
+        width, keys, k = data["width"], data["ranks"], data["k"]
+        n = len(keys)
 
         def read(name: str, dtype: Any, shape: tuple) -> np.ndarray:
             return np.frombuffer(data[name], dtype).reshape(shape).copy()
 
         self.width = width
-        self._row_of = {rank: i for i, rank in enumerate(ranks)}
-        self._cols = Columns(list(ranks), read("ends", np.float64, (n, width)),
-                             read("counts", np.int64, (n, width)),
-                             read("sums", np.float64, (n, width)),
-                             read("sizes", np.int64, (n,)),
-                             read("buckets", np.uint16, (n, width, k)),
-                             read("hist", np.uint32, (n, width, k)))
-        self._pending = []
         self._lock = threading.Lock()
+        self._reset()
+        self._keys = list(keys)
+        self._row_of = {key: i for i, key in enumerate(keys)}
+        self.ends = read("ends", np.float64, (n, width))
+        self.counts = read("counts", np.int64, (n, width))
+        self.sums = read("sums", np.float64, (n, width))
+        self.sizes = read("sizes", np.int64, (n,))
+        # Stored in columns' order (a row's empty cells first): each column in its own slot.
+        self.buckets = np.zeros((n, width + 1, k), np.uint16)
+        self.hist = np.zeros((n, width + 1, k), np.uint32)
+        self.buckets[:, :width] = read("buckets", np.uint16, (n, width, k))
+        self.hist[:, :width] = read("hist", np.uint32, (n, width, k))
+        self.head = np.zeros(n, np.int64)
+        used = self.buckets[self.hist > 0]
+        self.span = (int(used.min()), int(used.max())) if len(used) else (HIST_MAX, 0)
 
 
-def _ints(values: list[int]) -> np.ndarray:
-    """Histogram numbers as int64 (one past its range, from a broken agent, is clipped)."""
+def _ints(values: Iterable[int]) -> np.ndarray:
+    """Counts as int64 (one past its range, from a broken agent, is clipped)."""
     try:
         return np.array(values, np.int64)
     except OverflowError:

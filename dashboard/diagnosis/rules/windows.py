@@ -22,7 +22,7 @@ from pgdash_agent.wire import HIST_BUCKETS_PER_OCTAVE, HIST_MAX_BUCKET, hist_buc
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Settings
 from dashboard.state import JobState
-from dashboard.state.recent import Columns
+from dashboard.state.recent import Columns, RecentWindows
 
 BUCKETS = HIST_MAX_BUCKET + 1
 # Each bucket's value (hist_bucket_value), computed by Python once: the same floats as the
@@ -40,27 +40,24 @@ class Windows:
     Read as a mapping too (rank -> its summaries, oldest first, as tuples) when it holds one
     group, for the rare readers that follow one rank (rules.straggler_chains)."""
 
-    def __init__(self, cols: Columns, groups: int = 1, span: list | None = None):
+    def __init__(self, cols: Columns, groups: int = 1):
         self.cols = cols
         self.groups = groups
         self.size = len(cols.ranks) // groups if groups else 0  # ranks per group
         self._points: dict[int, list[tuple]] = {}
         self._pooled: dict[bytes, Pooled] = {}
         self._row: dict[int, int] | None = None
-        # [(lowest, highest bucket holding collectives)], shared with the windows cut from
-        # these (see Pooled); None until asked.
-        self._span = span if span is not None else [None]
+        self._calls: np.ndarray | None = None  # see calls_of_newest
 
     def cut(self, cols: Columns) -> "Windows":
         """Windows of some of these summaries, of the same groups."""
-        return Windows(cols, self.groups, self._span)
+        return Windows(cols, self.groups)
 
     def group(self, g: int) -> "Windows":
         """Group ``g``'s windows alone."""
         if self.groups == 1:
             return self
-        return Windows(self.cols.rows(range(g * self.size, (g + 1) * self.size)), 1,
-                       self._span)
+        return Windows(self.cols.rows(range(g * self.size, (g + 1) * self.size)), 1)
 
     def per_group(self, values: np.ndarray) -> np.ndarray:
         """One value per rank (row) as (groups, ranks per group)."""
@@ -114,20 +111,13 @@ class Windows:
         """Each rank's summaries without its newest ``back``."""
         if not back:
             return self
-        c = self.cols
-        keep = max(0, c.width - back)
-        return self.cut(Columns(c.ranks, c.ends[:, :keep], c.counts[:, :keep], c.sums[:, :keep],
-                                np.maximum(c.sizes - back, 0), c.buckets[:, :keep],
-                                c.hist[:, :keep]))
+        return self.cut(self.cols.cut(0, max(0, self.cols.width - back)))
 
     def newest(self, n: int) -> "Windows":
         """Each rank's newest ``n`` summaries (all it holds, if fewer)."""
-        c = self.cols
-        if n >= c.width:
+        if n >= self.cols.width:
             return self
-        return self.cut(Columns(c.ranks, c.ends[:, c.width - n:], c.counts[:, c.width - n:],
-                                c.sums[:, c.width - n:], np.minimum(c.sizes, n),
-                                c.buckets[:, c.width - n:], c.hist[:, c.width - n:]))
+        return self.cut(self.cols.cut(self.cols.width - n))
 
     def since(self, t: float) -> np.ndarray:
         """(rows, width): the cells of each rank's summaries that end at ``t`` or later."""
@@ -159,7 +149,9 @@ class Windows:
 
     def calls_of_newest(self) -> np.ndarray:
         """(rows, width): [r, n - 1] the collectives of row r's newest n summaries."""
-        return np.cumsum(self.cols.counts[:, ::-1], axis=1)
+        if self._calls is None:
+            self._calls = np.cumsum(self.cols.counts[:, ::-1], axis=1)
+        return self._calls
 
     def means(self, n: np.ndarray | int | None = None,
               cells: np.ndarray | None = None) -> list[float]:
@@ -190,22 +182,15 @@ class Windows:
         # Only the columns some rank pools (the newest few, mostly) are read.
         used = np.flatnonzero(cells.any(axis=0))
         start = int(used[0]) if len(used) else cells.shape[1]
-        c = self.cols
-        return Pooled(c.buckets[:, start:], c.hist[:, start:], cells[:, start:], *self.span())
-
-    def span(self) -> tuple[int, int]:
-        """The lowest and highest bucket any of these summaries has collectives in."""
-        if self._span[0] is None:
-            c = self.cols
-            used = c.buckets[c.hist > 0]
-            self._span[0] = (int(used.min()), int(used.max())) if len(used) else (0, 0)
-        return self._span[0]
+        buckets, hist = self.cols.histograms(start)
+        lo, hi = self.cols.span
+        return Pooled(buckets, hist, cells[:, start:], lo, max(lo, hi))
 
 
 class Pooled:
     """Each rank's histogram of some of its summaries (``cells``) together, as cumulative
-    counts per bucket from ``lo`` to ``hi`` (the buckets that hold any: a group's collectives
-    span a few dozen of the 321)."""
+    counts per bucket from ``lo`` to ``hi`` (a range holding every bucket that holds any: a
+    job's collectives span a few dozen of the 321)."""
 
     def __init__(self, buckets: np.ndarray, hist: np.ndarray, cells: np.ndarray, lo: int,
                  hi: int):
@@ -243,7 +228,7 @@ class Pooled:
         return np.where(self.total > 0, counts / np.maximum(self.total, 1), 0.0)
 
 
-_EMPTY = Windows(Columns.empty())
+_EMPTY = Windows(RecentWindows().columns())
 
 
 def windows_of(state: JobState, group: str, now: float) -> Windows:
