@@ -107,7 +107,7 @@ def _op_series(state: JobState, families: dict[str, str], order: list[str], firs
 def _busy_of(state: JobState, families: dict[str, str], first: int,
              bins: int) -> dict[str, dict[int, list]]:
     """Per family, each rank's busy percent per second of the grid starting at ``first``
-    (None: no summary ended in that second), its groups' together (100 at most)."""
+    (None: no summary ended in that second), its groups' together (0 to 100)."""
     cols = state.recent.columns()
     busy = busy_cells(cols, first, bins)
     if busy is None:
@@ -118,14 +118,17 @@ def _busy_of(state: JobState, families: dict[str, str], first: int,
     cell: dict[tuple[str, int], int] = {}
     which = [cell.setdefault((families.get(g, g), rank), len(cell))
              for g, rank in (cols.ranks[i] for i in shown)]
-    total = np.zeros((len(cell), bins))
-    np.add.at(total, which, np.nan_to_num(busy[shown]))
-    seen = np.zeros((len(cell), bins), bool)
-    np.logical_or.at(seen, which, found[shown])
+    index = (np.array(which)[:, None] * bins + np.arange(bins)).ravel()
+    size = len(cell) * bins
+    total = np.bincount(index, np.nan_to_num(busy[shown]).ravel(), size).reshape(-1, bins)
+    seen = np.bincount(index, found[shown].ravel(), size).reshape(-1, bins) > 0
+    # Percents as Python ints from 0 (a broken agent's negative times) to 100, None where no
+    # summary ended.
+    rows = np.clip(total, 0.0, 100.0).astype(np.int64).astype(object)
+    rows[~seen] = None
     out: dict[str, dict[int, list]] = {}
-    for (family, rank), i in cell.items():
-        out.setdefault(family, {})[rank] = [int(min(100.0, v)) if s else None
-                                            for v, s in zip(total[i].tolist(), seen[i].tolist())]
+    for (family, rank), row in zip(cell, rows.tolist()):
+        out.setdefault(family, {})[rank] = row
     return out
 
 
