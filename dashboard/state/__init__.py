@@ -1,7 +1,8 @@
 """The pure core's state: a job as a fold over its event log (no Flask, no SQL, no clock).
 
 - ``records``: an event as the log holds it, a rank's session, a job's status from its ranks;
-- ``latency``: latency summaries merged (totals, per-second series, the straggler windows);
+- ``latency``: latency summaries merged (totals, per-second series);
+- ``recent``: the slowness rules' windows, every (group, rank)'s newest summaries as arrays;
 - ``fold``: the job's data and one handler per event kind (where a new kind is folded);
 - ``job``: JobState, the fold plus what the API, the page and diagnosis ask of it.
 
