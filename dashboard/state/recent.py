@@ -37,7 +37,7 @@ import numpy as np
 from pgdash_agent.wire import HIST_MAX_BUCKET as HIST_MAX
 
 RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
-FLUSH_AT = 65536  # appends waiting at most before they go into the arrays
+FLUSH_AT = 16384  # appends waiting at most before they go into the arrays (~3 MB of tuples)
 COUNT_CAP = 2**56  # a summary's count of collectives, at most (60 of them fit in an int64)
 HIST_CAP = 2**32 - 1  # a histogram bucket's count, at most (uint32)
 
