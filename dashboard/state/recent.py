@@ -146,6 +146,7 @@ class RecentWindows:
     def __init__(self, width: int = RECENT_INTERVALS) -> None:
         self.width = width
         self._lock = threading.Lock()  # readers flush; the fold only appends
+        self.generation = 0  # flushes and clears so far: Columns read after one raise
         self._reset()
 
     def _reset(self) -> None:
@@ -156,12 +157,11 @@ class RecentWindows:
                                              np.zeros((0, width)))
         self.sizes = np.zeros(0, np.int64)
         # The histograms' ring: per row, width slots and an empty one (``empty_slot``);
-        # ``head``: the slot of each row's oldest summary.
+        # ``head``: the slot of each row's first column.
         self.buckets = np.zeros((0, width + 1, 1), np.uint16)
         self.hist = np.zeros((0, width + 1, 1), np.uint32)
         self.head = np.zeros(0, np.int64)
         self.span = (HIST_MAX, 0)  # no bucket yet
-        self.generation = 0
         self._cols: Columns | None = None
         self._pending: list[tuple] = []  # (key, end, count, sum_us, flat histogram)
 
@@ -179,6 +179,7 @@ class RecentWindows:
     def clear(self) -> None:
         with self._lock:
             self._reset()
+            self.generation += 1
 
     def __len__(self) -> int:
         """(group, rank)s with summaries."""
@@ -342,6 +343,7 @@ class RecentWindows:
 
         self.width = width
         self._lock = threading.Lock()
+        self.generation = 0
         self._reset()
         self._keys = list(keys)
         self._row_of = {key: i for i, key in enumerate(keys)}

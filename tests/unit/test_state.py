@@ -215,6 +215,14 @@ def test_the_windows_keep_each_ranks_newest_summaries_in_order_whatever_the_batc
         assert windows.newest_ends() == {r: d[-1][0] for r, d in want.items()}
         copy = pickle.loads(pickle.dumps(windows))
         assert copy.windows() == windows.windows()
+    # Columns read after the fold appended (or the attempt's restart cleared) are refused,
+    # not read as another summary's histogram.
+    for change in (lambda: windows.append((0, 0), 1.0, 1, 1.0, (3, 1)), windows.clear):
+        cols = windows.columns()
+        change()
+        windows.columns()
+        with pytest.raises(RuntimeError, match="read after the fold appended"):
+            cols.histograms()
 
 
 @pytest.mark.parametrize("old_home", [b"agent.wire", b"pgdash_agent.wire"])
