@@ -208,8 +208,8 @@ def observed(state, at: float) -> dict:
     shown = sections(state, at=at, findings=[dict(f) for f in findings], settings=settings)
     tables = {name: getattr(state, name) for name in PUBLIC_TABLES}
     tables["op_seconds"] = latency_series(state)
-    if hasattr(state, "recent_points"):  # columns since dashboard.state.recent: as tuples
-        tables["recent"] = state.recent_points()
+    if not isinstance(state.recent, dict):  # columns since dashboard.state.recent: as tuples
+        tables["recent"] = state.recent.windows()
     return {"findings": canonical(findings), "sections": canonical(shown),
             "tables": canonical(tables), "summary": canonical(state.summary()),
             "ranks": canonical(state.ranks()), "attempt_rows": canonical(state.attempt_rows()),

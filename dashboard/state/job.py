@@ -170,12 +170,6 @@ class JobState(Fold):
         return not any(row["entered"] for row in rows) and any(
             row.get("fr_enqueued") for row in rows)
 
-    def recent_points(self) -> dict[tuple[str, int], list[tuple]]:
-        """Every (group, rank)'s recent latency summaries as (end, count, sum_us, flat
-        histogram) tuples, oldest first (tests and benches compare them; the rules read the
-        columns: dashboard.state.recent)."""
-        return self.recent.windows()
-
     def grouped(self, table: str) -> dict[str, dict[int, Any]]:
         """One of the per (group, rank) tables (``progress``, ``fr_tallies``) as
         group -> rank -> value (read-only; indexed once per state version)."""

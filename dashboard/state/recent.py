@@ -79,6 +79,11 @@ class Columns:
     def width(self) -> int:
         return self.ends.shape[1]
 
+    def newest_cells(self, n: np.ndarray) -> np.ndarray:
+        """(rows, width): the cells of each row's newest ``n`` (per row) columns; with
+        ``sizes``, the cells that hold a summary."""
+        return np.arange(self.width)[None, :] >= self.width - n[:, None]
+
     def histograms(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """The buckets and counts (rows, width - start, K) of the histograms of each row's
         summaries from column ``start`` on."""

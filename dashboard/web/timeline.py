@@ -143,7 +143,7 @@ def busy_cells(cols: Columns, first: int, bins: int) -> np.ndarray | None:
     width = cols.width
     if not len(cols.ranks) or not width:
         return None
-    held = np.arange(width)[None, :] >= width - cols.sizes[:, None]
+    held = cols.newest_cells(cols.sizes)
     on = held & (cols.ends >= first)
     on = np.logical_and.accumulate(on[:, ::-1], axis=1)[:, ::-1]  # the newest run of them
     rows, col = np.nonzero(on)

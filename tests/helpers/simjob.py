@@ -72,7 +72,7 @@ def _views(state: JobState) -> dict:
             "gpus": views.gpu_rows(state), "errors": views.error_rows(state),
             "faults": state.gpu_faults, "throttled": state.throttled_since,
             "groups": views.group_rows(state), "timeline": timeline.timeline_grid(state),
-            "recent": state.recent_points(),
+            "recent": state.recent.windows(),
             "gpu_history": {k: list(v) for k, v in state.gpu_history.items()}}
 
 

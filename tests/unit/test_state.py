@@ -359,7 +359,7 @@ def test_a_generated_job_folds_its_latency_summaries_row_by_row_exactly():
     collectives, op_seconds, recent = _naive_summaries(events)
     assert _ordered(state.collectives) == _ordered(collectives)
     assert _ordered(state.op_seconds) == _ordered(op_seconds)
-    assert state.recent_points() == {key: list(points) for key, points in recent.items()}
+    assert state.recent.windows() == {key: list(points) for key, points in recent.items()}
     from dashboard.state.latency import OP_SECONDS
 
     world = state.family_of["0"]  # the series are per family: the world group's is its own

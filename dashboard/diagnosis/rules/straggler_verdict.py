@@ -25,7 +25,7 @@ class StragglerVerdict(NamedTuple):
     medians: dict[int, float]  # median wait per rank, us
     typical: float  # the others' typical wait at their straggler_late_share least-waited, us
     intervals: int  # summaries (PGDASH_STATS_INTERVAL_S each) the window spans
-    recent: Windows  # those summaries (rules.windows: columns, and rank -> tuples)
+    recent: Windows  # those summaries (rules.windows)
     share: float  # at this share of their collectives the others waited ``typical`` or more
 
 

@@ -4,17 +4,13 @@ how many summaries a window needs.
 
 A group's summaries are columns (dashboard.state.recent.Columns: one row per rank, the newest
 summary last), so that what a rule asks of every rank is one array operation, not a pass over
-a tuple per summary (at 1,024 ranks, ~245,000 of them). A summary read one at a time is
-``(end, count, sum_us, histogram)``, the histogram flat (bucket, count, bucket, count, ...;
-see pgdash_agent.wire). Its own room because `straggler`, its verdict and its chains, and
+a tuple per summary (at 1,024 ranks, ~245,000 of them). Its own room because `straggler`, its verdict and its chains, and
 `slow_collective` all read windows the same way; this module judges nothing.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterator
-
 import numpy as np
 
 from pgdash_agent.wire import HIST_BUCKETS_PER_OCTAVE, HIST_MAX_BUCKET, hist_bucket_value
@@ -37,14 +33,12 @@ class Windows:
     8-rank groups; judged one by one, the arrays' fixed cost per operation was most of a
     judgement), so what they ask per group comes back as an array, one value per group.
 
-    Read as a mapping too (rank -> its summaries, oldest first, as tuples) when it holds one
-    group, for the rare readers that follow one rank (rules.straggler_chains)."""
+    ``len`` is its ranks, ``in`` asks whether a rank is one of them."""
 
     def __init__(self, cols: Columns, groups: int = 1):
         self.cols = cols
         self.groups = groups
         self.size = len(cols.ranks) // groups if groups else 0  # ranks per group
-        self._points: dict[int, list[tuple]] = {}
         self._pooled: dict[bytes, Pooled] = {}
         self._row: dict[int, int] | None = None
         self._calls: np.ndarray | None = None  # see calls_of_newest
@@ -67,28 +61,11 @@ class Windows:
         """One value per group as one per rank (row)."""
         return np.repeat(np.broadcast_to(values, (self.groups,)), self.size)
 
-    # -- as a mapping (one group) --------------------------------------------------------------
-
     def __len__(self) -> int:
         return len(self.cols.ranks)
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.cols.ranks)
-
     def __contains__(self, rank: object) -> bool:
         return rank in self._rows()
-
-    def __getitem__(self, rank: int) -> list[tuple]:
-        points = self._points.get(rank)
-        if points is None:
-            points = self._points[rank] = self.cols.points(self._rows()[rank])
-        return points
-
-    def items(self) -> Iterator[tuple[int, list[tuple]]]:
-        return ((rank, self[rank]) for rank in self.cols.ranks)
-
-    def values(self) -> Iterator[list[tuple]]:
-        return (self[rank] for rank in self.cols.ranks)
 
     def _rows(self) -> dict[int, int]:
         if self._row is None:
@@ -125,13 +102,11 @@ class Windows:
 
     def held(self) -> np.ndarray:
         """(rows, width): the cells that hold a summary."""
-        c = self.cols
-        return np.arange(c.width)[None, :] >= c.width - c.sizes[:, None]
+        return self.cols.newest_cells(self.cols.sizes)
 
     def _newest_mask(self, n: np.ndarray | int) -> np.ndarray:
         """(rows, width): the cells of each rank's newest ``n`` (per group) summaries."""
-        c = self.cols
-        return np.arange(c.width)[None, :] >= c.width - self.per_rank(n)[:, None]
+        return self.cols.newest_cells(self.per_rank(n))
 
     def newest_ends(self) -> np.ndarray:
         """Each rank's newest summary's end (ranks holding some)."""
