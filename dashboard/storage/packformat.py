@@ -1,5 +1,6 @@
-"""The pack format: one compaction cell of a job's log as one compressed blob, stored in a row
-of ``event_packs`` (dashboard.storage.packs; written by dashboard.storage.compaction).
+"""The pack format: one compaction cell of a job's log (or up to PACK_EVENTS events of one) as
+one compressed blob, stored in a row of ``event_packs`` (dashboard.storage.packs; written by
+dashboard.storage.compaction).
 
 No SQL here. The events' columns are stored apart, their bodies grouped by shape and
 transposed, and floats that are short decimals as integer columns, so that zlib sees the
@@ -17,6 +18,7 @@ import zlib
 from typing import Any, Iterator, Optional
 
 import msgspec
+import numpy as np
 
 from dashboard.storage.codec import RawBody
 
@@ -27,11 +29,13 @@ PACK_V1 = 1  # pack_payload without its decimal columns
 PACK_V2 = 2  # with them (what encode_pack writes)
 PACK_LEVEL = 6  # zlib level of packs (bench/packs.py measured levels, dictionary and lzma)
 
+# The bodies and decimal planes decode as views of the payload (no copy: a 1,024-rank
+# cell's are ~100 MB), which Bodies copies once, regrouped.
 _V1_FIELDS = (int, list[int], list[str], list[int], list[Optional[int]], bytes, bytes,
-              list[str], list[int], list[int], bytes)
+              list[str], list[int], list[int], memoryview)
 _payload_decoders = {
     PACK_V1: msgspec.msgpack.Decoder(tuple[_V1_FIELDS]),
-    PACK_V2: msgspec.msgpack.Decoder(tuple[(*_V1_FIELDS, list[tuple[int, int, bytes]])]),
+    PACK_V2: msgspec.msgpack.Decoder(tuple[(*_V1_FIELDS, list[tuple[int, int, memoryview]])]),
 }
 # A float of a body becomes an integer column when it is an exact decimal of at most this
 # many places in every body of its group: what the agent sends (latencies rounded to the
@@ -68,24 +72,29 @@ class Bodies:
         self._sizes: list[int] = []
         self._group = array.array("I", bytes(4 * len(kidx)))
         self._row = array.array("I", bytes(4 * len(kidx)))
+        stored = np.frombuffer(blob, np.uint8)
         pos = 0
         for g, ((_, size), members) in enumerate(groups.items()):
             m = len(members)
-            rows = bytearray(m * size)
-            taken = set()
+            # Filled through a numpy view of its own bytes: no other copy of the group.
+            buffer = bytearray(m * size)
+            rows = np.frombuffer(buffer, np.uint8).reshape(m, size)
+            taken = np.zeros(size, bool)
             for offset, planes in cut.get(g, []):
                 if not 0 <= offset <= size - 8 or len(planes) != 8 * m or \
-                        taken & set(range(offset, offset + 8)):
+                        taken[offset:offset + 8].any():
                     raise ValueError("a decimal column lies outside its bodies")
-                taken.update(range(offset, offset + 8))
-                floats = _decimals_back(planes, m)
-                for j in range(8):
-                    rows[offset + j::size] = floats[j::8]
-            for j in range(size):
-                if j not in taken:
-                    rows[j::size] = blob[pos:pos + m]
-                    pos += m
-            self._rows.append(rows)
+                taken[offset:offset + 8] = True
+                rows[:, offset:offset + 8] = _decimals_back(planes, m)
+            keep = np.flatnonzero(~taken)
+            columns = stored[pos:pos + m * len(keep)].reshape(len(keep), m).T
+            if len(keep) == size:
+                rows[:] = columns
+            else:
+                rows[:, keep] = columns
+            pos += m * len(keep)
+            del rows
+            self._rows.append(buffer)
             self._sizes.append(size)
             for r, i in enumerate(members):
                 self._group[i] = g
@@ -140,26 +149,26 @@ def _float_offsets(body: bytes) -> list[int]:
 
 def _decimal_column(members: list[bytes], offset: int) -> bytes | None:
     """The float at ``offset`` of every body as integer byte planes (value x ``_SCALE``),
-    if every one reads back exactly from them; else None."""
+    if every one reads back exactly from them; else None. (numpy's arithmetic is IEEE's,
+    as Python's is, and ``rint`` rounds halves to even, as ``round`` does.)"""
     m = len(members)
     raw = b"".join(body[offset:offset + 8] for body in members)
-    ks = []
-    for x in struct.unpack(f">{m}d", raw):
-        if not -_DECIMAL_MAX < x < _DECIMAL_MAX:  # also NaN
+    x = np.frombuffer(raw, ">f8")
+    with np.errstate(invalid="ignore"):
+        if not ((-_DECIMAL_MAX < x) & (x < _DECIMAL_MAX)).all():  # also NaN
             return None
-        ks.append(round(x * _SCALE))
-    if struct.pack(f">{m}d", *[k / _SCALE for k in ks]) != raw:  # -0.0, 0.1234, ...
+    ks = np.rint(x * _SCALE).astype(np.int64)
+    if (ks / _SCALE).astype(">f8").tobytes() != raw:  # -0.0, 0.1234, ...
         return None
-    ints = struct.pack(f"<{m}q", *ks)
-    return b"".join(ints[j::8] for j in range(8))
+    return ks.astype("<i8").view(np.uint8).reshape(m, 8).T.tobytes()
 
 
-def _decimals_back(planes: bytes, m: int) -> bytes:
-    """The big-endian float64 bytes of :func:`_decimal_column`'s planes, body after body."""
-    ints = bytearray(8 * m)
-    for j in range(8):
-        ints[j::8] = planes[j * m:(j + 1) * m]
-    return struct.pack(f">{m}d", *[k / _SCALE for k in struct.unpack(f"<{m}q", ints)])
+def _decimals_back(planes: bytes, m: int) -> np.ndarray:
+    """The big-endian float64 bytes of :func:`_decimal_column`'s planes, a row per body
+    (int64 / int in numpy is IEEE's division of the exact float64 of k, |k| < 2**53 as
+    written: the same float as Python's k / _SCALE)."""
+    ks = np.frombuffer(planes, np.uint8).reshape(8, m).T.copy().view("<i8").ravel()
+    return (ks / _SCALE).astype(">f8").view(np.uint8).reshape(m, 8)
 
 
 def _shuffled(values: list[float]) -> bytes:
@@ -180,9 +189,15 @@ def encode_pack(events: list[dict[str, Any]], level: int = PACK_LEVEL,
                 version: int = PACK_V2) -> bytes:
     """A pack's bytes: the version byte + zlib(:func:`pack_payload`). **Frozen formats**: a
     change is a new version byte, and every one stays readable (``version``: an older one,
-    for tests)."""
-    return bytes((version,)) + zlib.compress(
-        pack_payload(events, decimals=version >= PACK_V2), level)
+    for tests). The payload is compressed piece by piece as it is made, never whole: at
+    1,024 ranks a cell's bodies are ~100 MB, and joining them, encoding them and
+    compressing that took four copies at once (bench/memory.py)."""
+    compressor = zlib.compressobj(level)
+    out = [bytes((version,))]
+    out.extend(compressor.compress(piece)
+               for piece in _payload_pieces(events, decimals=version >= PACK_V2))
+    out.append(compressor.flush())
+    return b"".join(out)
 
 
 def pack_payload(events: list[dict[str, Any]], decimals: bool = True) -> bytes:
@@ -207,6 +222,13 @@ def pack_payload(events: list[dict[str, Any]], decimals: bool = True) -> bytes:
     byte planes (42% smaller packs of the bench's job, bench/packs.py). Whether a column
     qualifies is checked by reading it back, so any bytes there round-trip.
     """
+    return b"".join(_payload_pieces(events, decimals))
+
+
+def _payload_pieces(events: list[dict[str, Any]], decimals: bool) -> Iterator[bytes]:
+    """:func:`pack_payload`'s bytes in pieces, one group of bodies' transposed bytes at a
+    time (what msgspec would encode of the whole list, written out by hand around the
+    bodies: an array header, the fields before them, a bin header, them, the columns)."""
     n = len(events)
     sessions: dict[str, int] = {}
     kinds: dict[str, int] = {}
@@ -230,7 +252,8 @@ def pack_payload(events: list[dict[str, Any]], decimals: bool = True) -> bytes:
     groups: dict[tuple[int, int], list[bytes]] = {}
     for k, body in zip(kidx, bodies):
         groups.setdefault((k, len(body)), []).append(body)
-    blob, columns = [], []
+    del bodies
+    columns, kept, blob_size = [], [], 0
     for g, ((_, size), members) in enumerate(groups.items()):
         taken: set[int] = set()
         for offset in _float_offsets(members[0]) if decimals else ():
@@ -238,12 +261,28 @@ def pack_payload(events: list[dict[str, Any]], decimals: bool = True) -> bytes:
             if planes is not None:
                 columns.append((g, offset, planes))
                 taken.update(range(offset, offset + 8))
-        rows = b"".join(members)
-        blob.extend(rows[j::size] for j in range(size) if j not in taken)
-    fields = [n, ids, list(sessions), sidx, seqs, _shuffled([ev["t"] for ev in events]),
-              _shuffled([ev["received_at"] for ev in events]), list(kinds), kidx, lengths,
-              b"".join(blob)]
-    return _encoder.encode(fields + [columns] if decimals else fields)
+        kept.append([j for j in range(size) if j not in taken])
+        blob_size += len(members) * len(kept[-1])
+    head = _encoder.encode([n, ids, list(sessions), sidx, seqs,
+                            _shuffled([ev["t"] for ev in events]),
+                            _shuffled([ev["received_at"] for ev in events]), list(kinds),
+                            kidx, lengths])
+    yield bytes((0x90 + 10 + 1 + decimals,)) + head[1:]  # a fixarray of 11 or 12 fields
+    yield _bin_header(blob_size)
+    for ((_, size), members), keep in zip(groups.items(), kept):
+        rows = np.frombuffer(b"".join(members), np.uint8).reshape(len(members), size)
+        yield (rows.T if len(keep) == size else rows[:, keep].T).tobytes()
+    if decimals:
+        yield _encoder.encode(columns)
+
+
+def _bin_header(size: int) -> bytes:
+    """MessagePack's header of a bin of ``size`` bytes (the shortest, as msgspec writes)."""
+    if size < 2**8:
+        return struct.pack(">BB", 0xc4, size)
+    if size < 2**16:
+        return struct.pack(">BH", 0xc5, size)
+    return struct.pack(">BI", 0xc6, size)
 
 
 class Pack:

@@ -108,6 +108,22 @@ def test_format_2_stores_the_agents_decimals_as_integers_and_format_1_still_read
         open_pack(damaged)
 
 
+@pytest.mark.parametrize("seconds", [1, 30, 300])
+def test_a_payload_made_in_pieces_is_what_msgspec_makes_of_the_whole(seconds):
+    """The payload is written piece by piece (never joined whole): its framing is the one
+    msgspec gives the same fields, whatever the bodies' bytes need (bin 8, 16 or 32)."""
+    import zlib
+
+    from dashboard.storage.packformat import pack_payload
+
+    events = _stored(_agent_like(_job_events(seconds)))
+    for decimals in (True, False):
+        payload = pack_payload(events, decimals=decimals)
+        assert msgspec.msgpack.encode(msgspec.msgpack.decode(payload)) == payload
+        assert len(msgspec.msgpack.decode(payload)) == 11 + decimals
+    assert zlib.decompress(encode_pack(events)[1:]) == pack_payload(events)
+
+
 _FLOATS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.integers(-10**12, 10**12).map(lambda k: k / 1000),  # decimals: integer columns
@@ -570,3 +586,4 @@ def test_packs_kept_are_let_go_once_idle_and_kept_within_their_bytes(store):
         small.open(r)
     assert small.kept_bytes() == packs[-1].nbytes  # the newest that fits; the older went
     assert small.open(rows[-1]) is not None and small.reused == 1
+
