@@ -10,7 +10,6 @@ event is kept whole, as is a range the caller keeps at full resolution.
 
 from __future__ import annotations
 
-import collections
 import math
 from typing import Any, Iterable
 
@@ -21,10 +20,22 @@ from dashboard.storage.codec import body_of
 COMPACTABLE = frozenset({"heartbeat", "coll_stats", "gpu"})
 
 
-def _merge_coll_stats(bodies: list[dict[str, Any]]) -> dict[str, Any]:
-    """One latency summary for several consecutive ones of a session (same shape)."""
-    rows: dict[tuple, dict[str, Any]] = {}
-    for body in bodies:
+class _MergedSummary:
+    """Consecutive latency summaries of a session (same shape) merged into one, a body at a
+    time (what compaction stores in place of a cell's summaries)."""
+
+    __slots__ = ("first", "last", "rows")
+
+    def __init__(self) -> None:
+        self.first: dict[str, Any] | None = None
+        self.last: dict[str, Any] | None = None
+        self.rows: dict[tuple, dict[str, Any]] = {}
+
+    def add(self, body: dict[str, Any]) -> None:
+        if self.first is None:
+            self.first = body
+        self.last = body
+        rows = self.rows
         for row in body["rows"]:
             key = (row["group"], row["op"], row.get("source"), row.get("timing"))
             into = rows.get(key)
@@ -42,8 +53,10 @@ def _merge_coll_stats(bodies: list[dict[str, Any]]) -> dict[str, Any]:
             for b, n in row["hist"]:
                 hist[b] = hist.get(b, 0) + n
             into["hist"] = [[b, hist[b]] for b in sorted(hist)]
-    return {**bodies[-1], "start": bodies[0]["start"], "end": bodies[-1]["end"],
-            "rows": list(rows.values())}
+
+    def body(self) -> dict[str, Any]:
+        return {**self.last, "start": self.first["start"], "end": self.last["end"],
+                "rows": list(self.rows.values())}
 
 
 def _gpu_notable(body: dict[str, Any]) -> bool:
@@ -75,40 +88,71 @@ def plan(events: Iterable[dict[str, Any]], cell_s: float,
     Returns:
         (event id -> new body, ids to delete).
     """
-    throttled = {} if throttled is None else throttled
-    cells: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
+    planned = Plan(cell_s, keep, throttled, session_floor)
     for ev in events:
-        cells[math.floor(ev["received_at"] / cell_s)].append(ev)
-    updates: dict[int, dict] = {}
-    deletes: list[int] = []
-    for cell, evs in cells.items():
-        start, end = cell * cell_s, (cell + 1) * cell_s
-        whole = any(ev["kind"] not in COMPACTABLE for ev in evs) or \
-            any(a < end and b >= start for a, b in keep)
-        by_key: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
-        for ev in evs:
-            if ev["kind"] == "gpu":
-                # Throttle transitions are tracked across kept cells too, so the first
-                # reading after one is known.
-                body = body_of(ev["body"])
-                now, before = gpu_throttled(body), throttled.get(ev["session"])
-                throttled[ev["session"]] = now
-                ev = dict(ev, _keep=before is None or before != now or _gpu_notable(body))
-            by_key[(ev["session"], ev["kind"])].append(ev)
-        if whole:
-            continue
-        for (session, kind), group in by_key.items():
-            floor = (session_floor or {}).get(session)
-            if floor is not None:
-                group = [ev for ev in group if ev["received_at"] < floor]
-            if len(group) < 2:
+        planned.add(ev)
+    return planned.result()
+
+
+class Plan:
+    """:func:`plan` an event at a time (its arguments, then :meth:`add` each event in log
+    order, then :meth:`result`): what it holds is a few numbers per event and one merged
+    summary per session and cell, not the events, so that a cell of any size is planned in
+    bounded memory (the compactor reads the cell again to write what it keeps)."""
+
+    def __init__(self, cell_s: float, keep: list[tuple[float, float]] = (),
+                 throttled: dict[str, bool] | None = None,
+                 session_floor: dict[str, float] | None = None):
+        self.cell_s, self.keep = cell_s, keep
+        self.throttled = {} if throttled is None else throttled
+        self.floor = session_floor or {}
+        # cell -> whether it holds a kind thinning never touches, and per (session, kind)
+        # its events before the session's floor: ids (gpu: (id, kept)), and the merged
+        # summary of its coll_stats
+        self._cells: dict[int, list] = {}
+
+    def add(self, ev: dict[str, Any]) -> None:
+        received_at = ev["received_at"]
+        cell = self._cells.get(index := math.floor(received_at / self.cell_s))
+        if cell is None:
+            cell = self._cells[index] = [False, {}]
+        kind, session = ev["kind"], ev["session"]
+        if kind not in COMPACTABLE:
+            cell[0] = True
+            return
+        if kind == "gpu":
+            # Throttle transitions are tracked across kept cells too, so the first reading
+            # after one is known.
+            body = body_of(ev["body"])
+            now, before = gpu_throttled(body), self.throttled.get(session)
+            self.throttled[session] = now
+            kept = before is None or before != now or _gpu_notable(body)
+        floor = self.floor.get(session)
+        if floor is not None and received_at >= floor:
+            return
+        group = cell[1].get((session, kind))
+        if group is None:
+            group = cell[1][(session, kind)] = [[], _MergedSummary() if kind == "coll_stats"
+                                                else None]
+        group[0].append((ev["id"], kept) if kind == "gpu" else ev["id"])
+        if kind == "coll_stats":
+            group[1].add(body_of(ev["body"]))
+
+    def result(self) -> tuple[dict[int, dict], list[int]]:
+        updates: dict[int, dict] = {}
+        deletes: list[int] = []
+        for index, (whole, groups) in self._cells.items():
+            start, end = index * self.cell_s, (index + 1) * self.cell_s
+            if whole or any(a < end and b >= start for a, b in self.keep):
                 continue
-            last = group[-1]
-            if kind == "coll_stats":
-                updates[last["id"]] = _merge_coll_stats([body_of(ev["body"]) for ev in group])
-                deletes.extend(ev["id"] for ev in group[:-1])
-            elif kind == "heartbeat":
-                deletes.extend(ev["id"] for ev in group[:-1])
-            else:
-                deletes.extend(ev["id"] for ev in group[:-1] if not ev["_keep"])
-    return updates, deletes
+            for (_, kind), (ids, merged) in groups.items():
+                if len(ids) < 2:
+                    continue
+                if kind == "coll_stats":
+                    updates[ids[-1]] = merged.body()
+                    deletes.extend(ids[:-1])
+                elif kind == "heartbeat":
+                    deletes.extend(ids[:-1])
+                else:
+                    deletes.extend(i for i, kept in ids[:-1] if not kept)
+        return updates, deletes
