@@ -234,7 +234,10 @@ def make_compactor(args, store: Store, ingest: Ingest, clock: Clock):
         return None
     more = {} if args.pack_after is None else {"pack_after_s": args.pack_after,
                                                "checkpoint_keep_s": args.checkpoint_keep}
-    timed = {"clock": clock} if "clock" in inspect.signature(Compactor).parameters else {}
+    known = inspect.signature(Compactor).parameters
+    timed = {"clock": clock} if "clock" in known else {}
+    if "duty" in known:  # ingest waits while it compacts here: no pauses for it
+        timed["duty"] = 1.0
     return Compactor(store, Policy(keep_full_s=args.keep_full,
                                    around_findings_s=args.keep_around_findings, **more),
                      guard=ingest.rewind.compacting, **timed)

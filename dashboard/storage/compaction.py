@@ -25,23 +25,27 @@ moment (and at any moment inside the window or near a finding) nothing is lost, 
 fold's windows (60 intervals, 120 readings) are shorter than ``keep_full_s`` must be.
 
 Packs: every cell older than ``pack_after_s`` (behind the job's newest arrival; every cell,
-once the job has been quiet that long and a cell more) becomes one row of ``event_packs``
+once the job has been quiet that long and a cell more) becomes a row of ``event_packs``
 holding all the job's events of that cell (dashboard.storage.packformat; every session
-together, which is where the bytes go: ranks send near-identical bodies). A cell inside
+together, which is where the bytes go: ranks send near-identical bodies), or several rows
+of PACK_EVENTS events each for a big job's cell. A cell inside
 the window is packed whole; once it leaves the window it is packed again, thinned as above
 (once). Each session's newest event, and its newest with a seq, stay rows
 (dashboard.storage.store). Stored checkpoints beyond the window and away from findings are thinned
 to one per ``checkpoint_keep_s``, keyframes (dashboard.history.keyframes) to those at multiples of
 ``keyframe_keep_s``.
 
-The :class:`Compactor` runs on its own thread: it reads with the store's pooled
-connections, encodes packs there, and writes each batch of cells as one task on the store's
-writer thread (``Store.writer.submit``; a pack and the deletion of what it replaces in one
-transaction), never on the ingest path. Compacting or packing a cell twice changes nothing.
+The :class:`Compactor` runs on its own thread, at most ``duty`` of a core: it streams each
+cell from the store's pooled connections (it never holds a cell: a 1,024-rank one is
+~370,000 events), encodes packs there, and writes them as tasks on the store's writer thread
+(``Store.writer.submit``; a pack and the deletion of what it replaces in one transaction: a
+task a pack where rows become packs, a task a few cells where a cell is thinned), never on
+the ingest path. Compacting or packing a cell twice changes nothing.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import dataclasses
 import logging
@@ -52,12 +56,24 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 from dashboard import allocator
-from dashboard.storage.thinning import gpu_throttled, plan
+from dashboard.storage.thinning import Plan, gpu_throttled
 
 if TYPE_CHECKING:  # the command line reads Policy's defaults without loading SQLAlchemy
     from dashboard.storage.store import Store
 
 log = logging.getLogger("pgdash.compaction")
+
+# A writer task of the compactor holds up to ``cells_per_task`` cells, fewer once their
+# events pass this many (what its packs and deletions replace, in one transaction).
+TASK_EVENTS = 50_000
+# The most events a pack holds: a cell of more is several packs (a 1,024-rank cell holds
+# ~370,000). Opening a pack holds its payload and its bodies regrouped at once, up to ~2.5
+# kB an event: ~80 MB at most, whatever the job's size. Smaller packs compress less (a
+# 1,024-rank cell: 50 B an event whole, 55 in packs of this many, 58 of half as many).
+PACK_EVENTS = 32_768
+# The compactor's share of a core while it reads a big job's cells (see Compactor._paced).
+DUTY = 0.25
+PACE_EVENTS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,15 +149,18 @@ class Compactor:
             (``Rewind.compacting``).
         owns: whether this process should compact a job (several server processes).
         clock: the time arrivals are stamped with (the server's), for quiet jobs.
+        duty: the share of a core a pass takes while it reads (see _paced); 1: unpaced
+            (a caller that stops ingest while it compacts, such as bench/storage.py).
     """
 
     def __init__(self, store: Store, policy: Policy,
                  guard: Callable[[int, float, float], ContextManager] | None = None,
                  owns: Callable[[int], bool] | None = None, cells_per_task: int = 5,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, duty: float = DUTY):
         self.store, self.policy = store, policy
         self.guard, self.owns, self.clock = guard, owns, clock
         self.cells_per_task = cells_per_task
+        self.pause = 1 / duty - 1  # seconds of pause per second of work
         self._done_upto: dict[int, float] = {}  # job -> cells below this are compacted
         self._done_id: dict[int, int] = {}  # job -> the last event id in those cells
         self._packed_upto: dict[int, float] = {}  # job -> cells below this are packed
@@ -236,22 +255,24 @@ class Compactor:
 
     def _resume(self, job_id: int) -> None:
         """Where an earlier pass (of this process or one before a restart) left the job:
-        after its newest final pack and its newest pack. Cells are walked in order and
+        after its newest final cell and its newest pack. Cells are walked in order and
         packed as they are walked, so every cell before a pack has been walked the same way;
         without this, the first pass after a restart decoded every pack of every stored job
         again to find nothing to do (a minute for a quarter-hour of 256 ranks). The sessions'
         throttle states, which thinning carries from cell to cell, are read back from the
-        newest final pack (it keeps each session's last GPU reading of its cell)."""
-        cell, final = self.policy.cell_s, None
+        newest final cell's packs (they keep each session's last GPU reading of the cell)."""
+        cell, final, final_from = self.policy.cell_s, None, 0
         for pack in self.store.packs.of_job(job_id):
             cell_end = math.floor(pack["first_at"] / cell) * cell + cell
             if pack["thinned"]:
+                if self._done_upto.get(job_id) != cell_end:
+                    final_from = pack["first_id"]  # the cell's first pack (of PACK_EVENTS)
                 final = pack
                 self._done_upto[job_id], self._done_id[job_id] = cell_end, pack["last_id"]
             self._packed_upto[job_id], self._packed_id[job_id] = cell_end, pack["last_id"]
         if final is not None:
             throttled = self._throttled.setdefault(job_id, {})
-            for ev in self.store.log.events(job_id, after=final["first_id"] - 1,
+            for ev in self.store.log.events(job_id, after=final_from - 1,
                                             upto=final["last_id"]):
                 if ev["kind"] == "gpu":
                     throttled[ev["session"]] = gpu_throttled(ev["body"])
@@ -296,8 +317,14 @@ class Compactor:
               keep: list[tuple[float, float]], final: bool) -> int:
         """Cells [start, horizon) of the job, a few per writer task; returns events removed.
 
-        ``final``: the cells are thinned (plan()) and their packs marked final, and the walk
-        starts from the job's last final cell; else packed whole, from the last packed one.
+        ``final``: the cells are thinned (thinning.Plan) and their packs marked final, and
+        the walk starts from the job's last final cell; else packed whole, from the last
+        packed one.
+
+        A cell is streamed, never held: a first read plans what thinning removes (a few
+        numbers per event), a second packs what stays, PACK_EVENTS events a pack. What
+        memory holds of a 1,024-rank cell (~370,000 events, ~0.4 GB as dicts) is then one
+        pack's worth of its events and the packs made (bench/memory.py).
         """
         cell, packing = self.policy.cell_s, self.policy.pack_after_s > 0
         throttled = self._throttled.setdefault(job_id, {})
@@ -308,62 +335,91 @@ class Compactor:
         done_id = self._done_id if final else self._packed_id
         removed = 0
         while start < horizon and not self._stop.is_set():
-            end = min(horizon, start + cell * self.cells_per_task)
+            task_start, read, last = start, 0, 0
             after = max(self._done_id.get(job_id, 0), done_id.get(job_id, 0))
-            evs = list(self.store.log.events_until(job_id, after, end, raw=True))
             writes, thinning, gone = [], False, 0
-            for evs_cell in _cells(evs, cell):
-                updates, deletes = plan(evs_cell, cell, keep, throttled, floors) \
-                    if final else ({}, [])
-                thinning = thinning or bool(updates or deletes)
-                gone += len(deletes)
-                if not packing:
-                    if updates or deletes:
-                        writes.append(lambda conn, u=updates, d=deletes:
-                                      self.store.log.compact(conn, u, d))
-                    continue
-                write = self._pack_cell(job_id, evs_cell, updates, set(deletes), newest,
-                                        packs, final)
-                if write is not None:
-                    writes.append(write)
+            while (start < horizon and not self._stop.is_set() and read < TASK_EVENTS
+                   and start < task_start + cell * self.cells_per_task):
+                end = start + cell
+                plans: list[tuple[dict[int, dict], list[int]]] = []
+                if final:
+                    for run in self._runs(job_id, after, end):
+                        planned = Plan(cell, keep, throttled, floors)
+                        for ev in run:
+                            planned.add(ev)
+                            read += 1
+                            last = ev["id"]
+                        plans.append(planned.result())
+                    for updates, deletes in plans:
+                        thinning = thinning or bool(updates or deletes)
+                        gone += len(deletes)
+                        if not packing and (updates or deletes):
+                            writes.append(lambda conn, u=updates, d=deletes:
+                                          self.store.log.compact(conn, u, d))
+                if packing:
+                    for i, run in enumerate(self._runs(job_id, after, end)):
+                        updates, deletes = plans[i] if final else ({}, [])
+                        packer = _Packer(self.store, job_id, updates, set(deletes), newest,
+                                         packs, final)
+                        for ev in run:
+                            packer.add(ev)
+                            read += not final
+                            last = ev["id"]
+                        self.rewritten += len(updates)
+                        for write in packer.done():
+                            if write.alone:  # its own writer task (see _Packer.done)
+                                self.store.writer.submit(write, timeout=120.0)
+                            else:
+                                writes.append(write)
+                        self.packed += len(packer.made)
+                if read:
+                    after = last
+                start = min(horizon, end)
             if writes:
-                guard = self.guard(job_id, start, end) if self.guard and thinning else \
-                    contextlib.nullcontext()
+                guard = self.guard(job_id, task_start, start) if self.guard and thinning \
+                    else contextlib.nullcontext()
                 with guard:
                     self.store.writer.submit(lambda conn: [w(conn) for w in writes], timeout=120.0)
             removed += gone
             self.deleted += gone
-            if evs:
-                done_id[job_id] = evs[-1]["id"]
-            (self._done_upto if final else self._packed_upto)[job_id] = start = end
+            if read:
+                done_id[job_id] = after
+            (self._done_upto if final else self._packed_upto)[job_id] = start
         return removed
 
-    def _pack_cell(self, job_id: int, evs: list[dict[str, Any]], updates: dict[int, dict],
-                   deletes: set[int], newest: set[int], packs: dict[int, dict],
-                   final: bool) -> Callable | None:
-        """The writer task that makes one cell's events one pack (None: it is one already).
+    def _runs(self, job_id: int, after: int, end: float) -> Iterator[Iterator[dict[str, Any]]]:
+        """The job's events after id ``after`` that arrived before ``end``, in runs by cell
+        of arrival time, each an iterator to read to its end before the next: a run ends
+        where an event's cell is later than the run's first's, so that a cell's packs hold a
+        contiguous range of the job's ids even where arrival times are out of order."""
+        events = self._paced(self.store.log.events_until(job_id, after, end, raw=True))
+        cell_s = self.policy.cell_s
+        pending: list[dict[str, Any]] = []  # the first event of the next run, once met
 
-        Each session's newest event (and newest with a seq) stays a row; a summary plan()
-        rewrote and the events it deleted go."""
-        kept = [dict(ev, body=updates[ev["id"]]) if ev["id"] in updates else ev
-                for ev in evs if ev["id"] not in deletes and ev["id"] not in newest]
-        old = [i for i in (ev["id"] for ev in evs) if i in packs]
-        if not updates and not deletes and len(old) == 1 and packs[old[0]]["n"] == len(kept) \
-                and packs[old[0]]["thinned"] == final:
-            return None  # packed as it should be: packing twice changes nothing
-        if not kept and not old and not deletes:
-            return None  # only rows that must stay rows
-        row_updates = {i: b for i, b in updates.items() if i in newest}
-        pack = self.store.packs.row(job_id, kept, final) if kept else None
-        row_ids = [ev["id"] for ev in evs if ev["id"] not in newest]
-        self.rewritten += len(updates)
-        self.packed += pack is not None
+        def run(first: dict[str, Any]) -> Iterator[dict[str, Any]]:
+            current = math.floor(first["received_at"] / cell_s)
+            yield first
+            for ev in events:
+                if math.floor(ev["received_at"] / cell_s) > current:
+                    pending.append(ev)
+                    return
+                yield ev
 
-        def write(conn) -> None:
-            self.store.packs.write(conn, job_id, pack, old, row_ids)
-            if row_updates:
-                self.store.log.compact(conn, row_updates, [])
-        return write
+        first = next(events, None)
+        while first is not None:
+            yield run(first)
+            first = pending.pop() if pending else None
+
+    def _paced(self, events: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """``events``, with a pause after every PACE_EVENTS of them that keeps this thread's
+        share of a core at ``duty``: a pass over a 1,024-rank cell takes seconds of CPU, and
+        taken in one go it held ingest back (the batches queued meanwhile are memory too)."""
+        started = time.thread_time()
+        for i, ev in enumerate(events, start=1):
+            yield ev
+            if self.pause and i % PACE_EVENTS == 0:
+                self._stop.wait((time.thread_time() - started) * self.pause)
+                started = time.thread_time()
 
     def _thin_checkpoints(self, job_id: int) -> None:
         """Beyond the window and away from findings, keep the first stored checkpoint of
@@ -382,17 +438,86 @@ class Compactor:
             self.checkpoints_deleted += len(drop)
 
 
-def _cells(evs: list[dict[str, Any]], cell_s: float) -> Iterator[list[dict[str, Any]]]:
-    """Consecutive runs of events (id order) by cell of arrival time: a cell's pack then
-    holds a contiguous range of the job's ids, even where arrival times are out of order."""
-    run: list[dict[str, Any]] = []
-    current = None
-    for ev in evs:
-        cell = math.floor(ev["received_at"] / cell_s)
-        if current is None or cell > current:
-            if run:
-                yield run
-            run, current = [], cell
-        run.append(ev)
-    if run:
-        yield run
+class _Packer:
+    """One run of a cell's events (:meth:`Compactor._runs`) into packs of at most
+    PACK_EVENTS events, made as the run is read; then the writer tasks that store them in
+    place of what they hold (:meth:`done`). Each session's newest event (and newest with a
+    seq) stays a row; a summary the plan rewrote is packed rewritten, and the events it
+    deleted go."""
+
+    def __init__(self, store: "Store", job_id: int, updates: dict[int, dict],
+                 deletes: set[int], newest: set[int], stored: dict[int, dict], final: bool):
+        self.store, self.job_id, self.final = store, job_id, final
+        self.updates, self.deletes, self.newest, self.stored = updates, deletes, newest, stored
+        self.made: list[dict[str, Any]] = []  # pack rows (compressed)
+        self._ends: list[int] = []  # per pack made: how many of row_ids lie up to its end
+        self._chunk: list[dict[str, Any]] = []
+        self.old: list[int] = []  # first ids of the stored packs it replaces
+        self.row_ids = array.array("q")  # the events it holds that are not newest
+        self.kept = 0
+
+    def add(self, ev: dict[str, Any]) -> None:
+        i = ev["id"]
+        if i in self.stored:
+            self.old.append(i)
+        if i in self.newest:
+            return
+        self.row_ids.append(i)
+        if i in self.deletes:
+            return
+        if i in self.updates:
+            ev = dict(ev, body=self.updates[i])
+        self._chunk.append(ev)
+        self.kept += 1
+        if len(self._chunk) >= PACK_EVENTS:
+            self._pack()
+
+    def _pack(self) -> None:
+        if self._chunk:
+            self.made.append(self.store.packs.row(self.job_id, self._chunk, self.final))
+            self._ends.append(len(self.row_ids))
+            self._chunk = []
+
+    def done(self) -> list["_Write"]:
+        """The writer tasks storing the packs ([]: nothing to change). Rows becoming packs
+        (what the live server does every minute) are a task a pack, each pack and the rows
+        it holds in one transaction: a 1,024-rank cell's deletion of ~370,000 rows in one
+        held every batch of ingest back for seconds, and the batches queued meanwhile were
+        the server's memory. A cell rewritten (thinned, or packed again) is one task: its
+        old packs and rows go in the transaction that stores the new ones."""
+        old, stored = self.old, self.stored
+        if (not self.updates and not self.deletes and old
+                and len(old) == math.ceil(self.kept / PACK_EVENTS)
+                and sum(stored[i]["n"] for i in old) == self.kept
+                and all(stored[i]["thinned"] == self.final for i in old)):
+            self.made, self._chunk = [], []
+            return []  # packed as it should be: packing twice changes nothing
+        if not self.kept and not old and not self.deletes:
+            return []  # only rows that must stay rows
+        self._pack()
+        packs, job_id, store = self.store.packs, self.job_id, self.store
+        if not old and not self.updates and not self.deletes:
+            starts = [0, *self._ends[:-1]]
+            return [_Write(lambda conn, pack=pack, ids=self.row_ids[a:b].tolist():
+                           packs.write(conn, job_id, [pack], [], ids), alone=True)
+                    for pack, a, b in zip(self.made, starts, self._ends)]
+        made, row_ids = self.made, self.row_ids.tolist()
+        row_updates = {i: b for i, b in self.updates.items() if i in self.newest}
+
+        def write(conn) -> None:
+            packs.write(conn, job_id, made, old, row_ids)
+            if row_updates:
+                store.log.compact(conn, row_updates, [])
+        return [_Write(write)]
+
+
+@dataclasses.dataclass
+class _Write:
+    """A writer task of the compactor; ``alone``: submitted by itself, not with the rest of
+    its cells'."""
+
+    call: Callable[[Any], None]
+    alone: bool = False
+
+    def __call__(self, conn: Any) -> None:
+        self.call(conn)

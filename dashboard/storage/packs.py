@@ -1,4 +1,5 @@
-"""Packs: a job's older events, one compaction cell to a row of ``event_packs``, stored
+"""Packs: a job's older events, one compaction cell to a row of ``event_packs`` (or several
+rows, of at most dashboard.storage.compaction.PACK_EVENTS events each), stored
 column by column and compressed together (dashboard.storage.packformat). The
 compactor (dashboard.storage.compaction) writes them; the event log (dashboard.storage.log)
 reads them merged with its rows."""
@@ -150,9 +151,9 @@ class Packs:
                 "thinned": thinned, "data": encode_pack(events_in)}
 
     @staticmethod
-    def write(conn: sa.Connection, job_id: int, pack: dict[str, Any] | None,
+    def write(conn: sa.Connection, job_id: int, packs: list[dict[str, Any]],
               replaces: list[int], row_ids: list[int]) -> None:
-        """Writer thread: store ``pack`` (a :meth:`row`) in place of the job's packs
+        """Writer thread: store ``packs`` (each a :meth:`row`) in place of the job's packs
         starting at ids ``replaces`` and of the rows ``row_ids`` (those still rows; the
         others were packed already), in the caller's transaction: a crash leaves either the
         old form or the new, never neither."""
@@ -160,5 +161,5 @@ class Packs:
             conn.execute(sa.delete(event_packs).where(event_packs.c.job_id == job_id,
                                                       event_packs.c.first_id.in_(replaces)))
         delete_in(conn, events.c.id, row_ids)
-        if pack is not None:
+        for pack in packs:
             conn.execute(sa.insert(event_packs).values(**pack))

@@ -514,7 +514,7 @@ def test_a_pack_write_that_fails_midway_leaves_the_rows_as_they_were(store):
     pack = store.packs.row(job_id, events[:200], False)
 
     def task(conn) -> None:
-        store.packs.write(conn, job_id, pack, [], [ev["id"] for ev in events[:200]])
+        store.packs.write(conn, job_id, [pack], [], [ev["id"] for ev in events[:200]])
         raise RuntimeError("the process died here")
     with pytest.raises(RuntimeError):
         store.writer.submit(task)
@@ -587,3 +587,44 @@ def test_packs_kept_are_let_go_once_idle_and_kept_within_their_bytes(store):
     assert small.kept_bytes() == packs[-1].nbytes  # the newest that fits; the older went
     assert small.open(rows[-1]) is not None and small.reused == 1
 
+
+def test_a_cell_of_more_events_than_a_pack_holds_is_several_packs_and_reads_the_same(
+        tmp_path, monkeypatch):
+    """A cell is streamed into packs of at most PACK_EVENTS (so that neither the compactor
+    nor a reader holds a big job's whole cell): packed and thinned, the log reads, folds and
+    compacts again exactly as with one pack a cell, and a restarted compactor goes on."""
+    from dashboard.storage import compaction
+
+    events = _stored(_job_events(1500))
+    split = next(i for i, ev in enumerate(events) if ev["received_at"] > T0 + 800)
+    policy = Policy(keep_full_s=300, around_findings_s=60, pack_after_s=60)
+    stores = [Store(f"sqlite:///{tmp_path / f'{i}.sqlite'}").start() for i in range(2)]
+    try:
+        for s in stores:
+            _store_job(s, events[:split])
+        whole = Compactor(stores[0], policy)
+        whole.run_once()
+        monkeypatch.setattr(compaction, "PACK_EVENTS", 37)
+        small = Compactor(stores[1], policy)
+        small.run_once()
+        for s in stores:
+            s.writer.submit(lambda conn, s=s: s.log.insert_archived(conn, 1, events[split:]))
+        monkeypatch.setattr(compaction, "PACK_EVENTS", 10**9)
+        whole.run_once()
+        monkeypatch.setattr(compaction, "PACK_EVENTS", 37)
+        small.run_once()
+        one, several = (s.packs.of_job(1) for s in stores)
+        assert len(several) > 3 * len(one) and max(p["n"] for p in several) == 37
+        assert {p["thinned"] for p in several} == {True, False}
+        stored = list(stores[1].log.events(1))
+        assert stored == list(stores[0].log.events(1))
+        assert len(stored) < len(events) // 2  # thinned
+        assert _views(_fold(stored)) == _views(_fold(events))
+        data = _pack_data(stores[1])
+        again = Compactor(stores[1], policy)  # a restarted server: nothing left to do
+        assert again.run_once() == 0 and again.packed == 0
+        small.run_once()
+        assert _pack_data(stores[1]) == data
+    finally:
+        for s in stores:
+            s.close()
