@@ -199,6 +199,8 @@ class Compactor:
         while not self._stop.wait(self.policy.every_s):
             try:
                 self.run_once()
+            except _Stopping:  # the server stops: the cell in hand was left as it was
+                return
             except Exception:  # keep trying: a failed pass loses nothing
                 self.errors += 1
                 log.exception("pgdash: compaction pass failed; retrying in %.0f s",
@@ -413,13 +415,18 @@ class Compactor:
     def _paced(self, events: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """``events``, with a pause after every PACE_EVENTS of them that keeps this thread's
         share of a core at ``duty``: a pass over a 1,024-rank cell takes seconds of CPU, and
-        taken in one go it held ingest back (the batches queued meanwhile are memory too)."""
+        taken in one go it held ingest back (the batches queued meanwhile are memory too).
+        Raises _Stopping there once the compactor is closed: a stopping server does not
+        wait for the rest of a big cell, and nothing of a cell read in part is written."""
         started = time.thread_time()
         for i, ev in enumerate(events, start=1):
             yield ev
-            if self.pause and i % PACE_EVENTS == 0:
-                self._stop.wait((time.thread_time() - started) * self.pause)
-                started = time.thread_time()
+            if i % PACE_EVENTS == 0:
+                if self.pause:
+                    self._stop.wait((time.thread_time() - started) * self.pause)
+                    started = time.thread_time()
+                if self._stop.is_set():
+                    raise _Stopping()
 
     def _thin_checkpoints(self, job_id: int) -> None:
         """Beyond the window and away from findings, keep the first stored checkpoint of
@@ -436,6 +443,10 @@ class Compactor:
             delete = self.store.checkpoints.delete
             self.store.writer.submit(lambda conn: delete(conn, job_id, drop), timeout=120.0)
             self.checkpoints_deleted += len(drop)
+
+
+class _Stopping(Exception):
+    """The compactor was closed while it read a cell."""
 
 
 class _Packer:

@@ -628,3 +628,47 @@ def test_a_cell_of_more_events_than_a_pack_holds_is_several_packs_and_reads_the_
     finally:
         for s in stores:
             s.close()
+
+
+def test_a_compactor_closed_mid_cell_stops_at_once_and_leaves_the_log_whole(
+        store, monkeypatch):
+    """Closing the compactor (a stopping server) while it reads a cell stops it within one
+    pace of events (a 1,024-rank cell is seconds of work) and writes nothing of that cell:
+    the log reads as before, and the next compactor does the rest."""
+    import threading
+    import time as _time
+
+    from dashboard.storage import compaction
+
+    events = _stored(_job_events(600))
+    job_id = _store_job(store, events)
+    monkeypatch.setattr(compaction, "PACE_EVENTS", 20)
+    policy = Policy(keep_full_s=300, around_findings_s=60, pack_after_s=60, every_s=0.01)
+    slow = Compactor(store, policy, duty=1.0, clock=lambda: events[-1]["received_at"] + 1000)
+    inside, after_close = threading.Event(), []
+    add = compaction._Packer.add
+
+    def slow_add(packer, ev):  # a big cell: each event takes a while
+        if slow.packed:
+            inside.set()  # a cell packed: the compactor is in the next one
+        if slow._stop.is_set():
+            after_close.append(ev["id"])
+        _time.sleep(0.002)
+        add(packer, ev)
+    monkeypatch.setattr(compaction._Packer, "add", slow_add)
+    slow.start()
+    assert inside.wait(30)
+    slow.close()
+    assert len(after_close) <= 20 and slow.errors == 0
+    monkeypatch.setattr(compaction._Packer, "add", add)
+    rows, _, _ = _rows_and_packs(store)
+    assert rows > RANKS  # it stopped inside the pass
+    stored = list(store.log.events(job_id))
+    ids = [ev["id"] for ev in stored]
+    assert ids == sorted(set(ids)) and set(ids) <= {ev["id"] for ev in events}  # no doubles
+    assert _views(_fold(stored)) == _views(_fold(events))  # nothing the fold reads lost
+    done = Compactor(store, policy, clock=lambda: events[-1]["received_at"] + 1000)
+    done.run_once()
+    rows, packs, packed = _rows_and_packs(store)
+    assert packs > slow.packed and rows == RANKS
+    assert _views(_fold(list(store.log.events(job_id)))) == _views(_fold(events))
