@@ -45,7 +45,6 @@ the ingest path. Compacting or packing a cell twice changes nothing.
 
 from __future__ import annotations
 
-import array
 import contextlib
 import dataclasses
 import logging
@@ -461,20 +460,23 @@ class _Packer:
         self.store, self.job_id, self.final = store, job_id, final
         self.updates, self.deletes, self.newest, self.stored = updates, deletes, newest, stored
         self.made: list[dict[str, Any]] = []  # pack rows (compressed)
-        self._ends: list[int] = []  # per pack made: how many of row_ids lie up to its end
+        self._spans: list[tuple[int, int]] = []  # per pack made: the ids it took the place of
         self._chunk: list[dict[str, Any]] = []
+        self._span_from: int | None = None  # the first id read since the last pack made
+        self.first_id: int | None = None
+        self.last_id = 0
         self.old: list[int] = []  # first ids of the stored packs it replaces
-        self.row_ids = array.array("q")  # the events it holds that are not newest
         self.kept = 0
 
     def add(self, ev: dict[str, Any]) -> None:
-        i = ev["id"]
+        i = self.last_id = ev["id"]
+        if self.first_id is None:
+            self.first_id = i
+        if self._span_from is None:
+            self._span_from = i
         if i in self.stored:
             self.old.append(i)
-        if i in self.newest:
-            return
-        self.row_ids.append(i)
-        if i in self.deletes:
+        if i in self.newest or i in self.deletes:
             return
         if i in self.updates:
             ev = dict(ev, body=self.updates[i])
@@ -486,8 +488,8 @@ class _Packer:
     def _pack(self) -> None:
         if self._chunk:
             self.made.append(self.store.packs.row(self.job_id, self._chunk, self.final))
-            self._ends.append(len(self.row_ids))
-            self._chunk = []
+            self._spans.append((self._span_from, self.last_id))
+            self._chunk, self._span_from = [], None
 
     def done(self) -> list["_Write"]:
         """The writer tasks storing the packs ([]: nothing to change). Rows becoming packs
@@ -495,7 +497,9 @@ class _Packer:
         it holds in one transaction: a 1,024-rank cell's deletion of ~370,000 rows in one
         held every batch of ingest back for seconds, and the batches queued meanwhile were
         the server's memory. A cell rewritten (thinned, or packed again) is one task: its
-        old packs and rows go in the transaction that stores the new ones."""
+        old packs and rows go in the transaction that stores the new ones. Rows go by id
+        range (Packs.write): every event of the job between a pack's first and last id is
+        in it, deleted, or a session's newest (kept a row)."""
         old, stored = self.old, self.stored
         if (not self.updates and not self.deletes and old
                 and len(old) == math.ceil(self.kept / PACK_EVENTS)
@@ -506,17 +510,16 @@ class _Packer:
         if not self.kept and not old and not self.deletes:
             return []  # only rows that must stay rows
         self._pack()
-        packs, job_id, store = self.store.packs, self.job_id, self.store
+        packs, job_id, store, newest = self.store.packs, self.job_id, self.store, self.newest
         if not old and not self.updates and not self.deletes:
-            starts = [0, *self._ends[:-1]]
-            return [_Write(lambda conn, pack=pack, ids=self.row_ids[a:b].tolist():
-                           packs.write(conn, job_id, [pack], [], ids), alone=True)
-                    for pack, a, b in zip(self.made, starts, self._ends)]
-        made, row_ids = self.made, self.row_ids.tolist()
-        row_updates = {i: b for i, b in self.updates.items() if i in self.newest}
+            return [_Write(lambda conn, pack=pack, span=span:
+                           packs.write(conn, job_id, [pack], [], span, newest), alone=True)
+                    for pack, span in zip(self.made, self._spans)]
+        made, span = self.made, (self.first_id, self.last_id)
+        row_updates = {i: b for i, b in self.updates.items() if i in newest}
 
         def write(conn) -> None:
-            packs.write(conn, job_id, made, old, row_ids)
+            packs.write(conn, job_id, made, old, span, newest)
             if row_updates:
                 store.log.compact(conn, row_updates, [])
         return [_Write(write)]

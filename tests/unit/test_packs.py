@@ -514,7 +514,7 @@ def test_a_pack_write_that_fails_midway_leaves_the_rows_as_they_were(store):
     pack = store.packs.row(job_id, events[:200], False)
 
     def task(conn) -> None:
-        store.packs.write(conn, job_id, [pack], [], [ev["id"] for ev in events[:200]])
+        store.packs.write(conn, job_id, [pack], [], (events[0]["id"], events[199]["id"]))
         raise RuntimeError("the process died here")
     with pytest.raises(RuntimeError):
         store.writer.submit(task)
