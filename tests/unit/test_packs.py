@@ -432,16 +432,22 @@ def test_a_full_resolution_pack_is_thinned_once_it_ages_past_the_window(store):
     assert _pack_data(store) == data
 
 
+def _two_stores(tmp_path) -> tuple[list[dict], int, Policy, list[Store]]:
+    """A 1,500-second job's events, where its first 800 s end, a policy that thins past
+    300 s, and two stores holding those 800 s (to compact two ways and compare)."""
+    events = _stored(_job_events(1500))
+    split = next(i for i, ev in enumerate(events) if ev["received_at"] > T0 + 800)
+    stores = [Store(f"sqlite:///{tmp_path / f'{i}.sqlite'}").start() for i in range(2)]
+    for s in stores:
+        _store_job(s, events[:split])
+    return events, split, Policy(keep_full_s=300, around_findings_s=60, pack_after_s=60), stores
+
+
 def test_after_a_restart_the_compactor_goes_on_where_the_packs_end(tmp_path):
     """A fresh compactor (a restarted server) reads only what lies past the stored packs,
     and leaves the same packs as one that never stopped."""
-    events = _stored(_job_events(1500))
-    split = next(i for i, ev in enumerate(events) if ev["received_at"] > T0 + 800)
-    policy = Policy(keep_full_s=300, around_findings_s=60, pack_after_s=60)
-    stores = [Store(f"sqlite:///{tmp_path / f'{i}.sqlite'}").start() for i in range(2)]
+    events, split, policy, stores = _two_stores(tmp_path)
     try:
-        for s in stores:
-            _store_job(s, events[:split])
         kept = Compactor(stores[0], policy)
         kept.run_once()
         Compactor(stores[1], policy).run_once()
@@ -595,13 +601,8 @@ def test_a_cell_of_more_events_than_a_pack_holds_is_several_packs_and_reads_the_
     compacts again exactly as with one pack a cell, and a restarted compactor goes on."""
     from dashboard.storage import compaction
 
-    events = _stored(_job_events(1500))
-    split = next(i for i, ev in enumerate(events) if ev["received_at"] > T0 + 800)
-    policy = Policy(keep_full_s=300, around_findings_s=60, pack_after_s=60)
-    stores = [Store(f"sqlite:///{tmp_path / f'{i}.sqlite'}").start() for i in range(2)]
+    events, split, policy, stores = _two_stores(tmp_path)
     try:
-        for s in stores:
-            _store_job(s, events[:split])
         whole = Compactor(stores[0], policy)
         whole.run_once()
         monkeypatch.setattr(compaction, "PACK_EVENTS", 37)
