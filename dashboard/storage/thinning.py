@@ -24,17 +24,17 @@ class _MergedSummary:
     """Consecutive latency summaries of a session (same shape) merged into one, a body at a
     time (what compaction stores in place of a cell's summaries)."""
 
-    __slots__ = ("first", "last", "rows")
+    __slots__ = ("start", "last", "rows")
 
     def __init__(self) -> None:
-        self.first: dict[str, Any] | None = None
-        self.last: dict[str, Any] | None = None
+        self.start: Any = None
+        self.last: dict[str, Any] = {}  # the newest body without its rows (not kept whole)
         self.rows: dict[tuple, dict[str, Any]] = {}
 
     def add(self, body: dict[str, Any]) -> None:
-        if self.first is None:
-            self.first = body
-        self.last = body
+        if not self.last:
+            self.start = body["start"]
+        self.last = {**body, "rows": None}  # its keys in their order
         rows = self.rows
         for row in body["rows"]:
             key = (row["group"], row["op"], row.get("source"), row.get("timing"))
@@ -55,8 +55,7 @@ class _MergedSummary:
             into["hist"] = [[b, hist[b]] for b in sorted(hist)]
 
     def body(self) -> dict[str, Any]:
-        return {**self.last, "start": self.first["start"], "end": self.last["end"],
-                "rows": list(self.rows.values())}
+        return {**self.last, "start": self.start, "rows": list(self.rows.values())}
 
 
 def _gpu_notable(body: dict[str, Any]) -> bool:
