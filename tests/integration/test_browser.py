@@ -752,6 +752,7 @@ def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(t
         job = srv.api(f"/api/jobs/{job_id}")
         start, end = job["started_at"], job["ended_at"]
         slider, shown = page.locator("#replay-at"), page.locator("#job-page")
+        aheads = []  # resting 400 ms on a keyframe shown asks for the second after it
         for value in (300, 500):
             slider.evaluate("(el, v) => { el.value = String(v); "
                             "el.dispatchEvent(new Event('input')); }", value)
@@ -760,13 +761,16 @@ def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(t
             assert at - 30 <= keyframe < at, kept
             expect(shown).to_have_attribute("data-replayed", _js_number(keyframe))
             expect(page.locator("#replay-when")).not_to_contain_text("loading")
-        assert asked and all("&within=30" in url for url in asked), asked
+            aheads.append(f"at={_js_number(keyframe + 1)}")
+        assert any("&within=30" in url for url in asked) and all(
+            "&within=30" in url or url.endswith(tuple(aheads)) for url in asked), asked
         expect(page.locator("#topology .rk")).to_have_count(256)
         # Let go: the moment where the slider is, folded. While it comes, the keyframe stays
         # on screen undimmed, and the label says which moment is shown and which is coming.
         held: list = []
         page.route(re.compile(r"/state\?at=[0-9.]+$"), lambda route: held.append(route))
         page.evaluate("delete document.getElementById('job-page').dataset.aheadMarks")
+        let_go = len(asked)
         slider.evaluate("el => el.dispatchEvent(new Event('change'))")
         for _ in range(50):  # route handlers run while Playwright has the thread
             if held:
@@ -780,7 +784,10 @@ def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(t
         held[0].continue_()
         page.unroute(re.compile(r"/state\?at=[0-9.]+$"))
         expect(shown).to_have_attribute("data-replayed", _js_number(at), timeout=LIVE_MS)
-        assert "within" not in asked[-1] and f"at={_js_number(at)}" in asked[-1]
+        # The first moment asked once let go is the exact one. (Resting 400 ms on a moment
+        # shown asks for the second after it too: on a loaded machine that may come before
+        # this line, and after a keyframe, before the let-go.)
+        assert asked[let_go:] and asked[let_go].endswith(f"at={_js_number(at)}"), asked
         # Resting there, the page asks for the next second and the incident marks on either
         # side (exact moments): once it has, only Play asks.
         expect(shown).to_have_attribute("data-ahead-marks", re.compile(r".*"), timeout=LIVE_MS)
