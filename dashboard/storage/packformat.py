@@ -87,11 +87,7 @@ class Bodies:
                 taken[offset:offset + 8] = True
                 rows[:, offset:offset + 8] = _decimals_back(planes, m)
             keep = np.flatnonzero(~taken)
-            columns = stored[pos:pos + m * len(keep)].reshape(len(keep), m).T
-            if len(keep) == size:
-                rows[:] = columns
-            else:
-                rows[:, keep] = columns
+            rows[:, keep] = stored[pos:pos + m * len(keep)].reshape(len(keep), m).T
             pos += m * len(keep)
             del rows
             self._rows.append(buffer)
