@@ -23,20 +23,21 @@ class Refused(ConnectionError):
     """The server refused this agent (bad token, bad auth); the text says why."""
 
 
-def _websocket_url(server: str) -> str:
+def _websocket_url(server: str, path: str = AGENT_V2_PATH) -> str:
     base = server.rstrip("/")
     if base.startswith("https://"):
-        return "wss://" + base[len("https://"):] + AGENT_V2_PATH
+        return "wss://" + base[len("https://"):] + path
     if base.startswith("http://"):
-        return "ws://" + base[len("http://"):] + AGENT_V2_PATH
+        return "ws://" + base[len("http://"):] + path
     raise ValueError(f"PGDASH_SERVER must start with http:// or https://, got {server!r}")
 
 
 class CompactClient:
     """One v2 connection, owned by the sender thread; a reader thread delivers acks."""
 
-    def __init__(self, sslopt: dict[str, Any] | None = None):
+    def __init__(self, sslopt: dict[str, Any] | None = None, path: str = AGENT_V2_PATH):
         self._sslopt = sslopt or {}
+        self._path = path  # AGENT_V2_PATH, or READER_PATH for a host reader
         self._ws = None
         self._handlers: dict[str, Callable[..., Any]] = {}
         self._callbacks: dict[int, Callable[[Any], None]] = {}
@@ -64,11 +65,12 @@ class CompactClient:
         import websocket  # websocket-client, a dependency of python-socketio's client
 
         try:
-            ws = websocket.create_connection(_websocket_url(server), timeout=wait_timeout,
+            ws = websocket.create_connection(_websocket_url(server, self._path),
+                                             timeout=wait_timeout,
                                              sslopt=self._sslopt, enable_multithread=True)
         except websocket.WebSocketBadStatusException as exc:
             if exc.status_code == 404:
-                raise NotServed(f"{server} does not serve {AGENT_V2_PATH}") from None
+                raise NotServed(f"{server} does not serve {self._path}") from None
             raise
         try:
             ws.send_binary(encode_v2({"auth": {**auth, "v": PROTOCOL_V2}}))
@@ -98,6 +100,10 @@ class CompactClient:
             if callback is not None:
                 self._callbacks[batch_id] = callback
         self._ws.send_binary(encode_v2({"id": batch_id, "events": data["events"]}))
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Send one frame that wants no acknowledgement (a host reader's reading)."""
+        self._ws.send_binary(encode_v2(message))
 
     def probe(self) -> None:
         """Ask the server for a sign of life: a websocket ping, whose pong sets heard_at. The

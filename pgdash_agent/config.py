@@ -49,6 +49,10 @@ class AgentConfig:
     # another rank of its host cannot read it with py-spy if it blocks with the GIL held
     # (see pgdash_agent.native.allow_peer_reads; only where py-spy is installed)
     peer_read: bool = True
+    # PGDASH_HOST_READER: 0 starts no host reader (pgdash_agent.reader: a process of its own,
+    # started by the host's first rank where py-spy is installed, that reads this host's ranks
+    # blocked with the GIL held when no other rank of the host can)
+    host_reader: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":

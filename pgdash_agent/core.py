@@ -24,7 +24,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping
 
-from pgdash_agent import identity, native
+from pgdash_agent import identity, native, reader
 from pgdash_agent.collective_wrappers import CollectiveWrappers
 from pgdash_agent.collectives import CollectiveTracker
 from pgdash_agent.config import AgentConfig
@@ -99,6 +99,7 @@ class Agent:
         self.tracker.wake = self.loop.wake.set
         self._detached = False
         self.peer_readable = False  # see start()
+        self.host_reader = None  # the host reader process this rank started (pgdash_agent.reader)
         self.ddp = DDPHooks()
 
     @property
@@ -129,6 +130,10 @@ class Agent:
                                   and native.allow_peer_reads())
         self.sender.start()
         self.loop.start()
+        if self.config.server and self.config.wire != "v1" and reader.wanted(
+                self.environ, self.snapshots.py_spy, self.config.host_reader):
+            self.host_reader = reader.start(self.config.server, self._auth(),
+                                            self.config.ca_file)
         return self
 
     def detach(self, timeout: float | None = None, *, reason: str = "detach") -> bool:
@@ -165,6 +170,7 @@ class Agent:
                 time.sleep(0.02)
             flushed = self.sender.idle()
             self._announce()  # a job done before the server answered still says where it is
+            reader.stop(self.host_reader)
             self.sender.stop()
             self.sender.join(timeout=2.0)
             return flushed

@@ -23,6 +23,7 @@ PROTOCOL_VERSION = 1  # the Socket.IO ``/agent`` namespace: every agent since 0.
 PROTOCOL_V2 = 2  # the compact path: MessagePack frames on a plain websocket (see below)
 PROTOCOL_VERSIONS = (PROTOCOL_VERSION, PROTOCOL_V2)
 AGENT_V2_PATH = "/agent/v2"
+READER_PATH = "/agent/v2/reader"  # a host reader's connection (pgdash_agent.reader)
 AGENT_NAMESPACE = "/agent"
 UI_NAMESPACE = "/ui"
 DEFAULT_PORT = 8686  # `pgdash serve`, and where an agent reports when PGDASH_SERVER is unset
@@ -432,6 +433,9 @@ class _AuthShape(_Shape):
     host: _Name = ""
     pid: _Count = 0
     attempt: Optional[_Count] = None  # optional; absent from older agents
+    # A host reader's hello (pgdash_agent.reader): the auth of the rank that started it, and
+    # the reader's own pid. It sends no events; it answers "peer" questions with READ frames.
+    reader: Optional[_limited(int, ge=1, le=2**22)] = None
 
 
 class _Connected(_Shape):
@@ -456,8 +460,27 @@ class _Disconnected(_Shape):
     goodbye: Optional[bool] = None
 
 
+class Read(_Shape):
+    """A host reader's reading of a rank of its host whose agent was silent (a ``peer``
+    question, answered from a process of its own: pgdash_agent.reader): sent as
+    ``{READ_FRAME: body}`` on the reader's connection, stored by the server as a ``read``
+    event of the session that started the reader, with ``reader_pid`` added."""
+
+    ask: _limited(str, max_length=MAX_ASK_ID)
+    for_rank: _Rank
+    peer_dump: Optional[_Text] = None  # py-spy's text
+    native_error: Optional[_Text] = None  # why there is none
+    asked_at: Optional[_Num] = None
+    reason: Optional[_Name] = None
+    took_ms: _Num = 0.0
+    reader_pid: Optional[_limited(int, ge=1, le=2**22)] = None  # set by the server
+
+
+READ_FRAME = "read"
+
 #: Event kinds the server itself records (never accepted from an agent), and their bodies.
-SERVER_KINDS: dict[str, type[_Shape]] = {"connect": _Connected, "disconnect": _Disconnected}
+SERVER_KINDS: dict[str, type[_Shape]] = {"connect": _Connected, "disconnect": _Disconnected,
+                                         "read": Read}
 
 
 def _check(value: Any, shape: type, where: str) -> Any:
@@ -519,6 +542,13 @@ def _encodable(body: dict[str, Any], where: str) -> None:
     except UnicodeEncodeError:
         raise WireError(f"{where}.body holds text that is not valid Unicode (a lone UTF-16 "
                         "surrogate)") from None
+
+
+def validate_read(body: Any) -> dict[str, Any]:
+    """Check a host reader's reading (:class:`Read`); raise WireError naming the bad field."""
+    read = _builtins(_check(body, Read, READ_FRAME))
+    _encodable(read, READ_FRAME)
+    return read
 
 
 def validate_server_event(ev: Any, where: str = "event") -> dict[str, Any]:

@@ -271,6 +271,14 @@ class TraceReading:
                         snapshot_args(body), cat="snapshot")
         s.completed_until = draw_completed(self.file, s.pid, body, s.completed_until)
 
+    def _on_read(self, s: _Session, rank: RankState, body: dict[str, Any], t: float) -> None:
+        """The host reader this session's rank started read a silent rank from outside."""
+        self._lifecycle(s, t, f"rank {body['for_rank']} read from outside (host reader)",
+                        {"ask": body["ask"], "took_ms": body.get("took_ms"),
+                         "reader_pid": body.get("reader_pid"),
+                         "dump": cut_text(body.get("peer_dump") or body.get("native_error")
+                                          or "", keep_end=True)}, cat="snapshot")
+
     def _on_gpu(self, s: _Session, rank: RankState, body: dict[str, Any], t: float) -> None:
         v = body["values"]
         mem = v.get("mem_used")

@@ -61,6 +61,9 @@ class Request:
     # session -> rank, of the ranks asked on a connection this process holds
     sessions: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
     peers: dict[int, int] = dataclasses.field(default_factory=dict)  # silent rank -> reader
+    # silent ranks asked of their host's reader process (peers names the rank that started
+    # it), not of another rank's agent
+    host_read: set[int] = dataclasses.field(default_factory=set, repr=False)
     # silent rank -> why no rank of its host was asked to read it (ask_peers); "*": all
     unread: dict[int | str, str] = dataclasses.field(default_factory=dict, repr=False)
 
@@ -68,6 +71,22 @@ class Request:
         return {"id": self.id, "asked_at": self.asked_at, "reason": self.reason,
                 "asked": self.asked, "not_connected": self.not_connected,
                 "native": self.native, "relayed": self.relayed}
+
+
+@dataclasses.dataclass(eq=False)
+class ReaderLink:
+    """A host reader's connection (pgdash_agent.reader): the host and job it reads, the rank
+    whose session started it, and the questions it was sent that it has not answered."""
+
+    job_id: int
+    host: str
+    session: str
+    rank: int | None
+    pid: int
+    send: Callable[[dict[str, Any]], None]
+    # (request id, rank) asked of it and not answered, the oldest first (MAX_PEER_ASKS x 4)
+    asked: collections.OrderedDict = dataclasses.field(
+        default_factory=collections.OrderedDict, repr=False)
 
 
 class Busy(Exception):
@@ -105,6 +124,7 @@ class Asks:
         self._auto_at: dict[int, float] = {}  # job -> its last request with an incident
         self._lock = threading.Lock()
         self._links: dict[str, Callable[[dict[str, Any]], None]] = {}
+        self._readers: dict[tuple[int, str], list[ReaderLink]] = {}  # (job, host) -> newest last
         # job -> its requests, the jobs asked most recently last (MAX_JOBS of them)
         self._requests: collections.OrderedDict[int, collections.OrderedDict[str, Request]] = \
             collections.OrderedDict()
@@ -127,6 +147,26 @@ class Asks:
 
     def linked(self, session: str) -> bool:
         return session in self._links
+
+    def link_reader(self, reader: ReaderLink) -> None:
+        """A host reader connected: asked for the silent ranks of its host that no other
+        rank's agent there can read (:meth:`ask_peers`)."""
+        with self._lock:
+            self._readers.setdefault((reader.job_id, reader.host), []).append(reader)
+
+    def unlink_reader(self, reader: ReaderLink) -> None:
+        with self._lock:
+            links = self._readers.get((reader.job_id, reader.host), [])
+            if reader in links:
+                links.remove(reader)
+            if not links:
+                self._readers.pop((reader.job_id, reader.host), None)
+
+    def reader_asked(self, reader: ReaderLink, request_id: str, rank: int) -> bool:
+        """Whether ``reader`` was asked to read ``rank`` for ``request_id`` (and not answered
+        yet): a reading nobody asked for is refused."""
+        with self._lock:
+            return reader.asked.pop((request_id, rank), None) is not None
 
     def request(self, job_id: int, ranks: list[int] | None, reason: str,
                 force: bool = False, native: bool = False) -> Request | None:
@@ -268,13 +308,17 @@ class Asks:
             return
         sends = []
         with self._lock:
-            for rank, pid, readers in silent or []:
+            for rank, pid, host, readers in silent or []:
+                # Another rank's agent of its host that answered, else the host's reader.
                 reader = next(((peer, self._links[s]) for peer, s in readers
                                if s in self._links), None)
-                if reader is None:
+                host_reader = (self._readers.get((request.job_id, host)) or [None])[-1]
+                if reader is None and host_reader is None:
                     request.unread[rank] = (
-                        "no other rank of its host answered (alone there, or all silent), so "
-                        "nobody there could read it" if not readers else
+                        "no other rank of its host answered (alone there, or all silent), and "
+                        "no host reader of it is connected here (pgdash_agent.reader: it needs "
+                        "py-spy and LOCAL_RANK), so nobody there could read it"
+                        if not readers else
                         "the ranks of its host that answered are connected to another server "
                         "process")
                     continue
@@ -282,6 +326,12 @@ class Asks:
                     request.unread[rank] = (f"only {MAX_PEER_ASKS} silent ranks are read "
                                             "from outside per request")
                     continue
+                if reader is None:
+                    reader = (host_reader.rank, host_reader.send)
+                    request.host_read.add(rank)
+                    host_reader.asked[(request.id, rank)] = True
+                    while len(host_reader.asked) > 4 * MAX_PEER_ASKS:
+                        host_reader.asked.popitem(last=False)
                 request.peers[rank] = reader[0]
                 sends.append((reader[1], {"ask": request.id, "what": "peer", "pid": pid,
                                           "rank": rank, "at": self.clock(),
@@ -345,7 +395,7 @@ class Asks:
             return self._requests.get(job_id, {}).get(request_id)
 
 
-__all__ = ["ANSWER_WAIT_S", "Asks", "Busy", "Request", "TooSoon", "UnknownRanks"]
+__all__ = ["ANSWER_WAIT_S", "Asks", "Busy", "ReaderLink", "Request", "TooSoon", "UnknownRanks"]
 
 
 def _later(delay: float, call: Callable[[], None]) -> None:
@@ -355,9 +405,9 @@ def _later(delay: float, call: Callable[[], None]) -> None:
 
 
 def silent_ranks(state: Any, request: Request, early: dict[int, dict[str, Any]]
-                 ) -> list[tuple[int, int, list[tuple[int, str]]]]:
-    """The ranks of a request that have not answered, each as (rank, pid, [(rank, session)
-    of the ranks of its host that answered]): those asked on a connection here, and those
+                 ) -> list[tuple[int, int, str, list[tuple[int, str]]]]:
+    """The ranks of a request that have not answered, each as (rank, pid, host, [(rank,
+    session) of the ranks of its host that answered]): those asked on a connection here, and those
     whose connection is gone while their process may live on (lost: a v1 agent blocked with
     the GIL held cannot answer Socket.IO's pings either)."""
     answered = set(state.snapshots.get(request.id, {})) | set(early)
@@ -373,5 +423,5 @@ def silent_ranks(state: Any, request: Request, early: dict[int, dict[str, Any]]
         r = index.get(rank)
         if r is None or r.pid is None or r.status not in (RankStatus.RUNNING, RankStatus.LOST):
             continue
-        out.append((rank, r.pid, by_host.get(r.host, [])))
+        out.append((rank, r.pid, r.host, by_host.get(r.host, [])))
     return out

@@ -29,7 +29,8 @@ from websockets.protocol import State
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
-from pgdash_agent.wire import AGENT_V2_PATH, WireError, decode_v2, decode_v2_batch, encode_v2
+from pgdash_agent.wire import (AGENT_V2_PATH, READ_FRAME, READER_PATH, WireError, decode_v2,
+                               decode_v2_batch, encode_v2)
 from dashboard.ingest.tls import route_tls
 
 log = logging.getLogger("pgdash.server")
@@ -184,6 +185,10 @@ class AgentLink(asyncio.Protocol):
         self.job_id: int | None = None
         self._admitting = False
         self.address: str | None = None  # the client's, for token guessing (dashboard.ingest.guard)
+        # A host reader's connection (READER_PATH: pgdash_agent.reader): once admitted, the
+        # session of the rank that started it, and its link in the server's questions.
+        self.is_reader = False
+        self.reader: Any = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -206,6 +211,9 @@ class AgentLink(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.reader is not None:
+            self.ingest.asks.unlink_reader(self.reader)
+            self.reader = None
         if self.session is not None:
             self.ingest.agent_connections -= 1
             session, self.session = self.session, None
@@ -241,9 +249,11 @@ class AgentLink(asyncio.Protocol):
         self._flush()
 
     def _handshake(self, request: Request) -> None:
-        if request.path.split("?", 1)[0] != AGENT_V2_PATH:
+        path = request.path.split("?", 1)[0]
+        if path not in (AGENT_V2_PATH, READER_PATH):
             self.ws.send_response(self.ws.reject(404, "no such endpoint\n"))
             return
+        self.is_reader = path == READER_PATH
         guard = self.ingest.admission.guard
         if self.transport is not None:
             peer = self.transport.get_extra_info("peername")
@@ -255,6 +265,9 @@ class AgentLink(asyncio.Protocol):
 
     def _message(self, frame: bytes | str) -> None:
         self.ingest.counters["received_bytes"] += len(frame)
+        if self.is_reader:
+            self._reader_message(frame)
+            return
         # An admitted agent's batch, all valid: its events come checked (wire.decode_v2_batch).
         batch = decode_v2_batch(frame) if self.session is not None else None
         if batch is None:
@@ -349,6 +362,36 @@ class AgentLink(asyncio.Protocol):
         self.ingest.agent_connections += 1
         self._send({"ok": True, "job": job_id})
         self.ingest.asks.link(session, self._ask)
+
+    def _reader_message(self, frame: bytes | str) -> None:
+        """A host reader's frame: its hello, then readings (pgdash_agent.wire.Read)."""
+        try:
+            message = decode_v2(frame)
+        except WireError as exc:
+            self._send({"ok": False, "error": str(exc), "retry": False})
+            return
+        if not isinstance(message, dict):
+            self._send({"ok": False, "error": "a v2 frame must be a map", "retry": False})
+            return
+        if self.reader is None:
+            from dashboard.ingest.pipeline import Refused
+
+            try:
+                self.reader = self.ingest.connect_reader(message.get("auth"), self.address,
+                                                         self._ask)
+            except Refused as exc:
+                self._send({"ok": False, "error": str(exc), "retry": False})
+                self._close("refused")
+                return
+            self._send({"ok": True, "job": self.reader.job_id})
+            return
+        if READ_FRAME not in message:
+            self._send({"ok": False, "retry": False,
+                        "error": f"a host reader sends only {READ_FRAME!r} frames"})
+            return
+        error = self.ingest.reader_read(self.reader, message[READ_FRAME])
+        if error is not None:
+            self._send({"ok": False, "error": error, "retry": False})
 
     def _ask(self, message: dict[str, Any]) -> None:
         """The server's question to this agent (dashboard.ingest.asks), from any thread."""

@@ -24,9 +24,10 @@ import queue
 import time
 from typing import Any, Callable, TypeVar
 
-from pgdash_agent.wire import Ack, WireError, validate_batch_envelope, validate_events
+from pgdash_agent.wire import (Ack, WireError, validate_batch_envelope, validate_events,
+                               validate_read)
 from dashboard.ingest.admission import Admission, Refused
-from dashboard.ingest.asks import Asks
+from dashboard.ingest.asks import Asks, ReaderLink
 from dashboard.console import RefusalLog, listeners
 from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.incidents import Incident
@@ -298,6 +299,44 @@ class Ingest:
         job: concurrent.futures.Future = concurrent.futures.Future()
         job.set_result(known)
         return session, job
+
+    def connect_reader(self, auth: Any, address: str | None,
+                       send: Callable[[dict[str, Any]], None]) -> ReaderLink:
+        """Admit a host reader (pgdash_agent.reader) whose hello carries the auth of the rank
+        that started it: the same token, a session this process has placed, and ``reader``
+        (its pid). It is asked for its host's silent ranks (Asks.ask_peers).
+
+        Raises:
+            Refused: bad token, not a reader's hello, or its rank not connected here (yet).
+        """
+        auth = self.admission.check(auth, address)
+        pid = auth.get("reader")
+        if not pid:
+            raise Refused("pgdash refused the host reader: its auth has no reader pid")
+        job_id = self.admission.job_of(auth["session"])
+        if job_id is None:  # pgdash_agent.reader.NOT_YET: it asks again
+            raise Refused("pgdash refused the host reader: the rank that started it has not "
+                          "connected to this server process (yet)")
+        reader = ReaderLink(job_id, auth.get("host") or "", auth["session"], auth.get("rank"),
+                            pid, send)
+        self.asks.link_reader(reader)
+        return reader
+
+    def reader_read(self, reader: ReaderLink, body: Any) -> str | None:
+        """A host reader's reading: checked, then stored as a ``read`` event of the session
+        that started the reader. Returns why it was refused, or None."""
+        try:
+            read = validate_read(body)
+        except WireError as exc:
+            self.counters["rejected_batches"] += 1
+            return str(exc)
+        if not self.asks.reader_asked(reader, read["ask"], read["for_rank"]):
+            self.counters["rejected_batches"] += 1
+            return (f"rank {read['for_rank']} was not asked of this reader for request "
+                    f"{read['ask']!r:.70} (or was answered already)")
+        read["reader_pid"] = reader.pid
+        self._record_server_event(reader.session, reader.job_id, "read", read)
+        return None
 
     def stop(self) -> None:
         """The server is stopping: disconnects are not recorded, and what the writer still

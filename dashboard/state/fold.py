@@ -20,6 +20,10 @@ from dashboard.state.records import TERMINAL_RANK, RankState, StoredEvent, famil
 # the rank was lost (a heartbeat revives it), the event starts the job earlier, or the job
 # has ended (its end time then follows the last event).
 ROUTINE_KINDS = frozenset({"heartbeat", "coll_stats", "stack", "gpu", "group", "snapshot"})
+# Server events that say nothing of the session's own agent being alive: its connection
+# closed, or its host reader read a rank (the session that started the reader may be the
+# one frozen).
+UNHEARD_KINDS = frozenset({"disconnect", "read"})
 FR_TALLIES = 30  # heartbeats of Flight Recorder busy tallies kept per (group, rank)
 GPU_HISTORY = 120  # GPU readings kept per rank (about two minutes)
 # Clock-event reasons that mean the GPU is slowed by heat or power trouble (not just busy).
@@ -145,7 +149,7 @@ class Fold:
             self.last_event_at = t
         if rank is None:
             rank = self.sessions[session] = RankState(rank=None, session=session)
-        if kind != "disconnect" and t > rank.last_seen:
+        if kind not in UNHEARD_KINDS and t > rank.last_seen:
             rank.last_seen = t
         if rank.first_seen is None or t < rank.first_seen:
             rank.first_seen = t
@@ -254,14 +258,20 @@ class Fold:
 
     def _on_snapshot(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is not None and body.get("for_rank") is not None:  # read from outside
-            peers = self.snapshot_peers.setdefault(body["ask"], {})
-            if len(peers) < MAX_PEER_RANKS or body["for_rank"] in peers:
-                peers[body["for_rank"]] = dict(body, t=t, by=r.rank)
-            while len(self.snapshot_peers) > MAX_PEER_REQUESTS:
-                del self.snapshot_peers[next(iter(self.snapshot_peers))]
+            self._on_read(r, body, t)
         elif r.rank is not None:
             self.snapshot_answers = keep_answer(self.snapshots, self.snapshot_answers, r,
                                                 body, t)
+
+    def _on_read(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        """A silent rank read from outside: by another rank's agent (a ``snapshot`` with
+        ``for_rank``), or by the host reader ``r``'s rank started (a ``read``: ``reader_pid``).
+        ``by`` is ``r``'s rank either way."""
+        peers = self.snapshot_peers.setdefault(body["ask"], {})
+        if len(peers) < MAX_PEER_RANKS or body["for_rank"] in peers:
+            peers[body["for_rank"]] = dict(body, t=t, by=r.rank)
+        while len(self.snapshot_peers) > MAX_PEER_REQUESTS:
+            del self.snapshot_peers[next(iter(self.snapshot_peers))]
 
     def _on_gpu(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is None or self._stale(r):

@@ -189,19 +189,25 @@ def _read_from_outside(state: JobState, request: Request, rank: int, now: float,
     ``{"by", "t", "dump", "gil_held_by"}`` (the thread holding the GIL: a rank blocked in C
     with it cannot run its agent), or ``{"by", "t", "error"}``; ``{"by"}`` while asked,
     ``{"by", "error"}`` when that agent did not answer in time either, ``{"error"}`` when
-    nobody was asked (why: alone on its host, the server behind, ...)."""
+    nobody was asked (why: alone on its host, the server behind, ...). Read by the host's
+    reader process (pgdash_agent.reader) instead of an agent: ``host_reader`` true, ``by``
+    the rank that started it, and ``reader_pid`` once read."""
     reading = state.snapshot_peers.get(request.id, {}).get(rank)
     if reading is None:
         by = request.peers.get(rank)
-        if by is None:
+        host = {"host_reader": True} if rank in request.host_read else {}
+        if by is None and not host:
             may_live = known is not None and known.status in (RankStatus.RUNNING,
                                                               RankStatus.LOST)
             why = request.unread.get(rank) or (request.unread.get("*") if may_live else None)
             return {"error": why} if why else None
         if now - request.asked_at < PEER_AFTER_S + ANSWER_WAIT_S:
-            return {"by": by}  # asked
-        return {"by": by, "error": "its agent did not answer that question either"}
+            return {"by": by, **host}  # asked
+        return {"by": by, **host, "error": ("the host reader" if host else "its agent") +
+                " did not answer that question either"}
     out = {"by": reading["by"], "t": reading["t"]}
+    if reading.get("reader_pid"):
+        out.update(host_reader=True, reader_pid=reading["reader_pid"])
     if reading.get("peer_dump") is not None:
         out.update(dump=reading["peer_dump"], gil_held_by=gil_holder(reading["peer_dump"]))
     else:

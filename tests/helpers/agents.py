@@ -35,8 +35,8 @@ def ev(seq, kind, body, t=100.0):
 HELLO = {"job": "edge", "rank": 0, "world_size": 1, "host": "h", "pid": 1, "backend": "gloo"}
 
 
-def v2_connect(server_url: str, **auth):
-    ws = websocket.create_connection("ws" + server_url[len("http"):] + AGENT_V2_PATH, timeout=20)
+def v2_connect(server_url: str, path: str = AGENT_V2_PATH, **auth):
+    ws = websocket.create_connection("ws" + server_url[len("http"):] + path, timeout=20)
     ws.send_binary(encode_v2({"auth": {"v": PROTOCOL_V2, "session": auth.pop("session", "s1"),
                                        "job": "compact", "rank": 0, "host": "h", "pid": 1,
                                        **auth}}))

@@ -11,7 +11,9 @@ import sys
 import pytest
 import websocket
 
-from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION, decode_v2, encode_v2
+from pgdash_agent.reader import NOT_YET
+from pgdash_agent.wire import (AGENT_NAMESPACE, PROTOCOL_VERSION, READER_PATH, decode_v2,
+                               encode_v2)
 from tests.helpers.procs import (JOBS, ROOT, ServerProcess, job_by_name, launch_job,
                                  stored_events, wait_for, wait_job)
 from tests.helpers.agents import HELLO, ev, v2_connect
@@ -212,3 +214,35 @@ def test_the_agents_v1_client_says_goodbye_every_time(server):
         bodies = wait_for(lambda: [ev["body"] for ev in stored_events(server.db_url, [job["id"]])
                                    if ev["kind"] == "disconnect"], 30, "its disconnect stored")
         assert bodies == [{"goodbye": True}], i
+
+
+def test_a_host_reader_is_admitted_only_for_a_rank_placed_here_and_sends_only_what_was_asked(
+        server):
+    """pgdash_agent.reader's connection: its hello is its rank's auth plus its pid; it may
+    send readings of questions it was asked, nothing else, and nothing else is stored."""
+    early, refused = v2_connect(server.url, READER_PATH, session="rd", job="rd", reader=77)
+    assert refused["ok"] is False and NOT_YET in refused["error"], refused  # asked again later
+    assert closed_by_server(early)
+    agent, hello = v2_connect(server.url, session="rd", job="rd")
+    assert hello["ok"] is True
+    no_pid, refused = v2_connect(server.url, READER_PATH, session="rd", job="rd")
+    assert refused["ok"] is False and "reader pid" in refused["error"], refused
+    no_pid.shutdown()
+    reader, hello = v2_connect(server.url, READER_PATH, session="rd", job="rd", reader=77)
+    assert hello == {"ok": True, "job": hello["job"]}, hello
+    reader.send_binary(encode_v2({"read": {"ask": "nobody-asked", "for_rank": 0,
+                                           "peer_dump": "Thread 1"}}))
+    answer = decode_v2(reader.recv())
+    assert answer["ok"] is False and "was not asked" in answer["error"], answer
+    reader.send_binary(encode_v2({"read": {"ask": "x", "for_rank": -1}}))
+    answer = decode_v2(reader.recv())
+    assert answer["ok"] is False and "read.for_rank" in answer["error"], answer
+    reader.send_binary(encode_v2({"id": 1, "events": [ev(1, "heartbeat", {})]}))
+    answer = decode_v2(reader.recv())
+    assert answer["ok"] is False and "only 'read' frames" in answer["error"], answer
+    assert send(agent, 1, [ev(1, "hello", HELLO)])["ok"] is True
+    job = job_by_name(server, "rd")
+    kinds = [e["kind"] for e in stored_events(server.db_url, [job["id"]])]
+    assert "read" not in kinds and kinds.count("connect") == 1, kinds
+    reader.close()
+    agent.close()

@@ -195,3 +195,37 @@ def test_a_rank_blocked_in_c_with_the_gil_held_is_read_from_outside_by_its_hosts
     finally:
         _stop(procs)
         server.stop()
+
+
+def test_a_host_whose_every_rank_is_blocked_with_the_gil_held_is_read_by_its_host_reader(
+        tmp_path):
+    """No agent of the host can answer or read another; the process rank 0's agent started
+    (pgdash_agent.reader: LOCAL_RANK 0, py-spy installed) reads both, and the page names it."""
+    server = _server(tmp_path, 600)
+    procs = launch_job("fault_job.py", 2, server.url, "gilall", tmp_path, args=["gil-all"],
+                       env={"PGDASH_PY_SPY": PY_SPY})
+    try:
+        job = wait_for(lambda: job_by_name(server, "gilall"), 60, "job gilall")
+        for rank in (0, 1):
+            wait_for(lambda: "FAULT" in (tmp_path / f"gilall-rank{rank}.log").read_text(), 60,
+                     f"rank {rank} blocked")
+        time.sleep(1.0)  # their agents have stopped with them
+        status, made = _post(server, f"/api/jobs/{job['id']}/snapshots", {"ranks": "all"})
+        assert status == 202, made
+        view = wait_for(lambda: all((v := server.api(made["url"]))["ranks"][r].get(
+            "read_from_outside", {}).get("t") for r in ("0", "1")) and v, 60,
+            "both ranks read by the host reader")
+        for r in ("0", "1"):
+            assert view["ranks"][r]["status"] in ("waiting", "no answer")
+            outside = view["ranks"][r]["read_from_outside"]
+            assert outside["host_reader"] is True and outside["by"] == 0, outside
+            assert outside["gil_held_by"] == "MainThread", outside
+            assert "fault_job.py" in outside["dump"] and "match" in outside["dump"], outside
+        pid = view["ranks"]["0"]["read_from_outside"]["reader_pid"]
+        assert pid not in (p.pid for p in procs)
+    finally:
+        _stop(procs)
+        server.stop()
+    # The reader follows the rank that started it.
+    wait_for(lambda: not Path(f"/proc/{pid}").exists() or
+             "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], 10, "the reader gone")

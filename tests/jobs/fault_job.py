@@ -4,6 +4,7 @@ Every rank runs 5 all_reduces, then the fault:
   hang      the last rank sleeps before its 6th all_reduce (the others wait in it)
   gil       the last rank runs a regular expression that backtracks for ever instead, in C
             with the GIL held: its agent's threads cannot run (read from outside only)
+  gil-all   every rank does so: no agent of the host can read another (the host reader can)
   chain     groups A=[0..n-1], B=[n-2, n-1]; rank n-1 sleeps; rank n-2 waits for it in B while
             the others wait for rank n-2 in A
   desync    the last rank calls broadcast where the others call all_reduce
@@ -80,8 +81,8 @@ if scenario == "hang":
         fault("rank sleeps instead of entering all_reduce")
         time.sleep(3600)
     dist.all_reduce(t)
-elif scenario == "gil":
-    if rank == last:
+elif scenario in ("gil", "gil-all"):
+    if rank == last or scenario == "gil-all":
         fault("rank holds the GIL in C (a regular expression) instead of entering all_reduce")
         re.match(r"(a+)+$", "a" * 64 + "!")  # backtracks for ever; _sre never lets the GIL go
     dist.all_reduce(t)

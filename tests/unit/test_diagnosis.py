@@ -586,6 +586,17 @@ def test_a_silent_rank_still_connected_reads_frozen_once_a_rank_of_its_host_read
     assert lost["summary"].startswith("Rank 1 is frozen")
     assert lost["evidence"]["read_from_outside"] == {"by": 0, "t": 110.0,
                                                      "gil_held_by": "MainThread"}
+    # Rank 1's own host reader (pgdash_agent.reader, started by rank 1) reads it later: a
+    # reading stored in rank 1's session, which does not make rank 1 heard.
+    log.add("s1", "read", {"ask": "a2", "for_rank": 1, "peer_dump": dump,
+                           "reader_pid": 4242}, t=115.0)
+    lost = next(f for f in diagnose(log.state(), 124.0, S) if f["kind"] == "rank_lost")
+    assert lost["summary"].startswith("Rank 1 is frozen") and (
+        "pgdash's reader process on its host (pid 4242) read it from outside: blocked with "
+        "the GIL held by its thread MainThread") in lost["summary"], lost["summary"]
+    assert lost["evidence"]["read_from_outside"] == {
+        "by": 1, "t": 115.0, "gil_held_by": "MainThread", "host_reader": True,
+        "reader_pid": 4242}
     gone = running(2)  # a rank whose connection closed: it vanished, as before
     for t in range(101, 112):
         progress(gone, 0, t, ("0", t, t, None, None))

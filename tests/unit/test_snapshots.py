@@ -19,7 +19,7 @@ from pgdash_agent.outbox import Outbox
 from pgdash_agent.snapshots import MAX_PENDING, Snapshots, threads_now
 from pgdash_agent.wire import MAX_SNAPSHOT_THREADS, WireError, validate_event
 from dashboard.ingest.asks import (ANSWER_WAIT_S, MAX_PEER_ASKS, MIN_INTERVAL_S, PEER_AFTER_S,
-                                   Asks, Busy, TooSoon, UnknownRanks)
+                                   Asks, Busy, ReaderLink, TooSoon, UnknownRanks)
 from dashboard.ingest import asks as asks_module
 from dashboard.state.fold import MAX_PEER_RANKS, MAX_PEER_REQUESTS
 from dashboard.web import snapshots as views
@@ -266,8 +266,9 @@ def test_a_silent_rank_is_read_from_outside_by_a_rank_of_its_host_that_answered(
     view = views.request_view(log.state(), made, clock.t + 1)
     assert view["ranks"]["1"]["read_from_outside"] == {"by": 0}  # asked, not read yet
     assert view["ranks"]["2"]["read_from_outside"] == {  # why nobody read it
-        "error": "no other rank of its host answered (alone there, or all silent), so nobody "
-                 "there could read it"}
+        "error": "no other rank of its host answered (alone there, or all silent), and no "
+                 "host reader of it is connected here (pgdash_agent.reader: it needs py-spy "
+                 "and LOCAL_RANK), so nobody there could read it"}
     late = views.request_view(log.state(), made, clock.t + PEER_AFTER_S + ANSWER_WAIT_S)
     assert late["ranks"]["1"]["read_from_outside"] == {
         "by": 0, "error": "its agent did not answer that question either"}
@@ -280,6 +281,76 @@ def test_a_silent_rank_is_read_from_outside_by_a_rank_of_its_host_that_answered(
     assert view["ranks"]["1"]["read_from_outside"] == {"by": 0, "t": 102.0, "dump": dump,
                                                        "gil_held_by": "MainThread"}
     assert view["ranks"]["0"]["status"] == "answered"  # its own answer stays its own
+
+
+def test_a_rank_alone_on_its_host_is_read_by_the_host_reader_and_only_what_was_asked_is_kept():
+    log = running(3)
+    log.add("s2", "hello", {**hello(2, world=3), "host": "node1"}, t=100.0)  # alone on node1
+    asks, sent, clock, _ = _asks(log=log)
+    reader_sent, elsewhere = [], []
+    reader = ReaderLink(1, "node1", "s2", 2, 4242, reader_sent.append)
+    asks.link_reader(ReaderLink(1, "node9", "s0", 0, 4243, elsewhere.append))  # another host
+    asks.link_reader(reader)
+    made = asks.request(1, None, "all")
+    ((_, later),) = asks.scheduled
+    _answer(log, 0, made.id, 101.0, _frames(10))
+    asks.read = lambda job_id, view, timeout=None: view(log.state())
+    later()
+    # Rank 1 is read by rank 0's agent as before; rank 2, alone, by node1's reader.
+    assert [m["rank"] for m in sent[0] if m["what"] == "peer"] == [1] and elsewhere == []
+    (question,) = reader_sent
+    assert (question["what"], question["ask"], question["pid"], question["rank"]) == (
+        "peer", made.id, 102, 2)
+    asked = views.request_view(log.state(), made, clock.t + 1)["ranks"]["2"]
+    assert asked["read_from_outside"] == {"by": 2, "host_reader": True}
+    assert not asks.reader_asked(reader, made.id, 1)  # not asked of it
+    assert asks.reader_asked(reader, made.id, 2)
+    assert not asks.reader_asked(reader, made.id, 2)  # once
+    silent_since = log.state().rank_index()[2].last_seen
+    dump = 'Thread 102 (active+gil): "MainThread"\n    match (re/__init__.py:166)\n'
+    log.add("s2", "read", {"ask": made.id, "for_rank": 2, "peer_dump": dump,
+                           "reader_pid": 4242}, t=103.0, seq=None)
+    state = log.state()
+    assert state.rank_index()[2].last_seen == silent_since  # a reading is not its agent's
+    read = views.request_view(state, made, clock.t + ANSWER_WAIT_S)["ranks"]["2"]
+    assert read["read_from_outside"] == {"by": 2, "t": 103.0, "dump": dump,
+                                         "gil_held_by": "MainThread", "host_reader": True,
+                                         "reader_pid": 4242}
+    asks.unlink_reader(reader)  # its connection ended: nobody reads node1 any more
+    clock.t += MIN_INTERVAL_S
+    again = asks.request(1, None, "again")
+    asks.scheduled[-1][1]()
+    assert len(reader_sent) == 1
+    assert "no host reader" in views.request_view(log.state(), again, clock.t + 1)[
+        "ranks"]["2"]["read_from_outside"]["error"]
+
+
+def test_a_host_readers_questions_and_readings_are_checked():
+    from pgdash_agent import reader as host_reader
+    from pgdash_agent.wire import validate_read
+
+    good = {"ask": "a1", "what": "peer", "pid": 4321, "rank": 3, "at": 5.0, "reason": "r"}
+    assert host_reader.question(good) == ("a1", 4321, 3, 5.0, "r")
+    for bad in ({**good, "what": "snapshot"}, {**good, "pid": "4321"}, {**good, "pid": 0},
+                {**good, "rank": -1}, {**good, "ask": ""}, {**good, "ask": "x" * 65},
+                {**good, "pid": True}, ["peer"], None):
+        assert host_reader.question(bad) is None, bad
+    assert host_reader.question({**good, "at": "soon", "reason": 7})[3:] == (None, None)
+    read = validate_read({"ask": "a1", "for_rank": 3, "peer_dump": "Thread 1", "extra": 1})
+    assert read == {"ask": "a1", "for_rank": 3, "peer_dump": "Thread 1"}  # (defaults omitted)
+    for bad, field in (({"for_rank": 3}, "ask"), ({"ask": "a1"}, "for_rank"),
+                       ({"ask": "a1", "for_rank": -2}, "for_rank"),
+                       ({"ask": "a1", "for_rank": 1, "peer_dump": "x" * 70_000}, "peer_dump")):
+        with pytest.raises(WireError, match=field):
+            validate_read(bad)
+    # Which rank starts its host's reader.
+    wanted = host_reader.wanted
+    assert wanted({"LOCAL_RANK": "0"}, "/bin/py-spy", True)
+    assert wanted({"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "1"}, "/bin/py-spy", True)
+    assert not wanted({"LOCAL_RANK": "1"}, "/bin/py-spy", True)
+    assert not wanted({}, "/bin/py-spy", True)  # mp.spawn: which rank is first is not known
+    assert not wanted({"LOCAL_RANK": "0"}, None, True)  # no py-spy: nothing it could read
+    assert not wanted({"LOCAL_RANK": "0"}, "/bin/py-spy", False)  # PGDASH_HOST_READER=0
 
 
 def test_at_most_eight_silent_ranks_a_request_are_read_from_outside_and_the_rest_say_so():

@@ -219,13 +219,19 @@ def _silent(state: JobState, r: RankState, how: str, now: float,
                 "GIL held stops the agent too (a C extension that does not release it, a "
                 "regular expression, a lock), as does a stopped process (SIGSTOP, a "
                 f"debugger) or a host that stopped answering. {stack_commands(state, [r.rank])} "
-                "shows which (a snapshot asks a rank of that host to do it). If it is gone: "
+                "shows which (a snapshot asks a rank of that host, or its host reader, to do it). "
+                "If it is gone: "
                 f"{dead[0].lower()}{dead[1:]}", None)
     holder = gil_holder(reading["peer_dump"])
     outside = {"by": reading["by"], "t": reading["t"], "gil_held_by": holder}
+    if reading.get("reader_pid"):  # the host's reader process (pgdash_agent.reader)
+        outside.update(host_reader=True, reader_pid=reading["reader_pid"])
+        reader = f"pgdash's reader process on its host (pid {reading['reader_pid']})"
+    else:
+        reader = f"rank {reading['by']} on its host"
     where = where_blocked(reading["peer_dump"])
-    summary = (f"Rank {r.rank} is frozen{process_label(r)}: {how}; rank {reading['by']} on "
-               f"its host read it from outside: "
+    summary = (f"Rank {r.rank} is frozen{process_label(r)}: {how}; {reader} read it from "
+               f"outside: "
                + (f"blocked with the GIL held by its thread {holder}" if holder
                   else "alive, its agent not running")
                + (f", in {where}." if where else "."))

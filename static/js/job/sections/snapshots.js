@@ -251,11 +251,15 @@ function userThreads(dump) {
   return { text: kept.join("\n"), left };
 }
 
-/** A silent rank as another rank's agent on its host read it with py-spy (or why it could not). */
+/** A silent rank as another rank's agent on its host, or the host's reader process, read it
+ * with py-spy (or why it could not). */
 function outsideNode(outside) {
   if (!outside) return null;
-  if (!PG.isNum(outside.by)) return el("div", { class: "snapshot-outside", text: "Not read from outside: " + (outside.error || "nobody was asked") });
-  const by = "rank " + outside.by + "'s agent (same host)";
+  if (!PG.isNum(outside.by) && !outside.host_reader) return el("div", { class: "snapshot-outside", text: "Not read from outside: " + (outside.error || "nobody was asked") });
+  const by = outside.host_reader
+    ? "the host reader" + (PG.isNum(outside.reader_pid) ? " (pid " + outside.reader_pid + ")" : "") +
+      (PG.isNum(outside.by) ? " that rank " + outside.by + " started" : "")
+    : "rank " + outside.by + "'s agent (same host)";
   if (!outside.dump && outside.error) return el("div", { class: "snapshot-outside", text: by + " could not read it from outside: " + outside.error });
   if (!outside.dump) return el("div", { class: "snapshot-outside", text: by + " is reading it from outside with py-spy\u2026" });
   const what = outside.gil_held_by

@@ -1,0 +1,211 @@
+"""The host reader: a small process of its own that reads this host's silent ranks from outside.
+
+A rank blocked in C with the GIL held cannot run its agent, so it cannot answer a snapshot;
+another rank's agent on its host reads it with py-spy instead (a ``peer`` question:
+pgdash_agent.native.peer_dump). Where no other rank of the host answers (a rank alone on its
+host, or every rank of the host blocked at once) nobody could. So the agent of the host's
+first rank (``LOCAL_RANK`` 0, or a rank alone: ``LOCAL_WORLD_SIZE`` 1) starts this process
+where py-spy is installed (:func:`start`; ``PGDASH_HOST_READER=0`` turns it off). It runs no
+training code and imports no torch, so it answers whatever the ranks are doing.
+
+It holds one protocol v2 connection (a hello with the starting rank's auth and ``reader``: its
+own pid) and only answers the server's ``peer`` questions, each with a
+``{"read": body}`` frame (pgdash_agent.wire.Read); the server stores the reading as a ``read``
+event of the starting rank's session. It reads only a process of its own user and launch
+(``same_launch``: its environment is its parent's), sends nothing else, executes nothing it is
+sent, and exits when its parent does (or is told to: ``detach``). A server that does not know
+readers (an older pgdash) refuses its hello: it then gives up, quietly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from pgdash_agent import native
+from pgdash_agent.wire import MAX_ASK_ID, MAX_NAME, MAX_RANKS, READ_FRAME, READER_PATH
+
+log = logging.getLogger("pgdash.reader")
+
+ENV = "PGDASH_READER_FOR"  # what the reader is started with: {"server", "auth"} as JSON
+MAX_PENDING = 8  # questions waiting; the server asks at most 8 silent ranks a request
+PARENT_POLL_S = 1.0  # how often it checks that the rank that started it still runs
+RETRY_S = (1.0, 10.0)  # reconnection back-off, first and most
+# The server's refusal of a reader whose rank it has not placed (yet): asked again later.
+NOT_YET = "has not connected to this server process"
+
+
+def wanted(environ: Mapping[str, str], py_spy: str | None, enabled: bool) -> bool:
+    """Whether this rank starts its host's reader: the host's first rank (or one alone),
+    where py-spy is installed, unless PGDASH_HOST_READER=0. Ranks started without
+    ``LOCAL_RANK`` (``mp.spawn``, a bare ``python``) start none: which of them is first on its
+    host is not known."""
+    if not enabled or py_spy is None:
+        return False
+    return environ.get("LOCAL_RANK") == "0" or environ.get("LOCAL_WORLD_SIZE") == "1"
+
+
+def start(server: str, auth: dict[str, Any], ca_file: str | None = None
+          ) -> subprocess.Popen | None:
+    """Start the host reader for the rank whose ``auth`` (its v2 hello, with its token) is
+    given. Never raises: None when it could not be started."""
+    try:
+        env = dict(os.environ)
+        # The package as this process imported it, wherever that is.
+        here = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+        env[ENV] = json.dumps({"server": server, "auth": auth, "ca_file": ca_file,
+                               "parent": os.getpid()})
+        return subprocess.Popen([sys.executable, "-m", "pgdash_agent.reader"], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, close_fds=True)
+    except Exception as exc:
+        log.warning("pgdash: the host reader did not start (%s); a rank of this host blocked "
+                    "with the GIL held is read only by another rank's agent", exc)
+        return None
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    """End a reader :func:`start` started (never waits more than a second; never raises)."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        proc.terminate()
+        proc.wait(timeout=1.0)
+    except Exception:
+        try:
+            proc.kill()
+        except Exception:
+            pass
+
+
+def question(message: Any) -> tuple[str, int, int, Any, str | None] | None:
+    """A ``peer`` question as (ask, pid, rank, asked_at, reason), or None for anything else."""
+    if not isinstance(message, dict) or message.get("what") != "peer":
+        return None
+    ask, pid, rank = message.get("ask"), message.get("pid"), message.get("rank")
+    if not (isinstance(ask, str) and 0 < len(ask) <= MAX_ASK_ID and type(pid) is int
+            and 0 < pid <= 2**22 and type(rank) is int and 0 <= rank <= MAX_RANKS):
+        return None
+    at = message.get("at")
+    at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+    reason = message.get("reason")
+    return ask, pid, rank, at, reason[:MAX_NAME] if isinstance(reason, str) else None
+
+
+def reading(ask: str, pid: int, rank: int, at: Any, reason: str | None,
+            py_spy: str | None) -> dict[str, Any]:
+    """The answer to one question: py-spy's dump of ``pid``, or why there is none."""
+    started = time.perf_counter()
+    dump, why = native.peer_dump(py_spy, pid)
+    body: dict[str, Any] = {"ask": ask, "for_rank": rank,
+                            **({"peer_dump": dump} if why is None else {"native_error": why})}
+    if at is not None:
+        body["asked_at"] = float(at)
+    if reason is not None:
+        body["reason"] = reason
+    body["took_ms"] = round((time.perf_counter() - started) * 1e3, 3)
+    return body
+
+
+class Reader:
+    """The reader's loop: connect, answer questions, reconnect, until the parent is gone."""
+
+    def __init__(self, server: str, auth: dict[str, Any], parent: int,
+                 ca_file: str | None = None, py_spy: str | None = None):
+        self.server, self.auth, self.parent = server, auth, parent
+        self.ca_file = ca_file
+        self.py_spy = py_spy
+        self.questions: queue.Queue = queue.Queue(MAX_PENDING)
+        self.client = None
+        self.answered = 0
+        self.ignored = 0
+
+    def alive(self) -> bool:
+        return os.getppid() == self.parent
+
+    def run(self) -> int:
+        wait = RETRY_S[0]
+        while self.alive():
+            try:
+                self._connect()
+            except Exception as exc:
+                from pgdash_agent.compact import NotServed, Refused
+
+                # A server that does not take readers (an older pgdash: 404), or refuses this
+                # one for good (its token): nothing to do here. One that has not placed the
+                # starting rank yet is asked again.
+                if isinstance(exc, NotServed) or (isinstance(exc, Refused)
+                                                  and NOT_YET not in str(exc)):
+                    return 0
+                self._sleep(wait)
+                wait = min(RETRY_S[1], wait * 2)
+                continue
+            wait = RETRY_S[0]
+            self._serve()
+        return 0
+
+    def _connect(self) -> None:
+        from pgdash_agent.compact import CompactClient
+
+        client = CompactClient(sslopt={"ca_certs": self.ca_file} if self.ca_file else None,
+                               path=READER_PATH)
+        client.on("ask", self._ask)
+        client.connect(self.server, auth={**self.auth, "reader": os.getpid()})
+        self.client = client
+
+    def _ask(self, message: Any) -> None:  # the client's reading thread
+        q = question(message)
+        if q is None:
+            self.ignored += 1
+            return
+        try:
+            self.questions.put_nowait(q)
+        except queue.Full:
+            self.ignored += 1
+
+    def _serve(self) -> None:
+        client = self.client
+        while client.connected and self.alive():
+            try:
+                q = self.questions.get(timeout=PARENT_POLL_S)
+            except queue.Empty:
+                continue
+            body = reading(*q, py_spy=self.py_spy)
+            try:
+                client.send({READ_FRAME: body})
+                self.answered += 1
+            except Exception:
+                break
+        client.disconnect()
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(min(PARENT_POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+def main(environ: Mapping[str, str] | None = None) -> int:
+    env = os.environ if environ is None else environ
+    try:
+        given = json.loads(env[ENV])
+        server, auth, parent = given["server"], dict(given["auth"]), int(given["parent"])
+    except (KeyError, ValueError, TypeError):
+        print(f"pgdash reader: started without a valid {ENV}; the agent starts it",
+              file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for training; it follows its parent
+    return Reader(server, auth, parent, given.get("ca_file"),
+                  native.find_py_spy(env)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
