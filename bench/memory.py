@@ -11,7 +11,9 @@ server writes one JSON line:
   the heaps, ``inuse`` bytes handed out, ``free`` bytes free inside the heaps but still held,
   ``mmap`` bytes of large blocks mmapped apart), and the number of arenas (``malloc_info``);
 * ``pymalloc``: bytes of pymalloc's arenas (``sys._debugmallocstats``): Python's small
-  objects live there, outside glibc's heaps;
+  objects live there, outside glibc's heaps; of them ``live`` in objects alive and ``free`` in
+  free blocks and unused pools (an arena returns to the system only once wholly free, so
+  objects that outlive a burst keep the burst's arenas: fragmentation);
 * ``sqlite``: bytes SQLite's allocator holds (``sqlite3_memory_used``: page caches,
   statements, schemas of every connection);
 * ``traced``: with ``--tracemalloc``, what tracemalloc traces (the Python heap, requested
@@ -101,9 +103,10 @@ def _sqlite():
 _STDERR_LOCK = threading.Lock()
 
 
-def _pymalloc_bytes() -> int | None:
-    """Bytes in pymalloc's arenas now: ``sys._debugmallocstats`` writes to fd 2, so fd 2 is
-    pointed at a file for the call."""
+def _pymalloc_bytes() -> tuple[int | None, int | None, int | None]:
+    """Bytes in pymalloc's arenas now, of them in objects alive, and in free blocks or pools
+    (held for reuse: what fragmentation keeps): ``sys._debugmallocstats`` writes to fd 2, so
+    fd 2 is pointed at a file for the call."""
     with _STDERR_LOCK, tempfile.TemporaryFile() as tmp:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -115,8 +118,15 @@ def _pymalloc_bytes() -> int | None:
             os.close(saved)
         tmp.seek(0)
         text = tmp.read().decode(errors="replace")
-    m = re.search(r"(\d+) arenas \* (\d+) bytes/arena\s*=\s*([\d,]+)", text)
-    return int(m.group(3).replace(",", "")) if m else None
+    def number(pattern: str, group: int = 1) -> int | None:
+        m = re.search(pattern, text)
+        return int(m.group(group).replace(",", "")) if m else None
+
+    arenas = number(r"(\d+) arenas \* (\d+) bytes/arena\s*=\s*([\d,]+)", 3)
+    live = number(r"# bytes in allocated blocks\s*=\s*([\d,]+)")
+    free = [number(r"# bytes in available blocks\s*=\s*([\d,]+)"),
+            number(r"unused pools \* \d+ bytes\s*=\s*([\d,]+)")]
+    return arenas, live, sum(f for f in free if f is not None) if live is not None else None
 
 
 def _status(field: str) -> int:
@@ -153,9 +163,10 @@ def _probe(out: Path, every: float, trim: bool, frames: int, mark_s: float) -> N
         row.update(rss=_status("VmRSS") * 1024, threads=_status("Threads"),
                    glibc_arena=mi.arena, glibc_inuse=mi.uordblks + mi.hblkhd,
                    glibc_free=mi.fordblks, glibc_mmap=mi.hblkhd,
-                   glibc_arenas=_arenas(libc, info_path), pymalloc=_pymalloc_bytes(),
+                   glibc_arenas=_arenas(libc, info_path),
                    sqlite=sqlite.sqlite3_memory_used() if sqlite else None,
                    blocks=sys.getallocatedblocks(), gc_objects=len(gc.get_objects()))
+        row["pymalloc"], row["pymalloc_live"], row["pymalloc_free"] = _pymalloc_bytes()
         if tracemalloc.is_tracing():
             row["traced"] = tracemalloc.get_traced_memory()[0]
             row["traced_overhead"] = tracemalloc.get_tracemalloc_memory()
@@ -258,7 +269,8 @@ async def run_one(name: str, args, workdir: Path, root: Path = ROOT) -> dict:
                 shown = r["t"]
                 print(f"[{name}] t={r['t']:.0f}s rss={_mb(r['rss'])} MB glibc in use "
                       f"{_mb(r['glibc_inuse'])} free {_mb(r['glibc_free'])} arenas "
-                      f"{r['glibc_arenas']} pymalloc {_mb(r['pymalloc'])} sqlite "
+                      f"{r['glibc_arenas']} pymalloc {_mb(r['pymalloc'])} (live "
+                      f"{_mb(r.get('pymalloc_live'))} free {_mb(r.get('pymalloc_free'))}) sqlite "
                       f"{_mb(r['sqlite'])} traced {_mb(r.get('traced'))} threads "
                       f"{r['threads']} | connected {bench.connected} reconnects "
                       f"{bench.reconnects} db {_mb(sizes[0])} wal {_mb(sizes[1])}", flush=True)
@@ -296,7 +308,8 @@ def report(results: list[dict], args) -> None:
         print(f"| {t} | " + " | ".join(cells) + " |")
     print("\n## growth and breakdown\n")
     print("| config | RSS at mark / end (MB) | growth mark->end, MB per rank-hour | KB per rank "
-          "at end | glibc in use / free / arenas | pymalloc | SQLite | traced | threads | "
+          "at end | glibc in use / free / arenas | pymalloc (live / free) | SQLite | traced | "
+          "threads | "
           "reconnects |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
@@ -311,7 +324,8 @@ def report(results: list[dict], args) -> None:
         print(f"| {r['config']} | {_mb(a['rss'])} / {_mb(b['rss'])} | {rate:.2f} "
               f"| {per_rank:.0f} (above the first sample) "
               f"| {_mb(b['glibc_inuse'])} / {_mb(b['glibc_free'])} / {b['glibc_arenas']} "
-              f"| {_mb(b['pymalloc'])} | {_mb(b['sqlite'])} | {_mb(b.get('traced'))} "
+              f"| {_mb(b['pymalloc'])} ({_mb(b.get('pymalloc_live'))} / "
+              f"{_mb(b.get('pymalloc_free'))}) | {_mb(b['sqlite'])} | {_mb(b.get('traced'))} "
               f"| {b['threads']} | {r['reconnects']} |")
     for r in results:
         tops = [s for s in r["samples"] if s.get("top")]

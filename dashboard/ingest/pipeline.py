@@ -267,12 +267,7 @@ class Ingest:
         Raises:
             Refused: bad token or malformed auth (the message says what to fix).
         """
-        try:
-            auth = self.admission.check(auth, address)
-        except Refused as exc:
-            if self.refusals is not None:
-                self.refusals.refused(auth, address, str(exc))
-            raise
+        auth = self._admissible(auth, address)
         session = auth["session"]
         self.heard.connected(session)
         known = self.admission.job_of(session)
@@ -300,6 +295,16 @@ class Ingest:
         job.set_result(known)
         return session, job
 
+    def _admissible(self, auth: Any, address: str | None) -> Any:
+        """The checked auth of an agent or host reader; a refusal is logged (once per agent:
+        the refusal log counts the rest) and raised."""
+        try:
+            return self.admission.check(auth, address)
+        except Refused as exc:
+            if self.refusals is not None:
+                self.refusals.refused(auth, address, str(exc))
+            raise
+
     def connect_reader(self, auth: Any, address: str | None,
                        send: Callable[[dict[str, Any]], None]) -> ReaderLink:
         """Admit a host reader (pgdash_agent.reader) whose hello carries the auth of the rank
@@ -309,7 +314,7 @@ class Ingest:
         Raises:
             Refused: bad token, not a reader's hello, or its rank not connected here (yet).
         """
-        auth = self.admission.check(auth, address)
+        auth = self._admissible(auth, address)
         pid = auth.get("reader")
         if not pid:
             raise Refused("pgdash refused the host reader: its auth has no reader pid")
