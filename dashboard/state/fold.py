@@ -13,6 +13,7 @@ import collections
 from typing import Any, Hashable, Iterable, Protocol, TypeVar
 
 from dashboard.state.latency import LatencyStats, add_summary, per_family, upgraded_windows
+from dashboard.state.readings import GpuHistory
 from dashboard.state.recent import RecentWindows
 from dashboard.state.records import TERMINAL_RANK, RankState, StoredEvent, family_of
 
@@ -94,7 +95,7 @@ class Fold:
         # answers: py-spy's dump, or why there is none), of the newest MAX_PEER_REQUESTS
         self.snapshot_peers: dict[str, dict[int, dict[str, Any]]] = {}
         self.gpus: dict[int, dict[str, Any]] = {}  # rank -> latest GPU reading
-        self.gpu_history: dict[int, collections.deque] = {}  # rank -> [t, util, mem, temp, W]
+        self.gpu_history: dict[int, GpuHistory] = {}  # rank -> [t, util, mem, temp, W], ...
         # rank -> fault key ("xid:79", "ecc", "remap_failure", "lost", ...) -> first seen
         self.gpu_faults: dict[int, dict[str, float]] = {}
         self.throttled_since: dict[int, float] = {}  # rank -> start of the current throttling
@@ -119,6 +120,9 @@ class Fold:
         self.__dict__.setdefault("snapshot_answers", 0)
         self.__dict__.setdefault("snapshot_peers", {})
         self.__dict__.pop("_kept", None)  # what views kept beside the fold (stored empty)
+        for rank, history in self.gpu_history.items():  # earlier versions: a deque of lists
+            if not isinstance(history, GpuHistory):
+                self.gpu_history[rank] = GpuHistory(GPU_HISTORY, history)
         if "family_of" not in data:  # checkpoints of earlier versions: series per group
             self.family_of = {name: family_of(g) for name, g in self.groups.items()}
             self.op_seconds = per_family(self.op_seconds, self.family_of)
@@ -281,7 +285,7 @@ class Fold:
                              "lost": body["lost"], "reasons": body["reasons"], **v}
         history = self.gpu_history.get(r.rank)
         if history is None:
-            history = self.gpu_history[r.rank] = collections.deque(maxlen=GPU_HISTORY)
+            history = self.gpu_history[r.rank] = GpuHistory(GPU_HISTORY)
         history.append([t, v.get("util_gpu"), v.get("mem_used"), v.get("temp_c"),
                         v.get("power_w")])
         faults = self.gpu_faults.setdefault(r.rank, {})

@@ -401,6 +401,36 @@ def test_a_gpu_reading_folds_faults_and_throttling_as_the_reading_says():
     assert state.throttled_since == {} and state.gpu_faults[0]["lost"] == 15
 
 
+def test_gpu_readings_keep_the_newest_in_order_and_old_checkpoints_upgrade():
+    """The readings sit in one ring of floats (dashboard.state.readings): what they read back
+    is what a deque of the newest GPU_HISTORY lists gave, unknown values None, through a
+    checkpoint too; a checkpoint of an earlier version (that deque) loads as the ring."""
+    import collections
+
+    from dashboard.state.fold import GPU_HISTORY
+    from dashboard.state.readings import GpuHistory
+    from dashboard.storage.codec import decode_state, encode_state
+
+    log = two_running_ranks()
+    expected = collections.deque(maxlen=GPU_HISTORY)
+    for i in range(GPU_HISTORY + 7):  # past the ring's size: the oldest go
+        values = {"util_gpu": float(i % 100), "mem_used": 8e10 + i, "power_w": 250.5}
+        if i % 3:
+            values["temp_c"] = 60.0 + i  # absent: NVML could not tell
+        log.add("s0", "gpu", {"uuid": "GPU-0", "lost": False, "reasons": [], "xids": [],
+                              "values": values}, t=100.0 + i)
+        expected.append([100.0 + i, values["util_gpu"], values["mem_used"],
+                         values.get("temp_c"), values["power_w"]])
+    state = log.state()
+    assert isinstance(state.gpu_history[0], GpuHistory)
+    assert list(state.gpu_history[0]) == list(expected) and len(expected) == GPU_HISTORY
+    assert list(decode_state(encode_state(state)).gpu_history[0]) == list(expected)
+    state.gpu_history = {0: collections.deque(list(expected)[:5], maxlen=GPU_HISTORY)}
+    loaded = decode_state(encode_state(state))
+    assert isinstance(loaded.gpu_history[0], GpuHistory)
+    assert list(loaded.gpu_history[0]) == list(expected)[:5]
+
+
 def _busy_row(window: list, first: int, bins: int, into: list | None = None) -> list | None:
     """The heat map's row of one (group, rank) window, one summary at a time: each counts
     its busy percent over its interval since the one before it (the oldest over a second),
