@@ -130,8 +130,10 @@ class Agent:
                                   and native.allow_peer_reads())
         self.sender.start()
         self.loop.start()
+        # (PGDASH_PEER_READ=0: this rank does not let other processes read it)
         if self.config.server and self.config.wire != "v1" and reader.wanted(
-                self.environ, self.snapshots.py_spy, self.config.host_reader):
+                self.environ, self.snapshots.py_spy,
+                self.config.host_reader and self.config.peer_read):
             self.host_reader = reader.start(self.config.server, self._auth(),
                                             self.config.ca_file)
         return self
@@ -170,13 +172,14 @@ class Agent:
                 time.sleep(0.02)
             flushed = self.sender.idle()
             self._announce()  # a job done before the server answered still says where it is
-            reader.stop(self.host_reader)
             self.sender.stop()
             self.sender.join(timeout=2.0)
             return flushed
         except Exception as exc:  # pragma: no cover - defensive
             log.warning("pgdash: detach failed: %s", exc)
             return False
+        finally:
+            reader.stop(self.host_reader)  # never raises
 
     def stats(self) -> dict[str, Any]:
         """Counters a user (or a test) can read: what was dropped, buffered, rejected."""

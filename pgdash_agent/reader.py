@@ -26,6 +26,7 @@ import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -45,7 +46,8 @@ NOT_YET = "has not connected to this server process"
 
 def wanted(environ: Mapping[str, str], py_spy: str | None, enabled: bool) -> bool:
     """Whether this rank starts its host's reader: the host's first rank (or one alone),
-    where py-spy is installed, unless PGDASH_HOST_READER=0. Ranks started without
+    where py-spy is installed, unless PGDASH_HOST_READER=0 (or PGDASH_PEER_READ=0: the
+    agent passes ``enabled`` False then). Ranks started without
     ``LOCAL_RANK`` (``mp.spawn``, a bare ``python``) start none: which of them is first on its
     host is not known."""
     if not enabled or py_spy is None:
@@ -62,11 +64,18 @@ def start(server: str, auth: dict[str, Any], ca_file: str | None = None
         # The package as this process imported it, wherever that is.
         here = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
-        env[ENV] = json.dumps({"server": server, "auth": auth, "ca_file": ca_file,
+        env["PYTHONSAFEPATH"] = "1"  # -m would put the working directory first (3.11+)
+        # The token is in the environment, as PGDASH_TOKEN usually is, never in argv (which
+        # any user may read): /proc/<pid>/environ is readable by this user and root only.
+        env[ENV] = json.dumps({"server": server, "auth": auth,
+                               "ca_file": ca_file and os.path.abspath(ca_file),
                                "parent": os.getpid()})
-        return subprocess.Popen([sys.executable, "-m", "pgdash_agent.reader"], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "pgdash_agent.reader"], env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, close_fds=True)
+        # Reaped whenever it ends (it gives up on a server that does not take it): no zombie.
+        threading.Thread(target=proc.wait, name="pgdash-reader-reap", daemon=True).start()
+        return proc
     except Exception as exc:
         log.warning("pgdash: the host reader did not start (%s); a rank of this host blocked "
                     "with the GIL held is read only by another rank's agent", exc)
@@ -78,11 +87,12 @@ def stop(proc: subprocess.Popen | None) -> None:
     if proc is None or proc.poll() is not None:
         return
     try:
-        proc.terminate()
+        proc.terminate()  # a read in progress ends first: its py-spy killed, its rank woken
         proc.wait(timeout=1.0)
     except Exception:
         try:
             proc.kill()
+            proc.wait(timeout=1.0)
         except Exception:
             pass
 
@@ -151,6 +161,7 @@ class Reader:
                 continue
             wait = RETRY_S[0]
             self._serve()
+            self._sleep(RETRY_S[0])  # a server that admits and drops it is not hammered
         return 0
 
     def _connect(self) -> None:
@@ -160,6 +171,8 @@ class Reader:
                                path=READER_PATH)
         client.on("ask", self._ask)
         client.connect(self.server, auth={**self.auth, "reader": os.getpid()})
+        while not self.questions.empty():  # asked on a connection that is gone: not wanted
+            self.questions.get_nowait()
         self.client = client
 
     def _ask(self, message: Any) -> None:  # the client's reading thread
@@ -203,6 +216,9 @@ def main(environ: Mapping[str, str] | None = None) -> int:
               file=sys.stderr)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for training; it follows its parent
+    # detach's terminate: SystemExit, so a read in progress is cleaned up (subprocess.run kills
+    # its py-spy, peer_dump wakes a rank py-spy left stopped) before it exits.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     return Reader(server, auth, parent, given.get("ca_file"),
                   native.find_py_spy(env)).run()
 

@@ -162,6 +162,10 @@ class Asks:
             if not links:
                 self._readers.pop((reader.job_id, reader.host), None)
 
+    def readers_connected(self) -> int:
+        with self._lock:
+            return sum(len(links) for links in self._readers.values())
+
     def reader_asked(self, reader: ReaderLink, request_id: str, rank: int) -> bool:
         """Whether ``reader`` was asked to read ``rank`` for ``request_id`` (and not answered
         yet): a reading nobody asked for is refused."""
@@ -276,7 +280,10 @@ class Asks:
         if native:
             message["native"] = True
         self._send_all(sends, message)
-        if sends:
+        # Silent ranks are read from outside later: by a rank of their host that answered,
+        # or by a host reader (also where no rank of the job is connected here: a restarted
+        # server whose ranks are all blocked hears only from their readers).
+        if sends or any(job == job_id for job, _ in self._readers):
             self.schedule(PEER_AFTER_S, lambda: self.ask_peers(request))
         if elsewhere:
             try:

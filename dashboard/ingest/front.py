@@ -40,6 +40,7 @@ _quiet.setLevel(logging.WARNING)
 PEEK_BYTES = 64
 PEEK_TIMEOUT_S = 10.0  # a client that says nothing this long goes to Werkzeug (it times out)
 _ROUTE = f"GET {AGENT_V2_PATH}".encode()
+MAX_READER_REFUSALS = 16  # frames of a host reader's refused before its connection is closed
 
 
 class Front:
@@ -189,6 +190,7 @@ class AgentLink(asyncio.Protocol):
         # session of the rank that started it, and its link in the server's questions.
         self.is_reader = False
         self.reader: Any = None
+        self.reader_refusals = 0
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -385,13 +387,26 @@ class AgentLink(asyncio.Protocol):
                 return
             self._send({"ok": True, "job": self.reader.job_id})
             return
+        if self.rate is not None:  # as an agent's batches are (a reader answers questions:
+            refusal = self.rate.admit(1, len(frame))  # a few a minute)
+            if refusal is not None:
+                self.ingest.counters["rate_limited_batches"] += 1
+                self._refused_reading(refusal.reason)
+                return
         if READ_FRAME not in message:
-            self._send({"ok": False, "retry": False,
-                        "error": f"a host reader sends only {READ_FRAME!r} frames"})
+            self._refused_reading(f"a host reader sends only {READ_FRAME!r} frames")
             return
         error = self.ingest.reader_read(self.reader, message[READ_FRAME])
         if error is not None:
-            self._send({"ok": False, "error": error, "retry": False})
+            self._refused_reading(error)
+
+    def _refused_reading(self, error: str) -> None:
+        """A host reader's frame refused: it is told why; one that keeps sending what is
+        refused (it answers only what it is asked) is let go."""
+        self.reader_refusals += 1
+        self._send({"ok": False, "error": error, "retry": False})
+        if self.reader_refusals >= MAX_READER_REFUSALS:
+            self._close("too many refused frames")
 
     def _ask(self, message: dict[str, Any]) -> None:
         """The server's question to this agent (dashboard.ingest.asks), from any thread."""

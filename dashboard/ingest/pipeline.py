@@ -319,6 +319,11 @@ class Ingest:
         if not pid:
             raise Refused("pgdash refused the host reader: its auth has no reader pid")
         job_id = self.admission.job_of(auth["session"])
+        if job_id is None:  # placed before a restart, and blocked since: read it from the log
+            # (a primary-key read: in WAL mode it never waits for the writer)
+            with self.store.engine.connect() as conn:
+                found = self.store.sessions.find(conn, auth["session"])
+            job_id = None if found is None else found["job_id"]
         if job_id is None:  # pgdash_agent.reader.NOT_YET: it asks again
             raise Refused("pgdash refused the host reader: the rank that started it has not "
                           "connected to this server process (yet)")
@@ -333,10 +338,10 @@ class Ingest:
         try:
             read = validate_read(body)
         except WireError as exc:
-            self.counters["rejected_batches"] += 1
+            self.counters["rejected_readings"] += 1
             return str(exc)
         if not self.asks.reader_asked(reader, read["ask"], read["for_rank"]):
-            self.counters["rejected_batches"] += 1
+            self.counters["rejected_readings"] += 1
             return (f"rank {read['for_rank']} was not asked of this reader for request "
                     f"{read['ask']!r:.70} (or was answered already)")
         read["reader_pid"] = reader.pid

@@ -61,6 +61,7 @@ class Snapshot:
     lag_s: float = 0.0
     agent_connections: int = 0
     per_rank: bool = False
+    host_readers: int = 0
 
 
 def _bucket_upper_s(index: int) -> float:
@@ -112,7 +113,8 @@ class _Collector:
                           ("overloaded", "overloaded_batches"),
                           ("rate_limited", "rate_limited_batches"),
                           ("held_back", "held_batches"), ("write_failed", "failed_writes"),
-                          ("still_queued", "v1_acks_deferred")):
+                          ("still_queued", "v1_acks_deferred"),
+                          ("reading", "rejected_readings")):  # a host reader's
             refused.add_metric([what], s.counters.get(key, 0))
         yield refused
         received = CounterMetricFamily("pgdash_ingest_received_bytes", "Bytes of agent "
@@ -133,6 +135,10 @@ class _Collector:
                                   "compact path (v2).")
         conns.add_metric([], s.agent_connections)
         yield conns
+        readers = GaugeMetricFamily("pgdash_host_readers", "Open host reader connections "
+                                    "(pgdash_agent.reader: they read a host's blocked ranks).")
+        readers.add_metric([], s.host_readers)
+        yield readers
         commits = CounterMetricFamily("pgdash_store_commits", "Transactions committed by the "
                                       "writer.")
         commits.add_metric([], s.commits)

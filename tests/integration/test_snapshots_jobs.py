@@ -223,6 +223,21 @@ def test_a_host_whose_every_rank_is_blocked_with_the_gil_held_is_read_by_its_hos
             assert "fault_job.py" in outside["dump"] and "match" in outside["dump"], outside
         pid = view["ranks"]["0"]["read_from_outside"]["reader_pid"]
         assert pid not in (p.pid for p in procs)
+        # A server restarted meanwhile: the blocked ranks cannot connect again, their reader
+        # does, and is asked though no rank of the job is connected.
+        server.stop()
+        server = ServerProcess(server.db_url, port=server.port, log_path=tmp_path / "again.log",
+                               extra=["--hang-after", "600"]).start()
+        wait_for(lambda: "pgdash_host_readers 1.0" in urllib.request.urlopen(
+            server.url + "/metrics", timeout=10).read().decode(), 60, "the reader back")
+        status, made = _post(server, f"/api/jobs/{job['id']}/snapshots", {"ranks": "all"})
+        assert status == 202, made
+        assert sorted(made.get("not_connected", [])) == [0, 1], made
+        again = wait_for(lambda: all((v := server.api(made["url"]))["ranks"][r].get(
+            "read_from_outside", {}).get("t") for r in ("0", "1")) and v, 60,
+            "both ranks read by the host reader after the restart")
+        assert again["ranks"]["1"]["read_from_outside"]["reader_pid"] == pid
+        assert "match" in again["ranks"]["1"]["read_from_outside"]["dump"]
     finally:
         _stop(procs)
         server.stop()
