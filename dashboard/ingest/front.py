@@ -273,14 +273,8 @@ class AgentLink(asyncio.Protocol):
         # An admitted agent's batch, all valid: its events come checked (wire.decode_v2_batch).
         batch = decode_v2_batch(frame) if self.session is not None else None
         if batch is None:
-            try:
-                message = decode_v2(frame)
-            except WireError as exc:
-                self.ingest.counters["rejected_batches"] += 1
-                self._send({"ok": False, "error": str(exc), "retry": False})
-                return
-            if not isinstance(message, dict):
-                self._send({"ok": False, "error": "a v2 frame must be a map", "retry": False})
+            message = self._map_of(frame, "rejected_batches")
+            if message is None:
                 return
             if self.session is None:
                 self._admit(message.get("auth"))
@@ -306,6 +300,20 @@ class AgentLink(asyncio.Protocol):
             return
         pending.add_done_callback(
             lambda fut: self._hand_back(self._committed, batch_id, events, ack, fut))
+
+    def _map_of(self, frame: bytes | str, counter: str) -> dict[str, Any] | None:
+        """The frame's map; None when it is not one (the client is told why, ``counter``
+        counts what did not decode)."""
+        try:
+            message = decode_v2(frame)
+        except WireError as exc:
+            self.ingest.counters[counter] += 1
+            self._send({"ok": False, "error": str(exc), "retry": False})
+            return None
+        if not isinstance(message, dict):
+            self._send({"ok": False, "error": "a v2 frame must be a map", "retry": False})
+            return None
+        return message
 
     def _hand_back(self, *call) -> None:
         """Writer thread: pass a commit's outcome to the loop. A stopping server has closed
@@ -367,13 +375,8 @@ class AgentLink(asyncio.Protocol):
 
     def _reader_message(self, frame: bytes | str) -> None:
         """A host reader's frame: its hello, then readings (pgdash_agent.wire.Read)."""
-        try:
-            message = decode_v2(frame)
-        except WireError as exc:
-            self._send({"ok": False, "error": str(exc), "retry": False})
-            return
-        if not isinstance(message, dict):
-            self._send({"ok": False, "error": "a v2 frame must be a map", "retry": False})
+        message = self._map_of(frame, "rejected_readings")
+        if message is None:
             return
         if self.reader is None:
             from dashboard.ingest.pipeline import Refused
