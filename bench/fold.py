@@ -157,7 +157,9 @@ def canonical(value):
     if isinstance(value, dict):
         return {json.dumps(canonical(k), sort_keys=True) if not isinstance(k, str) else k:
                 canonical(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, collections.deque)):
+    # (GpuHistory: a rank's GPU readings, as its deque of lists was before 8a550be)
+    if isinstance(value, (list, tuple, collections.deque)) or \
+            type(value).__name__ == "GpuHistory":
         return [canonical(v) for v in value]
     if isinstance(value, (set, frozenset)):
         return sorted(canonical(v) for v in value)

@@ -191,12 +191,13 @@ def test_latency_summaries_are_kept_with_their_histogram_and_old_checkpoints_upg
 
 def test_the_windows_keep_each_ranks_newest_summaries_in_order_whatever_the_batches():
     """RecentWindows against a deque per rank: appends in batches of any size (a flush on
-    every read, or thousands waiting), ranks joining late, histograms of any width."""
+    every read, or thousands waiting), ranks joining late, histograms of any width, counts
+    of any size (those that do not fit the stored 16 bits, SATURATED, kept beside)."""
     import collections
     import pickle
     import random
 
-    from dashboard.state.recent import RecentWindows
+    from dashboard.state.recent import HIST_CAP, SATURATED, RecentWindows
 
     rng = random.Random(3)
     for trial in range(40):
@@ -205,7 +206,8 @@ def test_the_windows_keep_each_ranks_newest_summaries_in_order_whatever_the_batc
         for step in range(rng.randint(1, 300)):
             rank = rng.randrange(rng.choice((1, 4, 20)))
             flat = tuple(x for b in sorted(rng.sample(range(321), rng.randint(0, 12)))
-                         for x in (b, rng.randint(1, 10**6)))
+                         for x in (b, rng.choice((rng.randint(1, 10), rng.randint(1, 10**6),
+                                                  SATURATED - 1, SATURATED, HIST_CAP))))
             point = (rng.uniform(0, 1e9), rng.randint(0, 10**6), rng.uniform(0, 1e7), flat)
             windows.append(rank, *point)
             want.setdefault(rank, collections.deque(maxlen=width)).append(point)
