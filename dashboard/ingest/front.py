@@ -388,6 +388,9 @@ class AgentLink(asyncio.Protocol):
                 self._send({"ok": False, "error": str(exc), "retry": False})
                 self._close("refused")
                 return
+            except Exception as exc:  # its session not readable now (a database error)
+                self._refuse_for(exc)
+                return
             self._send({"ok": True, "job": self.reader.job_id})
             return
         if self.rate is not None:  # as an agent's batches are (a reader answers questions:

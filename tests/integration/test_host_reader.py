@@ -1,0 +1,58 @@
+"""The host reader process (pgdash_agent.reader) as its rank's agent starts and stops it: it
+leaves nothing behind, whatever the server it meets."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+
+from pgdash_agent import reader
+from tests.helpers.procs import ROOT, wait_for
+
+AUTH = {"v": 1, "token": "t", "session": "s-reader", "job": "j", "rank": 0, "host": "h",
+        "pid": 1}
+
+
+def test_a_reader_stopped_while_it_retries_is_gone_and_reaped():
+    # Nothing listens on port 1: the reader tries again and again, until it is stopped.
+    proc = reader.start("http://127.0.0.1:1", AUTH)
+    assert proc is not None
+    time.sleep(1.5)
+    assert proc.poll() is None  # still trying, as while its rank's server restarts
+    reader.stop(proc)
+    assert proc.returncode is not None  # ended and waited for: no zombie
+    reader.stop(proc)  # a second stop is harmless
+
+
+def test_a_reader_that_meets_an_older_server_ends_by_itself_and_is_reaped():
+    """A pgdash that does not know readers answers their path with 404: the reader ends,
+    and the agent's reaper collects it without a detach."""
+
+    class Old(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    old = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Old)
+    threading.Thread(target=old.serve_forever, daemon=True).start()
+    try:
+        proc = reader.start(f"http://127.0.0.1:{old.server_address[1]}", AUTH)
+        assert proc is not None
+        wait_for(lambda: proc.returncode is not None, 30, "the reader to end and be reaped")
+        assert proc.returncode == 0
+    finally:
+        old.shutdown()
+        old.server_close()
+
+
+def test_a_reader_started_without_its_settings_says_so():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "pgdash_agent.reader"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2 and "PGDASH_READER_FOR" in done.stderr, done.stderr
