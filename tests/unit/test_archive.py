@@ -95,3 +95,27 @@ def test_a_bad_file_is_refused_naming_the_line_and_what_is_wrong(hang_job, tmp_p
     lines = mutate(list(export_lines(store, job)))
     with pytest.raises(ArchiveError, match=message):
         Archive.read(lines, source="f.jsonl")
+
+
+def test_a_host_readers_reading_goes_to_the_file_and_back(hang_job, tmp_path):
+    """A ``read`` (a server event: the host reader's py-spy dump of a silent rank) exports
+    and imports with its session, checked like the server's other events."""
+    store, ingest, job = hang_job
+    reader = ingest.connect_reader({"v": 2, "session": "s0", "job": "j", "rank": 0,
+                                    "host": "h", "pid": 1, "reader": 4242}, None, lambda m: None)
+    reader.asked[("req1", 1)] = True  # what Asks.ask_peers marks when it asks it
+    read = {"ask": "req1", "for_rank": 1, "peer_dump": "Thread 1 (active+gil)", "took_ms": 5.0}
+    assert ingest.reader_read(reader, read) is None
+    assert "was not asked" in ingest.reader_read(reader, read)  # once
+    store.writer.wait_idle()
+    lines = list(export_lines(store, job, now=300.0))
+    (line,) = [json.loads(x) for x in lines[3:] if json.loads(x)["event"]["kind"] == "read"]
+    assert line["event"]["body"] == {**read, "reader_pid": 4242}
+    other = Store(f"sqlite:///{tmp_path / 'b.sqlite'}").start()
+    try:
+        again = list(export_lines(other, import_archive(other, Archive.read(lines), now=200.0),
+                                  now=300.0))
+        assert [json.loads(x)["event"]["body"] for x in again[3:]
+                if json.loads(x)["event"]["kind"] == "read"] == [{**read, "reader_pid": 4242}]
+    finally:
+        other.close()

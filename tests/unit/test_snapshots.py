@@ -688,3 +688,17 @@ def test_clustered_a_rank_connected_to_another_process_is_asked_through_it():
     assert sent[2] == [message] and len(sent[0]) == len(sent[1]) == 1
     assert a.counters["asks_relayed"] == 1 and b.counters["asks_sent"] == 1
     assert made.row()["relayed"] == [2]
+
+
+def test_a_host_readers_reading_is_drawn_on_its_ranks_track_with_the_dump():
+    from dashboard.history.trace import build_trace
+    from tests.helpers.trace import timeline
+
+    log = running(2)
+    dump = 'Thread 101 (active+gil): "MainThread"\n    match (re/__init__.py:166)\n'
+    log.add("s0", "read", {"ask": "a1", "for_rank": 1, "peer_dump": dump, "took_ms": 210.0,
+                           "reader_pid": 4242}, t=104.0)
+    (instant,) = [e for e in timeline(build_trace(log.events)) if e.get("cat") == "snapshot"]
+    assert instant["name"] == "rank 1 read from outside (host reader)"
+    assert instant["ts"] == 104_000_000
+    assert instant["args"]["reader_pid"] == 4242 and "match" in instant["args"]["dump"]
