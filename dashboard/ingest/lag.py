@@ -84,8 +84,9 @@ class IngestLag:
 
     def check_pause(self) -> None:
         """Record a pause if the watchdog has not run for PAUSE_NOTICED_S. Also called by
-        the writer before it judges anything: after SIGCONT it may run before the watchdog,
-        and the moments of the pause must not be judged on what was read before it."""
+        the writer before it judges anything and by :meth:`current`: after SIGCONT either may
+        run before the watchdog, and the moments of the pause must not be judged on what was
+        read before it, nor reported as a lag of a second or two."""
         if self._beat is None:
             return
         now = time.monotonic()
@@ -155,6 +156,9 @@ class IngestLag:
 
     def current(self) -> float:
         """The server's lag now, in seconds (0.0 when it keeps up)."""
+        # A pause the watchdog has not woken to notice yet (the first request served after
+        # SIGCONT may run before it: /metrics said 2 s after a 20 s stop on a loaded machine).
+        self.check_pause()
         now = self.clock()
         # tuple(): one C-level copy under the GIL, while the writer thread appends
         recent = sorted(lag for at, lag in tuple(self._samples) if now - at <= self.window_s)
