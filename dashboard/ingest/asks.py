@@ -162,6 +162,10 @@ class Asks:
             if not links:
                 self._readers.pop((reader.job_id, reader.host), None)
 
+    def _has_reader(self, job_id: int) -> bool:
+        with self._lock:  # (the connections' threads link and unlink meanwhile)
+            return any(job == job_id for job, _ in self._readers)
+
     def readers_connected(self) -> int:
         with self._lock:
             return sum(len(links) for links in self._readers.values())
@@ -283,7 +287,7 @@ class Asks:
         # Silent ranks are read from outside later: by a rank of their host that answered,
         # or by a host reader (also where no rank of the job is connected here: a restarted
         # server whose ranks are all blocked hears only from their readers).
-        if sends or any(job == job_id for job, _ in self._readers):
+        if sends or self._has_reader(job_id):
             self.schedule(PEER_AFTER_S, lambda: self.ask_peers(request))
         if elsewhere:
             try:

@@ -308,11 +308,11 @@ class Ingest:
     def connect_reader(self, auth: Any, address: str | None,
                        send: Callable[[dict[str, Any]], None]) -> ReaderLink:
         """Admit a host reader (pgdash_agent.reader) whose hello carries the auth of the rank
-        that started it: the same token, a session this process has placed, and ``reader``
-        (its pid). It is asked for its host's silent ranks (Asks.ask_peers).
+        that started it: the same token, a session this process has placed or the log holds,
+        and ``reader`` (its pid). It is asked for its host's silent ranks (Asks.ask_peers).
 
         Raises:
-            Refused: bad token, not a reader's hello, or its rank not connected here (yet).
+            Refused: bad token, not a reader's hello, or its rank's session not known (yet).
         """
         auth = self._admissible(auth, address)
         pid = auth.get("reader")
