@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from pgdash_agent import native
-from pgdash_agent.wire import MAX_ASK_ID, MAX_NAME, MAX_RANKS, READ_FRAME, READER_PATH
+from pgdash_agent import native, snapshots
+from pgdash_agent.wire import READ_FRAME, READER_PATH
 
 log = logging.getLogger("pgdash.reader")
 
@@ -98,32 +98,21 @@ def stop(proc: subprocess.Popen | None) -> None:
 
 
 def question(message: Any) -> tuple[str, int, int, Any, str | None] | None:
-    """A ``peer`` question as (ask, pid, rank, asked_at, reason), or None for anything else."""
-    if not isinstance(message, dict) or message.get("what") != "peer":
+    """A ``peer`` question as (ask, pid, rank, asked_at, reason), or None for anything else
+    (checked as the agent checks its questions: pgdash_agent.snapshots.question)."""
+    asked = snapshots.question(message)
+    if asked is None or asked[4] is None:
         return None
-    ask, pid, rank = message.get("ask"), message.get("pid"), message.get("rank")
-    if not (isinstance(ask, str) and 0 < len(ask) <= MAX_ASK_ID and type(pid) is int
-            and 0 < pid <= 2**22 and type(rank) is int and 0 <= rank <= MAX_RANKS):
-        return None
-    at = message.get("at")
-    at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else None
-    reason = message.get("reason")
-    return ask, pid, rank, at, reason[:MAX_NAME] if isinstance(reason, str) else None
+    ask, at, reason, _native, (pid, rank) = asked
+    return ask, pid, rank, at, reason
 
 
 def reading(ask: str, pid: int, rank: int, at: Any, reason: str | None,
             py_spy: str | None) -> dict[str, Any]:
     """The answer to one question: py-spy's dump of ``pid``, or why there is none."""
     started = time.perf_counter()
-    dump, why = native.peer_dump(py_spy, pid)
-    body: dict[str, Any] = {"ask": ask, "for_rank": rank,
-                            **({"peer_dump": dump} if why is None else {"native_error": why})}
-    if at is not None:
-        body["asked_at"] = float(at)
-    if reason is not None:
-        body["reason"] = reason
-    body["took_ms"] = round((time.perf_counter() - started) * 1e3, 3)
-    return body
+    body = {"ask": ask, "for_rank": rank, **snapshots.peer_reading(py_spy, pid)}
+    return snapshots.answered(body, at, reason, started)
 
 
 class Reader:

@@ -30,6 +30,49 @@ MAX_PENDING = 4  # questions waiting for the background thread; the oldest goes 
 MAX_PID = 2**22  # Linux's pid_max at most
 
 
+Question = tuple  # (ask, at, reason, native, peer: (pid, rank) of a "peer" question, or None)
+
+
+def question(message: Any) -> Question | None:
+    """A question of the server's (ASK_EVENT) as :data:`Question`; None when it is malformed
+    or one this agent does not answer. Never raises."""
+    if not isinstance(message, dict):
+        return None
+    ask, at, what = message.get("ask"), message.get("at"), message.get("what")
+    if not (isinstance(ask, str) and 0 < len(ask) <= MAX_ASK_ID and what in ASKS):
+        return None
+    if not isinstance(at, (int, float)) or isinstance(at, bool):
+        at = None
+    reason = message.get("reason")
+    reason = reason[:MAX_NAME] if isinstance(reason, str) else None
+    peer = None
+    if what == "peer":  # another rank of this host: {"pid", "rank"}
+        pid, rank = message.get("pid"), message.get("rank")
+        if not (type(pid) is int and 0 < pid <= MAX_PID and type(rank) is int
+                and 0 <= rank <= MAX_RANKS):
+            return None
+        peer = (pid, rank)
+    return ask, at, reason, message.get("native") is True, peer
+
+
+def peer_reading(py_spy: str | None, pid: int) -> dict[str, Any]:
+    """A "peer" answer's reading of process ``pid``: py-spy's dump, or why there is none."""
+    dump, why = native_frames.peer_dump(py_spy, pid)
+    return {"peer_dump": dump} if why is None else {"native_error": why}
+
+
+def answered(body: dict[str, Any], at: Any, reason: str | None,
+             started: float) -> dict[str, Any]:
+    """``body`` with the question's time and reason echoed and how long answering took
+    (since ``started``, a perf_counter reading)."""
+    if at is not None:
+        body["asked_at"] = float(at)
+    if reason is not None:
+        body["reason"] = reason
+    body["took_ms"] = round((time.perf_counter() - started) * 1e3, 3)
+    return body
+
+
 class Snapshots:
     """Queues the server's questions and answers them on the agent's background thread.
 
@@ -66,30 +109,15 @@ class Snapshots:
     def ask(self, message: Any) -> None:
         """A question from the server (the client's reader thread). Never raises."""
         try:
-            ask = message.get("ask") if isinstance(message, dict) else None
-            at = message.get("at") if isinstance(message, dict) else None
-            if not (isinstance(ask, str) and 0 < len(ask) <= MAX_ASK_ID
-                    and message.get("what") in ASKS):
+            asked = question(message)
+            if asked is None:
                 self.ignored += 1
                 return
-            if not isinstance(at, (int, float)) or isinstance(at, bool):
-                at = None
-            reason = message.get("reason")
-            reason = reason[:MAX_NAME] if isinstance(reason, str) else None
-            native = message.get("native") is True
-            peer = None
-            if message["what"] == "peer":  # another rank of this host: {"pid", "rank"}
-                pid, rank = message.get("pid"), message.get("rank")
-                if not (type(pid) is int and 0 < pid <= MAX_PID and type(rank) is int
-                        and 0 <= rank <= MAX_RANKS):
-                    self.ignored += 1
-                    return
-                peer = (pid, rank)
             with self._lock:
                 if len(self._pending) >= MAX_PENDING:
                     self._pending.popleft()
                     self.dropped += 1
-                self._pending.append((ask, at, reason, native, peer))
+                self._pending.append(asked)
             self._wake()
         except Exception:
             self.ignored += 1
@@ -104,8 +132,7 @@ class Snapshots:
             started = time.perf_counter()
             if peer is not None:
                 body: dict[str, Any] = {"ask": ask, "threads": [], "for_rank": peer[1]}
-                dump, why = native_frames.peer_dump(self.py_spy, peer[0])
-                body.update({"peer_dump": dump} if why is None else {"native_error": why})
+                body.update(peer_reading(self.py_spy, peer[0]))
             else:
                 self.tracker.summarise()  # the collectives that ended since the last pass
                 body = {"ask": ask, "threads": threads_now(with_ids=native),
@@ -113,12 +140,7 @@ class Snapshots:
                         "recent": self.recent()}
                 if native:
                     self._add_native(body)
-            if at is not None:
-                body["asked_at"] = float(at)
-            if reason is not None:
-                body["reason"] = reason
-            body["took_ms"] = round((time.perf_counter() - started) * 1e3, 3)
-            self.outbox.put(time.time(), "snapshot", body)
+            self.outbox.put(time.time(), "snapshot", answered(body, at, reason, started))
 
     def _add_native(self, body: dict[str, Any]) -> None:
         """Each thread's native frames from py-spy, or why there are none."""
