@@ -17,6 +17,7 @@ start and detach, and rank 0's console line.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import sys
@@ -100,6 +101,7 @@ class Agent:
         self._detached = False
         self.peer_readable = False  # see start()
         self.host_reader = None  # the host reader process this rank started (pgdash_agent.reader)
+        self._host_claim = None  # held while this rank is its host's first (reader.claim)
         self.ddp = DDPHooks()
 
     @property
@@ -133,7 +135,7 @@ class Agent:
         # (PGDASH_PEER_READ=0: this rank does not let other processes read it)
         if self.config.server and self.config.wire != "v1" and reader.wanted(
                 self.environ, self.snapshots.py_spy,
-                self.config.host_reader and self.config.peer_read):
+                self.config.host_reader and self.config.peer_read, self._claim_host):
             self.host_reader = reader.start(self.config.server, self._auth(),
                                             self.config.ca_file)
         return self
@@ -179,7 +181,8 @@ class Agent:
             log.warning("pgdash: detach failed: %s", exc)
             return False
         finally:
-            reader.stop(self.host_reader)  # never raises
+            reader.stop(self.host_reader)  # (these two never raise)
+            reader.release(self._host_claim)
 
     def stats(self) -> dict[str, Any]:
         """Counters a user (or a test) can read: what was dropped, buffered, rejected."""
@@ -194,6 +197,13 @@ class Agent:
         }
 
     # -- what is sent ------------------------------------------------------------------------
+
+    def _claim_host(self) -> bool:
+        """Whether this rank is the first of its job's launch on this host to ask (where the
+        launcher does not say which is: pgdash_agent.reader.claim)."""
+        self._host_claim = reader.claim(
+            json.dumps([self.config.server, self.job, self._identity.get("attempt")]))
+        return self._host_claim is not None
 
     def _auth(self) -> dict[str, Any]:
         return {"v": PROTOCOL_VERSION, "token": self.config.token, "session": self.session,

@@ -4,8 +4,10 @@ A rank blocked in C with the GIL held cannot run its agent, so it cannot answer 
 another rank's agent on its host reads it with py-spy instead (a ``peer`` question:
 pgdash_agent.native.peer_dump). Where no other rank of the host answers (a rank alone on its
 host, or every rank of the host blocked at once) nobody could. So the agent of the host's
-first rank (``LOCAL_RANK`` 0, or a rank alone: ``LOCAL_WORLD_SIZE`` 1) starts this process
-where py-spy is installed (:func:`start`; ``PGDASH_HOST_READER=0`` turns it off). It runs no
+first rank (``LOCAL_RANK`` 0, or a rank alone: ``LOCAL_WORLD_SIZE`` 1; where the launcher
+sets neither, as ``mp.spawn`` and a bare ``python``, the first of the job's ranks on the host to
+:func:`claim` it) starts this process where py-spy is installed (:func:`start`;
+``PGDASH_HOST_READER=0`` turns it off). It runs no
 training code and imports no torch, so it answers whatever the ranks are doing.
 
 It holds one protocol v2 connection (a hello with the starting rank's auth and ``reader``: its
@@ -19,17 +21,20 @@ readers (an older pgdash) refuses its hello: it then gives up, quietly.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import queue
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from pgdash_agent import native, snapshots
 from pgdash_agent.wire import READ_FRAME, READER_PATH
@@ -44,15 +49,58 @@ RETRY_S = (1.0, 10.0)  # reconnection back-off, first and most
 NOT_YET = "has not connected to this server process"
 
 
-def wanted(environ: Mapping[str, str], py_spy: str | None, enabled: bool) -> bool:
+def wanted(environ: Mapping[str, str], py_spy: str | None, enabled: bool,
+           claim: Callable[[], bool] = lambda: False) -> bool:
     """Whether this rank starts its host's reader: the host's first rank (or one alone),
     where py-spy is installed, unless PGDASH_HOST_READER=0 (or PGDASH_PEER_READ=0: the
-    agent passes ``enabled`` False then). Ranks started without
-    ``LOCAL_RANK`` (``mp.spawn``, a bare ``python``) start none: which of them is first on its
-    host is not known."""
+    agent passes ``enabled`` False then). Where the launcher does not say which rank is first
+    on its host (no ``LOCAL_RANK``: ``mp.spawn``, a bare ``python``), the first to ``claim``
+    it (:func:`claim`, called only then)."""
     if not enabled or py_spy is None:
         return False
+    if "LOCAL_RANK" not in environ and "LOCAL_WORLD_SIZE" not in environ:
+        return claim()
     return environ.get("LOCAL_RANK") == "0" or environ.get("LOCAL_WORLD_SIZE") == "1"
+
+
+def claim(key: str) -> tuple[int, str] | None:
+    """Among this user's processes on this host, the first to claim ``key`` (a job's launch
+    and server) holds it until it :func:`release` s it or ends, however it ends (an ``flock``,
+    which the kernel lets go of with the process). Returns what to release, or None: another
+    process holds it, or no claim can be made here (then nobody starts a reader: never two).
+    Never raises; never waits."""
+    try:
+        import fcntl
+
+        base = Path(tempfile.gettempdir()) / f"pgdash-{os.getuid()}"
+        base.mkdir(mode=0o700, exist_ok=True)
+        st = base.lstat()  # (not a link, nor a directory another user made to catch ours)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        name = base / f"reader-{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock"
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        return fd, str(name)
+    except Exception as exc:
+        log.debug("pgdash: no host reader claim (%s)", exc)
+        return None
+
+
+def release(held: tuple[int, str] | None) -> None:
+    """Let go of what :func:`claim` gave, and of its file (ranks claim once, at attach: none
+    waits for it). Never raises."""
+    if held is None:
+        return
+    fd, name = held
+    for step in (lambda: os.unlink(name), lambda: os.close(fd)):
+        try:
+            step()
+        except OSError:
+            pass
 
 
 def start(server: str, auth: dict[str, Any], ca_file: str | None = None

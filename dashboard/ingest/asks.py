@@ -328,7 +328,7 @@ class Asks:
                     request.unread[rank] = (
                         "no other rank of its host answered (alone there, or all silent), and "
                         "no host reader of it is connected here (pgdash_agent.reader: it needs "
-                        "py-spy and LOCAL_RANK), so nobody there could read it"
+                        "py-spy on the host), so nobody there could read it"
                         if not readers else
                         "the ranks of its host that answered are connected to another server "
                         "process")

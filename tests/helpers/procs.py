@@ -146,7 +146,7 @@ def launch_job(script: str, ranks: int, server_url: str, job: str, tmp_path: Pat
     """Start a real gloo job: one process per rank, torchrun-style environment.
 
     ``only`` starts just those ranks (the others never arrive); ``rank_env`` adds variables
-    to single ranks.
+    to single ranks; a variable given None is left out (``LOCAL_RANK``: as ``mp.spawn``).
     """
     master_port = str(free_port())
     procs = []
@@ -158,6 +158,7 @@ def launch_job(script: str, ranks: int, server_url: str, job: str, tmp_path: Pat
         # update(), so that env or rank_env may override the variables above too.
         penv.update({"PGDASH_FLUSH_TIMEOUT_S": "30", **(env or {}),
                      **(rank_env or {}).get(rank, {})})
+        penv = {k: v for k, v in penv.items() if v is not None}
         with open(tmp_path / f"{job}-rank{rank}.log", "wb") as out:
             procs.append(subprocess.Popen([sys.executable, str(JOBS / script), *(args or [])],
                                           env=penv, stdout=out, stderr=subprocess.STDOUT,

@@ -4,8 +4,13 @@ leaves nothing behind, whatever the server it meets."""
 from __future__ import annotations
 
 import http.server
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 from pgdash_agent import reader
 from tests.helpers.procs import ROOT, wait_for
@@ -49,10 +54,40 @@ def test_a_reader_that_meets_an_older_server_ends_by_itself_and_is_reaped():
 
 
 def test_a_reader_started_without_its_settings_says_so():
-    import subprocess
-    import sys
-
     done = subprocess.run([sys.executable, "-m", "pgdash_agent.reader"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert done.returncode == 2 and "PGDASH_READER_FOR" in done.stderr, done.stderr
+
+
+def test_one_process_of_a_host_claims_its_reader_until_it_ends_or_lets_go(tmp_path,
+                                                                          monkeypatch):
+    """Where the launcher does not say which rank is first on its host (mp.spawn), the
+    first to claim starts the reader: never two, and a claim ends with its process."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # (the claim's directory: gettempdir())
+    monkeypatch.setattr(tempfile, "tempdir", None)
+
+    def other(key: str) -> bool:
+        """Whether another process of this user gets the claim."""
+        code = f"from pgdash_agent import reader; print(reader.claim({key!r}) is not None)"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              cwd=ROOT, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return done.stdout.strip() == "True"
+
+    held = reader.claim("job-a")
+    assert held is not None and Path(held[1]).parent.parent == tmp_path
+    assert reader.claim("job-a") is None  # (a second claim in this process: refused too)
+    assert not other("job-a")
+    assert other("job-b")  # another launch has a claim of its own
+    # The process that held job-b ended without letting go: the kernel let go for it.
+    assert other("job-b")
+    reader.release(held)
+    assert not Path(held[1]).exists()
+    assert other("job-a")
+    # A directory of another user's making (or a link) is not used: no claim, no reader.
+    mine = tmp_path / f"pgdash-{os.getuid()}"
+    for entry in mine.iterdir():
+        entry.unlink()
+    mine.rmdir()
+    mine.symlink_to(tmp_path)
+    assert reader.claim("job-c") is None

@@ -197,32 +197,43 @@ def test_a_rank_blocked_in_c_with_the_gil_held_is_read_from_outside_by_its_hosts
         server.stop()
 
 
+def _read_by_host_reader(server, tmp_path, job_name: str, env: dict,
+                         procs: list) -> tuple[dict, dict]:
+    """A 2-rank job whose ranks both block with the GIL held (its processes added to
+    ``procs``), snapshotted once they have: (its job, the snapshot's view), each rank read by
+    the host reader."""
+    procs += launch_job("fault_job.py", 2, server.url, job_name, tmp_path, args=["gil-all"],
+                       env={"PGDASH_PY_SPY": PY_SPY, **env})
+    job = wait_for(lambda: job_by_name(server, job_name), 60, f"job {job_name}")
+    for rank in (0, 1):
+        wait_for(lambda: "FAULT" in (tmp_path / f"{job_name}-rank{rank}.log").read_text(), 60,
+                 f"rank {rank} blocked")
+    time.sleep(1.0)  # their agents have stopped with them
+    status, made = _post(server, f"/api/jobs/{job['id']}/snapshots", {"ranks": "all"})
+    assert status == 202, made
+    view = wait_for(lambda: all((v := server.api(made["url"]))["ranks"][r].get(
+        "read_from_outside", {}).get("t") for r in ("0", "1")) and v, 60,
+        "both ranks read by the host reader")
+    for r in ("0", "1"):
+        assert view["ranks"][r]["status"] in ("waiting", "no answer")
+        outside = view["ranks"][r]["read_from_outside"]
+        assert outside["host_reader"] is True, outside
+        assert outside["gil_held_by"] == "MainThread", outside
+        assert "fault_job.py" in outside["dump"] and "match" in outside["dump"], outside
+    assert view["ranks"]["0"]["read_from_outside"]["reader_pid"] not in (p.pid for p in procs)
+    return job, view
+
+
 def test_a_host_whose_every_rank_is_blocked_with_the_gil_held_is_read_by_its_host_reader(
         tmp_path):
     """No agent of the host can answer or read another; the process rank 0's agent started
     (pgdash_agent.reader: LOCAL_RANK 0, py-spy installed) reads both, and the page names it."""
     server = _server(tmp_path, 600)
-    procs = launch_job("fault_job.py", 2, server.url, "gilall", tmp_path, args=["gil-all"],
-                       env={"PGDASH_PY_SPY": PY_SPY})
+    procs = []
     try:
-        job = wait_for(lambda: job_by_name(server, "gilall"), 60, "job gilall")
-        for rank in (0, 1):
-            wait_for(lambda: "FAULT" in (tmp_path / f"gilall-rank{rank}.log").read_text(), 60,
-                     f"rank {rank} blocked")
-        time.sleep(1.0)  # their agents have stopped with them
-        status, made = _post(server, f"/api/jobs/{job['id']}/snapshots", {"ranks": "all"})
-        assert status == 202, made
-        view = wait_for(lambda: all((v := server.api(made["url"]))["ranks"][r].get(
-            "read_from_outside", {}).get("t") for r in ("0", "1")) and v, 60,
-            "both ranks read by the host reader")
-        for r in ("0", "1"):
-            assert view["ranks"][r]["status"] in ("waiting", "no answer")
-            outside = view["ranks"][r]["read_from_outside"]
-            assert outside["host_reader"] is True and outside["by"] == 0, outside
-            assert outside["gil_held_by"] == "MainThread", outside
-            assert "fault_job.py" in outside["dump"] and "match" in outside["dump"], outside
+        job, view = _read_by_host_reader(server, tmp_path, "gilall", {}, procs)
+        assert {view["ranks"][r]["read_from_outside"]["by"] for r in ("0", "1")} == {0}
         pid = view["ranks"]["0"]["read_from_outside"]["reader_pid"]
-        assert pid not in (p.pid for p in procs)
         # A server restarted meanwhile: the blocked ranks cannot connect again, their reader
         # does, and is asked though no rank of the job is connected.
         server.stop()
@@ -241,6 +252,29 @@ def test_a_host_whose_every_rank_is_blocked_with_the_gil_held_is_read_by_its_hos
     finally:
         _stop(procs)
         server.stop()
-    # The reader follows the rank that started it.
+    _gone(pid)
+
+
+def test_ranks_started_without_local_rank_have_a_host_reader_too(tmp_path):
+    """As mp.spawn starts them: no LOCAL_RANK says which rank is first on the host, so the
+    first of the job's ranks to claim it starts the reader (pgdash_agent.reader.claim), one
+    for the host, whichever rank that is."""
+    server = _server(tmp_path, 600)
+    procs = []
+    try:
+        _, view = _read_by_host_reader(server, tmp_path, "gilspawn", {"LOCAL_RANK": None},
+                                       procs)
+        outside = [view["ranks"][r]["read_from_outside"] for r in ("0", "1")]
+        assert len({o["by"] for o in outside}) == 1 and outside[0]["by"] in (0, 1), outside
+        pid = outside[0]["reader_pid"]
+        assert outside[1]["reader_pid"] == pid  # one reader for the host
+    finally:
+        _stop(procs)
+        server.stop()
+    _gone(pid)
+
+
+def _gone(pid: int) -> None:
+    """The reader follows the rank that started it."""
     wait_for(lambda: not Path(f"/proc/{pid}").exists() or
              "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], 10, "the reader gone")

@@ -268,7 +268,7 @@ def test_a_silent_rank_is_read_from_outside_by_a_rank_of_its_host_that_answered(
     assert view["ranks"]["2"]["read_from_outside"] == {  # why nobody read it
         "error": "no other rank of its host answered (alone there, or all silent), and no "
                  "host reader of it is connected here (pgdash_agent.reader: it needs py-spy "
-                 "and LOCAL_RANK), so nobody there could read it"}
+                 "on the host), so nobody there could read it"}
     late = views.request_view(log.state(), made, clock.t + PEER_AFTER_S + ANSWER_WAIT_S)
     assert late["ranks"]["1"]["read_from_outside"] == {
         "by": 0, "error": "its agent did not answer that question either"}
@@ -348,7 +348,12 @@ def test_a_host_readers_questions_and_readings_are_checked():
     assert wanted({"LOCAL_RANK": "0"}, "/bin/py-spy", True)
     assert wanted({"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "1"}, "/bin/py-spy", True)
     assert not wanted({"LOCAL_RANK": "1"}, "/bin/py-spy", True)
-    assert not wanted({}, "/bin/py-spy", True)  # mp.spawn: which rank is first is not known
+    # mp.spawn, a bare python: which rank is first on its host is not known, so the first
+    # to claim it starts the reader (reader.claim).
+    assert not wanted({}, "/bin/py-spy", True)
+    assert wanted({}, "/bin/py-spy", True, lambda: True)
+    assert not wanted({"LOCAL_RANK": "1"}, "/bin/py-spy", True, lambda: True)
+    assert not wanted({}, "/bin/py-spy", False, lambda: True)
     assert not wanted({"LOCAL_RANK": "0"}, None, True)  # no py-spy: nothing it could read
     assert not wanted({"LOCAL_RANK": "0"}, "/bin/py-spy", False)  # PGDASH_HOST_READER=0
 
