@@ -227,12 +227,15 @@ class Membership:
 
         self.redis.publish(WATCH_CHANNEL, json.dumps({"job": job_id, "sid": sid}))
 
-    def publish_ask(self, sessions: list[str], message: dict[str, Any]) -> None:
+    def publish_ask(self, sessions: list[str], message: dict[str, Any],
+                    reader: tuple[int, str] | None = None) -> None:
         """Hand a question (dashboard.ingest.asks) for agents connected to no connection of
-        this process to every process: those holding one send it."""
+        this process (or for the host reader of ``reader``: (job, host)) to every process:
+        those holding one send it."""
         import json
 
-        self.redis.publish(ASK_CHANNEL, json.dumps({"sessions": sessions, "message": message}))
+        self.redis.publish(ASK_CHANNEL, json.dumps({"sessions": sessions, "message": message,
+                                                    "reader": reader}))
 
     def exposition(self) -> str:
         """Prometheus lines for this process's part of the cluster (appended to /metrics)."""
@@ -274,15 +277,15 @@ class ClusterNode:
             folds the tail, ``settled`` says a job needs no owner, ``adopt`` takes one on.
         on_snapshot_request: ``(job_id, sid)``: send browser ``sid`` a snapshot of an owned
             job (the live push).
-        on_ask: ``(sessions, message)``: a question another process relayed for agents that
-            may be connected here (Asks.deliver).
+        on_ask: ``(sessions, message, reader)``: a question another process relayed for
+            agents (or a host reader: (job, host)) that may be connected here (Asks.deliver).
         tail_s: seconds between reads of the log's tail.
     """
 
     def __init__(self, membership: Membership, follower,
                  on_snapshot_request: Callable[[int, str], None] | None = None,
                  tail_s: float = 0.2,
-                 on_ask: Callable[[list[str], dict[str, Any]], None] | None = None):
+                 on_ask: Callable[..., None] | None = None):
         self.membership = membership
         self.leases, self.tail = membership.leases, membership.tail
         self.follower = follower
@@ -371,14 +374,17 @@ class ClusterNode:
                         if channel == ASK_CHANNEL:
                             sessions = [str(s) for s in request["sessions"]]
                             question = dict(request["message"])
+                            reader = request.get("reader")  # (from an older process: none)
+                            reader = None if reader is None else (int(reader[0]),
+                                                                  str(reader[1]))
                         else:
                             job_id, sid = int(request["job"]), str(request["sid"])
-                    except (ValueError, KeyError, TypeError):
+                    except (ValueError, KeyError, TypeError, IndexError):
                         log.warning("pgdash: ignored a malformed message on %s", channel)
                         continue
                     if channel == ASK_CHANNEL:
                         if self.on_ask is not None:
-                            self.on_ask(sessions, question)
+                            self.on_ask(sessions, question, reader)
                     elif self.membership.owns(job_id) and self.on_snapshot_request is not None:
                         self.on_snapshot_request(job_id, sid)
             except Exception:

@@ -106,15 +106,16 @@ class Asks:
             free within ``timeout`` seconds: Ingest.read.
         clock: wall clock (the requests' times; injected for tests).
         lag: how far ingest is behind its agents (seconds).
-        relay: clustered, ``relay(sessions, message)`` hands a question for agents connected
-            to no connection here to the other processes (Membership.publish_ask); each
-            delivers it to those it holds (:meth:`deliver`). None: one process.
+        relay: clustered, ``relay(sessions, message, reader)`` hands a question for agents
+            connected to no connection here (or, ``reader`` (job, host), for that host's
+            reader) to the other processes (Membership.publish_ask); each delivers it to those
+            it holds (:meth:`deliver`). None: one process.
     """
 
     def __init__(self, read: Callable[[int, Callable[[Any], Any]], Any],
                  clock: Callable[[], float] = time.time,
                  lag: Callable[[], float] = lambda: 0.0,
-                 relay: Callable[[list[str], dict[str, Any]], None] | None = None,
+                 relay: Callable[..., None] | None = None,
                  schedule: Callable[[float, Callable[[], None]], None] | None = None):
         self.read = read
         self.clock = clock
@@ -286,8 +287,9 @@ class Asks:
         self._send_all(sends, message)
         # Silent ranks are read from outside later: by a rank of their host that answered,
         # or by a host reader (also where no rank of the job is connected here: a restarted
-        # server whose ranks are all blocked hears only from their readers).
-        if sends or self._has_reader(job_id):
+        # server whose ranks are all blocked hears only from their readers), here or through
+        # the processes that hold them.
+        if sends or elsewhere or self._has_reader(job_id):
             self.schedule(PEER_AFTER_S, lambda: self.ask_peers(request))
         if elsewhere:
             try:
@@ -317,14 +319,16 @@ class Asks:
         except Exception:  # a busy or stopping server: those ranks just read "no answer"
             self.counters["snapshot_peer_asks_failed"] += 1
             return
-        sends = []
+        sends, relays = [], []
         with self._lock:
             for rank, pid, host, readers in silent or []:
+                question = {"ask": request.id, "what": "peer", "pid": pid, "rank": rank,
+                            "at": self.clock(), "reason": request.reason[:200]}
                 # Another rank's agent of its host that answered, else the host's reader.
                 reader = next(((peer, self._links[s]) for peer, s in readers
                                if s in self._links), None)
                 host_reader = (self._readers.get((request.job_id, host)) or [None])[-1]
-                if reader is None and host_reader is None:
+                if reader is None and host_reader is None and self.relay is None:
                     request.unread[rank] = (
                         "no other rank of its host answered (alone there, or all silent), and "
                         "no host reader of it is connected here (pgdash_agent.reader: it needs "
@@ -333,23 +337,46 @@ class Asks:
                         "the ranks of its host that answered are connected to another server "
                         "process")
                     continue
-                if len(sends) >= MAX_PEER_ASKS:
+                if len(sends) + len(relays) >= MAX_PEER_ASKS:
                     request.unread[rank] = (f"only {MAX_PEER_ASKS} silent ranks are read "
                                             "from outside per request")
+                    continue
+                if reader is None and host_reader is None:
+                    # Clustered: through the process that holds the connection of a rank of
+                    # its host that answered, else through whichever holds the host's reader.
+                    if readers:
+                        request.peers[rank] = readers[0][0]
+                        relays.append(([readers[0][1]], question, None))
+                    else:
+                        request.unread[rank] = (
+                            "no other rank of its host answered (alone there, or all silent), "
+                            "and no host reader of it is connected to this server process: "
+                            "the others were asked to have theirs read it (its reading shows "
+                            "here if one is connected there)")
+                        relays.append(([], question, (request.job_id, host)))
                     continue
                 if reader is None:
                     reader = (host_reader.rank, host_reader.send)
                     request.host_read.add(rank)
-                    host_reader.asked[(request.id, rank)] = True
-                    while len(host_reader.asked) > 4 * MAX_PEER_ASKS:
-                        host_reader.asked.popitem(last=False)
+                    self._reader_asked(host_reader, request.id, rank)
                 request.peers[rank] = reader[0]
-                sends.append((reader[1], {"ask": request.id, "what": "peer", "pid": pid,
-                                          "rank": rank, "at": self.clock(),
-                                          "reason": request.reason[:200]}))
+                sends.append((reader[1], question))
         for send, message in sends:
             self._send_all([send], message)
             self.counters["snapshot_peer_asks"] += 1
+        for sessions, message, host_reader in relays:
+            try:
+                self.relay(sessions, message, host_reader)
+                self.counters["snapshot_peer_asks_relayed"] += 1
+            except Exception:
+                self.counters["asks_failed"] += 1
+
+    @staticmethod
+    def _reader_asked(reader: ReaderLink, request_id: str, rank: int) -> None:
+        """Lock held: ``reader`` is sent this question (its reading is taken: reader_asked)."""
+        reader.asked[(request_id, rank)] = True
+        while len(reader.asked) > 4 * MAX_PEER_ASKS:
+            reader.asked.popitem(last=False)
 
     def arrived(self, session: str, job_id: int, events: list[dict[str, Any]]) -> None:
         """Any thread: validated events of ``session`` came in, to be stored and folded
@@ -380,11 +407,17 @@ class Asks:
             return {rank: answer for (request_id, rank), answer in self._early.items()
                     if request_id == request.id}
 
-    def deliver(self, sessions: list[str], message: dict[str, Any]) -> None:
+    def deliver(self, sessions: list[str], message: dict[str, Any],
+                reader: tuple[int, str] | None = None) -> None:
         """A question another process relayed: send it to the agents of ``sessions`` that
-        hold a connection here (the others are somebody else's)."""
+        hold a connection here (the others are somebody else's), or to the host reader of
+        ``reader`` (job, host) if it is connected here (a ``peer`` question)."""
         with self._lock:
             sends = [self._links[s] for s in sessions if s in self._links]
+            link = (self._readers.get(tuple(reader)) or [None])[-1] if reader else None
+            if link is not None and message.get("what") == "peer":
+                self._reader_asked(link, str(message.get("ask")), message.get("rank"))
+                sends.append(link.send)
         self._send_all(sends, message)
 
     def _send_all(self, sends: list[Callable[[dict[str, Any]], None]],
@@ -420,7 +453,8 @@ def silent_ranks(state: Any, request: Request, early: dict[int, dict[str, Any]]
     """The ranks of a request that have not answered, each as (rank, pid, host, [(rank,
     session) of the ranks of its host that answered]): those asked on a connection here, and those
     whose connection is gone while their process may live on (lost: a v1 agent blocked with
-    the GIL held cannot answer Socket.IO's pings either)."""
+    the GIL held cannot answer Socket.IO's pings either), and those asked through another
+    process (clustered)."""
     answered = set(state.snapshots.get(request.id, {})) | set(early)
     index = state.rank_index()
     by_host: dict[str, list[tuple[int, str]]] = {}
@@ -429,8 +463,8 @@ def silent_ranks(state: Any, request: Request, early: dict[int, dict[str, Any]]
         if r is not None and r.host:
             by_host.setdefault(r.host, []).append((rank, r.session))
     out = []
-    for rank in sorted((set(request.sessions.values()) | set(request.not_connected))
-                       - answered):
+    for rank in sorted((set(request.sessions.values()) | set(request.not_connected)
+                        | set(request.relayed)) - answered):
         r = index.get(rank)
         if r is None or r.pid is None or r.status not in (RankStatus.RUNNING, RankStatus.LOST):
             continue

@@ -4,12 +4,14 @@ ranks are split between them: diagnosed as one, seen live from either, surviving
 from __future__ import annotations
 
 import collections
+import json
 import queue
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import socketio
@@ -435,3 +437,40 @@ def test_a_process_stopped_with_sigterm_hands_its_jobs_over_at_once(pair, pg_url
         assert time.monotonic() - stopped_at < 25  # the lease alone would take 30 s or more
     finally:
         agent.disconnect()
+
+
+def test_a_request_made_at_one_process_is_read_by_a_host_reader_connected_to_the_other(
+        pair, tmp_path):
+    """Both ranks of a host blocked with the GIL held, connected (with their host reader) to
+    process A; a snapshot asked at B reaches them through Redis, and B then has A's host
+    reader read them: the readings show in B's view once folded from the shared log."""
+    a, b = pair("--hang-after", "600")
+    py_spy = str(Path(sys.executable).with_name("py-spy"))  # the test extra installs it
+    procs = launch_job("fault_job.py", 2, a.url, "gilcluster", tmp_path, args=["gil-all"],
+                       env={"PGDASH_PY_SPY": py_spy})
+    try:
+        job = wait_for(lambda: job_by_name(b, "gilcluster"), 60, "the job, seen from B")
+        for rank in (0, 1):
+            wait_for(lambda: "FAULT" in (tmp_path / f"gilcluster-rank{rank}.log").read_text(),
+                     60, f"rank {rank} blocked")
+        wait_for(lambda: "pgdash_host_readers 1.0" in _metrics(a), 30, "A's host reader")
+        assert "pgdash_host_readers 0.0" in _metrics(b)
+        time.sleep(1.0)  # their agents have stopped with them
+        req = urllib.request.Request(f"{b.url}/api/jobs/{job['id']}/snapshots",
+                                     data=json.dumps({"ranks": "all"}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            assert resp.status == 202
+            made = json.loads(resp.read())
+        assert sorted(made["relayed"]) == [0, 1], made
+        view = wait_for(lambda: all((v := b.api(made["url"]))["ranks"][r].get(
+            "read_from_outside", {}).get("t") for r in ("0", "1")) and v, 60,
+            "both ranks read by A's host reader, in B's view")
+        for r in ("0", "1"):
+            outside = view["ranks"][r]["read_from_outside"]
+            assert outside["host_reader"] is True and outside["by"] == 0, outside
+            assert "fault_job.py" in outside["dump"] and "match" in outside["dump"], outside
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -695,6 +695,55 @@ def test_clustered_a_rank_connected_to_another_process_is_asked_through_it():
     assert made.row()["relayed"] == [2]
 
 
+def test_clustered_a_silent_rank_connected_elsewhere_is_read_through_that_process():
+    """A asked ranks 1 and 2 through B (Redis); neither answered. Rank 1 is read by rank 0's
+    agent, which answered and is also connected to B; rank 2, alone on node1, by node1's
+    host reader, connected to B too."""
+    log = running(3)
+    log.add("s2", "hello", {**hello(2, world=3), "host": "node1"}, t=100.0)  # alone on node1
+    relayed = []
+    def read(job_id, view, timeout=None):
+        return view(log.state())
+
+    clock = Clock()
+    scheduled = []
+    a = Asks(read, clock, relay=lambda *args: relayed.append(args),
+             schedule=lambda delay, call: scheduled.append(call))
+    b = Asks(read, clock)
+    sent = {r: [] for r in range(3)}
+    for r in range(3):
+        b.link(f"s{r}", sent[r].append)
+    reader_sent = []
+    reader = ReaderLink(1, "node1", "s2", 2, 4242, reader_sent.append)
+    b.link_reader(reader)
+    made = a.request(1, None, "all")
+    assert made.relayed == [0, 1, 2] and len(scheduled) == 1  # read from outside later too
+    _answer(log, 0, made.id, 101.0, _frames(10))  # only rank 0 answers
+    relayed.clear()
+    scheduled[0]()
+    assert [(sessions, m["rank"], host) for sessions, m, host in relayed] == [
+        (["s0"], 1, None), ([], 2, (1, "node1"))]
+    for sessions, message, host in relayed:  # every process gets the publish: A too
+        a.deliver(sessions, message, host)
+        b.deliver(sessions, message, host)
+    assert [(m["what"], m["rank"], m["pid"]) for m in sent[0]] == [("peer", 1, 101)]
+    assert [(m["what"], m["rank"], m["pid"]) for m in reader_sent] == [("peer", 2, 102)]
+    assert b.reader_asked(reader, made.id, 2)  # B takes the reading it delivered the ask of
+    view = views.request_view(log.state(), made, clock.t + 1)["ranks"]
+    assert view["1"]["read_from_outside"] == {"by": 0}
+    assert "the others were asked to have theirs read it" in \
+        view["2"]["read_from_outside"]["error"]
+    dump = 'Thread 102 (active+gil): "MainThread"\n    match (re/__init__.py:166)\n'
+    log.add("s2", "read", {"ask": made.id, "for_rank": 2, "peer_dump": dump,
+                           "reader_pid": 4242}, t=103.0, seq=None)
+    read_by_b = views.request_view(log.state(), made, clock.t + 1)["ranks"]["2"]
+    assert read_by_b["read_from_outside"]["reader_pid"] == 4242  # A's view, once folded
+    # A question for a host reader nobody holds, or not a peer one, is sent to none.
+    b.deliver([], {**relayed[1][1], "what": "snapshot"}, (1, "node1"))
+    b.deliver([], relayed[1][1], (1, "node7"))
+    assert len(reader_sent) == 1
+
+
 def test_a_host_readers_reading_is_drawn_on_its_ranks_track_with_the_dump():
     from dashboard.history.trace import build_trace
     from tests.helpers.trace import timeline
