@@ -334,8 +334,8 @@ class Asks:
                         "no host reader of it is connected here (pgdash_agent.reader: it needs "
                         "py-spy on the host), so nobody there could read it"
                         if not readers else
-                        "the ranks of its host that answered are connected to another server "
-                        "process")
+                        "the ranks of its host that answered have disconnected since, and no "
+                        "host reader of it is connected here")
                     continue
                 if len(sends) + len(relays) >= MAX_PEER_ASKS:
                     request.unread[rank] = (f"only {MAX_PEER_ASKS} silent ranks are read "
