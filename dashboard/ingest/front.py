@@ -31,7 +31,7 @@ from websockets.server import ServerProtocol
 
 from pgdash_agent.wire import (AGENT_V2_PATH, READ_FRAME, READER_PATH, WireError, decode_v2,
                                decode_v2_batch, encode_v2)
-from dashboard.ingest.tls import route_tls
+from dashboard.ingest.tls import route_tls, small_read_buffers
 
 log = logging.getLogger("pgdash.server")
 _quiet = logging.getLogger("pgdash.server.websocket")  # "connection open" per agent: noise
@@ -61,6 +61,8 @@ class Front:
                  ssl_context: ssl.SSLContext | None = None):
         self.wsgi = wsgi_server
         self.ssl_context = ssl_context  # --tls-cert: the loop does TLS (dashboard.ingest.tls)
+        if ssl_context is not None:
+            small_read_buffers()
         self.ingest = ingest
         self.max_frame_bytes = max_frame_bytes
         self.new_limits = new_limits  # one connection's rate limits (dashboard.ingest.limits)

@@ -22,6 +22,22 @@ from typing import Any, Callable
 log = logging.getLogger("pgdash.server")
 
 HANDSHAKE_TIMEOUT_S = 10.0
+# Bytes each TLS connection reads into at a time. asyncio's TLS gives every connection a
+# 256 KiB read buffer (``SSLProtocol.max_size``), zero-filled, so resident: at 1,024 agents
+# over wss the server held 508 MB against 219 MB in the clear (bench/capacity.py --tls).
+# Agents send ~3 kB a second; a TLS record is at most 16 kB. Larger frames are read in more
+# calls.
+READ_BUFFER = 32 * 1024
+
+
+def small_read_buffers() -> None:
+    """Give the TLS connections of this process READ_BUFFER bytes to read into, not 256 kB
+    (asyncio.sslproto.SSLProtocol's class setting: its transports are made inside
+    ``connect_accepted_socket``, out of reach; a Python without it keeps its own)."""
+    from asyncio import sslproto
+
+    if getattr(sslproto.SSLProtocol, "max_size", 0) > READ_BUFFER:
+        sslproto.SSLProtocol.max_size = READ_BUFFER
 
 
 class _Head(asyncio.Protocol):

@@ -289,6 +289,14 @@ def test_the_page_goes_live_over_https_beside_a_v2_agent_over_wss(tmp_path, brow
                                                             "world_size": 1, "host": "h",
                                                             "pid": 1}}]}))
         assert decode_v2(ws.recv())["stored"] == 1
+        # A frame many times the TLS read buffer (dashboard.ingest.tls.READ_BUFFER) arrives
+        # whole: five errors with 60 kB of text each.
+        text = "x" * 60_000
+        ws.send_binary(encode_v2({"id": 2, "events": [
+            {"seq": 2 + i, "t": 2.0, "kind": "error",
+             "body": {"where": "step", "error_type": "RuntimeError", "error": f"{i}{text}"}}
+            for i in range(5)]}))
+        assert decode_v2(ws.recv())["stored"] == 5
         jid = wait_for(lambda: job_by_name(srv, "tls"), 10, "the job")["id"]
         context = browser.new_context(ignore_https_errors=True)  # the self-signed certificate
         errors = []
