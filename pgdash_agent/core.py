@@ -184,6 +184,13 @@ class Agent:
             reader.stop(self.host_reader)  # (these two never raise)
             reader.release(self._host_claim)
 
+    def _claim_host(self) -> bool:
+        """Whether this rank is the first of its job's launch on this host to ask (where the
+        launcher does not say which is: pgdash_agent.reader.claim)."""
+        self._host_claim = reader.claim(
+            json.dumps([self.config.server, self.job, self._identity.get("attempt")]))
+        return self._host_claim is not None
+
     def stats(self) -> dict[str, Any]:
         """Counters a user (or a test) can read: what was dropped, buffered, rejected."""
         return {
@@ -197,13 +204,6 @@ class Agent:
         }
 
     # -- what is sent ------------------------------------------------------------------------
-
-    def _claim_host(self) -> bool:
-        """Whether this rank is the first of its job's launch on this host to ask (where the
-        launcher does not say which is: pgdash_agent.reader.claim)."""
-        self._host_claim = reader.claim(
-            json.dumps([self.config.server, self.job, self._identity.get("attempt")]))
-        return self._host_claim is not None
 
     def _auth(self) -> dict[str, Any]:
         return {"v": PROTOCOL_VERSION, "token": self.config.token, "session": self.session,

@@ -5,10 +5,10 @@ another rank's agent on its host reads it with py-spy instead (a ``peer`` questi
 pgdash_agent.native.peer_dump). Where no other rank of the host answers (a rank alone on its
 host, or every rank of the host blocked at once) nobody could. So the agent of the host's
 first rank (``LOCAL_RANK`` 0, or a rank alone: ``LOCAL_WORLD_SIZE`` 1; where the launcher
-sets neither, as ``mp.spawn`` and a bare ``python``, the first of the job's ranks on the host to
-:func:`claim` it) starts this process where py-spy is installed (:func:`start`;
-``PGDASH_HOST_READER=0`` turns it off). It runs no
-training code and imports no torch, so it answers whatever the ranks are doing.
+sets neither, as ``mp.spawn`` and a bare ``python``, the first of the job's ranks on the host
+to :func:`claim` it) starts this process where py-spy is installed (:func:`start`;
+``PGDASH_HOST_READER=0`` turns it off). It runs no training code and imports no torch, so it
+answers whatever the ranks are doing.
 
 It holds one protocol v2 connection (a hello with the starting rank's auth and ``reader``: its
 own pid) and only answers the server's ``peer`` questions, each with a
