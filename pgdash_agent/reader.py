@@ -47,6 +47,7 @@ PARENT_POLL_S = 1.0  # how often it checks that the rank that started it still r
 RETRY_S = (1.0, 10.0)  # reconnection back-off, first and most
 # The server's refusal of a reader whose rank it has not placed (yet): asked again later.
 NOT_YET = "has not connected to this server process"
+SWEEP = 32  # claims left behind by killed ranks removed at each claim, at most
 
 
 def wanted(environ: Mapping[str, str], py_spy: str | None, enabled: bool,
@@ -70,24 +71,50 @@ def claim(key: str) -> tuple[int, str] | None:
     process holds it, or no claim can be made here (then nobody starts a reader: never two).
     Never raises; never waits."""
     try:
-        import fcntl
-
         base = Path(tempfile.gettempdir()) / f"pgdash-{os.getuid()}"
         base.mkdir(mode=0o700, exist_ok=True)
         st = base.lstat()  # (not a link, nor a directory another user made to catch ours)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             return None
         name = base / f"reader-{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock"
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return None
-        return fd, str(name)
+        _sweep(base, name)
+        fd = _lock(name)
+        return None if fd is None else (fd, str(name))
     except Exception as exc:
         log.debug("pgdash: no host reader claim (%s)", exc)
         return None
+
+
+def _lock(name: Path) -> int | None:
+    """The open file ``name``, locked by this process; None if another holds it."""
+    import fcntl
+
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _sweep(base: Path, mine: Path) -> None:
+    """Remove claims their holders left behind (a rank killed keeps no lock, but its file
+    stays): at most SWEEP of them, each older than a minute, so that a launch that is
+    claiming right now is never swept from under it."""
+    old = time.time() - 60
+    for path in list(base.glob("reader-*.lock"))[:SWEEP]:
+        try:
+            if path == mine or path.lstat().st_mtime > old:
+                continue
+            fd = _lock(path)
+            if fd is not None:  # nobody holds it: left behind
+                try:
+                    path.unlink()
+                finally:
+                    os.close(fd)
+        except OSError:
+            continue
 
 
 def release(held: tuple[int, str] | None) -> None:

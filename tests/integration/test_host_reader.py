@@ -84,6 +84,22 @@ def test_one_process_of_a_host_claims_its_reader_until_it_ends_or_lets_go(tmp_pa
     reader.release(held)
     assert not Path(held[1]).exists()
     assert other("job-a")
+    # A claim a killed rank left behind is swept by the next claim once a minute old; one
+    # held, or younger (a launch claiming right now), is not.
+    left = reader.claim("job-d")
+    os.close(left[0])  # as the kernel does for a killed rank: the lock goes, the file stays
+    young = reader.claim("job-e")
+    os.close(young[0])
+    held_old = reader.claim("job-f")
+    for path in (left[1], held_old[1]):
+        os.utime(path, (time.time() - 120, time.time() - 120))
+    again = reader.claim("job-g")
+    assert not Path(left[1]).exists()
+    assert Path(young[1]).exists() and Path(held_old[1]).exists()
+    assert not other("job-f")  # still held: never swept
+    reader.release(again)
+    reader.release(held_old)
+    Path(young[1]).unlink()  # (its descriptor is closed already)
     # A directory of another user's making (or a link) is not used: no claim, no reader.
     mine = tmp_path / f"pgdash-{os.getuid()}"
     for entry in mine.iterdir():

@@ -262,8 +262,9 @@ def test_ranks_started_without_local_rank_have_a_host_reader_too(tmp_path):
     server = _server(tmp_path, 600)
     procs = []
     try:
-        _, view = _read_by_host_reader(server, tmp_path, "gilspawn", {"LOCAL_RANK": None},
-                                       procs)
+        # (TMPDIR: the claim's file, which the killed ranks leave behind, stays the test's)
+        _, view = _read_by_host_reader(server, tmp_path, "gilspawn",
+                                       {"LOCAL_RANK": None, "TMPDIR": str(tmp_path)}, procs)
         outside = [view["ranks"][r]["read_from_outside"] for r in ("0", "1")]
         assert len({o["by"] for o in outside}) == 1 and outside[0]["by"] in (0, 1), outside
         pid = outside[0]["reader_pid"]
