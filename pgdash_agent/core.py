@@ -20,6 +20,7 @@ import functools
 import json
 import logging
 import os
+import socket
 import sys
 import time
 import uuid
@@ -138,6 +139,9 @@ class Agent:
                 self.config.host_reader and self.config.peer_read, self._claim_host):
             self.host_reader = reader.start(self.config.server, self._auth(),
                                             self.config.ca_file)
+            if self.host_reader is None:  # another rank of the host may start one
+                reader.release(self._host_claim)
+                self._host_claim = None
         return self
 
     def detach(self, timeout: float | None = None, *, reason: str = "detach") -> bool:
@@ -186,9 +190,13 @@ class Agent:
 
     def _claim_host(self) -> bool:
         """Whether this rank is the first of its job's launch on this host to ask (where the
-        launcher does not say which is: pgdash_agent.reader.claim)."""
-        self._host_claim = reader.claim(
-            json.dumps([self.config.server, self.job, self._identity.get("attempt")]))
+        launcher does not say which is: pgdash_agent.reader.claim). The launch is its job's
+        name and attempt, the process that started the ranks (mp.spawn's parent, a launching
+        shell; a job named by nothing but its script may run twice at once) and the host (a
+        temporary directory may be shared between hosts)."""
+        self._host_claim = reader.claim(json.dumps(
+            [self.config.server, self.job, self._identity.get("attempt"), os.getppid(),
+             socket.gethostname()]))
         return self._host_claim is not None
 
     def stats(self) -> dict[str, Any]:

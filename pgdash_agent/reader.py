@@ -73,8 +73,10 @@ def claim(key: str) -> tuple[int, str] | None:
     try:
         base = Path(tempfile.gettempdir()) / f"pgdash-{os.getuid()}"
         base.mkdir(mode=0o700, exist_ok=True)
-        st = base.lstat()  # (not a link, nor a directory another user made to catch ours)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        st = base.lstat()  # (not a link, nor a directory another user made or may write to)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            log.warning("pgdash: %s is not a directory of this user's alone: no host reader "
+                        "is started from this rank (set TMPDIR elsewhere)", base)
             return None
         name = base / f"reader-{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock"
         _sweep(base, name)
@@ -86,27 +88,46 @@ def claim(key: str) -> tuple[int, str] | None:
 
 
 def _lock(name: Path) -> int | None:
-    """The open file ``name``, locked by this process; None if another holds it."""
+    """The open file ``name``, locked by this process; None if another holds it. A file
+    removed between its opening and its locking (its holder released it, or a sweep took
+    it) is not the claim any more: locked, it would let a second process claim the same
+    name. So the lock counts only on the file still at ``name``."""
     import fcntl
 
-    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    for _ in range(3):
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        if _still_at(fd, name):
+            return fd
+        os.close(fd)  # a removed file's: try the one there now
+    return None
+
+
+def _still_at(fd: int, name: Path) -> bool:
+    """Whether the open file ``fd`` is the one at ``name``."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        there, held = os.lstat(name), os.fstat(fd)
     except OSError:
-        os.close(fd)
-        return None
-    return fd
+        return False
+    return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _sweep(base: Path, mine: Path) -> None:
     """Remove claims their holders left behind (a rank killed keeps no lock, but its file
     stays): at most SWEEP of them, each older than a minute, so that a launch that is
     claiming right now is never swept from under it."""
-    old = time.time() - 60
-    for path in list(base.glob("reader-*.lock"))[:SWEEP]:
+    old, tried = time.time() - 60, 0
+    for path in base.glob("reader-*.lock"):
         try:
             if path == mine or path.lstat().st_mtime > old:
                 continue
+            if tried >= SWEEP:
+                return
+            tried += 1
             fd = _lock(path)
             if fd is not None:  # nobody holds it: left behind
                 try:

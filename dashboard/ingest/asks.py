@@ -332,7 +332,8 @@ class Asks:
                     request.unread[rank] = (
                         "no other rank of its host answered (alone there, or all silent), and "
                         "no host reader of it is connected here (pgdash_agent.reader: it needs "
-                        "py-spy on the host), so nobody there could read it"
+                        "py-spy on the host and protocol v2, and PGDASH_HOST_READER and "
+                        "PGDASH_PEER_READ left on), so nobody there could read it"
                         if not readers else
                         "the ranks of its host that answered have disconnected since, and no "
                         "host reader of it is connected here")
@@ -456,6 +457,7 @@ def silent_ranks(state: Any, request: Request, early: dict[int, dict[str, Any]]
     the GIL held cannot answer Socket.IO's pings either), and those asked through another
     process (clustered)."""
     answered = set(state.snapshots.get(request.id, {})) | set(early)
+    relayed = set(request.relayed)
     index = state.rank_index()
     by_host: dict[str, list[tuple[int, str]]] = {}
     for rank in sorted(answered):
@@ -464,9 +466,13 @@ def silent_ranks(state: Any, request: Request, early: dict[int, dict[str, Any]]
             by_host.setdefault(r.host, []).append((rank, r.session))
     out = []
     for rank in sorted((set(request.sessions.values()) | set(request.not_connected)
-                        | set(request.relayed)) - answered):
+                        | relayed) - answered):
         r = index.get(rank)
         if r is None or r.pid is None or r.status not in (RankStatus.RUNNING, RankStatus.LOST):
+            continue
+        if rank in relayed and r.last_seen > request.asked_at:
+            # Its agent spoke since the question (through another process): alive, and its
+            # answer may just not be folded here yet. py-spy would pause it for nothing.
             continue
         out.append((rank, r.pid, r.host, by_host.get(r.host, [])))
     return out

@@ -823,7 +823,8 @@ def test_a_silent_rank_alone_on_its_host_says_why_nobody_read_it(server, watched
         expect(missing.locator(".snapshot-outside")).to_have_text(
             "Not read from outside: no other rank of its host answered (alone there, or all "
             "silent), and no host reader of it is connected here (pgdash_agent.reader: it "
-            "needs py-spy on the host), so nobody there could read it", timeout=15_000)
+            "needs py-spy on the host and protocol v2, and PGDASH_HOST_READER and "
+            "PGDASH_PEER_READ left on), so nobody there could read it", timeout=15_000)
         expect(missing).to_contain_text("py-spy dump --native --pid 1001` on node-b")
         assert not [m for m in agents[0].asked if m["what"] == "peer"]
         watched.assert_clean()

@@ -74,36 +74,65 @@ def test_one_process_of_a_host_claims_its_reader_until_it_ends_or_lets_go(tmp_pa
                               cwd=ROOT, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
         return done.stdout.strip() == "True"
 
-    held = reader.claim("job-a")
-    assert held is not None and Path(held[1]).parent.parent == tmp_path
-    assert reader.claim("job-a") is None  # (a second claim in this process: refused too)
-    assert not other("job-a")
-    assert other("job-b")  # another launch has a claim of its own
-    # The process that held job-b ended without letting go: the kernel let go for it.
-    assert other("job-b")
-    reader.release(held)
-    assert not Path(held[1]).exists()
-    assert other("job-a")
-    # A claim a killed rank left behind is swept by the next claim once a minute old; one
-    # held, or younger (a launch claiming right now), is not.
-    left = reader.claim("job-d")
-    os.close(left[0])  # as the kernel does for a killed rank: the lock goes, the file stays
-    young = reader.claim("job-e")
-    os.close(young[0])
-    held_old = reader.claim("job-f")
-    for path in (left[1], held_old[1]):
-        os.utime(path, (time.time() - 120, time.time() - 120))
-    again = reader.claim("job-g")
-    assert not Path(left[1]).exists()
-    assert Path(young[1]).exists() and Path(held_old[1]).exists()
-    assert not other("job-f")  # still held: never swept
-    reader.release(again)
-    reader.release(held_old)
-    Path(young[1]).unlink()  # (its descriptor is closed already)
-    # A directory of another user's making (or a link) is not used: no claim, no reader.
+    held = []  # released whatever fails
+    try:
+        held.append(reader.claim("job-a"))
+        assert held[0] is not None and Path(held[0][1]).parent.parent == tmp_path
+        assert reader.claim("job-a") is None  # (a second claim in this process: refused too)
+        assert not other("job-a")
+        assert other("job-b")  # another launch has a claim of its own
+        # The process that held job-b ended without letting go: the kernel let go for it.
+        assert other("job-b")
+        reader.release(held.pop())
+        assert other("job-a")
+        # A claim a killed rank left behind is swept by the next claim once a minute old;
+        # one held, or younger (a launch claiming right now), is not.
+        left = reader.claim("job-d")
+        os.close(left[0])  # as the kernel does for a killed rank: the lock goes, the file stays
+        young = reader.claim("job-e")
+        os.close(young[0])
+        held.append(reader.claim("job-f"))
+        for path in (left[1], held[-1][1]):
+            os.utime(path, (time.time() - 120, time.time() - 120))
+        held.append(reader.claim("job-g"))
+        assert not Path(left[1]).exists()
+        assert Path(young[1]).exists() and Path(held[-2][1]).exists()
+        assert not other("job-f")  # still held: never swept
+    finally:
+        for claimed in held:
+            reader.release(claimed)
+
+
+def test_a_claim_whose_file_went_before_it_was_locked_is_no_claim(tmp_path):
+    """Opened just before its holder released it (or a sweep took it), then locked: that
+    file is gone, and the lock on it must not count, or a later rank claims beside it."""
+    name = tmp_path / "reader-x.lock"
+    gone = os.open(name, os.O_RDWR | os.O_CREAT)
+    name.unlink()
+    name.touch()  # the next claimant's
+    try:
+        assert not reader._still_at(gone, name)
+    finally:
+        os.close(gone)
+    fd = reader._lock(name)
+    try:
+        assert fd is not None and reader._still_at(fd, name)
+    finally:
+        os.close(fd)
+
+
+def test_a_claim_in_a_directory_not_this_users_alone_is_refused(tmp_path, monkeypatch):
+    """A link, or a directory others may write to: no claim, so no reader."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
     mine = tmp_path / f"pgdash-{os.getuid()}"
-    for entry in mine.iterdir():
-        entry.unlink()
-    mine.rmdir()
     mine.symlink_to(tmp_path)
     assert reader.claim("job-c") is None
+    mine.unlink()
+    mine.mkdir(mode=0o700)
+    mine.chmod(0o777)
+    assert reader.claim("job-c") is None
+    mine.chmod(0o700)
+    held = reader.claim("job-c")
+    assert held is not None
+    reader.release(held)

@@ -268,7 +268,9 @@ def test_ranks_started_without_local_rank_have_a_host_reader_too(tmp_path):
         outside = [view["ranks"][r]["read_from_outside"] for r in ("0", "1")]
         assert len({o["by"] for o in outside}) == 1 and outside[0]["by"] in (0, 1), outside
         pid = outside[0]["reader_pid"]
-        assert outside[1]["reader_pid"] == pid  # one reader for the host
+        assert outside[1]["reader_pid"] == pid  # one reader for the host ...
+        assert "pgdash_host_readers 1.0" in urllib.request.urlopen(  # ... and only one
+            server.url + "/metrics", timeout=10).read().decode()
     finally:
         _stop(procs)
         server.stop()

@@ -268,7 +268,8 @@ def test_a_silent_rank_is_read_from_outside_by_a_rank_of_its_host_that_answered(
     assert view["ranks"]["2"]["read_from_outside"] == {  # why nobody read it
         "error": "no other rank of its host answered (alone there, or all silent), and no "
                  "host reader of it is connected here (pgdash_agent.reader: it needs py-spy "
-                 "on the host), so nobody there could read it"}
+                 "on the host and protocol v2, and PGDASH_HOST_READER and PGDASH_PEER_READ "
+                 "left on), so nobody there could read it"}
     late = views.request_view(log.state(), made, clock.t + PEER_AFTER_S + ANSWER_WAIT_S)
     assert late["ranks"]["1"]["read_from_outside"] == {
         "by": 0, "error": "its agent did not answer that question either"}
@@ -742,6 +743,11 @@ def test_clustered_a_silent_rank_connected_elsewhere_is_read_through_that_proces
     b.deliver([], {**relayed[1][1], "what": "snapshot"}, (1, "node1"))
     b.deliver([], relayed[1][1], (1, "node7"))
     assert len(reader_sent) == 1
+    # A relayed rank heard since the question has a live agent (its answer may only be
+    # unfolded here yet): not paused by py-spy for nothing.
+    assert [r[0] for r in asks_module.silent_ranks(log.state(), made, {})] == [1, 2]
+    log.add("s1", "heartbeat", {"groups": []}, t=made.asked_at + 1)
+    assert [r[0] for r in asks_module.silent_ranks(log.state(), made, {})] == [2]
 
 
 def test_a_host_readers_reading_is_drawn_on_its_ranks_track_with_the_dump():
