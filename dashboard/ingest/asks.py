@@ -40,6 +40,9 @@ MAX_EARLY = 256
 # blocked in C with the GIL held), this many such ranks a request at most.
 PEER_AFTER_S = 3.0
 MAX_PEER_ASKS = 8
+# Clustered, a rank asked through another process whose agent's events are timed this long
+# after the request (its own clock: a heartbeat a second) was heard since: not silent.
+HEARD_MARGIN_S = 1.0
 
 
 class TooSoon(Exception):
@@ -470,7 +473,7 @@ def silent_ranks(state: Any, request: Request, early: dict[int, dict[str, Any]]
         r = index.get(rank)
         if r is None or r.pid is None or r.status not in (RankStatus.RUNNING, RankStatus.LOST):
             continue
-        if rank in relayed and r.last_seen > request.asked_at:
+        if rank in relayed and r.last_seen > request.asked_at + HEARD_MARGIN_S:
             # Its agent spoke since the question (through another process): alive, and its
             # answer may just not be folded here yet. py-spy would pause it for nothing.
             continue
