@@ -139,7 +139,7 @@ class Agent:
                 self.config.host_reader and self.config.peer_read, self._claim_host):
             self.host_reader = reader.start(self.config.server, self._auth(),
                                             self.config.ca_file)
-            if self.host_reader is None:  # another rank of the host may start one
+            if self.host_reader is None:  # a rank of the host that attaches later may
                 reader.release(self._host_claim)
                 self._host_claim = None
         return self
@@ -194,9 +194,12 @@ class Agent:
         name and attempt, the process that started the ranks (mp.spawn's parent, a launching
         shell; a job named by nothing but its script may run twice at once) and the host (a
         temporary directory may be shared between hosts)."""
-        self._host_claim = reader.claim(json.dumps(
-            [self.config.server, self.job, self._identity.get("attempt"), os.getppid(),
-             socket.gethostname()]))
+        try:
+            key = json.dumps([self.config.server, self.job, self._identity.get("attempt"),
+                              os.getppid(), socket.gethostname()], default=str)
+        except Exception:  # (never into training code: no claim, no reader)
+            return False
+        self._host_claim = reader.claim(key)
         return self._host_claim is not None
 
     def stats(self) -> dict[str, Any]:
