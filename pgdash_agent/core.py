@@ -159,6 +159,10 @@ class Agent:
             self.ddp.uninstall()
             self.groups.uninstall()
             self.loop.stop()
+            # Async works (DDP's buckets through the comm hook) that completed since the
+            # loop's last look: on a crowded host the loop may not end its pass within
+            # stop's wait, and what it records after the last summary is never sent.
+            self.tracker.poll_async()
             if self.gpu is not None:
                 self.gpu.close()
             if self.config.flight_stats:  # the last C++ collectives, whatever the budget
