@@ -382,10 +382,9 @@ class RecentWindows:
         self.hist = np.zeros((n, width + 1, k), np.uint16)
         self.buckets[:, :width] = read("buckets", np.uint16, (n, width, k))
         counts = read("hist", np.uint32, (n, width, k))  # (stored as 32-bit counts)
-        row, slot, pair = np.nonzero(counts >= SATURATED)
         self.hist[:, :width] = np.minimum(counts, SATURATED)
-        for key in zip(row.tolist(), slot.tolist(), pair.tolist()):
-            self._over[key] = int(counts[key])
+        big = np.nonzero(counts >= SATURATED)  # (their cells only: rare)
+        self._put_counts(*big, counts[big])
         self.head = np.zeros(n, np.int64)
         used = self.buckets[self.hist > 0]
         self.span = (int(used.min()), int(used.max())) if len(used) else (HIST_MAX, 0)
