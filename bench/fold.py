@@ -154,6 +154,8 @@ def moments(log: list[dict], hang_at: float | None, hang_for: float) -> list[int
 def canonical(value):
     """JSON-able, order-stable form of what the state shows (tuple keys as strings, deques
     as lists, sets sorted, objects as their __dict__)."""
+    if type(value).__name__ == "LatencyTable":  # the totals as columns (dashboard.state.totals)
+        value = dict(value.items())
     if isinstance(value, dict):
         return {json.dumps(canonical(k), sort_keys=True) if not isinstance(k, str) else k:
                 canonical(v) for k, v in value.items()}
@@ -167,7 +169,10 @@ def canonical(value):
         return repr(value)  # exact
     if hasattr(value, "__dataclass_fields__"):
         import dataclasses
-        return {f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out = {f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if type(value).__name__ == "LatencyStats":  # a histogram's buckets in no set order
+            out["hist"] = dict(sorted(out["hist"].items(), key=lambda kv: int(kv[0])))
+        return out
     return value
 
 

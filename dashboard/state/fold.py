@@ -12,9 +12,11 @@ from __future__ import annotations
 import collections
 from typing import Any, Hashable, Iterable, Protocol, TypeVar
 
-from dashboard.state.latency import LatencyStats, add_summary, per_family, upgraded_windows
+from dashboard.state.latency import LatencyStats, per_family, upgraded_windows
 from dashboard.state.readings import GpuHistory
 from dashboard.state.recent import RecentWindows
+from dashboard.state.summaries import fold_summaries
+from dashboard.state.totals import LatencyTable
 from dashboard.state.records import TERMINAL_RANK, RankState, StoredEvent, family_of
 
 # Events that leave the job summary (status, world size, backend, start) as it was, unless
@@ -34,6 +36,8 @@ MAX_ERRORS = 200  # verbatim error texts kept per job (the log keeps them all)
 MAX_SNAPSHOT_ANSWERS = 2048  # snapshot answers kept, of the newest requests
 MAX_PEER_REQUESTS = 32  # requests whose "peer" readings are kept ...
 MAX_PEER_RANKS = 16  # ... of this many silent ranks each (the server asks for 8 at most)
+# Latency summaries waiting to be folded together, at most (~10 MB of bodies; see _pending)
+PENDING_SUMMARIES = 4096
 F = TypeVar("F", bound="Fold")  # apply_all returns what it was called on (a JobState)
 # (class, event kind) -> its handler (Fold._on_<kind>), or None for a kind not folded
 _HANDLERS: dict[tuple[type, str], Any] = {}
@@ -66,9 +70,14 @@ class Fold:
         self.name = name
         self.sessions: dict[str, RankState] = {}
         self.groups: dict[str, dict[str, Any]] = {}
+        # Latency summaries (rank, coll_stats body) applied and not yet folded: they are
+        # folded together (dashboard.state.latency.fold_summaries) when the tables they go
+        # into (collectives, op_seconds, recent) are read, before a change of what folding
+        # them depends on (a group's family, a new attempt), or PENDING_SUMMARIES wait.
+        self._pending: list[tuple[int, dict[str, Any]]] = []
         # (group, op, rank, source) -> stats; source "wrapper" (Python-issued) or
         # "flight_recorder" (issued from C++, read from the Flight Recorder)
-        self.collectives: dict[tuple[str, str, int, str], LatencyStats] = {}
+        self._collectives = LatencyTable()
         self.progress: dict[tuple[str, int], dict[str, Any]] = {}
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
@@ -80,13 +89,13 @@ class Fold:
         # group together, for the straggler and slow rules (the histograms' quantiles tell a
         # peer late at nearly every collective from a few long waits, or from waits spread
         # at random) and the heat map, as columns (dashboard.state.recent)
-        self.recent = RecentWindows()
+        self._recent = RecentWindows()
         # (group, rank) -> per heartbeat (t, samples in flight, samples) of the Flight Recorder,
         # for groups whose collectives run in C++ (how long a rank waits inside DDP's)
         self.fr_tallies: dict[tuple[str, int], collections.deque] = {}
         # (family, op, source) -> whole second of the agents' clocks -> every rank's summaries
         # (the latency chart's; OP_SECONDS of them; older checkpoints hold group names)
-        self.op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]] = {}
+        self._op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]] = {}
         self.family_of: dict[str, str] = {}  # group name -> its family (records.family_of)
         # request id -> rank -> its answer (pgdash_agent.snapshots), of the newest requests
         self.snapshots: dict[str, dict[int, dict[str, Any]]] = {}
@@ -111,10 +120,20 @@ class Fold:
         self._memo: dict[Hashable, Any] = {}  # see memo()
         self._memo_applied = 0
 
+    def __getstate__(self) -> dict[str, Any]:
+        self.fold_pending()
+        data = dict(self.__dict__)
+        del data["_pending"]
+        return data
+
     def __setstate__(self, data: dict[str, Any]) -> None:
         """A stored checkpoint's state; one an earlier pgdash stored has its latency
-        summaries upgraded to today's windows (see latency.upgraded_windows)."""
+        totals and summaries upgraded to today's tables (see latency.upgraded_windows)."""
+        for name in ("collectives", "op_seconds", "recent"):  # earlier versions' names
+            if name in data:
+                data["_" + name] = data.pop(name)
         self.__dict__.update(data)
+        self._pending = []
         self.__dict__.setdefault("exit_rows", {})  # checkpoints of earlier versions
         self.__dict__.setdefault("snapshots", {})
         self.__dict__.setdefault("snapshot_answers", 0)
@@ -125,10 +144,46 @@ class Fold:
                 self.gpu_history[rank] = GpuHistory(GPU_HISTORY, history)
         if "family_of" not in data:  # checkpoints of earlier versions: series per group
             self.family_of = {name: family_of(g) for name, g in self.groups.items()}
-            self.op_seconds = per_family(self.op_seconds, self.family_of)
-        if isinstance(self.recent, dict):
+            self._op_seconds = per_family(self._op_seconds, self.family_of)
+        if isinstance(self._recent, dict):
             # Checkpoints of earlier versions: a deque of tuples per (group, rank).
-            self.recent = upgraded_windows(self.recent)
+            self._recent = upgraded_windows(self._recent)
+        if isinstance(self._collectives, dict):  # earlier versions: LatencyStats per key
+            self._collectives = LatencyTable.of(self._collectives)
+
+    # -- the latency tables (folded when read) -------------------------------------------------
+
+    def fold_pending(self) -> None:
+        """Fold the latency summaries applied since the last time (see ``_pending``)."""
+        if self._pending:
+            batch, self._pending = self._pending, []
+            fold_summaries(self._collectives, self._op_seconds, self._recent, batch,
+                           self.family_of)
+
+    @property
+    def collectives(self) -> LatencyTable:
+        self.fold_pending()
+        return self._collectives
+
+    @property
+    def op_seconds(self) -> dict[tuple[str, str, str], dict[int, LatencyStats]]:
+        self.fold_pending()
+        return self._op_seconds
+
+    @op_seconds.setter
+    def op_seconds(self, value: dict[tuple[str, str, str], dict[int, LatencyStats]]) -> None:
+        self.fold_pending()
+        self._op_seconds = value
+
+    @property
+    def recent(self) -> RecentWindows:
+        self.fold_pending()
+        return self._recent
+
+    @recent.setter
+    def recent(self, value: RecentWindows) -> None:
+        self.fold_pending()
+        self._recent = value
 
     # -- the fold ----------------------------------------------------------------------------
 
@@ -225,6 +280,7 @@ class Fold:
     def _on_group(self, r: RankState, body: dict[str, Any], t: float) -> None:
         group = self.groups.get(body["name"])
         if group is None or group["ranks"] != body["ranks"]:
+            self.fold_pending()  # the summaries so far count in the family they had
             group = self.groups[body["name"]] = {"name": body["name"],
                                                  "desc": body.get("desc"),
                                                  "backend": body.get("backend"),
@@ -233,8 +289,9 @@ class Fold:
 
     def _on_coll_stats(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is not None and not self._stale(r):
-            add_summary(self.collectives, self.op_seconds, self.recent, r.rank, body,
-                        self.family_of)
+            self._pending.append((r.rank, body))
+            if len(self._pending) >= PENDING_SUMMARIES:
+                self.fold_pending()
 
     def _on_heartbeat(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.status == "lost":

@@ -134,17 +134,16 @@ class JobState(Fold):
                  ) -> dict[tuple[str, str, str], tuple[LatencyStats, set[str], set[int]]]:
         """(family, op, source) -> (every rank's statistics merged, its groups, its ranks)."""
         families = self.families() if families is None else families
-        merged: dict[tuple[str, str, str], tuple[LatencyStats, set[str], set[int]]] = {}
-        for (g, o, rk, src), s in self.collectives.items():
-            key = (families.get(g, g), o, src)
-            entry = merged.get(key)
-            if entry is None:
-                entry = merged[key] = (LatencyStats(), set(), set())
-            total, groups, ranks = entry
-            total.merge(s)
+        table = self.collectives
+        labels = [(families.get(g, g), o, src) for g, o, _rk, src in table.keys()]
+        merged = table.merged(labels)
+        members: dict[tuple[str, str, str], tuple[set[str], set[int]]] = {
+            label: (set(), set()) for label in merged}
+        for label, (g, _o, rk, _src) in zip(labels, table.keys()):
+            groups, ranks = members[label]
             groups.add(g)
             ranks.add(rk)
-        return merged
+        return {label: (stats, *members[label]) for label, stats in merged.items()}
 
     def families(self) -> dict[str, str]:
         """Group name -> its family: the description it shares with others, else its name."""

@@ -1,17 +1,18 @@
-"""Latency summaries as the fold keeps them: every rank's per-interval rows merged into
-totals, per-second series and the straggler rule's windows.
+"""Latency statistics: LatencyStats (collectives merged: one key's totals, a second of the
+latency chart, a family's), their quantiles, and the readings of what earlier checkpoints
+stored (``upgraded_point``, ``per_family``).
 
 An agent sends a summary of each group's collectives every ``PGDASH_STATS_INTERVAL_S``: per
 (group, op) a count, bytes, the sum and maximum of the times and a histogram (the buckets of
-pgdash_agent.wire). ``add_summary`` is the hottest code of ingest, so it is plain dict
-arithmetic; ``upgraded_point`` reads the windows that earlier checkpoints stored.
+pgdash_agent.wire). dashboard.state.summaries folds them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Any
+
+import numpy as np
 
 from pgdash_agent.wire import hist_bucket, hist_bucket_value
 
@@ -21,6 +22,7 @@ P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})  # the agent's point-to-
 # Seconds of merged summaries kept per (family, op, source) for the latency chart: its 30
 # (dashboard.web.live.TIMELINE_BINS) and two for the summaries of a second still arriving.
 OP_SECONDS = 32
+SATURATED = 2**62  # a sum of counts or bytes, at most (never a real job's)
 
 
 @dataclasses.dataclass
@@ -39,8 +41,8 @@ class LatencyStats:
     resolution_us: float | None = None
 
     def add(self, row: dict[str, Any]) -> None:
-        # The hottest line of ingest (every row of every rank's summary, twice): plain dict
-        # arithmetic.
+        """One summary row added (the definition dashboard.state.summaries folds batches
+        by: tests/unit/test_state.py)."""
         self.count += row["count"]
         self.bytes += row["bytes"]
         self.sum_us += row["sum_us"]
@@ -124,90 +126,16 @@ def per_family(op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]],
     return {key: dict(sorted(series.items())[-OP_SECONDS:]) for key, series in out.items()}
 
 
-def add_summary(collectives: dict[tuple[str, str, int, str], LatencyStats],
-                op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]],
-                recent: RecentWindows,
-                rank: int, body: dict[str, Any], families: dict[str, str]) -> None:
-    """Fold one rank's latency summary (a ``coll_stats`` body) into the job's totals per
-    (group, op, rank, source), the per-second series per (family, op, source) and the recent
-    windows per (group, rank) (dashboard.state.recent).
-
-    The per-second series are what the latency chart draws, per family of groups (all the
-    data-parallel groups of a mesh together): kept per family (``families``: group name ->
-    family, a group not in it counts as its own), there are as many as the mesh has
-    dimensions, not as many as it has groups (at 64 ranks of a 4x4x4 mesh, 163 series of 60
-    seconds were half of the job's state).
-
-    The hottest code of the fold (every row of every rank's summary, three times): one pass
-    per row with LatencyStats.add inlined, what it reads of the row read once (the same
-    arithmetic, in the same order, as ``LatencyStats.add``; see bench/fold.py).
-    """
-    per_group: dict[str, list] = {}  # one point per group and interval, all ops together
-    end = body["end"]
-    second = int(end)
-    for row in body["rows"]:
-        group = row["group"]
-        op = row["op"]
-        source = row.get("source", "wrapper")
-        count = row["count"]
-        nbytes = row["bytes"]
-        sum_us = row["sum_us"]
-        max_us = row["max_us"]
-        pairs = row["hist"]
-        key = (group, op, rank, source)
-        stats = collectives.get(key)
-        if stats is None:
-            stats = collectives[key] = LatencyStats()
-        stats.count += count
-        stats.bytes += nbytes
-        stats.sum_us += sum_us
-        if max_us > stats.max_us:
-            stats.max_us = max_us
-        timing = row.get("timing")
-        if timing == "host_poll":
-            stats.resolution_us = max(stats.resolution_us or 0.0, row.get("resolution_us", 0.0))
-        series_key = (families.get(group, group), op, source)
-        series = op_seconds.get(series_key)
-        if series is None:
-            series = op_seconds[series_key] = {}
-        merged = series.get(second)
-        if merged is None:
-            merged = series[second] = LatencyStats()
-            if len(series) > OP_SECONDS:
-                del series[min(series)]
-        merged.count += count
-        merged.bytes += nbytes
-        merged.sum_us += sum_us
-        if max_us > merged.max_us:
-            merged.max_us = max_us
-        total = stats.hist
-        total_get = total.get
-        second_hist = merged.hist
-        second_get = second_hist.get
-        if timing == "host_poll" or op in P2P_OPS:
-            # Timed to a poll gap, not the collective: kept out of the time-inside-
-            # collectives windows (heat map, straggler), which would read the gaps as waits.
-            # A pipeline's receives wait for the stage before it to compute: no straggler
-            # there either (its bubble makes the first stage wait least, always).
-            for bucket, n in pairs:
-                total[bucket] = total_get(bucket, 0) + n
-                second_hist[bucket] = second_get(bucket, 0) + n
-            continue
-        point = per_group.get(group)
-        if point is None:
-            point = per_group[group] = [end, 0, 0.0, {}]
-        point[1] += count
-        point[2] += sum_us
-        window_hist = point[3]
-        window_get = window_hist.get
-        # The three histograms in one pass over the row's pairs (a third less than three).
-        for bucket, n in pairs:
-            total[bucket] = total_get(bucket, 0) + n
-            second_hist[bucket] = second_get(bucket, 0) + n
-            window_hist[bucket] = window_get(bucket, 0) + n
-    for group, (end, count, sum_us, hist) in per_group.items():
-        # The histogram stays so that the straggler rule can pool intervals.
-        recent.append((group, rank), end, count, sum_us, tuple(_flat(sorted(hist.items()))))
-
-
-_flat = itertools.chain.from_iterable
+def add_capped(total: np.ndarray, at: np.ndarray, values: np.ndarray) -> None:
+    """``total[at] += values`` (int64, in order), where a total would pass SATURATED it stops
+    there (a broken agent's counts; a real job's are far below)."""
+    if not len(at):
+        return
+    values = np.minimum(values, SATURATED)
+    # Whether any total could pass the cap (in floats, which cannot wrap around): not if
+    # the largest plus all that is added stays below it.
+    if float(total.max(initial=0)) + float(values.sum(dtype=float)) < SATURATED:
+        np.add.at(total, at, values)
+        return
+    for i, v in zip(at.tolist(), values.tolist()):
+        total[i] = min(int(total[i]) + v, SATURATED)

@@ -3,7 +3,7 @@ every (group, rank) of a job, kept as columns (numpy arrays), not as a tuple per
 
 A summary is ``(end, count, sum_us, histogram)``: when its interval ended (the agent's clock),
 the group's collectives in it (all ops together, point-to-point and host-polled rows left
-out: dashboard.state.latency.add_summary), the time spent inside them, and their latency
+out: dashboard.state.summaries), the time spent inside them, and their latency
 histogram (flat: bucket, count, bucket, count, ...; see pgdash_agent.wire).
 
 Why columns: a 1,024-rank job holds ~245,000 summaries (60 per rank and group). As tuples
@@ -255,37 +255,51 @@ class RecentWindows:
                 return
             batch = self._pending[:n]
             del self._pending[:n]  # appended meanwhile: kept for the next flush
-            self._merge(batch)
-            self.generation += 1
-            self._cols = None
+            keys, ends, counts, sums, flats = zip(*batch)  # the batch by field
+            pairs = np.fromiter(map(len, flats), np.int64, n) // 2
+            flat = _ints(list(itertools.chain.from_iterable(flats)))
+            self._merge(list(keys), np.array(ends, float), _ints(counts), np.array(sums, float),
+                        pairs, flat[0::2], flat[1::2])
 
-    def _merge(self, batch: list[tuple]) -> None:
-        """The summaries of ``batch`` appended (vectorised: one pass per array for the whole
-        batch, whatever the rows it touches)."""
+    def extend(self, keys: list[tuple[str, int]], ends: np.ndarray, counts: np.ndarray,
+               sums: np.ndarray, pairs: np.ndarray, buckets: np.ndarray,
+               pair_counts: np.ndarray) -> None:
+        """Append summaries given as columns (what ``append`` takes, one per key, in order):
+        summary i's histogram is the next ``pairs[i]`` of ``buckets`` and ``pair_counts``."""
+        if self._pending:
+            self._flush()
+        if not keys:
+            return
+        with self._lock:
+            self._merge(keys, ends, counts, sums, pairs, buckets, pair_counts)
+
+    def _merge(self, keys: list, ends: np.ndarray, counts: np.ndarray, sums: np.ndarray,
+               pairs: np.ndarray, buckets: np.ndarray, pair_counts: np.ndarray) -> None:
+        """These summaries appended (vectorised: one pass per array for the whole batch,
+        whatever the rows it touches)."""
         width = self.width
         row_of = self._row_of
-        keys, ends, counts, sums, flats = zip(*batch)  # the batch by field
+        n = len(keys)
         added = [key for key in dict.fromkeys(keys) if key not in row_of]
         if added:
             row_of.update(zip(added, range(len(row_of), len(row_of) + len(added))))
             self._keys = self._keys + added  # a new list: Columns hold the old one
-        rows = np.fromiter(map(row_of.__getitem__, keys), np.int64, len(batch))
+        rows = np.fromiter(map(row_of.__getitem__, keys), np.int64, n)
         total = len(self._keys)
         # Each summary's place among its row's new ones, and how many each row gets.
         order = np.argsort(rows, kind="stable")
         sorted_rows = rows[order]
         starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
-        run = np.diff(np.r_[starts, len(batch)])
-        place = np.empty(len(batch), np.int64)
-        place[order] = np.arange(len(batch)) - np.repeat(starts, run)
+        run = np.diff(np.r_[starts, n])
+        place = np.empty(n, np.int64)
+        place[order] = np.arange(n) - np.repeat(starts, run)
         got = np.bincount(rows, minlength=total)
         keep = place >= got[rows] - width  # more than a window's worth: only the newest
         if not keep.all():
-            rows, place = rows[keep], place[keep]
-            kept = keep.tolist()
-            ends, counts, sums, flats = ([v for v, k in zip(field, kept) if k]
-                                         for field in (ends, counts, sums, flats))
-        pairs = np.fromiter(map(len, flats), np.int64, len(flats)) // 2
+            kept_pairs = np.repeat(keep, pairs)
+            buckets, pair_counts = buckets[kept_pairs], pair_counts[kept_pairs]
+            rows, place, ends, counts, sums, pairs = (
+                a[keep] for a in (rows, place, ends, counts, sums, pairs))
         self._grow(total, int(pairs.max(initial=1)))
         # Each row's old summaries move left by as many as it gets (in place: rows that get
         # the same number together, mostly all of them), the cells they leave emptied; their
@@ -305,7 +319,7 @@ class RecentWindows:
         self.sizes = np.minimum(self.sizes + got, width)
         column = width - got[rows] + place
         self.ends[rows, column] = ends
-        self.counts[rows, column] = np.minimum(_ints(counts), COUNT_CAP)
+        self.counts[rows, column] = np.minimum(counts, COUNT_CAP)
         self.sums[rows, column] = sums
         # The new summaries' slots: where the summaries that left were.
         slot = (self.head[rows] + column) % width
@@ -314,15 +328,15 @@ class RecentWindows:
         if self._over:  # the big counts of the summaries that left
             gone = set(zip(rows.tolist(), slot.tolist()))
             self._over = {key: n for key, n in self._over.items() if key[:2] not in gone}
-        if pairs.any():
-            flat = _ints(list(itertools.chain.from_iterable(flats)))
-            which = np.repeat(np.arange(len(flats)), pairs)
+        if len(buckets):
+            which = np.repeat(np.arange(len(pairs)), pairs)
             pair = np.arange(len(which)) - np.repeat(np.cumsum(pairs) - pairs, pairs)
-            buckets = flat[0::2]
             self.buckets[rows[which], slot[which], pair] = buckets
-            self._put_counts(rows[which], slot[which], pair, np.minimum(flat[1::2], HIST_CAP))
+            self._put_counts(rows[which], slot[which], pair, np.minimum(pair_counts, HIST_CAP))
             self.span = (min(self.span[0], int(buckets.min())),
                          max(self.span[1], int(buckets.max())))
+        self.generation += 1
+        self._cols = None
 
     def _put_counts(self, rows: np.ndarray, slots: np.ndarray, pairs: np.ndarray,
                     counts: np.ndarray) -> None:

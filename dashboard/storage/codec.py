@@ -133,7 +133,7 @@ def decode_body(data: bytes) -> dict[str, Any]:
 _ALLOWED = {
     ("dashboard.state.job", "JobState"), ("dashboard.state.records", "RankState"),
     ("dashboard.state.latency", "LatencyStats"), ("dashboard.state.recent", "RecentWindows"),
-    ("dashboard.state.readings", "GpuHistory"),
+    ("dashboard.state.readings", "GpuHistory"), ("dashboard.state.totals", "LatencyTable"),
     # Where checkpoints stored before dashboard.state became a package name them
     ("dashboard.state", "JobState"), ("dashboard.state", "RankState"),
     ("dashboard.state", "LatencyStats"), ("collections", "deque"),

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from dashboard.state import FLIGHT_OP, JobState, LatencyStats, family_of, group_order, rank_row
 
 
@@ -42,12 +44,13 @@ def group_rows(state: JobState) -> list[dict[str, Any]]:
 
 def collective_rows(state: JobState, group: str | None = None, op: str | None = None,
                     rank: int | None = None) -> list[dict[str, Any]]:
+    table = state.collectives
     rows = []
-    for (g, o, rk, src), s in sorted(state.collectives.items(), key=lambda kv: (
-            group_order(kv[0][0]), kv[0][1], kv[0][2], kv[0][3])):
-        if (group is not None and g != group) or (op is not None and o != op) or (
-                rank is not None and rk != rank):
-            continue
+    for g, o, rk, src in sorted((key for key in table.keys() if (
+            (group is None or key[0] == group) and (op is None or key[1] == op)
+            and (rank is None or key[2] == rank))),
+            key=lambda key: (group_order(key[0]), key[1], key[2], key[3])):
+        s = table[(g, o, rk, src)]
         rows.append({"group": g, "op": o, "rank": rk, "count": s.count,
                      "p50_us": s.percentile(0.5), "p99_us": s.percentile(0.99),
                      "max_us": round(s.max_us, 3), "bytes": s.bytes, **_source(src, s)})
@@ -57,16 +60,20 @@ def collective_rows(state: JobState, group: str | None = None, op: str | None = 
 def rank_stat_rows(state: JobState) -> list[dict[str, Any]]:
     """Per rank: collectives over the whole job, and the (group, op) it ran most with
     that row's median latency (one row per rank where collective_rows has one per
-    group and op)."""
-    totals: dict[int, int] = {}
-    top: dict[int, tuple[str, str, LatencyStats]] = {}
-    for (g, o, rk, _src), s in state.collectives.items():
-        totals[rk] = totals.get(rk, 0) + s.count
-        best = top.get(rk)
-        if best is None or s.count > best[2].count:
-            top[rk] = (g, o, s)
-    return [{"rank": rk, "count": totals[rk], "group": g, "op": o,
-             "p50_us": s.percentile(0.5)} for rk, (g, o, s) in sorted(top.items())]
+    group and op; of a rank's (group, op)s run as often, the first seen)."""
+    table = state.collectives
+    if not len(table):
+        return []
+    ranks, inverse = np.unique(np.array(table.key_column(2), np.int64), return_inverse=True)
+    totals = np.zeros(len(ranks), np.int64)
+    np.add.at(totals, inverse, table.count)
+    # Each rank's rows, most collectives first, the first seen first among equals.
+    order = np.lexsort((np.arange(len(inverse)), -table.count, inverse))
+    top = order[np.r_[True, inverse[order][1:] != inverse[order][:-1]]]
+    keys = table.keys()
+    return [{"rank": rk, "count": total, "group": keys[i][0], "op": keys[i][1], "p50_us": p50}
+            for rk, total, i, p50 in zip(ranks.tolist(), totals.tolist(), top.tolist(),
+                                         table.percentiles(0.5, top))]
 
 
 def progress_rows(state: JobState) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 import pytest
 
 from dashboard.state import JobState
+from dashboard.state.totals import LatencyTable
 from dashboard.web import timeline, views
 from tests.helpers.events import Log, hello
 
@@ -272,8 +273,8 @@ def test_a_checkpoint_stored_before_the_state_package_split_loads_and_reads_the_
 
 def _naive_summaries(events):
     """The latency tables as the fold defines them, one row at a time through
-    LatencyStats.add (what add_summary's inlined one-pass arithmetic must equal exactly:
-    values, float sums, and the order of keys, seconds and buckets)."""
+    LatencyStats.add (what dashboard.state.summaries must equal exactly, batch by batch:
+    values, float sums, and the order of keys and seconds)."""
     import collections
 
     from dashboard.state import LatencyStats
@@ -321,25 +322,20 @@ def _naive_summaries(events):
 
 
 def _ordered(table):
-    """A table with its keys' order made visible (dicts compare regardless of order)."""
-    if isinstance(table, dict):
+    """A table with its keys' order made visible (dicts compare regardless of order); a
+    histogram by bucket (what reads one sorts it: the fold keeps no order of buckets)."""
+    if isinstance(table, (dict, LatencyTable)):
         return [(k, _ordered(v)) for k, v in table.items()]
     if hasattr(table, "hist"):
         return (table.count, table.bytes, table.sum_us, table.max_us,
-                list(table.hist.items()), table.resolution_us)
+                sorted(table.hist.items()), table.resolution_us)
     return table
 
 
-def test_a_generated_job_folds_its_latency_summaries_row_by_row_exactly():
-    """bench/fold.py's job (16 ranks of a 2x8 mesh, 70 s: past the 60 s the per-second
-    series and the straggler windows keep), plus the rows a real job rarely sends: a
-    Flight Recorder row timed by host polls, a summary arriving late for a second the
-    series already dropped, a pipeline's receive. Its tables equal the row-at-a-time
-    definition, down to the order of keys and buckets and the last bit of the sums; its
-    straggler (rank 5 waits least, as the one the others wait for) is found."""
+def _generated_events():
+    """bench/fold.py's job (16 ranks of a 2x8 mesh, 70 s) with the rows a real job rarely
+    sends (see the test below)."""
     from bench.fold import T0, build_log
-    from dashboard.diagnosis import Settings
-    from dashboard.diagnosis.rules import diagnose
 
     events = build_log(ranks=16, seconds=70, hang_at=None, slow_rank=5, seed=4)
     session = events[-1]["session"]
@@ -357,6 +353,21 @@ def test_a_generated_job_folds_its_latency_summaries_row_by_row_exactly():
                         "received_at": T0 + 70.2, "kind": "coll_stats", "body": late}]
     for i, ev in enumerate(events, start=1):
         ev["id"] = i
+    return events
+
+
+def test_a_generated_job_folds_its_latency_summaries_row_by_row_exactly():
+    """bench/fold.py's job (16 ranks of a 2x8 mesh, 70 s: past the 60 s the per-second
+    series and the straggler windows keep), plus the rows a real job rarely sends: a
+    Flight Recorder row timed by host polls, a summary arriving late for a second the
+    series already dropped, a pipeline's receive. Its tables equal the row-at-a-time
+    definition, down to the order of keys and seconds and the last bit of the sums; its
+    straggler (rank 5 waits least, as the one the others wait for) is found."""
+    from bench.fold import T0
+    from dashboard.diagnosis import Settings
+    from dashboard.diagnosis.rules import diagnose
+
+    events = _generated_events()
     state = JobState(1, "generated").apply_all(events)
     collectives, op_seconds, recent = _naive_summaries(events)
     assert _ordered(state.collectives) == _ordered(collectives)
@@ -380,6 +391,38 @@ def test_a_generated_job_folds_its_latency_summaries_row_by_row_exactly():
     running = JobState(1, "generated").apply_all(events[:-40])  # before the late row, exits
     findings = diagnose(running, events[-41]["t"] + 0.5, Settings())
     assert {(f["kind"], tuple(f["ranks"])) for f in findings} == {("straggler", (5,))}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_latency_tables_are_the_same_whatever_batches_the_fold_folds_them_in(seed):
+    """The fold keeps latency summaries aside and folds them together when a table is read
+    (dashboard.state.fold, ``_pending``). Read at random moments, and stored and loaded as
+    a checkpoint between, the tables equal the row-at-a-time definition at every moment
+    checked and at the end."""
+    import random
+
+    from dashboard.storage.codec import decode_state, encode_state
+
+    events = _generated_events()
+    rng = random.Random(seed)
+    checks = set(rng.sample(range(len(events)), 3))
+    state = JobState(1, "generated")
+    for i, ev in enumerate(events):
+        state.apply(ev)
+        roll = rng.random()
+        if roll < 0.05:
+            assert isinstance(state.op_seconds, dict)  # reading a table folds what waits
+        elif roll < 0.052:
+            state = decode_state(encode_state(state))
+        if i in checks:
+            collectives, op_seconds, recent = _naive_summaries(events[:i + 1])
+            assert _ordered(state.collectives) == _ordered(collectives)
+            assert _ordered(state.op_seconds) == _ordered(op_seconds)
+            assert state.recent.windows() == {k: list(p) for k, p in recent.items()}
+    collectives, op_seconds, recent = _naive_summaries(events)
+    assert _ordered(state.collectives) == _ordered(collectives)
+    assert _ordered(state.op_seconds) == _ordered(op_seconds)
+    assert state.recent.windows() == {k: list(p) for k, p in recent.items()}
 
 
 def test_a_gpu_reading_folds_faults_and_throttling_as_the_reading_says():

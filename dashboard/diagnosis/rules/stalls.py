@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.p2p import in_p2p, p2p_finding
 from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, View, chain_text,
@@ -32,14 +34,9 @@ def _group_history(state: JobState) -> dict[str, GroupHistory]:
     complete with a real latency (the wrappers', or NCCL's device timing), all ops and ranks
     together. Built once per state version."""
     def build() -> dict[str, GroupHistory]:
-        merged: dict[str, Any] = {}
-        for (group, _op, _rank, _source), stats in state.collectives.items():
-            if stats.resolution_us is not None:
-                continue  # timed to the agent's poll gap (gloo's Flight Recorder): too coarse
-            m = merged.get(group)
-            if m is None:
-                m = merged[group] = type(stats)()
-            m.merge(stats)
+        table = state.collectives
+        # Not the rows timed to the agent's poll gap (gloo's Flight Recorder): too coarse.
+        merged = table.merged(table.key_column(0), np.isnan(table.resolution_us))
         out = {}
         for group, m in merged.items():
             members = len((state.groups.get(group) or {}).get("ranks") or ()) or 1

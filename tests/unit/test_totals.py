@@ -1,0 +1,71 @@
+"""The latency totals as columns (dashboard.state.totals): what their vectorised reads give
+equals what LatencyStats gives one key at a time."""
+
+import math
+import random
+
+import numpy as np
+
+from dashboard.state import LatencyStats
+from dashboard.state.latency import SATURATED
+from dashboard.state.totals import LatencyTable
+
+
+def _random_stats(rng: random.Random) -> dict[tuple, LatencyStats]:
+    out = {}
+    for rank in range(12):
+        for group, op in (("0", "all_reduce"), ("1", "broadcast"), ("0", "barrier")):
+            if rng.random() < 0.2:
+                continue  # not every rank runs every op
+            stats = LatencyStats()
+            for _ in range(rng.randrange(1, 6)):
+                hist = {}
+                for _ in range(rng.randrange(1, 9)):
+                    bucket = rng.randrange(40, 200)
+                    hist[bucket] = hist.get(bucket, 0) + rng.randrange(1, 50)
+                stats.add({"count": sum(hist.values()), "bytes": rng.randrange(1 << 30),
+                           "sum_us": rng.random() * 1e6, "max_us": rng.random() * 3e5,
+                           "hist": list(hist.items())})
+            if rng.random() < 0.2:
+                stats.resolution_us = rng.random() * 500
+            out[(group, op, rank, "wrapper" if rank % 5 else "flight_recorder")] = stats
+    return out
+
+
+def test_a_table_reads_as_the_latency_stats_it_was_made_of():
+    stats = _random_stats(random.Random(7))
+    table = LatencyTable.of(stats)
+    assert list(table) == list(stats) and len(table) == len(stats)
+    for key, expected in stats.items():
+        assert table[key] == expected
+    assert dict(table.items()) == stats
+    rows = np.arange(len(table))
+    for q in (0.0, 0.5, 0.99, 1.0):
+        assert table.percentiles(q, rows) == [s.percentile(q) for s in stats.values()]
+
+
+def test_merged_rows_equal_latency_stats_merged_in_row_order():
+    stats = _random_stats(random.Random(11))
+    table = LatencyTable.of(stats)
+    labels = [(group, source) for group, _op, _rank, source in stats]
+    where = np.array([s.resolution_us is None for s in stats.values()])
+    for mask in (None, where):
+        expected: dict = {}
+        for i, (label, s) in enumerate(zip(labels, stats.values())):
+            if mask is None or mask[i]:
+                expected.setdefault(label, LatencyStats()).merge(s)
+        got = table.merged(labels, mask)
+        assert list(got) == list(expected)
+        for label in expected:  # the float sums too, to the last bit
+            assert got[label] == expected[label], label
+
+
+def test_counts_from_a_broken_agent_stop_at_the_cap_instead_of_wrapping_around():
+    table = LatencyTable()
+    rows = table.rows_of([("0", "all_reduce", 0, "wrapper")] * 3)
+    huge = np.array([2**63 - 1] * 3, np.int64)
+    table.add(rows, huge, huge, np.ones(3), np.ones(3), rows, np.array([5, 5, 6]), huge)
+    stats = table[("0", "all_reduce", 0, "wrapper")]
+    assert stats.count == stats.bytes == SATURATED
+    assert stats.hist == {5: SATURATED, 6: SATURATED} and stats.sum_us == 3.0
+    assert math.isclose(stats.percentile(0.5), table.percentiles(0.5, rows[:1])[0])
