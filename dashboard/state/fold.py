@@ -15,7 +15,7 @@ from typing import Any, Hashable, Iterable, Protocol, TypeVar
 from dashboard.state.latency import LatencyStats, per_family, upgraded_windows
 from dashboard.state.readings import GpuHistory
 from dashboard.state.recent import RecentWindows
-from dashboard.state.summaries import fold_summaries
+from dashboard.state.summaries import PendingSummaries, fold_summaries
 from dashboard.state.totals import LatencyTable
 from dashboard.state.records import TERMINAL_RANK, RankState, StoredEvent, family_of
 
@@ -36,7 +36,7 @@ MAX_ERRORS = 200  # verbatim error texts kept per job (the log keeps them all)
 MAX_SNAPSHOT_ANSWERS = 2048  # snapshot answers kept, of the newest requests
 MAX_PEER_REQUESTS = 32  # requests whose "peer" readings are kept ...
 MAX_PEER_RANKS = 16  # ... of this many silent ranks each (the server asks for 8 at most)
-# Latency summaries waiting to be folded together, at most (~10 MB of bodies; see _pending)
+# Latency summaries waiting to be folded together, at most (~5 MB of columns; see _pending)
 PENDING_SUMMARIES = 4096
 F = TypeVar("F", bound="Fold")  # apply_all returns what it was called on (a JobState)
 # (class, event kind) -> its handler (Fold._on_<kind>), or None for a kind not folded
@@ -70,11 +70,11 @@ class Fold:
         self.name = name
         self.sessions: dict[str, RankState] = {}
         self.groups: dict[str, dict[str, Any]] = {}
-        # Latency summaries (rank, coll_stats body) applied and not yet folded: they are
+        # Latency summaries (coll_stats bodies) applied and not yet folded: they are
         # folded together (dashboard.state.latency.fold_summaries) when the tables they go
         # into (collectives, op_seconds, recent) are read, before a change of what folding
         # them depends on (a group's family, a new attempt), or PENDING_SUMMARIES wait.
-        self._pending: list[tuple[int, dict[str, Any]]] = []
+        self._pending = PendingSummaries()
         # (group, op, rank, source) -> stats; source "wrapper" (Python-issued) or
         # "flight_recorder" (issued from C++, read from the Flight Recorder)
         self._collectives = LatencyTable()
@@ -133,7 +133,7 @@ class Fold:
             if name in data:
                 data["_" + name] = data.pop(name)
         self.__dict__.update(data)
-        self._pending = []
+        self._pending = PendingSummaries()
         self.__dict__.setdefault("exit_rows", {})  # checkpoints of earlier versions
         self.__dict__.setdefault("snapshots", {})
         self.__dict__.setdefault("snapshot_answers", 0)
@@ -156,7 +156,7 @@ class Fold:
     def fold_pending(self) -> None:
         """Fold the latency summaries applied since the last time (see ``_pending``)."""
         if self._pending:
-            batch, self._pending = self._pending, []
+            batch, self._pending = self._pending, PendingSummaries()
             fold_summaries(self._collectives, self._op_seconds, self._recent, batch,
                            self.family_of)
 
@@ -289,7 +289,7 @@ class Fold:
 
     def _on_coll_stats(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is not None and not self._stale(r):
-            self._pending.append((r.rank, body))
+            self._pending.add(r.rank, body)
             if len(self._pending) >= PENDING_SUMMARIES:
                 self.fold_pending()
 

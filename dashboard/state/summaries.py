@@ -29,10 +29,61 @@ _GROUP, _OP, _COUNT, _BYTES, _SUM, _MAX, _HIST = map(operator.itemgetter, (
     "group", "op", "count", "bytes", "sum_us", "max_us", "hist"))
 
 
+class PendingSummaries:
+    """Latency summaries applied and not yet folded, as columns of plain lists: each body's
+    rows are read into them when it is applied, so that the bodies themselves go at once
+    (held until a batch is folded, thousands of decoded dicts made every garbage collection
+    scan them: a replay's fold took twice as long)."""
+
+    def __init__(self) -> None:
+        self.summaries = 0
+        self.ranks: list[int] = []  # per summary
+        self.rows: list[int] = []  # per summary: how many rows
+        self.ends: list[float] = []  # per summary
+        self.groups: list[str] = []  # per row, and so on
+        self.ops: list[str] = []
+        self.counts: list[int] = []
+        self.bytes: list[int] = []
+        self.sums: list[float] = []
+        self.maxes: list[float] = []
+        self.pairs: list[int] = []  # per row: its histogram's (bucket, count) pairs
+        self.hist: list[int] = []  # every row's pairs, flat: bucket, count, bucket, ...
+        # (row, source, timing, resolution_us) of the rows with optional fields: the agent
+        # leaves them out at their defaults
+        self.optional: list[tuple[int, str, str | None, float]] = []
+
+    def __len__(self) -> int:
+        return self.summaries
+
+    def add(self, rank: int, body: dict[str, Any]) -> None:
+        rows = body["rows"]
+        first = len(self.groups)
+        self.summaries += 1
+        self.ranks.append(rank)
+        self.rows.append(len(rows))
+        self.ends.append(body["end"])
+        self.groups += map(_GROUP, rows)
+        self.ops += map(_OP, rows)
+        self.counts += map(_COUNT, rows)
+        self.bytes += map(_BYTES, rows)
+        self.sums += map(_SUM, rows)
+        self.maxes += map(_MAX, rows)
+        hists = list(map(_HIST, rows))
+        self.pairs += map(len, hists)
+        self.hist += _flat(_flat(hists))
+        sizes = list(map(len, rows))
+        if sizes and max(sizes) > _REQUIRED:
+            for i, size in enumerate(sizes):
+                if size > _REQUIRED:
+                    row = rows[i]
+                    self.optional.append((first + i, row.get("source", "wrapper"),
+                                          row.get("timing"), row.get("resolution_us") or 0.0))
+
+
 def fold_summaries(table: LatencyTable, op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]],
-                   recent: RecentWindows, batch: list[tuple[int, dict[str, Any]]],
+                   recent: RecentWindows, batch: PendingSummaries,
                    families: dict[str, str]) -> None:
-    """Fold ranks' latency summaries (``coll_stats`` bodies, as ``(rank, body)`` in log order)
+    """Fold ranks' latency summaries (``coll_stats`` bodies, read into ``batch`` in log order)
     into the job's totals per (group, op, rank, source) (``table``: dashboard.state.totals),
     the per-second series per (family, op, source) and the recent windows per (group, rank)
     (dashboard.state.recent), exactly as folding them one row at a time through
@@ -44,50 +95,36 @@ def fold_summaries(table: LatencyTable, op_seconds: dict[tuple[str, str, str], d
     dimensions, not as many as it has groups (at 64 ranks of a 4x4x4 mesh, 163 series of 60
     seconds were half of the job's state).
 
-    The hottest code of the fold, so a batch at a time: each row's fields are read once into
-    columns (the floor: ~1 us a row), and everything else is array arithmetic over the batch
-    (bench/fold.py).
+    The hottest code of the fold, so a batch at a time: each row's fields were read once
+    into columns, and everything here is array arithmetic over the batch (bench/fold.py).
     """
-    rows: list[dict[str, Any]] = []
-    per_summary = []
-    for _, body in batch:
-        rows += body["rows"]
-        per_summary.append(len(body["rows"]))
-    if not rows:
+    n = len(batch.groups)
+    if not n:
         return
-    n = len(rows)
-    of_summary = np.repeat(np.arange(len(batch)), per_summary)
-    groups = list(map(_GROUP, rows))
-    ops = list(map(_OP, rows))
-    # The optional fields (source, timing, resolution_us), read only where a row has any:
-    # the agent leaves them out at their defaults.
-    optional = [i for i, size in enumerate(map(len, rows)) if size > _REQUIRED]
+    of_summary = np.repeat(np.arange(batch.summaries), batch.rows)
+    groups, ops = batch.groups, batch.ops
     sources = ["wrapper"] * n
     timings: list[str | None] = [None] * n
-    for i in optional:
-        sources[i] = rows[i].get("source", "wrapper")
-        timings[i] = rows[i].get("timing")
-    count = _ints(list(map(_COUNT, rows)))
-    nbytes = _ints(list(map(_BYTES, rows)))
-    sum_us = np.array(list(map(_SUM, rows)), float)
-    max_us = np.array(list(map(_MAX, rows)), float)
-    hists = list(map(_HIST, rows))
-    pairs = np.fromiter(map(len, hists), np.int64, n)
-    flat = _ints(list(_flat(_flat(hists))))
+    for i, source, timing, _ in batch.optional:
+        sources[i], timings[i] = source, timing
+    count, nbytes = _ints(batch.counts), _ints(batch.bytes)
+    sum_us, max_us = np.array(batch.sums, float), np.array(batch.maxes, float)
+    pairs = np.array(batch.pairs, np.int64)
+    flat = _ints(batch.hist)
     buckets, pair_counts = flat[0::2], flat[1::2]
-    rank = np.array([r for r, _ in batch], np.int64)[of_summary].tolist()
+    rank = np.array(batch.ranks, np.int64)[of_summary].tolist()
     key_rows = table.rows_of(list(zip(groups, ops, rank, sources)))
     table.add(key_rows, count, nbytes, sum_us, max_us, np.repeat(key_rows, pairs), buckets,
               pair_counts)
     polled = np.zeros(n, bool)
-    if "host_poll" in timings:
-        for i in [i for i, timing in enumerate(timings) if timing == "host_poll"]:
+    for i, _, timing, resolution_us in batch.optional:
+        if timing == "host_poll":
             polled[i] = True
-            table.widen_resolution(int(key_rows[i]), rows[i].get("resolution_us") or 0.0)
+            table.widen_resolution(int(key_rows[i]), resolution_us)
     group_code, group_names = _codes(groups)
     op_code, op_names = _codes(ops)
     source_code, source_names = _codes(sources)
-    second_code, second_names = _codes([int(body["end"]) for _, body in batch])
+    second_code, second_names = _codes([int(end) for end in batch.ends])
     _fold_seconds(op_seconds, families, group_names, op_names, source_names, second_names,
                   (group_code * len(op_names) + op_code) * len(source_names) + source_code,
                   second_code[of_summary], count, nbytes, sum_us, max_us, pairs, buckets,
@@ -100,7 +137,7 @@ def fold_summaries(table: LatencyTable, op_seconds: dict[tuple[str, str, str], d
     p2p = np.array([name in P2P_OPS for name in op_names])
     timed = ~polled & ~p2p[op_code]
     if timed.any():
-        ends = np.array([body["end"] for _, body in batch], float)
+        ends = np.array(batch.ends, float)
         _append_points(recent, group_names, rank, of_summary, ends, timed,
                        of_summary * len(group_names) + group_code, count, sum_us, pairs,
                        buckets, pair_counts)
