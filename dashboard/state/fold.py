@@ -71,7 +71,7 @@ class Fold:
         self.sessions: dict[str, RankState] = {}
         self.groups: dict[str, dict[str, Any]] = {}
         # Latency summaries (coll_stats bodies) applied and not yet folded: they are
-        # folded together (dashboard.state.latency.fold_summaries) when the tables they go
+        # folded together (dashboard.state.summaries) when the tables they go
         # into (collectives, op_seconds, recent) are read, before a change of what folding
         # them depends on (a group's family, a new attempt), or PENDING_SUMMARIES wait.
         self._pending = PendingSummaries()
@@ -85,6 +85,9 @@ class Fold:
         # (group, rank) -> the progress row as it was when the rank exited (the row itself
         # then shows nothing in flight): what it was waiting in when a hung job was stopped
         self.exit_rows: dict[tuple[str, int], dict[str, Any]] = {}
+        # rank -> its keys of ``progress``, and how many keys there were (progress only
+        # grows, but on a new attempt): built when a rank exits, not stored
+        self._progress_index: tuple[int, dict[int, list[tuple[str, int]]]] | None = None
         # (group, rank) -> recent (end, count, sum_us, histogram) summaries, all ops of the
         # group together, for the straggler and slow rules (the histograms' quantiles tell a
         # peer late at nearly every collective from a few long waits, or from waits spread
@@ -124,6 +127,7 @@ class Fold:
         self.fold_pending()
         data = dict(self.__dict__)
         del data["_pending"]
+        data.pop("_progress_index", None)
         return data
 
     def __setstate__(self, data: dict[str, Any]) -> None:
@@ -134,6 +138,7 @@ class Fold:
                 data["_" + name] = data.pop(name)
         self.__dict__.update(data)
         self._pending = PendingSummaries()
+        self._progress_index = None
         self.__dict__.setdefault("exit_rows", {})  # checkpoints of earlier versions
         self.__dict__.setdefault("snapshots", {})
         self.__dict__.setdefault("snapshot_answers", 0)
@@ -237,9 +242,11 @@ class Fold:
             return
         self.attempt = attempt
         self.attempt_started[attempt] = t
-        for table in (self.progress, self.recent, self.fr_tallies, self.stacks,
+        self.fold_pending()  # the summaries of the attempt before go where they belong
+        for table in (self.progress, self._recent, self.fr_tallies, self.stacks,
                       self.gpu_faults, self.throttled_since):
             table.clear()
+        self._progress_index = None
 
     def _stale(self, r: RankState) -> bool:
         """Whether a session belongs to an attempt the job has left behind."""
@@ -365,10 +372,22 @@ class Fold:
         r.exit_reason = body.get("reason")
         if self._stale(r):
             return
-        for key, row in self.progress.items():
-            if key[1] == r.rank:
-                self.exit_rows[key] = dict(row)
-                row["inflight_op"] = row["inflight_since"] = row["p2p_op"] = None
+        for key in self._progress_keys(r.rank):
+            row = self.progress[key]
+            self.exit_rows[key] = dict(row)
+            row["inflight_op"] = row["inflight_since"] = row["p2p_op"] = None
+
+    def _progress_keys(self, rank: int) -> list[tuple[str, int]]:
+        """The rank's keys of ``progress``. When a job ends, its ranks exit one after the
+        other: a pass over every rank's rows for each was quadratic (16,384 ranks: ~10^9
+        rows looked at), so the keys are indexed by rank once per set of keys."""
+        index = self._progress_index
+        if index is None or index[0] != len(self.progress):
+            by_rank: dict[int, list[tuple[str, int]]] = {}
+            for key in self.progress:
+                by_rank.setdefault(key[1], []).append(key)
+            index = self._progress_index = (len(self.progress), by_rank)
+        return index[1].get(rank, [])
 
     def _on_left(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if body.get("group") is None and r.left_at is None:

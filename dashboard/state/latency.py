@@ -34,8 +34,9 @@ class LatencyStats:
     bytes: int = 0
     sum_us: float = 0.0
     max_us: float = 0.0
-    # bucket -> count. A plain dict, not a Counter: a 256-rank state holds ~36,000 of them,
-    # and unpickling a Counter runs its __init__ (a third of a checkpoint's load time).
+    # bucket -> count. A plain dict, not a Counter: checkpoints of earlier versions hold tens
+    # of thousands (the totals are columns now: dashboard.state.totals), and unpickling a
+    # Counter runs its __init__.
     hist: dict[int, int] = dataclasses.field(default_factory=dict)
     # Flight Recorder rows timed by host polls: their widest poll gap (None: exact timing)
     resolution_us: float | None = None
@@ -137,5 +138,11 @@ def add_capped(total: np.ndarray, at: np.ndarray, values: np.ndarray) -> None:
     if float(total.max(initial=0)) + float(values.sum(dtype=float)) < SATURATED:
         np.add.at(total, at, values)
         return
-    for i, v in zip(at.tolist(), values.tolist()):
+    # Else only the totals that could (with room for the floats' rounding) are added one by
+    # one, exactly; the others as arrays, as fast as ever.
+    added = np.bincount(at, weights=values.astype(float), minlength=len(total))
+    near = (added + total) >= SATURATED / 2
+    risky = near[at]
+    np.add.at(total, at[~risky], values[~risky])
+    for i, v in zip(at[risky].tolist(), values[risky].tolist()):
         total[i] = min(int(total[i]) + v, SATURATED)

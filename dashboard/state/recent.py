@@ -14,9 +14,9 @@ summary in the last column (rows are right-aligned; an empty cell has count 0), 
 job's in the same arrays: a job has hundreds of groups, and an array operation per group
 cost more than the arithmetic itself.
 
-The fold appends one summary at a time, and writing single cells of arrays costs more than
-making a tuple: appends wait in a list and go into the arrays together (vectorised) when the
-windows are read, pickled, or FLUSH_AT of them wait. The histograms are most of the bytes
+The fold appends summaries a batch at a time, as columns (``extend``: dashboard.state.
+summaries); ``append``, one at a time, waits in a list, and its summaries go into the arrays
+together (vectorised) when the windows are read, pickled, or FLUSH_AT of them wait. The histograms are most of the bytes
 (up to K buckets per summary, K the most any summary had), so they never move: they sit in a
 ring per row, and what reads a summary's histogram goes through its slot (``Columns.slots``);
 moving, selecting or reordering summaries moves only their slots.
@@ -152,10 +152,10 @@ def _flat_of(buckets: list[int], counts: list[int]) -> tuple:
 class RecentWindows:
     """The newest RECENT_INTERVALS summaries of each (group, rank) of a job (see the module).
 
-    ``append`` is the fold's (one summary of one rank in one group); ``columns`` the rules'
-    (all rows, as arrays); ``window`` one row's as tuples. Pickled as plain bytes and
-    numbers, so that a checkpoint names no numpy class (dashboard.storage.codec allows only
-    pgdash's own)."""
+    ``extend`` is the fold's (summaries as columns), ``append`` one summary of one rank in
+    one group; ``columns`` the rules' (all rows, as arrays); ``window`` one row's as tuples.
+    Pickled as plain bytes and numbers, so that a checkpoint names no numpy class
+    (dashboard.storage.codec allows only pgdash's own)."""
 
     def __init__(self, width: int = RECENT_INTERVALS) -> None:
         self.width = width

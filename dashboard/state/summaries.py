@@ -19,7 +19,7 @@ import numpy as np
 
 from pgdash_agent.wire import HIST_MAX_BUCKET
 
-from dashboard.state.latency import OP_SECONDS, P2P_OPS, LatencyStats, add_capped
+from dashboard.state.latency import OP_SECONDS, P2P_OPS, SATURATED, LatencyStats, add_capped
 from dashboard.state.recent import RecentWindows, _ints
 from dashboard.state.totals import LatencyTable
 
@@ -57,27 +57,28 @@ class PendingSummaries:
 
     def add(self, rank: int, body: dict[str, Any]) -> None:
         rows = body["rows"]
-        first = len(self.groups)
+        # Every field read before any column grows: a body that lacks one leaves the
+        # columns as they were (validation keeps such bodies out; a stored log may not).
+        hists = list(map(_HIST, rows))
+        read = (list(map(_GROUP, rows)), list(map(_OP, rows)), list(map(_COUNT, rows)),
+                list(map(_BYTES, rows)), list(map(_SUM, rows)), list(map(_MAX, rows)),
+                list(map(len, hists)), list(_flat(_flat(hists))))
+        end = body["end"]
+        sizes = list(map(len, rows))
+        optional = []
+        if sizes and max(sizes) > _REQUIRED:
+            first = len(self.groups)
+            optional = [(first + i, rows[i].get("source", "wrapper"), rows[i].get("timing"),
+                         rows[i].get("resolution_us") or 0.0)
+                        for i, size in enumerate(sizes) if size > _REQUIRED]
         self.summaries += 1
         self.ranks.append(rank)
         self.rows.append(len(rows))
-        self.ends.append(body["end"])
-        self.groups += map(_GROUP, rows)
-        self.ops += map(_OP, rows)
-        self.counts += map(_COUNT, rows)
-        self.bytes += map(_BYTES, rows)
-        self.sums += map(_SUM, rows)
-        self.maxes += map(_MAX, rows)
-        hists = list(map(_HIST, rows))
-        self.pairs += map(len, hists)
-        self.hist += _flat(_flat(hists))
-        sizes = list(map(len, rows))
-        if sizes and max(sizes) > _REQUIRED:
-            for i, size in enumerate(sizes):
-                if size > _REQUIRED:
-                    row = rows[i]
-                    self.optional.append((first + i, row.get("source", "wrapper"),
-                                          row.get("timing"), row.get("resolution_us") or 0.0))
+        self.ends.append(end)
+        for column, values in zip((self.groups, self.ops, self.counts, self.bytes, self.sums,
+                                   self.maxes, self.pairs, self.hist), read):
+            column += values
+        self.optional += optional
 
 
 def fold_summaries(table: LatencyTable, op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]],
@@ -228,15 +229,15 @@ def _fold_seconds(op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]
                pair_counts[held_pairs])
     for stats, n_count, n_bytes, total_us, most_us in zip(
             cells, added_count.tolist(), added_bytes.tolist(), sums.tolist(), maxes.tolist()):
-        stats.count += n_count
-        stats.bytes += n_bytes
+        stats.count = min(stats.count + n_count, SATURATED)  # as add_capped, batch or not
+        stats.bytes = min(stats.bytes + n_bytes, SATURATED)
         stats.sum_us = total_us
         stats.max_us = most_us
     where = np.flatnonzero(added)
     for c, bucket, n_added in zip((where // width).tolist(), (where % width).tolist(),
                                   added[where].tolist()):
         hist = cells[c].hist
-        hist[bucket] = hist.get(bucket, 0) + n_added
+        hist[bucket] = min(hist.get(bucket, 0) + n_added, SATURATED)
 
 
 def _append_points(recent: RecentWindows, group_names: list[str], rank: list[int],
@@ -266,6 +267,10 @@ def _append_points(recent: RecentWindows, group_names: list[str], rank: list[int
     point[rows] = at
     pair_point = np.repeat(point, pairs)
     held = pair_point >= 0
+    if not held.any():  # rows without histograms: points of no bucket
+        recent.extend(keys, point_ends, counts, sums, np.zeros(n, np.int64),
+                      np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return
     low, high = int(buckets[held].min()), int(buckets[held].max())
     width = high - low + 1
     merged = np.zeros(n * width, np.int64)  # per point, its buckets from low to high

@@ -4,7 +4,7 @@ columns (numpy arrays), not as a LatencyStats object per key.
 Why columns: the totals are what the fold does most (every row of every rank's summary), and
 a 1,024-rank job holds ~12,000 of them. Merged one row at a time into a dict per key, a
 9-row summary cost ~50 us of Python; merged as a batch of rows into arrays
-(dashboard.state.latency.fold_summaries) it costs what reading the rows costs.
+(dashboard.state.summaries) it costs what reading the rows costs.
 
 Per key (a row of the table, in the order the keys first came): ``count`` and ``bytes``
 (int64), ``sum_us`` and ``max_us`` (float64, the same sums in the same order as adding the
@@ -208,17 +208,18 @@ class LatencyTable(Mapping):
         return out
 
     def percentiles(self, q: float, rows: np.ndarray) -> list[float | None]:
-        """LatencyStats.percentile(q) of each of these rows, exactly: the middle of the
+        """LatencyStats.percentile(q) of each of these rows (exactly, below 2**53 collectives
+        a key): the middle of the
         bucket where ``q`` of the row's collectives are reached, never above its maximum
         (rounded to the nanosecond); None for a row without any."""
         if not len(rows) or not self.hist.shape[1]:
             return [None] * len(rows)
         hist = self.hist[rows]
-        cumulative = np.cumsum(hist, axis=1)
+        # In floats, which cannot wrap around (exact below 2**53 collectives)
+        cumulative = np.cumsum(hist, axis=1, dtype=float)
         total = cumulative[:, -1]
         # (the first bucket holding any: one with none is no answer, even at q = 0)
-        reached = np.argmax((cumulative >= (q * total.astype(float))[:, None]) & (hist > 0),
-                            axis=1)
+        reached = np.argmax((cumulative >= (q * total)[:, None]) & (hist > 0), axis=1)
         values = BUCKET_VALUES[reached + self.lo].tolist()
         return [round(min(v, m), 3) if t else None
                 for v, m, t in zip(values, self.max_us[rows].tolist(), total.tolist())]

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from dashboard.state import FLIGHT_OP, JobState, LatencyStats, family_of, group_order, rank_row
+from dashboard.state.latency import add_capped
 
 
 def _source(source: str, stats: LatencyStats) -> dict[str, Any]:
@@ -66,7 +67,7 @@ def rank_stat_rows(state: JobState) -> list[dict[str, Any]]:
         return []
     ranks, inverse = np.unique(np.array(table.key_column(2), np.int64), return_inverse=True)
     totals = np.zeros(len(ranks), np.int64)
-    np.add.at(totals, inverse, table.count)
+    add_capped(totals, inverse, table.count)
     # Each rank's rows, most collectives first, the first seen first among equals.
     order = np.lexsort((np.arange(len(inverse)), -table.count, inverse))
     top = order[np.r_[True, inverse[order][1:] != inverse[order][:-1]]]

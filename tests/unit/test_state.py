@@ -425,6 +425,40 @@ def test_the_latency_tables_are_the_same_whatever_batches_the_fold_folds_them_in
     assert state.recent.windows() == {k: list(p) for k, p in recent.items()}
 
 
+def test_a_group_redefined_and_a_new_attempt_find_the_summaries_folded_as_one_at_a_time():
+    """Summaries waiting when a group gets another family, or when the job restarts (a new
+    attempt clears the windows; the old attempt's sessions count no more), are folded as
+    if each had been folded when it came: the same tables as reading them after every
+    event (a batch of one summary each)."""
+    from bench.fold import T0
+
+    events = _generated_events()
+    cut, later = len(events) // 3, 2 * len(events) // 3
+    session = events[-1]["session"]
+    extra = [(cut, {"id": 0, "session": session, "seq": None, "t": T0 + 20, "received_at":
+                    T0 + 20, "kind": "group", "body": {"name": "0", "desc": "renamed",
+                                                       "backend": "gloo",
+                                                       "ranks": list(range(15))}}),
+             (later, {"id": 0, "session": session, "seq": None, "t": T0 + 45,
+                      "received_at": T0 + 45, "kind": "hello",
+                      "body": {**hello(15, world=16), "attempt": 1}})]
+    for at, ev in reversed(extra):
+        events.insert(at, ev)
+    for i, ev in enumerate(events, start=1):
+        ev["id"] = i
+    batched = JobState(1, "generated").apply_all(events)
+    one_by_one = JobState(1, "generated")
+    for ev in events:
+        one_by_one.apply(ev)
+        assert isinstance(one_by_one.op_seconds, dict)  # every summary folded as it comes
+    assert batched.attempt == 1 and batched.family_of["0"] == "renamed"
+    assert _ordered(batched.collectives) == _ordered(one_by_one.collectives)
+    assert _ordered(batched.op_seconds) == _ordered(one_by_one.op_seconds)
+    assert batched.recent.windows() == one_by_one.recent.windows()
+    assert batched.recent.windows()  # the new attempt's rank kept summarising
+    assert {f for f, _op, _src in batched.op_seconds} >= {"default_pg", "renamed"}
+
+
 def test_a_gpu_reading_folds_faults_and_throttling_as_the_reading_says():
     log = two_running_ranks()
     values = {"util_gpu": 90.0, "mem_used": 1.0, "temp_c": 60.0, "power_w": 300.0}

@@ -69,3 +69,30 @@ def test_counts_from_a_broken_agent_stop_at_the_cap_instead_of_wrapping_around()
     assert stats.count == stats.bytes == SATURATED
     assert stats.hist == {5: SATURATED, 6: SATURATED} and stats.sum_us == 3.0
     assert math.isclose(stats.percentile(0.5), table.percentiles(0.5, rows[:1])[0])
+
+
+def test_capped_adds_are_exact_below_the_cap_and_stop_at_it_beside_a_saturated_total():
+    from dashboard.state.latency import add_capped
+
+    total = np.array([SATURATED - 5, 7, 0], np.int64)
+    at = np.array([0, 1, 0, 2, 1])
+    add_capped(total, at, np.array([3, 2**40, 3, 9, 1], np.int64))
+    assert total.tolist() == [SATURATED, 7 + 2**40 + 1, 9]
+    big = LatencyTable.of({("0", "x", 0, "wrapper"): LatencyStats(
+        3, 0, 1.0, 99.0, {10: 2**62, 20: 2**62, 30: 1})})
+    assert big.percentiles(0.99, np.arange(1)) == [big["0", "x", 0, "wrapper"].percentile(0.99)]
+
+
+def test_a_summary_row_without_a_histogram_folds_like_any_other():
+    """A row of no collectives (count 0, no histogram: the wire allows it) is a point of
+    no bucket in the windows, as it was folded one row at a time."""
+    from dashboard.state import JobState
+    from tests.helpers.events import running
+
+    log = running(1)
+    log.add("s0", "coll_stats", {"start": 100.5, "end": 101.0, "rows": [
+        {"group": "0", "op": "all_reduce", "count": 0, "bytes": 0, "sum_us": 0.0,
+         "max_us": 0.0, "hist": []}]}, t=101.0)
+    state = JobState(1, "job").apply_all(log.events)
+    assert state.recent.windows() == {("0", 0): [(101.0, 0, 0.0, ())]}
+    assert state.collectives["0", "all_reduce", 0, "wrapper"] == LatencyStats()
