@@ -11,6 +11,9 @@ Per key (a row of the table, in the order the keys first came): ``count`` and ``
 rows one by one), ``resolution_us`` (float64; NaN: exact timing, LatencyStats' None) and a
 histogram (int64 per bucket, only the buckets from the lowest to the highest any row held:
 ``lo``). Counts and bytes saturate at latency.SATURATED (a broken agent's, never a real job's).
+The histograms are dense over the buckets of all keys together: keys x that span x 8 bytes
+(bench.state_size at 1,024 ranks: 4 KB per rank; a job whose collectives range from 30 us
+to 200 ms spans ~100 buckets, ~10 KB per rank at 12 keys a rank).
 
 Read it as a mapping of key -> LatencyStats (made on demand: the API, tests), or through the
 vectorised reads the live page and diagnosis use (``merged``, ``percentiles``).
