@@ -15,9 +15,9 @@ from typing import Any, Hashable, Iterable, Protocol, TypeVar
 from dashboard.state.latency import LatencyStats, per_family, upgraded_windows
 from dashboard.state.readings import GpuHistory
 from dashboard.state.recent import RecentWindows
+from dashboard.state.records import TERMINAL_RANK, RankState, StoredEvent, family_of
 from dashboard.state.summaries import PendingSummaries, fold_summaries
 from dashboard.state.totals import LatencyTable
-from dashboard.state.records import TERMINAL_RANK, RankState, StoredEvent, family_of
 
 # Events that leave the job summary (status, world size, backend, start) as it was, unless
 # the rank was lost (a heartbeat revives it), the event starts the job earlier, or the job
@@ -36,7 +36,7 @@ MAX_ERRORS = 200  # verbatim error texts kept per job (the log keeps them all)
 MAX_SNAPSHOT_ANSWERS = 2048  # snapshot answers kept, of the newest requests
 MAX_PEER_REQUESTS = 32  # requests whose "peer" readings are kept ...
 MAX_PEER_RANKS = 16  # ... of this many silent ranks each (the server asks for 8 at most)
-# Latency summaries waiting to be folded together, at most (~5 MB of columns; see _pending)
+# Latency summaries waiting to be folded together, at most (~10 MB of columns; see _pending)
 PENDING_SUMMARIES = 4096
 F = TypeVar("F", bound="Fold")  # apply_all returns what it was called on (a JobState)
 # (class, event kind) -> its handler (Fold._on_<kind>), or None for a kind not folded
@@ -174,11 +174,6 @@ class Fold:
     def op_seconds(self) -> dict[tuple[str, str, str], dict[int, LatencyStats]]:
         self.fold_pending()
         return self._op_seconds
-
-    @op_seconds.setter
-    def op_seconds(self, value: dict[tuple[str, str, str], dict[int, LatencyStats]]) -> None:
-        self.fold_pending()
-        self._op_seconds = value
 
     @property
     def recent(self) -> RecentWindows:

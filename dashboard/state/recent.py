@@ -14,12 +14,13 @@ summary in the last column (rows are right-aligned; an empty cell has count 0), 
 job's in the same arrays: a job has hundreds of groups, and an array operation per group
 cost more than the arithmetic itself.
 
-The fold appends summaries a batch at a time, as columns (``extend``: dashboard.state.
-summaries); ``append``, one at a time, waits in a list, and its summaries go into the arrays
-together (vectorised) when the windows are read, pickled, or FLUSH_AT of them wait. The histograms are most of the bytes
-(up to K buckets per summary, K the most any summary had), so they never move: they sit in a
-ring per row, and what reads a summary's histogram goes through its slot (``Columns.slots``);
-moving, selecting or reordering summaries moves only their slots.
+The fold appends summaries a batch at a time, as columns (``extend``:
+dashboard.state.summaries); ``append``, one at a time, waits in a list, and its summaries go
+into the arrays together (vectorised) when the windows are read, pickled, or FLUSH_AT of them
+wait. The histograms are most of the bytes (up to K buckets per summary, K the most any
+summary had), so they never move: they sit in a ring per row, and what reads a summary's
+histogram goes through its slot (``Columns.slots``); moving, selecting or reordering
+summaries moves only their slots.
 
 Counts are kept as 64-bit integers clipped at COUNT_CAP, a histogram's counts clipped at
 HIST_CAP (an interval of half a second holds at most ~10^6 collectives: the caps only bound

@@ -81,7 +81,8 @@ class PendingSummaries:
         self.optional += optional
 
 
-def fold_summaries(table: LatencyTable, op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]],
+def fold_summaries(table: LatencyTable,
+                   op_seconds: dict[tuple[str, str, str], dict[int, LatencyStats]],
                    recent: RecentWindows, batch: PendingSummaries,
                    families: dict[str, str]) -> None:
     """Fold ranks' latency summaries (``coll_stats`` bodies, read into ``batch`` in log order)
@@ -105,9 +106,8 @@ def fold_summaries(table: LatencyTable, op_seconds: dict[tuple[str, str, str], d
     of_summary = np.repeat(np.arange(batch.summaries), batch.rows)
     groups, ops = batch.groups, batch.ops
     sources = ["wrapper"] * n
-    timings: list[str | None] = [None] * n
-    for i, source, timing, _ in batch.optional:
-        sources[i], timings[i] = source, timing
+    for i, source, _, _ in batch.optional:
+        sources[i] = source
     count, nbytes = _ints(batch.counts), _ints(batch.bytes)
     sum_us, max_us = np.array(batch.sums, float), np.array(batch.maxes, float)
     pairs = np.array(batch.pairs, np.int64)
