@@ -57,28 +57,36 @@ class PendingSummaries:
 
     def add(self, rank: int, body: dict[str, Any]) -> None:
         rows = body["rows"]
-        # Every field read before any column grows: a body that lacks one leaves the
-        # columns as they were (validation keeps such bodies out; a stored log may not).
-        hists = list(map(_HIST, rows))
-        read = (list(map(_GROUP, rows)), list(map(_OP, rows)), list(map(_COUNT, rows)),
-                list(map(_BYTES, rows)), list(map(_SUM, rows)), list(map(_MAX, rows)),
-                list(map(len, hists)), list(_flat(_flat(hists))))
         end = body["end"]
-        sizes = list(map(len, rows))
-        optional = []
-        if sizes and max(sizes) > _REQUIRED:
-            first = len(self.groups)
-            optional = [(first + i, rows[i].get("source", "wrapper"), rows[i].get("timing"),
-                         rows[i].get("resolution_us") or 0.0)
-                        for i, size in enumerate(sizes) if size > _REQUIRED]
+        columns = (self.groups, self.ops, self.counts, self.bytes, self.sums, self.maxes,
+                   self.pairs, self.hist, self.optional)
+        held = [len(column) for column in columns]
+        try:
+            first = held[0]
+            self.groups += map(_GROUP, rows)
+            self.ops += map(_OP, rows)
+            self.counts += map(_COUNT, rows)
+            self.bytes += map(_BYTES, rows)
+            self.sums += map(_SUM, rows)
+            self.maxes += map(_MAX, rows)
+            hists = list(map(_HIST, rows))
+            self.pairs += map(len, hists)
+            self.hist += _flat(_flat(hists))
+            sizes = list(map(len, rows))
+            if sizes and max(sizes) > _REQUIRED:
+                self.optional += [(first + i, rows[i].get("source", "wrapper"),
+                                   rows[i].get("timing"), rows[i].get("resolution_us") or 0.0)
+                                  for i, size in enumerate(sizes) if size > _REQUIRED]
+        except Exception:
+            # A body that lacks a field (validation keeps them out; a stored log may not)
+            # leaves the columns as they were, the summaries before it whole.
+            for column, size in zip(columns, held):
+                del column[size:]
+            raise
         self.summaries += 1
         self.ranks.append(rank)
         self.rows.append(len(rows))
         self.ends.append(end)
-        for column, values in zip((self.groups, self.ops, self.counts, self.bytes, self.sums,
-                                   self.maxes, self.pairs, self.hist), read):
-            column += values
-        self.optional += optional
 
 
 def fold_summaries(table: LatencyTable,

@@ -96,3 +96,32 @@ def test_a_summary_row_without_a_histogram_folds_like_any_other():
     state = JobState(1, "job").apply_all(log.events)
     assert state.recent.windows() == {("0", 0): [(101.0, 0, 0.0, ())]}
     assert state.collectives["0", "all_reduce", 0, "wrapper"] == LatencyStats()
+
+
+def test_a_body_missing_a_field_raises_and_leaves_the_summaries_around_it_whole():
+    """Validation keeps such bodies out of the log; a stored log from elsewhere may hold one.
+    Its event raises, as it always did, and the summaries waiting with it fold as they are."""
+    import pytest
+
+    from dashboard.state import JobState
+    from tests.helpers.events import running
+
+    def row(**fields):
+        return {"group": "0", "op": "all_reduce", "count": 3, "bytes": 0, "sum_us": 1.0,
+                "max_us": 1.0, "hist": [[10, 3]], **fields}
+
+    log = running(2)
+    log.add("s0", "coll_stats", {"start": 99.5, "end": 100.0, "rows": [row()]}, t=100.0)
+    bad = row()
+    del bad["max_us"]
+    log.add("s0", "coll_stats", {"start": 100.0, "end": 101.0, "rows": [row(), bad]}, t=101)
+    log.add("s1", "coll_stats", {"start": 100.0, "end": 101.0, "rows": [row(count=5)]}, t=101)
+    state = JobState(1, "job")
+    for ev in log.events[:-2]:
+        state.apply(ev)
+    with pytest.raises(KeyError):
+        state.apply(log.events[-2])
+    state.apply(log.events[-1])
+    assert {key: s.count for key, s in state.collectives.items()} == {
+        ("0", "all_reduce", 0, "wrapper"): 3, ("0", "all_reduce", 1, "wrapper"): 5}
+    assert [p[:3] for p in state.recent.window(("0", 0))] == [(100.0, 3, 1.0)]
