@@ -15,9 +15,8 @@ job's in the same arrays: a job has hundreds of groups, and an array operation p
 cost more than the arithmetic itself.
 
 The fold appends summaries a batch at a time, as columns (``extend``:
-dashboard.state.summaries); ``append``, one at a time, waits in a list, and its summaries go
-into the arrays together (vectorised) when the windows are read, pickled, or FLUSH_AT of them
-wait. The histograms are most of the bytes (up to K buckets per summary, K the most any
+dashboard.state.summaries), vectorised: writing single cells of arrays one summary at a time
+cost more than the arithmetic. The histograms are most of the bytes (up to K buckets per summary, K the most any
 summary had), so they never move: they sit in a ring per row, and what reads a summary's
 histogram goes through its slot (``Columns.slots``); moving, selecting or reordering
 summaries moves only their slots.
@@ -33,7 +32,6 @@ histograms, most of the bytes, take two thirds of what 32-bit counts took.
 from __future__ import annotations
 
 import itertools
-import threading
 from typing import Any, Iterable
 
 import numpy as np
@@ -41,7 +39,6 @@ import numpy as np
 from pgdash_agent.wire import HIST_MAX_BUCKET as HIST_MAX
 
 RECENT_INTERVALS = 60  # latency summaries kept per (group, rank) for the straggler rule
-FLUSH_AT = 16384  # appends waiting at most before they go into the arrays (~3 MB of tuples)
 COUNT_CAP = 2**56  # a summary's count of collectives, at most (60 of them fit in an int64)
 HIST_CAP = 2**32 - 1  # a histogram bucket's count, at most (uint32)
 SATURATED = 2**16 - 1  # a stored count this high: its value is in RecentWindows._over
@@ -160,7 +157,6 @@ class RecentWindows:
 
     def __init__(self, width: int = RECENT_INTERVALS) -> None:
         self.width = width
-        self._lock = threading.Lock()  # readers flush; the fold only appends
         self.generation = 0  # flushes and clears so far: Columns read after one raise
         self._reset()
 
@@ -180,7 +176,6 @@ class RecentWindows:
         self.head = np.zeros(0, np.int64)
         self.span = (HIST_MAX, 0)  # no bucket yet
         self._cols: Columns | None = None
-        self._pending: list[tuple] = []  # (key, end, count, sum_us, flat histogram)
 
     @property
     def empty_slot(self) -> int:
@@ -188,27 +183,22 @@ class RecentWindows:
 
     def append(self, key: tuple[str, int], end: float, count: int, sum_us: float,
                flat: tuple) -> None:
-        pending = self._pending
-        pending.append((key, end, count, sum_us, flat))
-        if len(pending) >= FLUSH_AT:
-            self._flush()
+        """One summary (``extend`` with one)."""
+        self._extend_points([(key, (end, count, sum_us, flat))])
 
     def clear(self) -> None:
-        with self._lock:
-            self._reset()
-            self.generation += 1
+        self._reset()
+        self.generation += 1
 
     def __len__(self) -> int:
         """(group, rank)s with summaries."""
-        return len(self._row_of.keys() | {p[0] for p in self._pending})
+        return len(self._row_of)
 
     def __bool__(self) -> bool:
-        return bool(self._row_of) or bool(self._pending)
+        return bool(self._row_of)
 
     def columns(self) -> Columns:
         """Every row's summaries as arrays (the store's own: see Columns)."""
-        if self._pending:
-            self._flush()
         cols = self._cols
         if cols is None:
             width = self.width
@@ -241,37 +231,29 @@ class RecentWindows:
            width: int = RECENT_INTERVALS) -> "RecentWindows":
         """Windows holding these summaries (oldest first; only the newest ``width`` kept)."""
         out = cls(width)
-        for key, points in windows.items():
-            for end, count, sum_us, flat in points:
-                out._pending.append((key, end, count, sum_us, tuple(flat)))
-        out._flush()
+        out._extend_points([(key, point) for key, points in windows.items()
+                            for point in points])
         return out
 
     # -- appends into the arrays ---------------------------------------------------------------
 
-    def _flush(self) -> None:
-        with self._lock:
-            n = len(self._pending)
-            if not n:
-                return
-            batch = self._pending[:n]
-            del self._pending[:n]  # appended meanwhile: kept for the next flush
-            keys, ends, counts, sums, flats = zip(*batch)  # the batch by field
-            pairs = np.fromiter(map(len, flats), np.int64, n) // 2
-            flat = _ints(list(itertools.chain.from_iterable(flats)))
-            self._merge(list(keys), np.array(ends, float), _ints(counts), np.array(sums, float),
-                        pairs, flat[0::2], flat[1::2])
+    def _extend_points(self, points: list[tuple[Any, Point]]) -> None:
+        """``extend`` with (key, summary) pairs, in order."""
+        if not points:
+            return
+        keys, summaries = zip(*points)
+        ends, counts, sums, flats = zip(*summaries)
+        flat = _ints(list(itertools.chain.from_iterable(flats)))
+        self.extend(list(keys), np.array(ends, float), _ints(counts), np.array(sums, float),
+                    np.fromiter(map(len, flats), np.int64, len(flats)) // 2, flat[0::2],
+                    flat[1::2])
 
     def extend(self, keys: list[tuple[str, int]], ends: np.ndarray, counts: np.ndarray,
                sums: np.ndarray, pairs: np.ndarray, buckets: np.ndarray,
                pair_counts: np.ndarray) -> None:
         """Append summaries given as columns (what ``append`` takes, one per key, in order):
         summary i's histogram is the next ``pairs[i]`` of ``buckets`` and ``pair_counts``."""
-        if self._pending:
-            self._flush()
-        if not keys:
-            return
-        with self._lock:
+        if keys:
             self._merge(keys, ends, counts, sums, pairs, buckets, pair_counts)
 
     def _merge(self, keys: list, ends: np.ndarray, counts: np.ndarray, sums: np.ndarray,
@@ -383,7 +365,6 @@ class RecentWindows:
             return np.frombuffer(data[name], dtype).reshape(shape).copy()
 
         self.width = width
-        self._lock = threading.Lock()
         self.generation = 0
         self._reset()
         self._keys = list(keys)

@@ -190,10 +190,25 @@ def test_latency_summaries_are_kept_with_their_histogram_and_old_checkpoints_upg
         ("0", 1): [(3, 2, 300.0, (hist_bucket(150.0), 2))]}
 
 
+def _extend(windows, batch):
+    """``RecentWindows.extend`` with (key, (end, count, sum_us, flat histogram)) pairs, in
+    order, as columns; the batch emptied."""
+    import numpy as np
+
+    if batch:
+        keys, points = zip(*batch)
+        ends, counts, sums, flats = zip(*points)
+        flat = np.array([x for f in flats for x in f], np.int64)
+        windows.extend(list(keys), np.array(ends, float), np.array(counts, np.int64),
+                       np.array(sums, float), np.array([len(f) // 2 for f in flats]),
+                       flat[0::2], flat[1::2])
+        batch.clear()
+
 def test_the_windows_keep_each_ranks_newest_summaries_in_order_whatever_the_batches():
-    """RecentWindows against a deque per rank: appends in batches of any size (a flush on
-    every read, or thousands waiting), ranks joining late, histograms of any width, counts
-    of any size (those that do not fit the stored 16 bits, SATURATED, kept beside)."""
+    """RecentWindows against a deque per rank: appends one at a time and in batches of any
+    size (``extend``, as the fold appends: one summary, or hundreds of a rank in one), ranks
+    joining late, histograms of any width, counts of any size (those that do not fit the
+    stored 16 bits, SATURATED, kept beside)."""
     import collections
     import pickle
     import random
@@ -203,17 +218,23 @@ def test_the_windows_keep_each_ranks_newest_summaries_in_order_whatever_the_batc
     rng = random.Random(3)
     for trial in range(40):
         width = rng.choice((1, 3, 60))
-        windows, want = RecentWindows(width), {}
+        windows, want, batch = RecentWindows(width), {}, []
         for step in range(rng.randint(1, 300)):
             rank = rng.randrange(rng.choice((1, 4, 20)))
             flat = tuple(x for b in sorted(rng.sample(range(321), rng.randint(0, 12)))
                          for x in (b, rng.choice((rng.randint(1, 10), rng.randint(1, 10**6),
                                                   SATURATED - 1, SATURATED, HIST_CAP))))
             point = (rng.uniform(0, 1e9), rng.randint(0, 10**6), rng.uniform(0, 1e7), flat)
-            windows.append(rank, *point)
+            if rng.random() < 0.3:
+                _extend(windows, batch)  # (the summaries before it first)
+                windows.append(rank, *point)
+            else:
+                batch.append((rank, point))
             want.setdefault(rank, collections.deque(maxlen=width)).append(point)
             if rng.random() < 0.05:
+                _extend(windows, batch)
                 assert windows.windows() == {r: list(d) for r, d in want.items()}, trial
+        _extend(windows, batch)
         assert windows.windows() == {r: list(d) for r, d in want.items()}, trial
         assert windows.newest_ends() == {r: d[-1][0] for r, d in want.items()}
         copy = pickle.loads(pickle.dumps(windows))
