@@ -121,7 +121,6 @@ class Fold:
         self._summary_memo: tuple[int, dict[str, Any]] | None = None
         self._ranks_memo: tuple[int, dict[int, RankState]] | None = None
         self._memo: dict[Hashable, Any] = {}  # see memo()
-        self._memo_applied = 0
 
     def __getstate__(self) -> dict[str, Any]:
         self.fold_pending()
@@ -191,6 +190,8 @@ class Fold:
         # Every event of every job passes here (live and replay): comparisons instead of
         # max(), the handler from a per-class table instead of getattr on a built name.
         self.applied += 1
+        if self._memo:  # what memo() remembered holds until an event is applied: free it now
+            self._memo.clear()
         if ev["id"] > self.last_event_id:
             self.last_event_id = ev["id"]
         t = ev["t"]

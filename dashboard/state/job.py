@@ -17,7 +17,7 @@ from dashboard.state.fold import Fold
 from dashboard.state.latency import LatencyStats
 from dashboard.state.records import RankState, rank_row, status_of
 
-MEMO_ENTRIES = 16  # JobState.memo(): a quiet job is diagnosed at ever new times
+MEMO_ENTRIES = 16  # JobState.memo()'s keys, at most
 
 
 class JobState(Fold):
@@ -182,15 +182,17 @@ class JobState(Fold):
 
         return self.memo(("grouped", table), build)
 
-    def memo(self, key: Hashable, build: Callable[[], Any]) -> Any:
+    def memo(self, key: Hashable, build: Callable[[], Any], at: Any = None) -> Any:
         """``build()``, remembered until the next event is applied (for read-only indexes
-        that views and diagnosis would otherwise rebuild per group)."""
-        if self._memo_applied != self.applied or len(self._memo) >= MEMO_ENTRIES:
+        that views and diagnosis would otherwise rebuild per group); with ``at`` (a moment),
+        for that ``at`` only: a key holds one, its latest (a quiet job is judged at ever new
+        moments, and a 1,024-rank job's windows are ~10 MB)."""
+        if len(self._memo) >= MEMO_ENTRIES:
             self._memo.clear()
-            self._memo_applied = self.applied
-        if key not in self._memo:
-            self._memo[key] = build()
-        return self._memo[key]
+        held = self._memo.get(key)
+        if held is None or held[0] != at:
+            held = self._memo[key] = (at, build())
+        return held[1]
 
     def claims(self, rank: int | None, session: str, attempt: int = 0) -> bool:
         """Whether another session of that attempt already holds ``rank`` in this job."""

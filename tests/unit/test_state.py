@@ -601,3 +601,24 @@ def test_what_a_state_keeps_beside_its_fold_is_not_stored():
     assert loaded._memo == {} and state._memo
     assert timeline.timeline_grid(loaded, bins=4) == before
     assert diagnose(loaded, 21.0, Settings()) == judged
+
+
+def test_what_the_rules_remember_is_freed_by_the_next_event_and_held_for_one_moment():
+    from dashboard.diagnosis import Settings
+    from dashboard.diagnosis.rules import diagnose
+
+    log = two_running_ranks()
+    log.add("s0", "coll_stats", stats("0", "all_reduce", 4, 100.0), t=20)
+    state = log.state()
+    diagnose(state, 21.0, Settings())
+    assert ("windows",) in state._memo
+    # A quiet job judged at one moment after another holds one copy of its windows, not one
+    # per moment (a 1,024-rank job's are ~10 MB).
+    for now in (22.0, 23.0, 24.0):
+        judged = diagnose(state, now, Settings())
+        assert [k for k in state._memo if k[0] == "windows"] == [("windows",)]
+        assert state._memo[("windows",)][0] == now
+    assert diagnose(state, 24.0, Settings()) == judged  # the same moment: what it remembered
+    state.apply({"id": 99, "session": "s1", "kind": "init_start", "t": 25.0,
+                 "body": {"rank": 1, "world_size": 2}, "seq": 99, "received_at": 25.0})
+    assert state._memo == {}  # freed as the state changes, not at the next judgement

@@ -225,7 +225,7 @@ def stacked_windows(state: JobState, now: float) -> list[tuple[list[str], Window
 
 def _stacks(state: JobState, now: float) -> tuple[list[tuple[list[str], Windows]],
                                                    dict[str, tuple[int, int]]]:
-    return state.memo(("windows", now), lambda: _stacks_at(state, now))
+    return state.memo(("windows",), lambda: _stacks_at(state, now), at=now)
 
 
 def _stacks_at(state: JobState, now: float) -> tuple[list[tuple[list[str], Windows]],
