@@ -66,10 +66,14 @@ log = logging.getLogger("pgdash.compaction")
 # events pass this many (what its packs and deletions replace, in one transaction).
 TASK_EVENTS = 50_000
 # The most events a pack holds: a cell of more is several packs (a 1,024-rank cell holds
-# ~370,000). Opening a pack holds its payload and its bodies regrouped at once, up to ~2.5
-# kB an event: ~80 MB at most, whatever the job's size. Smaller packs compress less (a
-# 1,024-rank cell: 50 B an event whole, 55 in packs of this many, 58 of half as many).
-PACK_EVENTS = 32_768
+# ~370,000). Making one holds its events and its encoding's buffers at once (the encoding
+# alone peaks at 7.7 MB for 8,192 events, 29 MB for 32,768), and the live server makes one
+# every few seconds at 1,024 ranks: packs of 32,768 raised its RSS by up to ~70 MB a time,
+# and the heaps kept part of it (bench.memory --ranks 1024 --minutes 4: mean 257 -> 240 MB,
+# highest 343 -> 270). Smaller packs compress less, and only while a cell is whole (a
+# 512-rank job stored by bench.storage: 46.7 B an event in packs of 32,768, 48.9 of 16,384,
+# 52.0 of 8,192); thinned, a cell is a few events per session. Opening one decodes less.
+PACK_EVENTS = 8_192
 # The compactor's share of a core while it reads a big job's cells (see Compactor._paced).
 DUTY = 0.25
 PACE_EVENTS = 4096
