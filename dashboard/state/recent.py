@@ -350,12 +350,19 @@ class RecentWindows:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
+        # The ring unrolled (oldest first, a row's empty cells first), the histogram counts
+        # as stored, 16-bit, with those of SATURATED or more beside: a 1,024-rank job's
+        # windows are most of its checkpoint (~30 MB pickled), and 32-bit counts made them
+        # a third larger (and its burst of memory while taken and loaded).
         cols = self.columns()
-        buckets, hist = cols.histograms()  # oldest first: the ring unrolled
-        return {"width": self.width, "ranks": list(cols.ranks), "k": buckets.shape[2],
+        rows = cols.store_rows[:, None]
+        over = [(row, (slot - int(self.head[row])) % self.width, k, n)
+                for (row, slot, k), n in self._over.items()]
+        return {"width": self.width, "ranks": list(cols.ranks), "k": self.buckets.shape[2],
                 "ends": cols.ends.tobytes(), "counts": cols.counts.tobytes(),
                 "sums": cols.sums.tobytes(), "sizes": cols.sizes.tobytes(),
-                "buckets": buckets.tobytes(), "hist": hist.tobytes()}
+                "buckets": self.buckets[rows, cols.slots].tobytes(),
+                "hist16": self.hist[rows, cols.slots].tobytes(), "over": over}
 
     def __setstate__(self, data: dict[str, Any]) -> None:
         width, keys, k = data["width"], data["ranks"], data["k"]
@@ -377,10 +384,16 @@ class RecentWindows:
         self.buckets = np.zeros((n, width + 1, k), np.uint16)
         self.hist = np.zeros((n, width + 1, k), np.uint16)
         self.buckets[:, :width] = read("buckets", np.uint16, (n, width, k))
-        counts = read("hist", np.uint32, (n, width, k))  # (stored as 32-bit counts)
-        self.hist[:, :width] = np.minimum(counts, SATURATED)
-        big = np.nonzero(counts >= SATURATED)  # (their cells only: rare)
-        self._put_counts(*big, counts[big])
+        if "hist16" in data:
+            self.hist[:, :width] = np.frombuffer(data["hist16"], np.uint16).reshape(
+                (n, width, k))
+            self._over = {(row, column, pair): count
+                          for row, column, pair, count in data["over"]}
+        else:  # a checkpoint of an earlier pgdash: 32-bit counts
+            counts = read("hist", np.uint32, (n, width, k))
+            self.hist[:, :width] = np.minimum(counts, SATURATED)
+            big = np.nonzero(counts >= SATURATED)  # (their cells only: rare)
+            self._put_counts(*big, counts[big])
         self.head = np.zeros(n, np.int64)
         used = self.buckets[self.hist > 0]
         self.span = (int(used.min()), int(used.max())) if len(used) else (HIST_MAX, 0)

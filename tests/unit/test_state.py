@@ -239,6 +239,22 @@ def test_the_windows_keep_each_ranks_newest_summaries_in_order_whatever_the_batc
         assert windows.newest_ends() == {r: d[-1][0] for r, d in want.items()}
         copy = pickle.loads(pickle.dumps(windows))
         assert copy.windows() == windows.windows()
+        # A checkpoint of an earlier pgdash (32-bit counts, none beside) loads the same.
+        old = copy.__getstate__()
+        buckets, hist = windows.columns().histograms()
+        del old["hist16"], old["over"]
+        old.update(buckets=buckets.tobytes(), hist=hist.tobytes())
+        earlier = RecentWindows.__new__(RecentWindows)
+        earlier.__setstate__(old)
+        assert earlier.windows() == windows.windows()
+        # What is loaded goes on as the original (its ring starts anew, its big counts
+        # beside it moved with it).
+        for rank, point in [(rng.randrange(4), (1e9 + i, 5, 1.0, (7, SATURATED + i)))
+                            for i in range(width + 2)]:
+            for w in (copy, earlier):
+                w.append(rank, *point)
+            want.setdefault(rank, collections.deque(maxlen=width)).append(point)
+        assert copy.windows() == earlier.windows() == {r: list(d) for r, d in want.items()}
     # Columns read after the fold appended (or the attempt's restart cleared) are refused,
     # not read as another summary's histogram.
     for change in (lambda: windows.append((0, 0), 1.0, 1, 1.0, (3, 1)), windows.clear):
