@@ -31,7 +31,7 @@ from websockets.server import ServerProtocol
 
 from pgdash_agent.wire import (AGENT_V2_PATH, READ_FRAME, READER_PATH, WireError, decode_v2,
                                decode_v2_batch, encode_v2)
-from dashboard.ingest.tls import route_tls, small_read_buffers
+from dashboard.ingest.tls import READ_BUFFER, route_tls, small_read_buffers
 
 log = logging.getLogger("pgdash.server")
 _quiet = logging.getLogger("pgdash.server.websocket")  # "connection open" per agent: noise
@@ -67,6 +67,7 @@ class Front:
         self.max_frame_bytes = max_frame_bytes
         self.new_limits = new_limits  # one connection's rate limits (dashboard.ingest.limits)
         self.loop = asyncio.new_event_loop()
+        self.read_buffer = memoryview(bytearray(READ_BUFFER))  # AgentLink.get_buffer's
         self._thread = threading.Thread(target=self._run, name="pgdash-front", daemon=True)
         self._stopped = threading.Event()
 
@@ -174,8 +175,15 @@ def _enough(head: bytes) -> bool:
     return len(head) >= len(_ROUTE) or b"\n" in head
 
 
-class AgentLink(asyncio.Protocol):
-    """One v2 agent connection: handshake, auth, then batches in and acks out."""
+class AgentLink(asyncio.BufferedProtocol):
+    """One v2 agent connection: handshake, auth, then batches in and acks out.
+
+    Read into the front's one buffer (``get_buffer``), not a new one per read: asyncio's
+    plain transports otherwise allocate 256 KiB for every read and shrink it to what came,
+    and blocks that size are mappings of their own (dashboard.allocator), so each of the
+    ~2,000 reads a second at 1,024 agents cost a mapping made and unmade. The loop fills
+    the buffer and calls ``buffer_updated`` before it reads another connection, so one
+    buffer serves all of them."""
 
     def __init__(self, front: Front):
         self.front = front
@@ -198,6 +206,12 @@ class AgentLink(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.front.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(self.front.read_buffer[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         self.ws.receive_data(data)

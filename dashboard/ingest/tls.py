@@ -26,7 +26,7 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # 256 KiB read buffer (``SSLProtocol.max_size``), zero-filled, so resident: at 1,024 agents
 # over wss the server held 508 MB against 219 MB in the clear (bench/capacity.py --tls).
 # Agents send ~3 kB a second; a TLS record is at most 16 kB. Larger frames are read in more
-# calls.
+# calls. Plain connections read into one buffer of this size (dashboard.ingest.front.AgentLink).
 READ_BUFFER = 32 * 1024
 
 

@@ -69,6 +69,39 @@ def test_bad_frames_get_reasons_and_the_connection_carries_on(server):
     assert [g["ranks"] for g in detail["groups"]] == [[0]]
 
 
+def test_frames_larger_than_a_read_from_two_agents_at_once_arrive_whole(server):
+    """The front reads every agent's connection into one buffer of READ_BUFFER bytes: frames
+    several reads long, from two agents whose reads interleave, each arrive as sent."""
+    from dashboard.ingest.tls import READ_BUFFER
+
+    links = [v2_connect(server.url, session=f"big{i}", rank=i, job="big-frames")[0]
+             for i in range(2)]
+    texts = {i: [f"rank {i} error {k}: " + chr(ord("a") + 3 * i + k) * 50_000 for k in range(3)]
+             for i in range(2)}
+    try:
+        frames = []
+        for i in range(2):
+            hello = dict(HELLO, job="big-frames", rank=i, world_size=2)
+            errors = [ev(2 + k, "error", {"where": "train", "error_type": "RuntimeError",
+                                          "error": text}) for k, text in enumerate(texts[i])]
+            frames.append(encode_v2({"id": 1, "events": [ev(1, "hello", hello), *errors]}))
+            assert len(frames[-1]) > 4 * READ_BUFFER
+        for ws, frame in zip(links, frames):  # both sent before either is answered
+            ws.send_binary(frame)
+        for ws in links:
+            ack = decode_v2(ws.recv())
+            assert ack["id"] == 1 and ack["ok"] and ack["stored"] == 4, ack
+    finally:
+        for ws in links:
+            ws.close()
+    job = job_by_name(server, "big-frames")
+    stored = {ev["session"]: [] for ev in stored_events(server.db_url, [job["id"]])}
+    for e in stored_events(server.db_url, [job["id"]]):
+        if e["kind"] == "error":
+            stored[e["session"]].append(e["body"]["error"])
+    assert stored == {f"big{i}": texts[i] for i in range(2)}
+
+
 def test_a_refused_agent_is_told_why(tmp_path):
     srv = ServerProcess(f"sqlite:///{tmp_path / 'db.sqlite'}", extra=["--token", "s3cret"],
                         log_path=tmp_path / "server.log").start()
