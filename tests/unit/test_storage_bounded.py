@@ -64,6 +64,12 @@ def test_a_checkpoint_refuses_a_pickle_it_did_not_write():
     with pytest.raises(ValueError, match="not written by pgdash"):
         decode_state(forged)
     assert gc.isenabled()  # decoding pauses the garbage collector, and only meanwhile
+    # A checkpoint cut short or damaged says so, wherever the damage is.
+    blob = encode_state(state)
+    for damaged in (blob[:len(blob) // 2], blob[:-3], blob[:40] + bytes(64) + blob[104:]):
+        with pytest.raises(ValueError, match="cannot be read"):
+            decode_state(damaged)
+    assert gc.isenabled()
 
 
 def test_a_checkpoint_that_pickled_the_timeline_beside_the_book_still_loads():
