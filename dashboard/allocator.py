@@ -9,7 +9,10 @@ threshold with it, so later buffers come from the heap and stay there. Measured 
 free inside glibc's heaps. Two remedies, both no-ops off glibc:
 
 * :func:`fix_mmap_threshold` (at ``pgdash serve``'s start): large blocks keep their own
-  mapping, given back when freed, whatever came before (the threshold stops moving);
+  mapping, given back when freed, whatever came before (the threshold stops moving). The
+  price: a block that large made and freed often costs a mapping each time, so hot paths
+  must not (asyncio's plain reads allocate 256 KiB each: dashboard.ingest.front.AgentLink
+  reads into one buffer instead);
 * :func:`trim` (after each compaction pass that did work): ``malloc_trim(0)`` gives back
   the free space at the heaps' ends and their free pages (0.2-0.3 ms a call).
 """
