@@ -181,7 +181,7 @@ class AgentLink(asyncio.BufferedProtocol):
     Read into the front's one buffer (``get_buffer``), not a new one per read: asyncio's
     plain transports otherwise allocate 256 KiB for every read and shrink it to what came,
     and blocks that size are mappings of their own (dashboard.allocator), so each of the
-    ~2,000 reads a second at 1,024 agents cost a mapping made and unmade. The loop fills
+    ~1,000 reads a second at 1,024 agents cost a mapping made and unmade. The loop fills
     the buffer and calls ``buffer_updated`` before it reads another connection, so one
     buffer serves all of them."""
 
