@@ -16,10 +16,10 @@ cost more than the arithmetic itself.
 
 The fold appends summaries a batch at a time, as columns (``extend``:
 dashboard.state.summaries), vectorised: writing single cells of arrays one summary at a time
-cost more than the arithmetic. The histograms are most of the bytes (up to K buckets per summary, K the most any
-summary had), so they never move: they sit in a ring per row, and what reads a summary's
-histogram goes through its slot (``Columns.slots``); moving, selecting or reordering
-summaries moves only their slots.
+cost more than the arithmetic. The histograms are most of the bytes (up to K buckets per
+summary, K the most any summary had), so they never move: they sit in a ring per row, and
+what reads a summary's histogram goes through its slot (``Columns.slots``); moving,
+selecting or reordering summaries moves only their slots.
 
 Counts are kept as 64-bit integers clipped at COUNT_CAP, a histogram's counts clipped at
 HIST_CAP (an interval of half a second holds at most ~10^6 collectives: the caps only bound
@@ -54,7 +54,7 @@ class Columns:
     histogram is read through ``histograms`` (``store``'s ring, row ``store_rows``, slot
     ``slots``; the empty slot holds none).
 
-    RecentWindows.columns returns its own arrays, which its next flush changes in place
+    RecentWindows.columns returns its own arrays, which its next append changes in place
     (moving 60 summaries of every row to new arrays each second was most of the cost of
     keeping them): read them before the fold appends again (the rules read under the
     state's lock; reading a histogram after the store moved on raises). What ``select``,
@@ -157,7 +157,7 @@ class RecentWindows:
 
     def __init__(self, width: int = RECENT_INTERVALS) -> None:
         self.width = width
-        self.generation = 0  # flushes and clears so far: Columns read after one raise
+        self.generation = 0  # appends and clears so far: Columns read after one raise
         self._reset()
 
     def _reset(self) -> None:
@@ -252,14 +252,10 @@ class RecentWindows:
                sums: np.ndarray, pairs: np.ndarray, buckets: np.ndarray,
                pair_counts: np.ndarray) -> None:
         """Append summaries given as columns (what ``append`` takes, one per key, in order):
-        summary i's histogram is the next ``pairs[i]`` of ``buckets`` and ``pair_counts``."""
-        if keys:
-            self._merge(keys, ends, counts, sums, pairs, buckets, pair_counts)
-
-    def _merge(self, keys: list, ends: np.ndarray, counts: np.ndarray, sums: np.ndarray,
-               pairs: np.ndarray, buckets: np.ndarray, pair_counts: np.ndarray) -> None:
-        """These summaries appended (vectorised: one pass per array for the whole batch,
-        whatever the rows it touches)."""
+        summary i's histogram is the next ``pairs[i]`` of ``buckets`` and ``pair_counts``.
+        Vectorised: one pass per array for the whole batch, whatever the rows it touches."""
+        if not keys:
+            return
         width = self.width
         row_of = self._row_of
         n = len(keys)

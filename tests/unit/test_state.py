@@ -192,17 +192,10 @@ def test_latency_summaries_are_kept_with_their_histogram_and_old_checkpoints_upg
 
 def _extend(windows, batch):
     """``RecentWindows.extend`` with (key, (end, count, sum_us, flat histogram)) pairs, in
-    order, as columns; the batch emptied."""
-    import numpy as np
+    order, as columns (through the windows' own ``_extend_points``); the batch emptied."""
+    windows._extend_points(batch)
+    batch.clear()
 
-    if batch:
-        keys, points = zip(*batch)
-        ends, counts, sums, flats = zip(*points)
-        flat = np.array([x for f in flats for x in f], np.int64)
-        windows.extend(list(keys), np.array(ends, float), np.array(counts, np.int64),
-                       np.array(sums, float), np.array([len(f) // 2 for f in flats]),
-                       flat[0::2], flat[1::2])
-        batch.clear()
 
 def test_the_windows_keep_each_ranks_newest_summaries_in_order_whatever_the_batches():
     """RecentWindows against a deque per rank: appends one at a time and in batches of any
