@@ -24,7 +24,9 @@ server writes one JSON line:
 Configurations (``--configs``, run one after another, each on its own fresh server):
 ``baseline``; ``arena2`` (``MALLOC_ARENA_MAX=2``); ``trim`` (``malloc_trim(0)`` called by the
 probe every ``--sample`` seconds); ``arena2trim`` (both); ``mmap256k``
-(``MALLOC_MMAP_THRESHOLD_=262144``: a fixed threshold, which turns glibc's dynamic one off). ``+tm`` after a name
+(``MALLOC_MMAP_THRESHOLD_=262144``: a fixed threshold, which turns glibc's dynamic one off);
+``nockpt``, ``nokf``, ``nocompact`` (no stored checkpoints, no live keyframes, no
+compaction); ``sysmalloc`` (``PYTHONMALLOC=malloc``, trimmed as ``trim``). ``+tm`` after a name
 (``baseline+tm``) also runs tracemalloc in that server (slower: the figures are for the
 attribution, not the RSS; on 2 cores a traced server keeps up with ~48 ranks, not 128: past
 that its backlog, not a leak, fills the heap, and the agents' reconnections show it).
@@ -69,6 +71,14 @@ CONFIGS = {
     # A fixed mmap threshold: glibc then neither raises it (nor the trim threshold, twice it)
     # after a large block is freed, so blocks above it are mmapped and unmapped at free.
     "mmap256k": ({"MALLOC_MMAP_THRESHOLD_": "262144"}, False),
+    # What periodic bursts leave behind: no stored checkpoints (PGDASH_CHECKPOINT_S=0), no
+    # live keyframes (PGDASH_KEYFRAME_S=0), no compaction (PGDASH_KEEP_FULL_S=0).
+    "nockpt": ({"PGDASH_CHECKPOINT_S": "0"}, False),
+    "nokf": ({"PGDASH_KEYFRAME_S": "0"}, False),
+    "nocompact": ({"PGDASH_KEEP_FULL_S": "0"}, False),  # no compaction, no packs
+    # Python's small objects from glibc's malloc instead of pymalloc's arenas (which go back
+    # only once wholly free), trimmed every --sample seconds.
+    "sysmalloc": ({"PYTHONMALLOC": "malloc"}, True),
 }
 
 
@@ -352,7 +362,7 @@ def main() -> None:
     p.add_argument("--mark", type=float, default=120.0,
                    help="seconds into the run from which growth is measured")
     p.add_argument("--configs", default="baseline",
-                   help="comma-separated: baseline, arena2, trim, arena2trim; '+tm' after one "
+                   help=f"comma-separated, of {', '.join(CONFIGS)}; '+tm' after one "
                         "also runs tracemalloc in its server")
     p.add_argument("--wire", default="v2", choices=("v1", "v2"))
     p.add_argument("--ops", type=int, default=None, help="coll_stats rows per rank-second")

@@ -807,7 +807,9 @@ def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(t
                     break
                 page.wait_for_timeout(200)
             page.click("#replay-play")  # pause
-            assert len(asked) >= 2 and all(("&within=" in url) == near for url in asked), asked
+            # The first two are Play's (resting after the pause may ask a second ahead).
+            assert len(asked) >= 2 and all(("&within=" in url) == near for url in asked[:2]), \
+                asked
     finally:
         srv.stop()
 
