@@ -23,7 +23,8 @@ import time
 import uuid
 from typing import Any, Iterable, Iterator
 
-from pgdash_agent.wire import SERVER_KINDS, WireError, validate_event, validate_server_event
+from pgdash_agent.wire import (MAX_NAME, SERVER_KINDS, WireError, validate_event,
+                               validate_server_event)
 from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.book import Change, with_grid
 from dashboard.diagnosis.timeline import Timeline
@@ -146,13 +147,18 @@ def _session(session: Any, where: str) -> dict[str, Any]:
     if not isinstance(session, dict) or not isinstance(session.get("id"), str) or \
             not 0 < len(session["id"]) <= 64:
         raise ArchiveError(f"{where}: session.id must be a string of 1 to 64 characters")
-    for key in ("rank", "pid"):
+    for key in ("rank", "pid"):  # the store's columns are 32-bit integers (PostgreSQL)
         value = session.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ArchiveError(f"{where}: session.{key} must be an integer or null")
-    if not isinstance(session.get("host") or "", str) or not _finite(session.get("first_seen")):
-        raise ArchiveError(f"{where}: session.host must be a string and session.first_seen a "
-                           "time in Unix seconds")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not -2**31 <= value < 2**31):
+            raise ArchiveError(f"{where}: session.{key} must be a 32-bit integer or null, got "
+                               f"{value!r:.40}")
+    host = session.get("host")
+    if host is not None and (not isinstance(host, str) or len(host) > MAX_NAME):
+        raise ArchiveError(f"{where}: session.host must be a string of at most {MAX_NAME} "
+                           f"characters or null, got {host!r:.40}")
+    if not _finite(session.get("first_seen")):
+        raise ArchiveError(f"{where}: session.first_seen must be a time in Unix seconds")
     return {k: session.get(k) for k in ("id", "rank", "host", "pid", "first_seen")}
 
 

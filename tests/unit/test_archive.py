@@ -77,6 +77,13 @@ def test_replay_shows_when_the_hang_came_and_went(hang_job):
     assert timeline == [(14, "new", "hang", [0]), (30, "resolved", "hang", [0])]
 
 
+def _session_field(lines: list[str], key: str, value) -> list[str]:
+    """The file with the first session line's ``key`` set to ``value``."""
+    i = next(i for i, line in enumerate(lines) if '"session"' in line[:12])
+    session = json.loads(lines[i])["session"]
+    return lines[:i] + [json.dumps({"session": {**session, key: value}})] + lines[i + 1:]
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda ls: [], "is empty"),
     (lambda ls: ["{nope"] + ls[1:], "line 1: not JSON"),
@@ -88,6 +95,12 @@ def test_replay_shows_when_the_hang_came_and_went(hang_job):
     (lambda ls: ls[:3] + [ls[3].replace('"received_at":', '"received_at":"x","_":')] + ls[4:],
      "line 4: event.received_at must be a time"),
     (lambda ls: ls + ["[1, 2]"], "expected a JSON object"),
+    # What would fail the store's insert, not the reading (a fuzzed file found the host):
+    (lambda ls: _session_field(ls, "host", {}), r"line 2: session.host must be a string of"),
+    (lambda ls: _session_field(ls, "host", "h" * 257), "session.host must be a string of at"),
+    (lambda ls: _session_field(ls, "pid", 2**40), "session.pid must be a 32-bit integer"),
+    (lambda ls: _session_field(ls, "rank", True), "session.rank must be a 32-bit integer"),
+    (lambda ls: _session_field(ls, "first_seen", "x"), "session.first_seen must be a time"),
 ])
 def test_a_bad_file_is_refused_naming_the_line_and_what_is_wrong(hang_job, tmp_path,
                                                                    mutate, message):
