@@ -364,8 +364,12 @@ class RecentWindows:
         width, keys, k = data["width"], data["ranks"], data["k"]
         n = len(keys)
 
+        def view(name: str, dtype: Any, shape: tuple) -> np.ndarray:
+            """The stored bytes as an array (read-only: copy it to keep it)."""
+            return np.frombuffer(data[name], dtype).reshape(shape)
+
         def read(name: str, dtype: Any, shape: tuple) -> np.ndarray:
-            return np.frombuffer(data[name], dtype).reshape(shape).copy()
+            return view(name, dtype, shape).copy()
 
         self.width = width
         self.generation = 0
@@ -379,14 +383,13 @@ class RecentWindows:
         # Stored in columns' order (a row's empty cells first): each column in its own slot.
         self.buckets = np.zeros((n, width + 1, k), np.uint16)
         self.hist = np.zeros((n, width + 1, k), np.uint16)
-        self.buckets[:, :width] = read("buckets", np.uint16, (n, width, k))
+        self.buckets[:, :width] = view("buckets", np.uint16, (n, width, k))
         if "hist16" in data:
-            self.hist[:, :width] = np.frombuffer(data["hist16"], np.uint16).reshape(
-                (n, width, k))
+            self.hist[:, :width] = view("hist16", np.uint16, (n, width, k))
             self._over = {(row, column, pair): count
                           for row, column, pair, count in data["over"]}
         else:  # a checkpoint of an earlier pgdash: 32-bit counts
-            counts = read("hist", np.uint32, (n, width, k))
+            counts = view("hist", np.uint32, (n, width, k))
             self.hist[:, :width] = np.minimum(counts, SATURATED)
             big = np.nonzero(counts >= SATURATED)  # (their cells only: rare)
             self._put_counts(*big, counts[big])
