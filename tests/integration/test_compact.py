@@ -95,10 +95,11 @@ def test_frames_larger_than_a_read_from_two_agents_at_once_arrive_whole(server):
         for ws in links:
             ws.close()
     job = job_by_name(server, "big-frames")
-    stored = {ev["session"]: [] for ev in stored_events(server.db_url, [job["id"]])}
+    stored: dict[str, list[str]] = {}
     for e in stored_events(server.db_url, [job["id"]]):
+        errors = stored.setdefault(e["session"], [])
         if e["kind"] == "error":
-            stored[e["session"]].append(e["body"]["error"])
+            errors.append(e["body"]["error"])
     assert stored == {f"big{i}": texts[i] for i in range(2)}
 
 
