@@ -443,15 +443,25 @@ def runq_wait(pid: int) -> float:
 def tree_cpu(pid: int) -> float:
     """CPU seconds of a process and its children alive now (PostgreSQL's backends are
     children of the postmaster; one per connection, so they come and go)."""
-    total = 0.0
+    return sum((int(fields[11]) + int(fields[12])) / TICK for _, fields in _tree(pid))
+
+
+def tree_pids(pid: int) -> list[int]:
+    """A process and its children alive now."""
+    return [p for p, _ in _tree(pid)]
+
+
+def _tree(pid: int) -> list[tuple[int, list[str]]]:
+    """(pid, /proc/PID/stat fields after the command) of a process and its children."""
+    found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:  # gone meanwhile
             continue
         if int(stat.parent.name) == pid or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / TICK
-    return total
+            found.append((int(stat.parent.name), fields))
+    return found
 
 
 def metric(text: str, name: str) -> float | None:

@@ -59,7 +59,7 @@ from pathlib import Path
 
 import websockets
 
-from bench.capacity import Bench, get, launch, proc_stats, tree_cpu
+from bench.capacity import Bench, get, launch, proc_stats, tree_cpu, tree_pids
 from bench.common import OPS_PER_SECOND, fmt, pct, stop_by_pid
 from tests.helpers.procs import ROOT, ServerProcess, free_port, wait_for
 
@@ -176,23 +176,14 @@ def start(mode: str, db: str, args, workdir: Path):
 
 def server_figures(pid: int) -> tuple[float, int, int]:
     """(CPU seconds of the process and its children, RSS bytes, threads) of them all."""
-    kids = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
-            if _parent(p) == pid]
     rss = threads = 0
-    for p in (pid, *kids):
+    for p in tree_pids(pid):
         try:
             _, r, t = proc_stats(p)
-        except (OSError, StopIteration):
+        except (OSError, StopIteration):  # gone meanwhile
             continue
         rss, threads = rss + r, threads + t
     return tree_cpu(pid), rss, threads
-
-
-def _parent(stat: Path) -> int | None:
-    try:
-        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 async def run_mode(mode: str, args, workdir: Path) -> list[dict]:
