@@ -259,6 +259,7 @@ def exited_early(n, backend, py_spy):
     log.add("s0", "left", {"group": None, "reason": "destroy_process_group"}, t=105.0)
     for r in range(1, world):
         inflight(log, r, 105.6, entered=41, since=105.5)
+    log.add("s0", "heartbeat", {"groups": []}, t=105.6)  # alive after it left: it left
     return log, 106.0
 
 

@@ -71,14 +71,24 @@ def test_a_pipeline_in_its_bubble_is_no_stall():
     assert [f for f in diagnose(log.state(), 104.0, S) if f["ranks"] == [3]] == []
 
 
-def leave(log, rank, t, entered, fr=0, how="left"):
-    log.add(f"s{rank}", "heartbeat", {"groups": [
-        {"group": "0", "entered": entered, "completed": entered, "inflight_op": None,
-         "inflight_since": None, "fr_enqueued": fr, "fr_completed": fr}]}, t=t)
+def leave(log, rank, t, entered, fr=0, how="left", alive_after=0.6):
+    """The rank's last collectives, then it destroys its group ("left": its heartbeat goes on
+    ``alive_after`` later, None for none) or exits cleanly ("exit")."""
+    def heartbeat(at):
+        log.add(f"s{rank}", "heartbeat", {"groups": [
+            {"group": "0", "entered": entered, "completed": entered, "inflight_op": None,
+             "inflight_since": None, "fr_enqueued": fr, "fr_completed": fr}]}, t=at)
+    heartbeat(t)
     if how == "left":
         log.add(f"s{rank}", "left", {"group": None, "reason": "destroy_process_group"}, t=t)
+        if alive_after is not None:
+            heartbeat(t + alive_after)
     else:
         log.add(f"s{rank}", "exit", {"clean": True, "reason": "exit", "exitcode": 0}, t=t)
+
+
+CLOSED = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+          "peer [127.0.0.1]:13221")
 
 
 def test_a_rank_that_leaves_early_is_named_and_its_peers_errors_are_its_evidence():
@@ -94,17 +104,65 @@ def test_a_rank_that_leaves_early_is_named_and_its_peers_errors_are_its_evidence
     assert f["evidence"]["ahead"] == {"0": [0, 1]} and f["first_seen"] == 105.0
     assert "Join" in f["hint"] and "drop_last" in f["hint"]
     # Their collective fails on the closed connection; they exit non-zero; torchrun stops.
-    closed = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
-              "by peer [127.0.0.1]:13221")
     for r in (0, 1):
         log.add(f"s{r}", "error", {"where": "collective", "error_type": "RuntimeError",
-                                   "error": closed, "group": "0", "op": "all_reduce",
+                                   "error": CLOSED, "group": "0", "op": "all_reduce",
                                    "seq": 41}, t=105.7)
         log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.8)
     log.add("s2", "exit", {"clean": True, "reason": "exit", "exitcode": 0}, t=106.0)
     found = diagnose(log.state(), 120.0, S)
     assert kinds(found) == [("rank_exited_early", [2])], found
     assert set(found[0]["evidence"]["victims"]) == {"0", "1"}
+
+
+def crash_in_a_collective(log, at=105.0):
+    """Rank 1 raises in its loop; its ``finally: destroy_process_group()`` closes its
+    connections; rank 0's and rank 2's next all_reduce fails on them."""
+    leave(log, 1, at, entered=40, alive_after=None)
+    for r in (0, 2):
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 41, "completed": 40, "inflight_op": "all_reduce",
+             "inflight_since": at - 0.2}]}, t=at - 0.1)
+    return {"where": "uncaught", "error_type": "RuntimeError",
+            "error": "RuntimeError: injected failure on rank 1"}
+
+
+def test_a_victim_that_leaves_on_its_way_out_of_the_error_is_not_blamed_while_it_reports():
+    """The crash demo on a loaded machine: rank 0's finally destroyed its group before its
+    error reached the agent, and before rank 1's error came in. Nobody may be named for that
+    moment but the rank that crashed, and it only once its error is in."""
+    log = running(3)
+    error = crash_in_a_collective(log)
+    leave(log, 0, 105.2, entered=41, alive_after=None)  # its error is still on its way
+    log.add("s2", "error", {"where": "collective", "error_type": "RuntimeError",
+                            "error": CLOSED, "group": "0", "op": "all_reduce", "seq": 41},
+            t=105.2)
+    log.add("s2", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.3)
+    for now in (105.3, 106.0, 110.0):
+        assert diagnose(log.state(), now, S) == [], now
+    log.add("s1", "error", error, t=105.4)
+    log.add("s1", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.5)
+    assert kinds(diagnose(log.state(), 110.0, S)) == [("rank_failed", [1])]
+    log.add("s0", "error", {"where": "uncaught", "error_type": "RuntimeError",
+                            "error": CLOSED}, t=105.6)
+    log.add("s0", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.7)
+    (f,) = diagnose(log.state(), 110.0, S)
+    assert (f["kind"], f["ranks"]) == ("rank_failed", [1])
+    assert set(f["evidence"]["victims"]) == {"0", "2"}, f["evidence"]
+
+
+def test_a_rank_that_catches_a_peers_crash_and_exits_cleanly_did_not_leave_early():
+    """``except Exception: log it`` then a clean exit: rank 0 left after rank 1 crashed."""
+    log = running(3)
+    error = crash_in_a_collective(log)
+    log.add("s1", "error", error, t=105.1)
+    log.add("s1", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.2)
+    leave(log, 0, 105.3, entered=41, how="exit")
+    log.add("s2", "error", {"where": "collective", "error_type": "RuntimeError",
+                            "error": CLOSED, "group": "0", "op": "all_reduce", "seq": 41},
+            t=105.3)
+    found = diagnose(log.state(), 110.0, S)
+    assert kinds(found) == [("rank_failed", [1])], found
 
 
 def test_ranks_that_all_finish_together_are_not_early():

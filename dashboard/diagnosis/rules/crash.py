@@ -12,7 +12,7 @@ from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import (backend_of, frame_label, process_label, sentence,
                                       stack_commands, user_frame)
-from dashboard.diagnosis.rules.departures import departures
+from dashboard.diagnosis.rules.departures import departures, ends, is_init_failure
 from dashboard.diagnosis.rules.hangs import job_stop
 from dashboard.state import JobState, RankState
 
@@ -62,27 +62,6 @@ def code_bug(err: dict[str, Any] | None, cause: Any) -> dict[str, Any] | None:
     return user_frame(frames)
 
 
-def _is_init_failure(state: JobState, r: RankState) -> bool:
-    return bool((state.init.get(r.session) or {}).get("error"))
-
-
-def _ends(state: JobState) -> list[tuple[float, int]]:
-    """(time, rank) of each rank that crashed with an error of its own (not one that waited
-    on a peer) or was lost, earliest first: what can end other ranks."""
-    def build() -> list[tuple[float, int]]:
-        out = []
-        for r in state.ranks():
-            if r.status == RankStatus.LOST and r.exit_at is not None:
-                out.append((r.exit_at, r.rank))
-            elif r.status == RankStatus.FAILED and not _is_init_failure(state, r):
-                err = state.last_error(r.rank)
-                cause = classify(err["error"], err.get("error_type")) if err else None
-                if err and cause is not None and not cause.victim:
-                    out.append((err["t"], r.rank))
-        return sorted(out)
-    return state.memo(("ends",), build)
-
-
 def _consequence(state: JobState, r: RankState, s: Settings) -> bool:
     """Whether a rank ended because something else ended it first: a hung job being stopped
     (rules.hangs.job_stop), a peer that left early (rules.departures), or a peer's crash or
@@ -95,7 +74,7 @@ def _consequence(state: JobState, r: RankState, s: Settings) -> bool:
             return True
     if r.status != RankStatus.LOST or r.exit_at is None:
         return False
-    first = next(((t, rank) for t, rank in _ends(state) if rank != r.rank), None)
+    first = next(((t, rank) for t, rank in ends(state) if rank != r.rank), None)
     return first is not None and r.exit_at >= first[0] + CONSEQUENCE_AFTER_S
 
 
@@ -247,7 +226,7 @@ def _silent(state: JobState, r: RankState, how: str, now: float,
 
 
 def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
-    failed = [r for r in state.ranks() if r.status == RankStatus.FAILED and not _is_init_failure(state, r)]
+    failed = [r for r in state.ranks() if r.status == RankStatus.FAILED and not is_init_failure(state, r)]
     if not failed:
         return []
     causes = {}

@@ -1,7 +1,15 @@
 """Rule for a rank that left training early: it returned from its loop, destroyed its process
 group or exited cleanly while its peers still issue collectives with it. Their waits and
 errors that follow (gloo's "Connection closed by peer", NCCL's "remote process exited") are its
-evidence, not findings of their own (see rules.crash)."""
+evidence, not findings of their own (see rules.crash).
+
+A rank whose collective failed because a peer crashed leaves too: ``finally:
+destroy_process_group()`` runs before its exception reaches the agent. So a leave is the
+rank's own only when no rank of the job had crashed (``ends``) before it, and it is named only
+once it settled: the rank exited cleanly, or was heard from, alive, after it left. Until then
+it still excuses its peers' errors (rules.crash), so nobody is blamed while it settles: the
+crash demo's rank 0, a victim, was named critical for the moment between its leave and its
+error on a loaded machine."""
 
 from __future__ import annotations
 
@@ -16,6 +24,10 @@ from dashboard.state import JobState, RankState
 # How far a peer's error may precede the departure it follows (clocks of two hosts, and an
 # exit reported after the sockets it closed).
 ERROR_SLACK_S = 2.0
+# A rank that destroyed its group is known to have left by itself once a report of its own
+# comes this long after the leave (its heartbeat, a second apart): a rank leaving on its way
+# out of an exception reports the exception within milliseconds of the leave.
+SETTLED_AFTER_S = 0.5
 
 
 class Departure(NamedTuple):
@@ -24,6 +36,29 @@ class Departure(NamedTuple):
     how: str
     ahead: dict[str, list[int]]  # group -> peers that issued collectives it never joined
     victims: dict[int, dict[str, Any]]  # peers failed after it left -> their error
+    settled: bool  # exited cleanly, or heard from alive after it left: named (rank_exited_early)
+
+
+def is_init_failure(state: JobState, r: RankState) -> bool:
+    return bool((state.init.get(r.session) or {}).get("error"))
+
+
+def ends(state: JobState) -> list[tuple[float, int]]:
+    """(time, rank) of each rank that crashed with an error of its own (not one that waited
+    on a peer) or was lost, earliest first: what can end other ranks. A crashed rank ended
+    when it destroyed its group on its way out, if it did, else at its error."""
+    def build() -> list[tuple[float, int]]:
+        out = []
+        for r in state.ranks():
+            if r.status == RankStatus.LOST and r.exit_at is not None:
+                out.append((r.exit_at, r.rank))
+            elif r.status == RankStatus.FAILED and not is_init_failure(state, r):
+                err = state.last_error(r.rank)
+                cause = classify(err["error"], err.get("error_type")) if err else None
+                if err and cause is not None and not cause.victim:
+                    out.append((min(err["t"], r.left_at or err["t"]), r.rank))
+        return sorted(out)
+    return state.memo(("ends",), build)
 
 
 def _left_at(r: RankState) -> tuple[float, str] | None:
@@ -57,12 +92,15 @@ def departures(state: JobState) -> list[Departure]:
     left with an error that names a lost peer. Built once per state version."""
     def build() -> list[Departure]:
         ranks = state.rank_index()
+        crashed = ends(state)
         out = []
         for r in ranks.values():
             left = _left_at(r)
             if left is None:
                 continue
             at, how = left
+            if crashed and crashed[0][0] < at:
+                continue  # it left after a crash: that crash's consequence (rules.crash)
             ahead: dict[str, list[int]] = {}
             for name, group in state.groups.items():
                 members = group.get("ranks") or []
@@ -90,7 +128,8 @@ def departures(state: JobState) -> list[Departure]:
                     if cause is not None and cause.victim:
                         victims.setdefault(e["rank"], e)
             if ahead or victims:
-                out.append(Departure(r.rank, at, how, ahead, victims))
+                settled = r.status == RankStatus.EXITED or r.last_seen >= at + SETTLED_AFTER_S
+                out.append(Departure(r.rank, at, how, ahead, victims, settled))
         return out
     return state.memo(("departures",), build)
 
@@ -99,6 +138,8 @@ def rank_exited_early(state: JobState, now: float, s: Settings) -> list[Finding]
     out = []
     ranks = state.rank_index()
     for d in departures(state):
+        if not d.settled:
+            continue
         r = ranks.get(d.rank)
         peers = sorted({p for late in d.ahead.values() for p in late} | set(d.victims))
         groups = sorted(d.ahead, key=str)
