@@ -78,6 +78,37 @@ RULES: tuple[Rule, ...] = (
           "size or activation memory on this rank, and try "
           "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` if the message shows much memory "
           "reserved but unallocated."),
+    # --- DataLoader: a worker process of this rank died (its own error, not the code's line) ---
+    _rule(r"DataLoader worker \(pid (?P<worker>\d+)\) is killed by signal: Bus error"
+          r"|Unexpected bus error encountered in worker",
+          "dataloader_shm", "a DataLoader worker hit a bus error (shared memory full)", False,
+          "A DataLoader worker of this rank died of a bus error: workers hand batches over in "
+          "shared memory (`/dev/shm`), and it was full. In a container give it more "
+          "(`docker run --shm-size=16g` or `--ipc=host`; Kubernetes: an `emptyDir` with "
+          "`medium: Memory` mounted at `/dev/shm`); check with `df -h /dev/shm`. Fewer workers "
+          "or a smaller `prefetch_factor` need less."),
+    _rule(r"DataLoader worker \(pid (?P<worker>\d+)\) is killed by signal: Killed",
+          "dataloader_killed", "a DataLoader worker was killed (SIGKILL: the OOM killer)", False,
+          "A DataLoader worker of this rank (pid {worker}) got SIGKILL, almost always from the "
+          "kernel's OOM killer: `dmesg -T | grep -iE 'killed process|out of memory'` on this "
+          "host shows it. Each worker holds its own copy of the dataset and prefetches "
+          "`prefetch_factor` batches: lower `num_workers` or `prefetch_factor`, and keep big "
+          "tables in numpy arrays, not Python lists, which every worker ends up copying."),
+    _rule(r"DataLoader worker \(pid\(?s?\)? (?P<worker>[\d, ]+)\) (?:is killed by signal: "
+          r"(?P<signal>[^.\n]{1,40})|exited unexpectedly)",
+          "dataloader_worker_died", "a DataLoader worker process died", False,
+          "A DataLoader worker of this rank (pid {worker}) died, so its batch never came: the "
+          "cause is in the worker, not on the line the traceback ends at. Read this rank's log "
+          "above the traceback for the worker's own error (a segmentation fault in a decoding "
+          "library, an exception in the dataset's `__getitem__`), check `dmesg -T` on this host "
+          "for an OOM kill, and rerun with `num_workers=0` to see the error in the main "
+          "process."),
+    _rule(r"unable to (?:write to file </torch_|allocate shared memory)",
+          "dataloader_shm", "shared memory (/dev/shm) is full", False,
+          "This rank could not put a tensor in shared memory (`/dev/shm`), which DataLoader "
+          "workers use to hand batches over, because it is full. In a container give it more "
+          "(`docker run --shm-size=16g` or `--ipc=host`; Kubernetes: an `emptyDir` with "
+          "`medium: Memory` mounted at `/dev/shm`); check with `df -h /dev/shm`."),
     _rule(r"CUDA error: (?P<what>[^\n]{1,200}?)\s*(?:\n|$)",
           "cuda_error", "a CUDA error on this rank's GPU ({what})", False,
           "CUDA reports a failed kernel at a later call, so the line in the traceback may not be "
@@ -110,6 +141,12 @@ RULES: tuple[Rule, ...] = (
           "monitored_barrier_timeout", "rank(s) {peers} did not reach the monitored barrier", True,
           "Rank(s) {peers} did not reach the monitored barrier within {timeout_ms} ms: read their "
           "logs first (crashed, hung, or on another code path); this rank only waited for them."),
+    _rule(r"Rank \d+ successfully reached monitoredBarrier, but received errors while waiting "
+          r"for send/recv from rank (?P<runner>\d+)",
+          "monitored_barrier_timeout", "the monitored barrier failed on rank {runner}", True,
+          "This rank reached the monitored barrier, which rank {runner} runs; rank {runner} then "
+          "failed, most often because another rank did not arrive in time: its error names "
+          "the rank(s), and pgdash shows which one never entered the barrier."),
     _rule(r"collective timeout from\s+rank (?P<peer>\d+)",
           "nccl_watchdog_timeout", "NCCL collective timed out on rank {peer} first", True,
           "Rank {peer} hit the collective timeout first and told every rank to dump: start with "
@@ -158,6 +195,29 @@ RULES: tuple[Rule, ...] = (
           "This rank's watchdog thread was blocked inside a CUDA or NCCL call (often a hung GPU): "
           "check `nvidia-smi` and `dmesg -T | grep -i xid` on this host, and `py-spy dump --native "
           "--pid <pid>`. Raise `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC` only if the job still progresses."),
+    # --- DDP: this rank's backward did not match what DDP expects ----------------------------
+    _rule(r"Expected to have finished reduction in the prior iteration before starting a new "
+          r"one[\s\S]*?Parameter indices which did not receive grad for rank \d+: "
+          r"(?P<indices>\d+(?: \d+)*)",
+          "ddp_unused_parameters", "DDP: parameters got no gradient on this rank", False,
+          "Parameters {indices} of this rank's model got no gradient in its last step (a branch "
+          "of `forward` only this rank took, or an output left out of the loss), so DDP never "
+          "reduced them. Make every rank use every parameter, or pass "
+          "`find_unused_parameters=True` to DDP (slower); `TORCH_DISTRIBUTED_DEBUG=DETAIL` "
+          "names them."),
+    _rule(r"Expected to have finished reduction in the prior iteration before starting a new one",
+          "ddp_unused_parameters", "DDP: parameters got no gradient on this rank", False,
+          "Some parameters of this rank's model got no gradient in its last step (a branch of "
+          "`forward` only this rank took, or an output left out of the loss), so DDP never "
+          "reduced them. Make every rank use every parameter, or pass "
+          "`find_unused_parameters=True` to DDP (slower); `TORCH_DISTRIBUTED_DEBUG=DETAIL` "
+          "names them."),
+    _rule(r"Expected to mark a variable ready only once",
+          "ddp_ready_twice", "DDP: a parameter's gradient came twice in one backward", False,
+          "A parameter of this rank's model produced its gradient twice in one backward: "
+          "reentrant activation checkpointing, or a module used twice in `forward`, under DDP. "
+          "Use `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`, or "
+          "`DDP(..., static_graph=True)` if the graph is the same every step."),
     # --- rendezvous and configuration: this rank (or its launch) is the cause -------------------
     _rule(r"Received data size doesn't match expected size",
           "size_mismatch", "gloo received a different size than expected: a collective mismatch",

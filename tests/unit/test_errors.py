@@ -112,6 +112,27 @@ NCCL_INVALID = ("torch.distributed.DistBackendError: NCCL error in: "
 MONITORED_BARRIER = ("[Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms\n Original exception: "
                      "\n[gloo/transport/tcp/pair.cc:598] Connection closed by peer "
                      "[2401:db00:eef0:1100:3560:0:1c05:25d]:8594")
+MONITORED_BARRIER_RANK = (
+    "Rank 1 successfully reached monitoredBarrier, but received errors while waiting for "
+    "send/recv from rank 0. Please check rank 0 logs for faulty rank.\n Original exception: \n"
+    + PEER_CLOSED)
+# torch/utils/data/dataloader.py and libtorch's signal handling, torch 2.13.
+LOADER_KILLED = "DataLoader worker (pid 2017) is killed by signal: Killed. "
+LOADER_BUS = "DataLoader worker (pid 2017) is killed by signal: Bus error. "
+LOADER_SEGV = "DataLoader worker (pid 2017) is killed by signal: Segmentation fault. "
+LOADER_EXITED = "DataLoader worker (pid(s) 2017, 2018) exited unexpectedly"
+SHM_FULL = ("unable to write to file </torch_2011_2857165817_0>: No space left on device (28)")
+# torch/csrc/distributed/c10d/reducer.cpp, torch 2.13, as rank 2 of a real DDP job raised it.
+DDP_UNUSED = (
+    "Expected to have finished reduction in the prior iteration before starting a new one. "
+    "This error indicates that your module has parameters that were not used in producing "
+    "loss. You can enable unused parameter detection by passing the keyword argument "
+    "`find_unused_parameters=True` to `torch.nn.parallel.DistributedDataParallel`, and by \n"
+    "making sure all `forward` function outputs participate in calculating loss. \n"
+    "Parameter indices which did not receive grad for rank 2: 2 3\n In addition, you can set "
+    "the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL")
+DDP_TWICE = ("Expected to mark a variable ready only once. This error is caused by one of the "
+             "following reasons: 1) Use of a module parameter outside the `forward` function.")
 
 
 @pytest.mark.parametrize("text, cause, victim, details", [
@@ -160,6 +181,15 @@ MONITORED_BARRIER = ("[Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 m
     (NCCL_INVALID, "nccl_invalid_usage", False, {"nccl_version": "2.21.5"}),
     (MONITORED_BARRIER, "monitored_barrier_timeout", True,
      {"peers": [1], "peer": 1, "timeout_ms": 2000}),
+    (MONITORED_BARRIER_RANK, "monitored_barrier_timeout", True, {"runner": "0"}),
+    (LOADER_KILLED, "dataloader_killed", False, {"worker": "2017"}),
+    (LOADER_BUS, "dataloader_shm", False, {"worker": "2017"}),
+    (LOADER_SEGV, "dataloader_worker_died", False, {"signal": "Segmentation fault"}),
+    (LOADER_EXITED, "dataloader_worker_died", False, {"worker": "2017, 2018"}),
+    (SHM_FULL, "dataloader_shm", False, {}),
+    (DDP_UNUSED, "ddp_unused_parameters", False, {"indices": "2 3"}),
+    (DDP_UNUSED.split(" This error")[0], "ddp_unused_parameters", False, {}),
+    (DDP_TWICE, "ddp_ready_twice", False, {}),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 30 else None)
 def test_verbatim_texts(text, cause, victim, details):
     got = classify(text)
@@ -192,6 +222,13 @@ def test_verbatim_texts(text, cause, victim, details):
     (NCCL_SYSTEM, ["NCCL_DEBUG_SUBSYS=INIT,NET", "/dev/shm", "NCCL_SOCKET_IFNAME"]),
     (NCCL_DUP_GPU, ["Ranks 1, 0", "torch.cuda.set_device(local_rank)", "CUDA_VISIBLE_DEVICES"]),
     (MONITORED_BARRIER, ["Rank(s) 1", "2000 ms"]),
+    (MONITORED_BARRIER_RANK, ["rank 0 runs"]),
+    (LOADER_KILLED, ["pid 2017", "OOM killer", "dmesg -T", "num_workers"]),
+    (LOADER_BUS, ["/dev/shm", "--shm-size"]),
+    (LOADER_EXITED, ["pid 2017, 2018", "num_workers=0"]),
+    (SHM_FULL, ["/dev/shm", "df -h /dev/shm"]),
+    (DDP_UNUSED, ["Parameters 2 3", "find_unused_parameters=True"]),
+    (DDP_TWICE, ["use_reentrant=False", "static_graph=True"]),
 ])
 def test_hint_uses_parsed_values(text, needles):
     hint = classify(text).hint

@@ -216,6 +216,81 @@ def test_ranks_that_time_out_in_a_hung_collective_are_victims_of_the_hang():
     assert kinds(found) == [("stall", [2])], found
 
 
+def waiting_for_rank_2(log, op, since, t):
+    """Ranks 0 and 1 inside ``op`` #41 since ``since``; rank 2 never entered it."""
+    for r in (0, 1):
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 41, "completed": 40, "inflight_op": op,
+             "inflight_since": since}]}, t=t)
+    log.add("s2", "heartbeat", {"groups": [
+        {"group": "0", "entered": 40, "completed": 40, "inflight_op": None,
+         "inflight_since": None}]}, t=t)
+
+
+def test_a_collective_timeout_shorter_than_the_stall_floor_is_the_hang_of_the_rank_missing():
+    """init_process_group(timeout=5 s): the others' gloo gives up before a stall could form
+    (10 s); the rank that never entered is the hang, not a victim's error or its kill."""
+    log = running(3)
+    history(log, 3)
+    waiting_for_rank_2(log, "all_reduce", 101.0, 104.0)
+    assert diagnose(log.state(), 104.0, S) == []
+    timeout = ("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+               "waiting 5000ms for recv operation to complete")
+    log.add("s0", "error", {"where": "collective", "error_type": "RuntimeError",
+                            "error": timeout, "group": "0", "op": "all_reduce", "seq": 41},
+            t=106.0)
+    log.add("s0", "exit", {"clean": False, "reason": "uncaught exception"}, t=106.1)
+    (f,) = diagnose(log.state(), 106.5, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("hang", "critical", [2])
+    assert f["evidence"]["stopped"]["timed_out"] == {
+        "0": "gloo collective timed out waiting for a peer"}
+    assert "Rank 0's own timeout ended the wait" in f["summary"], f["summary"]
+    log.add("s1", "error", {"where": "collective", "error_type": "RuntimeError",
+                            "error": timeout, "group": "0", "op": "all_reduce", "seq": 41},
+            t=106.05)
+    log.add("s1", "exit", {"clean": False, "reason": "uncaught exception"}, t=106.2)
+    log.add("s2", "disconnect", {}, t=106.6)  # torchrun terminates the rest
+    assert kinds(diagnose(log.state(), 120.0, S)) == [("hang", [2])]
+
+
+def test_a_monitored_barrier_that_names_a_rank_is_the_hang_of_that_rank():
+    """monitored_barrier(timeout=5 s): rank 1's error (about rank 0, which runs the barrier)
+    comes in first, then rank 0's, which names rank 2; torchrun then kills rank 2."""
+    log = running(3)
+    history(log, 3)
+    waiting_for_rank_2(log, "monitored_barrier", 101.0, 105.5)
+    log.add("s1", "error", {"where": "uncaught", "error_type": "RuntimeError", "error": (
+        "Rank 1 successfully reached monitoredBarrier, but received errors while waiting for "
+        "send/recv from rank 0. Please check rank 0 logs for faulty rank.\n Original "
+        "exception: \n" + CLOSED)}, t=106.02)
+    log.add("s1", "exit", {"clean": False, "reason": "uncaught exception"}, t=106.1)
+    assert kinds(diagnose(log.state(), 106.5, S)) == [("hang", [2])]
+    log.add("s0", "error", {"where": "uncaught", "error_type": "RuntimeError",
+                            "error": "[Rank 0]: Ranks 2 failed to pass monitoredBarrier in "
+                                     "5000 ms"}, t=106.01)
+    log.add("s0", "exit", {"clean": False, "reason": "uncaught exception"}, t=106.15)
+    log.add("s2", "disconnect", {}, t=106.6)
+    (f,) = diagnose(log.state(), 120.0, S)
+    assert (f["kind"], f["ranks"]) == ("hang", [2]) and f["evidence"]["waiting"] == [0, 1]
+
+
+def test_a_collective_timeout_while_every_peer_is_inside_blames_no_missing_rank():
+    """A timeout that is not about a missing rank (all ranks were in the collective) makes no
+    hang at once: the crash rules speak for it."""
+    log = running(2)
+    history(log, 2)
+    for r in (0, 1):
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 41, "completed": 41, "inflight_op": None,
+             "inflight_since": None}]}, t=104.0)
+    timeout = "Timed out waiting 5000ms for recv operation to complete"
+    log.add("s0", "error", {"where": "collective", "error_type": "RuntimeError",
+                            "error": timeout, "group": "0", "op": "all_reduce", "seq": 42},
+            t=106.0)
+    log.add("s0", "exit", {"clean": False, "reason": "uncaught exception"}, t=106.1)
+    assert "hang" not in {f["kind"] for f in diagnose(log.state(), 110.0, S)}
+
+
 def test_a_python_barrier_where_the_others_are_inside_ddp_is_a_desync_of_that_rank():
     log = running(4)
 

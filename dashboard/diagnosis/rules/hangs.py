@@ -10,8 +10,10 @@ rules.stalls (the stall judged against the group's history).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from dashboard.diagnosis.errors import classify
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.p2p import p2p_finding
@@ -21,9 +23,12 @@ from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, Stop, View, 
                                              stopped_text, stuck_collective)
 from dashboard.diagnosis.text import (agree, backend_of, group_label, have, ranks_label,
                                       stack_commands, them, what_ends_the_wait)
-from dashboard.state import JobState
+from dashboard.state import JobState, RankState
 
 STOPPED = (RankStatus.LOST, RankStatus.FAILED)  # how the ranks of a stopped job end
+# Causes (dashboard.diagnosis.known_errors) of a rank that gave up waiting in a collective.
+COLLECTIVE_TIMEOUTS = frozenset({"gloo_timeout", "nccl_watchdog_timeout",
+                                 "monitored_barrier_timeout"})
 
 
 def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
@@ -133,7 +138,14 @@ def job_stop(state: JobState, s: Settings) -> Stop | None:
     """The end of a job that hung, if it ended so: ranks ended (killed by the launcher on
     Ctrl-C, a scheduler, a collective timeout, the NCCL watchdog) after a `hang` or `stall`
     verdict stood. That verdict, as it stood when the first of them ended, stays the job's;
-    the departures are its last evidence, not findings of their own (see rules.crash)."""
+    the departures are its last evidence, not findings of their own (see rules.crash).
+
+    A rank that gave up waiting with a collective timeout of torch's own (gloo's, the NCCL
+    watchdog's, ``monitored_barrier``'s, often set to seconds) says the wait was too long
+    before any threshold of pgdash's: the collective it waited in is then a hang at once, if
+    a peer never entered it (a `monitored_barrier(timeout=5 s)` ended a job before its stall
+    could form, and the victims' errors, then the launcher's kill of the stuck rank, were
+    all pgdash named)."""
     def build() -> Stop | None:
         # Stopped ranks were killed or failed: one that exited cleanly was waiting no more.
         stopped = [r for r in state.ranks()
@@ -143,12 +155,27 @@ def job_stop(state: JobState, s: Settings) -> Stop | None:
         # The verdict must stand when the first rank ends: a hang that forms only after a
         # rank crashed or was killed is that death's consequence (rules.crash names it).
         at = min(r.exit_at for r in stopped)
-        probe = Stop(at, sorted(r.rank for r in stopped), [])
+        timed_out = _timed_out(state, stopped)
+        probe = Stop(at, sorted(r.rank for r in stopped), [], timed_out)
         frame = Frame(at, probe)
         found = [f for f in _hangs(state, frame, s) + find_stalls(state, frame, s)
                  if f["first_seen"] <= at]
+        if not found and timed_out:
+            found = [f for f in _hangs(state, frame, replace(s, hang_after=0.0))
+                     if set(f["evidence"].get("waiting", ())) & set(timed_out)]
         return probe._replace(findings=found) if found else None
     return state.memo(("job_stop",), build)
+
+
+def _timed_out(state: JobState, stopped: list[RankState]) -> dict[int, str]:
+    """rank -> its error's title, for the stopped ranks whose collective timed out."""
+    out = {}
+    for r in stopped:
+        err = state.last_error(r.rank) if r.status == RankStatus.FAILED else None
+        cause = classify(err["error"], err.get("error_type")) if err else None
+        if cause is not None and cause.cause in COLLECTIVE_TIMEOUTS:
+            out[r.rank] = cause.title
+    return out
 
 
 def hang(state: JobState, now: float, s: Settings) -> list[Finding]:

@@ -60,6 +60,9 @@ class Stop(NamedTuple):
     at: float  # when the first of them ended
     ranks: list[int]  # the ranks that ended from then on
     findings: list[Finding]  # the hang or stall verdict as it stood then
+    # rank -> the title of its collective timeout, for ranks that gave up waiting (torch's own
+    # timeout judged the wait: a hang however short; rules.hangs.job_stop)
+    timed_out: dict[int, str] = {}
 
 
 class Frame(NamedTuple):
@@ -199,13 +202,21 @@ def stopped_text(state: JobState, frame: Frame) -> str:
     stop = frame.stop
     if stop is None:
         return ""
-    return (f" The job was then stopped ({ranks_label(stop.ranks)} ended from "
+    gave_up = ""
+    if stop.timed_out:
+        rank, title = min(stop.timed_out.items())
+        gave_up = f" Rank {rank}'s own timeout ended the wait ({title})."
+    return (f"{gave_up} The job was then stopped ({ranks_label(stop.ranks)} ended from "
             f"{stop.at:.0f} s, Unix time, on): this stays its verdict.")
 
 
 def stop_evidence(frame: Frame) -> dict[str, Any]:
-    return {} if frame.stop is None else {"stopped": {"at": frame.stop.at,
-                                                      "ranks": frame.stop.ranks}}
+    if frame.stop is None:
+        return {}
+    stopped: dict[str, Any] = {"at": frame.stop.at, "ranks": frame.stop.ranks}
+    if frame.stop.timed_out:
+        stopped["timed_out"] = {str(r): t for r, t in sorted(frame.stop.timed_out.items())}
+    return {"stopped": stopped}
 
 
 def chain_text(state: JobState, chain: list[dict[str, Any]]) -> str:
