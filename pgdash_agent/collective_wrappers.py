@@ -49,6 +49,10 @@ OPS: dict[str, tuple[str | None, bool, bool, bool]] = {
     "irecv": ("tensor", False, True, True),
 }
 
+# Collectives with a root: (its parameter, the group-relative one). Ranks must agree on it.
+ROOTS = {"broadcast": ("src", "group_src"), "scatter": ("src", "group_src"),
+         "reduce": ("dst", "group_dst"), "gather": ("dst", "group_dst")}
+
 # Point-to-point ops: (peer parameter, group-relative peer parameter, direction).
 P2P_PEER = {"send": ("dst", "group_dst", "send"), "isend": ("dst", "group_dst", "send"),
             "recv": ("src", "group_src", "recv"), "irecv": ("src", "group_src", "recv")}
@@ -148,6 +152,11 @@ class CollectiveWrappers:
             peer_name, gpeer_name, direction = P2P_PEER[op]
             peer_pos, gpeer_pos = params.index(peer_name), params.index(gpeer_name)
             tag_pos = params.index("tag")
+        root_names = ROOTS.get(op)
+        if root_names is not None:
+            root_name, groot_name = root_names
+            root_pos = params.index(root_name) if root_name in params else None
+            groot_pos = params.index(groot_name) if groot_name in params else None
         tracker = self.tracker
         tracks = tracker.tracks
         records = tracker.records
@@ -194,7 +203,9 @@ class CollectiveWrappers:
                 else:
                     track.entered += 1
                     seq = track.entered
-                    track.inflight = (op, dtype, nbytes)
+                    root = None if root_names is None else _root(
+                        track, args, kwargs, root_pos, root_name, groot_pos, groot_name)
+                    track.inflight = (op, dtype, nbytes, root)
                     lo = track.fr_open = fr_seq() if fr_seq is not None else None
                 if p2p:
                     t0 = clock()
@@ -238,6 +249,7 @@ class CollectiveWrappers:
                 return result
             if not p2p and seq > track.completed:
                 track.completed = seq
+                track.done_root = root
                 track.inflight = None
             if len(records) < cap:
                 records.append((track, op, nbytes, t0, clock(), lo, hi))
@@ -281,6 +293,20 @@ def _p2p_key(track: GroupTrack, op: str, direction: str, args: tuple, kwargs: di
     posted[key] = count = (count or 0) + 1
     return op, peer, tag, count
 
+
+def _root(track: GroupTrack, args: tuple, kwargs: dict, pos: int | None, name: str,
+          gpos: int | None, gname: str) -> int | None:
+    """A rooted collective's root as a global rank (from ``src``/``dst``, or from
+    ``group_src``/``group_dst`` through the group's ranks); None when not given."""
+    n = len(args)
+    root = args[pos] if pos is not None and n > pos else kwargs.get(name)
+    if root is None:
+        groot = args[gpos] if gpos is not None and n > gpos else kwargs.get(gname)
+        if groot is None:
+            return None
+        root = track.ranks[groot] if 0 <= groot < len(track.ranks) else groot
+    root = int(root)
+    return root if root >= 0 else None  # the wire's counts are not negative
 
 
 def _default_pg():

@@ -36,7 +36,11 @@ class GroupTrack:
     entered: int = 0  # collectives entered (the group's sequence number)
     completed: int = 0  # highest sequence number completed
     p2p: int = 0  # point-to-point operations entered
-    inflight: tuple | None = None  # (op, dtype, bytes) of the collective entered last
+    inflight: tuple | None = None  # (op, dtype, bytes, root) of the collective entered last
+    # The root (global rank: a broadcast's or scatter's src, a reduce's or gather's dst) of
+    # the collective numbered ``completed``, None for one without: what ranks that are past a
+    # collective say about it when two ranks inside it disagree on the root (rules.desync)
+    done_root: int | None = None
     inflight_since: float = 0.0  # perf_counter() at enter
     # The backend's sequence number (``pg._get_sequence_number_for_group``), read around each
     # wrapped collective so that the Flight Recorder's entries of it are not counted again
@@ -140,7 +144,10 @@ class CollectiveTracker:
             if not p2p and seq > track.completed:
                 track.completed = seq
                 if track.entered == seq:
+                    track.done_root = track.inflight[3] if track.inflight else None
                     track.inflight = None
+                else:
+                    track.done_root = None  # its own root was replaced by a later call's
             if len(self.records) < self.max_records:
                 self.records.append((track, op, nbytes, t0, now, lo, hi))
             else:
@@ -232,6 +239,10 @@ class CollectiveTracker:
             if busy:  # the signature ranks must agree on at this sequence number (desync)
                 row["inflight_dtype"] = _dtype_name(inflight[1])
                 row["inflight_bytes"] = inflight[2]
+                if inflight[3] is not None:
+                    row["inflight_root"] = inflight[3]
+            if track.done_root is not None:
+                row["done_root"] = track.done_root
             if busy and track.fr_open is not None:  # its place in the Flight Recorder's order
                 row["inflight_fr"] = track.fr_open + 1
             if track.fr_last is not None:

@@ -183,6 +183,11 @@ class GroupProgress(_Shape):
     inflight_since: Optional[_Num] = None
     inflight_dtype: Optional[_Name] = None
     inflight_bytes: Optional[_Count] = None
+    # Optional (newer agents): the global rank a rooted collective in flight names as its root
+    # (a broadcast's or scatter's src, a reduce's or gather's dst), and the root of the one
+    # numbered ``completed``: ranks must agree on it (desync).
+    inflight_root: Optional[_Count] = None
+    done_root: Optional[_Count] = None
     # The Flight Recorder's view, which also counts collectives issued from C++ (DDP).
     fr_enqueued: _Count = 0
     fr_completed: _Count = 0

@@ -17,8 +17,10 @@ from bench import detect
 from tests.helpers.procs import ROOT
 
 # One per behaviour the subset must hold: a point-to-point pipeline freeze, a clean early
-# exit, a hang stopped by Ctrl-C, a healthy job.
-SUBSET = ["p2p_isend_irecv_freeze", "ddp_early_return", "hang_stopped_sigint", "healthy_fsdp"]
+# exit, a hang stopped by Ctrl-C, a healthy job, a broadcast whose root differs on one rank
+# (the agent's wrappers report roots; the finished rank's vote decides).
+SUBSET = ["p2p_isend_irecv_freeze", "ddp_early_return", "hang_stopped_sigint", "healthy_fsdp",
+          "broadcast_src_mismatch"]
 
 KINDS = {"init_incomplete", "init_failed", "config_mismatch", "hang", "stall", "desync",
          "straggler", "rank_lost", "rank_failed", "gpu_fault", "gpu_throttle",

@@ -84,6 +84,52 @@ def test_desync_on_shape_alone():
     assert f["kind"] == "desync" and f["ranks"] == [1]  # tie: the lowest rank's call wins
 
 
+def rooted(log, rank, t, entered, completed, root=None, done_root=None, op="broadcast"):
+    row = {"group": "0", "entered": entered, "completed": completed,
+           "inflight_op": op if entered > completed else None,
+           "inflight_since": 100.0 if entered > completed else None}
+    if entered > completed:
+        row.update(inflight_dtype="float32", inflight_bytes=16, inflight_root=root)
+    if done_root is not None:
+        row["done_root"] = done_root
+    log.add(f"s{rank}", "heartbeat", {"groups": [row]}, t=t)
+
+
+def test_a_broadcast_whose_src_differs_on_one_rank_is_its_desync_with_the_finished_ranks_vote():
+    """Rank 1 broadcasts with src=1, the others with src=0: rank 0 (the root) and rank 1 are
+    stuck in it, a tie; rank 2 received from rank 0, finished it and waits in the next
+    all_reduce: its vote (done_root) names rank 1."""
+    log = running(3)
+    rooted(log, 0, 101, 6, 5, root=0)
+    rooted(log, 1, 101, 6, 5, root=1)
+    assert diagnose(log.state(), 101.0, S) == []  # a tie: rank 2 has not said yet
+    log.add("s2", "heartbeat", {"groups": [
+        {"group": "0", "entered": 7, "completed": 6, "inflight_op": "all_reduce",
+         "inflight_since": 100.1, "inflight_dtype": "float32", "inflight_bytes": 16,
+         "done_root": 0}]}, t=101)
+    (f,) = diagnose(log.state(), 101.0, S)
+    assert (f["kind"], f["ranks"]) == ("desync", [1])
+    assert f["evidence"]["roots"] == {"0": 0, "1": 1, "2": 0}
+    assert "with src=1, where the others used src=0" in f["summary"], f["summary"]
+    rooted(log, 0, 169, 6, 5, root=0)  # a minute on, still so
+    rooted(log, 1, 169, 6, 5, root=1)
+    log.add("s2", "heartbeat", {"groups": [
+        {"group": "0", "entered": 7, "completed": 6, "inflight_op": "all_reduce",
+         "inflight_since": 100.1, "done_root": 0}]}, t=169)
+    assert kinds(diagnose(log.state(), 170.0, S)) == [("desync", [1])]  # not a hang of 0, 1
+
+
+def test_ranks_that_agree_on_the_root_are_no_desync():
+    log = running(3)
+    for r in range(3):
+        rooted(log, r, 101, 6, 5, root=2, op="reduce")
+    assert diagnose(log.state(), 101.0, S) == []
+    log = running(2)  # an older agent says no root: nothing to compare
+    rooted(log, 0, 101, 6, 5)
+    rooted(log, 1, 101, 6, 5, root=1)
+    assert diagnose(log.state(), 101.0, S) == []
+
+
 def test_killed_rank_is_lost_and_its_peers_errors_are_evidence():
     log = running(2)
     log.add("s1", "disconnect", {}, t=105)

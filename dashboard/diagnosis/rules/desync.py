@@ -21,7 +21,8 @@ def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
             continue
         by_seq: dict[int, dict[int, tuple]] = collections.defaultdict(dict)
         since: dict[int, float] = {}
-        for rank, row in state.progress_of(group).items():
+        rows = state.progress_of(group)
+        for rank, row in rows.items():
             if row.get("inflight_op"):
                 sig = (row["inflight_op"], row.get("inflight_dtype"), row.get("inflight_bytes"))
                 by_seq[row["entered"]][rank] = sig
@@ -29,6 +30,9 @@ def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
                                             row.get("inflight_since") or 0)
         for seq, sigs in by_seq.items():
             if len(set(sigs.values())) < 2:
+                roots = _roots(state, group, seq, sigs, rows, since[seq])
+                if roots is not None:
+                    out.append(roots)
                 continue
             counts = collections.Counter(sigs.values())
             top = max(counts.values())
@@ -54,6 +58,42 @@ def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
                     "op": majority[0], "dtype": majority[1], "bytes": majority[2]}},
                 since[seq], key=f"{seq}"))
     return out
+
+
+def _roots(state: JobState, group: str, seq: int, sigs: dict[int, tuple],
+           rows: dict[int, dict], since: float) -> Finding | None:
+    """Ranks inside the same rooted collective (a broadcast, scatter, reduce or gather) that
+    name different roots: each waits for a root that is not sending, or for ranks that are
+    not receiving. Two ranks inside one disagree as often as not (the root and the odd one
+    are stuck, the others finished), so the ranks past it (``done_root``, the root of the
+    collective they completed last) vote too; a tie short of every member waits for them."""
+    votes = {rank: rows[rank].get("inflight_root") for rank in sigs}
+    if None in votes.values() or len(set(votes.values())) < 2:
+        return None
+    for rank, row in rows.items():
+        if rank not in votes and row.get("completed") == seq and \
+                row.get("done_root") is not None:
+            votes[rank] = row["done_root"]
+    counts = collections.Counter(votes.values())
+    top = max(counts.values())
+    members = (state.groups.get(group) or {}).get("ranks") or ()
+    if list(counts.values()).count(top) > 1 and len(votes) < len(members):
+        return None
+    root = min(r for r, n in counts.items() if n == top)
+    odd = sorted(r for r, v in votes.items() if v != root)
+    op = sigs[odd[0]][0] if odd[0] in sigs else next(iter(sigs.values()))[0]
+    named = sorted({votes[r] for r in odd})
+    which = "src" if op in ("broadcast", "scatter") else "dst"
+    return finding(
+        "desync", Severity.CRITICAL, odd, group,
+        f"{ranks_label(odd).capitalize()} called {op} #{seq} on {group_label(state, group)} "
+        f"with {which}={', '.join(map(str, named))}, where the others used {which}={root}.",
+        f"Every rank must pass the same {which} (a global rank) to a {op}: look for a root "
+        f"computed per rank on {ranks_label(odd)} (`LOCAL_RANK` where a global rank is meant, "
+        "a per-node setting). TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective (slowly).",
+        {"seq": seq, "op": op, "roots": {str(r): v for r, v in sorted(votes.items())},
+         "expected": {which: root}},
+        since, key=f"{seq}root")
 
 
 def _mixed(state: JobState, now: float, s: Settings) -> list[Finding]:
