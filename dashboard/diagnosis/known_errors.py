@@ -39,6 +39,13 @@ def _rule(pattern: str, cause: str, title: str, victim: bool, hint: str) -> Rule
 
 
 _RANKS = r"\d+(?:,\s*\d+)*"  # "7" or "0, 1, 2" as printed by c10d's ranksToString
+_SHM = ("In a container give it more (`docker run --shm-size=16g` or `--ipc=host`; "
+        "Kubernetes: an `emptyDir` with `medium: Memory` mounted at `/dev/shm`); check with "
+        "`df -h /dev/shm`.")
+_UNUSED = ("of this rank's model got no gradient in its last step (a branch of `forward` only "
+           "this rank took, or an output left out of the loss), so DDP never reduced them. "
+           "Make every rank use every parameter, or pass `find_unused_parameters=True` to DDP "
+           "(slower); `TORCH_DISTRIBUTED_DEBUG=DETAIL` names them.")
 _FR = ("`TORCH_NCCL_DUMP_ON_TIMEOUT=1` with `TORCH_FR_BUFFER_SIZE=2000` (older releases: "
        "`TORCH_NCCL_TRACE_BUFFER_SIZE`) for a Flight Recorder dump")
 
@@ -83,10 +90,8 @@ RULES: tuple[Rule, ...] = (
           r"|Unexpected bus error encountered in worker",
           "dataloader_shm", "a DataLoader worker hit a bus error (shared memory full)", False,
           "A DataLoader worker of this rank died of a bus error: workers hand batches over in "
-          "shared memory (`/dev/shm`), and it was full. In a container give it more "
-          "(`docker run --shm-size=16g` or `--ipc=host`; Kubernetes: an `emptyDir` with "
-          "`medium: Memory` mounted at `/dev/shm`); check with `df -h /dev/shm`. Fewer workers "
-          "or a smaller `prefetch_factor` need less."),
+          "shared memory (`/dev/shm`), and it was full. " + _SHM + " Fewer workers or a "
+          "smaller `prefetch_factor` need less."),
     _rule(r"DataLoader worker \(pid (?P<worker>\d+)\) is killed by signal: Killed",
           "dataloader_killed", "a DataLoader worker was killed (SIGKILL: the OOM killer)", False,
           "A DataLoader worker of this rank (pid {worker}) got SIGKILL, almost always from the "
@@ -106,9 +111,7 @@ RULES: tuple[Rule, ...] = (
     _rule(r"unable to (?:write to file </torch_|allocate shared memory)",
           "dataloader_shm", "shared memory (/dev/shm) is full", False,
           "This rank could not put a tensor in shared memory (`/dev/shm`), which DataLoader "
-          "workers use to hand batches over, because it is full. In a container give it more "
-          "(`docker run --shm-size=16g` or `--ipc=host`; Kubernetes: an `emptyDir` with "
-          "`medium: Memory` mounted at `/dev/shm`); check with `df -h /dev/shm`."),
+          "workers use to hand batches over, because it is full. " + _SHM),
     _rule(r"CUDA error: (?P<what>[^\n]{1,200}?)\s*(?:\n|$)",
           "cuda_error", "a CUDA error on this rank's GPU ({what})", False,
           "CUDA reports a failed kernel at a later call, so the line in the traceback may not be "
@@ -200,18 +203,10 @@ RULES: tuple[Rule, ...] = (
           r"one[\s\S]*?Parameter indices which did not receive grad for rank \d+: "
           r"(?P<indices>\d+(?: \d+)*)",
           "ddp_unused_parameters", "DDP: parameters got no gradient on this rank", False,
-          "Parameters {indices} of this rank's model got no gradient in its last step (a branch "
-          "of `forward` only this rank took, or an output left out of the loss), so DDP never "
-          "reduced them. Make every rank use every parameter, or pass "
-          "`find_unused_parameters=True` to DDP (slower); `TORCH_DISTRIBUTED_DEBUG=DETAIL` "
-          "names them."),
+          "Parameters {indices} " + _UNUSED),
     _rule(r"Expected to have finished reduction in the prior iteration before starting a new one",
           "ddp_unused_parameters", "DDP: parameters got no gradient on this rank", False,
-          "Some parameters of this rank's model got no gradient in its last step (a branch of "
-          "`forward` only this rank took, or an output left out of the loss), so DDP never "
-          "reduced them. Make every rank use every parameter, or pass "
-          "`find_unused_parameters=True` to DDP (slower); `TORCH_DISTRIBUTED_DEBUG=DETAIL` "
-          "names them."),
+          "Some parameters " + _UNUSED),
     _rule(r"Expected to mark a variable ready only once",
           "ddp_ready_twice", "DDP: a parameter's gradient came twice in one backward", False,
           "A parameter of this rank's model produced its gradient twice in one backward: "
