@@ -346,3 +346,21 @@ def test_state_at_within_answers_the_keyframe_before_the_moment(tmp_path):
             info.value.close()
     finally:
         srv.stop()
+
+
+def test_a_test_server_whose_free_port_was_taken_meanwhile_starts_on_another(tmp_path):
+    """tests.helpers.procs: another process can bind the port free_port() found before the
+    server does (CI failed two tests so); the helper finds another one."""
+    import socket
+
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'pgdash.db'}", log_path=tmp_path / "s.log")
+    taken = srv.port
+    with socket.socket() as thief:
+        thief.bind(("127.0.0.1", taken))
+        thief.listen()
+        srv.start()
+        try:
+            assert srv.port != taken and get_json(srv.url + "/api/jobs") is not None
+            assert "Address already in use" in (tmp_path / "s.log").read_text()
+        finally:
+            srv.stop()
