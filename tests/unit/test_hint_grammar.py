@@ -212,6 +212,36 @@ def desync(n, backend, py_spy):
     return log, 101.0
 
 
+def desync_roots(n, backend, py_spy):
+    """Rank 0 broadcasts from itself; n ranks pass src=n+2; n+1 ranks finished it (src 0)."""
+    log = job(2 * n + 2, backend, py_spy)
+    for r in range(2 * n + 2):
+        row = {"group": "0", "entered": 5, "completed": 4, "inflight_op": "broadcast",
+               "inflight_since": 100.0, "inflight_dtype": "float32", "inflight_bytes": 16,
+               "inflight_root": 0 if r == 0 else n + 2}
+        if 1 <= r <= n + 1:  # finished it, in the next all_reduce
+            row.update(entered=6, completed=5, inflight_op="all_reduce", done_root=0)
+            del row["inflight_root"]
+        log.add(f"s{r}", "heartbeat", {"groups": [row]}, t=101.0)
+    return log, 101.0
+
+
+def hang_timed_out(n, backend, py_spy):
+    """Ranks 0 and 1 wait in all_reduce #5 for n ranks; rank 0's 5 s collective timeout ends
+    the wait before a stall could be said."""
+    log = job(n + 2, backend, py_spy)
+    for r in range(2):
+        inflight(log, r, 104.0)
+    for r in range(2, n + 2):
+        idle(log, r, 104.0)
+    text = ("Timed out waiting 5000ms for recv operation to complete" if backend == "gloo" else
+            "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, "
+            "OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=5000) ran for 5003 "
+            "milliseconds before timing out.")
+    fail(log, 0, 105.0, "RuntimeError", text)
+    return log, 106.0
+
+
 def crash(kind):
     def scenario(n, backend, py_spy):
         log = job(n + 2, backend, py_spy)
@@ -337,7 +367,8 @@ SCENARIOS = {
     "stall": (stall, {"stall"}), "stall_one_waiter": (lambda n, b, p: stall(n, b, p, 1),
                                                       {"stall"}),
     "p2p_hang": (p2p_hang, {"hang"}), "p2p_cycle": (p2p_cycle, {"hang"}),
-    "desync": (desync, {"desync"}),
+    "desync": (desync, {"desync"}), "desync_roots": (desync_roots, {"desync"}),
+    "hang_timed_out": (hang_timed_out, {"hang"}),
     "bug": (crash("bug"), {"rank_failed"}),
     "bug_in_library": (crash("bug_in_library"), {"rank_failed"}),
     "bug_no_traceback": (crash("bug_no_traceback"), {"rank_failed"}),
