@@ -739,3 +739,15 @@ def test_groups_judged_together_get_the_verdicts_each_gets_alone():
                 assert list(map(seen, together)) == list(map(seen, alone)), (moment, groups)
                 named += sum(v is not None for v in together)
     assert named  # rank 5 is named somewhere: the verdicts compared are not all None
+
+
+def test_a_flight_recorder_row_without_its_count_is_read_as_zero_not_a_crash():
+    """The wire omits defaults: a row whose fr_enqueued is 0 (or whose key a corrupt file
+    misspelled, as test_fuzz once generated) has none, and the stall and hang rules read it
+    (a KeyError there stopped every judgement of the job)."""
+    log = running(2)
+    for r in (0, 1):
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 3, "completed": 3, "inflight_op": None,
+             "inflight_since": None, "fr_inflight_since": 100.0}]}, t=101.0)
+    assert diagnose(log.state(), 101.0, S) == []

@@ -85,8 +85,8 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
                     and is_running(state, rank, frame)}
             if not busy:
                 continue
-            seq = max(row[view.seq] for row in busy.values())
-            waiting = {rank for rank, row in busy.items() if row[view.seq] == seq}
+            seq = max(row.get(view.seq, 0) for row in busy.values())
+            waiting = {rank for rank, row in busy.items() if row.get(view.seq, 0) == seq}
             behind = ranks_behind(state, group, seq, waiting, view, rows)
             if not behind:
                 continue

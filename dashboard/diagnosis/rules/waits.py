@@ -27,7 +27,7 @@ from dashboard.state import JobState
 class View:
     """One way of reading progress rows: the agent's wrappers, or the Flight Recorder."""
 
-    seq: str  # the row's sequence-number field
+    seq: str  # the row's sequence-number field (absent reads 0: a default the wire omits)
     since: str  # its in-flight-since field
     source: str
     done: str = ""  # its completed-sequence-number field
@@ -140,8 +140,8 @@ def stuck_collective(state: JobState, group: str, frame: Frame, s: Settings,
              and is_running(state, rank, frame)}
     if not stuck:
         return None
-    seq = max(row[view.seq] for row in stuck.values())
-    return Stuck(seq, {rank for rank, row in stuck.items() if row[view.seq] == seq}, rows)
+    seq = max(row.get(view.seq, 0) for row in stuck.values())
+    return Stuck(seq, {rank for rank, row in stuck.items() if row.get(view.seq, 0) == seq}, rows)
 
 
 def follow_waits(state: JobState, group: str, behind: list[int], frame: Frame,
