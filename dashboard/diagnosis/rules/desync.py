@@ -81,7 +81,7 @@ def _roots(state: JobState, group: str, seq: int, sigs: dict[int, tuple],
         return None
     root = min(r for r, n in counts.items() if n == top)
     odd = sorted(r for r, v in votes.items() if v != root)
-    op = sigs[odd[0]][0] if odd[0] in sigs else next(iter(sigs.values()))[0]
+    op = next(iter(sigs.values()))[0]  # the ranks inside agree on all but the root
     named = sorted({votes[r] for r in odd})
     which = "src" if op in ("broadcast", "scatter") else "dst"
     return finding(
