@@ -17,12 +17,29 @@ import time
 from typing import Any, Callable
 
 from pgdash_agent import frames as pyframes
+from pgdash_agent import wire
 from pgdash_agent.collectives import GroupTrack
 from pgdash_agent.outbox import Outbox
 
 
 def error_text(exc: BaseException) -> str:
     return str(exc) or repr(exc)
+
+
+def error_causes(exc: BaseException) -> list[dict[str, str]]:
+    """The exceptions ``exc`` was raised from or while handling, nearest first, as Python
+    prints them above its traceback (``raise ... from None`` hides them), MAX_CAUSES at most."""
+    causes: list[dict[str, str]] = []
+    seen = {id(exc)}
+    while len(causes) < wire.MAX_CAUSES:
+        exc = exc.__cause__ if exc.__cause__ is not None else (
+            None if exc.__suppress_context__ else exc.__context__)
+        if exc is None or id(exc) in seen:
+            break
+        seen.add(id(exc))
+        causes.append({"error_type": type(exc).__name__,
+                       "error": error_text(exc)[:wire.MAX_TEXT]})
+    return causes
 
 
 class FailureReports:
@@ -78,6 +95,9 @@ class FailureReports:
                     body["traceback"] = frames
                 if omitted:
                     body["traceback_omitted"] = omitted
+                causes = error_causes(exc)
+                if causes:
+                    body["causes"] = causes
                 self.outbox.put(time.time(), "error", body)
             elif issubclass(exc_type, KeyboardInterrupt):
                 self.failed = True

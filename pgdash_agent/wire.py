@@ -314,6 +314,16 @@ class TracebackFrame(_Shape):
     library: bool = False
 
 
+MAX_CAUSES = 4  # how many exceptions of an error's chain (``raise ... from``) come with it
+
+
+class ErrorCause(_Shape):
+    """An exception the reported one was raised from, or while handling."""
+
+    error_type: _Name
+    error: _Text
+
+
 class Error(_Shape):
     where: _Name
     error_type: _Name
@@ -326,6 +336,11 @@ class Error(_Shape):
     # frames were left out past MAX_TRACEBACK_FRAMES (a deep recursion).
     traceback: Optional[_limited(list[TracebackFrame], max_length=MAX_TRACEBACK_FRAMES)] = None
     traceback_omitted: Optional[_Count] = None
+    # Optional (older agents omit it): the exceptions it was raised from or while handling
+    # (``raise ... from``, an error in an ``except`` block), nearest first: Python prints them
+    # above its traceback, and the first is often the reason (a full disk under torch.save's
+    # own error).
+    causes: Optional[_limited(list[ErrorCause], max_length=MAX_CAUSES)] = None
 
 
 class Stack(_Shape):

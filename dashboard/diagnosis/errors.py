@@ -49,7 +49,7 @@ class Cause:
 _INT_KEYS = frozenset({
     "port", "timeout_ms", "timeout_s", "seq", "numel_in", "numel_out", "ran_ms", "joined",
     "expected", "rank", "size", "peer", "last_enqueued", "last_completed", "last_finished",
-    "stuck_s", "pg",
+    "stuck_s", "pg", "params", "peer_params", "param",
 })
 _LIST_KEYS = frozenset({"peers", "ranks"})  # "0, 1, 2" or "rank 1 and rank 0" -> [0, 1, 2]
 _ALIASES = {"seq2": "seq"}  # a regex may not reuse a group name across alternatives
@@ -99,6 +99,29 @@ def classify(text: str | bytes | None, error_type: str | None = None,
         return _unknown(scanned, kind, backend)
     except Exception:  # a diagnosis helper must never take down the ingest path that calls it
         return _unknown("", None)
+
+
+def classify_error(err: dict[str, Any], backend: str | None = None) -> Cause:
+    """Names the cause of an error event (``error``, ``error_type`` and, from newer agents,
+    ``causes``: the exceptions it was raised from, nearest first). Where its own text is
+    unknown, the first chained exception whose text is known names it (``details["raised_as"]``
+    then holds the type the program raised, ``details["raised_from"]`` the line that says why): torch.save's "unexpected pos" on a full disk is
+    raised while handling the OSError that says so. Never raises."""
+    cause = classify(err.get("error"), err.get("error_type"), backend)
+    if cause.cause != "unknown":
+        return cause
+    try:
+        for chained in err.get("causes") or ():
+            known = classify(chained.get("error"), chained.get("error_type"), backend)
+            if known.cause != "unknown":
+                first = str(chained.get("error") or "").strip().splitlines()[:1]
+                known.details.update(raised_as=cause.details.get("error_type"),
+                                     raised_from=(f"{known.details.get('error_type') or 'error'}"
+                                                  f": {first[0][:160]}" if first else None))
+                return known
+    except Exception:  # a malformed chain: the error's own cause stands
+        pass
+    return cause
 
 
 def _scannable(text: object) -> str:

@@ -46,6 +46,12 @@ _UNUSED = ("of this rank's model got no gradient in its last step (a branch of `
            "this rank took, or an output left out of the loss), so DDP never reduced them. "
            "Make every rank use every parameter, or pass `find_unused_parameters=True` to DDP "
            "(slower); `TORCH_DISTRIBUTED_DEBUG=DETAIL` names them.")
+_DISK = ("Check `df -h` and `df -i` on this host for the directory it wrote, free space or "
+         "point the writes elsewhere, and keep fewer checkpoints (a checkpoint is written "
+         "whole before the old one is deleted, so it needs room for both).")
+_MODEL = ("one rank built it from another config, flag or branch on its rank in `__init__`. "
+          "Print `[p.shape for p in model.parameters()]` on each rank before wrapping it in DDP "
+          "and make them agree.")
 _FR = ("`TORCH_NCCL_DUMP_ON_TIMEOUT=1` with `TORCH_FR_BUFFER_SIZE=2000` (older releases: "
        "`TORCH_NCCL_TRACE_BUFFER_SIZE`) for a Flight Recorder dump")
 
@@ -112,6 +118,17 @@ RULES: tuple[Rule, ...] = (
           "dataloader_shm", "shared memory (/dev/shm) is full", False,
           "This rank could not put a tensor in shared memory (`/dev/shm`), which DataLoader "
           "workers use to hand batches over, because it is full. " + _SHM),
+    # --- a write this rank made failed: a full disk, not a bug of the line that wrote ---------
+    # (after the /dev/shm text above, which also ends in "No space left on device")
+    _rule(r"No space left on device|\[Errno 28\]|Disk quota exceeded|\[Errno 122\]",
+          "disk_full", "a write failed: the disk (or the quota) is full", False,
+          "A file this rank wrote (a checkpoint, a log, a cache) hit a full disk or the user's "
+          "quota. " + _DISK),
+    _rule(r"PytorchStreamWriter failed writing file (?P<file>\S+?):? file write failed"
+          r"|\bunexpected pos \d+ vs \d+",
+          "disk_full", "torch.save could not finish writing its file (a full disk?)", False,
+          "torch.save stopped part-way through its file: almost always a full disk or quota "
+          "(or a file system that went away, such as a dropped network mount). " + _DISK),
     _rule(r"CUDA error: (?P<what>[^\n]{1,200}?)\s*(?:\n|$)",
           "cuda_error", "a CUDA error on this rank's GPU ({what})", False,
           "CUDA reports a failed kernel at a later call, so the line in the traceback may not be "
@@ -213,6 +230,19 @@ RULES: tuple[Rule, ...] = (
           "reentrant activation checkpointing, or a module used twice in `forward`, under DDP. "
           "Use `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`, or "
           "`DDP(..., static_graph=True)` if the graph is the same every step."),
+    _rule(r"DDP expects same model across all ranks, but Rank (?P<rank>\d+) has "
+          r"(?P<params>\d+) params, while rank (?P<peer>\d+) has inconsistent "
+          r"(?P<peer_params>\d+) params",
+          "ddp_model_mismatch", "DDP: the ranks built different models", False,
+          "DDP checks at construction that every rank built the same model, and rank {rank} "
+          "has {params} parameters where rank {peer} has {peer_params}: " + _MODEL),
+    _rule(r"params\[(?P<param>\d+)\] in this process with sizes (?P<sizes>\[[^\]]*\]|\S+) "
+          r"appears not to match (?:sizes|strides) of the same param in process 0",
+          "ddp_model_mismatch", "DDP: this rank's model differs from rank 0's", False,
+          "DDP checks at construction that every rank built the same model, and parameter "
+          "{param} of this rank (sizes {sizes}) differs from rank 0's (each rank whose model "
+          "differs from rank 0's raises this; if all the others raised it, rank 0's model is "
+          "the odd one): " + _MODEL),
     # --- rendezvous and configuration: this rank (or its launch) is the cause -------------------
     _rule(r"Received data size doesn't match expected size",
           "size_mismatch", "gloo received a different size than expected: a collective mismatch",

@@ -148,6 +148,34 @@ def test_a_plain_python_bug_on_rank_1_names_its_line_with_the_users_traceback(
                    for fr in tb)
 
 
+def test_an_error_raised_from_a_full_disk_is_named_by_the_disk_not_as_a_code_bug(
+        server, tmp_path):
+    """The training code wraps the OSError in its own RuntimeError: the agent sends the chain,
+    and the exception it was raised from names the cause."""
+    job = "bug-disk"
+    procs = _launch(tmp_path, server.url, job, ["-m", "pgdash_agent", str(JOBS / "bug_job.py")],
+                    {"BUG_JOB_DISK": "1"})
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        _stop(procs)
+    assert codes[1] == 1, (tmp_path / f"{job}-rank1.log").read_text()[-3000:]
+
+    def crash():
+        j = job_by_name(server, job)
+        return j and [f for f in server.api(f"/api/jobs/{j['id']}/findings")["findings"]
+                      if f["kind"] == "rank_failed" and f["ranks"] == [1]]
+
+    (f,) = wait_for(crash, 60, "the crash's finding")
+    assert f["evidence"]["cause"] == "disk_full"
+    assert f["evidence"]["error"] == "could not save the checkpoint of step 3"
+    assert f["evidence"]["causes"] == [{"error_type": "OSError",
+                                        "error": "[Errno 28] No space left on device"}]
+    assert ("the disk (or the quota) is full (RuntimeError raised from OSError: [Errno 28] No "
+            "space left on device)") in f["summary"]
+    assert "df -h" in f["hint"] and "bug in the training code" not in f["hint"]
+
+
 def test_a_stuck_ranks_stack_has_no_pgdash_frames(server, tmp_path):
     procs = _launch(tmp_path, server.url, "stuck",
                     ["-m", "pgdash_agent", str(JOBS / "fault_job.py"), "hang"])

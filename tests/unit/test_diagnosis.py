@@ -285,7 +285,8 @@ def test_init_incomplete_names_the_missing_rank_after_the_grace():
     assert f["kind"] == "init_incomplete" and f["ranks"] == [1]
     assert "nc -zv 10.1.2.3 29500" in f["hint"] and f["evidence"]["arrived"] == [0, 2]
     log.add("s1", "hello", hello(1, world=3), t=20)
-    log.add("s1", "init_start", {"rank": 1, "world_size": 3}, t=20)
+    log.add("s1", "init_start", {"rank": 1, "world_size": 3, "master_addr": "10.1.2.3",
+                                 "master_port": "29500"}, t=20)
     assert diagnose(log.state(), 21, S) == []
 
 

@@ -9,7 +9,7 @@ import string
 import pytest
 
 from dashboard.diagnosis import errors, known_errors
-from dashboard.diagnosis.errors import Cause, classify
+from dashboard.diagnosis.errors import Cause, classify, classify_error
 
 # Verbatim texts from shared/notes/torch-2.13-facts.md §4, with realistic build-root prefixes.
 GLOO_RECV_TIMEOUT = ("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
@@ -134,6 +134,19 @@ DDP_UNUSED = (
 DDP_TWICE = ("Expected to mark a variable ready only once. This error is caused by one of the "
              "following reasons: 1) Use of a module parameter outside the `forward` function.")
 
+# reducer.cpp's construction check, torch 2.13, as real 3-rank jobs raised it (a layer more on
+# rank 2; a narrower layer on rank 1).
+DDP_COUNTS = ("DDP expects same model across all ranks, but Rank 2 has 6 params, while rank 0 "
+              "has inconsistent 4 params.")
+DDP_SHAPES = ("[1]: params[0] in this process with sizes [16, 32] appears not to match sizes of "
+              "the same param in process 0.")
+# A write to a full disk: Python's OSError; torch.save(obj, "/dev/full") in torch 2.13 (its
+# writer's own text, the iostream error before it); a full quota.
+DISK_FULL = "[Errno 28] No space left on device"
+SAVE_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+SAVE_WRITE = "PytorchStreamWriter failed writing file data/3: file write failed"
+QUOTA = "[Errno 122] Disk quota exceeded: '/home/u/ckpt/step_4000.pt'"
+
 
 @pytest.mark.parametrize("text, cause, victim, details", [
     (GLOO_RECV_TIMEOUT, "gloo_timeout", True, {"timeout_ms": 4000, "direction": "recv"}),
@@ -190,6 +203,13 @@ DDP_TWICE = ("Expected to mark a variable ready only once. This error is caused 
     (DDP_UNUSED, "ddp_unused_parameters", False, {"indices": "2 3"}),
     (DDP_UNUSED.split(" This error")[0], "ddp_unused_parameters", False, {}),
     (DDP_TWICE, "ddp_ready_twice", False, {}),
+    (DDP_COUNTS, "ddp_model_mismatch", False, {"rank": 2, "params": 6, "peer": 0,
+                                               "peer_params": 4}),
+    (DDP_SHAPES, "ddp_model_mismatch", False, {"param": 0, "sizes": "[16, 32]"}),
+    (DISK_FULL, "disk_full", False, {}),
+    (SAVE_FULL, "disk_full", False, {}),
+    (SAVE_WRITE, "disk_full", False, {"file": "data/3"}),
+    (QUOTA, "disk_full", False, {}),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 30 else None)
 def test_verbatim_texts(text, cause, victim, details):
     got = classify(text)
@@ -229,6 +249,10 @@ def test_verbatim_texts(text, cause, victim, details):
     (SHM_FULL, ["/dev/shm", "df -h /dev/shm"]),
     (DDP_UNUSED, ["Parameters 2 3", "find_unused_parameters=True"]),
     (DDP_TWICE, ["use_reentrant=False", "static_graph=True"]),
+    (DDP_COUNTS, ["rank 2 has 6 parameters where rank 0 has 4"]),
+    (DDP_SHAPES, ["parameter 0 of this rank (sizes [16, 32])", "rank 0's model is the odd one"]),
+    (DISK_FULL, ["df -h"]),
+    (SAVE_FULL, ["torch.save", "df -h"]),
 ])
 def test_hint_uses_parsed_values(text, needles):
     hint = classify(text).hint
@@ -402,3 +426,61 @@ def test_an_unknown_error_on_a_gloo_job_gets_no_nccl_advice():
     assert "NCCL_DEBUG" in classify("something odd").hint
     hint = classify("something odd", backend="gloo").hint
     assert "NCCL" not in hint and "TORCH_DISTRIBUTED_DEBUG=DETAIL" in hint
+
+
+def test_an_unknown_error_is_named_by_the_known_exception_it_was_raised_from():
+    err = {"error": "could not save the checkpoint", "error_type": "RuntimeError",
+           "causes": [{"error_type": "OSError", "error": DISK_FULL}]}
+    got = classify_error(err)
+    assert got.cause == "disk_full"
+    assert got.details["raised_as"] == "RuntimeError"
+    assert got.details["raised_from"] == "OSError: " + DISK_FULL
+    # Its own known text wins over the chain; an unknown chain leaves it unknown; a malformed
+    # chain (a foreign server's store) does no harm.
+    assert classify_error({**err, "error": SAVE_FULL}).details.get("raised_from") is None
+    assert classify_error({**err, "causes": [{"error_type": "E", "error": "?"}]}).cause == \
+        "unknown"
+    assert classify_error({**err, "causes": [None, 5]}).cause == "unknown"
+
+
+def test_the_agent_sends_the_chain_as_python_prints_it_nearest_first_and_bounded():
+    from pgdash_agent.failures import error_causes
+    from pgdash_agent.wire import MAX_CAUSES
+
+    def raised(make):
+        try:
+            make()
+        except Exception as exc:
+            return exc
+
+    def wrapped():
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as exc:
+            raise RuntimeError("could not save") from exc
+
+    def while_handling():
+        try:
+            {}["step"]
+        except KeyError:
+            raise ValueError("bad config")
+
+    def hidden():
+        try:
+            {}["step"]
+        except KeyError:
+            raise ValueError("bad config") from None
+
+    assert error_causes(raised(wrapped)) == [
+        {"error_type": "OSError", "error": "[Errno 28] No space left on device"}]
+    assert error_causes(raised(while_handling)) == [{"error_type": "KeyError",
+                                                     "error": "'step'"}]
+    assert error_causes(raised(hidden)) == []
+    chain = [ValueError(str(i)) for i in range(9)]
+    for earlier, later in zip(chain, chain[1:]):
+        later.__cause__ = earlier
+    assert MAX_CAUSES == 4
+    assert [c["error"] for c in error_causes(chain[-1])] == ["7", "6", "5", "4"]
+    a, b = ValueError("a"), ValueError("b")
+    a.__context__, b.__context__ = b, a  # a cycle ends the walk
+    assert error_causes(a) == [{"error_type": "ValueError", "error": "b"}]

@@ -4,7 +4,7 @@ collective where its peers are inside DDP's C++ one. Real jobs of each:
 tests/integration/test_corpus.py."""
 
 from dashboard.diagnosis import Settings, diagnose
-from tests.helpers.events import kinds, progress, running
+from tests.helpers.events import hello, kinds, progress, running
 
 S = Settings()  # the server's defaults: stall floor 10 s, hang at 60 s
 
@@ -541,3 +541,55 @@ def test_others_waiting_at_a_barrier_for_rank_0s_checkpoint_is_no_stall_for_30_s
     (f,) = diagnose(log.state(), 131.0, S)
     assert (f["kind"], f["ranks"], f["evidence"]["source"]) == ("stall", [0], "python")
     assert f["evidence"]["barrier"] is True and f["evidence"]["threshold_s"] == 30.0
+
+
+# torch/csrc/distributed/c10d/reducer.cpp's check at DDP's construction, as each rank of a real
+# 3-rank job raised it when rank 2 built one more layer (bench/corpus/ddp_model_mismatch.py).
+def _ddp_counts(rank, params, peer, peer_params):
+    return (f"DDP expects same model across all ranks, but Rank {rank} has {params} params, "
+            f"while rank {peer} has inconsistent {peer_params} params.")
+
+
+def _every_rank_raises(log, texts, t=101.0):
+    for r, text in enumerate(texts):
+        log.add(f"s{r}", "error", {"where": "uncaught", "error_type": "RuntimeError",
+                                   "error": text}, t=t + 0.01 * r)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=t + 0.1)
+
+
+def test_a_model_built_differently_on_one_rank_blames_that_rank_though_every_rank_raises():
+    log = running(3)
+    _every_rank_raises(log, [_ddp_counts(0, 4, 2, 6), _ddp_counts(1, 4, 2, 6),
+                             _ddp_counts(2, 6, 0, 4)])
+    (f,) = diagnose(log.state(), 105.0, S)
+    assert (f["kind"], f["ranks"]) == ("rank_failed", [2]), f
+    assert f["evidence"]["cause"] == "ddp_model_mismatch"
+    assert set(f["evidence"]["victims"]) == {"0", "1"}
+    assert "[p.shape for p in model.parameters()]" in f["hint"]
+
+
+def test_two_ranks_with_different_models_are_both_named():
+    """Each names the other: no count is held by more ranks, so neither is singled out."""
+    log = running(2)
+    _every_rank_raises(log, [_ddp_counts(0, 4, 1, 6), _ddp_counts(1, 6, 0, 4)])
+    assert sorted(kinds(diagnose(log.state(), 105.0, S))) == [("rank_failed", [0]),
+                                                              ("rank_failed", [1])]
+
+
+def test_a_rank_started_with_another_world_size_is_the_verdict_not_the_ranks_stuck_in_init():
+    """Rank 2 sets WORLD_SIZE=4 before init_process_group (its process started with 3, as the
+    others): it waits for a fourth rank; rank 0 waits in init for rank 2's gloo connection;
+    rank 1 finished init and waits in its first all_reduce for both."""
+    log = running(0)
+    for r in range(3):
+        log.add(f"s{r}", "hello", hello(r, world=3), t=100.0)
+        log.add(f"s{r}", "init_start", {"rank": r, "world_size": 4 if r == 2 else 3}, t=100.0)
+    log.add("s1", "init_done", {"rank": 1, "world_size": 3, "backend": "gloo",
+                                "duration_s": 0.2}, t=100.2)
+    log.add("s1", "group", {"name": "0", "ranks": [0, 1, 2]}, t=100.2)
+    progress(log, 1, 145.0, ("0", 1, 0, "all_reduce", 100.3))
+    for r in (0, 2):  # alive, in init_process_group: their agents' heartbeats hold no group
+        log.add(f"s{r}", "heartbeat", {"groups": []}, t=145.0)
+    found = diagnose(log.state(), 145.0, S)
+    assert kinds(found) == [("config_mismatch", [2])], found
+    assert found[0]["evidence"]["values"] == {"0": 3, "1": 3, "2": 4}

@@ -99,10 +99,19 @@ def test_an_error_with_a_traceback_is_stored_and_an_old_agents_without_one_too()
     assert stored["body"]["traceback"] == [{**FRAME, "library": True}, FRAME]
     assert stored["body"]["traceback_omitted"] == 3
     old = validate_event(ev("error", {"where": "uncaught", "error_type": "E", "error": "x"}))
-    assert "traceback" not in old["body"]
+    assert "traceback" not in old["body"] and "causes" not in old["body"]
+    chained = validate_event(ev("error", {**body, "causes": [
+        {"error_type": "OSError", "error": "[Errno 28] No space left on device"}]}))
+    assert chained["body"]["causes"] == [{"error_type": "OSError",
+                                          "error": "[Errno 28] No space left on device"}]
 
 
 BAD_EVENTS = [
+    (ev("error", {"where": "uncaught", "error_type": "E", "error": "x",
+                  "causes": [{"error_type": "E", "error": "y"}] * 5}),
+     "body.causes: .* length <= 4"),
+    (ev("error", {"where": "uncaught", "error_type": "E", "error": "x",
+                  "causes": [{"error_type": "E"}]}), r"body.causes\[0\].error is missing"),
     (ev("error", {"where": "uncaught", "error_type": "E", "error": "x",
                   "traceback": [FRAME] * 41}), "body.traceback: .* length <= 40"),
     (ev("error", {"where": "uncaught", "error_type": "E", "error": "x",

@@ -20,7 +20,8 @@ from dashboard.diagnosis.rules.departures import rank_exited_early
 from dashboard.diagnosis.rules.desync import desync
 from dashboard.diagnosis.rules.gpu import gpu_fault, gpu_throttle
 from dashboard.diagnosis.rules.hangs import hang, stall
-from dashboard.diagnosis.rules.rendezvous import config_mismatch, init_failed, init_incomplete
+from dashboard.diagnosis.rules.rendezvous import (RENDEZVOUS_KEYS, config_mismatch, init_failed,
+                                                  init_incomplete)
 from dashboard.diagnosis.rules.stragglers import slow_collective, straggler
 from dashboard.state import JobState
 
@@ -40,6 +41,15 @@ def diagnose(state: JobState, now: float, settings: Settings = Settings()) -> li
     # A mismatched collective usually hangs every rank of its group on gloo: say desync, not
     # hang (whichever view's sequence number the hang was seen at).
     found = [f for f in found if not (f["kind"] in ("hang", "stall") and f["group"] in desyncs)]
+    # Ranks that disagree on the rendezvous's own settings (world size, master address) never
+    # finish init_process_group, nor do the peers left waiting for them there: the mismatch is
+    # the verdict, not a stall of whoever is still inside init.
+    if any(f["kind"] == "config_mismatch" and f["evidence"]["key"] in RENDEZVOUS_KEYS
+           for f in found):
+        in_init = {state.sessions[sess].rank for sess, e in state.current_init().items()
+                   if not e.get("done_at") and not e.get("error")}
+        found = [f for f in found if not (f["kind"] in ("hang", "stall")
+                                          and set(f["ranks"]) <= in_init)]
     for f in found:
         f["last_seen"] = now
         # Each attempt of a restarted job has its own findings: attempt 0's keep their ids.

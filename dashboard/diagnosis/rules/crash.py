@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import bisect
+import collections
 from typing import Any
 
 from pgdash_agent.native import gil_holder, where_blocked
 
-from dashboard.diagnosis.errors import classify
+from dashboard.diagnosis.errors import classify_error
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import (backend_of, frame_label, process_label, sentence,
@@ -234,7 +235,7 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
     causes = {}
     for r in failed:
         err = state.last_error(r.rank)
-        cause = classify(err["error"], err.get("error_type"), backend_of(state)) if err else None
+        cause = classify_error(err, backend_of(state)) if err else None
         causes[r.rank] = (err, cause)
     # After a rank left early, or a hung job was stopped, failures that only waited on a peer
     # (or said nothing) are that cause's evidence: not findings, and nobody to blame here.
@@ -246,6 +247,10 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         return []
     lost = [r.rank for r in state.ranks() if r.status == RankStatus.LOST]
     culprits = [r for r in failed if causes[r.rank][1] is None or not causes[r.rank][1].victim]
+    odd = _odd_models(causes)
+    if odd:  # every rank raised DDP's model check: only those whose model differs are at fault
+        culprits = [r for r in culprits if r.rank in odd
+                    or causes[r.rank][1].cause != "ddp_model_mismatch"]
     victims = [r for r in failed if r not in culprits]
     if not culprits and not lost:
         # Everyone who failed was waiting on a peer: blame the first to fail, say so.
@@ -266,6 +271,9 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
                                                                          else "")
         else:
             title = cause.title
+            if cause.details.get("raised_from"):  # known by the exception it was raised from
+                title += (f" ({cause.details['raised_as'] or 'an error'} raised from "
+                          f"{cause.details['raised_from']})")
         if bug is not None:
             hint = _bug_hint(r.rank, err, bug)
         elif cause is not None and err.get("where") == "exit":
@@ -286,9 +294,28 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
              "victims": {str(v.rank): (causes[v.rank][0] or {}).get("error") for v in victims},
              **({"traceback": err["traceback"]} if err and err.get("traceback") else {}),
              **({"traceback_omitted": err["traceback_omitted"]}
-                if err and err.get("traceback_omitted") else {})},
+                if err and err.get("traceback_omitted") else {}),
+             **({"causes": err["causes"]} if err and err.get("causes") else {})},
             (err or {}).get("t") or r.exit_at or r.last_seen, key=f"r{r.rank}"))
     return out
+
+
+def _odd_models(causes: dict[int, tuple[Any, Any]]) -> set[int]:
+    """The ranks whose model differs from the others', from DDP's construction check: every rank
+    raises it, each naming its own parameter count and the first other rank's that differs.
+    The counts the texts give per rank outvote each other; no rank is singled out (an empty
+    set) when no count is held by more ranks than any other (two ranks, each naming the other)."""
+    counts: dict[int, int] = {}
+    for _err, cause in causes.values():
+        if cause is not None and cause.cause == "ddp_model_mismatch":
+            d = cause.details
+            for rank, n in ((d.get("rank"), d.get("params")), (d.get("peer"), d.get("peer_params"))):
+                if isinstance(rank, int) and isinstance(n, int):
+                    counts[rank] = n
+    tally = collections.Counter(counts.values()).most_common()
+    if len(tally) < 2 or tally[0][1] == tally[1][1]:
+        return set()
+    return {rank for rank, n in counts.items() if n != tally[0][0]}
 
 
 def _bug_hint(rank: int, err: dict[str, Any], bug: dict[str, Any]) -> str:

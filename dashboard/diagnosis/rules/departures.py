@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import group_label, process_label, ranks_label
-from dashboard.diagnosis.errors import classify
+from dashboard.diagnosis.errors import classify_error
 from dashboard.state import JobState, RankState
 
 # How far a peer's error may precede the departure it follows (clocks of two hosts, and an
@@ -54,7 +54,7 @@ def ends(state: JobState) -> list[tuple[float, int]]:
                 out.append((r.exit_at, r.rank))
             elif r.status == RankStatus.FAILED and not is_init_failure(state, r):
                 err = state.last_error(r.rank)
-                cause = classify(err["error"], err.get("error_type")) if err else None
+                cause = classify_error(err) if err else None
                 if err and cause is not None and not cause.victim:
                     out.append((min(err["t"], r.left_at or err["t"]), r.rank))
         return sorted(out)
@@ -124,7 +124,7 @@ def departures(state: JobState) -> list[Departure]:
                 if (e.get("rank") is not None and e["rank"] != r.rank
                         and e.get("attempt", 0) == state.attempt
                         and e["t"] >= at - ERROR_SLACK_S):
-                    cause = classify(e["error"], e.get("error_type"))
+                    cause = classify_error(e)
                     if cause is not None and cause.victim:
                         victims.setdefault(e["rank"], e)
             if ahead or victims:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from dashboard.diagnosis.errors import classify
+from dashboard.diagnosis.errors import classify_error
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.p2p import p2p_finding
@@ -172,7 +172,7 @@ def _timed_out(state: JobState, stopped: list[RankState]) -> dict[int, str]:
     out = {}
     for r in stopped:
         err = state.last_error(r.rank) if r.status == RankStatus.FAILED else None
-        cause = classify(err["error"], err.get("error_type")) if err else None
+        cause = classify_error(err) if err else None
         if cause is not None and cause.cause in COLLECTIVE_TIMEOUTS:
             out[r.rank] = cause.title
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from dashboard.diagnosis.errors import classify
+from dashboard.diagnosis.errors import classify_error
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import agree, backend_of, have, process_label, ranks_label, them
 from dashboard.state import JobState, RankState
@@ -54,7 +54,7 @@ def init_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         if not err:
             continue
         r = state.sessions[sess]
-        cause = classify(err["error"], err.get("error_type"), backend_of(state))
+        cause = classify_error(err, backend_of(state))
         rank = r.rank if r.rank is not None else entry.get("rank")
         out.append(finding(
             "init_failed", Severity.CRITICAL, [rank] if rank is not None and rank >= 0 else [], None,
@@ -71,13 +71,20 @@ def init_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
 # Settings every rank of a job must agree on. Per-rank ones (RANK, LOCAL_RANK,
 # CUDA_VISIBLE_DEVICES, TORCHELASTIC_ERROR_FILE, ...) are deliberately absent.
 _CRITICAL_KEYS = ("world_size", "backend", "MASTER_ADDR", "MASTER_PORT")
+RENDEZVOUS_KEYS = ("world_size", "MASTER_ADDR", "MASTER_PORT")  # a mismatch: init never ends
 _ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
 
 
-def _settings_of(r: RankState) -> dict[str, Any]:
-    values: dict[str, Any] = {"world_size": r.world_size, "backend": r.backend}
+def _settings_of(r: RankState, init: dict[str, Any]) -> dict[str, Any]:
+    """What a rank runs with; for the rendezvous's own settings, what its init_process_group
+    was called with (``init``: its entry in ``JobState.init``) before what its process
+    started with: a script may set them itself, and a rank stuck in a rendezvous it can never
+    complete has no other word for them."""
+    size = init.get("world_size")
+    values: dict[str, Any] = {"world_size": size if size not in (None, -1) else r.world_size,
+                              "backend": r.backend}
     for key in ("MASTER_ADDR", "MASTER_PORT"):
-        values[key] = r.env.get(key)
+        values[key] = init.get(key.lower()) or r.env.get(key)
     for name in ("torch", "cuda", "nccl"):
         values[f"{name} version"] = r.versions.get(name)
     for key, value in r.env.items():
@@ -90,7 +97,8 @@ def config_mismatch(state: JobState, now: float, s: Settings) -> list[Finding]:
     ranks = [r for r in state.ranks() if r.hello_at is not None]
     if len(ranks) < 2:
         return []
-    per_rank = {r.rank: _settings_of(r) for r in ranks}
+    inits = {state.sessions[sess].rank: e for sess, e in state.current_init().items()}
+    per_rank = {r.rank: _settings_of(r, inits.get(r.rank, {})) for r in ranks}
     keys = sorted({k for v in per_rank.values() for k in v})
     out = []
     for key in keys:
