@@ -36,3 +36,14 @@ def browser():
             yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture(autouse=True)
+def no_rule_raised():
+    """diagnose() keeps a rule that raises from taking the job's other rules (and the ingest
+    that called it) down with it; in a test, a rule that raised is a failure."""
+    from dashboard.diagnosis.rules import RULE_ERRORS
+
+    before = dict(RULE_ERRORS)
+    yield
+    assert dict(RULE_ERRORS) == before, f"a diagnosis rule raised: {dict(RULE_ERRORS)}"

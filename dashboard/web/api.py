@@ -16,6 +16,7 @@ from werkzeug.exceptions import HTTPException
 
 from dashboard import services
 from dashboard.diagnosis.incidents import incidents
+from dashboard.diagnosis.rules import RULE_ERRORS
 from dashboard.history.archive import export_lines
 from dashboard.history.trace import TraceError, build_trace, json_chunks, trace_query
 from dashboard.ingest.pipeline import Ingest
@@ -139,6 +140,7 @@ def metrics():
     if parts.guard is not None:
         counters.update({f"login_{k}": v for k, v in parts.guard.counters.items()})
         counters["login_addresses"] = len(parts.guard)
+    counters.update({f"rule_errors:{rule}": n for rule, n in RULE_ERRORS.items()})
     frames = ingest.keyframes
     counters.update(keyframes_made=frames.made, keyframes_skipped=frames.skipped,
                     keyframes_failed=frames.failed)

@@ -214,6 +214,14 @@ class _Collector:
         for outcome in ("made", "skipped", "failed"):
             frames.add_metric([outcome], s.counters.get(f"keyframes_{outcome}", 0))
         yield frames
+        rules = CounterMetricFamily("pgdash_rule_errors", "Diagnosis rules that raised, by rule "
+                                    "(a defect of pgdash: that rule's findings were left out, "
+                                    "the others and the events kept; the server's log has the "
+                                    "traceback).", labels=["rule"])
+        for key, n in sorted(s.counters.items()):
+            if key.startswith("rule_errors:"):
+                rules.add_metric([key.split(":", 1)[1]], n)
+        yield rules
         login = CounterMetricFamily("pgdash_login_attempts", "Token attempts on the pages, API "
                                     "and /ui (--token), by outcome: failed (a wrong token or "
                                     "cookie), refused (429: its address is past "

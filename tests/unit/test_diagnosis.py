@@ -752,3 +752,26 @@ def test_a_flight_recorder_row_without_its_count_is_read_as_zero_not_a_crash():
             {"group": "0", "entered": 3, "completed": 3, "inflight_op": None,
              "inflight_since": None, "fr_inflight_since": 100.0}]}, t=101.0)
     assert diagnose(log.state(), 101.0, S) == []
+
+
+def test_a_rule_that_raises_costs_only_its_own_findings_and_is_counted(monkeypatch, capsys):
+    from dashboard.diagnosis import rules
+    from dashboard.web.metrics import Snapshot, exposition
+
+    def broken(state, now, s):
+        return [][0]
+
+    monkeypatch.setattr(rules, "RULES", [broken, *rules.RULES])
+    log = Log()
+    for r in (0, 2):
+        log.add(f"s{r}", "hello", hello(r, world=3), t=10.0)
+        log.add(f"s{r}", "init_start", {"rank": r, "world_size": 3}, t=10.0)
+    try:
+        found = diagnose(log.state(), 30.0, S)
+        assert ("init_incomplete", [1]) in kinds(found)  # the other rules still judged
+        assert rules.RULE_ERRORS["broken"] == 1
+        assert "rule broken failed (job 1; 1 time(s))" in capsys.readouterr().err
+        metrics = exposition(Snapshot([], [], {"rule_errors:broken": 1}, 0, 0))
+        assert 'pgdash_rule_errors_total{rule="broken"} 1.0' in metrics
+    finally:
+        del rules.RULE_ERRORS["broken"]

@@ -593,3 +593,29 @@ def test_a_rank_started_with_another_world_size_is_the_verdict_not_the_ranks_stu
     found = diagnose(log.state(), 145.0, S)
     assert kinds(found) == [("config_mismatch", [2])], found
     assert found[0]["evidence"]["values"] == {"0": 3, "1": 3, "2": 4}
+
+
+def test_a_send_where_the_peers_all_reduce_blames_the_sender_not_nobody():
+    """Rank 0 sends to rank 1 (a hand-off left in `if rank == 0:`) where ranks 1 and 2 call
+    the step's all_reduce: 1 and 2 wait for 0 there, 0 waits for 1's recv, a cycle. The
+    ranks the collective waits for are named (bench/corpus/send_vs_allreduce.py; it raised
+    in the stall's text before, and the server refused the job's events)."""
+    log = running(3)
+    history(log, 3)
+    for r in (1, 2):
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 41, "completed": 40, "inflight_op": "all_reduce",
+             "inflight_since": 100.0}]}, t=116.0)
+    log.add("s0", "heartbeat", {"groups": [p2p_row("0", {"send:1:0": 1},
+                                                   ("send", 1, 0, 1, 100.0), entered=40)]},
+            t=116.0)
+    (f,) = diagnose(log.state(), 116.0, S)
+    assert (f["kind"], f["ranks"]) == ("stall", [0]), f
+    assert f["evidence"]["waiting"] == [1, 2]
+    assert [hop["rank"] for hop in f["evidence"]["chain"]] == [0, 1]
+    assert "rank 0 waits in send to rank 1 (tag 0, #1) for rank 1, who waits for it" in \
+        f["hint"] and "`if rank == ...`" in f["hint"]
+    for r in range(3):  # still there, a minute on: the hang says the same
+        log.add(f"s{r}", "heartbeat", {"groups": []}, t=161.0)
+    (f,) = diagnose(log.state(), 161.0, S)
+    assert (f["kind"], f["ranks"]) == ("hang", [0]) and "close a cycle" in f["hint"]

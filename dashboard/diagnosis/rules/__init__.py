@@ -12,6 +12,9 @@ are registered in ``RULES``) and what they stand on beside it, imported one way:
 
 from __future__ import annotations
 
+import collections
+import sys
+import traceback
 from typing import Callable
 
 from dashboard.diagnosis.core import SEVERITY_ORDER, Finding, Settings
@@ -32,11 +35,23 @@ RULES: list[Callable[[JobState, float, Settings], list[Finding]]] = [
 ]
 
 
+# Rules that raised, by name: /metrics exports them (pgdash_rule_errors_total). A rule that
+# raises is a defect of pgdash; the job's other rules still judge, and its events are stored.
+RULE_ERRORS: collections.Counter[str] = collections.Counter()
+
+
 def diagnose(state: JobState, now: float, settings: Settings = Settings()) -> list[Finding]:
     """Findings active at ``now``, most severe first."""
     found: list[Finding] = []
     for rule in RULES:
-        found.extend(f for f in rule(state, now, settings) if f["first_seen"] <= now)
+        try:
+            found.extend(f for f in rule(state, now, settings) if f["first_seen"] <= now)
+        except Exception:
+            RULE_ERRORS[rule.__name__] += 1
+            if RULE_ERRORS[rule.__name__] in (1, 100, 10_000):  # the first, then rarely
+                print(f"pgdash: rule {rule.__name__} failed (job {state.job_id}; "
+                      f"{RULE_ERRORS[rule.__name__]} time(s)), its findings left out; please "
+                      f"report this:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
     desyncs = {f["group"] for f in found if f["kind"] == "desync"}
     # A mismatched collective usually hangs every rank of its group on gloo: say desync, not
     # hang (whichever view's sequence number the hang was seen at).

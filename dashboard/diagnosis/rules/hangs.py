@@ -19,7 +19,7 @@ from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.p2p import p2p_finding
 from dashboard.diagnosis.rules.stalls import find_stalls
 from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, Stop, View, chain_text,
-                                             follow_waits, ranks_behind, stop_evidence,
+                                             cycle_text, follow_waits, ranks_behind, stop_evidence,
                                              stopped_text, stuck_collective)
 from dashboard.diagnosis.text import (agree, backend_of, group_label, have, ranks_label,
                                       stack_commands, them, what_ends_the_wait)
@@ -49,7 +49,8 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
         since = min(rows[r][view.since] for r in waiting)
         behind = ranks_behind(state, group, seq, waiting, view, rows)
         chain, roots = follow_waits(state, group, behind, frame, view)
-        all_inside = not roots  # every member is inside the collective: nobody to wait for
+        all_inside = not behind  # every member is inside the collective: nobody to wait for
+        roots = roots or sorted(behind)  # a cycle of waits: those the collective waits for
         if all_inside and _ending(rows, seq, waiting, view):
             continue
         if all_inside:
@@ -77,8 +78,8 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
                        f"{them(roots)}{chain_text(state, chain)}.")
             hint = (f"{ranks_label(roots).capitalize()} never reached that collective: look "
                     "for data loading, a rank-dependent branch that skips a collective, or "
-                    f"compute that never ends. {_stacks_text(state, roots, stacks)} "
-                    f"{what_ends_the_wait(state, group)}")
+                    f"compute that never ends.{cycle_text(chain, roots)} "
+                    f"{_stacks_text(state, roots, stacks)} {what_ends_the_wait(state, group)}")
         out.append(finding(
             "hang", Severity.CRITICAL, roots, group, summary + stopped_text(state, frame), hint,
             {"seq": seq, "op": op, "source": view.source, "waiting": sorted(waiting),

@@ -15,8 +15,9 @@ import numpy as np
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.p2p import in_p2p, p2p_finding
 from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, View, chain_text,
-                                             follow_waits, is_running, ranks_behind, rows_at,
-                                             stop_evidence, stopped_text, stuck_collective)
+                                             cycle_text, follow_waits, is_running, ranks_behind,
+                                             rows_at, stop_evidence, stopped_text,
+                                             stuck_collective)
 from dashboard.diagnosis.text import agree, group_label, have, ranks_label, stack_commands, them
 from dashboard.state import JobState
 
@@ -96,6 +97,7 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
             if now - since < threshold:
                 continue
             chain, roots = follow_waits(state, group, behind, frame, view)
+            roots = roots or sorted(behind)  # a cycle of waits: those the collective waits for
             out.append(finding(
                 "stall", Severity.WARNING, roots, group,
                 f"{ranks_label(roots).capitalize()} {have(roots)} not reached {op} #{seq} on "
@@ -107,7 +109,8 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
                 f"collective yet. See what {agree(roots, 'it does', 'they do')}: "
                 f"{stack_commands(state, roots)}. A checkpoint or an "
                 "evaluation that runs on one rank only looks like this too; if it is not one, "
-                f"this becomes a hang after {s.hang_after:g} s (--hang-after).",
+                f"this becomes a hang after {s.hang_after:g} s (--hang-after)."
+                + cycle_text(chain, roots),
                 {"seq": seq, "op": op, "source": view.source, "waiting": sorted(waiting),
                  "since": since, "threshold_s": round(threshold, 3), **basis,
                  "behind": {str(b): {k: (rows.get(b) or {}).get(k) for k in

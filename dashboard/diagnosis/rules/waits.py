@@ -147,7 +147,8 @@ def stuck_collective(state: JobState, group: str, frame: Frame, s: Settings,
 def follow_waits(state: JobState, group: str, behind: list[int], frame: Frame,
                  view: View = PYTHON, starts: list[int] = ()) -> tuple[list[dict], list[int]]:
     """Follow ranks that are behind to where they wait themselves, across groups and along
-    point-to-point ops; the ranks at the ends that wait for nobody are the roots.
+    point-to-point ops; the ranks at the ends that wait for nobody are the roots (none where
+    the waits close a cycle: the callers name the ranks the walk started from).
 
     ``starts``: ranks whose own point-to-point waits in ``group`` start the walk (a pipeline
     has no collective everybody waits in)."""
@@ -217,6 +218,19 @@ def stop_evidence(frame: Frame) -> dict[str, Any]:
     if frame.stop.timed_out:
         stopped["timed_out"] = {str(r): t for r, t in sorted(frame.stop.timed_out.items())}
     return {"stopped": stopped}
+
+
+def cycle_text(chain: list[dict[str, Any]], roots: list[int]) -> str:
+    """' The waits close a cycle: ...' where a culprit itself waits for a rank that waits for
+    it (follow_waits found no root, and the caller named the ranks it started from); else ''."""
+    hop = next((h for h in chain if h["rank"] in roots and h.get("for")), None)
+    if hop is None:
+        return ""
+    return (f" The waits close a cycle: rank {hop['rank']} waits in {hop['op']} for "
+            f"{ranks_label(hop['for'])}, who waits for it in turn, so none can finish. A "
+            "point-to-point op that only some ranks reach (a `send` or `recv` inside an `if "
+            "rank == ...` branch) met a collective, or ranks took two collectives or groups in "
+            "different orders: make every rank reach the same ops in the same order.")
 
 
 def chain_text(state: JobState, chain: list[dict[str, Any]]) -> str:
