@@ -118,6 +118,14 @@ RULES: tuple[Rule, ...] = (
           "dataloader_shm", "shared memory (/dev/shm) is full", False,
           "This rank could not put a tensor in shared memory (`/dev/shm`), which DataLoader "
           "workers use to hand batches over, because it is full. " + _SHM),
+    # --- the environment: a module one host lacks (every rank: a wrong name, or never installed)
+    _rule(r"No module named '(?P<module>[\w.]{1,200})'",
+          "module_missing", "Python could not import {module} on this rank", False,
+          "`import {module}` failed on this rank. If the other ranks got past it, this host's "
+          "environment differs from theirs (another virtualenv or container image, a package "
+          "installed by hand on some nodes): compare `pip list` there with a host where it "
+          "worked, and launch every rank with the same interpreter. If every rank raised it, "
+          "the name is wrong or the package was never installed (`pip install` it)."),
     # --- a write this rank made failed: a full disk, not a bug of the line that wrote ---------
     # (after the /dev/shm text above, which also ends in "No space left on device")
     _rule(r"No space left on device|\[Errno 28\]|Disk quota exceeded|\[Errno 122\]",

@@ -145,6 +145,7 @@ DDP_SHAPES = ("[1]: params[0] in this process with sizes [16, 32] appears not to
 DISK_FULL = "[Errno 28] No space left on device"
 SAVE_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
 SAVE_WRITE = "PytorchStreamWriter failed writing file data/3: file write failed"
+NO_MODULE = "No module named 'flash_attn.ops'"
 QUOTA = "[Errno 122] Disk quota exceeded: '/home/u/ckpt/step_4000.pt'"
 
 
@@ -210,6 +211,7 @@ QUOTA = "[Errno 122] Disk quota exceeded: '/home/u/ckpt/step_4000.pt'"
     (SAVE_FULL, "disk_full", False, {}),
     (SAVE_WRITE, "disk_full", False, {"file": "data/3"}),
     (QUOTA, "disk_full", False, {}),
+    (NO_MODULE, "module_missing", False, {"module": "flash_attn.ops"}),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 30 else None)
 def test_verbatim_texts(text, cause, victim, details):
     got = classify(text)
@@ -253,6 +255,7 @@ def test_verbatim_texts(text, cause, victim, details):
     (DDP_SHAPES, ["parameter 0 of this rank (sizes [16, 32])", "rank 0's model is the odd one"]),
     (DISK_FULL, ["df -h"]),
     (SAVE_FULL, ["torch.save", "df -h"]),
+    (NO_MODULE, ["`import flash_attn.ops` failed", "pip list"]),
 ])
 def test_hint_uses_parsed_values(text, needles):
     hint = classify(text).hint

@@ -168,10 +168,11 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
                     "victims": {str(k): v for k, v in victims.items()}}
         dead = (f"Look for why process {r.pid} on {r.host} died: `dmesg -T | grep -iE "
                 f"'killed process|out of memory'` on {r.host} (OOM killer), the launcher's "
-                f"exit code for rank {r.rank} (-9 is SIGKILL; -6, SIGABRT, is a C++ abort: "
-                "gloo's \"Received data size doesn't match expected size\" means ranks passed "
-                "one collective tensors of different sizes), and the end of that rank's own "
-                "log. ")
+                f"exit code for rank {r.rank} (-9 is SIGKILL; -15, SIGTERM, a scheduler that "
+                "preempted or cancelled it: `sacct -j <job>`, `kubectl describe pod`; -6, "
+                "SIGABRT, is a C++ abort: gloo's \"Received data size doesn't match expected "
+                "size\" means ranks passed one collective tensors of different sizes), and the "
+                "end of that rank's own log. ")
         if r.status == RankStatus.LOST:
             summary, hint = f"Rank {r.rank} vanished{process_label(r)}: {how}.", dead
         else:
