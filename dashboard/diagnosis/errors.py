@@ -95,10 +95,23 @@ def classify(text: str | bytes | None, error_type: str | None = None,
         for rule in RULES:
             match = rule.pattern.search(scanned)
             if match:
-                return _cause(rule, match, scanned, kind)
+                cause = _cause(rule, match, scanned, kind)
+                if rule.wraps:
+                    return _wrapping(cause, classify(scanned[match.end():], None, backend))
+                return cause
         return _unknown(scanned, kind, backend)
     except Exception:  # a diagnosis helper must never take down the ingest path that calls it
         return _unknown("", None)
+
+
+def _wrapping(cause: Cause, inner: Cause) -> Cause:
+    """A known error that wraps another: where a rule knows the wrapped one, its hint and
+    title lead (the wrapper's title after it; ``details["inner"]`` names it); the cause stays
+    the wrapper's."""
+    if inner.cause in ("unknown", "interrupted"):
+        return cause
+    return Cause(cause.cause, f"{inner.title} ({cause.title})", inner.hint, cause.victim,
+                 {**inner.details, **cause.details, "inner": inner.cause})
 
 
 def classify_error(err: dict[str, Any], backend: str | None = None) -> Cause:

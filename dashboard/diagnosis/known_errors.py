@@ -32,10 +32,14 @@ class Rule:
     title: str
     victim: bool
     hint: str
+    # The text after the match holds the error that the one matched wraps (another rank's, a
+    # library's): where a rule knows that one, its title and hint lead.
+    wraps: bool = False
 
 
-def _rule(pattern: str, cause: str, title: str, victim: bool, hint: str) -> Rule:
-    return Rule(re.compile(pattern, re.IGNORECASE), cause, title, victim, hint)
+def _rule(pattern: str, cause: str, title: str, victim: bool, hint: str,
+          wraps: bool = False) -> Rule:
+    return Rule(re.compile(pattern, re.IGNORECASE), cause, title, victim, hint, wraps)
 
 
 _RANKS = r"\d+(?:,\s*\d+)*"  # "7" or "0, 1, 2" as printed by c10d's ranksToString
@@ -118,6 +122,14 @@ RULES: tuple[Rule, ...] = (
           "dataloader_shm", "shared memory (/dev/shm) is full", False,
           "This rank could not put a tensor in shared memory (`/dev/shm`), which DataLoader "
           "workers use to hand batches over, because it is full. " + _SHM),
+    # --- torch.distributed.checkpoint: every rank raises the failure of the ranks it names ---
+    _rule(r"CheckpointException ranks:dict_keys\(\[(?P<ranks>[\d, ]*)\]\)",
+          "checkpoint_failed", "dcp raised the failure of rank(s) {ranks} on every rank",
+          False,
+          "dcp.save (or dcp.load) gathers each rank's failure and raises it on every rank as "
+          "CheckpointException: the failure is that of rank(s) {ranks}, whose own error and "
+          "traceback follow the first line of this text; on the other ranks it is an echo.",
+          wraps=True),
     # --- the environment: a module one host lacks (every rank: a wrong name, or never installed)
     _rule(r"No module named '(?P<module>[\w.]{1,200})'",
           "module_missing", "Python could not import {module} on this rank", False,
@@ -268,6 +280,12 @@ RULES: tuple[Rule, ...] = (
           "{variable} is not set on this rank: launch with `torchrun` (it sets RANK, WORLD_SIZE, "
           "LOCAL_RANK, MASTER_ADDR and MASTER_PORT) or `export {variable}=...` on every rank before "
           "`init_process_group`."),
+    _rule(r"Unable to find address for: (?P<iface>[\w.:-]{1,64})",
+          "gloo_ifname", "gloo found no network interface {iface} on this host", False,
+          "GLOO_SOCKET_IFNAME names {iface}, which this rank's host does not have: list its "
+          "interfaces with `ip -br addr` and set GLOO_SOCKET_IFNAME to the one the hosts reach "
+          "each other on (the same name on every host), or unset it to let gloo pick the "
+          "interface of the host's name."),
     _rule(r"Distributed package doesn't have NCCL built in",
           "nccl_not_built", "this torch build has no NCCL", False,
           "This is a CPU-only (or non-Linux) torch build: install a CUDA build of torch (check "

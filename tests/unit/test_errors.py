@@ -145,6 +145,18 @@ DDP_SHAPES = ("[1]: params[0] in this process with sizes [16, 32] appears not to
 DISK_FULL = "[Errno 28] No space left on device"
 SAVE_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
 SAVE_WRITE = "PytorchStreamWriter failed writing file data/3: file write failed"
+# torch.distributed.checkpoint's text on every rank when rank 1's storage writer raised
+# (bench/corpus/dcp_save_one_rank_fails.py; frames shortened).
+DCP_FAILED = (
+    "CheckpointException ranks:dict_keys([1])\nTraceback (most recent call last): (RANK 1)\n"
+    '  File ".../torch/distributed/checkpoint/utils.py", line 241, in all_reduce\n'
+    "    local_data = map_fun()\n"
+    '  File "/tmp/train.py", line 27, in write_data\n'
+    '    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/scratch/ckpt/__1_0.distcp")\n'
+    "OSError: [Errno 28] No space left on device: '/scratch/ckpt/__1_0.distcp'\n")
+# ProcessGroupGloo on a host without the interface GLOO_SOCKET_IFNAME names (torch 2.13).
+GLOO_IFNAME = ("[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+               "device.cc:84] ifa != nullptr. Unable to find address for: ib0")
 NO_MODULE = "No module named 'flash_attn.ops'"
 QUOTA = "[Errno 122] Disk quota exceeded: '/home/u/ckpt/step_4000.pt'"
 
@@ -212,6 +224,9 @@ QUOTA = "[Errno 122] Disk quota exceeded: '/home/u/ckpt/step_4000.pt'"
     (SAVE_WRITE, "disk_full", False, {"file": "data/3"}),
     (QUOTA, "disk_full", False, {}),
     (NO_MODULE, "module_missing", False, {"module": "flash_attn.ops"}),
+    (DCP_FAILED, "checkpoint_failed", False, {"ranks": [1], "inner": "disk_full"}),
+    (DCP_FAILED.split("\nTraceback")[0], "checkpoint_failed", False, {"ranks": [1]}),
+    (GLOO_IFNAME, "gloo_ifname", False, {"iface": "ib0"}),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 30 else None)
 def test_verbatim_texts(text, cause, victim, details):
     got = classify(text)
@@ -256,6 +271,9 @@ def test_verbatim_texts(text, cause, victim, details):
     (DISK_FULL, ["df -h"]),
     (SAVE_FULL, ["torch.save", "df -h"]),
     (NO_MODULE, ["`import flash_attn.ops` failed", "pip list"]),
+    (DCP_FAILED, ["df -h"]),
+    (DCP_FAILED.split("\nTraceback")[0], ["rank(s) 1, whose own error", "an echo"]),
+    (GLOO_IFNAME, ["GLOO_SOCKET_IFNAME names ib0", "ip -br addr"]),
 ])
 def test_hint_uses_parsed_values(text, needles):
     hint = classify(text).hint
@@ -487,3 +505,10 @@ def test_the_agent_sends_the_chain_as_python_prints_it_nearest_first_and_bounded
     a, b = ValueError("a"), ValueError("b")
     a.__context__, b.__context__ = b, a  # a cycle ends the walk
     assert error_causes(a) == [{"error_type": "ValueError", "error": "b"}]
+
+
+def test_a_wrapped_error_leads_with_the_error_it_wraps():
+    got = classify(DCP_FAILED)
+    assert got.title == ("a write failed: the disk (or the quota) is full "
+                         "(dcp raised the failure of rank(s) 1 on every rank)")
+    assert got.hint.startswith("A file this rank wrote")

@@ -619,3 +619,43 @@ def test_a_send_where_the_peers_all_reduce_blames_the_sender_not_nobody():
         log.add(f"s{r}", "heartbeat", {"groups": []}, t=161.0)
     (f,) = diagnose(log.state(), 161.0, S)
     assert (f["kind"], f["ranks"]) == ("hang", [0]) and "close a cycle" in f["hint"]
+
+
+def test_a_rank_that_takes_two_groups_in_another_order_is_named_not_the_ones_it_holds_up():
+    """Two groups over all 3 ranks (gradients, metrics); rank 2 logs its metrics before its
+    gradient all_reduce once: ranks 0 and 1 wait for it in group 0, it waits for them in
+    group 1. Both groups' waits close one cycle; the side fewer ranks took is the odd one
+    (bench/corpus/group_order_swapped.py)."""
+    log = running(3, groups=(("0", None), ("1", None)))
+    history(log, 3)
+    for r in (0, 1):
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 41, "completed": 40, "inflight_op": "all_reduce",
+             "inflight_since": 100.0},
+            {"group": "1", "entered": 40, "completed": 40, "inflight_op": None,
+             "inflight_since": None}]}, t=131.0)
+    log.add("s2", "heartbeat", {"groups": [
+        {"group": "0", "entered": 40, "completed": 40, "inflight_op": None,
+         "inflight_since": None},
+        {"group": "1", "entered": 41, "completed": 40, "inflight_op": "all_reduce",
+         "inflight_since": 100.0}]}, t=131.0)
+    found = diagnose(log.state(), 131.0, S)
+    assert kinds(found) == [("stall", [2])], found
+    assert found[0]["group"] == "0" and "close a cycle" in found[0]["hint"]
+    for r in range(3):
+        log.add(f"s{r}", "heartbeat", {"groups": []}, t=161.0)
+    assert kinds(diagnose(log.state(), 161.0, S)) == [("hang", [2])]
+
+
+
+def test_a_checkpoint_that_fails_on_one_rank_blames_that_rank_though_dcp_raises_it_on_all():
+    """dcp.save gathers rank 1's OSError and raises CheckpointException naming rank 1 on every
+    rank (bench/corpus/dcp_save_one_rank_fails.py)."""
+    from tests.unit.test_errors import DCP_FAILED
+
+    log = running(3)
+    _every_rank_raises(log, [DCP_FAILED] * 3)
+    (f,) = diagnose(log.state(), 105.0, S)
+    assert (f["kind"], f["ranks"]) == ("rank_failed", [1]), f
+    assert "the disk (or the quota) is full" in f["summary"]
+    assert set(f["evidence"]["victims"]) == {"0", "2"}

@@ -252,6 +252,12 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
     if odd:  # every rank raised DDP's model check: only those whose model differs are at fault
         culprits = [r for r in culprits if r.rank in odd
                     or causes[r.rank][1].cause != "ddp_model_mismatch"]
+    named = {rank for _err, cause in causes.values()
+             if cause is not None and cause.cause == "checkpoint_failed"
+             for rank in cause.details.get("ranks") or ()}
+    if named:  # dcp raised one rank's failure on every rank: the others' is its echo
+        culprits = [r for r in culprits if r.rank in named
+                    or causes[r.rank][1].cause != "checkpoint_failed"]
     victims = [r for r in failed if r not in culprits]
     if not culprits and not lost:
         # Everyone who failed was waiting on a peer: blame the first to fail, say so.

@@ -50,7 +50,10 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
         behind = ranks_behind(state, group, seq, waiting, view, rows)
         chain, roots = follow_waits(state, group, behind, frame, view)
         all_inside = not behind  # every member is inside the collective: nobody to wait for
-        roots = roots or sorted(behind)  # a cycle of waits: those the collective waits for
+        if not roots and behind:  # the waits close a cycle
+            if len(behind) > len(waiting):
+                continue  # the odd ones are those waiting here: the cycle's other group's
+            roots = sorted(behind)
         if all_inside and _ending(rows, seq, waiting, view):
             continue
         if all_inside:

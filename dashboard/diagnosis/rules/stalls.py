@@ -97,7 +97,10 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
             if now - since < threshold:
                 continue
             chain, roots = follow_waits(state, group, behind, frame, view)
-            roots = roots or sorted(behind)  # a cycle of waits: those the collective waits for
+            if not roots:  # the waits close a cycle
+                if len(behind) > len(waiting):
+                    continue  # the odd ones are those waiting here: the cycle's other group's
+                roots = sorted(behind)
             out.append(finding(
                 "stall", Severity.WARNING, roots, group,
                 f"{ranks_label(roots).capitalize()} {have(roots)} not reached {op} #{seq} on "

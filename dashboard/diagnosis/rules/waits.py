@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings
-from dashboard.diagnosis.text import group_label, ranks_label
+from dashboard.diagnosis.text import agree, group_label, ranks_label
 from dashboard.state import JobState
 
 
@@ -227,7 +227,8 @@ def cycle_text(chain: list[dict[str, Any]], roots: list[int]) -> str:
     if hop is None:
         return ""
     return (f" The waits close a cycle: rank {hop['rank']} waits in {hop['op']} for "
-            f"{ranks_label(hop['for'])}, who waits for it in turn, so none can finish. A "
+            f"{ranks_label(hop['for'])}, who {agree(hop['for'], 'waits', 'wait')} for it in "
+            "turn, so none can finish. A "
             "point-to-point op that only some ranks reach (a `send` or `recv` inside an `if "
             "rank == ...` branch) met a collective, or ranks took two collectives or groups in "
             "different orders: make every rank reach the same ops in the same order.")
