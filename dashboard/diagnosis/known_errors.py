@@ -270,6 +270,14 @@ RULES: tuple[Rule, ...] = (
           "Ranks called collectives with different shapes, dtypes or ops at the same point (a "
           "desync in the code, not a network fault): rerun with `TORCH_DISTRIBUTED_DEBUG=DETAIL`, "
           "which names the mismatching ranks and collectives."),
+    _rule(r"ProcessGroup\w*::(?P<op>\w+): invalid tensor (?P<what>size|type) at index \d+ "
+          r"\(expected (?P<expected_shape>\([^)]*\)|[^,\s]+), got (?P<got>\([^)]*\)|[^)\s]+)\)",
+          "bad_tensor", "{op} refused this rank's tensors (a wrong {what})", False,
+          "This rank passed {op} a tensor of another {what} than the call needs (expected "
+          "{expected_shape}, got {got}), so it never entered the collective and its peers "
+          "wait there for it. An all_gather output must be world_size times its input (a "
+          "world size read before a resize, or hard-coded), every tensor of a list the same "
+          "{what}: print the shapes this rank passes."),
     _rule(r"\brank < size\. (?P<rank>\d+) vs (?P<size>\d+)",
           "rank_out_of_range", "RANK={rank} is not below WORLD_SIZE={size}", False,
           "RANK={rank} but WORLD_SIZE={size}, and RANK must be < WORLD_SIZE: check RANK and "

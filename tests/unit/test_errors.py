@@ -157,6 +157,8 @@ DCP_FAILED = (
 # ProcessGroupGloo on a host without the interface GLOO_SOCKET_IFNAME names (torch 2.13).
 GLOO_IFNAME = ("[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
                "device.cc:84] ifa != nullptr. Unable to find address for: ib0")
+BAD_TENSOR = ("ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (4), got "
+              "(3))")
 NO_MODULE = "No module named 'flash_attn.ops'"
 QUOTA = "[Errno 122] Disk quota exceeded: '/home/u/ckpt/step_4000.pt'"
 
@@ -227,6 +229,8 @@ QUOTA = "[Errno 122] Disk quota exceeded: '/home/u/ckpt/step_4000.pt'"
     (DCP_FAILED, "checkpoint_failed", False, {"ranks": [1], "inner": "disk_full"}),
     (DCP_FAILED.split("\nTraceback")[0], "checkpoint_failed", False, {"ranks": [1]}),
     (GLOO_IFNAME, "gloo_ifname", False, {"iface": "ib0"}),
+    (BAD_TENSOR, "bad_tensor", False, {"op": "allgather", "what": "size",
+                                       "expected_shape": "(4)", "got": "(3)"}),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 30 else None)
 def test_verbatim_texts(text, cause, victim, details):
     got = classify(text)
@@ -274,6 +278,7 @@ def test_verbatim_texts(text, cause, victim, details):
     (DCP_FAILED, ["df -h"]),
     (DCP_FAILED.split("\nTraceback")[0], ["rank(s) 1, whose own error", "an echo"]),
     (GLOO_IFNAME, ["GLOO_SOCKET_IFNAME names ib0", "ip -br addr"]),
+    (BAD_TENSOR, ["(expected (4), got (3))", "world_size times its input"]),
 ])
 def test_hint_uses_parsed_values(text, needles):
     hint = classify(text).hint
