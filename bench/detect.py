@@ -652,7 +652,8 @@ def report(runs: list[Run], a: argparse.Namespace) -> str:
 #            --master-port P -m pgdash_agent SCRIPT) or `agent` (one `python -m pgdash_agent SCRIPT` per rank
 #            with a torchrun-style environment, as tests/conftest.py's launch_job does)
 # class      the row of the table the script counts in
-# stop_after seconds after the FAULT line at which the runner stops the job: stop=sigint sends
+# stop_after seconds after the FAULT line (a healthy script's ``MARK <unix time>`` line) at
+#            which the runner stops the job: stop=sigint sends
 #            SIGINT to the launcher and every rank (as Ctrl-C in a terminal does: the whole
 #            foreground process group), stop=sigterm sends SIGTERM to every rank
 # restarts   torchrun --max-restarts (an elastic restart: the next attempt of the same job)
@@ -667,6 +668,7 @@ def report(runs: list[Run], a: argparse.Namespace) -> str:
 CORPUS_DIR = ROOT / "bench" / "corpus"
 EXPECT_RE = re.compile(r"^EXPECT (.*)$", re.MULTILINE)
 ANY_FAULT_RE = re.compile(r"FAULT (\d+\.\d+) ([^\n]*)")
+ANY_MARK_RE = re.compile(r"MARK (\d+\.\d+)")
 ANY_STEP_RE = re.compile(r"STEP (\d+) (\d+\.\d+)")
 # Kinds a header's kind accepts as the right verdict.
 KIND_ALIASES = {"hang": {"stall", "hang"}, "stall": {"stall", "hang"}}
@@ -1013,6 +1015,19 @@ def _right(spec: Spec, f: dict[str, Any]) -> bool:
     return f["kind"] in spec.kinds and f["ranks"] == spec.culprit and f["severity"] in LOUD
 
 
+def stop_job(spec: Spec, run: CorpusRun, procs: list[subprocess.Popen], when: str) -> None:
+    """Stop the job as the header says: stop=sigint sends SIGINT to the launcher and every
+    rank (Ctrl-C in a terminal), stop=sigterm SIGTERM to every rank."""
+    run.stop_t = time.time()
+    pids = rank_pids(spec, procs)
+    if spec.stop == "sigint":
+        send_each([p.pid for p in procs if p.poll() is None] + pids, signal.SIGINT)
+    else:
+        send_each(pids, signal.SIGTERM)
+    run.notes.append(f"sent {spec.stop.upper()} to "
+                     f"{'the launcher and ' if spec.stop == 'sigint' else ''}ranks {pids} {when}")
+
+
 def _watch(spec: Spec, run: CorpusRun, poller: CorpusPoller, procs: list[subprocess.Popen],
            logdir: Path, poll_s: float, settle_s: float, start_timeout: float) -> None:
     """Poll until the run has said what it will say; fills fault/verdict/stop times."""
@@ -1041,6 +1056,10 @@ def _watch(spec: Spec, run: CorpusRun, poller: CorpusPoller, procs: list[subproc
             run.notes.append("the bench's hard cap for this script passed")
             return
         if spec.healthy:
+            mark = ANY_MARK_RE.search(text) if spec.stop_after is not None else None
+            if mark and run.stop_t is None and now_wall - float(mark.group(1)) >= spec.stop_after:
+                stop_job(spec, run, procs,
+                         f"{now_wall - float(mark.group(1)):.1f} s after its MARK")
             if exited_at is not None and (time.monotonic() - exited_at >= settle_s and
                                           poller.status in ("finished", "failed")
                                           or time.monotonic() - exited_at >= 30):
@@ -1060,16 +1079,7 @@ def _watch(spec: Spec, run: CorpusRun, poller: CorpusPoller, procs: list[subproc
                 since_fault = now_wall - run.fault_t
                 if spec.stop_after is not None:
                     if run.stop_t is None and since_fault >= spec.stop_after:
-                        run.stop_t = time.time()
-                        pids = rank_pids(spec, procs)
-                        if spec.stop == "sigint":  # Ctrl-C: the launcher and every rank
-                            send_each([p.pid for p in procs if p.poll() is None] + pids,
-                                      signal.SIGINT)
-                        else:
-                            send_each(pids, signal.SIGTERM)
-                        run.notes.append(f"sent {spec.stop.upper()} to "
-                                         f"{'the launcher and ' if spec.stop == 'sigint' else ''}"
-                                         f"ranks {pids} {since_fault:.1f} s after the fault")
+                        stop_job(spec, run, procs, f"{since_fault:.1f} s after the fault")
                     if run.stop_t is not None:
                         if exited_at is not None and time.monotonic() - exited_at >= settle_s + 3:
                             return

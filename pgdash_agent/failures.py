@@ -85,7 +85,7 @@ class FailureReports:
         caught, e.g. torch.multiprocessing's), with its traceback (``tb``, else the
         exception's own) as the user reads it (pgdash_agent.frames). Never raises."""
         try:
-            if os.getpid() == self.pid and not issubclass(exc_type, KeyboardInterrupt):
+            if os.getpid() == self.pid:
                 self.failed = True
                 body = {"where": "uncaught", "error_type": exc_type.__name__,
                         "error": error_text(exc)}
@@ -98,9 +98,9 @@ class FailureReports:
                 causes = error_causes(exc)
                 if causes:
                     body["causes"] = causes
+                # A KeyboardInterrupt too: someone stopped the job (Ctrl-C, a launcher's
+                # SIGINT), and the server must not take the unclean exit for a failure.
                 self.outbox.put(time.time(), "error", body)
-            elif issubclass(exc_type, KeyboardInterrupt):
-                self.failed = True
         except Exception:
             pass
 

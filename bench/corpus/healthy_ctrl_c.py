@@ -15,7 +15,7 @@ w = torch.zeros(1024)
 
 for step in range(quit_step + 2000):
     if rank == 0 and step == quit_step:
-        print(f"FAULT {time.time():.6f} rank 0: the user is about to press Ctrl-C", flush=True)
+        print(f"MARK {time.time():.6f} rank 0: the user presses Ctrl-C 5 s from now", flush=True)
     grad = torch.randn(1024)
     dist.all_reduce(grad)
     w -= 0.001 * grad

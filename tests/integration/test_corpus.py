@@ -37,6 +37,8 @@ def test_every_corpus_script_has_a_valid_header():
         assert all(0 <= r < spec.ranks for r in spec.culprit), spec.name
         if spec.healthy:
             assert "FAULT" not in text, f"{spec.name}: a healthy script prints no FAULT line"
+            if spec.stop_after is not None:
+                assert "MARK {time.time()" in text, f"{spec.name}: stop_after counts from MARK"
         else:
             assert "FAULT {time.time()" in text, f"{spec.name}: no FAULT line printed"
             assert "CORPUS_SEED" in text or spec.cls == "init", \

@@ -3,6 +3,8 @@ waits, a rank that leaves early, a hung job that is stopped, and a rank that cal
 collective where its peers are inside DDP's C++ one. Real jobs of each:
 tests/integration/test_corpus.py."""
 
+import os
+
 from dashboard.diagnosis import Settings, diagnose
 from tests.helpers.events import hello, kinds, progress, running
 
@@ -659,3 +661,47 @@ def test_a_checkpoint_that_fails_on_one_rank_blames_that_rank_though_dcp_raises_
     assert (f["kind"], f["ranks"]) == ("rank_failed", [1]), f
     assert "the disk (or the quota) is full" in f["summary"]
     assert set(f["evidence"]["victims"]) == {"0", "2"}
+
+
+def test_ctrl_c_outside_any_collective_blames_no_rank_though_some_are_cut_off():
+    """Ctrl-C in torchrun's terminal while the ranks compute: two report KeyboardInterrupt
+    from their training loop, one's agent is cut off before its report (torchrun's second
+    SIGINT), one exits unclean with nothing said (bench/corpus/healthy_ctrl_c.py: rank_lost
+    and rank_failed criticals before)."""
+    log = running(4)
+    for r in (0, 1):
+        log.add(f"s{r}", "error", {"where": "uncaught", "error_type": "KeyboardInterrupt",
+                                   "error": "KeyboardInterrupt()"}, t=105.2)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.3)
+    log.add("s2", "disconnect", {}, t=104.6)
+    log.add("s3", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.4)
+    assert diagnose(log.state(), 120.0, S) == []
+    # One whose second SIGINT cut its excepthook short reports a clean exit, while its peers
+    # still wait in a collective it never joined: not a rank that left early either.
+    log = running(3)
+    progress(log, 1, 104.9, ("0", 41, 40, "all_reduce", 104.5))
+    log.add("s2", "exit", {"clean": True, "reason": "exit"}, t=105.1)
+    for r in (0, 1):
+        log.add(f"s{r}", "error", {"where": "uncaught", "error_type": "KeyboardInterrupt",
+                                   "error": "KeyboardInterrupt()"}, t=105.5)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.6)
+    assert diagnose(log.state(), 120.0, S) == []
+    # A rank lost well before anyone was interrupted is still named.
+    log = running(3)
+    log.add("s2", "disconnect", {}, t=101.0)
+    log.add("s0", "error", {"where": "uncaught", "error_type": "KeyboardInterrupt",
+                            "error": "KeyboardInterrupt()"}, t=105.2)
+    progress(log, 1, 105.2, ("0", 5, 5, None, None))
+    assert kinds(diagnose(log.state(), 106.0, S)) == [("rank_lost", [2])]
+
+
+def test_the_agent_reports_an_interrupt_as_an_error_of_its_own_kind():
+    from pgdash_agent.failures import FailureReports
+    from pgdash_agent.outbox import Outbox
+
+    outbox = Outbox(16)
+    reports = FailureReports(outbox, os.getpid(), lambda **kw: True)
+    reports.note_uncaught(KeyboardInterrupt, KeyboardInterrupt())
+    (event,) = outbox.take(16)
+    assert event["kind"] == "error" and reports.failed
+    assert event["body"]["error_type"] == "KeyboardInterrupt"

@@ -13,7 +13,8 @@ from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import (backend_of, frame_label, process_label, sentence,
                                       stack_commands, user_frame)
-from dashboard.diagnosis.rules.departures import departures, ends, is_init_failure
+from dashboard.diagnosis.rules.departures import (INTERRUPT_BEFORE_S, departures, ends,
+                                                   interrupted_at, is_init_failure)
 from dashboard.diagnosis.rules.hangs import job_stop
 from dashboard.state import JobState, RankState
 
@@ -65,14 +66,17 @@ def code_bug(err: dict[str, Any] | None, cause: Any) -> dict[str, Any] | None:
 
 def _consequence(state: JobState, r: RankState, s: Settings) -> bool:
     """Whether a rank ended because something else ended it first: a hung job being stopped
-    (rules.hangs.job_stop), a peer that left early (rules.departures), or a peer's crash or
-    loss just before (see CONSEQUENCE_AFTER_S)."""
+    (rules.hangs.job_stop), a peer that left early (rules.departures), someone who
+    interrupted the job, or a peer's crash or loss just before (see CONSEQUENCE_AFTER_S)."""
     stop = job_stop(state, s)
     if stop is not None and r.rank in stop.ranks:
         return True
     for d in departures(state):
         if r.rank in d.victims or (r.exit_at is not None and r.exit_at >= d.at):
             return True
+    stopped = interrupted_at(state)
+    if stopped is not None and (r.exit_at or r.last_seen or 0) >= stopped - INTERRUPT_BEFORE_S:
+        return True  # someone stopped the job: a rank killed or cut off on its way out
     if r.status != RankStatus.LOST or r.exit_at is None:
         return False
     first = next(((t, rank) for t, rank in ends(state) if rank != r.rank), None)

@@ -43,6 +43,21 @@ def is_init_failure(state: JobState, r: RankState) -> bool:
     return bool((state.init.get(r.session) or {}).get("error"))
 
 
+# Ctrl-C in torchrun's terminal reaches every rank at once, and torchrun forwards another
+# SIGINT: a rank can end (or its agent be cut off before its report, or a second SIGINT cut
+# its excepthook short so that it reports a clean exit) a little before another rank's
+# KeyboardInterrupt is stamped.
+INTERRUPT_BEFORE_S = 1.0
+
+
+def interrupted_at(state: JobState) -> float | None:
+    """When the first rank of this attempt was interrupted (KeyboardInterrupt: Ctrl-C or a
+    launcher's SIGINT), if one was: what ends after it, someone stopped."""
+    return state.memo(("interrupted_at",), lambda: min(
+        (e["t"] for e in state.errors if e.get("attempt", 0) == state.attempt
+         and e.get("error_type") == "KeyboardInterrupt"), default=None))
+
+
 def ends(state: JobState) -> list[tuple[float, int]]:
     """(time, rank) of each rank that crashed with an error of its own (not one that waited
     on a peer) or was lost, earliest first: what can end other ranks. A crashed rank ended
@@ -137,9 +152,10 @@ def departures(state: JobState) -> list[Departure]:
 def rank_exited_early(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
     ranks = state.rank_index()
+    stopped = interrupted_at(state)
     for d in departures(state):
-        if not d.settled:
-            continue
+        if not d.settled or (stopped is not None and d.at >= stopped - INTERRUPT_BEFORE_S):
+            continue  # (someone stopped the job: leaving then is no fault)
         r = ranks.get(d.rank)
         peers = sorted({p for late in d.ahead.values() for p in late} | set(d.victims))
         groups = sorted(d.ahead, key=str)
