@@ -117,9 +117,10 @@ def _wrapping(cause: Cause, inner: Cause) -> Cause:
 def classify_error(err: dict[str, Any], backend: str | None = None) -> Cause:
     """Names the cause of an error event (``error``, ``error_type`` and, from newer agents,
     ``causes``: the exceptions it was raised from, nearest first). Where its own text is
-    unknown, the first chained exception whose text is known names it (``details["raised_as"]``
-    then holds the type the program raised, ``details["raised_from"]`` the line that says why): torch.save's "unexpected pos" on a full disk is
-    raised while handling the OSError that says so. Never raises."""
+    unknown, the first chained exception whose text is known names it
+    (``details["raised_as"]`` then holds the type the program raised, ``details["raised_from"]``
+    the line that says why): a trainer's "could not save the checkpoint" raised from the
+    OSError that says the disk is full. Never raises."""
     cause = classify(err.get("error"), err.get("error_type"), backend)
     if cause.cause != "unknown":
         return cause

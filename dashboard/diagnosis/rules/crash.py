@@ -252,16 +252,14 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         return []
     lost = [r.rank for r in state.ranks() if r.status == RankStatus.LOST]
     culprits = [r for r in failed if causes[r.rank][1] is None or not causes[r.rank][1].victim]
-    odd = _odd_models(causes)
-    if odd:  # every rank raised DDP's model check: only those whose model differs are at fault
-        culprits = [r for r in culprits if r.rank in odd
-                    or causes[r.rank][1].cause != "ddp_model_mismatch"]
-    named = {rank for _err, cause in causes.values()
-             if cause is not None and cause.cause == "checkpoint_failed"
-             for rank in cause.details.get("ranks") or ()}
-    if named:  # dcp raised one rank's failure on every rank: the others' is its echo
-        culprits = [r for r in culprits if r.rank in named
-                    or causes[r.rank][1].cause != "checkpoint_failed"]
+    # Errors every rank raises alike, whose texts single out the ranks at fault: DDP's model
+    # check (the ranks whose model differs), dcp's CheckpointException (the ranks it names;
+    # the others' is its echo).
+    for cause_id, at_fault in (("ddp_model_mismatch", _odd_models(causes)),
+                               ("checkpoint_failed", _named_by_checkpoint(causes))):
+        if at_fault:
+            culprits = [r for r in culprits if r.rank in at_fault
+                        or causes[r.rank][1].cause != cause_id]
     victims = [r for r in failed if r not in culprits]
     if not culprits and not lost:
         # Everyone who failed was waiting on a peer: blame the first to fail, say so.
@@ -320,13 +318,22 @@ def _odd_models(causes: dict[int, tuple[Any, Any]]) -> set[int]:
     for _err, cause in causes.values():
         if cause is not None and cause.cause == "ddp_model_mismatch":
             d = cause.details
-            for rank, n in ((d.get("rank"), d.get("params")), (d.get("peer"), d.get("peer_params"))):
+            for rank, n in ((d.get("rank"), d.get("params")),
+                            (d.get("peer"), d.get("peer_params"))):
                 if isinstance(rank, int) and isinstance(n, int):
                     counts[rank] = n
     tally = collections.Counter(counts.values()).most_common()
     if len(tally) < 2 or tally[0][1] == tally[1][1]:
         return set()
     return {rank for rank, n in counts.items() if n != tally[0][0]}
+
+
+def _named_by_checkpoint(causes: dict[int, tuple[Any, Any]]) -> set[int]:
+    """The ranks torch.distributed.checkpoint names in the CheckpointException it raises on
+    every rank."""
+    return {rank for _err, cause in causes.values()
+            if cause is not None and cause.cause == "checkpoint_failed"
+            for rank in cause.details.get("ranks") or ()}
 
 
 def _bug_hint(rank: int, err: dict[str, Any], bug: dict[str, Any]) -> str:
