@@ -18,9 +18,9 @@ from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.p2p import p2p_finding
 from dashboard.diagnosis.rules.stalls import find_stalls
-from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, Stop, View, chain_text,
-                                             cycle_text, follow_waits, ranks_behind, stop_evidence,
-                                             stopped_text, stuck_collective)
+from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, Stop, View, blamed,
+                                             chain_text, cycle_text, follow_waits, ranks_behind,
+                                             stop_evidence, stopped_text, stuck_collective)
 from dashboard.diagnosis.text import (agree, backend_of, group_label, have, ranks_label,
                                       stack_commands, them, what_ends_the_wait)
 from dashboard.state import JobState, RankState
@@ -50,10 +50,10 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
         behind = ranks_behind(state, group, seq, waiting, view, rows)
         chain, roots = follow_waits(state, group, behind, frame, view)
         all_inside = not behind  # every member is inside the collective: nobody to wait for
-        if not roots and behind:  # the waits close a cycle
-            if len(behind) > len(waiting):
-                continue  # the odd ones are those waiting here: the cycle's other group's
-            roots = sorted(behind)
+        if behind:
+            roots = blamed(roots, behind, waiting)
+            if roots is None:
+                continue
         if all_inside and _ending(rows, seq, waiting, view):
             continue
         if all_inside:

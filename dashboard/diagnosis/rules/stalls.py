@@ -14,7 +14,7 @@ import numpy as np
 
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.p2p import in_p2p, p2p_finding
-from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, View, chain_text,
+from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, View, blamed, chain_text,
                                              cycle_text, follow_waits, is_running, ranks_behind,
                                              rows_at, stop_evidence, stopped_text,
                                              stuck_collective)
@@ -97,10 +97,9 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
             if now - since < threshold:
                 continue
             chain, roots = follow_waits(state, group, behind, frame, view)
-            if not roots:  # the waits close a cycle
-                if len(behind) > len(waiting):
-                    continue  # the odd ones are those waiting here: the cycle's other group's
-                roots = sorted(behind)
+            roots = blamed(roots, behind, waiting)
+            if roots is None:
+                continue
             out.append(finding(
                 "stall", Severity.WARNING, roots, group,
                 f"{ranks_label(roots).capitalize()} {have(roots)} not reached {op} #{seq} on "

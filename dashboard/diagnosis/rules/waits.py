@@ -220,6 +220,16 @@ def stop_evidence(frame: Frame) -> dict[str, Any]:
     return {"stopped": stopped}
 
 
+def blamed(roots: list[int], behind: list[int], waiting: set[int]) -> list[int] | None:
+    """Whom a collective's wait blames: the roots follow_waits found; where the waits close a
+    cycle (it found none), the ranks the collective waits for, or None where more ranks are
+    behind than wait in it (the odd ones are those waiting here: the cycle's other group
+    names them)."""
+    if roots:
+        return roots
+    return None if len(behind) > len(waiting) else sorted(behind)
+
+
 def cycle_text(chain: list[dict[str, Any]], roots: list[int]) -> str:
     """' The waits close a cycle: ...' where a culprit itself waits for a rank that waits for
     it (follow_waits found no root, and the caller named the ranks it started from); else ''."""
