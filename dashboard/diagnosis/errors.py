@@ -10,7 +10,7 @@ the tests all get the same answer.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dashboard.diagnosis.known_errors import EXTRACTORS, RULES, Rule
@@ -117,7 +117,7 @@ def _wrapping(cause: Cause, inner: Cause) -> Cause:
 def classify_error(err: dict[str, Any], backend: str | None = None) -> Cause:
     """Names the cause of an error event (``error``, ``error_type`` and, from newer agents,
     ``causes``: the exceptions it was raised from, nearest first). Where its own text is
-    unknown, the first chained exception whose text is known names it
+    unknown, the first chained exception whose text is known names it, its title saying so
     (``details["raised_as"]`` then holds the type the program raised, ``details["raised_from"]``
     the line that says why): a trainer's "could not save the checkpoint" raised from the
     OSError that says the disk is full. Never raises."""
@@ -129,10 +129,13 @@ def classify_error(err: dict[str, Any], backend: str | None = None) -> Cause:
             known = classify(chained.get("error"), chained.get("error_type"), backend)
             if known.cause != "unknown":
                 first = str(chained.get("error") or "").strip().splitlines()[:1]
-                known.details.update(raised_as=cause.details.get("error_type"),
-                                     raised_from=(f"{known.details.get('error_type') or 'error'}"
-                                                  f": {first[0][:160]}" if first else None))
-                return known
+                raised_as = cause.details.get("error_type")
+                raised_from = (f"{known.details.get('error_type') or 'error'}: "
+                               f"{first[0][:160]}" if first else None)
+                title = (f"{known.title} ({raised_as or 'an error'} raised from {raised_from})"
+                         if raised_from else known.title)
+                return replace(known, title=title, details={
+                    **known.details, "raised_as": raised_as, "raised_from": raised_from})
     except Exception:  # a malformed chain: the error's own cause stands
         pass
     return cause

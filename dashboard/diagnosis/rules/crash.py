@@ -280,9 +280,6 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
                                                                          else "")
         else:
             title = cause.title
-            if cause.details.get("raised_from"):  # known by the exception it was raised from
-                title += (f" ({cause.details['raised_as'] or 'an error'} raised from "
-                          f"{cause.details['raised_from']})")
         if bug is not None:
             hint = _bug_hint(r.rank, err, bug)
         elif cause is not None and err.get("where") == "exit":
