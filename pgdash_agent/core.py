@@ -158,6 +158,7 @@ class Agent:
             self.wrappers.uninstall()
             self.ddp.uninstall()
             self.groups.uninstall()
+            self.failures.uninstall()
             self.loop.stop()
             # Async works (DDP's buckets through the comm hook) that completed since the
             # loop's last look: on a crowded host the loop may not end its pass within

@@ -3,7 +3,11 @@
 :class:`FailureReports` sends an ``error`` for a collective that raised, for an exception that
 ends the program (``sys.excepthook``, or a launcher that caught it) and for a non-zero
 ``sys.exit`` status, and remembers that the program failed: the ``exit`` event says whether
-the end was clean, and rank 0's console line stays quiet after a traceback. At exit
+the end was clean, and rank 0's console line stays quiet after a traceback. A non-zero
+``sys.exit`` on the main thread is seen by the agent whatever started the program (it wraps
+``sys.exit`` while attached): torch.multiprocessing.spawn's workers, and scripts that catch
+their error, log it and exit 1, end that way; the exception being handled then is the
+failure, reported as uncaught. At exit
 (``atexit``) it has the agent flush and stop. Its own room because these are the hooks that
 run while the program is going down, where nothing may raise and the reason must not be lost.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -57,12 +62,28 @@ class FailureReports:
         self._detach = detach
         self.failed = False
         self.exitcode: int | None = None  # the program's exit status, when it is known
+        self._reported: BaseException | None = None  # the last exception reported uncaught
+        self._exit = sys.exit
 
     def install(self) -> None:
-        """Chain ``sys.excepthook`` and register the flush at exit."""
+        """Chain ``sys.excepthook``, watch ``sys.exit`` and register the flush at exit."""
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
+        self._exit = sys.exit
+        sys.exit = self._sys_exit
         atexit.register(self._at_exit)
+
+    def uninstall(self) -> None:
+        """Give ``sys.exit`` back (unless someone replaced it since)."""
+        if sys.exit == self._sys_exit:
+            sys.exit = self._exit
+
+    def _sys_exit(self, status: Any = None) -> None:
+        """``sys.exit`` while the agent is attached: note a failing status (and the exception
+        being handled, which it ends the program for), then exit as ``sys.exit`` does."""
+        if threading.current_thread() is threading.main_thread():  # elsewhere: a thread ends
+            self.note_exit(status, handling=sys.exc_info())
+        self._exit(status)
 
     def collective_error(self, track: GroupTrack, op: str, seq: int,
                          exc: BaseException) -> None:
@@ -85,7 +106,8 @@ class FailureReports:
         caught, e.g. torch.multiprocessing's), with its traceback (``tb``, else the
         exception's own) as the user reads it (pgdash_agent.frames). Never raises."""
         try:
-            if os.getpid() == self.pid:
+            if os.getpid() == self.pid and exc is not self._reported:
+                self._reported = exc
                 self.failed = True
                 body = {"where": "uncaught", "error_type": exc_type.__name__,
                         "error": error_text(exc)}
@@ -104,14 +126,19 @@ class FailureReports:
         except Exception:
             pass
 
-    def note_exit(self, code: Any) -> None:
-        """The program called ``sys.exit(code)`` (seen by ``python -m pgdash_agent``): a non-zero
-        status is a failure, as the launcher will see it. Never raises."""
+    def note_exit(self, code: Any, handling: tuple = (None, None, None)) -> None:
+        """The program called ``sys.exit(code)`` (seen by ``python -m pgdash_agent``, and by
+        the agent's ``sys.exit``): a non-zero status is a failure, as the launcher will see
+        it; ``handling`` is ``sys.exc_info()`` where it was called, an exception it ends the
+        program for. Reported once. Never raises."""
         try:
             status = 0 if code is None else code if isinstance(code, int) else 1
-            if os.getpid() != self.pid or status == 0:
+            if os.getpid() != self.pid or status == 0 or self.exitcode is not None:
                 return
             self.failed, self.exitcode = True, status
+            if isinstance(handling[1], BaseException):  # the failure: its error says it all
+                self.note_uncaught(*handling)
+                return
             self.outbox.put(time.time(), "error", {
                 "where": "exit", "error_type": "SystemExit",
                 "error": f"the program exited with status {status}"

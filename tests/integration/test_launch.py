@@ -229,6 +229,26 @@ def test_multiprocessing_spawn_ranks_form_one_job(server, tmp_path):
     assert "boom in spawned rank 1" in failed[0]["evidence"]["error"]
 
 
+def test_a_spawned_rank_that_raises_is_named_when_it_attached_itself(server, tmp_path):
+    """``attach()`` in each spawned rank, the program run with plain python: torch's wrapper
+    in the child catches the error, writes it for the parent and calls ``sys.exit(1)``
+    (no excepthook runs; the parent then terminates the other ranks). The agent sees the
+    exit and the error it ends the rank for: the failing rank is named with its error,
+    the rank that lost its peer is not blamed."""
+    port = free_port()
+    done = run([sys.executable, str(TUTORIAL / "spawn_ddp.py"), "2", str(port), "3", "1",
+                "attach"], _env(server.url, PGDASH_JOB="spawn-attach"), tmp_path,
+               "spawn-attach.log")
+    assert done.returncode == 1, done.stderr[-3000:]
+    job = finished_job(server, "spawn-attach", 2)
+    assert job["status"] == "failed"
+    failed = wait_for(lambda: [f for f in server.api(f"/api/jobs/{job['id']}/findings")[
+        "findings"] if f["kind"] == "rank_failed"], 30, "the spawned rank's failure")
+    assert [f["ranks"] for f in failed] == [[1]]
+    assert "boom in spawned rank 1" in failed[0]["evidence"]["error"]
+    assert [f for f in serious(server, job["id"]) if f["ranks"] != [1]] == []
+
+
 def test_program_argv_exit_codes_and_tracebacks(server, tmp_path):
     """The program sees what `python SCRIPT ARGS` / `python -m MODULE ARGS` would give it;
     its exit status and traceback come through, and the agent reports the failure."""

@@ -1,7 +1,8 @@
 """DDP started by torch.multiprocessing.spawn, as PyTorch's DDP tutorial writes it (no pgdash
 in it): the parent spawns one process per rank; each sets MASTER_ADDR/MASTER_PORT and calls
-init_process_group with its rank. argv: world size, master port, steps, and optionally a rank
-that raises after the first step."""
+init_process_group with its rank. argv: world size, master port, steps, optionally a rank
+that raises after the first step, and ``attach``: each rank calls pgdash's ``attach()`` first
+(the program is then run with plain python, not under ``python -m pgdash_agent``)."""
 
 import os
 import sys
@@ -19,7 +20,11 @@ def setup(rank, world_size, port):
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
 
-def demo_basic(rank, world_size, port, steps, failing):
+def demo_basic(rank, world_size, port, steps, failing, attach):
+    if attach:
+        from pgdash_agent import attach
+
+        attach()
     setup(rank, world_size, port)
     model = DDP(nn.Linear(10, 5))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -38,4 +43,6 @@ def demo_basic(rank, world_size, port, steps, failing):
 if __name__ == "__main__":
     world_size, port, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     failing = int(sys.argv[4]) if len(sys.argv) > 4 else -1
-    mp.spawn(demo_basic, args=(world_size, port, steps, failing), nprocs=world_size, join=True)
+    attach = sys.argv[5:] == ["attach"]
+    mp.spawn(demo_basic, args=(world_size, port, steps, failing, attach), nprocs=world_size,
+             join=True)

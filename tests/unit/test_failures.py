@@ -1,0 +1,74 @@
+"""The agent's end-of-program reports (pgdash_agent.failures): ``sys.exit`` while attached."""
+
+import os
+import sys
+import threading
+
+import pytest
+
+from pgdash_agent.failures import FailureReports
+from pgdash_agent.outbox import Outbox
+
+
+@pytest.fixture
+def reports():
+    out = FailureReports(Outbox(16), os.getpid(), lambda **kw: True)
+    out.exits = []
+    out._exit = out.exits.append  # what sys.exit would have done
+    return out
+
+
+def sent(reports):
+    return [(e["kind"], e["body"]["where"], e["body"]["error_type"])
+            for e in reports.outbox.take(16)]
+
+
+def test_an_exit_1_while_handling_an_error_reports_that_error_as_what_ended_the_rank(reports):
+    # torch.multiprocessing.spawn's wrapper in each child, and scripts that log and exit 1
+    try:
+        raise KeyError("loss_ema")
+    except Exception:
+        reports._sys_exit(1)
+    assert reports.exits == [1] and reports.failed and reports.exitcode == 1
+    assert sent(reports) == [("error", "uncaught", "KeyError")]
+    # python -m pgdash_agent sees the same SystemExit on its way out: reported once
+    reports.note_exit(1)
+    assert sent(reports) == []
+
+
+def test_an_exit_status_alone_is_reported_and_an_exit_0_is_not(reports):
+    reports._sys_exit(0)
+    reports._sys_exit(None)
+    assert sent(reports) == [] and not reports.failed
+    reports._sys_exit("config missing")
+    assert sent(reports) == [("error", "exit", "SystemExit")] and reports.exitcode == 1
+    assert reports.exits == [0, None, "config missing"]
+
+
+def test_an_exception_reported_uncaught_already_is_not_sent_again_at_its_exit(reports):
+    exc = RuntimeError("boom")
+    reports.note_uncaught(RuntimeError, exc)
+    try:
+        raise exc
+    except RuntimeError:
+        reports._sys_exit(1)
+    assert sent(reports) == [("error", "uncaught", "RuntimeError")]
+
+
+def test_sys_exit_on_another_thread_ends_that_thread_only_and_is_no_failure(reports):
+    thread = threading.Thread(target=reports._sys_exit, args=(2,))
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert reports.exits == [2] and not reports.failed and sent(reports) == []
+
+
+def test_install_wraps_sys_exit_and_uninstall_gives_it_back(reports):
+    real_exit, real_hook = sys.exit, sys.excepthook
+    try:
+        reports.install()
+        assert sys.exit == reports._sys_exit and reports._exit is real_exit
+        reports.uninstall()
+        assert sys.exit is real_exit
+    finally:
+        sys.exit, sys.excepthook = real_exit, real_hook
