@@ -705,3 +705,28 @@ def test_the_agent_reports_an_interrupt_as_an_error_of_its_own_kind():
     (event,) = outbox.take(16)
     assert event["kind"] == "error" and reports.failed
     assert event["body"]["error_type"] == "KeyboardInterrupt"
+
+
+def _raises_at(log, rank, text, line, t):
+    log.add(f"s{rank}", "error", {
+        "where": "uncaught", "error_type": "RuntimeError", "error": text,
+        "traceback": [{"file": "/job/train.py", "line": line, "function": "step",
+                       "code": "x = torch.randn(batch * 64).view(16, 64)"}]}, t=t)
+    log.add(f"s{rank}", "exit", {"clean": False, "reason": "uncaught exception"}, t=t + 0.1)
+
+
+def test_ranks_that_raise_the_same_error_at_the_same_line_are_one_finding():
+    # the epoch's last, smaller batch meets a hard-coded reshape on every rank: one bug, so
+    # one finding naming them all (not 1,024 criticals), led by the first to fail
+    log = running(4)
+    for rank in (2, 0, 1):
+        _raises_at(log, rank, f"shape '[16, 64]' is invalid for input of size {320 + rank}",
+                   31, 101.0 + 0.01 * rank)
+    _raises_at(log, 3, "shape '[16, 64]' is invalid for input of size 320", 40, 101.2)
+    found = diagnose(log.state(), 105.0, S)
+    assert sorted(kinds(found)) == [("rank_failed", [0, 1, 2]), ("rank_failed", [3])]
+    (alike,) = [f for f in found if len(f["ranks"]) == 3]
+    assert alike["summary"].startswith("Ranks 0-2 failed the same way: RuntimeError at "
+                                       "train.py:31"), alike["summary"]
+    assert "ranks 0-2 raised RuntimeError at /job/train.py:31" in alike["hint"]
+    assert alike["id"].endswith(":r0") and alike["first_seen"] == 101.0

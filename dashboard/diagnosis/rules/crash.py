@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import re
 from typing import Any
 
 from pgdash_agent.native import gil_holder, where_blocked
@@ -11,8 +12,8 @@ from pgdash_agent.native import gil_holder, where_blocked
 from dashboard.diagnosis.errors import classify_error
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
-from dashboard.diagnosis.text import (backend_of, frame_label, process_label, sentence,
-                                      stack_commands, user_frame)
+from dashboard.diagnosis.text import (backend_of, frame_label, process_label, ranks_label,
+                                      sentence, stack_commands, user_frame)
 from dashboard.diagnosis.rules.departures import (INTERRUPT_BEFORE_S, departures, ends,
                                                    interrupted_at, is_init_failure)
 from dashboard.diagnosis.rules.hangs import job_stop
@@ -266,7 +267,9 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         culprits = [min(victims, key=lambda r: (causes[r.rank][0] or {}).get("t", r.exit_at or 0))]
         victims = [r for r in victims if r is not culprits[0]]
     out = []
-    for r in culprits:
+    for alike in _alike(culprits, causes):
+        r = alike[0]  # the first of them to fail
+        ranks = [a.rank for a in alike]
         err, cause = causes[r.rank]
         text = err["error"] if err else "the process exited unsuccessfully"
         bug = code_bug(err, cause)
@@ -280,17 +283,19 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
                                                                          else "")
         else:
             title = cause.title
+        who = ranks_label(ranks)
         if bug is not None:
-            hint = _bug_hint(r.rank, err, bug)
+            hint = _bug_hint(who, err, bug)
         elif cause is not None and err.get("where") == "exit":
             hint = (f"The program ended itself with a non-zero status (`sys.exit`, or a "
-                    f"library that called it): the reason is at the end of rank {r.rank}'s "
-                    "log.")
+                    f"library that called it): the reason is at the end of {who}'s log.")
         else:
             hint = cause.hint if cause else "Read the end of this rank's log."
+        said = (f"{who.capitalize()} failed the same way: {title}" if len(alike) > 1 else
+                f"Rank {r.rank} failed{process_label(r)}: {title}")
         out.append(finding(
-            "rank_failed", Severity.CRITICAL, [r.rank], err.get("group") if err else None,
-            sentence(f"Rank {r.rank} failed{process_label(r)}: {title}"),
+            "rank_failed", Severity.CRITICAL, ranks, err.get("group") if err else None,
+            sentence(said),
             hint + (" The other failures are consequences of this one." if victims else ""),
             {**({"at": at} if at else {}),
              "error": text, "error_type": err.get("error_type") if err else None,
@@ -304,6 +309,35 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
              **({"causes": err["causes"]} if err and err.get("causes") else {})},
             (err or {}).get("t") or r.exit_at or r.last_seen, key=f"r{r.rank}"))
     return out
+
+
+def _alike(culprits: list[RankState],
+           causes: dict[int, tuple[Any, Any]]) -> list[list[RankState]]:
+    """The culprits as groups of ranks that failed the same way, each group in the order its
+    ranks failed: an error no rule knows, raised at the same place with the same words but
+    for numbers (a bug every rank hits: 1,024 ranks of it are one finding), or a known error
+    whose finding would say the same for each. A rank with no error text stands alone."""
+    def failed_at(r: RankState) -> float:
+        return (causes[r.rank][0] or {}).get("t") or r.exit_at or r.last_seen or 0.0
+
+    groups: dict[Any, list[RankState]] = {}
+    for r in sorted(culprits, key=lambda r: (failed_at(r), r.rank)):
+        err, cause = causes[r.rank]
+        if not err or not (err.get("error") or "").strip():
+            groups[("alone", r.rank)] = [r]
+            continue
+        if cause is not None and cause.cause != "unknown":  # a known error: alike where
+            key = (cause.cause, cause.title, cause.hint)  # its finding would say the same
+        else:
+            frames = err.get("traceback") or []
+            place = (frames[-1].get("file"), frames[-1].get("line")) if frames else None
+            key = (err.get("error_type"), err.get("where"), place,
+                   _DIGITS.sub("#", err["error"].strip().splitlines()[0]))
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
+_DIGITS = re.compile(r"\d+")
 
 
 def _odd_models(causes: dict[int, tuple[Any, Any]]) -> set[int]:
@@ -333,18 +367,18 @@ def _named_by_checkpoint(causes: dict[int, tuple[Any, Any]]) -> set[int]:
             for rank in cause.details.get("ranks") or ()}
 
 
-def _bug_hint(rank: int, err: dict[str, Any], bug: dict[str, Any]) -> str:
+def _bug_hint(who: str, err: dict[str, Any], bug: dict[str, Any]) -> str:
     """The next step for a bug of the training code: the line, not distributed debugging."""
     error_type = err.get("error_type") or "an exception"
     if not bug:
         return (f"This is a bug in the training code (or in the data it read), not a "
-                f"distributed fault: rank {rank} raised {error_type}. Its traceback, at the "
-                f"end of rank {rank}'s log, names the line to fix.")
+                f"distributed fault: {who} raised {error_type}. Its traceback, at the "
+                f"end of {who}'s log, names the line to fix.")
     raised = (err.get("traceback") or [bug])[-1]
     inside = (f", raised inside {frame_label(raised)}" if raised is not bug else "")
     code = f" (`{bug['code']}`)" if bug.get("code") else ""
     function = bug.get("function")
     in_function = f" in {function}()" if function and function != "<module>" else ""
     return (f"This is a bug in the training code (or in the data it read), not a distributed "
-            f"fault: rank {rank} raised {error_type} at {bug.get('file')}:{bug.get('line')}"
+            f"fault: {who} raised {error_type} at {bug.get('file')}:{bug.get('line')}"
             f"{in_function}{code}{inside}. Fix that line; the whole traceback is in the evidence.")
