@@ -284,6 +284,11 @@ def test_init_incomplete_names_the_missing_rank_after_the_grace():
     (f,) = diagnose(log.state(), 14.0, S)
     assert f["kind"] == "init_incomplete" and f["ranks"] == [1]
     assert "nc -zv 10.1.2.3 29500" in f["hint"] and f["evidence"]["arrived"] == [0, 2]
+    # a warning while the rank may only be slow to start; critical once waited a hang's time
+    assert f["severity"] == "warning" and "has not arrived" in f["summary"]
+    (f,) = diagnose(log.state(), 11.0 + S.hang_after, S)
+    assert f["severity"] == "critical" and "Rank 1 never arrived" in f["summary"]
+    assert f["first_seen"] == 14.0
     log.add("s1", "hello", hello(1, world=3), t=20)
     log.add("s1", "init_start", {"rank": 1, "world_size": 3, "master_addr": "10.1.2.3",
                                  "master_port": "29500"}, t=20)

@@ -31,11 +31,17 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
     addr = next((e.get("master_addr") for _, e in arrivals if e.get("master_addr")), None)
     port = next((e.get("master_port") for _, e in arrivals if e.get("master_port")), None)
     target = f"{addr}:{port}" if addr and port else "MASTER_ADDR:MASTER_PORT"
+    # Waited for as long as a collective is before it is a hang: a rank that never comes.
+    # Until then a warning: a rank only slow to start (its imports on a cold file system,
+    # its container still pulling) arrives late and the finding ends.
+    never = now - last_arrival >= s.hang_after
     return [finding(
-        "init_incomplete", Severity.CRITICAL, missing, None,
-        f"{ranks_label(missing).capitalize()} never arrived at rendezvous: "
-        f"{len(arrived)} of {world} ranks did, and init_process_group waits for "
-        f"{them(missing)}.",
+        "init_incomplete", Severity.CRITICAL if never else Severity.WARNING, missing, None,
+        f"{ranks_label(missing).capitalize()} "
+        f"{'never arrived' if never else agree(missing, 'has', 'have') + ' not arrived'} "
+        f"at rendezvous: {len(arrived)} of {world} ranks did, and init_process_group waits "
+        f"for {them(missing)}"
+        + ("." if never else f" (critical once it has waited {s.hang_after:g} s)."),
         f"Check that {ranks_label(missing)} {agree(missing, 'was', 'were')} launched at all "
         "(the launcher's log, "
         f"`squeue`/`kubectl get pods`), that {agree(missing, 'it uses', 'they use')} "
