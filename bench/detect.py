@@ -649,8 +649,11 @@ def report(runs: list[Run], a: argparse.Namespace) -> str:
 #            (the warning that comes first) or a `hang`.
 # culprit    the rank(s) the verdict must blame, exactly (comma separated)
 # ranks      world size; launch: `torchrun` (python -m torch.distributed.run --nproc-per-node N
-#            --master-port P -m pgdash_agent SCRIPT) or `agent` (one `python -m pgdash_agent SCRIPT` per rank
-#            with a torchrun-style environment, as tests/conftest.py's launch_job does)
+#            --master-port P -m pgdash_agent SCRIPT), `agent` (one `python -m pgdash_agent SCRIPT` per rank
+#            with a torchrun-style environment, as tests/conftest.py's launch_job does) or
+#            `script` (one `python SCRIPT`, which starts its ranks itself, e.g. with
+#            torch.multiprocessing.spawn, and calls ``attach()`` in each: MASTER_ADDR and
+#            MASTER_PORT are set for it)
 # class      the row of the table the script counts in
 # stop_after seconds after the FAULT line (a healthy script's ``MARK <unix time>`` line) at
 #            which the runner stops the job: stop=sigint sends
@@ -658,6 +661,8 @@ def report(runs: list[Run], a: argparse.Namespace) -> str:
 #            foreground process group), stop=sigterm sends SIGTERM to every rank
 # restarts   torchrun --max-restarts (an elastic restart: the next attempt of the same job)
 # absent     ranks the runner never starts (a node that never comes up; launch=agent only)
+# tolerate   finding kinds a healthy script may get as a warning (never a critical), where
+#            waiting to warn would be too late for the fault it looks like (comma separated)
 # goal       overrides the goal (seconds, or slow steps for a straggler)
 #
 # The runner sets CORPUS_SEED (each script draws the step of its fault from it, so timing
@@ -700,6 +705,7 @@ class Spec:
     stop: str | None = None
     restarts: int = 0
     absent: list[int] = field(default_factory=list)
+    tolerate: set[str] = field(default_factory=set)
 
     @property
     def healthy(self) -> bool:
@@ -735,17 +741,21 @@ def parse_spec(path: Path) -> Spec:
             wait_s=max(KIND_WAIT.get(k, DEFAULT_WAIT) for k in kind.split("|")),
             stop_after=float(fields["stop_after"]) if "stop_after" in fields else None,
             stop=fields.get("stop"), restarts=int(fields.get("restarts", 0)),
-            absent=[int(r) for r in fields.get("absent", "").split(",") if r != ""])
+            absent=[int(r) for r in fields.get("absent", "").split(",") if r != ""],
+            tolerate={k for k in fields.get("tolerate", "").split(",") if k})
     except (KeyError, ValueError) as exc:
         raise ValueError(f"{path.name}: bad EXPECT line {h.group(1)!r}: {exc!r}") from None
-    if spec.launch not in ("torchrun", "agent"):
-        raise ValueError(f"{path.name}: launch must be torchrun or agent, not {spec.launch}")
+    if spec.launch not in ("torchrun", "agent", "script"):
+        raise ValueError(f"{path.name}: launch must be torchrun, agent or script, "
+                         f"not {spec.launch}")
     if spec.kinds and not spec.culprit:
         raise ValueError(f"{path.name}: kind={kind} needs culprit=")
     if spec.stop_after is not None and spec.stop not in ("sigint", "sigterm"):
         raise ValueError(f"{path.name}: stop_after needs stop=sigint or stop=sigterm")
     if spec.absent and spec.launch != "agent":
         raise ValueError(f"{path.name}: absent= needs launch=agent")
+    if spec.tolerate and not spec.healthy:
+        raise ValueError(f"{path.name}: tolerate= is for healthy scripts (kind=none)")
     return spec
 
 
@@ -859,6 +869,11 @@ def launch_corpus(spec: Spec, root: Path, url: str, job: str, seed: int,
         with open(logdir / f"{job}-torchrun.log", "ab") as out:
             return [subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root,
                                      env=child_env(root, base))]
+    if spec.launch == "script":
+        env = child_env(root, {**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master_port})
+        with open(logdir / f"{job}-script.log", "ab") as out:
+            return [subprocess.Popen([sys.executable, str(spec.path)], stdout=out,
+                                     stderr=subprocess.STDOUT, cwd=root, env=env)]
     procs = []
     for rank in range(spec.ranks):
         if rank in spec.absent:
@@ -1118,7 +1133,11 @@ def _judge(spec: Spec, run: CorpusRun, poller: CorpusPoller, logdir: Path) -> No
     culprit = set(spec.culprit)
     everything = [*loud, *poller.incidents.values()]
     if spec.healthy:
-        run.victims = [brief(f) for f in everything]
+        tolerated = [f for f in everything
+                     if f["kind"] in spec.tolerate and f["severity"] == "warning"]
+        run.victims = [brief(f) for f in everything if f not in tolerated]
+        if tolerated:
+            run.notes.append("tolerated: " + ", ".join(sorted({say(f) for f in tolerated})))
     else:
         run.victims = [brief(f) for f in everything if set(f["ranks"]) - culprit]
     text = read_logs(logdir, run.job)

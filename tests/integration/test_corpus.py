@@ -45,10 +45,13 @@ def test_every_corpus_script_has_a_valid_header():
                 f"{spec.name}: the fault's timing does not vary with CORPUS_SEED"
         if spec.unit == "steps":
             assert "STEP {" in text, f"{spec.name}: a straggler prints STEP lines"
+        if spec.launch == "script":
+            assert "attach(" in text, f"{spec.name}: a script that starts its ranks attaches"
+        assert spec.tolerate <= KINDS, spec.name
     names = {s.name for s in specs}
     assert set(SUBSET) <= names
     assert sum(1 for s in specs if s.healthy) >= 8
-    assert {s.launch for s in specs} == {"torchrun", "agent"}
+    assert {s.launch for s in specs} == {"torchrun", "agent", "script"}
 
 
 def test_a_broken_header_is_named(tmp_path):
@@ -57,6 +60,10 @@ def test_a_broken_header_is_named(tmp_path):
         detect.corpus_specs(tmp_path)
     (tmp_path / "bad.py").write_text('"""x\nEXPECT kind=hang ranks=3 launch=agent\n"""\n')
     with pytest.raises(ValueError, match="culprit"):
+        detect.corpus_specs(tmp_path)
+    (tmp_path / "bad.py").write_text('"""x\nEXPECT kind=hang culprit=1 ranks=3 launch=agent '
+                                     'tolerate=stall\n"""\n')
+    with pytest.raises(ValueError, match="tolerate= is for healthy"):
         detect.corpus_specs(tmp_path)
 
 
