@@ -7,6 +7,7 @@ import websocket
 
 from pgdash_agent.wire import (AGENT_NAMESPACE, AGENT_V2_PATH, PROTOCOL_V2, PROTOCOL_VERSION,
                                decode_v2, encode_v2)
+from tests.helpers.closing import disconnect
 
 
 def agent_client(url, session="s1", job="edge", rank=0, token=None, auth=None):
@@ -18,7 +19,7 @@ def agent_client(url, session="s1", job="edge", rank=0, token=None, auth=None):
                        auth=auth or {"v": PROTOCOL_VERSION, "session": session, "job": job,
                                      "rank": rank, "host": "h", "pid": 1, "token": token})
     except socketio.exceptions.ConnectionError:
-        client.disconnect()
+        disconnect(client)
         raise AssertionError(f"refused: {reasons}") from None
     return client
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import socketio
 
 from pgdash_agent.wire import AGENT_NAMESPACE, ASK_EVENT, PROTOCOL_VERSION
+from tests.helpers.closing import disconnect
 from tests.helpers.procs import WAIT_S
 
 try:
@@ -70,7 +71,7 @@ def agent_client(url: str, auth: dict) -> socketio.Client:
         client.connect(url, namespaces=[AGENT_NAMESPACE], transports=["websocket"],
                        auth=auth, wait_timeout=WAIT_S)
     except socketio.exceptions.ConnectionError:
-        client.disconnect()
+        disconnect(client)
         raise
     return client
 
@@ -107,7 +108,7 @@ class FakeAgent:
              "sum_us": 50.0 * count, "max_us": 80.0, "hist": [[45, count]]}]})
 
     def close(self) -> None:
-        self.client.disconnect()
+        disconnect(self.client)
 
 
 def rank_row(page, rank: int):

@@ -56,8 +56,10 @@ def get_body(url: str, timeout: float = 5.0, token: str | None = None,
     try:
         conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
                      headers=headers)
-        resp = conn.getresponse()
-        body = resp.read()
+        # Closed here too: Werkzeug answers "Connection: close", so conn.close() leaves the
+        # response's socket open when reading its body timed out.
+        with conn.getresponse() as resp:
+            body = resp.read()
         if resp.status >= 400:
             raise urllib.error.HTTPError(url, resp.status, resp.reason, resp.headers,
                                          io.BytesIO(body))

@@ -15,6 +15,7 @@ import pytest
 import socketio
 
 from pgdash_agent.wire import PROTOCOL_VERSION, UI_NAMESPACE
+from tests.helpers.closing import disconnect
 from tests.helpers.procs import (ROOT, WAIT_S, ServerProcess, job_by_name, launch_job, wait_for,
                                  wait_job)
 from dashboard.web.access import COOKIE, Access
@@ -41,8 +42,8 @@ def ask(server, method, path, headers=None, body=None, context=None):
         conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
     try:
         conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, resp.headers, resp.read().decode("utf-8", "replace")
+        with conn.getresponse() as resp:  # conn.close() leaves it open after a failed read
+            return resp.status, resp.headers, resp.read().decode("utf-8", "replace")
     finally:
         conn.close()
 
@@ -96,7 +97,7 @@ def ui_client(server, headers=None):
         client.connect(server.url, namespaces=[UI_NAMESPACE], transports=["websocket"],
                        headers=headers or {}, wait_timeout=WAIT_S)
     except socketio.exceptions.ConnectionError:
-        client.disconnect()
+        disconnect(client)
         raise AssertionError(f"refused: {reasons}") from None
     return client
 
@@ -113,7 +114,7 @@ def test_ui_namespace_needs_the_cookie_or_header(locked):
             ack = client.call("watch", {"jobs": True}, namespace=UI_NAMESPACE, timeout=10)
             assert ack == {"ok": True}
         finally:
-            client.disconnect()
+            disconnect(client)
 
 
 def test_agents_with_the_token_are_stored_and_others_refused(locked, tmp_path):
@@ -264,7 +265,7 @@ def test_browser_logs_in_and_the_page_goes_live(locked, browser):
             context.close()
         assert errors == []
     finally:
-        agent.disconnect()
+        disconnect(agent)
 
 
 def test_the_page_goes_live_over_https_beside_a_v2_agent_over_wss(tmp_path, browser):

@@ -25,6 +25,7 @@ import socketio
 
 from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
 from tests.helpers.procs import ROOT, WAIT_S, ServerProcess, launch_job, wait_job
+from tests.helpers.closing import disconnect
 
 TOKEN = "bad-input-test-token-0123456789"
 
@@ -310,7 +311,7 @@ def api_server(tmp_path_factory):
             namespace=AGENT_NAMESPACE, timeout=10)
         assert ack["ok"], ack
     finally:
-        client.disconnect()
+        disconnect(client)
     job = srv.api("/api/jobs")["jobs"][0]["id"]
     yield srv, job, tmp
     srv.stop()
@@ -326,8 +327,8 @@ def request(srv: ServerProcess, case: Api, job: int) -> tuple[int, str, bytes]:
     try:
         conn.request(case.method, case.path.replace("{job}", str(job)), body=case.body,
                      headers=headers)
-        resp = conn.getresponse()
-        return resp.status, resp.getheader("Content-Type") or "", resp.read()
+        with conn.getresponse() as resp:  # conn.close() leaves it open after a failed read
+            return resp.status, resp.getheader("Content-Type") or "", resp.read()
     finally:
         conn.close()
 

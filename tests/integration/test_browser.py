@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
+from tests.helpers.closing import disconnect
 from tests.helpers.procs import ServerProcess, job_by_name, launch_job, wait_for, wait_job
 from tests.helpers.browser import (CHROMIUM_ARGS, COLLECTIVES, DEVICE, HOST, LIVE_MS, STATUS,
                                    FakeAgent, Watched, agent_client, chromium_path, rank_row)
@@ -1040,7 +1041,7 @@ def test_job_page_lists_the_attempts_of_a_restarted_job(server, watched):
     first[1].send("exit", {"clean": False, "reason": "uncaught exception"})
     first[0].send("exit", {"clean": False, "reason": "SIGTERM from torchrun"})
     for rank in first:
-        rank.client.disconnect()
+        disconnect(rank.client)
     second = [AttemptRank(server.url, "restarted", r, 1) for r in (0, 1)]
     try:
         jid = job_id(server, "restarted")
@@ -1065,7 +1066,7 @@ def test_job_page_lists_the_attempts_of_a_restarted_job(server, watched):
         expect(items.nth(1)).to_contain_text("finished", timeout=LIVE_MS)
     finally:
         for rank in second:
-            rank.client.disconnect()
+            disconnect(rank.client)
 
 
 def replayed_page(page) -> dict:

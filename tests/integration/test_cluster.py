@@ -18,8 +18,9 @@ import socketio
 import sqlalchemy as sa
 
 from pgdash_agent.wire import UI_NAMESPACE
-from tests.helpers.procs import (ROOT, WAIT_S, ServerProcess, job_by_name, launch_job, wait_for,
-                                 wait_job)
+from tests.helpers.closing import disconnect
+from tests.helpers.procs import (ROOT, WAIT_S, ServerProcess, get_body, job_by_name, launch_job,
+                                 wait_for, wait_job)
 from tests.helpers.realservers import pg_url, postgres_server, redis_url  # noqa: F401  (fixtures)
 from tests.helpers.tcp_balancer import Balancer
 
@@ -148,14 +149,14 @@ def test_split_job_is_diagnosed_once_and_seen_live_from_the_other_process(
         finally:
             engine.dispose()
     finally:
-        ui.disconnect()
+        disconnect(ui)
         for p in procs:
             p.kill()
             p.wait()
 
 
 def _metrics(server) -> str:
-    return urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
+    return get_body(server.url + "/metrics", timeout=5).decode()
 
 
 def _owns(server, owner):
@@ -403,16 +404,16 @@ def test_an_agent_moving_to_the_other_process_is_deduped_against_the_log(pair):
         assert send(first, [ev(1, "hello", hello), ev(2, "heartbeat", {"groups": []}),
                             ev(3, "heartbeat", {"groups": []})])["stored"] == 3
     finally:
-        first.disconnect()
+        disconnect(first)
     second = agent_client(b.url, session="mover", job="moving")
     try:  # it resends what it was not sure of, plus new events
         ack = send(second, [ev(seq, "heartbeat", {"groups": []}) for seq in range(2, 6)])
         assert ack["stored"] == 2
     finally:
-        second.disconnect()
+        disconnect(second)
     jobs = b.api("/api/jobs")["jobs"]
     assert [j["name"] for j in jobs] == ["moving"], "the move must not split the job"
-    metrics = urllib.request.urlopen(b.url + "/metrics", timeout=5).read().decode()
+    metrics = get_body(b.url + "/metrics", timeout=5).decode()
     assert 'pgdash_ingest_events_total{result="duplicate"} 2' in metrics
     assert "pgdash_cluster_tail_age_seconds" in metrics
 
@@ -436,7 +437,7 @@ def test_a_process_stopped_with_sigterm_hands_its_jobs_over_at_once(pair, pg_url
                  25, "the other process to own the job")
         assert time.monotonic() - stopped_at < 25  # the lease alone would take 30 s or more
     finally:
-        agent.disconnect()
+        disconnect(agent)
 
 
 def test_a_request_made_at_one_process_is_read_by_a_host_reader_connected_to_the_other(

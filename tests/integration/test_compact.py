@@ -14,6 +14,7 @@ import websocket
 from pgdash_agent.reader import NOT_YET
 from pgdash_agent.wire import (AGENT_NAMESPACE, PROTOCOL_VERSION, READER_PATH, decode_v2,
                                encode_v2)
+from tests.helpers.closing import disconnect as disconnect_client
 from tests.helpers.procs import (JOBS, ROOT, ServerProcess, job_by_name, launch_job,
                                  stored_events, wait_for, wait_job)
 from tests.helpers.agents import HELLO, ev, v2_connect
@@ -242,7 +243,7 @@ def test_the_agents_v1_client_says_goodbye_every_time(server):
         client.connect(server.url, namespaces=[AGENT_NAMESPACE], transports=["websocket"],
                        auth={"v": PROTOCOL_VERSION, "session": f"bye{i}", "job": f"bye{i}",
                              "rank": 0, "host": "h", "pid": 1})
-        client.disconnect()
+        disconnect_client(client)
     for i in range(4):
         job = wait_for(lambda: job_by_name(server, f"bye{i}"), 30, "the job")
         bodies = wait_for(lambda: [ev["body"] for ev in stored_events(server.db_url, [job["id"]])

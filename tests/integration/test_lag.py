@@ -18,6 +18,7 @@ from dashboard.ingest.lag import LAG_REFRESH_S, IngestLag
 from dashboard.server import make_server
 from dashboard.state import JobState
 from tests.helpers.clock import Clock
+from tests.helpers.closing import disconnect
 from tests.helpers.events import hello
 from tests.helpers.procs import get_body, job_by_name, launch_job, wait_for, wait_job
 
@@ -176,7 +177,7 @@ def test_a_server_stopped_for_longer_than_lost_after_blames_no_rank(server, tmp_
         assert lag >= 15  # it says how far behind it was, on /metrics and to the page
         wait_for(lambda: any((m.get("server_behind_s") or 0) >= 15 for m in pushed), 30,
                  "the page to be told the server is behind")
-        ui.disconnect()
+        disconnect(ui)
         # Give it time to catch up and the agents to reconnect; then no finding at all.
         wait_for(lambda: all(r["status"] == "running" for r in
                              server.api(f"/api/jobs/{job['id']}")["ranks"]), 60,

@@ -17,6 +17,7 @@ import websocket
 
 from pgdash_agent.wire import AGENT_V2_PATH, PROTOCOL_V2, UI_NAMESPACE, decode_v2, encode_v2
 from tests.helpers.procs import ServerProcess, wait_for
+from tests.helpers.closing import disconnect
 from dashboard.ingest.guard import LoginGuard, client_address, from_config
 
 TOKEN = "tok-guess-me-if-you-can-7c1"
@@ -110,8 +111,8 @@ def ask(server, method, path, source=GUESSER, headers=None, body=None):
                                       source_address=(source, 0))
     try:
         conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, resp.headers, resp.read().decode("utf-8", "replace")
+        with conn.getresponse() as resp:  # conn.close() leaves it open after a failed read
+            return resp.status, resp.headers, resp.read().decode("utf-8", "replace")
     finally:
         conn.close()
 
@@ -145,7 +146,7 @@ def ui_refusal(server, headers):
     except socketio.exceptions.ConnectionError as exc:
         return f"{exc}: {reasons}"
     finally:
-        client.disconnect()
+        disconnect(client)
 
 
 def test_guessing_the_token_is_cut_off_per_address_then_allowed_again(guarded):

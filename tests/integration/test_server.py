@@ -14,6 +14,7 @@ import socketio
 
 from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION, UI_NAMESPACE
 from dashboard.web.live import apply
+from tests.helpers.closing import disconnect
 from tests.helpers.procs import ROOT, ServerProcess, get_json, job_by_name, wait_for
 from tests.helpers.agents import HELLO, agent_client, ev, send
 
@@ -36,7 +37,7 @@ def test_bad_batches_are_refused_with_reasons_and_lose_nothing(server):
         huge = [ev(10 + i, "exit", {"clean": True}) for i in range(501)]
         assert "limit is 500" in send(client, huge)["error"]
     finally:
-        client.disconnect()
+        disconnect(client)
     job = wait_for(lambda: job_by_name(server, "edge"), 10, "the job")
     assert first["job"] == job["id"]  # the agent can name the job's page
     detail = server.api(f"/api/jobs/{job['id']}")
@@ -57,7 +58,7 @@ def test_token_is_enforced(tmp_path):
             agent_client(srv.url, token="wrong")
         client = agent_client(srv.url, token="s3cret")
         assert send(client, [ev(1, "hello", HELLO)])["ok"]
-        client.disconnect()
+        disconnect(client)
     finally:
         srv.stop()
 
@@ -115,8 +116,8 @@ def test_browser_gets_a_snapshot_then_deltas_over_socketio(server):
         assert "job must be an integer" in ui.call("watch", {"job": "1; drop"},
                                                    namespace=UI_NAMESPACE)["error"]
     finally:
-        ui.disconnect()
-        agent.disconnect()
+        disconnect(ui)
+        disconnect(agent)
 
 
 def test_db_upgrade_and_bad_db_url(tmp_path):
@@ -151,7 +152,7 @@ def test_metrics_expose_jobs_ranks_and_ingest_counters(server):
             assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             text = resp.read().decode()
     finally:
-        agent.disconnect()
+        disconnect(agent)
     lines = text.splitlines()
     assert 'pgdash_jobs{status="running"} 1.0' in lines
     assert 'pgdash_ingest_events_total{result="stored"} 4.0' in lines  # connect + 3
@@ -218,7 +219,7 @@ def test_state_at_a_moment_over_http(server):
         assert archive.job["name"] == "past" and len(archive.sessions) == 1
         assert [e["kind"] for e in archive.events] == ["connect", "hello", "group"]
     finally:
-        agent.disconnect()
+        disconnect(agent)
 
 
 def test_state_at_a_moment_has_the_sections_the_live_feed_sent_at_it(server):
@@ -263,8 +264,8 @@ def test_state_at_a_moment_has_the_sections_the_live_feed_sent_at_it(server):
             [f["id"] for f in theirs["findings"] if f["active"]]
     finally:
         for client in agents:
-            client.disconnect()
-        ui.disconnect()
+            disconnect(client)
+        disconnect(ui)
 
 
 def test_a_big_json_answer_is_gzipped_for_a_client_that_accepts_it(server):
@@ -285,9 +286,9 @@ def test_a_big_json_answer_is_gzipped_for_a_client_that_accepts_it(server):
             try:
                 conn.request("GET", path, headers={k.replace("_", "-"): v
                                                    for k, v in headers.items()})
-                resp = conn.getresponse()
-                assert resp.status == 200
-                return dict(resp.getheaders()), resp.read()
+                with conn.getresponse() as resp:  # conn.close() leaves it open on a failure
+                    assert resp.status == 200
+                    return dict(resp.getheaders()), resp.read()
             finally:
                 conn.close()
 
@@ -305,7 +306,7 @@ def test_a_big_json_answer_is_gzipped_for_a_client_that_accepts_it(server):
         headers, body = fetch(f"/api/jobs/{job['id']}/incidents", Accept_Encoding="gzip")
         assert "Content-Encoding" not in headers and isinstance(json.loads(body), (dict, list))
     finally:
-        agent.disconnect()
+        disconnect(agent)
 
 
 def test_state_at_within_answers_the_keyframe_before_the_moment(tmp_path):

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from dashboard.ingest.asks import MIN_INTERVAL_S
-from tests.helpers.procs import ROOT, ServerProcess, job_by_name, launch_job, wait_for
+from tests.helpers.procs import (ROOT, ServerProcess, get_body, job_by_name, launch_job,
+                                 wait_for)
 
 TOKEN = "snap-token-0123456789"
 SLEEP_LINE = "time.sleep(3600)"  # where tests/jobs/fault_job.py's "hang" rank sleeps
@@ -44,7 +45,8 @@ def _post(server, path, body, token=TOKEN):
         with urllib.request.urlopen(req, timeout=20) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+        with exc:  # the error is the response: closed, as resp above
+            return exc.code, json.loads(exc.read() or b"{}")
 
 
 PY_SPY = str(Path(sys.executable).with_name("py-spy"))  # the test extra installs it
@@ -239,8 +241,8 @@ def test_a_host_whose_every_rank_is_blocked_with_the_gil_held_is_read_by_its_hos
         server.stop()
         server = ServerProcess(server.db_url, port=server.port, log_path=tmp_path / "again.log",
                                extra=["--hang-after", "600"]).start()
-        wait_for(lambda: "pgdash_host_readers 1.0" in urllib.request.urlopen(
-            server.url + "/metrics", timeout=10).read().decode(), 60, "the reader back")
+        wait_for(lambda: "pgdash_host_readers 1.0" in get_body(
+            server.url + "/metrics", timeout=10).decode(), 60, "the reader back")
         status, made = _post(server, f"/api/jobs/{job['id']}/snapshots", {"ranks": "all"})
         assert status == 202, made
         assert sorted(made.get("not_connected", [])) == [0, 1], made
@@ -269,8 +271,8 @@ def test_ranks_started_without_local_rank_have_a_host_reader_too(tmp_path):
         assert len({o["by"] for o in outside}) == 1 and outside[0]["by"] in (0, 1), outside
         pid = outside[0]["reader_pid"]
         assert outside[1]["reader_pid"] == pid  # one reader for the host ...
-        assert "pgdash_host_readers 1.0" in urllib.request.urlopen(  # ... and only one
-            server.url + "/metrics", timeout=10).read().decode()
+        assert "pgdash_host_readers 1.0" in get_body(  # ... and only one
+            server.url + "/metrics", timeout=10).decode()
     finally:
         _stop(procs)
         server.stop()

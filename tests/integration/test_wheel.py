@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import urllib.request
 
-from tests.helpers.procs import ROOT, free_port, wait_for
+from tests.helpers.procs import ROOT, free_port, get_body, wait_for
 
 
 def run(cmd, **kw):
@@ -55,10 +54,10 @@ def test_wheel_installs_serves_and_migrates(tmp_path):
                               stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
-        page = wait_for(lambda: urllib.request.urlopen(base + "/", timeout=5).read(), 60,
+        page = wait_for(lambda: get_body(base + "/", timeout=5), 60,
                         "the installed server")
         assert b"pgdash" in page
-        vendored = urllib.request.urlopen(base + "/static/vendor/socket.io-4.8.4.min.js").read()
+        vendored = get_body(base + "/static/vendor/socket.io-4.8.4.min.js", timeout=30)
         assert len(vendored) > 20_000
         assert (outside / "pgdash.db").exists(), "serve migrates its default database"
     finally:
