@@ -54,6 +54,16 @@ def socketio_client(ca_file: str | None = None):
                 self.eio.disconnect()
             except Exception:  # another python-socketio: its own disconnect
                 super().disconnect()
+            finally:
+                # Where the read thread took the server's close frame first, websocket-client
+                # marked the connection closed and left its socket open (to the garbage
+                # collector: a ResourceWarning in the training process). A no-op otherwise.
+                try:
+                    ws = getattr(self.eio, "ws", None)
+                    if ws is not None:
+                        ws.shutdown()
+                except Exception:
+                    pass
 
     # wss:// is verified against the system's CAs, or only against PGDASH_CA_FILE when set.
     extra = {"sslopt": {"ca_certs": ca_file}} if ca_file else {}
