@@ -176,8 +176,10 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
                 f"exit code for rank {r.rank} (-9 is SIGKILL; -15, SIGTERM, a scheduler that "
                 "preempted or cancelled it: `sacct -j <job>`, `kubectl describe pod`; -6, "
                 "SIGABRT, is a C++ abort: gloo's \"Received data size doesn't match expected "
-                "size\" means ranks passed one collective tensors of different sizes), and the "
-                "end of that rank's own log. ")
+                "size\" or a `gloo::EnforceNotMet` means ranks passed one collective tensors "
+                "of different sizes, and gloo aborts the rank that received the odd message, "
+                "not always the one that sent it: compare the shapes every rank passes to "
+                "that collective), and the end of that rank's own log. ")
         if r.status == RankStatus.LOST:
             summary, hint = f"Rank {r.rank} vanished{process_label(r)}: {how}.", dead
         else:
