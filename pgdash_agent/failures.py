@@ -15,16 +15,51 @@ run while the program is going down, where nothing may raise and the reason must
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from pgdash_agent import frames as pyframes
 from pgdash_agent import wire
 from pgdash_agent.collectives import GroupTrack
 from pgdash_agent.outbox import Outbox
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """SIGINT held back while the agent reports how the program ends (main thread): Ctrl-C
+    in a terminal reaches torchrun and every rank, and torchrun sends the ranks a second
+    SIGINT, which landed inside the report of the first and cut it short (the rank then
+    read as cleanly exited). Meanwhile a SIGINT is only counted (the program is ending
+    already); the handler is given back after, so a later one interrupts as before."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        try:
+            previous = signal.getsignal(signal.SIGINT)
+            if previous is not None:  # (None: a handler not set from Python: left alone)
+                signal.signal(signal.SIGINT, _count_sigint)
+        except (OSError, ValueError):
+            previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            try:
+                signal.signal(signal.SIGINT, previous)
+            except (OSError, ValueError):
+                pass
+
+
+held_sigints = 0  # SIGINTs that came while a report was being made
+
+
+def _count_sigint(signum: int, frame: Any) -> None:
+    global held_sigints
+    held_sigints += 1
 
 
 def error_text(exc: BaseException) -> str:
@@ -97,7 +132,8 @@ class FailureReports:
 
     def _excepthook(self, exc_type, exc, tb) -> None:
         try:
-            self.note_uncaught(exc_type, exc, tb)
+            with sigint_held():
+                self.note_uncaught(exc_type, exc, tb)
         finally:
             self._previous_excepthook(exc_type, exc, tb)
 

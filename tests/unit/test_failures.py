@@ -1,11 +1,14 @@
 """The agent's end-of-program reports (pgdash_agent.failures): ``sys.exit`` while attached."""
 
 import os
+import signal
 import sys
 import threading
+import time
 
 import pytest
 
+from pgdash_agent import failures
 from pgdash_agent.failures import FailureReports
 from pgdash_agent.outbox import Outbox
 
@@ -72,3 +75,23 @@ def test_install_wraps_sys_exit_and_uninstall_gives_it_back(reports):
         assert sys.exit is real_exit
     finally:
         sys.exit, sys.excepthook = real_exit, real_hook
+
+
+def test_a_second_ctrl_c_does_not_cut_the_report_of_the_first_short(reports):
+    # torchrun forwards SIGINT to ranks that the terminal's Ctrl-C already reached: the
+    # second lands while the agent reports the first (here: inside the report, for real)
+    put = reports.outbox.put
+
+    def slow_put(*args):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # a KeyboardInterrupt would cut this sleep, and the report, short
+        put(*args)
+
+    reports.outbox.put = slow_put
+    reports._previous_excepthook = lambda *exc: None
+    held = failures.held_sigints
+    handler = signal.getsignal(signal.SIGINT)
+    reports._excepthook(KeyboardInterrupt, KeyboardInterrupt(), None)
+    assert sent(reports) == [("error", "uncaught", "KeyboardInterrupt")] and reports.failed
+    assert failures.held_sigints == held + 1  # counted, not raised
+    assert signal.getsignal(signal.SIGINT) is handler  # a later Ctrl-C interrupts as before
