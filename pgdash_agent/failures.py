@@ -172,7 +172,8 @@ class FailureReports:
             if os.getpid() != self.pid or status == 0 or self.exitcode is not None:
                 return
             self.failed, self.exitcode = True, status
-            if isinstance(handling[1], BaseException):  # the failure: its error says it all
+            if isinstance(handling[1], BaseException) and \
+                    not isinstance(handling[1], SystemExit):  # the failure: its error says it
                 self.note_uncaught(*handling)
                 return
             self.outbox.put(time.time(), "error", {
