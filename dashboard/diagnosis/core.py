@@ -101,6 +101,10 @@ class Settings:
     # the scheduler makes one rank of a pair late a few more times than the other: 5 long
     # waits against 1 in 48 collectives warned on a healthy job (p 0.11).
     straggler_sparse_p: float = 0.01
+    # Ranks late together (a slow node's ranks, two older GPUs): a rank whose median wait is
+    # within this share of the way from the straggler's to the others' typical wait is a
+    # straggler too (half the group's ranks at most; a victim waits about the typical)
+    straggler_together: float = 0.25
     straggler_ratio: float = 3.0  # the others wait this many times longer than the straggler
     straggler_min_wait_us: float = 2000.0  # ... and at least this much longer per collective
     slow_history: int = 10  # intervals of history before slow_collective can judge

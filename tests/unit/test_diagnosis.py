@@ -341,6 +341,27 @@ def test_straggler_is_the_rank_that_waits_least_interval_after_interval():
     assert f["evidence"]["mean_wait_us"]["3"] < 500
 
 
+def test_ranks_late_together_are_named_together():
+    # a slow node's ranks: 1 and 3 arrive last by turns, 0 and 2 wait for them every step
+    log = running(4)
+    for r in (0, 2):
+        intervals(log, r, "0", [12, 11, 13, 12, 12])
+    intervals(log, 1, "0", [0.3, 1.2, 0.3, 1.1, 0.3])
+    intervals(log, 3, "0", [1.2, 0.3, 1.1, 0.3, 1.2])
+    (f,) = diagnose(log.state(), 106, S)
+    assert (f["kind"], f["ranks"]) == ("straggler", [1, 3])
+    assert f["summary"].startswith("Ranks 1, 3 are stragglers") and f["id"].endswith(":r1")
+    assert "all on node0: look at that host first" in f["hint"]
+    # a victim that waits half as long as the others (it is late too, but less) is no straggler
+    log = running(5)
+    for r in (0, 2):
+        intervals(log, r, "0", [12, 11, 13, 12, 12])
+    intervals(log, 4, "0", [6, 5.5, 6.5, 6, 6])
+    intervals(log, 1, "0", [0.3, 1.2, 0.3, 1.1, 0.3])
+    intervals(log, 3, "0", [1.2, 0.3, 1.1, 0.3, 1.2])
+    assert [f["ranks"] for f in diagnose(log.state(), 106, S)] == [[1, 3]]
+
+
 def test_no_straggler_when_waits_are_short_or_spread():
     log = running(4)
     # Short waits: a rank that is consistently fastest by a fraction of a millisecond.

@@ -21,12 +21,13 @@ from dashboard.diagnosis.rules.windows import Windows, aligned, intervals_holdin
 class StragglerVerdict(NamedTuple):
     """The straggler of one group's window, and what it was judged on."""
 
-    rank: int
+    rank: int  # the rank that waits least
     medians: dict[int, float]  # median wait per rank, us
     typical: float  # the others' typical wait at their straggler_late_share least-waited, us
     intervals: int  # summaries (PGDASH_STATS_INTERVAL_S each) the window spans
     recent: Windows  # those summaries (rules.windows)
     share: float  # at this share of their collectives the others waited ``typical`` or more
+    ranks: frozenset = frozenset()  # ``rank`` and the ranks late with it (straggler_together)
 
 
 def straggler_in(windows: Windows, back: int, s: Settings) -> StragglerVerdict | None:
@@ -98,7 +99,7 @@ def _stragglers_of(windows: Windows, s: Settings) -> list[StragglerVerdict | Non
             found &= ~(typical < s.straggler_steady * typical_but(highs, slow))
         for g in np.flatnonzero(found).tolist():
             verdicts[g] = _verdict(windows, g, int(slow[g]), medians[g], float(typical[g]),
-                                   int(n[g]), s.straggler_late_share)
+                                   int(n[g]), s.straggler_late_share, s.straggler_together)
         open_ &= ~found
     if open_.any():
         _sparse_stragglers(windows, depths, open_, verdicts, s)
@@ -106,10 +107,18 @@ def _stragglers_of(windows: Windows, s: Settings) -> list[StragglerVerdict | Non
 
 
 def _verdict(windows: Windows, g: int, slow: int, medians: np.ndarray, typical: float, n: int,
-             share: float) -> StragglerVerdict:
+             share: float, together: float = 0.0) -> StragglerVerdict:
+    """The verdict naming ``slow``, and the ranks whose median wait is within ``together``
+    of the way from its median to ``typical`` (0: none), if they are half the ranks at most."""
     one = windows.group(g)
+    late = [slow]
+    if together:
+        near = medians[slow] + together * (typical - medians[slow])
+        late = np.flatnonzero(medians <= near).tolist()
+        if 2 * len(late) > len(one.ranks):
+            late = [slow]
     return StragglerVerdict(one.ranks[slow], dict(zip(one.ranks, medians.tolist())), typical, n,
-                            one.newest(n), share)
+                            one.newest(n), share, frozenset(one.ranks[i] for i in late))
 
 
 def _sparse_stragglers(windows: Windows, depths: np.ndarray, open_: np.ndarray,

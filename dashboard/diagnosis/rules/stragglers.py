@@ -16,7 +16,7 @@ from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.straggler_chains import hidden_chain, late_chain
 from dashboard.diagnosis.rules.straggler_verdict import StragglerVerdict, stragglers_in
 from dashboard.diagnosis.rules.windows import stacked_windows
-from dashboard.diagnosis.text import backend_of, group_label, process_label
+from dashboard.diagnosis.text import backend_of, group_label, process_label, ranks_label
 from dashboard.state import JobState
 
 
@@ -55,9 +55,12 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
         before = stragglers_in(windows, s.straggler_persist, s)
         for g, group in enumerate(groups):
             seen = [verdicts[g] for verdicts in persist]
-            if any(v is None for v in seen) or len({v.rank for v in seen}) != 1:
+            if any(v is None for v in seen):
                 continue
-            if before[g] is not None and before[g].rank != seen[0].rank:
+            # Ranks late together take turns at arriving last: the verdicts name the same
+            # stragglers while they share one (those they all name are named).
+            late = frozenset.intersection(*(v.ranks for v in seen))
+            if not late or (before[g] is not None and not before[g].ranks & late):
                 continue
             # A verdict whose whole window is one summary is half a second of evidence: a
             # crowded host's scheduler can keep one rank of a pair off its core that long.
@@ -65,10 +68,11 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
             # persists).
             if seen[-1].intervals < s.straggler_min_span and before[g] is None:
                 continue
-            found[group] = seen[0]
+            slow = seen[0].rank if seen[0].rank in late else min(late)
+            found[group] = seen[0]._replace(rank=slow, ranks=late)
     verdicts = {group: found[group] for group in sorted(found, key=str)}
     out = []
-    for group, (slow, means, typical, n, recent, share) in verdicts.items():
+    for group, (slow, means, typical, n, recent, share, late) in verdicts.items():
         # A rank late here only because it waited for another rank in a different group is
         # a victim: follow such waits, as hangs do, to the rank that made it late.
         chain = late_chain(state, group, slow, verdicts, now, s)
@@ -81,12 +85,20 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
             continue  # whether it waits inside DDP's collectives is not known yet
         chain += hidden
         root = chain[-1]["rank"] if chain else slow
+        named = sorted(late) if not chain else [root]  # (late elsewhere: its chain's root)
         r = state.rank_index().get(root)
         waits_for = "it" if not chain else f"rank {slow}"
-        summary = (f"Rank {root} is a straggler: the other ranks of "
-                   f"{group_label(state, group)} wait {typical / 1000:.1f} ms or more for "
-                   f"{waits_for} at {share:.0%} of their collectives, against "
-                   f"{means[slow] / 1000:.1f} ms (median) for rank {slow} itself")
+        if len(named) > 1:
+            summary = (f"{ranks_label(named).capitalize()} are stragglers: the other ranks of "
+                       f"{group_label(state, group)} wait {typical / 1000:.1f} ms or more for "
+                       f"them at {share:.0%} of their collectives, against at most "
+                       f"{max(means[k] for k in named) / 1000:.1f} ms (median) for these "
+                       f"ranks themselves")
+        else:
+            summary = (f"Rank {root} is a straggler: the other ranks of "
+                       f"{group_label(state, group)} wait {typical / 1000:.1f} ms or more for "
+                       f"{waits_for} at {share:.0%} of their collectives, against "
+                       f"{means[slow] / 1000:.1f} ms (median) for rank {slow} itself")
         for hop in chain:
             where = ("'s C++ collectives (DDP)" if hop.get("source") != "python" else "")
             summary += (f"; rank {hop['waits']} waits for rank {hop['rank']} inside "
@@ -103,14 +115,24 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
             evidence["chain"] = chain
         if checked:
             evidence["cpp_groups_checked"] = checked
+        if len(named) > 1:
+            hosts = sorted({h.host for k in named if (h := state.rank_index().get(k)) and h.host})
+            where = (f" (all on {hosts[0]}: look at that host first)" if len(hosts) == 1
+                     else f" (on {', '.join(hosts)})" if hosts else "")
+            hint = (f"{ranks_label(named).capitalize()} arrive last at every collective, "
+                    f"together{where}. Look at what they share and do between collectives: "
+                    "their host (CPU contention, a slower NIC or storage), data loading "
+                    "(DataLoader num_workers, slow storage), uneven batch or sequence lengths, "
+                    "or slower devices (GPU clocks throttled: see GPU health).")
+        else:
+            hint = (f"Rank {root} arrives last{' at every collective' if not chain else ''}. "
+                    f"Look at what it does between collectives{process_label(r)}: data loading "
+                    "(DataLoader num_workers, slow storage), uneven batch or sequence lengths, "
+                    "extra work on that rank (logging, checkpointing), or a slower device (GPU "
+                    "clocks throttled: see GPU health).")
         out.append(finding(
-            "straggler", Severity.WARNING, [root], group, summary + ".",
-            f"Rank {root} arrives last{' at every collective' if not chain else ''}. Look at "
-            f"what it does between collectives{process_label(r)}: data loading (DataLoader "
-            "num_workers, slow storage), uneven batch or sequence lengths, extra work on that "
-            "rank (logging, checkpointing), or a slower device (GPU clocks throttled: see GPU "
-            "health).",
-            evidence, float(recent.newest_ends().max()), key=f"r{root}"))
+            "straggler", Severity.WARNING, named, group, summary + ".", hint,
+            evidence, float(recent.newest_ends().max()), key=f"r{min(named)}"))
     return out
 
 
