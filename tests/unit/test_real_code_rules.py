@@ -325,11 +325,25 @@ def test_ranks_the_launcher_terminates_after_a_kill_are_not_blamed():
     assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [1])]
 
 
-def test_ranks_killed_together_are_each_named():
+def test_ranks_of_one_host_killed_together_are_one_finding():
+    # a node that loses power takes all its ranks at once: one critical, not one per rank
     log = running(4)
     for r in (1, 2):
         log.add(f"s{r}", "disconnect", {}, t=110.0)
     for r in (0, 3):  # the others still report
+        progress(log, r, 112.0, ("0", 5, 5, None, None))
+    (f,) = diagnose(log.state(), 112.0, S)
+    assert (f["kind"], f["ranks"], f["id"]) == ("rank_lost", [1, 2], "rank_lost:-:r1")
+    assert f["summary"].startswith("Ranks 1, 2 vanished together on node0"), f["summary"]
+    assert f["evidence"]["lost"]["2"]["pid"] == 102 and "`last -x`" in f["hint"]
+
+
+def test_ranks_of_different_hosts_killed_together_are_each_named():
+    log = running(4)
+    log.add("s2", "hello", hello(2, world=4, host="node1"), t=100.5)
+    for r in (1, 2):
+        log.add(f"s{r}", "disconnect", {}, t=110.0)
+    for r in (0, 3):
         progress(log, r, 112.0, ("0", 5, 5, None, None))
     assert sorted(kinds(diagnose(log.state(), 112.0, S))) == [("rank_lost", [1]),
                                                               ("rank_lost", [2])]

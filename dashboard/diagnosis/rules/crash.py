@@ -25,6 +25,11 @@ from dashboard.state import JobState, RankState
 CONSEQUENCE_AFTER_S = 0.01
 
 
+# Ranks of one host whose connections closed (no goodbye) this close together went with
+# their host (rank_lost names them in one finding).
+LOST_TOGETHER_S = 1.0
+
+
 # Exceptions of torch.distributed and its launcher: never a plain bug of the training code.
 DISTRIBUTED_ERRORS = frozenset({
     "DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "QueueEmptyError",
@@ -126,16 +131,64 @@ def _connection_alive(r: RankState, since: float, now: float, s: Settings) -> bo
 
 
 def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
+    return _together(_lost_each(state, now, s))
+
+
+def _together(found: list[Finding]) -> list[Finding]:
+    """Ranks of one host whose connections closed without a goodbye within LOST_TOGETHER_S
+    of each other are one finding: a node that lost power, rebooted or fell off the network
+    takes all its ranks at once (8 criticals for one fault, before). Ranks whose heartbeats
+    stopped with their connection open, and agents that gave up on a server behind them,
+    stay on their own."""
+    by_host: dict[Any, list[Finding]] = {}
+    out = []
+    for f in sorted(found, key=lambda f: (f["first_seen"], f["ranks"])):
+        host = f["evidence"].get("host")
+        if f["evidence"].get("how") == "killed" and host:
+            by_host.setdefault(host, []).append(f)
+        else:
+            out.append(f)
+    for host, lost in by_host.items():
+        alike = [f for f in lost if f["first_seen"] - lost[0]["first_seen"] <= LOST_TOGETHER_S]
+        out += [f for f in lost if f not in alike]
+        if len(alike) == 1:
+            out.append(alike[0])
+            continue
+        first = alike[0]
+        ranks = [f["ranks"][0] for f in alike]
+        who = ranks_label(ranks)
+        out.append(finding(
+            "rank_lost", Severity.CRITICAL, ranks, None,
+            f"{who.capitalize()} vanished together on {host}: their connections closed "
+            "without a clean exit.",
+            f"These ranks of {host} went at the same moment: look at the host before the "
+            f"processes. Did {host} reboot, lose power or its network (`last -x`, `journalctl "
+            f"-k -b -1` on {host}, the cluster's node events: `sinfo -R`, `kubectl describe "
+            f"node`), or did the OOM killer take several processes (`dmesg -T | grep -iE "
+            f"'killed process|out of memory'` on {host})? The launcher's exit codes for "
+            f"{who} say how they ended (-9 is SIGKILL). Errors on other ranks after this "
+            "moment are consequences.",
+            {**first["evidence"], "lost": {str(f["ranks"][0]): {
+                "pid": f["evidence"]["pid"], "last_seen": f["evidence"]["last_seen"]}
+                for f in alike}},
+            first["first_seen"], key=f"r{first['ranks'][0]}"))
+    return sorted(out, key=lambda f: f["ranks"])
+
+
+def _lost_each(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
     failed: dict[int, Any] | None = None
     for r in state.ranks():
         if r.status == RankStatus.LOST and _consequence(state, r, s):
             continue
+        killed = False
         if r.status == RankStatus.LOST:
             since, how = r.exit_at or r.last_seen, "its connection closed without a clean exit"
             grace = s.reconnect_grace
+            killed = True
             if r.closed_owed_s >= s.owed_close_after:  # it gave up on this server: patience
                 grace = s.lost_after
+                killed = False
                 how = (f"its connection closed after the server had kept it waiting "
                        f"{r.closed_owed_s:.0f} s for an acknowledgement, and it did not come "
                        f"back within {grace:.0f} s")
@@ -145,7 +198,7 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
                 # exit it is not lost); a killed process sends none. Owed nothing, when the
                 # server was too busy to read its batch before its ack timeout ran out
                 # (bench/capacity.py --wire v1, 512 ranks: rank_lost critical, no owed_s).
-                grace = s.lost_after
+                grace, killed = s.lost_after, False
                 how = (f"its agent closed its connection (alive then: a dead process cannot "
                        f"say goodbye) and did not come back within {grace:.0f} s")
             if min(now, _heard_until(state)) - since < grace:
@@ -170,6 +223,8 @@ def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
                       if v.status == RankStatus.FAILED}
         victims = {k: v for k, v in failed.items() if k != r.rank}
         evidence = {"last_seen": r.last_seen, "host": r.host, "pid": r.pid,
+                    "how": "killed" if killed else "silent" if r.status != RankStatus.LOST
+                    else "gave up",
                     "victims": {str(k): v for k, v in victims.items()}}
         dead = (f"Look for why process {r.pid} on {r.host} died: `dmesg -T | grep -iE "
                 f"'killed process|out of memory'` on {r.host} (OOM killer), the launcher's "
