@@ -26,7 +26,8 @@ CONSEQUENCE_AFTER_S = 0.01
 
 
 # Ranks of one host whose connections closed (no goodbye) this close together went with
-# their host (rank_lost names them in one finding).
+# their host (rank_lost names them in one finding). In effect the ranks killed within
+# CONSEQUENCE_AFTER_S of each other: one lost later is read as the first one's consequence.
 LOST_TOGETHER_S = 1.0
 
 
