@@ -117,6 +117,26 @@ def test_a_rank_that_leaves_early_is_named_and_its_peers_errors_are_its_evidence
     assert set(found[0]["evidence"]["victims"]) == {"0", "1"}
 
 
+def test_ranks_that_swallow_the_error_of_an_early_leaver_and_leave_are_its_victims():
+    """``try: step() except Exception: continue``: rank 2 skipped one all_reduce and ran out of
+    steps first; the others' last all_reduce raises on its closed connection, they swallow it,
+    end their loop and destroy their group too. Only rank 2 left by itself."""
+    log = running(3)
+    leave(log, 2, 105.0, entered=40, how="exit")
+    for r in (0, 1):
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 41, "completed": 40, "inflight_op": "all_reduce",
+             "inflight_since": 104.9}]}, t=104.95)
+        log.add(f"s{r}", "error", {"where": "collective", "error_type": "RuntimeError",
+                                   "error": CLOSED, "group": "0", "op": "all_reduce",
+                                   "seq": 41}, t=105.1)
+    leave(log, 0, 105.3, entered=41, how="exit")
+    leave(log, 1, 105.35, entered=41, how="exit")
+    found = diagnose(log.state(), 110.0, S)
+    assert kinds(found) == [("rank_exited_early", [2])], found
+    assert set(found[0]["evidence"]["victims"]) == {"0", "1"}
+
+
 def crash_in_a_collective(log, at=105.0):
     """Rank 1 raises in its loop; its ``finally: destroy_process_group()`` closes its
     connections; rank 0's and rank 2's next all_reduce fails on them."""
@@ -322,6 +342,24 @@ def test_ranks_the_launcher_terminates_after_a_kill_are_not_blamed():
     log.add("s1", "disconnect", {}, t=110.0)  # SIGKILL: the OOM killer
     for r, t in ((0, 110.12), (2, 110.13), (3, 110.2)):  # torchrun stops the rest
         log.add(f"s{r}", "disconnect", {}, t=t)
+    assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [1])]
+
+
+def test_a_job_whose_ranks_all_vanish_at_once_was_stopped_from_outside_and_blames_no_one():
+    """``scancel`` (or a preemption, a time limit) sends SIGTERM to every rank at once; with no
+    handler each dies of it, and no rank reports anything."""
+    log = running(3)
+    for r, t in ((2, 110.0), (1, 110.0001), (0, 110.0116)):
+        log.add(f"s{r}", "disconnect", {}, t=t)
+    assert diagnose(log.state(), 110.5, S) == []  # they may still reconnect
+    (f,) = diagnose(log.state(), 112.0, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("rank_lost", "info", [])
+    assert f["summary"].startswith("All 3 ranks vanished within 12 ms"), f["summary"]
+    assert set(f["evidence"]["lost"]) == {"0", "1", "2"} and "scancel" in f["hint"]
+    log = running(3)  # one rank first, the launcher's stop of the others 60 ms later
+    log.add("s1", "disconnect", {}, t=110.0)
+    for r in (0, 2):
+        log.add(f"s{r}", "disconnect", {}, t=110.06)
     assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [1])]
 
 

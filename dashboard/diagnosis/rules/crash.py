@@ -30,6 +30,12 @@ CONSEQUENCE_AFTER_S = 0.01
 # CONSEQUENCE_AFTER_S of each other: one lost later is read as the first one's consequence.
 LOST_TOGETHER_S = 1.0
 
+# Every rank of a job vanishing within this of each other, none with an error, is the job
+# stopped from outside (a scheduler's SIGTERM reaches every rank at once: 12 ms apart on a
+# loaded 2-core machine), not a rank's fault. torchrun stops the others when it sees a rank
+# die, up to its --monitor-interval (0.1 s) later: a reaction within this reads as a stop.
+STOPPED_TOGETHER_S = 0.025
+
 
 # Exceptions of torch.distributed and its launcher: never a plain bug of the training code.
 DISTRIBUTED_ERRORS = frozenset({
@@ -132,7 +138,45 @@ def _connection_alive(r: RankState, since: float, now: float, s: Settings) -> bo
 
 
 def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
-    return _together(_lost_each(state, now, s))
+    whole = _job_stopped(state, now, s)
+    return [whole] if whole is not None else _together(_lost_each(state, now, s))
+
+
+def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
+    """Every rank of the job vanished within STOPPED_TOGETHER_S, none with an error or an exit of
+    its own, and no hang stood: the job was ended from outside (``scancel``, a preemption, the
+    allocation's time limit, a signal to the launcher's process group), or its only host went
+    down. Not a rank's fault: one finding for information, never a culprit. A rank killed by
+    itself or by the kernel ends first and alone: its peers' collectives fail on its closed
+    connections before a launcher stops them, so they end failed, not vanished."""
+    ranks = state.ranks()
+    if not ranks or len(ranks) < (state.world_size or 0):
+        return None
+    if any(r.status != RankStatus.LOST or r.exit_at is None or r.closed_goodbye
+           or r.closed_owed_s >= s.owed_close_after for r in ranks):
+        return None
+    first, last = min(r.exit_at for r in ranks), max(r.exit_at for r in ranks)
+    if last - first > STOPPED_TOGETHER_S or now - last < s.reconnect_grace:
+        return None
+    if job_stop(state, s) is not None or any(_connection_alive(r, last, now, s) for r in ranks):
+        return None
+    hosts = sorted({r.host for r in ranks if r.host})
+    where = ", ".join(hosts[:4]) + (" and more" if len(hosts) > 4 else "")
+    return finding(
+        "rank_lost", Severity.INFO, [], None,  # (it blames no rank: they are evidence)
+        f"All {len(ranks)} ranks vanished within {(last - first) * 1000:.0f} ms, none with an "
+        "exit or an error of its own: the job was stopped from outside.",
+        "Nothing in the training points at one rank: every connection closed at once. A "
+        "scheduler or launcher ended the whole job (`scancel`, a preemption, the allocation's "
+        "time limit, SIGTERM or SIGKILL to the launcher's process group), or the job's host "
+        "went down. If nobody stopped it, ask the scheduler who did (`sacct -j <job> -o "
+        "JobID,State,ExitCode,Reason`, `kubectl describe pod`) and look at the host"
+        f"{'s' if len(hosts) > 1 else ''} ({where or 'unknown'}): `last -x`, `journalctl -k "
+        "-b -1`. To end cleanly on such a stop, catch SIGTERM and save a checkpoint.",
+        {"how": "stopped", "spread_s": last - first, "hosts": hosts,
+         "lost": {str(r.rank): {"pid": r.pid, "host": r.host, "at": r.exit_at}
+                  for r in ranks}},
+        last, key="job")
 
 
 def _together(found: list[Finding]) -> list[Finding]:

@@ -145,8 +145,22 @@ def departures(state: JobState) -> list[Departure]:
             if ahead or victims:
                 settled = r.status == RankStatus.EXITED or r.last_seen >= at + SETTLED_AFTER_S
                 out.append(Departure(r.rank, at, how, ahead, victims, settled))
-        return out
+        return _first_of_each(out)
     return state.memo(("departures",), build)
+
+
+def _first_of_each(found: list[Departure]) -> list[Departure]:
+    """The departures that are not another's consequence: a rank that left after a peer did,
+    having waited for that peer or failed waiting for it, left because its collectives could
+    no longer complete (``try: ... except Exception: continue`` around a step: its last
+    collective raises, the loop ends, it destroys its group), not by a decision of its own."""
+    out: list[Departure] = []
+    for d in sorted(found, key=lambda d: d.at):
+        if not any(d.rank in first.victims
+                   or any(d.rank in late for late in first.ahead.values())
+                   for first in out if first.at < d.at):
+            out.append(d)
+    return out
 
 
 def rank_exited_early(state: JobState, now: float, s: Settings) -> list[Finding]:
