@@ -227,8 +227,9 @@ class Asks:
 
     def on_incident(self, event: str, job: dict[str, Any], incident: dict[str, Any]) -> None:
         """An ``on_incident`` listener: when an incident opens, snapshot its blamed ranks and
-        a few of the others (its victims, where everybody waits for the blamed)."""
-        if event != "new" or not incident.get("ranks"):
+        a few of the others (its victims, where everybody waits for the blamed); one that
+        blames no rank yet (rules.idle: where each rank stands decides), the first ranks."""
+        if event != "new" or (not incident.get("ranks") and incident.get("severity") == "info"):
             return
         # Never a burden on a server that is behind (the answers would come late, and their
         # load could make ranks look silent), nor more than one a job every AUTO_EVERY_S (a
@@ -243,8 +244,9 @@ class Asks:
             self._auto_at = {j: t for j, t in self._auto_at.items() if now - t < AUTO_EVERY_S}
         known = self.read(job["id"], lambda state: list(state.rank_index())) or []
         has = set(known)  # the blamed ranks the job has (init_incomplete's never arrived)
-        blamed = [rank for rank in incident["ranks"] if rank in has][:VICTIMS * 4]
-        others = [rank for rank in known if rank not in incident["ranks"]][:VICTIMS]
+        named = incident.get("ranks") or []
+        blamed = [rank for rank in named if rank in has][:VICTIMS * 4]
+        others = [rank for rank in known if rank not in named][:VICTIMS if named else VICTIMS * 5]
         if blamed or others:
             self.request(job["id"], blamed + others, f"incident {incident['id']}", force=True)
 

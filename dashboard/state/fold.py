@@ -79,6 +79,11 @@ class Fold:
         # "flight_recorder" (issued from C++, read from the Flight Recorder)
         self._collectives = LatencyTable()
         self.progress: dict[tuple[str, int], dict[str, Any]] = {}
+        # rank -> when its heartbeat last showed its collectives (or point-to-point ops) move
+        # on, and the longest any rank went without (rules.idle: a job whose every rank
+        # stopped issuing collectives, all outside them)
+        self.moved_at: dict[int, float] = {}
+        self.longest_pause = 0.0
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
@@ -142,6 +147,8 @@ class Fold:
         self.__dict__.setdefault("snapshots", {})
         self.__dict__.setdefault("snapshot_answers", 0)
         self.__dict__.setdefault("snapshot_peers", {})
+        self.__dict__.setdefault("moved_at", {})
+        self.__dict__.setdefault("longest_pause", 0.0)
         self.__dict__.pop("_kept", None)  # what views kept beside the fold (stored empty)
         for rank, history in self.gpu_history.items():  # earlier versions: a deque of lists
             if not isinstance(history, GpuHistory):
@@ -240,8 +247,9 @@ class Fold:
         self.attempt_started[attempt] = t
         self.fold_pending()  # the summaries of the attempt before go where they belong
         for table in (self.progress, self._recent, self.fr_tallies, self.stacks,
-                      self.gpu_faults, self.throttled_since):
+                      self.gpu_faults, self.throttled_since, self.moved_at):
             table.clear()
+        self.longest_pause = 0.0
         self._progress_index = None
 
     def _stale(self, r: RankState) -> bool:
@@ -307,9 +315,19 @@ class Fold:
         r.dropped = dict(body.get("dropped") or {})
         if r.rank is None or self._stale(r):
             return
+        moved = False
         for row in body["groups"]:
             key = (row["group"], r.rank)
+            old = self.progress.get(key)
             self.progress[key] = dict(row, t=t)
+            if not moved:
+                counts = _counts(row)
+                moved = counts != (_counts(old) if old is not None else _NO_COUNTS)
+        if moved:
+            before = self.moved_at.get(r.rank)
+            if before is not None and t - before > self.longest_pause:
+                self.longest_pause = t - before
+            self.moved_at[r.rank] = t
             if row.get("fr_samples"):
                 tallies = self.fr_tallies.get(key)
                 if tallies is None:
@@ -406,6 +424,17 @@ class Fold:
 
     def _record_error(self, r: RankState, body: dict[str, Any], t: float) -> None:
         self.errors.append({"rank": r.rank, "attempt": r.attempt, "t": t, **body})
+
+
+_NO_COUNTS = (0, 0, 0, 0, 0)
+
+
+def _counts(row: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    """What a progress row counts: collectives entered and completed in either view, and
+    point-to-point ops posted."""
+    posted = row.get("p2p_posted")
+    return (row.get("entered", 0), row.get("completed", 0), row.get("fr_enqueued", 0),
+            row.get("fr_completed", 0), sum(posted.values()) if posted else 0)
 
 
 def keep_answer(snapshots: dict[str, dict[int, dict[str, Any]]], kept: int, r: RankState,

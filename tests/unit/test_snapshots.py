@@ -157,6 +157,14 @@ def test_an_incident_snapshots_its_blamed_ranks_and_a_few_victims_at_once():
     asks.clock.t += 60
     asks.on_incident("new", {"id": 1}, {"id": "init:r7-8", "ranks": [7, 8]})
     assert asks.requests(1)[0].asked == [0, 1, 2]
+    # One that blames no rank yet (a job whose every rank stands still outside collectives:
+    # where each stands decides) asks the first ranks; one for information asks none.
+    asks.clock.t += 60
+    asks.on_incident("new", {"id": 1}, {"id": "stopped", "ranks": [], "severity": "info"})
+    assert len(asks.requests(1)) == 3
+    asks.on_incident("new", {"id": 1}, {"id": "hang:stall:-:idle", "ranks": [],
+                                        "severity": "warning"})
+    assert asks.requests(1)[0].asked == [0, 1, 2, 3, 4, 5]
 
 
 def _answer(log, rank, ask, t, frames):

@@ -1,0 +1,151 @@
+"""Rule for a job whose every rank stopped issuing collectives, none inside one: the `stall`
+and the `hang` that no wait in a collective shows. Every rank blocked on the same shared thing
+(a lock on a shared file, a dead NFS server, a remote data service), or ranks that wait for
+one another outside torch.distributed (``store.get`` for a key another rank sets, a file
+another rank writes) while that rank is stuck elsewhere.
+
+Nobody waits in a collective, so the rules of rules.hangs see nothing: the job just stops.
+What shows it is progress: each heartbeat's collective counts (``JobState.moved_at``: when each
+rank's last moved). A job may also pause on purpose (an evaluation without collectives, a
+checkpoint written by every rank), so the threshold grows with the longest pause the job
+has taken so far (``JobState.longest_pause``), and the verdict is a warning before it is
+critical.
+
+Which ranks are at fault is not known from progress alone: the stall names none at first,
+and its incident asks every rank for a snapshot (dashboard.ingest.asks). Where most ranks'
+training threads stand at one line and a few elsewhere, the few are named (the others wait
+for them); where all stand at one line, or the snapshots do not come within PLACES_WAIT_S,
+every rank is.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from dashboard.statuses import RankStatus
+from dashboard.diagnosis.core import Finding, Settings, Severity, finding
+from dashboard.diagnosis.text import agree, ranks_label, stack_commands, them
+from dashboard.state import JobState
+
+# A pause this many times the job's longest so far is a stall (at least the 30 s a stall in
+# a barrier waits: ranks that wait for rank 0's checkpoint or evaluation) ...
+PAUSE_FACTOR = 3.0
+# ... and a hang once it lasted this many times --hang-after (a long evaluation or checkpoint
+# the job never paused for before stays a warning meanwhile).
+HANG_FACTOR = 5.0
+# How long the stall names no rank while the snapshots its incident asked for come in (one
+# is asked when it opens: dashboard.ingest.asks); then, without them, it names every rank.
+PLACES_WAIT_S = 15.0
+
+
+def idle(state: JobState, now: float, s: Settings) -> list[Finding]:
+    moved = state.moved_at
+    if not moved:
+        return []
+    quiet_since = max(moved.values())  # (cheap first: most judgements end here)
+    stall_after = max(s.stall_barrier_after, PAUSE_FACTOR * state.longest_pause)
+    if now - quiet_since < stall_after:
+        return []
+    ranks = state.ranks()
+    if len(ranks) < (state.world_size or 0) or any(
+            r.status != RankStatus.RUNNING or r.rank not in moved or r.left_at is not None
+            for r in ranks):
+        return []  # not all running, or one never moved: other rules' ground
+    # How long every rank's heartbeats have shown its counts still (a silent rank shows
+    # nothing: rank_lost's ground; a server behind its agents judges what it has read) ...
+    quiet = min(now, min(r.last_seen for r in ranks)) - quiet_since
+    if quiet < stall_after:
+        return []
+    # ... and none is inside a collective or a point-to-point op (the hang rules' ground).
+    if any(_inside(row) for row in state.progress.values()):
+        return []
+    hang_after = max(HANG_FACTOR * s.hang_after, stall_after)
+    critical = quiet >= hang_after
+    everyone = [r.rank for r in ranks]
+    places = _places(state, everyone, quiet_since)
+    if len(places) < len(everyone) and quiet < stall_after + PLACES_WAIT_S:
+        blamed, where_text = [], (f"{ranks_label(everyone)} {agree(everyone, 'is', 'are')} "
+                                  "all outside collectives (where each stands is asked)")
+    else:
+        blamed, where_text = _blamed(everyone, places)
+    kind, severity = ("hang", Severity.CRITICAL) if critical else ("stall", Severity.WARNING)
+    summary = (f"No rank has entered a collective for {quiet:.0f} s, and none is inside one"
+               + (f" (the longest pause before: {state.longest_pause:.0f} s)"
+                  if state.longest_pause >= 1 else "")
+               + f": {where_text}.")
+    hint = ("Every rank stopped outside torch.distributed, so no collective timeout will "
+            "ever end this. ")
+    if blamed and len(blamed) < len(everyone):
+        hint += (f"The others wait for {them(blamed)} outside torch.distributed (a key of the "
+                 "store, a file, a queue it should fill): find why it is stuck where it "
+                 "stands. ")
+    else:
+        hint += ("When every rank stands still outside collectives, they usually wait on one "
+                 "shared thing: a lock on a shared file, a filesystem that stopped answering "
+                 "(NFS, Lustre: `dmesg -T | grep -i 'not responding'`), a remote data or "
+                 "logging service, a subprocess. ")
+    hint += (f"{stack_commands(state, blamed or everyone).capitalize()} show where. If the "
+             "job is in a "
+             "long phase without collectives (an evaluation, a checkpoint every rank writes), "
+             "this clears when it ends, and later pauses as long are not flagged.")
+    evidence: dict[str, Any] = {"quiet_since": quiet_since, "longest_pause": state.longest_pause,
+                                "stall_after": stall_after, "hang_after": hang_after,
+                                "places": {str(k): v for k, v in places.items()}}
+    first_seen = quiet_since + (hang_after if critical else stall_after)
+    return [finding(kind, severity, blamed, None, summary, hint, evidence, first_seen,
+                    key="idle")]
+
+
+def _inside(row: dict[str, Any]) -> bool:
+    return (row.get("entered", 0) > row.get("completed", 0)
+            or row.get("fr_enqueued", 0) > row.get("fr_completed", 0)
+            or bool(row.get("p2p_op") and row.get("p2p_n")))
+
+
+def _places(state: JobState, ranks: list[int], since: float) -> dict[int, str]:
+    """rank -> where its training thread stood in its newest snapshot taken after ``since``
+    ("file:line in function: code"), for the ranks that answered one."""
+    newest: dict[int, dict[str, Any]] = {}
+    wanted = set(ranks)
+    for answers in state.snapshots.values():
+        for rank, answer in answers.items():
+            if rank in wanted and answer.get("t", 0) >= since and \
+                    answer["t"] >= newest.get(rank, {}).get("t", 0):
+                newest[rank] = answer
+    out = {}
+    for rank, answer in newest.items():
+        where = _training_frame(answer)
+        if where is not None:
+            out[rank] = where
+    return out
+
+
+def _training_frame(answer: dict[str, Any]) -> str | None:
+    """The innermost frame of the training code (not a library's) of the snapshot's
+    training thread."""
+    thread = next((t for t in answer.get("threads") or () if t.get("training")), None)
+    frames = (thread or {}).get("frames") or []
+    frame = next((f for f in reversed(frames) if not f.get("library")),
+                 frames[-1] if frames else None)
+    if frame is None:
+        return None
+    code = f": {frame['code'].strip()}" if frame.get("code") else ""
+    return f"{frame['file']}:{frame['line']} in {frame['function']}{code}"
+
+
+def _blamed(ranks: list[int], places: dict[int, str]) -> tuple[list[int], str]:
+    """The ranks at fault and where they stand: those away from where most of the ranks
+    wait, when most wait at one place and every rank's place is known; else every rank."""
+    if len(places) == len(ranks) and len(ranks) > 2:
+        common, count = Counter(places.values()).most_common(1)[0]
+        odd = sorted(r for r in ranks if places[r] != common)
+        if odd and count > len(ranks) / 2:
+            waiting = [r for r in ranks if r not in odd]
+            where = ", ".join(f"rank {r} is at {places[r]}" for r in odd[:3])
+            return odd, (f"{ranks_label(waiting)} {agree(waiting, 'waits', 'wait')} at "
+                         f"{common}, while {where}")
+    common = Counter(places.values()).most_common(1)
+    if common and common[0][1] == len(ranks):
+        return ranks, f"every rank stands at {common[0][0]}"
+    return ranks, f"{ranks_label(ranks)} {agree(ranks, 'is', 'are')} all outside collectives"

@@ -1,0 +1,109 @@
+"""A job whose every rank stopped issuing collectives, none inside one (rules.idle): the
+stall and the hang no wait in a collective shows. Real jobs of it:
+bench/corpus/all_ranks_stuck_shared_lock.py and store_wait_rank0_hangs.py
+(tests/integration/test_corpus.py)."""
+
+from dashboard.diagnosis import Settings, diagnose
+from tests.helpers.events import kinds, progress, running
+
+S = Settings()  # the server's defaults: a stall in a barrier after 30 s, hang at 60 s
+
+
+def steps(log, world, start, end, every=1.0, first=1):
+    """Heartbeats of ``world`` ranks from ``start`` to ``end``, a collective done each; the
+    count it reached (then heartbeats go on without it moving)."""
+    n, t = first, start
+    while t <= end:
+        for r in range(world):
+            progress(log, r, t, ("0", n, n, None, None))
+        n, t = n + 1, t + every
+    return n - 1
+
+
+def still(log, world, start, end, n):
+    t = start
+    while t <= end:
+        for r in range(world):
+            progress(log, r, t, ("0", n, n, None, None))
+        t += 1.0
+
+
+def snapshot(log, rank, t, line, code):
+    log.add(f"s{rank}", "snapshot", {"ask": "a1", "threads": [
+        {"name": "MainThread", "training": True, "frames": [
+            {"file": "/usr/lib/python3.11/runpy.py", "line": 88, "function": "_run_code",
+             "library": True},
+            {"file": "train.py", "line": line, "function": "<module>", "code": code}]}]}, t=t)
+
+
+def test_every_rank_still_outside_collectives_is_a_stall_then_a_hang():
+    log = running(3)
+    n = steps(log, 3, 101.0, 130.0)
+    still(log, 3, 131.0, 200.0, n)
+    assert diagnose(log.state(), 159.0, S) == []  # 29 s after the last move: not yet
+    still(log, 3, 201.0, 440.0, n)
+    (f,) = diagnose(log.state(), 161.0, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("stall", "warning", [])  # asked first
+    assert f["summary"].startswith("No rank has entered a collective for 31 s")
+    assert f["first_seen"] == 160.0 and "NFS" in f["hint"]
+    (f,) = diagnose(log.state(), 176.0, S)  # no snapshot came: every rank
+    assert (f["kind"], f["severity"], f["ranks"]) == ("stall", "warning", [0, 1, 2])
+    (f,) = diagnose(log.state(), 431.0, S)  # five minutes: critical
+    assert (f["kind"], f["severity"], f["first_seen"]) == ("hang", "critical", 430.0)
+
+
+def test_a_job_that_paused_before_is_given_three_times_that_pause():
+    log = running(2)
+    n = steps(log, 2, 101.0, 110.0)
+    still(log, 2, 111.0, 149.0, n)  # a 40 s evaluation without collectives
+    n = steps(log, 2, 150.0, 160.0, first=n + 1)
+    still(log, 2, 161.0, 300.0, n)
+    assert diagnose(log.state(), 160.0 + 119.0, S) == []
+    assert kinds(diagnose(log.state(), 160.0 + 121.0, S)) == [("stall", [])]
+
+
+def test_a_rank_inside_a_collective_is_the_hang_rules_ground():
+    log = running(3)
+    n = steps(log, 3, 101.0, 130.0)
+    t = 131.0
+    while t <= 200.0:
+        progress(log, 0, t, ("0", n + 1, n, "all_reduce", 130.5))
+        progress(log, 1, t, ("0", n + 1, n, "all_reduce", 130.5))
+        progress(log, 2, t, ("0", n, n, None, None))
+        t += 1.0
+    assert [f for f in diagnose(log.state(), 200.0, S) if f["id"].endswith(":idle")] == []
+
+
+def test_a_silent_rank_is_not_still():
+    log = running(2)
+    n = steps(log, 2, 101.0, 130.0)
+    t = 131.0
+    while t <= 200.0:  # rank 1's heartbeats stopped: rank_lost's ground
+        progress(log, 0, t, ("0", n, n, None, None))
+        t += 1.0
+    assert kinds(diagnose(log.state(), 200.0, S)) == [("rank_lost", [1])]
+
+
+def test_snapshots_name_the_rank_away_from_where_the_others_wait():
+    log = running(3)
+    n = steps(log, 3, 101.0, 130.0)
+    still(log, 3, 131.0, 195.0, n)
+    assert kinds(diagnose(log.state(), 161.0, S)) == [("stall", [])]
+    for r in (1, 2):
+        snapshot(log, r, 192.0, 33, "shards = store.get(f'shards/{epoch}')")
+    snapshot(log, 0, 192.1, 29, "time.sleep(1)")
+    (f,) = diagnose(log.state(), 195.0, S)
+    assert (f["kind"], f["ranks"]) == ("stall", [0])
+    assert "ranks 1, 2 wait at train.py:33 in <module>: shards = store.get" in f["summary"]
+    assert "rank 0 is at train.py:29" in f["summary"] and "store" in f["hint"]
+
+
+def test_snapshots_that_show_every_rank_at_one_place_name_them_all():
+    log = running(3)
+    n = steps(log, 3, 101.0, 130.0)
+    still(log, 3, 131.0, 195.0, n)
+    for r in range(3):
+        snapshot(log, r, 192.0, 53, "fcntl.lockf(f, fcntl.LOCK_EX)")
+    (f,) = diagnose(log.state(), 195.0, S)
+    assert f["ranks"] == [0, 1, 2]
+    assert "every rank stands at train.py:53 in <module>: fcntl.lockf" in f["summary"]
