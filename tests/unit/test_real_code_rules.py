@@ -367,13 +367,42 @@ def test_ranks_of_one_host_killed_together_are_one_finding():
     # a node that loses power takes all its ranks at once: one critical, not one per rank
     log = running(4)
     for r in (1, 2):
+        log.add(f"s{r}", "hello", hello(r, world=4, host="node1"), t=100.5)
         log.add(f"s{r}", "disconnect", {}, t=110.0)
     for r in (0, 3):  # the others still report
         progress(log, r, 112.0, ("0", 5, 5, None, None))
     (f,) = diagnose(log.state(), 112.0, S)
     assert (f["kind"], f["ranks"], f["id"]) == ("rank_lost", [1, 2], "rank_lost:-:r1")
-    assert f["summary"].startswith("Ranks 1, 2 vanished together on node0"), f["summary"]
+    assert f["summary"].startswith("Ranks 1, 2 vanished together on node1"), f["summary"]
     assert f["evidence"]["lost"]["2"]["pid"] == 102 and "`last -x`" in f["hint"]
+    assert f["hint"].startswith("Every rank of node1 went at the same moment")
+
+
+def test_ranks_of_a_host_whose_other_ranks_still_report_are_not_blamed_on_the_host():
+    log = running(4)
+    for r in (1, 2):
+        log.add(f"s{r}", "disconnect", {}, t=110.0)
+    for r in (0, 3):  # node0's other ranks
+        progress(log, r, 112.0, ("0", 5, 5, None, None))
+    (f,) = diagnose(log.state(), 112.0, S)
+    assert f["ranks"] == [1, 2] and "while its ranks 0, 3 still report: not the host" in f["hint"]
+
+
+def test_ranks_of_one_host_silent_together_are_one_finding():
+    """A host that panics or loses power closes no connection: its ranks' heartbeats stop
+    together, and they are named together once silent for lost_after."""
+    log = running(4)
+    for r in (2, 3):
+        log.add(f"s{r}", "hello", hello(r, world=4, host="node1"), t=100.5)
+        progress(log, r, 110.0 + r * 0.4, ("0", 5, 5, None, None))
+    for t in range(110, 131):  # node0's ranks go on
+        for r in (0, 1):
+            progress(log, r, float(t), ("0", 5, 5, None, None))
+    assert diagnose(log.state(), 125.5, S) == []
+    (f,) = diagnose(log.state(), 127.0, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("rank_lost", "critical", [2, 3])
+    assert f["summary"].startswith("Ranks 2, 3 went silent together on node1"), f["summary"]
+    assert "`ping node1`" in f["hint"] and f["first_seen"] == 110.8 + S.lost_after
 
 
 def test_ranks_of_different_hosts_killed_together_are_each_named():

@@ -12,8 +12,8 @@ from pgdash_agent.native import gil_holder, where_blocked
 from dashboard.diagnosis.errors import classify_error
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
-from dashboard.diagnosis.text import (backend_of, frame_label, process_label, ranks_label,
-                                      sentence, stack_commands, user_frame)
+from dashboard.diagnosis.text import (agree, backend_of, frame_label, process_label,
+                                      ranks_label, sentence, stack_commands, user_frame)
 from dashboard.diagnosis.rules.departures import (INTERRUPT_BEFORE_S, departures, ends,
                                                    interrupted_at, is_init_failure)
 from dashboard.diagnosis.rules.hangs import job_stop
@@ -29,6 +29,10 @@ CONSEQUENCE_AFTER_S = 0.01
 # their host (rank_lost names them in one finding). In effect the ranks killed within
 # CONSEQUENCE_AFTER_S of each other: one lost later is read as the first one's consequence.
 LOST_TOGETHER_S = 1.0
+
+# Ranks of one host whose heartbeats stopped this close together (connections open), none
+# read from outside, went silent with their host: a heartbeat a second, so one period apart.
+SILENT_TOGETHER_S = 2.0
 
 # Every rank of a job vanishing within this of each other, none with an error, is the job
 # stopped from outside (a scheduler's SIGTERM reaches every rank at once: 12 ms apart on a
@@ -139,7 +143,7 @@ def _connection_alive(r: RankState, since: float, now: float, s: Settings) -> bo
 
 def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
     whole = _job_stopped(state, now, s)
-    return [whole] if whole is not None else _together(_lost_each(state, now, s))
+    return [whole] if whole is not None else _together(state, _lost_each(state, now, s))
 
 
 def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
@@ -147,8 +151,8 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
     its own, and no hang stood: the job was ended from outside (``scancel``, a preemption, the
     allocation's time limit, a signal to the launcher's process group), or its only host went
     down. Not a rank's fault: one finding for information, never a culprit. A rank killed by
-    itself or by the kernel ends first and alone: its peers' collectives fail on its closed
-    connections before a launcher stops them, so they end failed, not vanished."""
+    the kernel (the OOM killer) ends first: its peers' collectives fail on its closed
+    connection, or the launcher stops them up to its monitor interval later."""
     ranks = state.ranks()
     if not ranks or len(ranks) < (state.world_size or 0):
         return None
@@ -179,45 +183,74 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
         last, key="job")
 
 
-def _together(found: list[Finding]) -> list[Finding]:
-    """Ranks of one host whose connections closed without a goodbye within LOST_TOGETHER_S
-    of each other are one finding: a node that lost power, rebooted or fell off the network
-    takes all its ranks at once (8 criticals for one fault, before). Ranks whose heartbeats
-    stopped with their connection open, and agents that gave up on a server behind them,
-    stay on their own."""
-    by_host: dict[Any, list[Finding]] = {}
+def _together(state: JobState, found: list[Finding]) -> list[Finding]:
+    """Ranks of one host lost alike and together are one finding: a node that lost power,
+    rebooted or fell off the network takes all its ranks at once (8 criticals for one
+    fault, before). Alike: connections closed without a goodbye within LOST_TOGETHER_S of
+    each other, or heartbeats that stopped, connections open, within SILENT_TOGETHER_S (a
+    host that hangs or loses power closes nothing), none read from outside. Agents that gave
+    up on a server behind them stay on their own. The hint starts at the host when every
+    rank it ran is in the finding, at the processes when some of its ranks still report."""
+    by_host: dict[tuple[str, str], list[Finding]] = {}
     out = []
-    for f in sorted(found, key=lambda f: (f["first_seen"], f["ranks"])):
-        host = f["evidence"].get("host")
-        if f["evidence"].get("how") == "killed" and host:
-            by_host.setdefault(host, []).append(f)
+    for f in sorted(found, key=lambda f: (f["evidence"]["last_seen"], f["ranks"])):
+        ev = f["evidence"]
+        if ev.get("how") in ("killed", "silent") and ev.get("host") and \
+                "read_from_outside" not in ev:
+            by_host.setdefault((ev["host"], ev["how"]), []).append(f)
         else:
             out.append(f)
-    for host, lost in by_host.items():
-        alike = [f for f in lost if f["first_seen"] - lost[0]["first_seen"] <= LOST_TOGETHER_S]
+    for (host, how), lost in by_host.items():
+        window = LOST_TOGETHER_S if how == "killed" else SILENT_TOGETHER_S
+        at = (lambda f: f["first_seen"]) if how == "killed" else \
+            (lambda f: f["evidence"]["last_seen"])
+        lost.sort(key=at)
+        alike = [f for f in lost if at(f) - at(lost[0]) <= window]
         out += [f for f in lost if f not in alike]
         if len(alike) == 1:
             out.append(alike[0])
-            continue
-        first = alike[0]
-        ranks = [f["ranks"][0] for f in alike]
-        who = ranks_label(ranks)
-        out.append(finding(
-            "rank_lost", Severity.CRITICAL, ranks, None,
-            f"{who.capitalize()} vanished together on {host}: their connections closed "
-            "without a clean exit.",
-            f"These ranks of {host} went at the same moment: look at the host before the "
-            f"processes. Did {host} reboot, lose power or its network (`last -x`, `journalctl "
-            f"-k -b -1` on {host}, the cluster's node events: `sinfo -R`, `kubectl describe "
-            f"node`), or did the OOM killer take several processes (`dmesg -T | grep -iE "
-            f"'killed process|out of memory'` on {host})? The launcher's exit codes for "
-            f"{who} say how they ended (-9 is SIGKILL). Errors on other ranks after this "
-            "moment are consequences.",
-            {**first["evidence"], "lost": {str(f["ranks"][0]): {
-                "pid": f["evidence"]["pid"], "last_seen": f["evidence"]["last_seen"]}
-                for f in alike}},
-            first["first_seen"], key=f"r{first['ranks'][0]}"))
+        else:
+            out.append(_lost_host(state, host, how, alike))
     return sorted(out, key=lambda f: f["ranks"])
+
+
+def _lost_host(state: JobState, host: str, how: str, alike: list[Finding]) -> Finding:
+    first = min(alike, key=lambda f: f["first_seen"])
+    ranks = [f["ranks"][0] for f in alike]
+    who = ranks_label(ranks)
+    others = sorted(r.rank for r in state.ranks() if r.host == host and r.rank not in ranks
+                    and r.status in (RankStatus.RUNNING, RankStatus.INITIALIZING))
+    if how == "killed":
+        summary = (f"{who.capitalize()} vanished together on {host}: their connections closed "
+                   "without a clean exit.")
+        host_text = (f"Did {host} reboot, lose power or its network (`last -x`, `journalctl -k "
+                     f"-b -1` on {host}, the cluster's node events: `sinfo -R`, `kubectl "
+                     "describe node`), or did the OOM killer take several processes (`dmesg -T "
+                     f"| grep -iE 'killed process|out of memory'` on {host})? ")
+    else:
+        summary = (f"{who.capitalize()} went silent together on {host}: their heartbeats "
+                   "stopped at the same moment, their connections still open.")
+        host_text = (f"Does {host} answer at all (`ping {host}`, `ssh {host} uptime`, its "
+                     "console or BMC)? A host that panics, hangs or loses power closes no "
+                     "connection. Once it is back: `journalctl -k -b -1` on it, and the "
+                     "cluster's node events (`sinfo -R`, `kubectl describe node`). ")
+    if others:
+        hint = (f"These ranks of {host} went at the same moment while its "
+                f"{ranks_label(others)} still {agree(others, 'reports', 'report')}: not the "
+                "host itself, but something its processes share (the OOM killer, a shared "
+                "filesystem, a scheduler's suspend or kill of part of the job). ")
+    else:
+        hint = (f"Every rank of {host} went at the same moment: look at the host before the "
+                f"processes. {host_text}")
+    if how == "killed":
+        hint += f"The launcher's exit codes for {who} say how they ended (-9 is SIGKILL). "
+    return finding(
+        "rank_lost", Severity.CRITICAL, ranks, None, summary,
+        hint + "Errors on other ranks after this moment are consequences.",
+        {**first["evidence"], "lost": {str(f["ranks"][0]): {
+            "pid": f["evidence"]["pid"], "last_seen": f["evidence"]["last_seen"]}
+            for f in alike}, "host_ranks_running": others},
+        first["first_seen"], key=f"r{first['ranks'][0]}")
 
 
 def _lost_each(state: JobState, now: float, s: Settings) -> list[Finding]:
