@@ -15,7 +15,8 @@ from typing import Any, Hashable, Iterable, Protocol, TypeVar
 from dashboard.state.latency import LatencyStats, per_family, upgraded_windows
 from dashboard.state.readings import GpuHistory
 from dashboard.state.recent import RecentWindows
-from dashboard.state.records import TERMINAL_RANK, RankState, StoredEvent, family_of
+from dashboard.state.records import (TERMINAL_RANK, RankState, StoredEvent, family_of,
+                                     group_order)
 from dashboard.state.summaries import PendingSummaries, fold_summaries
 from dashboard.state.totals import LatencyTable
 
@@ -84,6 +85,11 @@ class Fold:
         # stopped issuing collectives, all outside them)
         self.moved_at: dict[int, float] = {}
         self.longest_pause = 0.0
+        # rank -> per pair of its groups (in group order) the least and most difference of
+        # their collective counts its heartbeats showed: ranks that run one program keep them
+        # alike, and a rank that called a collective on the wrong group leaves them
+        # (rules.waits.out_of_step names it in a cycle of waits)
+        self.count_spread: dict[int, list[int]] = {}
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
@@ -149,6 +155,7 @@ class Fold:
         self.__dict__.setdefault("snapshot_peers", {})
         self.__dict__.setdefault("moved_at", {})
         self.__dict__.setdefault("longest_pause", 0.0)
+        self.__dict__.setdefault("count_spread", {})
         self.__dict__.pop("_kept", None)  # what views kept beside the fold (stored empty)
         for rank, history in self.gpu_history.items():  # earlier versions: a deque of lists
             if not isinstance(history, GpuHistory):
@@ -247,7 +254,8 @@ class Fold:
         self.attempt_started[attempt] = t
         self.fold_pending()  # the summaries of the attempt before go where they belong
         for table in (self.progress, self._recent, self.fr_tallies, self.stacks,
-                      self.gpu_faults, self.throttled_since, self.moved_at):
+                      self.gpu_faults, self.throttled_since, self.moved_at,
+                      self.count_spread):
             table.clear()
         self.longest_pause = 0.0
         self._progress_index = None
@@ -328,6 +336,7 @@ class Fold:
             if before is not None and t - before > self.longest_pause:
                 self.longest_pause = t - before
             self.moved_at[r.rank] = t
+            spread_counts(self.count_spread, r.rank, body["groups"])
             if row.get("fr_samples"):
                 tallies = self.fr_tallies.get(key)
                 if tallies is None:
@@ -427,6 +436,32 @@ class Fold:
 
 
 _NO_COUNTS = (0, 0, 0, 0, 0)
+
+
+def pair_differences(rows: list[dict[str, Any]]) -> list[int]:
+    """For each pair of a rank's groups (in group order), how many more collectives it
+    entered on the second than on the first (either view: the Flight Recorder's count,
+    which holds C++-issued ones too, where it has one)."""
+    counts = [row.get("fr_enqueued") or row.get("entered", 0)
+              for row in sorted(rows, key=lambda row: group_order(row["group"]))]
+    return [counts[j] - counts[i] for i in range(len(counts)) for j in range(i + 1,
+                                                                             len(counts))]
+
+
+def spread_counts(spread: dict[int, list[int]], rank: int, rows: list[dict[str, Any]]) -> None:
+    """Widen ``rank``'s spread (least, most, least, most, ... per pair) to its rows now."""
+    diffs = pair_differences(rows)
+    if not diffs:
+        return
+    kept = spread.get(rank)
+    if kept is None or len(kept) != 2 * len(diffs):  # (a group more: start afresh)
+        spread[rank] = [v for d in diffs for v in (d, d)]
+        return
+    for i, d in enumerate(diffs):
+        if d < kept[2 * i]:
+            kept[2 * i] = d
+        elif d > kept[2 * i + 1]:
+            kept[2 * i + 1] = d
 
 
 def _counts(row: dict[str, Any]) -> tuple[int, int, int, int, int]:

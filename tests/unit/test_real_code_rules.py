@@ -811,3 +811,33 @@ def test_ranks_that_raise_the_same_error_at_the_same_line_are_one_finding():
                                        "train.py:31"), alike["summary"]
     assert "ranks 0-2 raised RuntimeError at /job/train.py:31" in alike["hint"]
     assert alike["id"].endswith(":r0") and alike["first_seen"] == 101.0
+
+
+MESH = (("0", None), ("1", [0, 1]), ("2", [2, 3]), ("3", [0, 2]), ("4", [1, 3]))
+TP, DP = {0: "1", 1: "1", 2: "2", 3: "2"}, {0: "3", 1: "4", 2: "3", 3: "4"}
+
+
+def mesh_row(group, entered, completed, since=None):
+    return (group, entered, completed, "all_reduce" if entered > completed else None, since)
+
+
+def test_a_cycle_of_waits_across_a_mesh_names_the_rank_that_called_the_wrong_group():
+    """2x2 mesh, a tensor-parallel then a data-parallel all_reduce a step; once, rank 3 reduces
+    over its tensor-parallel group instead: from then on every rank waits for the next one
+    around the mesh, each group's stall naming the rank it waits for."""
+    log = running(4, groups=MESH)
+    for k in range(1, 61):  # the steps before: heartbeats at either point of a step
+        for r in range(4):
+            tp, dp = (k, k) if (k + r) % 2 else (k + 1, k)
+            progress(log, r, 100.0 + k * 0.5, mesh_row("0", 0, 0), mesh_row(TP[r], tp, tp),
+                     mesh_row(DP[r], dp, dp))
+    since = 131.0
+    stuck = {0: ((147, 146), (146, 146)), 1: ((146, 146), (146, 145)),
+             2: ((147, 147), (147, 146)), 3: ((148, 147), (145, 145))}
+    for t in (131.5, 195.0):
+        for r, ((tp_in, tp_done), (dp_in, dp_done)) in stuck.items():
+            progress(log, r, t, mesh_row("0", 0, 0), mesh_row(TP[r], tp_in, tp_done, since),
+                     mesh_row(DP[r], dp_in, dp_done, since))
+    (f,) = diagnose(log.state(), 195.0, S)
+    assert (f["kind"], f["ranks"], f["group"]) == ("hang", [3], "4"), f
+    assert f["evidence"]["out_of_step"] == [3] and "out of step" in f["hint"]

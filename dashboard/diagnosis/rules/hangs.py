@@ -19,8 +19,9 @@ from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.p2p import p2p_finding
 from dashboard.diagnosis.rules.stalls import find_stalls
 from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, Stop, View, blamed,
-                                             chain_text, cycle_text, follow_waits, ranks_behind,
-                                             stop_evidence, stopped_text, stuck_collective)
+                                             chain_text, cycle_text, follow_waits, one_cycle,
+                                             ranks_behind, stop_evidence, stopped_text,
+                                             stuck_collective)
 from dashboard.diagnosis.text import (agree, backend_of, group_label, have, ranks_label,
                                       stack_commands, them, what_ends_the_wait)
 from dashboard.state import JobState, RankState
@@ -50,6 +51,7 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
         behind = ranks_behind(state, group, seq, waiting, view, rows)
         chain, roots = follow_waits(state, group, behind, frame, view)
         all_inside = not behind  # every member is inside the collective: nobody to wait for
+        cycle = bool(behind) and not roots
         if behind:
             roots = blamed(roots, behind, waiting)
             if roots is None:
@@ -89,9 +91,10 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
              "since": since,
              "behind": {str(b): {k: (rows.get(b) or {}).get(k) for k in
                                  (view.seq, "completed", "inflight_op")} for b in behind},
-             "chain": chain, "stacks": stacks, **stop_evidence(frame)},
+             "chain": chain, "stacks": stacks, **stop_evidence(frame),
+             **({"cycle": True} if cycle else {})},
             since + s.hang_after, key=f"{seq}" if view is PYTHON else f"fr{seq}"))
-    return out
+    return one_cycle(state, out)
 
 
 def _ending(rows: dict[int, dict[str, Any]], seq: int, waiting: set[int], view: View) -> bool:

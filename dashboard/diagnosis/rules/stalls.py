@@ -15,8 +15,8 @@ import numpy as np
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.p2p import in_p2p, p2p_finding
 from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, View, blamed, chain_text,
-                                             cycle_text, follow_waits, is_running, ranks_behind,
-                                             rows_at, stop_evidence, stopped_text,
+                                             cycle_text, follow_waits, is_running, one_cycle,
+                                             ranks_behind, rows_at, stop_evidence, stopped_text,
                                              stuck_collective)
 from dashboard.diagnosis.text import agree, group_label, have, ranks_label, stack_commands, them
 from dashboard.state import JobState
@@ -97,6 +97,7 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
             if now - since < threshold:
                 continue
             chain, roots = follow_waits(state, group, behind, frame, view)
+            cycle = not roots
             roots = blamed(roots, behind, waiting)
             if roots is None:
                 continue
@@ -117,7 +118,8 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
                  "since": since, "threshold_s": round(threshold, 3), **basis,
                  "behind": {str(b): {k: (rows.get(b) or {}).get(k) for k in
                                      (view.seq, "completed", "inflight_op")} for b in behind},
-                 "chain": chain, **stop_evidence(frame)},
+                 "chain": chain, **stop_evidence(frame),
+                 **({"cycle": True} if cycle else {})},
                 since + threshold, key=f"{seq}" if view is PYTHON else f"fr{seq}"))
             break
         else:
@@ -127,4 +129,4 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
             p2p = p2p_finding(state, group, frame, s, threshold, "stall")
             if p2p is not None:
                 out.append(p2p)
-    return out
+    return one_cycle(state, out)

@@ -21,6 +21,7 @@ from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings
 from dashboard.diagnosis.text import agree, group_label, ranks_label
 from dashboard.state import JobState
+from dashboard.state.fold import pair_differences
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +229,63 @@ def blamed(roots: list[int], behind: list[int], waiting: set[int]) -> list[int] 
     if roots:
         return roots
     return None if len(behind) > len(waiting) else sorted(behind)
+
+
+# A pair of groups whose collective counts differ, across every rank all along, by no more
+# than this is run in step (a few collectives of each a step); wider, it tells nothing.
+MAX_PAIR_SPREAD = 16
+
+
+def out_of_step(state: JobState, ranks: list[int]) -> list[int]:
+    """The ranks among ``ranks`` whose counts of collectives per pair of their groups lie
+    outside the range every other rank of the job kept (``JobState.count_spread``): ranks
+    that run one program keep those differences alike (a step's tensor-parallel all-reduce,
+    then its data-parallel one), and a rank that called a collective on the wrong group
+    left them. None unless some, not all, of ``ranks`` did."""
+    spread, wanted = state.count_spread, set(ranks)
+    rows: dict[int, list[dict[str, Any]]] = {r: [] for r in ranks}
+    for (_, rank), row in state.progress.items():
+        if rank in wanted:
+            rows[rank].append(row)
+    odd = []
+    for rank in ranks:
+        diffs = pair_differences(rows[rank])
+        others = [kept for r, kept in spread.items() if r != rank and len(kept) == 2 * len(diffs)]
+        if not diffs or not others:
+            continue
+        for i, d in enumerate(diffs):
+            lo, hi = min(kept[2 * i] for kept in others), max(kept[2 * i + 1] for kept in others)
+            # (a pair whose difference grows as the job runs, a group used once an epoch
+            # beside one used every step, tells nothing)
+            if hi - lo <= MAX_PAIR_SPREAD and not lo <= d <= hi:
+                odd.append(rank)
+                break
+    return odd if 0 < len(odd) < len(ranks) else []
+
+
+def one_cycle(state: JobState, found: list[Finding]) -> list[Finding]:
+    """Findings of groups whose waits close one cycle (each names the ranks its collective
+    waits for, as no root ends the walk): where the cycle's ranks show which of them is out of
+    step with the others (``out_of_step``: a collective called on the wrong group), only the
+    findings that name it stay, saying so; else all of them."""
+    cycle = [f for f in found if f["evidence"].get("cycle")]
+    if len(cycle) < 2:
+        return found
+    ranks = sorted({r for f in cycle for r in f["ranks"]}
+                   | {r for f in cycle for r in f["evidence"].get("waiting", ())})
+    odd = out_of_step(state, ranks)
+    kept = [f for f in cycle if odd and set(f["ranks"]) <= set(odd)]
+    if not kept:
+        return found
+    text = (f" {ranks_label(odd).capitalize()} {agree(odd, 'is', 'are')} out of step: "
+            f"{agree(odd, 'its', 'their')} counts of collectives per group no longer match "
+            "what every other rank kept all along (one of them called a collective on another "
+            "group than its peers did: a wrong mesh dimension or process group in a branch), "
+            "and the others wait in the cycle it left.")
+    for f in kept:
+        f["hint"] += text
+        f["evidence"]["out_of_step"] = odd
+    return [f for f in found if f not in cycle] + kept
 
 
 def cycle_text(chain: list[dict[str, Any]], roots: list[int]) -> str:
