@@ -103,7 +103,8 @@ class Reporter:
         self.last_flight = self.flight.read()
         self.outbox.put(time.time(), "heartbeat", {
             "groups": self.tracker.progress(self.wall, self.last_flight),
-            "dropped": self.dropped(), "buffered": len(self.outbox)})
+            "dropped": self.dropped(), "buffered": len(self.outbox),
+            "cpu_s": round(time.process_time(), 3)})
 
     def sample_flight(self, now: float) -> None:
         """Between heartbeats, while a group runs collectives Python never sees (DDP's), count

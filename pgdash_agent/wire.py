@@ -297,6 +297,9 @@ class Heartbeat(_Shape):
     groups: _limited(list[GroupProgress], max_length=MAX_LIST)
     dropped: _CountMap = {}  # events the agent had to drop, by kind
     buffered: _Count = 0
+    # Optional (newer agents): the process's CPU seconds so far (every thread): whether a rank
+    # that issues no collectives is working (an evaluation) or blocked (rules.idle)
+    cpu_s: Optional[_Num] = None
 
 
 MAX_TRACEBACK_FRAMES = 40  # agent.frames keeps the first few and the innermost rest

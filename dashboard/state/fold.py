@@ -90,6 +90,9 @@ class Fold:
         # alike, and a rank that called a collective on the wrong group leaves them
         # (rules.waits.out_of_step names it in a cycle of waits)
         self.count_spread: dict[int, list[int]] = {}
+        # rank -> [t, CPU seconds] at its last move, then [t, CPU seconds] now (heartbeats'
+        # ``cpu_s``): whether a rank that stopped issuing collectives works or is blocked
+        self.cpu_since_move: dict[int, list[float]] = {}
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
@@ -156,6 +159,7 @@ class Fold:
         self.__dict__.setdefault("moved_at", {})
         self.__dict__.setdefault("longest_pause", 0.0)
         self.__dict__.setdefault("count_spread", {})
+        self.__dict__.setdefault("cpu_since_move", {})
         self.__dict__.pop("_kept", None)  # what views kept beside the fold (stored empty)
         for rank, history in self.gpu_history.items():  # earlier versions: a deque of lists
             if not isinstance(history, GpuHistory):
@@ -255,7 +259,7 @@ class Fold:
         self.fold_pending()  # the summaries of the attempt before go where they belong
         for table in (self.progress, self._recent, self.fr_tallies, self.stacks,
                       self.gpu_faults, self.throttled_since, self.moved_at,
-                      self.count_spread):
+                      self.count_spread, self.cpu_since_move):
             table.clear()
         self.longest_pause = 0.0
         self._progress_index = None
@@ -329,19 +333,25 @@ class Fold:
             old = self.progress.get(key)
             self.progress[key] = dict(row, t=t)
             if not moved:
-                counts = _counts(row)
-                moved = counts != (_counts(old) if old is not None else _NO_COUNTS)
+                moved = _counts(row) != (_counts(old) if old is not None else _NO_COUNTS)
+            if row.get("fr_samples"):
+                tallies = self.fr_tallies.get(key)
+                if tallies is None:
+                    tallies = self.fr_tallies[key] = collections.deque(maxlen=FR_TALLIES)
+                tallies.append((t, row.get("fr_busy", 0), row["fr_samples"]))
         if moved:
             before = self.moved_at.get(r.rank)
             if before is not None and t - before > self.longest_pause:
                 self.longest_pause = t - before
             self.moved_at[r.rank] = t
             spread_counts(self.count_spread, r.rank, body["groups"])
-            if row.get("fr_samples"):
-                tallies = self.fr_tallies.get(key)
-                if tallies is None:
-                    tallies = self.fr_tallies[key] = collections.deque(maxlen=FR_TALLIES)
-                tallies.append((t, row.get("fr_busy", 0), row["fr_samples"]))
+        cpu = body.get("cpu_s")
+        if cpu is not None:
+            kept = self.cpu_since_move.get(r.rank)
+            if moved or kept is None:
+                self.cpu_since_move[r.rank] = [t, cpu, t, cpu]
+            else:
+                kept[2], kept[3] = t, cpu
 
     def _on_stack(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is not None and not self._stale(r):

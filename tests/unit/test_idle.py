@@ -4,9 +4,19 @@ bench/corpus/all_ranks_stuck_shared_lock.py and store_wait_rank0_hangs.py
 (tests/integration/test_corpus.py)."""
 
 from dashboard.diagnosis import Settings, diagnose
-from tests.helpers.events import kinds, progress, running
+from tests.helpers.events import kinds, running
 
 S = Settings()  # the server's defaults: a stall in a barrier after 30 s, hang at 60 s
+
+
+def beat(log, rank, t, n, cores=0.02):
+    """A heartbeat: ``n`` collectives done on group 0, the process's CPU seconds as if it used
+    ``cores`` of a core since t = 100 (None: an older agent, which does not say)."""
+    body = {"groups": [{"group": "0", "entered": n, "completed": n, "inflight_op": None,
+                        "inflight_since": None}]}
+    if cores is not None:
+        body["cpu_s"] = round((t - 100.0) * cores, 3)
+    log.add(f"s{rank}", "heartbeat", body, t=t)
 
 
 def steps(log, world, start, end, every=1.0, first=1):
@@ -15,16 +25,16 @@ def steps(log, world, start, end, every=1.0, first=1):
     n, t = first, start
     while t <= end:
         for r in range(world):
-            progress(log, r, t, ("0", n, n, None, None))
+            beat(log, r, t, n, cores=1.0)
         n, t = n + 1, t + every
     return n - 1
 
 
-def still(log, world, start, end, n):
+def still(log, world, start, end, n, cores=0.02):
     t = start
     while t <= end:
         for r in range(world):
-            progress(log, r, t, ("0", n, n, None, None))
+            beat(log, r, t, n, cores)
         t += 1.0
 
 
@@ -62,14 +72,34 @@ def test_a_job_that_paused_before_is_given_three_times_that_pause():
     assert kinds(diagnose(log.state(), 160.0 + 121.0, S)) == [("stall", [])]
 
 
+def test_ranks_that_work_without_collectives_are_not_still():
+    """Every rank evaluating on its own shard (no collective for minutes): its CPU says it
+    works. An agent that does not say its CPU is judged at the hang's threshold."""
+    log = running(3)
+    n = steps(log, 3, 101.0, 130.0)
+    t = 131.0
+    while t <= 600.0:
+        for r in range(3):
+            beat(log, r, t, n, cores=1.0)
+        t += 1.0
+    assert diagnose(log.state(), 600.0, S) == []
+    log = running(2)
+    n = steps(log, 2, 101.0, 130.0)
+    still(log, 2, 131.0, 200.0, n, cores=None)
+    assert diagnose(log.state(), 189.0, S) == []
+    assert kinds(diagnose(log.state(), 191.0, S)) == [("stall", [])]
+
+
 def test_a_rank_inside_a_collective_is_the_hang_rules_ground():
     log = running(3)
     n = steps(log, 3, 101.0, 130.0)
     t = 131.0
     while t <= 200.0:
-        progress(log, 0, t, ("0", n + 1, n, "all_reduce", 130.5))
-        progress(log, 1, t, ("0", n + 1, n, "all_reduce", 130.5))
-        progress(log, 2, t, ("0", n, n, None, None))
+        for r in (0, 1):
+            log.add(f"s{r}", "heartbeat", {"groups": [
+                {"group": "0", "entered": n + 1, "completed": n, "inflight_op": "all_reduce",
+                 "inflight_since": 130.5}], "cpu_s": t * 0.01}, t=t)
+        beat(log, 2, t, n)
         t += 1.0
     assert [f for f in diagnose(log.state(), 200.0, S) if f["id"].endswith(":idle")] == []
 
@@ -79,7 +109,7 @@ def test_a_silent_rank_is_not_still():
     n = steps(log, 2, 101.0, 130.0)
     t = 131.0
     while t <= 200.0:  # rank 1's heartbeats stopped: rank_lost's ground
-        progress(log, 0, t, ("0", n, n, None, None))
+        beat(log, 0, t, n)
         t += 1.0
     assert kinds(diagnose(log.state(), 200.0, S)) == [("rank_lost", [1])]
 

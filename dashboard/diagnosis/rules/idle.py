@@ -34,6 +34,9 @@ PAUSE_FACTOR = 3.0
 # ... and a hang once it lasted this many times --hang-after (a long evaluation or checkpoint
 # the job never paused for before stays a warning meanwhile).
 HANG_FACTOR = 5.0
+# A rank that used this share of a core since its collectives stopped is working (an
+# evaluation or a checkpoint without collectives), not blocked: when every rank is, no finding.
+BUSY_CORES = 0.25
 # How long the stall names no rank while the snapshots its incident asked for come in (one
 # is asked when it opens: dashboard.ingest.asks); then, without them, it names every rank.
 PLACES_WAIT_S = 15.0
@@ -57,6 +60,15 @@ def idle(state: JobState, now: float, s: Settings) -> list[Finding]:
     quiet = min(now, min(r.last_seen for r in ranks)) - quiet_since
     if quiet < stall_after:
         return []
+    # ... while they are not all working (older agents say nothing of their CPU: for them,
+    # the hang's threshold) ...
+    cores = {r.rank: _cores(state, r.rank) for r in ranks}
+    if all(c is not None and c >= BUSY_CORES for c in cores.values()):
+        return []
+    if any(c is None for c in cores.values()):
+        stall_after = max(stall_after, s.hang_after)
+        if quiet < stall_after:
+            return []
     # ... and none is inside a collective or a point-to-point op (the hang rules' ground).
     if any(_inside(row) for row in state.progress.values()):
         return []
@@ -91,10 +103,21 @@ def idle(state: JobState, now: float, s: Settings) -> list[Finding]:
              "this clears when it ends, and later pauses as long are not flagged.")
     evidence: dict[str, Any] = {"quiet_since": quiet_since, "longest_pause": state.longest_pause,
                                 "stall_after": stall_after, "hang_after": hang_after,
+                                "cpu_cores": {str(k): None if v is None else round(v, 3)
+                                              for k, v in cores.items()},
                                 "places": {str(k): v for k, v in places.items()}}
     first_seen = quiet_since + (hang_after if critical else stall_after)
     return [finding(kind, severity, blamed, None, summary, hint, evidence, first_seen,
                     key="idle")]
+
+
+def _cores(state: JobState, rank: int) -> float | None:
+    """The share of a core the rank's process used since its collectives last moved (None:
+    its agent does not say, or not over 5 s yet)."""
+    kept = state.cpu_since_move.get(rank)
+    if kept is None or kept[2] - kept[0] < 5.0:
+        return None
+    return (kept[3] - kept[1]) / (kept[2] - kept[0])
 
 
 def _inside(row: dict[str, Any]) -> bool:
