@@ -98,9 +98,8 @@ def idle(state: JobState, now: float, s: Settings) -> list[Finding]:
                  "(NFS, Lustre: `dmesg -T | grep -i 'not responding'`), a remote data or "
                  "logging service, a subprocess. ")
     hint += (f"{stack_commands(state, blamed or everyone).capitalize()} show where. If the "
-             "job is in a "
-             "long phase without collectives (an evaluation, a checkpoint every rank writes), "
-             "this clears when it ends, and later pauses as long are not flagged.")
+             "ranks are meant to wait there (a download every rank makes, a rate limit), this "
+             "clears when they go on, and later pauses as long are not flagged.")
     evidence: dict[str, Any] = {"quiet_since": quiet_since, "longest_pause": state.longest_pause,
                                 "stall_after": stall_after, "hang_after": hang_after,
                                 "cpu_cores": {str(k): None if v is None else round(v, 3)
