@@ -154,7 +154,7 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
     the kernel (the OOM killer) ends first: its peers' collectives fail on its closed
     connection, or the launcher stops them up to its monitor interval later."""
     ranks = state.ranks()
-    if not ranks or len(ranks) < (state.world_size or 0):
+    if len(ranks) < max(2, state.world_size or 0):  # (one rank alone: nothing to tell by)
         return None
     if any(r.status != RankStatus.LOST or r.exit_at is None or r.closed_goodbye
            or r.closed_owed_s >= s.owed_close_after for r in ranks):
