@@ -101,10 +101,13 @@ class Reporter:
         if not (self.sender.connected or force):
             return  # a stale heartbeat is worth nothing; the next live one says it all
         self.last_flight = self.flight.read()
-        self.outbox.put(time.time(), "heartbeat", {
-            "groups": self.tracker.progress(self.wall, self.last_flight),
-            "dropped": self.dropped(), "buffered": len(self.outbox),
-            "cpu_s": round(time.process_time(), 3)})
+        body = {"groups": self.tracker.progress(self.wall, self.last_flight),
+                "dropped": self.dropped(), "buffered": len(self.outbox),
+                "cpu_s": round(time.process_time(), 3)}
+        io = io_bytes()
+        if io is not None:
+            body["io_b"] = io
+        self.outbox.put(time.time(), "heartbeat", body)
 
     def sample_flight(self, now: float) -> None:
         """Between heartbeats, while a group runs collectives Python never sees (DDP's), count
@@ -173,3 +176,15 @@ def _merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[di
 
 def _row_key(row: dict[str, Any]) -> tuple[str, str, str]:
     return row["group"], row["op"], row.get("source", "wrapper")
+
+
+def io_bytes(path: str = "/proc/self/io") -> int | None:
+    """Bytes this process read and wrote through system calls so far (Linux's ``rchar`` +
+    ``wchar``: files, pipes, sockets): whether a rank that issues no collectives moves data
+    (a checkpoint written to slow storage) or is blocked. None where there is no such file."""
+    try:
+        with open(path, "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        return int(fields[b"rchar"]) + int(fields[b"wchar"])
+    except (OSError, KeyError, ValueError):
+        return None

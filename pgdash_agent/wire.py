@@ -300,6 +300,9 @@ class Heartbeat(_Shape):
     # Optional (newer agents): the process's CPU seconds so far (every thread): whether a rank
     # that issues no collectives is working (an evaluation) or blocked (rules.idle)
     cpu_s: Optional[_Num] = None
+    # ... and the bytes it read and wrote through system calls so far (Linux: files, pipes,
+    # sockets): whether it moves data (a checkpoint written to slow storage) or is blocked
+    io_b: Optional[_Count] = None
 
 
 MAX_TRACEBACK_FRAMES = 40  # agent.frames keeps the first few and the innermost rest

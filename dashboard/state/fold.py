@@ -90,8 +90,9 @@ class Fold:
         # alike, and a rank that called a collective on the wrong group leaves them
         # (rules.waits.out_of_step names it in a cycle of waits)
         self.count_spread: dict[int, list[int]] = {}
-        # rank -> [t, CPU seconds] at its last move, then [t, CPU seconds] now (heartbeats'
-        # ``cpu_s``): whether a rank that stopped issuing collectives works or is blocked
+        # rank -> [t, CPU seconds, I/O bytes] at its last move, then the same now (heartbeats'
+        # ``cpu_s`` and ``io_b``): whether a rank that stopped issuing collectives works or
+        # is blocked
         self.cpu_since_move: dict[int, list[float]] = {}
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
@@ -347,11 +348,12 @@ class Fold:
             spread_counts(self.count_spread, r.rank, body["groups"])
         cpu = body.get("cpu_s")
         if cpu is not None:
+            io = body.get("io_b") or 0
             kept = self.cpu_since_move.get(r.rank)
             if moved or kept is None:
-                self.cpu_since_move[r.rank] = [t, cpu, t, cpu]
+                self.cpu_since_move[r.rank] = [t, cpu, io, t, cpu, io]
             else:
-                kept[2], kept[3] = t, cpu
+                kept[3:] = t, cpu, io
 
     def _on_stack(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is not None and not self._stale(r):

@@ -9,13 +9,15 @@ from tests.helpers.events import kinds, running
 S = Settings()  # the server's defaults: a stall in a barrier after 30 s, hang at 60 s
 
 
-def beat(log, rank, t, n, cores=0.02):
-    """A heartbeat: ``n`` collectives done on group 0, the process's CPU seconds as if it used
-    ``cores`` of a core since t = 100 (None: an older agent, which does not say)."""
+def beat(log, rank, t, n, cores=0.02, io_bps=2000.0):
+    """A heartbeat: ``n`` collectives done on group 0, the process's CPU seconds and I/O bytes
+    as if it used ``cores`` of a core and moved ``io_bps`` bytes a second since t = 100 (None:
+    an older agent, which says neither)."""
     body = {"groups": [{"group": "0", "entered": n, "completed": n, "inflight_op": None,
                         "inflight_since": None}]}
     if cores is not None:
         body["cpu_s"] = round((t - 100.0) * cores, 3)
+        body["io_b"] = int((t - 100.0) * io_bps)
     log.add(f"s{rank}", "heartbeat", body, t=t)
 
 
@@ -30,11 +32,11 @@ def steps(log, world, start, end, every=1.0, first=1):
     return n - 1
 
 
-def still(log, world, start, end, n, cores=0.02):
+def still(log, world, start, end, n, cores=0.02, io_bps=2000.0):
     t = start
     while t <= end:
         for r in range(world):
-            beat(log, r, t, n, cores)
+            beat(log, r, t, n, cores, io_bps)
         t += 1.0
 
 
@@ -83,6 +85,10 @@ def test_ranks_that_work_without_collectives_are_not_still():
             beat(log, r, t, n, cores=1.0)
         t += 1.0
     assert diagnose(log.state(), 600.0, S) == []
+    log = running(2)  # every rank writing a checkpoint to slow storage: little CPU, 20 MB/s
+    n = steps(log, 2, 101.0, 130.0)
+    still(log, 2, 131.0, 300.0, n, cores=0.05, io_bps=20e6)
+    assert diagnose(log.state(), 300.0, S) == []
     log = running(2)
     n = steps(log, 2, 101.0, 130.0)
     still(log, 2, 131.0, 200.0, n, cores=None)
@@ -137,3 +143,17 @@ def test_snapshots_that_show_every_rank_at_one_place_name_them_all():
     (f,) = diagnose(log.state(), 195.0, S)
     assert f["ranks"] == [0, 1, 2]
     assert "every rank stands at train.py:53 in <module>: fcntl.lockf" in f["summary"]
+
+
+def test_the_agent_reads_its_io_bytes_where_linux_has_them(tmp_path):
+    from pgdash_agent.reports import io_bytes
+
+    before = io_bytes()
+    assert before is not None and before > 0  # (Linux: /proc/self/io)
+    (tmp_path / "f").write_bytes(b"x" * 100_000)
+    assert io_bytes() >= before + 100_000
+    (tmp_path / "io").write_text("rchar: 7\nwchar: 5\nsyscr: 1\n")
+    assert io_bytes(str(tmp_path / "io")) == 12
+    assert io_bytes(str(tmp_path / "missing")) is None
+    (tmp_path / "io").write_text("rchar: 7\n")
+    assert io_bytes(str(tmp_path / "io")) is None

@@ -34,9 +34,12 @@ PAUSE_FACTOR = 3.0
 # ... and a hang once it lasted this many times --hang-after (a long evaluation or checkpoint
 # the job never paused for before stays a warning meanwhile).
 HANG_FACTOR = 5.0
-# A rank that used this share of a core since its collectives stopped is working (an
-# evaluation or a checkpoint without collectives), not blocked: when every rank is, no finding.
+# A rank that used this share of a core since its collectives stopped, or read and wrote
+# this many bytes a second (a checkpoint written to slow storage; the agent's own traffic is
+# a few kB a second), is working (an evaluation, a checkpoint without collectives), not
+# blocked: when every rank is, no finding.
 BUSY_CORES = 0.25
+BUSY_IO_BPS = 1e6
 # How long the stall names no rank while the snapshots its incident asked for come in (one
 # is asked when it opens: dashboard.ingest.asks); then, without them, it names every rank.
 PLACES_WAIT_S = 15.0
@@ -62,10 +65,11 @@ def idle(state: JobState, now: float, s: Settings) -> list[Finding]:
         return []
     # ... while they are not all working (older agents say nothing of their CPU: for them,
     # the hang's threshold) ...
-    cores = {r.rank: _cores(state, r.rank) for r in ranks}
-    if all(c is not None and c >= BUSY_CORES for c in cores.values()):
+    use = {r.rank: _use(state, r.rank) for r in ranks}
+    if all(u is not None and (u[0] >= BUSY_CORES or u[1] >= BUSY_IO_BPS)
+           for u in use.values()):
         return []
-    if any(c is None for c in cores.values()):
+    if any(u is None for u in use.values()):
         stall_after = max(stall_after, s.hang_after)
         if quiet < stall_after:
             return []
@@ -102,21 +106,24 @@ def idle(state: JobState, now: float, s: Settings) -> list[Finding]:
              "clears when they go on, and later pauses as long are not flagged.")
     evidence: dict[str, Any] = {"quiet_since": quiet_since, "longest_pause": state.longest_pause,
                                 "stall_after": stall_after, "hang_after": hang_after,
-                                "cpu_cores": {str(k): None if v is None else round(v, 3)
-                                              for k, v in cores.items()},
+                                "cpu_cores": {str(k): None if u is None else round(u[0], 3)
+                                              for k, u in use.items()},
+                                "io_bps": {str(k): None if u is None else round(u[1])
+                                           for k, u in use.items()},
                                 "places": {str(k): v for k, v in places.items()}}
     first_seen = quiet_since + (hang_after if critical else stall_after)
     return [finding(kind, severity, blamed, None, summary, hint, evidence, first_seen,
                     key="idle")]
 
 
-def _cores(state: JobState, rank: int) -> float | None:
-    """The share of a core the rank's process used since its collectives last moved (None:
-    its agent does not say, or not over 5 s yet)."""
+def _use(state: JobState, rank: int) -> tuple[float, float] | None:
+    """(share of a core, bytes read and written a second) of the rank's process since its
+    collectives last moved (None: its agent does not say, or not over 5 s yet)."""
     kept = state.cpu_since_move.get(rank)
-    if kept is None or kept[2] - kept[0] < 5.0:
+    if kept is None or len(kept) < 6 or kept[3] - kept[0] < 5.0:
         return None
-    return (kept[3] - kept[1]) / (kept[2] - kept[0])
+    span = kept[3] - kept[0]
+    return (kept[4] - kept[1]) / span, (kept[5] - kept[2]) / span
 
 
 def _inside(row: dict[str, Any]) -> bool:
