@@ -651,6 +651,29 @@ def test_a_model_built_differently_on_one_rank_blames_that_rank_though_every_ran
     assert "[p.shape for p in model.parameters()]" in f["hint"]
 
 
+def test_the_first_rank_to_report_the_model_check_is_not_named_before_the_others_vote():
+    """Rank 0's error came first: alone it is a tie of two counts (its own and rank 2's)."""
+    log = running(3)
+    log.add("s0", "error", {"where": "uncaught", "error_type": "RuntimeError",
+                            "error": _ddp_counts(0, 4, 2, 6)}, t=101.0)
+    log.add("s0", "exit", {"clean": False, "reason": "uncaught exception"}, t=101.1)
+    assert diagnose(log.state(), 101.5, S) == []
+    log.add("s2", "error", {"where": "uncaught", "error_type": "RuntimeError",
+                            "error": _ddp_counts(2, 6, 0, 4)}, t=101.6)
+    log.add("s2", "exit", {"clean": False, "reason": "uncaught exception"}, t=101.7)
+    assert diagnose(log.state(), 101.8, S) == []  # still a tie: 4 against 6
+    log.add("s1", "error", {"where": "uncaught", "error_type": "RuntimeError",
+                            "error": _ddp_counts(1, 4, 2, 6)}, t=101.8)
+    log.add("s1", "exit", {"clean": False, "reason": "uncaught exception"}, t=101.9)
+    assert kinds(diagnose(log.state(), 101.9, S)) == [("rank_failed", [2])]
+    # A vote that never closes (a rank died before it could raise) names after 2 s.
+    log = running(3)
+    log.add("s0", "error", {"where": "uncaught", "error_type": "RuntimeError",
+                            "error": _ddp_counts(0, 4, 2, 6)}, t=101.0)
+    log.add("s0", "exit", {"clean": False, "reason": "uncaught exception"}, t=101.1)
+    assert kinds(diagnose(log.state(), 103.1, S)) == [("rank_failed", [0])]
+
+
 def test_two_ranks_with_different_models_are_both_named():
     """Each names the other: no count is held by more ranks, so neither is singled out."""
     log = running(2)

@@ -30,6 +30,10 @@ CONSEQUENCE_AFTER_S = 0.01
 # CONSEQUENCE_AFTER_S of each other: one lost later is read as the first one's consequence.
 LOST_TOGETHER_S = 1.0
 
+# DDP's model check is raised by every rank: a tie of the first reports waits this long for
+# the rest to outvote it (they come within milliseconds of each other unless a rank died).
+DDP_VOTE_WAIT_S = 2.0
+
 # Ranks of one host whose heartbeats stopped this close together (connections open), none
 # read from outside, went silent with their host: a heartbeat a second, so one period apart.
 SILENT_TOGETHER_S = 2.0
@@ -391,11 +395,17 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
     # Errors every rank raises alike, whose texts single out the ranks at fault: DDP's model
     # check (the ranks whose model differs), dcp's CheckpointException (the ranks it names;
     # the others' is its echo).
-    for cause_id, at_fault in (("ddp_model_mismatch", _odd_models(causes)),
+    odd_models = _odd_models(causes)
+    for cause_id, at_fault in (("ddp_model_mismatch", odd_models),
                                ("checkpoint_failed", _named_by_checkpoint(causes))):
         if at_fault:
             culprits = [r for r in culprits if r.rank in at_fault
                         or causes[r.rank][1].cause != cause_id]
+    if not odd_models:
+        held = _ddp_vote_pending(state, culprits, causes, now)
+        if culprits and not held:
+            return []  # nobody to name before the vote closes
+        culprits = held
     victims = [r for r in failed if r not in culprits]
     if not culprits and not lost:
         # Everyone who failed was waiting on a peer: blame the first to fail, say so.
@@ -473,6 +483,23 @@ def _alike(culprits: list[RankState],
 
 
 _DIGITS = re.compile(r"\d+")
+
+
+def _ddp_vote_pending(state: JobState, culprits: list[RankState],
+                      causes: dict[int, tuple[Any, Any]], now: float) -> list[RankState]:
+    """The culprits less those of DDP's model check while its vote is still open: every rank
+    raises it, each naming itself and one peer; the first to report alone is a tie of two
+    counts (the crash demo's rank 0 was named before rank 2's error outvoted it). Held until
+    every rank reported it or DDP_VOTE_WAIT_S passed since the first did."""
+    def voting(r: RankState) -> bool:  # (the count variant: the shape variant names no count)
+        cause = causes[r.rank][1]
+        return cause is not None and cause.cause == "ddp_model_mismatch" and \
+            "params" in cause.details
+    raised = [causes[r.rank][0]["t"] for r in culprits if voting(r)]
+    if not raised or len(raised) >= (state.world_size or 0) or \
+            now - min(raised) >= DDP_VOTE_WAIT_S:
+        return culprits
+    return [r for r in culprits if not voting(r)]
 
 
 def _odd_models(causes: dict[int, tuple[Any, Any]]) -> set[int]:
