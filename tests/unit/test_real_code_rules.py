@@ -361,6 +361,10 @@ def test_a_job_whose_ranks_all_vanish_at_once_was_stopped_from_outside_and_blame
     for r in (0, 2):
         log.add(f"s{r}", "disconnect", {}, t=110.06)
     assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [1])]
+    log = running(3)  # mp.spawn's parent stops the others 18 ms after rank 1 was killed
+    for r, t in ((1, 110.0), (0, 110.0178), (2, 110.0197)):
+        log.add(f"s{r}", "disconnect", {}, t=t)
+    assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [1])]
 
 
 def test_ranks_of_one_host_killed_together_are_one_finding():
