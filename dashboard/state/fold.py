@@ -448,14 +448,19 @@ class Fold:
 
 
 _NO_COUNTS = (0, 0, 0, 0, 0)
+# The groups of a rank whose counts are compared pairwise (its first, in group order): a
+# mesh has a few dimensions, and a job that makes a group every epoch would otherwise cost
+# a heartbeat ever more pairs.
+SPREAD_GROUPS = 8
 
 
 def pair_differences(rows: list[dict[str, Any]]) -> list[int]:
-    """For each pair of a rank's groups (in group order), how many more collectives it
-    entered on the second than on the first (either view: the Flight Recorder's count,
-    which holds C++-issued ones too, where it has one)."""
+    """For each pair of a rank's first SPREAD_GROUPS groups (in group order), how many more
+    collectives it entered on the second than on the first (either view: the Flight
+    Recorder's count, which holds C++-issued ones too, where it has one)."""
     counts = [row.get("fr_enqueued") or row.get("entered", 0)
-              for row in sorted(rows, key=lambda row: group_order(row["group"]))]
+              for row in sorted(rows, key=lambda row: group_order(row["group"]))
+              [:SPREAD_GROUPS]]
     return [counts[j] - counts[i] for i in range(len(counts)) for j in range(i + 1,
                                                                              len(counts))]
 
