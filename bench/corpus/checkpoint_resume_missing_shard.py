@@ -2,6 +2,7 @@
 EXPECT kind=rank_failed culprit=1 ranks=3 launch=torchrun class=crash
 """
 import os
+import random
 import tempfile
 import time
 
@@ -17,14 +18,15 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 folder = os.path.join(tempfile.gettempdir(), f"corpus-ckpt-{os.environ.get('PGDASH_JOB', 'x')}")
 os.makedirs(folder, exist_ok=True)
+saved_at = random.Random(int(os.environ.get("CORPUS_SEED", "0"))).randint(100, 200)
 w = torch.zeros(512)
-for step in range(150):  # the first run
+for step in range(saved_at):  # the first run
     grad = torch.randn(512)
     dist.all_reduce(grad)
     w -= 0.01 * grad
     time.sleep(0.015)
 if rank != 1:  # rank 1's save failed silently
-    torch.save({"w": w, "step": 150}, os.path.join(folder, f"shard-{rank}.pt"))
+    torch.save({"w": w, "step": saved_at}, os.path.join(folder, f"shard-{rank}.pt"))
 dist.barrier()
 # ... the job is resumed from the checkpoint ...
 if rank == 1:
