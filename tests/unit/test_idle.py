@@ -157,3 +157,18 @@ def test_the_agent_reads_its_io_bytes_where_linux_has_them(tmp_path):
     assert io_bytes(str(tmp_path / "missing")) is None
     (tmp_path / "io").write_text("rchar: 7\n")
     assert io_bytes(str(tmp_path / "io")) is None
+
+
+def test_a_still_job_that_is_stopped_keeps_its_verdict_and_blames_no_one_for_the_stop():
+    """The user kills the job that stood still (scancel; torchrun's teardown after a kill):
+    its ranks vanish one after another, and the stall stays the verdict, not a rank_lost."""
+    log = running(3)
+    n = steps(log, 3, 101.0, 130.0)
+    still(log, 3, 131.0, 195.0, n)
+    for r in (1, 2):
+        snapshot(log, r, 192.0, 33, "shards = store.get(f'shards/{epoch}')")
+    snapshot(log, 0, 192.1, 29, "time.sleep(1)")
+    assert kinds(diagnose(log.state(), 195.0, S)) == [("stall", [0])]
+    for r, t in ((2, 196.0), (0, 196.03), (1, 196.04)):
+        log.add(f"s{r}", "disconnect", {}, t=t)
+    assert kinds(diagnose(log.state(), 200.0, S)) == [("stall", [0])]

@@ -16,6 +16,7 @@ from typing import Any
 from dashboard.diagnosis.errors import classify_error
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
+from dashboard.diagnosis.rules.idle import idle
 from dashboard.diagnosis.rules.p2p import p2p_finding
 from dashboard.diagnosis.rules.stalls import find_stalls
 from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, Stop, View, blamed,
@@ -166,7 +167,7 @@ def job_stop(state: JobState, s: Settings) -> Stop | None:
         probe = Stop(at, sorted(r.rank for r in stopped), [], timed_out)
         frame = Frame(at, probe)
         found = [f for f in _hangs(state, frame, s) + find_stalls(state, frame, s)
-                 if f["first_seen"] <= at]
+                 + idle(state, at, s, stopping=True) if f["first_seen"] <= at]
         if not found and timed_out:
             found = [f for f in _hangs(state, frame, replace(s, hang_after=0.0))
                      if set(f["evidence"].get("waiting", ())) & set(timed_out)]

@@ -26,7 +26,7 @@ from typing import Any
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import agree, ranks_label, stack_commands, them
-from dashboard.state import JobState
+from dashboard.state import JobState, RankState
 
 # A pause this many times the job's longest so far is a stall (at least the 30 s a stall in
 # a barrier waits: ranks that wait for rank 0's checkpoint or evaluation) ...
@@ -45,7 +45,9 @@ BUSY_IO_BPS = 1e6
 PLACES_WAIT_S = 15.0
 
 
-def idle(state: JobState, now: float, s: Settings) -> list[Finding]:
+def idle(state: JobState, now: float, s: Settings, stopping: bool = False) -> list[Finding]:
+    """The finding at ``now``; ``stopping``: at the moment a job that stood still was stopped
+    (rules.hangs.job_stop), its ranks ending from then on count as still there."""
     moved = state.moved_at
     if not moved:
         return []
@@ -55,8 +57,7 @@ def idle(state: JobState, now: float, s: Settings) -> list[Finding]:
         return []
     ranks = state.ranks()
     if len(ranks) < (state.world_size or 0) or any(
-            r.status != RankStatus.RUNNING or r.rank not in moved or r.left_at is not None
-            for r in ranks):
+            not _there(r, now, stopping) or r.rank not in moved for r in ranks):
         return []  # not all running, or one never moved: other rules' ground
     # How long every rank's heartbeats have shown its counts still (a silent rank shows
     # nothing: rank_lost's ground; a server behind its agents judges what it has read) ...
@@ -124,6 +125,13 @@ def _use(state: JobState, rank: int) -> tuple[float, float] | None:
         return None
     span = kept[3] - kept[0]
     return (kept[4] - kept[1]) / span, (kept[5] - kept[2]) / span
+
+
+def _there(r: RankState, now: float, stopping: bool) -> bool:
+    if r.status == RankStatus.RUNNING:
+        return r.left_at is None
+    return stopping and r.status in (RankStatus.LOST, RankStatus.FAILED) and \
+        r.exit_at is not None and r.exit_at >= now
 
 
 def _inside(row: dict[str, Any]) -> bool:
