@@ -165,11 +165,11 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
     if any(r.status != RankStatus.LOST or r.exit_at is None or r.closed_goodbye
            or r.closed_owed_s >= s.owed_close_after for r in ranks):
         return None
-    ends = sorted(r.exit_at for r in ranks)
-    first, last = ends[0], ends[-1]
+    gone = sorted(r.exit_at for r in ranks)  # (not ``ends``: departures' function)
+    first, last = gone[0], gone[-1]
     if last - first > STOPPED_TOGETHER_S or now - last < s.reconnect_grace:
         return None
-    if ends[1] - first > (last - first) / 2:
+    if gone[1] - first > (last - first) / 2:
         return None  # the first went alone, the rest after it: a launcher's reaction
     if job_stop(state, s) is not None or any(_connection_alive(r, last, now, s) for r in ranks):
         return None
@@ -494,7 +494,8 @@ def _ddp_vote_pending(state: JobState, culprits: list[RankState],
                       causes: dict[int, tuple[Any, Any]], now: float) -> list[RankState]:
     """The culprits less those of DDP's model check while its vote is still open: every rank
     raises it, each naming itself and one peer; the first to report alone is a tie of two
-    counts (the crash demo's rank 0 was named before rank 2's error outvoted it). Held until
+    counts (bench/corpus/ddp_model_mismatch.py's rank 0 was named before rank 2's and rank
+    1's errors outvoted it). Held until
     every rank reported it or DDP_VOTE_WAIT_S passed since the first did."""
     def voting(r: RankState) -> bool:  # (the count variant: the shape variant names no count)
         cause = causes[r.rank][1]
