@@ -34,7 +34,7 @@ def test_every_corpus_script_has_a_valid_header():
     for spec in specs:
         text = spec.path.read_text()
         assert spec.kinds <= KINDS, spec.name
-        assert 2 <= spec.ranks <= 4, spec.name
+        assert 1 <= spec.ranks <= 4, spec.name  # (one: a new user's first try)
         assert all(0 <= r < spec.ranks for r in spec.culprit), spec.name
         if spec.healthy:
             assert "FAULT" not in text, f"{spec.name}: a healthy script prints no FAULT line"

@@ -137,6 +137,43 @@ def test_ranks_that_swallow_the_error_of_an_early_leaver_and_leave_are_its_victi
     assert set(found[0]["evidence"]["victims"]) == {"0", "1"}
 
 
+def test_a_rank_that_goes_on_to_a_barrier_the_others_never_call_is_odd_not_those_that_left():
+    """rank 0 alone registers an ``atexit`` barrier; ranks 1 and 2 finish the same 200
+    collectives, destroy their group and exit 0. Rank 0's barrier then fails on their closed
+    connections (corpus: atexit_barrier_rank0). Two that left together outvote one that went
+    on: rank 0 is named, not an early leaver."""
+    log = running(3)
+    log.add("s0", "heartbeat", {"groups": [
+        {"group": "0", "entered": 201, "completed": 200, "inflight_op": "barrier",
+         "inflight_since": 104.9}]}, t=104.95)
+    leave(log, 1, 105.0, entered=200)
+    leave(log, 2, 105.02, entered=200)
+    (f,) = diagnose(log.state(), 105.7, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("desync", "critical", [0])
+    assert f["summary"].startswith("Rank 0 called collective #201 (barrier) on group 0 after "
+                                   "ranks 1, 2 had finished")
+    assert "atexit" in f["hint"] and f["first_seen"] == 105.02
+    log.add("s0", "error", {"where": "collective", "error_type": "RuntimeError",
+                            "error": CLOSED, "group": "0", "op": "barrier", "seq": 201},
+            t=105.8)
+    for r in (1, 2):
+        log.add(f"s{r}", "exit", {"clean": True, "reason": "exit", "exitcode": 0}, t=105.9)
+    log.add("s0", "exit", {"clean": True, "reason": "exit", "exitcode": 0}, t=106.0)
+    found = diagnose(log.state(), 110.0, S)
+    assert kinds(found) == [("desync", [0])], found
+    assert CLOSED in found[0]["evidence"]["errors"]["0"]
+
+
+def test_one_rank_that_leaves_where_one_goes_on_is_still_the_early_leaver():
+    """Two ranks: one leaves, one goes on. No majority: the leaver is named, as before."""
+    log = running(2)
+    leave(log, 1, 105.0, entered=40)
+    log.add("s0", "heartbeat", {"groups": [
+        {"group": "0", "entered": 41, "completed": 40, "inflight_op": "all_reduce",
+         "inflight_since": 105.5}]}, t=105.6)
+    assert kinds(diagnose(log.state(), 105.7, S)) == [("rank_exited_early", [1])]
+
+
 def crash_in_a_collective(log, at=105.0):
     """Rank 1 raises in its loop; its ``finally: destroy_process_group()`` closes its
     connections; rank 0's and rank 2's next all_reduce fails on them."""
@@ -566,6 +603,23 @@ def test_two_ranks_that_both_receive_first_deadlock_and_are_both_named():
     assert "wait for each other" in f["summary"] and "batch_isend_irecv" in f["hint"]
 
 
+def test_a_stage_that_receives_from_the_wrong_peer_is_named_not_the_stages_behind_it():
+    """A 3-stage pipeline (0 -> 1 -> 2); stage 2 receives once from src=0: rank 0 never sent to
+    it, so rank 1's send to 2 and rank 0's send to 1 block behind it, closing a cycle. Only
+    the wait on a channel never used is the fault (corpus: p2p_wrong_src)."""
+    log = running(3)
+    history(log, 3)
+    log.add("s0", "heartbeat", {"groups": [p2p_row("0", {"send:1:0": 55},
+                                                   ("send", 1, 0, 55, 100.0))]}, t=111.0)
+    log.add("s1", "heartbeat", {"groups": [p2p_row("0", {"recv:0:0": 54, "send:2:0": 54},
+                                                   ("send", 2, 0, 54, 100.0))]}, t=111.0)
+    log.add("s2", "heartbeat", {"groups": [p2p_row("0", {"recv:1:0": 53, "recv:0:0": 1},
+                                                   ("recv", 0, 0, 1, 100.0))]}, t=111.0)
+    (f,) = diagnose(log.state(), 111.0, S)
+    assert (f["kind"], f["ranks"]) == ("stall", [2])
+    assert "rank 0 has never sent to it" in f["summary"] and "wrong `src`" in f["hint"]
+
+
 def test_an_entry_left_open_by_a_python_call_that_raised_is_no_cpp_collective():
     """After a mismatch, a rank's all_reduce raised: the Flight Recorder keeps its entry open
     (#301) while the wrappers say it ended (fr_wrapped 301). A peer in a Python collective at
@@ -868,3 +922,4 @@ def test_a_cycle_of_waits_across_a_mesh_names_the_rank_that_called_the_wrong_gro
     (f,) = diagnose(log.state(), 195.0, S)
     assert (f["kind"], f["ranks"], f["group"]) == ("hang", [3], "4"), f
     assert f["evidence"]["out_of_step"] == [3] and "out of step" in f["hint"]
+

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
-from dashboard.diagnosis.text import group_label, process_label, ranks_label
+from dashboard.diagnosis.text import agree, group_label, process_label, ranks_label
 from dashboard.diagnosis.errors import classify_error
 from dashboard.state import JobState, RankState
 
@@ -163,13 +163,58 @@ def _first_of_each(found: list[Departure]) -> list[Departure]:
     return out
 
 
+class Outvoted(NamedTuple):
+    group: str
+    left: list[int]  # most of the group's ranks: they left cleanly, all at the same collective
+    went_on: list[int]  # the others: past that collective, in ones nobody else will call
+    seq: int  # the last collective the ranks that left issued
+    at: float  # when the last of them left
+
+
+def outvoted(state: JobState, found: list[Departure]) -> list[Outvoted]:
+    """Groups of a departure whose ranks mostly finished together (each left cleanly, all
+    after the same collective) while the few others went on to a collective none of them
+    issued: an ``atexit`` barrier on rank 0 alone, a last all_reduce in a branch only some
+    ranks take. Those few are the odd ones, not the many that left (a rank that leaves early
+    leaves alone, or with fewer than stay)."""
+    ranks = state.rank_index()
+    gone = {d.rank for d in found}
+    out = []
+    for g, group in state.groups.items():
+        members = group.get("ranks") or []
+        if not gone.intersection(members):
+            continue
+        marks = {}
+        for m in members:
+            row = state.exit_rows.get((g, m)) or state.progress.get((g, m)) or {}
+            marks[m] = (row.get("entered", 0), row.get("fr_enqueued", 0))
+        last = min(marks.values())
+        left = [m for m in members if marks[m] == last and m in ranks
+                and _left_at(ranks[m]) is not None]
+        went_on = [m for m in members if marks[m][0] > last[0] or marks[m][1] > last[1]]
+        if len(left) >= 2 and len(left) > len(went_on) >= 1 and \
+                len(left) + len(went_on) == len(members):
+            out.append(Outvoted(g, left, went_on, last[0],
+                                max(_left_at(ranks[m])[0] for m in left)))
+    return out
+
+
 def rank_exited_early(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
     ranks = state.rank_index()
     stopped = interrupted_at(state)
-    for d in departures(state):
+    found = departures(state)
+    odd = outvoted(state, found)
+    excused = {r for o in odd for r in o.left}
+    for o in odd:
+        if all(d.settled for d in found if d.rank in o.left) and (
+                stopped is None or o.at < stopped - INTERRUPT_BEFORE_S):
+            out.append(_went_on(state, o, found))
+    for d in found:
         if not d.settled or (stopped is not None and d.at >= stopped - INTERRUPT_BEFORE_S):
             continue  # (someone stopped the job: leaving then is no fault)
+        if d.rank in excused:
+            continue  # it left with most of its group: the ranks that went on are odd
         r = ranks.get(d.rank)
         peers = sorted({p for late in d.ahead.values() for p in late} | set(d.victims))
         groups = sorted(d.ahead, key=str)
@@ -194,3 +239,30 @@ def rank_exited_early(state: JobState, now: float, s: Settings) -> list[Finding]
              "victims": {str(k): v.get("error") for k, v in sorted(d.victims.items())}},
             d.at, key=f"r{d.rank}"))
     return out
+
+
+def _went_on(state: JobState, o: Outvoted, found: list[Departure]) -> Finding:
+    """The `desync` of ranks that went on to a collective the rest of their group, which had
+    finished and left, will never call."""
+    ops = sorted({row["inflight_op"] for r in o.went_on
+                  for row in [state.exit_rows.get((o.group, r))
+                              or state.progress.get((o.group, r)) or {}]
+                  if row.get("inflight_op")}
+                 | {e["op"] for e in state.errors if e.get("rank") in o.went_on
+                    and e.get("op") and e.get("group") == o.group and e.get("seq", 0) > o.seq})
+    what = f" ({', '.join(ops)})" if ops else ""
+    return finding(
+        "desync", Severity.CRITICAL, o.went_on, o.group,
+        f"{ranks_label(o.went_on).capitalize()} called collective #{o.seq + 1}{what} on "
+        f"{group_label(state, o.group)} after {ranks_label(o.left)} had finished: they "
+        f"completed #{o.seq} and left cleanly, so no rank will ever join "
+        f"{agree(o.went_on, 'it', 'them')} there.",
+        "A collective that only some ranks call waits forever, or fails when the others "
+        "close their connections: look for one after the training loop that not every rank "
+        "reaches (an `atexit` hook, a `finally:`, an `if rank == 0:` around a barrier or a "
+        "last all_reduce, an extra step on a rank with more data). Call it on every rank, or "
+        "not at all.",
+        {"seq": o.seq + 1, "left": o.left, "went_on": o.went_on, "ops": ops,
+         "errors": {str(r): e.get("error") for d in found if d.rank in o.left
+                    for r, e in sorted(d.victims.items()) if r in o.went_on}},
+        o.at, key=f"went_on:{o.group}")

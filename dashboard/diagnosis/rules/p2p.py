@@ -13,8 +13,8 @@ from typing import Any
 
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.waits import (P2P, Frame, chain_text, follow_waits, is_running,
-                                             p2p_label, p2p_peer_behind, rows_at,
-                                             stop_evidence, stopped_text)
+                                             p2p_label, p2p_peer_behind, p2p_posted_by_peer,
+                                             rows_at, stop_evidence, stopped_text)
 from dashboard.diagnosis.text import agree, group_label, have, ranks_label, stack_commands, them
 from dashboard.state import JobState
 
@@ -51,7 +51,10 @@ def p2p_finding(state: JobState, group: str, frame: Frame, s: Settings, after: f
         return None
     chain, roots = follow_waits(state, group, [], frame, P2P, starts=sorted(waits))
     cycle = not roots  # they wait for each other: a deadlock of point-to-point ops
-    if cycle:
+    unused = _unused_channels(rows, waits) if cycle else []
+    if unused:  # the others only wait for the ranks that wait on a channel never used
+        cycle, roots = False, unused
+    elif cycle:
         roots = sorted(waits)
     waiting = sorted(set(waits) - set(roots))
     since = min(rows[r]["p2p_since"] for r in waits)
@@ -68,6 +71,20 @@ def p2p_finding(state: JobState, group: str, frame: Frame, s: Settings, after: f
                 "it (both receive first, or blocking sends larger than the transport buffers "
                 "in a ring). Order them so that one side sends first (even ranks send, odd "
                 "ranks receive, then the reverse), or post both with `dist.batch_isend_irecv`.")
+    elif unused:
+        summary = (f"{ranks_label(roots).capitalize()} {agree(roots, 'waits', 'wait')} on "
+                   f"{group_label(state, group)} in a point-to-point op its peer has never "
+                   f"used: {'; '.join(_unused_text(rows, r) for r in roots)}, while "
+                   f"{ranks_label(sorted(set(waits) - set(roots)))} only "
+                   f"{agree(set(waits) - set(roots), 'waits', 'wait')} along the channels "
+                   f"that carried every step so far"
+                   f"{chain_text(state, [c for c in chain if c['rank'] not in roots])}")
+        hint = (f"{ranks_label(roots).capitalize()} named a peer or tag that never sends to "
+                f"{them(roots)} (or receives from {them(roots)}): a wrong `src`/`dst` (a "
+                "copy-pasted stage index, a global rank where a group rank was meant) or a "
+                f"wrong `tag`. See the line with {stack_commands(state, roots)}; its "
+                "neighbours are blocked only because it does not take or send their "
+                "tensors.")
     else:
         summary = (f"{ranks_label(roots).capitalize()} {have(roots)} not sent or received "
                    f"what {ranks_label(waiting or sorted(waits))} "
@@ -97,3 +114,23 @@ def p2p_finding(state: JobState, group: str, frame: Frame, s: Settings, after: f
                             "since": rows[r].get("p2p_since")} for r in sorted(waits)},
          "chain": chain, **stop_evidence(frame)},
         since + after, key="p2p")
+
+
+def _unused_channels(rows: dict[int, dict[str, Any]], waits: dict[int, int]) -> list[int]:
+    """In a cycle of point-to-point waits, the ranks waiting on a channel (peer, direction,
+    tag) their peer has never used, where another rank of the cycle waits on one that has
+    carried ops before: the others are a pipeline's ordinary waits, blocked behind the rank
+    that asked the wrong peer (or tag). Empty when every wait is new (a first exchange that
+    deadlocks: both sides receive first) or every one is established."""
+    unused, used = [], []
+    for rank in waits:
+        (used if p2p_posted_by_peer(rank, rows[rank], rows) else unused).append(rank)
+    return sorted(unused) if unused and used else []
+
+
+def _unused_text(rows: dict[int, dict[str, Any]], rank: int) -> str:
+    row = rows[rank]
+    peer = row["p2p_peer"]
+    did = "sent to" if row.get("p2p_op") in ("recv", "irecv") else "received from"
+    return (f"rank {rank} is in {p2p_label(row)}, and rank {peer} has never {did} it "
+            f"with tag {row.get('p2p_tag') or 0}")

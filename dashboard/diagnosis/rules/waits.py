@@ -112,10 +112,15 @@ def p2p_peer_behind(rank: int, row: dict[str, Any],
     peer, n, op = row.get("p2p_peer"), row.get("p2p_n"), row.get("p2p_op")
     if peer is None or peer < 0 or not n or not op:
         return None
-    opposite = "recv" if op in ("send", "isend") else "send"
-    posted = ((rows.get(peer) or {}).get("p2p_posted") or {}).get(
+    return peer if p2p_posted_by_peer(rank, row, rows) < n else None
+
+
+def p2p_posted_by_peer(rank: int, row: dict[str, Any], rows: dict[int, dict[str, Any]]) -> int:
+    """How many ops matching a rank's point-to-point op (the opposite direction, with this
+    rank and tag) its peer has posted so far."""
+    opposite = "recv" if row.get("p2p_op") in ("send", "isend") else "send"
+    return ((rows.get(row.get("p2p_peer")) or {}).get("p2p_posted") or {}).get(
         f"{opposite}:{rank}:{row.get('p2p_tag') or 0}", 0)
-    return peer if posted < n else None
 
 
 def p2p_label(row: dict[str, Any]) -> str:
