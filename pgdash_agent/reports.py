@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from typing import Any, Callable
 
@@ -107,6 +108,9 @@ class Reporter:
         io = io_bytes()
         if io is not None:
             body["io_b"] = io
+        holding = threads_holding_exit()
+        if holding is not None:
+            body["main_done"], body["holding"] = True, holding
         self.outbox.put(time.time(), "heartbeat", body)
 
     def sample_flight(self, now: float) -> None:
@@ -188,3 +192,17 @@ def io_bytes(path: str = "/proc/self/io") -> int | None:
         return int(fields[b"rchar"]) + int(fields[b"wchar"])
     except (OSError, KeyError, ValueError):
         return None
+
+
+MAX_HOLDING = 8  # thread names a heartbeat lists
+
+
+def threads_holding_exit() -> list[str] | None:
+    """None while the main thread runs; once it has ended (the script returned, and the
+    interpreter waits for its non-daemon threads before it exits), the names of the threads
+    it waits for: a process that lives on after its script ended (rules.idle)."""
+    main = threading.main_thread()
+    if main.is_alive():
+        return None
+    return sorted(t.name[:64] for t in threading.enumerate()
+                  if t is not main and not t.daemon and t.is_alive())[:MAX_HOLDING]

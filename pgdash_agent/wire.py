@@ -303,6 +303,10 @@ class Heartbeat(_Shape):
     # ... and the bytes it read and wrote through system calls so far (Linux: files, pipes,
     # sockets): whether it moves data (a checkpoint written to slow storage) or is blocked
     io_b: Optional[_Count] = None
+    # ... and, once the script's main thread has ended while the process lives on, True and
+    # the non-daemon threads the interpreter waits for before it exits (rules.idle)
+    main_done: bool = False
+    holding: _limited(list[_Name], max_length=8) = []
 
 
 MAX_TRACEBACK_FRAMES = 40  # agent.frames keeps the first few and the innermost rest

@@ -354,6 +354,10 @@ class Fold:
                 self.cpu_since_move[r.rank] = [t, cpu, io, t, cpu, io]
             else:
                 kept[3:] = t, cpu, io
+        if body.get("main_done"):
+            use = [t, cpu or 0.0, body.get("io_b") or 0]
+            r.main_done = use + use if r.main_done is None else r.main_done[:3] + use
+            r.holding = tuple(body.get("holding") or ())
 
     def _on_stack(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is not None and not self._stale(r):

@@ -58,6 +58,11 @@ class RankState:
     versions: dict[str, Any] = dataclasses.field(default_factory=dict)
     env: dict[str, Any] = dataclasses.field(default_factory=dict)
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Once its heartbeats say the script's main thread ended while the process lives on:
+    # [t, CPU s, I/O bytes] at the first such heartbeat, then the same at the newest; and the
+    # non-daemon threads the interpreter waits for (rules.idle.exit_held)
+    main_done: list[float] | None = None
+    holding: tuple[str, ...] = ()
 
 
 def status_of(by_rank: dict[int, RankState], world_size: int | None,

@@ -172,3 +172,70 @@ def test_a_still_job_that_is_stopped_keeps_its_verdict_and_blames_no_one_for_the
     for r, t in ((2, 196.0), (0, 196.03), (1, 196.04)):
         log.add(f"s{r}", "disconnect", {}, t=t)
     assert kinds(diagnose(log.state(), 200.0, S)) == [("stall", [0])]
+
+
+def ended(log, rank, t, n, holding=("metrics-uploader",), cores=0.0):
+    """A heartbeat of a rank whose script ended (its main thread returned) at t = 150."""
+    body = {"groups": [{"group": "0", "entered": n, "completed": n, "inflight_op": None,
+                        "inflight_since": None}],
+            "cpu_s": round(50.0 + (t - 150.0) * cores, 3), "io_b": 1000,
+            "main_done": True, "holding": list(holding)}
+    log.add(f"s{rank}", "heartbeat", body, t=t)
+
+
+def test_a_rank_whose_script_ended_but_whose_process_lives_on_is_named():
+    """Rank 1's non-daemon uploader thread keeps its process alive after training; the
+    others exited (corpus: hang_at_exit_nondaemon_thread)."""
+    log = running(3)
+    n = steps(log, 3, 101.0, 149.0)
+    for r in (0, 2):
+        log.add(f"s{r}", "left", {"group": None, "reason": "destroy_process_group"}, t=149.5)
+        log.add(f"s{r}", "exit", {"clean": True, "reason": "exit", "exitcode": 0}, t=150.0)
+    log.add("s1", "left", {"group": None, "reason": "destroy_process_group"}, t=149.5)
+    t = 150.0
+    while t <= 460.0:
+        ended(log, 1, t, n)
+        t += 1.0
+    assert diagnose(log.state(), 159.0, S) == []
+    (f,) = diagnose(log.state(), 161.0, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("stall", "warning", [1])
+    assert f["first_seen"] == 160.0
+    assert f["summary"].startswith("Rank 1 finished its script 11 s ago (the main thread "
+                                   "returned), but its process has not exited: Python waits "
+                                   "for its non-daemon thread 'metrics-uploader'")
+    assert "daemon=True" in f["hint"] and "join()" in f["hint"]
+    (f,) = diagnose(log.state(), 451.0, S)
+    assert (f["kind"], f["severity"]) == ("hang", "critical")
+
+
+def test_a_process_that_works_after_its_script_ended_is_not_held():
+    """A thread uploading the last checkpoint after the script returned: a core busy."""
+    log = running(2)
+    n = steps(log, 2, 101.0, 149.0)
+    log.add("s0", "exit", {"clean": True, "reason": "exit", "exitcode": 0}, t=150.0)
+    t = 150.0
+    while t <= 260.0:
+        ended(log, 1, t, n, holding=("checkpoint-upload",), cores=0.9)
+        t += 1.0
+    assert diagnose(log.state(), 250.0, S) == []
+
+
+def test_the_agent_names_the_threads_that_keep_a_process_alive_after_its_script(tmp_path):
+    """A real interpreter: its script returns while a non-daemon thread waits on a queue."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "held.py"
+    script.write_text(
+        "import queue, threading, time, os\n"
+        "from pgdash_agent.reports import threads_holding_exit\n"
+        "assert threads_holding_exit() is None\n"
+        "def watch():\n"
+        "    time.sleep(0.5)\n"
+        "    print(threads_holding_exit(), flush=True)\n"
+        "    os._exit(0)\n"
+        "threading.Thread(target=watch, daemon=True).start()\n"
+        "threading.Thread(target=queue.Queue().get, name='metrics-uploader').start()\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+    assert out.stdout.strip() == "['metrics-uploader']", out

@@ -23,7 +23,7 @@ from dashboard.diagnosis.rules.departures import rank_exited_early
 from dashboard.diagnosis.rules.desync import desync
 from dashboard.diagnosis.rules.gpu import gpu_fault, gpu_throttle
 from dashboard.diagnosis.rules.hangs import hang, stall
-from dashboard.diagnosis.rules.idle import idle
+from dashboard.diagnosis.rules.idle import exit_held, idle
 from dashboard.diagnosis.rules.rendezvous import (RENDEZVOUS_KEYS, config_mismatch, init_failed,
                                                   init_incomplete)
 from dashboard.diagnosis.rules.stragglers import slow_collective, straggler
@@ -31,7 +31,7 @@ from dashboard.state import JobState
 
 RULES: list[Callable[[JobState, float, Settings], list[Finding]]] = [
     init_incomplete, init_failed, config_mismatch, rank_lost, rank_failed, rank_exited_early,
-    hang, stall, idle, desync,
+    hang, stall, idle, exit_held, desync,
     straggler, slow_collective, gpu_fault, gpu_throttle,
 ]
 

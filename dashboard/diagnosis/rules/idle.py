@@ -117,6 +117,56 @@ def idle(state: JobState, now: float, s: Settings, stopping: bool = False) -> li
                     key="idle")]
 
 
+def exit_held(state: JobState, now: float, s: Settings) -> list[Finding]:
+    """Ranks whose script ended (the main thread returned) while their process lives on, for
+    as long as a stall: Python waits for every non-daemon thread before it exits (a metrics
+    uploader blocked on a queue nobody closes), so the launcher waits for the process, and
+    the job never ends. Named after --stall-after (10 s), critical after HANG_FACTOR x
+    --hang-after, as the idle job. A process that works meanwhile (a last upload, a checkpoint written
+    by a thread) is not held: like the idle rule, a quarter of a core or 1 MB/s of I/O."""
+    held = {}
+    for r in state.ranks():
+        done = r.main_done
+        if done is None or r.status != RankStatus.RUNNING or r.rank is None:
+            continue
+        waited = min(now, r.last_seen) - done[0]
+        span = done[3] - done[0]
+        if waited < s.stall_after or (span >= 5.0 and (
+                (done[4] - done[1]) / span >= BUSY_CORES
+                or (done[5] - done[2]) / span >= BUSY_IO_BPS)):
+            continue
+        if any(_inside(row) for (g, rank), row in state.progress.items() if rank == r.rank):
+            continue  # a thread inside a collective: the hang rules' ground
+        held[r.rank] = (waited, r)
+    if not held:
+        return []
+    ranks = sorted(held)
+    waited = min(w for w, _ in held.values())
+    critical = waited >= HANG_FACTOR * s.hang_after
+    threads = sorted({name for _, r in held.values() for name in r.holding})
+    names = ", ".join(f"'{n}'" for n in threads[:4]) + (" and more" if len(threads) > 4 else "")
+    what = (f"Python waits for {agree(threads, 'its', 'their')} non-daemon "
+            f"{agree(threads, 'thread', 'threads')} {names} to end before exiting"
+            if threads else "no Python thread holds it (a C extension's thread, or an exit "
+            "handler that does not return)")
+    kind, severity = ("hang", Severity.CRITICAL) if critical else ("stall", Severity.WARNING)
+    summary = (f"{ranks_label(ranks).capitalize()} finished {agree(ranks, 'its', 'their')} "
+               f"script {waited:.0f} s ago (the main thread returned), but "
+               f"{agree(ranks, 'its process has', 'their processes have')} not exited: "
+               f"{what}; the launcher waits for {them(ranks)}.")
+    hint = ("A thread started without `daemon=True` keeps the interpreter alive after the "
+            "script ends. Stop it before the end (put a sentinel on the queue it reads, or set "
+            "an Event it checks, then `join()` it), or start it with `daemon=True` if its work "
+            f"may be lost at exit. {stack_commands(state, ranks).capitalize()} show where it "
+            "waits.")
+    first_seen = max(r.main_done[0] for _, r in held.values()) + (
+        HANG_FACTOR * s.hang_after if critical else s.stall_after)
+    return [finding(kind, severity, ranks, None, summary, hint,
+                    {"main_done_at": {str(k): r.main_done[0] for k, (_, r) in held.items()},
+                     "holding": {str(k): list(r.holding) for k, (_, r) in held.items()}},
+                    first_seen, key="exit_held")]
+
+
 def _use(state: JobState, rank: int) -> tuple[float, float] | None:
     """(share of a core, bytes read and written a second) of the rank's process since its
     collectives last moved (None: its agent does not say, or not over 5 s yet)."""
