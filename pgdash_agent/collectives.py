@@ -56,6 +56,11 @@ class GroupTrack:
     # number), and the blocking send/recv in flight as (op, peer, tag, number, perf_counter).
     p2p_posted: dict[str, int] = dataclasses.field(default_factory=dict)
     p2p_wait: tuple | None = None
+    # A fingerprint of every collective called on the group (pgdash_agent.collective_wrappers
+    # .fingerprint), and (seq, fingerprint) after the newest collective numbered a multiple
+    # of each of FP_MARKS: what ranks compare to find one that called something different.
+    fp: int = 0
+    fp_marks: list = dataclasses.field(default_factory=lambda: [None, None, None])
 
 
 
@@ -243,6 +248,9 @@ class CollectiveTracker:
                     row["inflight_root"] = inflight[3]
             if track.done_root is not None:
                 row["done_root"] = track.done_root
+            marks = [list(m) for m in track.fp_marks if m is not None]
+            if marks:
+                row["fp"] = marks
             if busy and track.fr_open is not None:  # its place in the Flight Recorder's order
                 row["inflight_fr"] = track.fr_open + 1
             if track.fr_last is not None:

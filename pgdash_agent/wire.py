@@ -210,6 +210,19 @@ class GroupProgress(_Shape):
     p2p_tag: Optional[_Int] = None
     p2p_n: Optional[_Count] = None
     p2p_since: Optional[_Num] = None
+    # Optional (newer agents): fingerprints of every collective this rank called on the group
+    # (op, reduce op, dtype, root, and the size where ranks' must match), as they stood after
+    # the newest collective numbered a multiple of 16, of 256 and of 4,096: ranks whose
+    # fingerprints differ at one number called something different, though nothing hung
+    # (rules.desync).
+    fp: _limited(list[_Mark], max_length=3) = []
+
+
+class _Mark(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """``[seq, hash]``: a group's call fingerprint as it stood after collective ``seq``."""
+
+    seq: _limited(int, ge=1)
+    hash: _limited(int, ge=0, le=0xFFFFFFFF)
 
 
 class CollRow(_Shape):

@@ -94,6 +94,10 @@ class Fold:
         # ``cpu_s`` and ``io_b``): whether a rank that stopped issuing collectives works or
         # is blocked
         self.cpu_since_move: dict[int, list[float]] = {}
+        # (group, mark level) -> the newest FP_SEQS collective numbers at that level ranks'
+        # heartbeats reported a call fingerprint for -> rank -> (fingerprint, t): ranks whose
+        # fingerprints differ at one number called something different (rules.desync)
+        self.fingerprints: dict[tuple[str, int], dict[int, dict[int, tuple[int, float]]]] = {}
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
@@ -161,6 +165,7 @@ class Fold:
         self.__dict__.setdefault("longest_pause", 0.0)
         self.__dict__.setdefault("count_spread", {})
         self.__dict__.setdefault("cpu_since_move", {})
+        self.__dict__.setdefault("fingerprints", {})
         self.__dict__.pop("_kept", None)  # what views kept beside the fold (stored empty)
         for rank, history in self.gpu_history.items():  # earlier versions: a deque of lists
             if not isinstance(history, GpuHistory):
@@ -260,7 +265,7 @@ class Fold:
         self.fold_pending()  # the summaries of the attempt before go where they belong
         for table in (self.progress, self._recent, self.fr_tallies, self.stacks,
                       self.gpu_faults, self.throttled_since, self.moved_at,
-                      self.count_spread, self.cpu_since_move):
+                      self.count_spread, self.cpu_since_move, self.fingerprints):
             table.clear()
         self.longest_pause = 0.0
         self._progress_index = None
@@ -335,6 +340,8 @@ class Fold:
             self.progress[key] = dict(row, t=t)
             if not moved:
                 moved = _counts(row) != (_counts(old) if old is not None else _NO_COUNTS)
+            if row.get("fp"):
+                note_fingerprints(self.fingerprints, row["group"], r.rank, row["fp"], t)
             if row.get("fr_samples"):
                 tallies = self.fr_tallies.get(key)
                 if tallies is None:
@@ -483,6 +490,27 @@ def spread_counts(spread: dict[int, list[int]], rank: int, rows: list[dict[str, 
             kept[2 * i] = d
         elif d > kept[2 * i + 1]:
             kept[2 * i + 1] = d
+
+
+FP_SEQS = 2  # collective numbers kept per group and mark level (the newest may be partial)
+
+
+def note_fingerprints(kept: dict, group: str, rank: int, marks: list, t: float) -> None:
+    """File a rank's call fingerprints (``[[seq, hash], ...]``, one per mark level) under
+    their collective numbers, keeping the newest FP_SEQS numbers per group and level."""
+    for level, (seq, fp) in enumerate(marks):
+        by_seq = kept.get((group, level))
+        if by_seq is None:
+            by_seq = kept[(group, level)] = {}
+        seen = by_seq.get(seq)
+        if seen is None:
+            if len(by_seq) >= FP_SEQS and seq < min(by_seq):
+                continue  # older than every number kept
+            seen = by_seq[seq] = {}
+            while len(by_seq) > FP_SEQS:
+                del by_seq[min(by_seq)]
+        if rank not in seen:
+            seen[rank] = (fp, t)
 
 
 def _counts(row: dict[str, Any]) -> tuple[int, int, int, int, int]:

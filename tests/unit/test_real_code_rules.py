@@ -923,3 +923,49 @@ def test_a_cycle_of_waits_across_a_mesh_names_the_rank_that_called_the_wrong_gro
     assert (f["kind"], f["ranks"], f["group"]) == ("hang", [3], "4"), f
     assert f["evidence"]["out_of_step"] == [3] and "out of step" in f["hint"]
 
+
+def fingerprint_beat(log, rank, t, seq, fp):
+    log.add(f"s{rank}", "heartbeat", {"groups": [
+        {"group": "0", "entered": seq + 3, "completed": seq + 3, "inflight_op": None,
+         "inflight_since": None, "fp": [[seq, fp]]}]}, t=t)
+
+
+def test_a_rank_whose_calls_differ_though_each_completed_is_named_by_its_fingerprint():
+    """Rank 1 all-reduces with MAX where the others SUM (corpus: allreduce_op_mismatch): every
+    call completes; the fingerprints at collective #320 differ on rank 1 alone. Reported at
+    different heartbeats, they are compared at the same number."""
+    log = running(3)
+    fingerprint_beat(log, 0, 110.0, 304, 7)
+    fingerprint_beat(log, 1, 110.2, 320, 9)
+    assert [f for f in diagnose(log.state(), 110.5, S) if f["kind"] == "desync"] == []
+    fingerprint_beat(log, 0, 111.0, 320, 5)
+    assert [f for f in diagnose(log.state(), 111.1, S) if f["kind"] == "desync"] == []  # 1:1
+    fingerprint_beat(log, 2, 111.3, 320, 5)
+    (f,) = diagnose(log.state(), 111.4, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("desync", "critical", [1])
+    assert f["summary"].startswith("Rank 1 called different collectives on group 0 from what "
+                                   "ranks 0, 2 called, by collective #320")
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in f["hint"] and f["first_seen"] == 111.3
+    for t, seq in ((112.0, 336), (113.0, 352), (114.0, 368)):  # later marks differ too
+        for r in range(3):
+            fingerprint_beat(log, r, t + r * 0.1, seq, 9 if r == 1 else 5)
+    (g,) = diagnose(log.state(), 114.5, S)
+    assert (g["id"], g["ranks"]) == (f["id"], [1])  # one finding, not one per number
+
+
+def test_two_ranks_whose_fingerprints_differ_are_a_warning_that_names_neither():
+    log = running(2)
+    fingerprint_beat(log, 0, 110.0, 64, 5)
+    fingerprint_beat(log, 1, 110.2, 64, 9)
+    (f,) = diagnose(log.state(), 110.5, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("desync", "warning", [])
+    assert f["summary"].startswith("Ranks 0, 1 called different collectives on group 0 from "
+                                   "one another")
+
+
+def test_ranks_with_the_same_fingerprints_are_quiet():
+    log = running(3)
+    for t, seq in ((110.0, 16), (111.0, 32)):
+        for r in range(3):
+            fingerprint_beat(log, r, t + r * 0.1, seq, seq * 11)
+    assert diagnose(log.state(), 112.0, S) == []

@@ -31,3 +31,61 @@ def test_no_root_or_a_negative_one_reports_none():
     assert root_of("broadcast", "tensor") is None
     assert root_of("broadcast", "tensor", src=-1) is None
     assert root_of("broadcast", "tensor", group_src=9) == 9  # outside the group: as given
+
+
+FINGERPRINTS = """
+import sys, torch, torch.distributed as dist
+from pgdash_agent.collectives import CollectiveTracker
+from pgdash_agent.collective_wrappers import CollectiveWrappers
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0,
+                        world_size=1)
+tracker = CollectiveTracker(lambda pg: ("0", None, "gloo", [0]), lambda *a: None, 1024)
+CollectiveWrappers(tracker).install([dist, dist.distributed_c10d])
+odd = sys.argv[2]
+for i in range(1, 257):
+    t = torch.ones(8)
+    if i == 5:  # an all_gather: its size may differ by rank
+        n = 9 if odd == "gather" else 8
+        dist.all_gather([torch.empty(n)], torch.ones(n))
+    elif i == 6 and odd == "max":
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    elif i == 6 and odd == "dtype":
+        dist.all_reduce(t.double())
+    elif i == 6 and odd == "size":
+        dist.all_reduce(torch.ones(9))
+    else:
+        dist.all_reduce(t, dist.ReduceOp.SUM if i % 2 else dist.ReduceOp(dist.ReduceOp.SUM))
+print(tracker.by_name["0"].fp_marks)
+dist.destroy_process_group()
+"""
+
+
+def test_call_fingerprints_agree_across_processes_and_differ_with_an_argument(tmp_path):
+    """A real gloo group of one, in fresh interpreters with different string-hash seeds: the
+    same calls give the same marks at #256, whichever way the reduce op is written;
+    another reduce op, dtype or all_reduce size in call #6 changes them; an all_gather's
+    size (which ranks may differ in) does not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.helpers.procs import free_port
+
+    script = tmp_path / "fp.py"
+    script.write_text(FINGERPRINTS)
+
+    def marks(odd, seed):
+        env = dict(os.environ, PYTHONHASHSEED=str(seed))
+        out = subprocess.run([sys.executable, str(script), str(free_port()), odd], env=env,
+                             capture_output=True, text=True, timeout=120,
+                             cwd=str(Path(__file__).parents[2]))
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip().splitlines()[-1]
+
+    same = marks("none", 1)
+    assert same.startswith("[(256, ") and same.endswith("None]")  # 256 is a 16-mark too
+    assert marks("none", 2) == same
+    assert marks("gather", 3) == same
+    for odd in ("max", "dtype", "size"):
+        assert marks(odd, 4) != same, odd

@@ -14,6 +14,15 @@ CPP = "a C++ collective"  # DDP's or FSDP's, seen only by the Flight Recorder
 
 
 def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
+    out = _inside(state, now, s)
+    seen = {f["group"] for f in out}
+    return out + [f for f in _fingerprints(state) if f["group"] not in seen]
+
+
+def _inside(state: JobState, now: float, s: Settings) -> list[Finding]:
+    """Ranks inside the same collective with different signatures (op, dtype, bytes) or
+    roots, or some in a Python-issued one and others in a C++-issued one: a mismatch that
+    hangs."""
     out = _mixed(state, now, s)
     mixed = {f["group"] for f in out}
     for group in sorted(state.groups, key=str):
@@ -154,4 +163,55 @@ def _mixed(state: JobState, now: float, s: Settings) -> list[Finding]:
                  "signatures": {str(r): {"op": sig} for r, sig in sorted(sigs.items())},
                  "expected": {"op": other_sig}},
                 since[seq] + s.behind_after, key=f"fr{seq}"))
+    return out
+
+
+def _fingerprints(state: JobState) -> list[Finding]:
+    """Ranks whose call fingerprints differ from most of their group's at one collective
+    number (``JobState.fingerprints``): they called a different op, reduce op, dtype, size
+    or root somewhere before it, though every call completed (an all_reduce with MAX where
+    the others SUM; sizes NCCL does not check). Where no fingerprint has most of the group
+    (two ranks), the ranks are not named."""
+    out: list[Finding] = []
+    done: set[str] = set()
+    for (group, level), by_seq in sorted(state.fingerprints.items(),
+                                         key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        if group in done:
+            continue
+        members = (state.groups.get(group) or {}).get("ranks") or ()
+        for seq in sorted(by_seq):
+            seen = by_seq[seq]
+            counts = collections.Counter(fp for fp, _ in seen.values())
+            if len(counts) < 2:
+                continue
+            top, n = counts.most_common(1)[0]
+            if n * 2 > len(members):
+                odd = sorted(r for r, (fp, _) in seen.items() if fp != top)
+                others = sorted(r for r in seen if r not in odd)
+            elif len(seen) == len(members):  # no majority, every rank heard: name none
+                odd, others = [], sorted(seen)
+            else:
+                continue  # the ranks not heard yet decide
+            at = max(t for _, t in seen.values())
+            who = (f"{ranks_label(odd).capitalize()} called" if odd else
+                   f"{ranks_label(others).capitalize()} called")
+            whom = (f"from what {ranks_label(others)} called" if odd else
+                    "from one another (no call sequence has most of the group)")
+            out.append(finding(
+                "desync", Severity.CRITICAL if odd else Severity.WARNING, odd, group,
+                f"{who} different collectives on {group_label(state, group)} "
+                f"{whom}, by collective #{seq}: the same number of calls, but not the same "
+                "op, reduce op, dtype, size or root in at least one of them. Each call "
+                "completed, so nothing hangs, but the results differ between ranks.",
+                "Ranks must issue the same collectives with the same arguments. Look for an "
+                f"argument computed per rank before collective #{seq}: a reduce op or dtype "
+                "from a per-node config, a tensor sized from local data, a root from "
+                "`LOCAL_RANK`. NCCL does not check sizes, so such a job may run on and "
+                "diverge silently. TORCH_DISTRIBUTED_DEBUG=DETAIL names the first call that "
+                "differs (slowly: run it on a short job).",
+                {"seq": seq, "source": "fingerprint", "mark_level": level,
+                 "fingerprints": {str(r): fp for r, (fp, _) in sorted(seen.items())}},
+                at, key="fingerprint"))
+            done.add(group)
+            break
     return out
