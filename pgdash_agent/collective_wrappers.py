@@ -278,7 +278,7 @@ class CollectiveWrappers:
             if not p2p and seq > track.completed:
                 track.completed = seq
                 track.done_root = root
-                track.inflight = None
+                track.done, track.inflight = track.inflight, None
             if len(records) < cap:
                 records.append((track, op, nbytes, t0, clock(), lo, hi))
             else:

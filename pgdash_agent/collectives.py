@@ -41,6 +41,10 @@ class GroupTrack:
     # the collective numbered ``completed``, None for one without: what ranks that are past a
     # collective say about it when two ranks inside it disagree on the root (rules.desync)
     done_root: int | None = None
+    # (op, dtype, bytes, root) of the collective numbered ``completed``: a collective that
+    # raises is reported with it (rules.desync: the rank whose size changed from its call
+    # before, in a size mismatch that aborted another rank)
+    done: tuple | None = None
     inflight_since: float = 0.0  # perf_counter() at enter
     # The backend's sequence number (``pg._get_sequence_number_for_group``), read around each
     # wrapped collective so that the Flight Recorder's entries of it are not counted again
@@ -242,7 +246,7 @@ class CollectiveTracker:
                    "inflight_since": round(perf_to_wall(track.inflight_since), 6) if busy
                    else None}
             if busy:  # the signature ranks must agree on at this sequence number (desync)
-                row["inflight_dtype"] = _dtype_name(inflight[1])
+                row["inflight_dtype"] = dtype_name(inflight[1])
                 row["inflight_bytes"] = inflight[2]
                 if inflight[3] is not None:
                     row["inflight_root"] = inflight[3]
@@ -296,6 +300,6 @@ def _sequence_reader(pg: Any, track: GroupTrack) -> Callable[[], int] | None:
     return reader
 
 
-def _dtype_name(dtype: Any) -> str | None:
+def dtype_name(dtype: Any) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 

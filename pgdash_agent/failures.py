@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 from pgdash_agent import frames as pyframes
 from pgdash_agent import wire
-from pgdash_agent.collectives import GroupTrack
+from pgdash_agent.collectives import GroupTrack, dtype_name
 from pgdash_agent.outbox import Outbox
 
 
@@ -124,9 +124,16 @@ class FailureReports:
                          exc: BaseException) -> None:
         """A wrapped collective raised (the tracker's ``on_error``; training thread)."""
         try:
-            self.outbox.put(time.time(), "error", {
-                "where": "collective", "error_type": type(exc).__name__,
-                "error": error_text(exc), "group": track.name, "op": op, "seq": seq})
+            body = {"where": "collective", "error_type": type(exc).__name__,
+                    "error": error_text(exc), "group": track.name, "op": op, "seq": seq}
+            inflight, done = track.inflight, track.done
+            if inflight is not None and inflight[0] == op and seq == track.entered:
+                # what it was called with, and the call before it on the group: in a size
+                # mismatch the rank whose size changed is the odd one (rules.desync)
+                body["dtype"], body["bytes"] = dtype_name(inflight[1]), inflight[2]
+                if done is not None:
+                    body["before"] = [done[0], dtype_name(done[1]), done[2]]
+            self.outbox.put(time.time(), "error", body)
         except Exception:
             pass
 

@@ -364,6 +364,12 @@ class Error(_Shape):
     # above its traceback, and the first is often the reason (a full disk under torch.save's
     # own error).
     causes: Optional[_limited(list[ErrorCause], max_length=MAX_CAUSES)] = None
+    # Optional (newer agents), for a collective that raised: its dtype and bytes, and the
+    # collective the rank completed before it on the group, [op, dtype, bytes] (rules.desync:
+    # in a size mismatch that aborted another rank, the rank whose size changed is odd).
+    dtype: Optional[_Name] = None
+    bytes: Optional[_Count] = None
+    before: Optional[tuple[_Name, Optional[_Name], _Count]] = None
 
 
 class Stack(_Shape):

@@ -337,11 +337,12 @@ class Fold:
         for row in body["groups"]:
             key = (row["group"], r.rank)
             old = self.progress.get(key)
-            self.progress[key] = dict(row, t=t)
+            stored = self.progress[key] = dict(row, t=t)
+            marks = stored.pop("fp", None)  # (kept apart: self.fingerprints)
             if not moved:
                 moved = _counts(row) != (_counts(old) if old is not None else _NO_COUNTS)
-            if row.get("fp"):
-                note_fingerprints(self.fingerprints, row["group"], r.rank, row["fp"], t)
+            if marks:
+                note_fingerprints(self.fingerprints, row["group"], r.rank, marks, t)
             if row.get("fr_samples"):
                 tallies = self.fr_tallies.get(key)
                 if tallies is None:

@@ -969,3 +969,44 @@ def test_ranks_with_the_same_fingerprints_are_quiet():
         for r in range(3):
             fingerprint_beat(log, r, t + r * 0.1, seq, seq * 11)
     assert diagnose(log.state(), 112.0, S) == []
+
+
+RESET = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+         "[127.0.0.1]:34007: Connection reset by peer.")
+
+
+def size_mismatch(log, sizes, lost, at=105.0):
+    """Rank ``lost`` vanishes (gloo's SIGABRT) inside reduce_scatter #80; the others' calls
+    fail on its closed connection, each reported with its size and its call before."""
+    log.add(f"s{lost}", "disconnect", {}, t=at)
+    for r, nbytes in sizes.items():
+        log.add(f"s{r}", "error", {
+            "where": "collective", "error_type": "RuntimeError", "error": RESET,
+            "group": "0", "op": "reduce_scatter_single", "seq": 80, "dtype": "float32",
+            "bytes": nbytes, "before": ["reduce_scatter_single", "float32", 3072]},
+            t=at + 0.001)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=at + 0.01)
+
+
+def test_a_rank_whose_size_changed_is_named_not_the_rank_gloo_aborted_over_it():
+    """Rank 0 pads its reduce_scatter input to 3,168 bytes; rank 2 receives its larger chunk
+    and gloo aborts it (corpus: reduce_scatter_size_mismatch). Ranks 0 and 1 fail; rank 0's
+    size changed from its call before, rank 1's did not."""
+    log = running(3)
+    size_mismatch(log, {0: 3168, 1: 3072}, lost=2)
+    found = diagnose(log.state(), 108.0, S)
+    assert kinds(found) == [("desync", [0])], found
+    (f,) = found
+    assert f["summary"].startswith("Rank 0 called reduce_scatter_single #80 on group 0 with "
+                                   "3168 bytes (float32), where rank 1 and its own call "
+                                   "before used 3072 bytes (float32); rank 2 then vanished")
+    assert f["evidence"]["aborted"] == [2]
+
+
+def test_a_rank_aborted_over_its_own_size_stays_the_lost_rank():
+    """Rank 2's gradient is smaller and gloo aborts rank 2 itself (corpus:
+    allreduce_size_mismatch): the others' sizes agree with their calls before, so no size
+    names anyone else, and rank 2 is the lost rank."""
+    log = running(3)
+    size_mismatch(log, {0: 3072, 1: 3072}, lost=2)
+    assert kinds(diagnose(log.state(), 108.0, S)) == [("rank_lost", [2])]
