@@ -52,13 +52,14 @@ def test_every_rank_still_outside_collectives_is_a_stall_then_a_hang():
     log = running(3)
     n = steps(log, 3, 101.0, 130.0)
     still(log, 3, 131.0, 200.0, n)
-    assert diagnose(log.state(), 159.0, S) == []  # 29 s after the last move: not yet
+    # No rank works (no CPU, no I/O): nothing is on its way, so --stall-after, 10 s.
+    assert diagnose(log.state(), 139.0, S) == []  # 9 s after the last move: not yet
     still(log, 3, 201.0, 440.0, n)
-    (f,) = diagnose(log.state(), 161.0, S)
+    (f,) = diagnose(log.state(), 141.0, S)
     assert (f["kind"], f["severity"], f["ranks"]) == ("stall", "warning", [])  # asked first
-    assert f["summary"].startswith("No rank has entered a collective for 31 s")
-    assert f["first_seen"] == 160.0 and "NFS" in f["hint"]
-    (f,) = diagnose(log.state(), 176.0, S)  # no snapshot came: every rank
+    assert f["summary"].startswith("No rank has entered a collective for 11 s")
+    assert f["first_seen"] == 140.0 and "NFS" in f["hint"]
+    (f,) = diagnose(log.state(), 156.0, S)  # no snapshot came: every rank
     assert (f["kind"], f["severity"], f["ranks"]) == ("stall", "warning", [0, 1, 2])
     (f,) = diagnose(log.state(), 431.0, S)  # five minutes: critical
     assert (f["kind"], f["severity"], f["first_seen"]) == ("hang", "critical", 430.0)
@@ -96,6 +97,22 @@ def test_ranks_that_work_without_collectives_are_not_still():
     assert kinds(diagnose(log.state(), 191.0, S)) == [("stall", [])]
 
 
+def test_a_job_where_one_rank_works_gives_it_the_barriers_30_s():
+    """Rank 0 writes a checkpoint (a core busy) while ranks 1 and 2 wait for it in
+    store.get: as long as a barrier would give it (corpus: store_wait_rank0_spins, and rank
+    0's checkpoint when it is healthy)."""
+    log = running(3)
+    n = steps(log, 3, 101.0, 130.0)
+    t = 131.0
+    while t <= 200.0:
+        beat(log, 0, t, n, cores=1.0)
+        for r in (1, 2):
+            beat(log, r, t, n)
+        t += 1.0
+    assert diagnose(log.state(), 159.0, S) == []
+    assert kinds(diagnose(log.state(), 161.0, S)) == [("stall", [])]
+
+
 def test_a_rank_inside_a_collective_is_the_hang_rules_ground():
     log = running(3)
     n = steps(log, 3, 101.0, 130.0)
@@ -124,7 +141,7 @@ def test_snapshots_name_the_rank_away_from_where_the_others_wait():
     log = running(3)
     n = steps(log, 3, 101.0, 130.0)
     still(log, 3, 131.0, 195.0, n)
-    assert kinds(diagnose(log.state(), 161.0, S)) == [("stall", [])]
+    assert kinds(diagnose(log.state(), 141.0, S)) == [("stall", [])]
     for r in (1, 2):
         snapshot(log, r, 192.0, 33, "shards = store.get(f'shards/{epoch}')")
     snapshot(log, 0, 192.1, 29, "time.sleep(1)")

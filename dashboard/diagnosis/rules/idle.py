@@ -28,8 +28,9 @@ from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import agree, ranks_label, stack_commands, them
 from dashboard.state import JobState, RankState
 
-# A pause this many times the job's longest so far is a stall (at least the 30 s a stall in
-# a barrier waits: ranks that wait for rank 0's checkpoint or evaluation) ...
+# A pause this many times the job's longest so far is a stall (at least --stall-after where
+# no rank works, and the 30 s a stall in a barrier waits where one does: ranks that wait for
+# rank 0's checkpoint or evaluation) ...
 PAUSE_FACTOR = 3.0
 # ... and a hang once it lasted this many times --hang-after (a long evaluation or checkpoint
 # the job never paused for before stays a warning meanwhile).
@@ -52,8 +53,8 @@ def idle(state: JobState, now: float, s: Settings, stopping: bool = False) -> li
     if not moved:
         return []
     quiet_since = max(moved.values())  # (cheap first: most judgements end here)
-    stall_after = max(s.stall_barrier_after, PAUSE_FACTOR * state.longest_pause)
-    if now - quiet_since < stall_after:
+    pause = PAUSE_FACTOR * state.longest_pause
+    if now - quiet_since < max(s.stall_after, pause):
         return []
     ranks = state.ranks()
     if len(ranks) < (state.world_size or 0) or any(
@@ -62,18 +63,23 @@ def idle(state: JobState, now: float, s: Settings, stopping: bool = False) -> li
     # How long every rank's heartbeats have shown its counts still (a silent rank shows
     # nothing: rank_lost's ground; a server behind its agents judges what it has read) ...
     quiet = min(now, min(r.last_seen for r in ranks)) - quiet_since
-    if quiet < stall_after:
-        return []
     # ... while they are not all working (older agents say nothing of their CPU: for them,
-    # the hang's threshold) ...
+    # the hang's threshold). Where none works (no CPU, no I/O anywhere) nothing can be on its
+    # way: --stall-after; where one does (rank 0 writing a checkpoint while the others wait
+    # for it in store.get), the 30 s a barrier gives it ...
     use = {r.rank: _use(state, r.rank) for r in ranks}
-    if all(u is not None and (u[0] >= BUSY_CORES or u[1] >= BUSY_IO_BPS)
-           for u in use.values()):
+    working = [u is not None and (u[0] >= BUSY_CORES or u[1] >= BUSY_IO_BPS)
+               for u in use.values()]
+    if all(working):
         return []
     if any(u is None for u in use.values()):
-        stall_after = max(stall_after, s.hang_after)
-        if quiet < stall_after:
-            return []
+        stall_after = max(s.hang_after, pause)
+    elif any(working):
+        stall_after = max(s.stall_barrier_after, pause)
+    else:
+        stall_after = max(s.stall_after, pause)
+    if quiet < stall_after:
+        return []
     # ... and none is inside a collective or a point-to-point op (the hang rules' ground).
     if any(_inside(row) for row in state.progress.values()):
         return []
