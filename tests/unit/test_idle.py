@@ -256,3 +256,19 @@ def test_the_agent_names_the_threads_that_keep_a_process_alive_after_its_script(
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=60, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
     assert out.stdout.strip() == "['metrics-uploader']", out
+
+
+def test_an_exit_handler_that_runs_long_is_given_a_barriers_30_s():
+    """No non-daemon thread: the interpreter runs its exit handlers (a logger uploading its
+    last records, slowly): named only after 30 s."""
+    log = running(2)
+    n = steps(log, 2, 101.0, 149.0)
+    log.add("s0", "exit", {"clean": True, "reason": "exit", "exitcode": 0}, t=150.0)
+    t = 150.0
+    while t <= 200.0:
+        ended(log, 1, t, n, holding=())
+        t += 1.0
+    assert diagnose(log.state(), 179.0, S) == []
+    (f,) = diagnose(log.state(), 181.0, S)
+    assert (f["kind"], f["ranks"], f["first_seen"]) == ("stall", [1], 180.0)
+    assert "no Python thread holds it" in f["summary"]

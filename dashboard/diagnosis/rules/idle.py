@@ -127,7 +127,8 @@ def exit_held(state: JobState, now: float, s: Settings) -> list[Finding]:
     """Ranks whose script ended (the main thread returned) while their process lives on, for
     as long as a stall: Python waits for every non-daemon thread before it exits (a metrics
     uploader blocked on a queue nobody closes), so the launcher waits for the process, and
-    the job never ends. Named after --stall-after (10 s), critical after HANG_FACTOR x
+    the job never ends. Named after --stall-after (10 s; 30 s where no thread holds it: an
+    exit handler, such as a logger's last upload, runs), critical after HANG_FACTOR x
     --hang-after, as the idle job. A process that works meanwhile (a last upload, a checkpoint written
     by a thread) is not held: like the idle rule, a quarter of a core or 1 MB/s of I/O."""
     held = {}
@@ -137,7 +138,9 @@ def exit_held(state: JobState, now: float, s: Settings) -> list[Finding]:
             continue
         waited = min(now, r.last_seen) - done[0]
         span = done[3] - done[0]
-        if waited < s.stall_after or (span >= 5.0 and (
+        # No thread holds it: an exit handler runs (a logger's last upload): a barrier's 30 s
+        after = s.stall_after if r.holding else s.stall_barrier_after
+        if waited < after or (span >= 5.0 and (
                 (done[4] - done[1]) / span >= BUSY_CORES
                 or (done[5] - done[2]) / span >= BUSY_IO_BPS)):
             continue
@@ -165,8 +168,9 @@ def exit_held(state: JobState, now: float, s: Settings) -> list[Finding]:
             "an Event it checks, then `join()` it), or start it with `daemon=True` if its work "
             f"may be lost at exit. {stack_commands(state, ranks).capitalize()} show where it "
             "waits.")
-    first_seen = max(r.main_done[0] for _, r in held.values()) + (
-        HANG_FACTOR * s.hang_after if critical else s.stall_after)
+    first_seen = max(r.main_done[0] + (HANG_FACTOR * s.hang_after if critical else
+                                       s.stall_after if r.holding else s.stall_barrier_after)
+                     for _, r in held.values())
     return [finding(kind, severity, ranks, None, summary, hint,
                     {"main_done_at": {str(k): r.main_done[0] for k, (_, r) in held.items()},
                      "holding": {str(k): list(r.holding) for k, (_, r) in held.items()}},
