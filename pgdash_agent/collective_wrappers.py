@@ -25,7 +25,7 @@ import threading
 import zlib
 from typing import Any, Callable
 
-from pgdash_agent.collectives import CollectiveTracker, GroupTrack
+from pgdash_agent.collectives import SIZED, CollectiveTracker, GroupTrack
 
 # op name -> (payload parameter, payload is a list of tensors, point-to-point, always async)
 OPS: dict[str, tuple[str | None, bool, bool, bool]] = {
@@ -59,11 +59,6 @@ P2P_PEER = {"send": ("dst", "group_dst", "send"), "isend": ("dst", "group_dst", 
             "recv": ("src", "group_src", "recv"), "irecv": ("src", "group_src", "recv")}
 MAX_P2P_KEYS = 64  # (direction, peer, tag) counts kept per group; more peers are not matched
 
-# Collectives whose payload size every rank must match: its bytes go into the fingerprint.
-# (all_gather's and all_to_all's may differ by rank: uneven gathers, MoE token splits.)
-SIZED = frozenset({"broadcast", "all_reduce", "all_reduce_coalesced", "reduce",
-                   "all_gather_single", "gather", "scatter", "reduce_scatter",
-                   "reduce_scatter_single"})
 # The fingerprint's marks: after each collective numbered a multiple of 16, 256, 4,096 (a
 # heartbeat a second sees the same mark on every rank at 1 to ~2,000 collectives a second).
 FP_MASKS = (15, 255, 4095)

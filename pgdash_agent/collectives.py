@@ -23,6 +23,13 @@ from pgdash_agent.wire import LatencySummary
 
 
 RECENT_COLLECTIVES = 256  # collectives a snapshot shows, the newest (all groups together)
+# Collectives whose payload size every rank must match: their bytes go into the call
+# fingerprint and into what a failure reports of its last calls (all_gather's and
+# all_to_all's may differ by rank: uneven gathers, MoE token splits).
+SIZED = frozenset({"broadcast", "all_reduce", "all_reduce_coalesced", "reduce",
+                   "all_gather_single", "gather", "scatter", "reduce_scatter",
+                   "reduce_scatter_single"})
+MAX_LAST_CALLS = 8  # groups whose last collective a failure reports
 
 
 @dataclass(eq=False, slots=True)
@@ -271,6 +278,15 @@ class CollectiveTracker:
             rows.append(row)
         return rows
 
+    def last_calls(self) -> list[list]:
+        """[group, seq, op, dtype, bytes] of the last collective completed on each group
+        (MAX_LAST_CALLS at most, the most recently used first): what a failure reports, so
+        that ranks that fail together after a collective whose sizes disagreed tell the odd
+        one (rules.desync)."""
+        tracks = sorted((t for t in list(self.by_name.values()) if t.done is not None),
+                        key=lambda t: -t.inflight_since)[:MAX_LAST_CALLS]
+        return [[t.name, t.completed, *call_signature(t.done)] for t in tracks]
+
     def stuck(self, older_than: float) -> list[GroupTrack]:
         """Groups whose collective in flight entered more than ``older_than`` seconds ago."""
         now = self.clock()
@@ -298,6 +314,12 @@ def _sequence_reader(pg: Any, track: GroupTrack) -> Callable[[], int] | None:
     if "gloo" in str(track.backend or "") and "nccl" not in str(track.backend):
         return lambda: reader() - track.p2p
     return reader
+
+
+def call_signature(call: tuple) -> list:
+    """[op, dtype, bytes] of an (op, dtype, bytes, root) a wrapper kept; bytes 0 for a
+    collective whose size may differ by rank (not in SIZED)."""
+    return [call[0], dtype_name(call[1]), call[2] if call[0] in SIZED else 0]
 
 
 def dtype_name(dtype: Any) -> str | None:

@@ -71,6 +71,7 @@ class Agent:
         self.failures = FailureReports(self.outbox, self.pid, self.detach)
         self.tracker = CollectiveTracker(describe_group, self.failures.collective_error,
                                          config.max_records)
+        self.failures.last_calls = self.tracker.last_calls
         self.wrappers = CollectiveWrappers(self.tracker)
         kwargs = {"client_factory": client_factory} if client_factory else {}
         self.sender = Sender(config, self.outbox, self._auth,

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 from pgdash_agent import frames as pyframes
 from pgdash_agent import wire
-from pgdash_agent.collectives import GroupTrack, dtype_name
+from pgdash_agent.collectives import GroupTrack, call_signature
 from pgdash_agent.outbox import Outbox
 
 
@@ -98,6 +98,8 @@ class FailureReports:
         self.failed = False
         self.exitcode: int | None = None  # the program's exit status, when it is known
         self._reported: BaseException | None = None  # the last exception reported uncaught
+        # The tracker's last_calls (set once it exists): an uncaught error reports them.
+        self.last_calls: Callable[[], list] | None = None
         self._exit = sys.exit
 
     def install(self) -> None:
@@ -130,9 +132,9 @@ class FailureReports:
             if inflight is not None and inflight[0] == op and seq == track.entered:
                 # what it was called with, and the call before it on the group: in a size
                 # mismatch the rank whose size changed is the odd one (rules.desync)
-                body["dtype"], body["bytes"] = dtype_name(inflight[1]), inflight[2]
-                if done is not None:
-                    body["before"] = [done[0], dtype_name(done[1]), done[2]]
+                _, body["dtype"], body["bytes"] = call_signature(inflight)
+                if done is not None and track.completed == seq - 1:
+                    body["before"] = call_signature(done)
             self.outbox.put(time.time(), "error", body)
         except Exception:
             pass
@@ -163,6 +165,9 @@ class FailureReports:
                 causes = error_causes(exc)
                 if causes:
                     body["causes"] = causes
+                calls = self.last_calls() if self.last_calls is not None else None
+                if calls:  # what it called last: ranks that fail together compare them
+                    body["last"] = calls
                 # A KeyboardInterrupt too: someone stopped the job (Ctrl-C, a launcher's
                 # SIGINT), and the server must not take the unclean exit for a failure.
                 self.outbox.put(time.time(), "error", body)

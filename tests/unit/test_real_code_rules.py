@@ -998,9 +998,49 @@ def test_a_rank_whose_size_changed_is_named_not_the_rank_gloo_aborted_over_it():
     assert kinds(found) == [("desync", [0])], found
     (f,) = found
     assert f["summary"].startswith("Rank 0 called reduce_scatter_single #80 on group 0 with "
-                                   "3168 bytes (float32), where rank 1 and its own call "
-                                   "before used 3072 bytes (float32); rank 2 then vanished")
-    assert f["evidence"]["aborted"] == [2]
+                                   "3168 bytes (float32), where rank 1 called "
+                                   "reduce_scatter_single with 3072 bytes (float32); ranks "
+                                   "1, 2 then failed or vanished")
+    assert f["evidence"]["consequences"] == [1, 2]
+
+
+def test_ranks_that_fail_on_what_the_odd_rank_broadcast_are_its_consequences():
+    """Rank 0 broadcasts a list of 2 objects where ranks 1 and 2 expect 3 (corpus:
+    broadcast_object_list_len_mismatch): gloo accepts the shorter size broadcast, ranks 1 and
+    2 fail on the garbage sizes with errors of their own, rank 0's next broadcast fails on
+    their closed connections. Their last collectives (#105) outvote rank 0's call before."""
+    log = running(3)
+    for r, error in ((1, "UnpicklingError"), (2, "RuntimeError")):
+        log.add(f"s{r}", "error", {"where": "uncaught", "error_type": error, "error": "x",
+                                   "last": [["0", 105, "broadcast", "int64", 24]]}, t=105.0)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.01)
+    # Two ranks failed at once with different errors while rank 0 runs: held a second for
+    # its report, then named if none came.
+    assert diagnose(log.state(), 105.3, S) == []
+    assert kinds(diagnose(log.state(), 106.1, S)) == [("rank_failed", [1]),
+                                                      ("rank_failed", [2])]
+    log.add("s0", "error", {"where": "collective", "error_type": "RuntimeError",
+                            "error": CLOSED, "group": "0", "op": "broadcast", "seq": 106,
+                            "dtype": "uint8", "bytes": 91,
+                            "before": ["broadcast", "int64", 16]}, t=105.4)
+    log.add("s0", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.5)
+    found = diagnose(log.state(), 108.0, S)
+    assert kinds(found) == [("desync", [0])], found
+    assert found[0]["summary"].startswith("Rank 0 called broadcast #105 on group 0 with 16 "
+                                          "bytes (int64), where ranks 1, 2 called broadcast "
+                                          "with 24 bytes (int64)")
+    assert found[0]["evidence"]["consequences"] == [1, 2]
+
+
+def test_ranks_that_crash_alike_after_the_same_collectives_name_no_desync():
+    log = running(3)
+    for r in range(3):
+        log.add(f"s{r}", "error", {"where": "uncaught", "error_type": "ValueError",
+                                   "error": "bad config",
+                                   "last": [["0", 7, "all_reduce", "float32", 4096]]}, t=105.0)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.01)
+    found = diagnose(log.state(), 108.0, S)
+    assert found and not [f for f in found if f["kind"] == "desync"], found
 
 
 def test_a_rank_aborted_over_its_own_size_stays_the_lost_rank():
@@ -1010,3 +1050,27 @@ def test_a_rank_aborted_over_its_own_size_stays_the_lost_rank():
     log = running(3)
     size_mismatch(log, {0: 3072, 1: 3072}, lost=2)
     assert kinds(diagnose(log.state(), 108.0, S)) == [("rank_lost", [2])]
+
+
+def test_a_victims_error_waits_a_moment_for_the_peer_whose_end_it_met():
+    """Rank 0's all_to_all fails on a reset connection 24 ms before rank 1's (gloo's abort)
+    closes (corpus: alltoall_split_mismatch): rank 1's loss, not rank 0, is the verdict."""
+    log = running(3)
+    log.add("s0", "error", {"where": "collective", "error_type": "RuntimeError",
+                            "error": RESET, "group": "0", "op": "all_to_all_single",
+                            "seq": 146}, t=105.0)
+    log.add("s0", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.01)
+    assert diagnose(log.state(), 105.02, S) == []
+    log.add("s1", "disconnect", {}, t=105.024)
+    log.add("s2", "heartbeat", {"groups": []}, t=107.9)  # (the server hears on)
+    assert kinds(diagnose(log.state(), 108.0, S)) == [("rank_lost", [1])]
+
+
+def test_a_victim_whose_peer_never_reports_is_named_after_the_wait():
+    log = running(3)
+    log.add("s0", "error", {"where": "collective", "error_type": "RuntimeError",
+                            "error": RESET, "group": "0", "op": "all_reduce", "seq": 9},
+            t=105.0)
+    log.add("s0", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.01)
+    assert diagnose(log.state(), 105.9, S) == []
+    assert kinds(diagnose(log.state(), 106.1, S)) == [("rank_failed", [0])]

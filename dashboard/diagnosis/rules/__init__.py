@@ -54,11 +54,12 @@ def diagnose(state: JobState, now: float, settings: Settings = Settings()) -> li
                       f"{RULE_ERRORS[rule.__name__]} time(s)), its findings left out; please "
                       f"report this:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
     desyncs = {f["group"] for f in found if f["kind"] == "desync"}
-    # A size mismatch that gloo aborted a rank over: that rank is the desync's consequence.
-    aborted = {r for f in found if f["kind"] == "desync"
-               for r in f["evidence"].get("aborted") or ()}
+    # Ranks a size mismatch ended (gloo aborted them, or they failed on what they received)
+    # are the desync's consequences.
+    ended = {r for f in found if f["kind"] == "desync"
+             for r in f["evidence"].get("consequences") or ()}
     found = [f for f in found if not (f["kind"] in ("rank_lost", "rank_failed")
-                                      and f["ranks"] and set(f["ranks"]) <= aborted)]
+                                      and f["ranks"] and set(f["ranks"]) <= ended)]
     # A mismatched collective usually hangs every rank of its group on gloo: say desync, not
     # hang (whichever view's sequence number the hang was seen at).
     found = [f for f in found if not (f["kind"] in ("hang", "stall") and f["group"] in desyncs)]

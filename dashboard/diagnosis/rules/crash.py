@@ -33,6 +33,10 @@ LOST_TOGETHER_S = 1.0
 # DDP's model check is raised by every rank: a tie of the first reports waits this long for
 # the rest to outvote it (they come within milliseconds of each other unless a rank died).
 DDP_VOTE_WAIT_S = 2.0
+# Ranks that failed this close together with different errors, or only on a peer's end, wait
+# TOGETHER_WAIT_S for a peer that still runs to report what ended them (_together_pending).
+FAILED_TOGETHER_S = 0.1
+TOGETHER_WAIT_S = 1.0
 
 # Ranks of one host whose heartbeats stopped this close together (connections open), none
 # read from outside, went silent with their host: a heartbeat a second, so one period apart.
@@ -411,10 +415,22 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         if culprits and not held:
             return []  # nobody to name before the vote closes
         culprits = held
+    held = _together_pending(state, culprits, causes, now)
+    if culprits and not held:
+        return []  # a peer's report may show what ended them all (rules.desync)
+    culprits = held
     victims = [r for r in failed if r not in culprits]
     if not culprits and not lost:
-        # Everyone who failed was waiting on a peer: blame the first to fail, say so.
-        culprits = [min(victims, key=lambda r: (causes[r.rank][0] or {}).get("t", r.exit_at or 0))]
+        # Everyone who failed was waiting on a peer: blame the first to fail, say so; but not
+        # while a rank still runs, for TOGETHER_WAIT_S: the peer whose end they met is
+        # likely that rank, its disconnect on its way (alltoall_split_mismatch: a victim's
+        # error came 24 ms before the aborted rank's connection closed).
+        first = min(victims, key=lambda r: (causes[r.rank][0] or {}).get("t", r.exit_at or 0))
+        began = (causes[first.rank][0] or {}).get("t", first.exit_at or now)
+        if now - began < TOGETHER_WAIT_S and any(r.status == RankStatus.RUNNING
+                                                  for r in state.ranks()):
+            return []
+        culprits = [first]
         victims = [r for r in victims if r is not culprits[0]]
     out = []
     for alike in _alike(culprits, causes):
@@ -506,6 +522,25 @@ def _ddp_vote_pending(state: JobState, culprits: list[RankState],
             now - min(raised) >= DDP_VOTE_WAIT_S:
         return culprits
     return [r for r in culprits if not voting(r)]
+
+
+def _together_pending(state: JobState, culprits: list[RankState],
+                      causes: dict[int, tuple[Any, Any]], now: float) -> list[RankState]:
+    """The culprits less those that failed within FAILED_TOGETHER_S of another with another
+    error, while a rank of the job still runs, for TOGETHER_WAIT_S after the last of them:
+    ranks that fail at the same instant with different errors were likely ended by one thing
+    (a broadcast_object_list of another length on the rank still running: its receivers
+    fail unpickling garbage), and that rank's report, a moment later, says which
+    (rules.desync). bench/corpus/broadcast_object_list_len_mismatch.py: ranks 1 and 2 failed
+    0.43 s before rank 0's broadcast failed on their closed connections."""
+    raised = {r.rank: causes[r.rank][0] for r in culprits if causes[r.rank][0]}
+    together = {rank for rank, err in raised.items() if any(
+        other != rank and abs(e["t"] - err["t"]) <= FAILED_TOGETHER_S
+        and e.get("error_type") != err.get("error_type") for other, e in raised.items())}
+    if not together or now - max(raised[r]["t"] for r in together) >= TOGETHER_WAIT_S or \
+            not any(r.status == RankStatus.RUNNING for r in state.ranks()):
+        return culprits
+    return [r for r in culprits if r.rank not in together]
 
 
 def _odd_models(causes: dict[int, tuple[Any, Any]]) -> set[int]:

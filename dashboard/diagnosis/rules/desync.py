@@ -6,7 +6,7 @@ import collections
 
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
-from dashboard.diagnosis.text import agree, group_label, ranks_label
+from dashboard.diagnosis.text import group_label, ranks_label
 from dashboard.state import JobState
 
 
@@ -16,67 +16,92 @@ CPP = "a C++ collective"  # DDP's or FSDP's, seen only by the Flight Recorder
 def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = _inside(state, now, s)
     seen = {f["group"] for f in out}
-    out += [f for f in _failed_sizes(state) if f["group"] not in seen]
+    out += [f for f in _failed_together(state) if f["group"] not in seen]
     seen = {f["group"] for f in out}
     return out + [f for f in _fingerprints(state) if f["group"] not in seen]
 
 
-# How far from the failed calls a rank that vanished counts as aborted by the mismatch.
+# How far from the failures compared a rank that failed or vanished counts as their consequence.
 ABORT_SLACK_S = 2.0
 
 
-def _failed_sizes(state: JobState) -> list[Finding]:
-    """Ranks whose collective raised at the same number as their peers' with another size,
-    where theirs changed from their own call before it (the same op) and the peers' did not.
-    gloo aborts the rank that receives more than it expects (SIGABRT, before its agent can
-    say anything): the receiver of the odd rank's chunk, not always the odd rank, vanishes,
-    and the others' calls fail on its closed connection. The ranks that vanished then are in
-    ``evidence.aborted``: consequences, not findings of their own (rules.diagnose)."""
-    by_call: dict[tuple[str, int], dict[int, dict]] = collections.defaultdict(dict)
+def _failed_together(state: JobState) -> list[Finding]:
+    """Ranks that failed after calling a collective with another size (or op, or dtype) than
+    their peers at the same number. Each failure reports what it knows: a collective that
+    raised, its own call and the one before it; an exception that ended the program, the
+    last collective completed on each group. A size mismatch often ends a peer, not the odd
+    rank: gloo aborts the rank that receives more than it expects (SIGABRT, before its agent
+    says anything); a broadcast_object_list of another length hands its receivers garbage
+    sizes, and they fail unpickling it. So the ranks are compared at each collective number
+    the failures reported: the minority is named, or, without a majority, the ranks whose
+    call changed from their own call before while the others' did not. The ranks that failed
+    or vanished within ABORT_SLACK_S are its consequences (``evidence.consequences``), not
+    findings of their own (rules.diagnose)."""
+    calls: dict[tuple[str, int], dict[int, tuple]] = collections.defaultdict(dict)
+    changed: dict[tuple[str, int], dict[int, bool]] = collections.defaultdict(dict)
+    times: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     for e in state.errors:
-        if (e.get("where") == "collective" and e.get("bytes") is not None
-                and e.get("rank") is not None and e.get("attempt", 0) == state.attempt):
-            by_call[(e["group"], e["seq"])].setdefault(e["rank"], e)
-    out = []
-    for (group, seq), errors in sorted(by_call.items(), key=lambda kv: (str(kv[0][0]),
-                                                                       kv[0][1])):
-        sig = {r: (e["op"], e.get("dtype"), e["bytes"]) for r, e in errors.items()}
-        before = {r: tuple(e["before"]) if e.get("before") else None
-                  for r, e in errors.items()}
-        if len(set(sig.values())) < 2 or any(
-                b is None or b[0] != sig[r][0] for r, b in before.items()):
-            continue  # one size, or a call before it of another op: nothing to compare
-        changed = sorted(r for r in errors if before[r] != sig[r])
-        steady = sorted(r for r in errors if r not in changed)
-        if not changed or not steady or len({sig[r] for r in steady}) > 1 or \
-                any(sig[r] == sig[steady[0]] for r in changed):
+        r = e.get("rank")
+        if r is None or e.get("attempt", 0) != state.attempt:
             continue
-        times = [e["t"] for e in errors.values()]
-        aborted = sorted(r.rank for r in state.ranks() if r.rank not in errors
-                         and r.status in (RankStatus.LOST, RankStatus.FAILED)
-                         and r.exit_at is not None
-                         and min(times) - ABORT_SLACK_S <= r.exit_at <= max(times) + ABORT_SLACK_S)
-        op, dtype, nbytes = sig[changed[0]]
-        usual = sig[steady[0]]
-        summary = (f"{ranks_label(changed).capitalize()} called {op} #{seq} on "
+        reported = []
+        if e.get("where") == "collective" and e.get("bytes") is not None:
+            sig = (e["op"], e.get("dtype"), e["bytes"])
+            reported.append((e["group"], e["seq"], sig))
+            if e.get("before"):
+                before = tuple(e["before"])
+                reported.append((e["group"], e["seq"] - 1, before))
+                if before[0] == sig[0]:
+                    changed[(e["group"], e["seq"])][r] = before != sig
+        for group, seq, op, dtype, nbytes in e.get("last") or ():
+            reported.append((group, seq, (op, dtype, nbytes)))
+        for group, seq, sig in reported:
+            calls[(group, seq)].setdefault(r, sig)
+            times[(group, seq)].append(e["t"])
+    out = []
+    named: set[str] = set()
+    for (group, seq), sigs in sorted(calls.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        if group in named or len(set(sigs.values())) < 2:
+            continue
+        members = (state.groups.get(group) or {}).get("ranks") or ()
+        counts = collections.Counter(sigs.values())
+        top, n = counts.most_common(1)[0]
+        if n * 2 > len(members):
+            odd = sorted(r for r, sig in sigs.items() if sig != top)
+        else:  # no majority: the ranks whose call changed while the others' did not
+            moved = changed.get((group, seq), {})
+            odd = sorted(r for r in sigs if moved.get(r))
+            steady = [r for r in sigs if moved.get(r) is False]
+            if not odd or not steady or len({sigs[r] for r in steady}) > 1 or \
+                    any(sigs[r] == sigs[steady[0]] for r in odd) or \
+                    len(odd) + len(steady) < len(sigs):
+                continue
+            top = sigs[steady[0]]
+        when = times[(group, seq)]
+        consequences = sorted(
+            r.rank for r in state.ranks() if r.rank not in odd and r.rank in members
+            and r.status in (RankStatus.LOST, RankStatus.FAILED) and r.exit_at is not None
+            and min(when) - ABORT_SLACK_S <= r.exit_at <= max(when) + ABORT_SLACK_S)
+        op, dtype, nbytes = sigs[odd[0]]
+        others = sorted(r for r in sigs if r not in odd)
+        summary = (f"{ranks_label(odd).capitalize()} called {op} #{seq} on "
                    f"{group_label(state, group)} with {nbytes} bytes ({dtype}), where "
-                   f"{ranks_label(steady)} and {agree(changed, 'its', 'their')} own call "
-                   f"before used {usual[2]} bytes ({usual[1]})")
-        if aborted:
-            summary += (f"; {ranks_label(aborted)} then vanished (gloo aborts a rank that "
-                        "receives more than it expects) and the others' calls failed")
+                   f"{ranks_label(others)} called {top[0]} with {top[2]} bytes ({top[1]})")
+        if consequences:
+            summary += (f"; {ranks_label(consequences)} then failed or vanished (a size "
+                        "mismatch ends the ranks that receive what they do not expect)")
         out.append(finding(
-            "desync", Severity.CRITICAL, changed, group, summary + ".",
-            f"{ranks_label(changed).capitalize()} changed the size of its {op} input at "
-            f"collective #{seq}: look for a shape computed per rank there (padding, a layer "
-            "built or skipped on one rank, a flattened buffer of another length). A size "
-            "mismatch kills the rank that receives the larger message, so the rank that "
-            "died is often not the one to fix.",
-            {"seq": seq, "source": "errors", "aborted": aborted,
-             "signatures": {str(r): {"op": v[0], "dtype": v[1], "bytes": v[2],
-                                     "before": list(before[r])}
-                            for r, v in sorted(sig.items())}},
-            max(times), key=f"{seq}size"))
+            "desync", Severity.CRITICAL, odd, group, summary + ".",
+            f"{ranks_label(odd).capitalize()} called collective #{seq} with other arguments "
+            "than its peers: look for a shape or a count computed per rank there (padding, "
+            "a layer built or skipped on one rank, a list of objects of another length, a "
+            "step repeated after an error). A size mismatch kills or corrupts the ranks that "
+            "receive the odd message, so the rank that died is often not the one to fix.",
+            {"seq": seq, "source": "errors", "consequences": consequences,
+             "signatures": {str(r): {"op": v[0], "dtype": v[1], "bytes": v[2]}
+                            for r, v in sorted(sigs.items())}},
+            max(when), key="failed"))
+        named.add(group)
     return out
 
 
