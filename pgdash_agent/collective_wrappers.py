@@ -271,6 +271,7 @@ class CollectiveWrappers:
                 track.fr_open = None
                 return result
             if not p2p and seq > track.completed:
+                track.before = (track.completed, track.done)
                 track.completed = seq
                 track.done_root = root
                 track.done, track.inflight = track.inflight, None

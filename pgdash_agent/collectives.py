@@ -52,6 +52,7 @@ class GroupTrack:
     # raises is reported with it (rules.desync: the rank whose size changed from its call
     # before, in a size mismatch that aborted another rank)
     done: tuple | None = None
+    before: tuple = (0, None)  # (completed, done) as they were before the last completion
     inflight_since: float = 0.0  # perf_counter() at enter
     # The backend's sequence number (``pg._get_sequence_number_for_group``), read around each
     # wrapped collective so that the Flight Recorder's entries of it are not counted again
@@ -279,13 +280,20 @@ class CollectiveTracker:
         return rows
 
     def last_calls(self) -> list[list]:
-        """[group, seq, op, dtype, bytes] of the last collective completed on each group
-        (MAX_LAST_CALLS at most, the most recently used first): what a failure reports, so
-        that ranks that fail together after a collective whose sizes disagreed tell the odd
-        one (rules.desync)."""
+        """[group, seq, op, dtype, bytes] of the last two collectives completed on each group
+        (MAX_LAST_CALLS groups at most, the most recently used first): what a failure
+        reports, so that ranks that fail together after a collective whose sizes disagreed
+        tell the odd one (rules.desync): one that got past that collective before it failed
+        still says what it called there."""
         tracks = sorted((t for t in list(self.by_name.values()) if t.done is not None),
                         key=lambda t: -t.inflight_since)[:MAX_LAST_CALLS]
-        return [[t.name, t.completed, *call_signature(t.done)] for t in tracks]
+        out = []
+        for t in tracks:
+            out.append([t.name, t.completed, *call_signature(t.done)])
+            seq, done = t.before
+            if done is not None and seq:
+                out.append([t.name, seq, *call_signature(done)])
+        return out
 
     def stuck(self, older_than: float) -> list[GroupTrack]:
         """Groups whose collective in flight entered more than ``older_than`` seconds ago."""

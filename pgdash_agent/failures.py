@@ -62,6 +62,76 @@ def _count_sigint(signum: int, frame: Any) -> None:
     held_sigints += 1
 
 
+# The signals schedulers stop (or warn) a job with, whose handlers the program may set.
+# (SIGINT's default raises KeyboardInterrupt, which the agent reports already.)
+STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+
+class SignalWatch:
+    """Wraps the program's own handlers of STOP_SIGNALS so that ``report(name)`` runs first.
+
+    ``signal.signal`` and ``signal.getsignal`` are replaced while the agent is attached: a
+    handler set for one of those signals is installed wrapped, and both give the program's
+    handler back, never the wrapper. Handlers set before the agent attached are wrapped at
+    install. Nothing changes for a signal without a Python handler (its default action, or
+    SIG_IGN): the agent adds no handler of its own, which could not run while the main thread
+    waits inside a collective, and would keep SIGTERM from ending the process."""
+
+    def __init__(self, report: Callable[[str], None]):
+        self.report = report
+        self._set_original = self._get_original = None
+
+    def install(self) -> None:
+        self._set_original, self._get_original = signal.signal, signal.getsignal
+        signal.signal, signal.getsignal = self._set, self._get
+        if threading.current_thread() is threading.main_thread():
+            for name in STOP_SIGNALS:
+                num = getattr(signal, name, None)
+                try:
+                    handler = self._get_original(num) if num is not None else None
+                    if callable(handler) and not hasattr(handler, "__pgdash_signal__"):
+                        self._set_original(num, self._wrap(num, handler))
+                except (OSError, ValueError):
+                    pass
+
+    def uninstall(self) -> None:
+        """Give the functions back; the wrappers stay (they only report, then call)."""
+        if signal.signal == self._set:
+            signal.signal = self._set_original
+        if signal.getsignal == self._get:
+            signal.getsignal = self._get_original
+
+    def _set(self, signalnum: Any, handler: Any) -> Any:
+        if callable(handler) and not hasattr(handler, "__pgdash_signal__") and \
+                _signal_name(signalnum) in STOP_SIGNALS:
+            handler = self._wrap(signalnum, handler)
+        return _unwrapped(self._set_original(signalnum, handler))
+
+    def _get(self, signalnum: Any) -> Any:
+        return _unwrapped(self._get_original(signalnum))
+
+    def _wrap(self, signalnum: Any, handler: Callable) -> Callable:
+        name, report = _signal_name(signalnum), self.report
+
+        def wrapped(signum, frame):
+            report(name)
+            return handler(signum, frame)
+
+        wrapped.__pgdash_signal__ = handler
+        return wrapped
+
+
+def _signal_name(signalnum: Any) -> str | None:
+    try:
+        return signal.Signals(signalnum).name
+    except (ValueError, TypeError):
+        return None
+
+
+def _unwrapped(handler: Any) -> Any:
+    return getattr(handler, "__pgdash_signal__", handler)
+
+
 def error_text(exc: BaseException) -> str:
     return str(exc) or repr(exc)
 
@@ -101,19 +171,38 @@ class FailureReports:
         # The tracker's last_calls (set once it exists): an uncaught error reports them.
         self.last_calls: Callable[[], list] | None = None
         self._exit = sys.exit
+        self.signals = SignalWatch(self.note_signal)
+        self._signalled: set[str] = set()
 
     def install(self) -> None:
-        """Chain ``sys.excepthook``, watch ``sys.exit`` and register the flush at exit."""
+        """Chain ``sys.excepthook``, watch ``sys.exit`` and the program's own handlers of the
+        signals a job is stopped with, and register the flush at exit."""
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
         self._exit = sys.exit
         sys.exit = self._sys_exit
+        self.signals.install()
         atexit.register(self._at_exit)
 
     def uninstall(self) -> None:
-        """Give ``sys.exit`` back (unless someone replaced it since)."""
+        """Give ``sys.exit`` and ``signal.signal`` back (unless someone replaced them since)."""
         if sys.exit == self._sys_exit:
             sys.exit = self._exit
+        self.signals.uninstall()
+
+    def note_signal(self, name: str) -> None:
+        """The program's own handler of ``name`` is about to run (main thread): a scheduler
+        or a launcher is stopping the job (a preemption handler that saves a checkpoint
+        and exits 0), so the ranks that end now are not at fault. Reported once per signal
+        as an ``error`` with ``where: signal``. Never raises."""
+        try:
+            if name not in self._signalled and os.getpid() == self.pid:
+                self._signalled.add(name)
+                self.outbox.put(time.time(), "error", {
+                    "where": "signal", "error_type": name,
+                    "error": f"the process received {name}, and its own handler ran"})
+        except Exception:
+            pass
 
     def _sys_exit(self, status: Any = None) -> None:
         """``sys.exit`` while the agent is attached: note a failing status (and the exception

@@ -370,12 +370,12 @@ class Error(_Shape):
     dtype: Optional[_Name] = None
     bytes: Optional[_Count] = None
     before: Optional[tuple[_Name, Optional[_Name], _Count]] = None
-    # ... and for an exception that ended the program, the last collective completed on each
-    # group, [group, seq, op, dtype, bytes] (up to 8): ranks that fail together after a
+    # ... and for an exception that ended the program, the last two collectives completed on
+    # each group, [group, seq, op, dtype, bytes] (up to 16): ranks that fail together after a
     # collective whose sizes disagreed (a broadcast_object_list of another length) tell the
     # odd one. Bytes are 0 for an op whose size may differ by rank (all_gather, all_to_all).
     last: Optional[_limited(list[tuple[_Name, _Count, _Name, Optional[_Name], _Count]],
-                            max_length=8)] = None
+                            max_length=16)] = None
 
 
 class Stack(_Shape):

@@ -98,3 +98,36 @@ def test_a_second_ctrl_c_does_not_cut_the_report_of_the_first_short(reports):
     assert sent(reports) == [("error", "uncaught", "KeyboardInterrupt")] and reports.failed
     assert failures.held_sigints == held + 1  # counted, not raised
     assert signal.getsignal(signal.SIGINT) is handler  # a later Ctrl-C interrupts as before
+
+
+def test_the_programs_own_sigterm_handler_is_reported_before_it_runs(reports):
+    """A preemption handler (save a checkpoint, exit 0): the server learns the job was
+    stopped from outside. The program sees its own handler, never the wrapper; a signal
+    without a Python handler is left alone."""
+    real_set, real_get = signal.signal, signal.getsignal
+    real_exit, real_hook = sys.exit, sys.excepthook
+    before = signal.getsignal(signal.SIGTERM)
+    ran = []
+
+    def on_sigterm(signum, frame):
+        ran.append(signum)
+
+    try:
+        reports.install()
+        assert signal.signal(signal.SIGTERM, on_sigterm) is before
+        assert signal.getsignal(signal.SIGTERM) is on_sigterm
+        assert real_get(signal.SIGTERM) is not on_sigterm  # installed wrapped
+        for _ in range(2):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # (a Python handler runs between bytecodes)
+        assert ran == [signal.SIGTERM] * 2
+        assert sent(reports) == [("error", "signal", "SIGTERM")]  # once
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        assert real_get(signal.SIGUSR2) is signal.SIG_IGN  # nothing to wrap
+        reports.uninstall()
+        assert signal.signal is real_set and signal.getsignal is real_get
+    finally:
+        signal.signal, signal.getsignal = real_set, real_get
+        real_set(signal.SIGTERM, before)
+        real_set(signal.SIGUSR2, signal.SIG_DFL)
+        sys.exit, sys.excepthook = real_exit, real_hook

@@ -1010,9 +1010,12 @@ def test_ranks_that_fail_on_what_the_odd_rank_broadcast_are_its_consequences():
     2 fail on the garbage sizes with errors of their own, rank 0's next broadcast fails on
     their closed connections. Their last collectives (#105) outvote rank 0's call before."""
     log = running(3)
-    for r, error in ((1, "UnpicklingError"), (2, "RuntimeError")):
+    for r, error, last in ((1, "RuntimeError", [["0", 105, "broadcast", "int64", 24]]),
+                           (2, "UnpicklingError", [["0", 106, "broadcast", "uint8", 171],
+                                                   ["0", 105, "broadcast", "int64", 24]])):
+        # (rank 2 got past the object broadcast, with a garbage size, before it failed)
         log.add(f"s{r}", "error", {"where": "uncaught", "error_type": error, "error": "x",
-                                   "last": [["0", 105, "broadcast", "int64", 24]]}, t=105.0)
+                                   "last": last}, t=105.0)
         log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.01)
     # Two ranks failed at once with different errors while rank 0 runs: held a second for
     # its report, then named if none came.
@@ -1074,3 +1077,24 @@ def test_a_victim_whose_peer_never_reports_is_named_after_the_wait():
     log.add("s0", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.01)
     assert diagnose(log.state(), 105.9, S) == []
     assert kinds(diagnose(log.state(), 106.1, S)) == [("rank_failed", [0])]
+
+
+def test_ranks_that_end_in_their_own_sigterm_handler_are_a_stop_not_an_early_exit():
+    """Preemption handled by the program (corpus: healthy_preempt_graceful): the scheduler's
+    SIGTERM reaches every rank; rank 0 sees its flag one step before the others, saves and
+    exits 0; their next all_reduce fails on its closed connection."""
+    log = running(3)
+    for r in range(3):
+        log.add(f"s{r}", "error", {"where": "signal", "error_type": "SIGTERM",
+                                   "error": "the process received SIGTERM"}, t=105.0 + r / 1e3)
+    leave(log, 0, 105.02, entered=40, how="exit")
+    for r in (1, 2):
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 41, "completed": 40, "inflight_op": "all_reduce",
+             "inflight_since": 105.01}]}, t=105.015)
+        log.add(f"s{r}", "error", {"where": "collective", "error_type": "RuntimeError",
+                                   "error": CLOSED, "group": "0", "op": "all_reduce",
+                                   "seq": 41}, t=105.05)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.06)
+    for now in (105.5, 110.0):
+        assert diagnose(log.state(), now, S) == [], now

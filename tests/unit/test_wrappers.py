@@ -92,8 +92,8 @@ def test_call_fingerprints_agree_across_processes_and_differ_with_an_argument(tm
 
 
 def test_a_failure_reports_the_last_collective_of_each_group_with_the_sizes_ranks_share():
-    """What an uncaught error carries (pgdash_agent.failures): the newest group first, bytes
-    0 for an op whose size may differ by rank."""
+    """What an uncaught error carries (pgdash_agent.failures): the last two collectives of
+    each group, the newest group first, bytes 0 for an op whose size may differ by rank."""
     import torch
 
     from pgdash_agent.collectives import CollectiveTracker
@@ -102,9 +102,11 @@ def test_a_failure_reports_the_last_collective_of_each_group_with_the_sizes_rank
     tracker = CollectiveTracker(lambda pg: (next(names), None, "gloo", [0, 1]),
                                 lambda *a: None, 16)
     world, sub = tracker.track_for(object()), tracker.track_for(object())
-    world.completed, world.done, world.inflight_since = 105, ("broadcast", torch.int64, 16,
+    world.completed, world.done, world.inflight_since = 106, ("broadcast", torch.uint8, 91,
                                                               0), 2.0
+    world.before = (105, ("broadcast", torch.int64, 16, 0))
     sub.completed, sub.done, sub.inflight_since = 7, ("all_gather", torch.float32, 36,
                                                        None), 1.0
-    assert tracker.last_calls() == [["0", 105, "broadcast", "int64", 16],
+    assert tracker.last_calls() == [["0", 106, "broadcast", "uint8", 91],
+                                    ["0", 105, "broadcast", "int64", 16],
                                     ["1", 7, "all_gather", "float32", 0]]

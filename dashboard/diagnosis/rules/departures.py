@@ -52,10 +52,14 @@ INTERRUPT_BEFORE_S = 1.0
 
 def interrupted_at(state: JobState) -> float | None:
     """When the first rank of this attempt was interrupted (KeyboardInterrupt: Ctrl-C or a
-    launcher's SIGINT), if one was: what ends after it, someone stopped."""
+    launcher's SIGINT), or ran its own handler of a signal jobs are stopped with (SIGTERM,
+    SIGHUP, SLURM's SIGUSR1/SIGUSR2 notice: an ``error`` with ``where: signal``, a preemption
+    handler that saves a checkpoint and exits 0), if one was: what ends after it, someone
+    stopped."""
     return state.memo(("interrupted_at",), lambda: min(
         (e["t"] for e in state.errors if e.get("attempt", 0) == state.attempt
-         and e.get("error_type") == "KeyboardInterrupt"), default=None))
+         and (e.get("error_type") == "KeyboardInterrupt" or e.get("where") == "signal")),
+        default=None))
 
 
 def ends(state: JobState) -> list[tuple[float, int]]:
