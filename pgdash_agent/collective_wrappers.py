@@ -129,14 +129,20 @@ class CollectiveWrappers:
         if original is None or getattr(original, "__pgdash_wrapped__", False):
             return
         waiting, clock = self.tracker.waiting, self.tracker.clock
+        blocked = self.tracker.async_blocked
 
         def wait(work, *args, **kwargs):
             key = id(work)
-            waiting[key] = clock()
+            began = waiting[key] = clock()
             try:
                 return original(work, *args, **kwargs)
             finally:
                 waiting.pop(key, None)
+                if key in blocked:  # an async collective still pending: its blocked time
+                    try:
+                        blocked[key] += clock() - began
+                    except KeyError:  # (seen complete meanwhile, on the agent's thread)
+                        pass
 
         wait.__pgdash_wrapped__ = True
         wait.__wrapped__ = original
@@ -172,6 +178,7 @@ class CollectiveWrappers:
         tracks = tracker.tracks
         records = tracker.records
         pending = tracker.pending
+        async_blocked = tracker.async_blocked
         clock = tracker.clock
         cap = tracker.max_records
         local = self._local
@@ -264,6 +271,8 @@ class CollectiveWrappers:
                     if not pending:  # the background thread sleeps up to 0.1 s without
                         tracker.wake()  # any: its poll times the completion
                     pending.append((result, track, op, p2p, seq, nbytes, t0, lo, hi))
+                    if not p2p:
+                        async_blocked[id(result)] = 0.0
                 else:
                     tracker.dropped_records += 1
                     if lo is not None:

@@ -116,6 +116,12 @@ class CollectiveTracker:
         # agent's background thread then polls every PGDASH_ASYNC_POLL_S instead of 0.1 s.
         self.wake: Callable[[], None] = lambda: None
         self.waiting: dict[int, float] = {}  # id(work) -> perf_counter() its wait() began
+        # Async collectives (async_op=True) not seen complete yet, by id(work), and the
+        # seconds a thread was blocked in their wait() so far: what such a collective cost
+        # the rank. Its time from issue to completion is not a wait (the rank computed
+        # meanwhile: an overlapped all_reduce), and read as one it made healthy ranks look
+        # like stragglers (bench/corpus/healthy_async_allreduce_overlap.py).
+        self.async_blocked: dict[int, float] = {}
         self._lock = threading.Lock()  # guards slow-path registration only
 
     # -- groups ------------------------------------------------------------------------------
@@ -158,6 +164,13 @@ class CollectiveTracker:
             if not done:
                 still.append(item)
                 continue
+            if not p2p:  # the time it blocked the rank, not from issue to completion
+                key = id(work)
+                blocked = self.async_blocked.pop(key, 0.0)
+                began = self.waiting.get(key)
+                if began is not None:  # (waited on now: its wait() is about to return)
+                    blocked += max(0.0, now - began)
+                t0 = now - blocked
             if not p2p and seq > track.completed:
                 track.completed = seq
                 if track.entered == seq:
@@ -172,6 +185,10 @@ class CollectiveTracker:
                 if lo is not None:
                     self.fr_wrapped.add(track.name, lo, hi)
         self.pending.extend(still)
+        if len(self.async_blocked) > 2 * len(self.pending) + 64:  # (a wait() that raced a poll)
+            keep = {id(item[0]) for item in self.pending}
+            for key in [k for k in self.async_blocked if k not in keep]:
+                self.async_blocked.pop(key, None)
 
     def summarise(self) -> None:
         """Fold pending records into the current interval's summaries."""

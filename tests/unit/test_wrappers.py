@@ -110,3 +110,46 @@ def test_a_failure_reports_the_last_collective_of_each_group_with_the_sizes_rank
     assert tracker.last_calls() == [["0", 106, "broadcast", "uint8", 91],
                                     ["0", 105, "broadcast", "int64", 16],
                                     ["1", 7, "all_gather", "float32", 0]]
+
+
+OVERLAP = """
+import os, sys, time, torch, torch.distributed as dist
+from pgdash_agent.collectives import CollectiveTracker
+from pgdash_agent.collective_wrappers import CollectiveWrappers
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0,
+                        world_size=1)
+tracker = CollectiveTracker(lambda pg: ("0", None, "gloo", [0]), lambda *a: None, 1024)
+wrappers = CollectiveWrappers(tracker)
+wrappers.install([dist, dist.distributed_c10d])
+wrappers.install_wait(dist.Work)
+work = dist.all_reduce(torch.ones(8), async_op=True)  # issued, then 0.3 s of compute
+time.sleep(0.3)
+tracker.poll_async()  # the agent's thread sees it complete
+work.wait()
+late = dist.all_reduce(torch.ones(8), async_op=True)
+late.wait()  # waited at once
+time.sleep(0.3)
+tracker.poll_async()
+print([round(t1 - t0, 3) for (_, _, _, t0, t1, _, _) in tracker.records], len(tracker.async_blocked), flush=True)
+os._exit(0)
+"""
+
+
+def test_an_overlapped_async_collective_costs_what_it_blocked_not_issue_to_completion(
+        tmp_path):
+    """An all_reduce with async_op=True, computed over for 0.3 s before its wait(): the
+    rank waited for nothing (the straggler rule read 0.3 s as a wait: healthy ranks named;
+    bench/corpus/healthy_async_allreduce_overlap.py). A real gloo group of one."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.helpers.procs import free_port
+
+    script = tmp_path / "overlap.py"
+    script.write_text(OVERLAP)
+    out = subprocess.run([sys.executable, str(script), str(free_port())], capture_output=True,
+                         text=True, timeout=120, cwd=str(Path(__file__).parents[2]))
+    durations, left = out.stdout.strip().splitlines()[-1].rsplit(" ", 1)
+    assert all(d < 0.1 for d in eval(durations)), out.stdout  # not the 0.3 s of compute
+    assert len(eval(durations)) == 2 and left == "0"
