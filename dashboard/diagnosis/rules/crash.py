@@ -533,11 +533,19 @@ def _together_pending(state: JobState, culprits: list[RankState],
     fail unpickling garbage), and that rank's report, a moment later, says which
     (rules.desync). bench/corpus/broadcast_object_list_len_mismatch.py: ranks 1 and 2 failed
     0.43 s before rank 0's broadcast failed on their closed connections."""
-    raised = {r.rank: causes[r.rank][0] for r in culprits if causes[r.rank][0]}
-    together = {rank for rank, err in raised.items() if any(
-        other != rank and abs(e["t"] - err["t"]) <= FAILED_TOGETHER_S
-        and e.get("error_type") != err.get("error_type") for other, e in raised.items())}
-    if not together or now - max(raised[r]["t"] for r in together) >= TOGETHER_WAIT_S or \
+    raised = sorted((causes[r.rank][0]["t"], causes[r.rank][0].get("error_type"), r.rank)
+                    for r in culprits if causes[r.rank][0])
+    if len({kind for _, kind, _ in raised}) < 2:
+        return culprits  # (one error alike everywhere: nothing ended them from elsewhere)
+    together: dict[int, float] = {}
+    for order in (raised, raised[::-1]):  # each failure against the nearest of another kind
+        newest: dict[Any, float] = {}  # error type -> its nearest time on this side
+        for t, kind, rank in order:
+            if any(other != kind and abs(t - seen) <= FAILED_TOGETHER_S
+                   for other, seen in newest.items()):
+                together[rank] = t
+            newest[kind] = t
+    if not together or now - max(together.values()) >= TOGETHER_WAIT_S or \
             not any(r.status == RankStatus.RUNNING for r in state.ranks()):
         return culprits
     return [r for r in culprits if r.rank not in together]

@@ -63,7 +63,7 @@ def _failed_together(state: JobState) -> list[Finding]:
     for (group, seq), sigs in sorted(calls.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
         if group in named or len(set(sigs.values())) < 2:
             continue
-        members = (state.groups.get(group) or {}).get("ranks") or ()
+        members = (state.groups.get(group) or {}).get("ranks") or sorted(sigs)
         counts = collections.Counter(sigs.values())
         top, n = counts.most_common(1)[0]
         if n * 2 > len(members):
@@ -267,6 +267,7 @@ def _fingerprints(state: JobState) -> list[Finding]:
         members = (state.groups.get(group) or {}).get("ranks") or ()
         for seq in sorted(by_seq):
             seen = by_seq[seq]
+            members = members or sorted(seen)  # (a group not described yet: who reported)
             counts = collections.Counter(fp for fp, _ in seen.values())
             if len(counts) < 2:
                 continue
