@@ -149,6 +149,21 @@ class CollectiveWrappers:
         wait.__doc__ = original.__doc__
         self._originals.append((work_cls, "wait", original))
         setattr(work_cls, "wait", wait)
+        original_future = getattr(work_cls, "get_future", None)
+        if original_future is None or getattr(original_future, "__pgdash_wrapped__", False):
+            return
+
+        def get_future(work, *args, **kwargs):
+            # A future taken is waited on elsewhere (DDP's reducer, in C++, for its comm
+            # hook's all-reduce): its time from issue to completion is what the rank waits.
+            blocked.pop(id(work), None)
+            return original_future(work, *args, **kwargs)
+
+        get_future.__pgdash_wrapped__ = True
+        get_future.__wrapped__ = original_future
+        get_future.__doc__ = original_future.__doc__
+        self._originals.append((work_cls, "get_future", original_future))
+        setattr(work_cls, "get_future", get_future)
 
     def uninstall(self) -> None:
         for module, op, fn in reversed(self._originals):

@@ -120,7 +120,9 @@ class CollectiveTracker:
         # seconds a thread was blocked in their wait() so far: what such a collective cost
         # the rank. Its time from issue to completion is not a wait (the rank computed
         # meanwhile: an overlapped all_reduce), and read as one it made healthy ranks look
-        # like stragglers (bench/corpus/healthy_async_allreduce_overlap.py).
+        # like stragglers (bench/corpus/healthy_async_allreduce_overlap.py). A work whose
+        # future was taken leaves (its waiter is elsewhere: DDP's reducer, for the agent's
+        # comm hook), and is timed from issue to completion, as before.
         self.async_blocked: dict[int, float] = {}
         self._lock = threading.Lock()  # guards slow-path registration only
 
@@ -164,9 +166,9 @@ class CollectiveTracker:
             if not done:
                 still.append(item)
                 continue
-            if not p2p:  # the time it blocked the rank, not from issue to completion
-                key = id(work)
-                blocked = self.async_blocked.pop(key, 0.0)
+            key = id(work)
+            if not p2p and key in self.async_blocked:  # the time it blocked the rank
+                blocked = self.async_blocked.pop(key)
                 began = self.waiting.get(key)
                 if began is not None:  # (waited on now: its wait() is about to return)
                     blocked += max(0.0, now - began)

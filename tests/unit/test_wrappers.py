@@ -130,6 +130,10 @@ late = dist.all_reduce(torch.ones(8), async_op=True)
 late.wait()  # waited at once
 time.sleep(0.3)
 tracker.poll_async()
+hooked = dist.all_reduce(torch.ones(8), async_op=True)
+hooked.get_future()  # DDP's comm hook: waited on in C++, timed from issue
+time.sleep(0.3)
+tracker.poll_async()
 print([round(t1 - t0, 3) for (_, _, _, t0, t1, _, _) in tracker.records], len(tracker.async_blocked), flush=True)
 os._exit(0)
 """
@@ -139,7 +143,9 @@ def test_an_overlapped_async_collective_costs_what_it_blocked_not_issue_to_compl
         tmp_path):
     """An all_reduce with async_op=True, computed over for 0.3 s before its wait(): the
     rank waited for nothing (the straggler rule read 0.3 s as a wait: healthy ranks named;
-    bench/corpus/healthy_async_allreduce_overlap.py). A real gloo group of one."""
+    bench/corpus/healthy_async_allreduce_overlap.py). One whose future was taken (DDP's comm
+    hook: the reducer waits in C++) keeps its time from issue to completion (without it,
+    ddp_straggler_input's straggler went unseen). A real gloo group of one."""
     import subprocess
     import sys
     from pathlib import Path
@@ -151,5 +157,7 @@ def test_an_overlapped_async_collective_costs_what_it_blocked_not_issue_to_compl
     out = subprocess.run([sys.executable, str(script), str(free_port())], capture_output=True,
                          text=True, timeout=120, cwd=str(Path(__file__).parents[2]))
     durations, left = out.stdout.strip().splitlines()[-1].rsplit(" ", 1)
-    assert all(d < 0.1 for d in eval(durations)), out.stdout  # not the 0.3 s of compute
-    assert len(eval(durations)) == 2 and left == "0"
+    overlapped, waited, hooked = eval(durations)
+    assert overlapped < 0.1 and waited < 0.1, out.stdout  # not the 0.3 s of compute
+    assert hooked >= 0.25, out.stdout  # its future's waiter is DDP's: issue to completion
+    assert left == "0"
