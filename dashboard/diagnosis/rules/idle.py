@@ -67,9 +67,8 @@ def idle(state: JobState, now: float, s: Settings, stopping: bool = False) -> li
     # the hang's threshold). Where none works (no CPU, no I/O anywhere) nothing can be on its
     # way: --stall-after; where one does (rank 0 writing a checkpoint while the others wait
     # for it in store.get), the 30 s a barrier gives it ...
-    use = {r.rank: _use(state, r.rank) for r in ranks}
-    working = [u is not None and (u[0] >= BUSY_CORES or u[1] >= BUSY_IO_BPS)
-               for u in use.values()]
+    use = {r.rank: _use(state.cpu_since_move.get(r.rank)) for r in ranks}
+    working = [_working(u) for u in use.values()]
     if all(working):
         return []
     if any(u is None for u in use.values()):
@@ -137,22 +136,19 @@ def exit_held(state: JobState, now: float, s: Settings) -> list[Finding]:
         if done is None or r.status != RankStatus.RUNNING or r.rank is None:
             continue
         waited = min(now, r.last_seen) - done[0]
-        span = done[3] - done[0]
         # No thread holds it: an exit handler runs (a logger's last upload): a barrier's 30 s
         after = s.stall_after if r.holding else s.stall_barrier_after
-        if waited < after or (span >= 5.0 and (
-                (done[4] - done[1]) / span >= BUSY_CORES
-                or (done[5] - done[2]) / span >= BUSY_IO_BPS)):
+        if waited < after or _working(_use(done)):
             continue
         if any(_inside(row) for (g, rank), row in state.progress.items() if rank == r.rank):
             continue  # a thread inside a collective: the hang rules' ground
-        held[r.rank] = (waited, r)
+        held[r.rank] = (waited, r, after)
     if not held:
         return []
     ranks = sorted(held)
-    waited = min(w for w, _ in held.values())
+    waited = min(w for w, _, _ in held.values())
     critical = waited >= HANG_FACTOR * s.hang_after
-    threads = sorted({name for _, r in held.values() for name in r.holding})
+    threads = sorted({name for _, r, _ in held.values() for name in r.holding})
     names = ", ".join(f"'{n}'" for n in threads[:4]) + (" and more" if len(threads) > 4 else "")
     what = (f"Python waits for {agree(threads, 'its', 'their')} non-daemon "
             f"{agree(threads, 'thread', 'threads')} {names} to end before exiting"
@@ -168,23 +164,28 @@ def exit_held(state: JobState, now: float, s: Settings) -> list[Finding]:
             "an Event it checks, then `join()` it), or start it with `daemon=True` if its work "
             f"may be lost at exit. {stack_commands(state, ranks).capitalize()} show where it "
             "waits.")
-    first_seen = max(r.main_done[0] + (HANG_FACTOR * s.hang_after if critical else
-                                       s.stall_after if r.holding else s.stall_barrier_after)
-                     for _, r in held.values())
+    first_seen = max(r.main_done[0] + (HANG_FACTOR * s.hang_after if critical else after)
+                     for _, r, after in held.values())
     return [finding(kind, severity, ranks, None, summary, hint,
-                    {"main_done_at": {str(k): r.main_done[0] for k, (_, r) in held.items()},
-                     "holding": {str(k): list(r.holding) for k, (_, r) in held.items()}},
+                    {"main_done_at": {str(k): r.main_done[0] for k, (_, r, _) in held.items()},
+                     "holding": {str(k): list(r.holding) for k, (_, r, _) in held.items()}},
                     first_seen, key="exit_held")]
 
 
-def _use(state: JobState, rank: int) -> tuple[float, float] | None:
-    """(share of a core, bytes read and written a second) of the rank's process since its
-    collectives last moved (None: its agent does not say, or not over 5 s yet)."""
-    kept = state.cpu_since_move.get(rank)
+def _use(kept: list[float] | None) -> tuple[float, float] | None:
+    """(share of a core, bytes read and written a second) of a process between two
+    readings, ``[t, CPU s, I/O bytes]`` then the same again (``JobState.cpu_since_move``:
+    since its collectives last moved; ``RankState.main_done``: since its script ended).
+    None: its agent does not say, or not over 5 s yet."""
     if kept is None or len(kept) < 6 or kept[3] - kept[0] < 5.0:
         return None
     span = kept[3] - kept[0]
     return (kept[4] - kept[1]) / span, (kept[5] - kept[2]) / span
+
+
+def _working(use: tuple[float, float] | None) -> bool:
+    """Whether that use is work (a quarter of a core, or 1 MB/s of I/O), not a block."""
+    return use is not None and (use[0] >= BUSY_CORES or use[1] >= BUSY_IO_BPS)
 
 
 def _there(r: RankState, now: float, stopping: bool) -> bool:
