@@ -10,6 +10,7 @@ import http.client
 import io
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,7 +28,28 @@ JOBS = ROOT / "tests" / "jobs"
 WAIT_S = 10.0
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A loopback port free now, below the kernel's ephemeral range where it can: a port the
+    kernel handed out (bind to 0) may be handed out again to any outgoing connection before
+    the test's process binds it (a torchrun rendezvous once timed out so under xdist and a CPU
+    hog), while one below the range is only taken by a process that asks for it by number."""
+    low = _ephemeral_low()
+    if low > 11000:
+        for _ in range(50):
+            port = random.randrange(10000, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -25,15 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.procs import free_port
+
 PG_USER_CANDIDATES = ("postgres", "pgdash-test")
 INSTALL_HINT = ("install Debian's postgresql and redis-server packages "
                 "(tools/test does it when run as root)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _missing(what: str) -> None:
@@ -87,7 +83,7 @@ class PostgresServer:
     def __init__(self, bin_dir: Path):
         self.bin_dir = bin_dir
         self.user = _run_as()
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="pgdash-pg-"))
         self.data = self.dir / "data"
         self.proc: subprocess.Popen | None = None
@@ -162,7 +158,7 @@ class RedisServer:
 
     def __init__(self, binary: str):
         self.binary = binary
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="pgdash-redis-"))
         self.proc: subprocess.Popen | None = None
 

@@ -49,7 +49,7 @@ def torchrun(script: str, nproc: int, name: str, server, tmp_path: Path, args=()
     module form, so the venv's torch runs it), rendezvous on a free loopback port."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", name, *extra,
+           "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", name, *extra,
            "-m", "pgdash_agent", str(TUTORIAL / script), *args]
     return run(cmd, env or _env(server.url), tmp_path, f"{name}.log")
 
