@@ -1,4 +1,4 @@
-"""Plain all_reduce training, 3 ranks under torchrun; at the evaluation step every rank makes an eval group with dist.new_group([0, 1]) (which every rank of the job must call) except rank 2, whose `if rank in eval_ranks:` guard skips it; rank 2 goes on to the next all_reduce while ranks 0 and 1 wait in new_group for it.
+"""Plain all_reduce training, 3 ranks under torchrun; at the first evaluation ranks 0 and 1 make an eval group with dist.new_group([0, 1]), but rank 2's `if rank in eval_ranks:` guard skips the call, which every rank of the job must make; 20 steps later every rank makes a checkpoint group of all three, and rank 2's copy of it gets another group name than ranks 0 and 1 (torch numbers groups in the order a process makes them), so its rendezvous never meets theirs and all three wait in new_group.
 EXPECT kind=desync|hang culprit=2 ranks=3 launch=torchrun class=desync
 """
 import os
@@ -28,5 +28,8 @@ for step in range(eval_at + 300):
             dist.all_reduce(score, group=group)
         elif rank == 2:
             fault("skips dist.new_group([0, 1]) (it is not in the eval group)")
+    if step == eval_at + 20:
+        ckpt = dist.new_group(list(range(dist.get_world_size())))
+        dist.barrier(group=ckpt)
     time.sleep(0.015)
 dist.destroy_process_group()

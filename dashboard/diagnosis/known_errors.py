@@ -364,6 +364,12 @@ RULES: tuple[Rule, ...] = (
           "say which): a peer never reached the matching collective or is too slow, so look at "
           "which rank pgdash shows as not having entered the collective. Raise "
           "`init_process_group(timeout=...)` only if that peer is merely slow."),
+    _rule(r"Operation timed out!",
+          "work_wait_timeout", "the wait(timeout=...) on an async collective expired", True,
+          "This rank's `work.wait(timeout=...)` expired before the collective completed (the "
+          "timeout is the script's own, c10d does not say which peer): a peer never reached "
+          "the matching collective or is too slow, so look at which rank pgdash shows as not "
+          "having entered it. Raise the timeout only if that peer is merely slow."),
     _rule(r"Failed to check the \"should dump\" flag on TCPStore",
           "store_gone", "the TCPStore went away before this rank finished", True,
           "The TCPStore (hosted by rank 0 at MASTER_ADDR:MASTER_PORT) shut down while this rank "

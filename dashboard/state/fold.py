@@ -98,6 +98,11 @@ class Fold:
         # heartbeats reported a call fingerprint for -> rank -> (fingerprint, t): ranks whose
         # fingerprints differ at one number called something different (rules.desync)
         self.fingerprints: dict[tuple[str, int], dict[int, dict[int, tuple[int, float]]]] = {}
+        # group name -> its members as each rank reported them -> reporting rank -> when,
+        # kept once two ranks disagree (else only the first list and who reported it): torch
+        # names a group by how many the process made before it, so a rank that skipped a
+        # new_group call gives a later group another group's name (rules.desync)
+        self.group_views: dict[str, dict[tuple[int, ...], dict[int, float]]] = {}
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
@@ -166,6 +171,7 @@ class Fold:
         self.__dict__.setdefault("count_spread", {})
         self.__dict__.setdefault("cpu_since_move", {})
         self.__dict__.setdefault("fingerprints", {})
+        self.__dict__.setdefault("group_views", {})
         self.__dict__.pop("_kept", None)  # what views kept beside the fold (stored empty)
         for rank, history in self.gpu_history.items():  # earlier versions: a deque of lists
             if not isinstance(history, GpuHistory):
@@ -265,7 +271,8 @@ class Fold:
         self.fold_pending()  # the summaries of the attempt before go where they belong
         for table in (self.progress, self._recent, self.fr_tallies, self.stacks,
                       self.gpu_faults, self.throttled_since, self.moved_at,
-                      self.count_spread, self.cpu_since_move, self.fingerprints):
+                      self.count_spread, self.cpu_since_move, self.fingerprints,
+                      self.group_views):
             table.clear()
         self.longest_pause = 0.0
         self._progress_index = None
@@ -296,6 +303,10 @@ class Fold:
 
     def _on_init_done(self, r: RankState, body: dict[str, Any], t: float) -> None:
         r.rank, r.world_size = body["rank"], body["world_size"]
+        if (self.init.get(r.session) or {}).get("done_at"):
+            for views in self.group_views.values():  # a process that made its world
+                for who in views.values():           # again numbers its groups afresh
+                    who.pop(r.rank, None)
         r.backend = body.get("backend") or r.backend
         self.init.setdefault(r.session, {"arrived_at": t - body["duration_s"]})["done_at"] = t
         if r.status not in TERMINAL_RANK:
@@ -307,6 +318,9 @@ class Fold:
         r.status = "failed"
 
     def _on_group(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if r.rank is not None and not self._stale(r):
+            views = self.group_views.setdefault(body["name"], {})
+            views.setdefault(tuple(body["ranks"]), {}).setdefault(r.rank, t)
         group = self.groups.get(body["name"])
         if group is None or group["ranks"] != body["ranks"]:
             self.fold_pending()  # the summaries so far count in the family they had

@@ -277,6 +277,29 @@ def test_a_connection_that_gave_up_on_a_server_behind_gets_a_silent_ranks_patien
     assert "its agent closed its connection" in found[2]["summary"]
 
 
+def test_two_processes_claiming_one_rank_name_the_rank_nobody_is_at_once():
+    """A launcher's copied environment: the process started as rank 2 asks
+    init_process_group for rank 1 too. Every process arrived, so counting processes finds
+    nobody missing; counting the ranks they claim, rank 2 is, and never comes."""
+    log = Log()
+    for r, claimed, t in ((0, 0, 10.0), (1, 1, 10.2), (2, 1, 10.1)):
+        log.add(f"s{r}", "hello", hello(r, world=3), t=t)
+        log.add(f"s{r}", "init_start", {"rank": claimed, "world_size": 3}, t=t)
+    (f,) = diagnose(log.state(), 10.3, S)
+    assert (f["kind"], f["ranks"], f["severity"]) == ("init_incomplete", [2], "critical")
+    assert "2 processes claim rank 1 (pid 101 on node0, pid 102 on node0, started as rank 2)" \
+        in f["summary"], f["summary"]
+    assert f["evidence"]["claimed_twice"] == {"1": [
+        {"pid": 101, "host": "node0", "started_as": 1},
+        {"pid": 102, "host": "node0", "started_as": 2}]}
+    # the duplicate that ended (a launcher started it again as rank 2) claims nothing: rank 2
+    # is then only late, a warning after the grace as for any rank not arrived
+    log.add("s2", "exit", {"clean": False}, t=11.0)
+    log.add("s3", "hello", hello(2, world=3), t=11.5)
+    log.add("s3", "init_start", {"rank": 2, "world_size": 3}, t=11.5)
+    assert diagnose(log.state(), 12.0, S) == []
+
+
 def test_init_incomplete_names_the_missing_rank_after_the_grace():
     log = Log()
     for r, t in ((0, 10.0), (2, 11.0)):

@@ -971,6 +971,39 @@ def test_ranks_with_the_same_fingerprints_are_quiet():
     assert diagnose(log.state(), 112.0, S) == []
 
 
+def test_a_rank_that_skipped_a_new_group_call_is_named_by_the_group_names_it_gave():
+    """Corpus: new_group_skipped_one_rank. Ranks 0, 1 make group "1" of ranks 0, 1; rank 2
+    skips that new_group call, so its next group, of all three, is its "1": one name, two
+    groups. Named when rank 2 reports it, before the hang it leads to forms."""
+    log = running(3)
+    for r in (0, 1):
+        log.add(f"s{r}", "group", {"name": "1", "ranks": [0, 1]}, t=105.0 + r * 0.1)
+    assert diagnose(log.state(), 106.0, S) == []
+    log.add("s2", "group", {"name": "1", "ranks": [0, 1, 2]}, t=107.0)
+    (f,) = diagnose(log.state(), 107.1, S)
+    assert (f["kind"], f["severity"], f["ranks"], f["group"]) == ("desync", "critical", [2], "1")
+    assert f["summary"].startswith(
+        "Rank 2 numbered its process groups apart from the others': group 1 is not the same "
+        "group on every rank (ranks 0, 1 say it holds ranks 0, 1; rank 2 says it holds "
+        "ranks 0-2)."), f["summary"]
+    assert "use_local_synchronization=True" in f["hint"] and f["first_seen"] == 107.0
+    assert f["evidence"]["views"] == {"0,1": [0, 1], "0,1,2": [2]}
+
+
+def test_group_names_that_differ_with_no_majority_name_nobody_and_a_new_world_starts_afresh():
+    log = running(2)
+    log.add("s0", "group", {"name": "1", "ranks": [0]}, t=105.0)
+    log.add("s1", "group", {"name": "1", "ranks": [1]}, t=105.2)
+    (f,) = diagnose(log.state(), 105.5, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("desync", "warning", [])
+    # each rank destroys its world and makes it again: its groups are numbered afresh
+    for r in (0, 1):
+        log.add(f"s{r}", "init_done", {"rank": r, "world_size": 2, "backend": "gloo",
+                                       "duration_s": 0.1}, t=106.0)
+        log.add(f"s{r}", "group", {"name": "1", "ranks": [0, 1]}, t=106.1)
+    assert diagnose(log.state(), 106.5, S) == []
+
+
 RESET = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
          "[127.0.0.1]:34007: Connection reset by peer.")
 

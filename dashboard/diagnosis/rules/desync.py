@@ -6,7 +6,7 @@ import collections
 
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
-from dashboard.diagnosis.text import group_label, ranks_label
+from dashboard.diagnosis.text import agree, group_label, ranks_label
 from dashboard.state import JobState
 
 
@@ -14,11 +14,51 @@ CPP = "a C++ collective"  # DDP's or FSDP's, seen only by the Flight Recorder
 
 
 def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
-    out = _inside(state, now, s)
+    out = _numbered_apart(state)
+    seen = {f["group"] for f in out}
+    out += [f for f in _inside(state, now, s) if f["group"] not in seen]
     seen = {f["group"] for f in out}
     out += [f for f in _failed_together(state) if f["group"] not in seen]
     seen = {f["group"] for f in out}
     return out + [f for f in _fingerprints(state) if f["group"] not in seen]
+
+
+def _numbered_apart(state: JobState) -> list[Finding]:
+    """Ranks that gave one group name to another group than most ranks did
+    (``JobState.group_views``): torch names a group (new_group without hashed names) by how
+    many groups its process made before, so a rank that skipped a new_group call, which
+    every rank of the job must make, members or not, names its next groups apart from the
+    others', and their rendezvous never meet. Where no list has most reporters, nobody is
+    named (a warning)."""
+    out: list[Finding] = []
+    for name, views in sorted(state.group_views.items(), key=lambda kv: str(kv[0])):
+        counts = sorted(((ranks, who) for ranks, who in views.items() if who),
+                        key=lambda kv: (-len(kv[1]), kv[0]))
+        if len(counts) < 2:
+            continue
+        majority = len(counts[0][1]) > len(counts[1][1])
+        odd = sorted(r for _, who in counts[1:] for r in who) if majority else []
+        shown = "; ".join(f"{ranks_label(sorted(who))} {agree(sorted(who), 'says', 'say')} "
+                          f"it holds {ranks_label(list(ranks))}" for ranks, who in counts)
+        at = max(t for _, who in counts[1:] for t in who.values())
+        lead = (f"{ranks_label(odd).capitalize()} numbered {agree(odd, 'its', 'their')} "
+                "process groups apart from the others'" if odd else
+                "The ranks numbered their process groups apart")
+        out.append(finding(
+            "desync", Severity.CRITICAL if odd else Severity.WARNING, odd, name,
+            f"{lead}: group {name} is not the same group on every rank ({shown}). torch "
+            "names a group by how many groups its process made before it, so "
+            f"{ranks_label(odd) if odd else 'a rank'} skipped a new_group call or made "
+            "its groups in another order, and the groups made since do not meet: "
+            "their collectives hang or mix.",
+            "Call `dist.new_group(ranks)` on every rank of the job, in the same order, "
+            "also on ranks that are not in `ranks` (not under `if rank in ranks:`), or "
+            "pass `use_local_synchronization=True` so that only its members call it; "
+            "`DeviceMesh` and `new_subgroups` make their groups this way for you.",
+            {"source": "group_names",
+             "views": {",".join(map(str, ranks)): sorted(who) for ranks, who in counts}},
+            at, key="group_names"))
+    return out
 
 
 # How far from the failures compared a rank that failed or vanished counts as their consequence.

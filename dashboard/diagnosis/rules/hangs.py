@@ -30,7 +30,7 @@ from dashboard.state import JobState, RankState
 STOPPED = (RankStatus.LOST, RankStatus.FAILED)  # how the ranks of a stopped job end
 # Causes (dashboard.diagnosis.known_errors) of a rank that gave up waiting in a collective.
 COLLECTIVE_TIMEOUTS = frozenset({"gloo_timeout", "nccl_watchdog_timeout",
-                                 "monitored_barrier_timeout"})
+                                 "monitored_barrier_timeout", "work_wait_timeout"})
 
 
 def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:

@@ -9,7 +9,7 @@ from typing import Any
 from dashboard.diagnosis.errors import classify_error
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import agree, backend_of, have, process_label, ranks_label, them
-from dashboard.state import JobState, RankState
+from dashboard.state import TERMINAL_RANK, JobState, RankState
 
 
 def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
@@ -21,8 +21,10 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
     world = state.world_size or (sizes.most_common(1)[0][0] if sizes else None)
     if not world:
         return []
-    arrived = {state.sessions[sess].rank for sess, _ in arrivals
-               if state.sessions[sess].rank is not None}
+    # The rank each process asked init_process_group for: its rendezvous's word, where a
+    # script (or a launcher's copied environment) changed RANK after the agent attached.
+    claims = {sess: _claimed(state.sessions[sess], e) for sess, e in arrivals}
+    arrived = {rank for rank in claims.values() if rank is not None}
     waiting = [e for _, e in arrivals if not e.get("done_at") and not e.get("error")]
     missing = sorted(set(range(world)) - arrived)
     if not waiting or not missing:
@@ -31,10 +33,31 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
     addr = next((e.get("master_addr") for _, e in arrivals if e.get("master_addr")), None)
     port = next((e.get("master_port") for _, e in arrivals if e.get("master_port")), None)
     target = f"{addr}:{port}" if addr and port else "MASTER_ADDR:MASTER_PORT"
+    twice = _claimed_twice(state, claims)
     # Waited for as long as a collective is before it is a hang: a rank that never comes.
     # Until then a warning: a rank only slow to start (its imports on a cold file system,
-    # its container still pulling) arrives late and the finding ends.
-    never = now - last_arrival >= s.hang_after
+    # its container still pulling) arrives late and the finding ends. Two live processes
+    # claiming one rank never finish, however long they wait: critical at once.
+    never = bool(twice) or now - last_arrival >= s.hang_after
+    evidence = {"world_size": world, "arrived": sorted(arrived), "missing": missing,
+                "waiting_since": min(e["arrived_at"] for e in waiting), "master": target}
+    if twice:
+        evidence["claimed_twice"] = {str(rank): [{"pid": r.pid, "host": r.host,
+                                                  "started_as": r.rank} for r in rs]
+                                     for rank, rs in twice.items()}
+        return [finding(
+            "init_incomplete", Severity.CRITICAL, missing, None,
+            f"{ranks_label(missing).capitalize()} never arrived at rendezvous: "
+            + "; ".join(f"{len(rs)} processes claim rank {rank} "
+                        f"({', '.join(_started_as(r, rank) for r in rs)})"
+                        for rank, rs in twice.items())
+            + f", so nobody is {ranks_label(missing)} and init_process_group waits for "
+            f"{them(missing)} forever.",
+            "Give every process its own rank: check the RANK (or SLURM_PROCID, or the rank= "
+            "argument of init_process_group) each process of the launcher gets; a launcher "
+            "that copies one process's environment for the next, or a script that sets RANK "
+            "from LOCAL_RANK on a multi-node job, starts two processes with one rank.",
+            evidence, last_arrival)]
     return [finding(
         "init_incomplete", Severity.CRITICAL if never else Severity.WARNING, missing, None,
         f"{ranks_label(missing).capitalize()} "
@@ -48,9 +71,34 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
         f"WORLD_SIZE={world} and {agree(missing, 'reaches', 'reach')} {target} "
         f"(`nc -zv {addr or '<MASTER_ADDR>'} {port or '<MASTER_PORT>'}` from "
         f"{agree(missing, 'its host', 'their hosts')}).",
-        {"world_size": world, "arrived": sorted(arrived), "missing": missing,
-         "waiting_since": min(e["arrived_at"] for e in waiting), "master": target},
-        last_arrival + s.init_grace)]
+        evidence, last_arrival + s.init_grace)]
+
+
+def _claimed(r: RankState, entry: dict[str, Any]) -> int | None:
+    """The rank a process's init_process_group was asked for, else the one it started as."""
+    rank = entry.get("rank")
+    return rank if rank not in (None, -1) else r.rank
+
+
+def _claimed_twice(state: JobState, claims: dict[str, int | None]) -> dict[int, list[RankState]]:
+    """Rank -> the live processes (still in their rendezvous) that claim it, where two or
+    more do; a process that ended (a launcher restarting one in place) claims nothing."""
+    by_rank: dict[int, list[RankState]] = collections.defaultdict(list)
+    for sess, rank in claims.items():
+        r = state.sessions[sess]
+        entry = state.init[sess]
+        if rank is not None and r.status not in TERMINAL_RANK and not entry.get("done_at") \
+                and not entry.get("error"):
+            by_rank[rank].append(r)
+    return {rank: sorted(rs, key=lambda r: (r.rank != rank, r.pid or 0))
+            for rank, rs in sorted(by_rank.items()) if len(rs) > 1}
+
+
+def _started_as(r: RankState, claimed: int) -> str:
+    where = f"pid {r.pid} on {r.host}" if r.pid else f"session {r.session[:8]}"
+    if r.rank is not None and r.rank != claimed:
+        return f"{where}, started as rank {r.rank}"
+    return where
 
 
 def init_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
