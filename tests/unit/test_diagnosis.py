@@ -300,6 +300,35 @@ def test_two_processes_claiming_one_rank_name_the_rank_nobody_is_at_once():
     assert diagnose(log.state(), 12.0, S) == []
 
 
+def test_a_rendezvous_that_timed_out_names_the_rank_that_came_late_not_those_that_waited():
+    """Corpus: init_timeout_slow_rank. init_process_group(timeout=8 s); rank 2 reaches it 20 s
+    late. Ranks 0 and 1 fail with errors that say a peer never came; rank 2 then fails to
+    reach a store that is gone. Rank 2 is named, once, from the first failure on."""
+    log = Log()
+    for r in range(3):
+        log.add(f"s{r}", "hello", hello(r, world=3), t=10.0)
+    for r in (0, 1):
+        log.add(f"s{r}", "init_start", {"rank": r, "world_size": 3, "timeout_s": 8.0}, t=10.0)
+    log.add("s1", "init_failed", {"error_type": "DistStoreError", "duration_s": 8.9,
+                                  "error": "wait timeout after 8000ms, keys: /default_pg/0//cpu//0/0"},
+            t=18.9)
+    log.add("s0", "init_failed", {"error_type": "DistStoreError", "duration_s": 9.0, "error":
+                                  "Timed out after 9 seconds waiting for clients. 2/3 clients joined."},
+            t=19.0)
+    (f,) = diagnose(log.state(), 19.5, S)
+    assert (f["kind"], f["ranks"], f["severity"]) == ("init_incomplete", [2], "critical")
+    assert f["summary"] == ("Rank 2 did not arrive at rendezvous in time: ranks 0, 1 gave up "
+                            "waiting for it (`init_process_group(timeout=8 s)`)."), f["summary"]
+    assert f["first_seen"] == 18.9
+    log.add("s2", "init_start", {"rank": 2, "world_size": 3, "timeout_s": 8.0}, t=30.0)
+    log.add("s2", "init_failed", {"error_type": "DistNetworkError", "duration_s": 9.6, "error":
+                                  "The client socket has timed out after 8000ms while trying to "
+                                  "connect to (127.0.0.1, 13282)."}, t=39.6)
+    (g,) = diagnose(log.state(), 40.0, S)
+    assert (g["id"], g["ranks"]) == (f["id"], [2])
+    assert g["summary"].endswith("; rank 2 arrived 11 s after.")
+
+
 def test_init_incomplete_names_the_missing_rank_after_the_grace():
     log = Log()
     for r, t in ((0, 10.0), (2, 11.0)):

@@ -313,10 +313,40 @@ def init_failed(n, backend, py_spy):
         log.add(f"s{r}", "hello", {"job": "job", "rank": r, "world_size": n + 1,
                                    "host": "node0", "pid": 1000 + r}, t=100.0)
         log.add(f"s{r}", "init_start", {"rank": r, "world_size": n + 1}, t=100.0)
+        log.add(f"s{r}", "init_failed", {"error_type": "ValueError", "error":
+                                         "Error initializing torch.distributed using env:// "
+                                         "rendezvous: environment variable MASTER_ADDR expected, "
+                                         "but not set", "duration_s": 0.1}, t=100.1)
+    return log, 110.0
+
+
+def init_gave_up(n, backend, py_spy):
+    """n ranks gave up waiting (the store's timeout) for the last, which came too late."""
+    log = Log()
+    for r in range(n + 1):
+        log.add(f"s{r}", "hello", {"job": "job", "rank": r, "world_size": n + 1,
+                                   "host": "node0", "pid": 1000 + r,
+                                   "versions": {"py-spy": PY_SPY if py_spy else None}}, t=100.0)
+    for r in range(n):
+        log.add(f"s{r}", "init_start", {"rank": r, "world_size": n + 1, "timeout_s": 5.0},
+                t=100.0)
         log.add(f"s{r}", "init_failed", {"error_type": "DistStoreError", "error":
                                          "Timed out after 5 seconds waiting for clients. "
-                                         "1/2 clients joined.", "duration_s": 5.0}, t=105.0)
+                                         f"{n}/{n + 1} clients joined.", "duration_s": 5.0},
+                t=105.0)
+    log.add(f"s{n}", "init_start", {"rank": n, "world_size": n + 1, "timeout_s": 5.0}, t=108.0)
     return log, 110.0
+
+
+def init_claimed_twice(n, backend, py_spy):
+    """The process started as rank n asks for rank 0 too."""
+    log = Log()
+    for r in range(n + 1):
+        log.add(f"s{r}", "hello", {"job": "job", "rank": r, "world_size": n + 1,
+                                   "host": "node0", "pid": 1000 + r}, t=100.0)
+        log.add(f"s{r}", "init_start", {"rank": r if r < n else 0, "world_size": n + 1},
+                t=100.0)
+    return log, 101.0
 
 
 def config_mismatch(n, backend, py_spy):
@@ -378,6 +408,8 @@ SCENARIOS = {
     "lost": (lost, {"rank_lost"}), "exited_early": (exited_early, {"rank_exited_early"}),
     "init_incomplete": (init_incomplete, {"init_incomplete"}),
     "init_failed": (init_failed, {"init_failed"}),
+    "init_gave_up": (init_gave_up, {"init_incomplete"}),
+    "init_claimed_twice": (init_claimed_twice, {"init_incomplete"}),
     "config_mismatch": (config_mismatch, {"config_mismatch"}),
     "straggler": (straggler, {"straggler"}), "slow": (slow, {"slow_collective"}),
     "gpu": (gpu, {"gpu_fault", "gpu_throttle"}),

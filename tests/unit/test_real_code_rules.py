@@ -924,6 +924,30 @@ def test_a_cycle_of_waits_across_a_mesh_names_the_rank_that_called_the_wrong_gro
     assert f["evidence"]["out_of_step"] == [3] and "out of step" in f["hint"]
 
 
+def test_a_barrier_called_on_a_subgroup_where_the_others_call_the_jobs_names_that_rank_soon():
+    """Corpus: barrier_wrong_group_one_rank. Ranks 0, 2 wait in the job's barrier #68 for
+    rank 1; rank 1 waits in subgroup [0, 1]'s barrier #2 for rank 0. Most of the cycle waits
+    in the job's barrier: rank 1 is named, and at the stall's 10 s, not the 30 s a barrier
+    gets for a rank busy with a checkpoint (in a cycle nobody is busy)."""
+    log = running(3, groups=(("0", None), ("1", [0, 1])))
+    for r in range(3):
+        rows = [{"group": "0", "op": "all_reduce", "count": 67, "bytes": 4096 * 67,
+                 "sum_us": 500.0 * 67, "max_us": 900.0, "hist": [[64, 67]]}]
+        if r < 2:
+            rows.append({"group": "1", "op": "all_reduce", "count": 30, "bytes": 16 * 30,
+                         "sum_us": 500.0 * 30, "max_us": 900.0, "hist": [[64, 30]]})
+        log.add(f"s{r}", "coll_stats", {"start": 100.0, "end": 101.0, "rows": rows}, t=101.0)
+    since = 102.0
+    for t in (102.5, 112.0):
+        progress(log, 0, t, ("0", 68, 67, "barrier", since), ("1", 1, 1, None, None))
+        progress(log, 1, t, ("0", 67, 67, None, None), ("1", 2, 1, "barrier", since + 0.01))
+        progress(log, 2, t, ("0", 68, 67, "barrier", since))
+    assert diagnose(log.state(), 111.9, S) == []
+    (f,) = diagnose(log.state(), 112.2, S)
+    assert (f["kind"], f["ranks"], f["group"]) == ("stall", [1], "0"), f
+    assert f["evidence"]["outvoted"] == [1] and "in another group's instead" in f["hint"]
+
+
 def fingerprint_beat(log, rank, t, seq, fp):
     log.add(f"s{rank}", "heartbeat", {"groups": [
         {"group": "0", "entered": seq + 3, "completed": seq + 3, "inflight_op": None,

@@ -4,23 +4,69 @@ ranks disagreeing on settings that must match."""
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, NamedTuple
 
 from dashboard.diagnosis.errors import classify_error
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
-from dashboard.diagnosis.text import agree, backend_of, have, process_label, ranks_label, them
+from dashboard.diagnosis.text import (agree, backend_of, have, process_label, ranks_label,
+                                      stack_commands, them)
 from dashboard.state import TERMINAL_RANK, JobState, RankState
+
+
+def _world_of(state: JobState, arrivals: list[tuple[str, dict[str, Any]]]) -> int | None:
+    sizes = collections.Counter(e.get("world_size") for _, e in arrivals
+                                if e.get("world_size") not in (None, -1))
+    return state.world_size or (sizes.most_common(1)[0][0] if sizes else None)
+
+
+class GaveUp(NamedTuple):
+    """Ranks whose init_process_group gave up waiting for peers that had not arrived."""
+
+    at: float  # when the first of them gave up
+    missing: list[int]  # the ranks not arrived by then
+    waiters: dict[str, str]  # session -> its error's title (a peer's absence: not its fault)
+    late: dict[str, float]  # session of a missing rank that arrived after -> seconds after
+
+
+def gave_up(state: JobState) -> GaveUp | None:
+    """The rendezvous that timed out waiting (``init_process_group(timeout=...)`` shorter
+    than a slow rank's start): ranks failed with errors that say a peer did not come (the
+    store's "2/3 clients joined", a key never set) while ranks had not arrived. The ranks
+    not arrived are at fault, not the ranks that waited for them, nor those ranks' own
+    failures when they arrive to a rendezvous already gone."""
+    def build() -> GaveUp | None:
+        arrivals = list(state.current_init().items())
+        world = _world_of(state, arrivals)
+        backend = backend_of(state)
+        failed = {sess: (e["arrived_at"] + (e["error"].get("duration_s") or 0.0),
+                         classify_error(e["error"], backend))
+                  for sess, e in arrivals if e.get("error")}
+        waiters = {sess: at for sess, (at, cause) in failed.items() if cause.victim}
+        if not world or not waiters:
+            return None
+        at = min(waiters.values())
+        claims = {sess: _claimed(state.sessions[sess], e) for sess, e in arrivals}
+        there = {claims[sess] for sess, e in arrivals if e["arrived_at"] <= at}
+        missing = sorted(set(range(world)) - there)
+        if not missing:
+            return None
+        late = {sess: e["arrived_at"] - at for sess, e in arrivals
+                if e["arrived_at"] > at and claims[sess] in missing}
+        return GaveUp(at, missing, {sess: failed[sess][1].title for sess in waiters
+                                    if state.init[sess]["arrived_at"] <= at}, late)
+    return state.memo(("init_gave_up",), build)
 
 
 def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
     arrivals = [(sess, entry) for sess, entry in state.current_init().items()]
     if not arrivals:
         return []
-    sizes = collections.Counter(e.get("world_size") for _, e in arrivals
-                                if e.get("world_size") not in (None, -1))
-    world = state.world_size or (sizes.most_common(1)[0][0] if sizes else None)
+    world = _world_of(state, arrivals)
     if not world:
         return []
+    stopped = gave_up(state)
+    if stopped is not None:
+        return [_gave_up_finding(state, stopped, world)]
     # The rank each process asked init_process_group for: its rendezvous's word, where a
     # script (or a launcher's copied environment) changed RANK after the agent attached.
     claims = {sess: _claimed(state.sessions[sess], e) for sess, e in arrivals}
@@ -74,6 +120,32 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
         evidence, last_arrival + s.init_grace)]
 
 
+def _gave_up_finding(state: JobState, stopped: GaveUp, world: int) -> Finding:
+    missing, waiters = stopped.missing, stopped.waiters
+    by_rank = {state.sessions[sess].rank: title for sess, title in waiters.items()}
+    timeouts = sorted({e.get("timeout_s") for sess, e in state.current_init().items()
+                       if sess in waiters and e.get("timeout_s")})
+    waited = f" (`init_process_group(timeout={timeouts[0]:g} s)`)" if len(timeouts) == 1 else ""
+    late = sorted((state.sessions[sess].rank, after) for sess, after in stopped.late.items())
+    came = "; ".join(f"rank {rank} arrived {after:.0f} s after" for rank, after in late)
+    waiting = sorted(r for r in by_rank if r is not None)
+    return finding(
+        "init_incomplete", Severity.CRITICAL, missing, None,
+        f"{ranks_label(missing).capitalize()} did not arrive at rendezvous in time: "
+        f"{ranks_label(waiting)} gave up waiting for {them(missing)}{waited}"
+        + (f"; {came}." if came else "."),
+        f"Find what delays {ranks_label(missing)} before init_process_group (imports or "
+        "data on a cold file system, a download, a container still pulling, a slow node; "
+        f"while {agree(missing, 'it starts', 'they start')}: {stack_commands(state, missing)}), "
+        "or give the rendezvous more time (`init_process_group(timeout=...)`, default 30 "
+        "min; torchrun's `--rdzv-conf join_timeout=`).",
+        {"world_size": world, "missing": missing,
+         "gave_up": {str(r): title for r, title in sorted(by_rank.items(), key=str)},
+         "late_s": {str(r): round(after, 1) for r, after in late},
+         "timeout_s": timeouts[0] if len(timeouts) == 1 else None},
+        stopped.at)
+
+
 def _claimed(r: RankState, entry: dict[str, Any]) -> int | None:
     """The rank a process's init_process_group was asked for, else the one it started as."""
     rank = entry.get("rank")
@@ -103,9 +175,11 @@ def _started_as(r: RankState, claimed: int) -> str:
 
 def init_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
     out = []
+    stopped = gave_up(state)
+    explained = set(stopped.waiters) | set(stopped.late) if stopped else set()
     for sess, entry in state.current_init().items():
         err = entry.get("error")
-        if not err:
+        if not err or sess in explained:  # (init_incomplete names the ranks that were late)
             continue
         r = state.sessions[sess]
         cause = classify_error(err, backend_of(state))

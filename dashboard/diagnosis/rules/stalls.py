@@ -93,11 +93,17 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
                 continue
             since = min(rows[r][view.since] for r in waiting)
             op = view.op(rows[min(waiting)])
-            threshold, basis = stall_threshold(state, group, view, rows, s, op)
+            threshold, basis = stall_threshold(state, group, view, rows, s)
             if now - since < threshold:
                 continue
             chain, roots = follow_waits(state, group, behind, frame, view)
             cycle = not roots
+            # A barrier's allowance is for a rank busy outside collectives (rank 0's
+            # checkpoint); in a cycle the awaited rank waits itself, for a waiter: a deadlock.
+            if op in BARRIERS and not cycle:
+                threshold, basis = stall_threshold(state, group, view, rows, s, op)
+                if now - since < threshold:
+                    continue
             roots = blamed(roots, behind, waiting)
             if roots is None:
                 continue

@@ -256,7 +256,7 @@ def out_of_step(state: JobState, ranks: list[int]) -> list[int]:
     for rank in ranks:
         diffs = pair_differences(rows[rank])
         others = [kept for r, kept in spread.items() if r != rank and len(kept) == 2 * len(diffs)]
-        if not diffs or not others:
+        if not diffs or len(others) < 2:  # (against one rank, either could be the odd one)
             continue
         for i, d in enumerate(diffs):
             lo, hi = min(kept[2 * i] for kept in others), max(kept[2 * i + 1] for kept in others)
@@ -271,26 +271,47 @@ def out_of_step(state: JobState, ranks: list[int]) -> list[int]:
 def one_cycle(state: JobState, found: list[Finding]) -> list[Finding]:
     """Findings of groups whose waits close one cycle (each names the ranks its collective
     waits for, as no root ends the walk): where the cycle's ranks show which of them is out of
-    step with the others (``out_of_step``: a collective called on the wrong group), only the
-    findings that name it stay, saying so; else all of them."""
+    step with the others (``out_of_step``: a collective called on the wrong group), or most
+    of them wait in one collective and the rest elsewhere (``_outvoted``), only the findings
+    that name those stay, saying so; else all of them."""
     cycle = [f for f in found if f["evidence"].get("cycle")]
     if len(cycle) < 2:
         return found
     ranks = sorted({r for f in cycle for r in f["ranks"]}
                    | {r for f in cycle for r in f["evidence"].get("waiting", ())})
-    odd = out_of_step(state, ranks)
-    kept = [f for f in cycle if odd and set(f["ranks"]) <= set(odd)]
-    if not kept:
+    for why in ("out_of_step", "outvoted"):
+        odd = out_of_step(state, ranks) if why == "out_of_step" else _outvoted(cycle, ranks)
+        kept = [f for f in cycle if odd and set(f["ranks"]) <= set(odd)]
+        if kept:
+            break
+    else:
         return found
-    text = (f" {ranks_label(odd).capitalize()} {agree(odd, 'is', 'are')} out of step: "
-            f"{agree(odd, 'its', 'their')} counts of collectives per group no longer match "
-            "what every other rank kept all along (one of them called a collective on another "
-            "group than its peers did: a wrong mesh dimension or process group in a branch), "
-            "and the others wait in the cycle it left.")
+    if why == "out_of_step":
+        text = (f" {ranks_label(odd).capitalize()} {agree(odd, 'is', 'are')} out of step: "
+                f"{agree(odd, 'its', 'their')} counts of collectives per group no longer "
+                "match what every other rank kept all along (one of them called a collective "
+                "on another group than its peers did: a wrong mesh dimension or process group "
+                "in a branch), and the others wait in the cycle it left.")
+    else:
+        text = (f" Most of the cycle's ranks wait in one collective; {ranks_label(odd)} "
+                f"{agree(odd, 'waits', 'wait')} in another group's instead (a collective "
+                "called on another group than its peers did: a wrong process group or mesh "
+                "dimension in a branch only it took).")
     for f in kept:
         f["hint"] += text
-        f["evidence"]["out_of_step"] = odd
+        f["evidence"][why] = odd
     return [f for f in found if f not in cycle] + kept
+
+
+def _outvoted(cycle: list[Finding], ranks: list[int]) -> list[int]:
+    """The ranks of a cycle outside the collective most of its ranks wait in, if one holds
+    more than half of them: the ranks that went elsewhere (a barrier on a subgroup where
+    the others call the job's)."""
+    for f in cycle:
+        waiting = set(f["evidence"].get("waiting", ()))
+        if 2 * len(waiting) > len(ranks):
+            return sorted(set(ranks) - waiting)
+    return []
 
 
 def cycle_text(chain: list[dict[str, Any]], roots: list[int]) -> str:
