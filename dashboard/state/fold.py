@@ -98,10 +98,10 @@ class Fold:
         # heartbeats reported a call fingerprint for -> rank -> (fingerprint, t): ranks whose
         # fingerprints differ at one number called something different (rules.desync)
         self.fingerprints: dict[tuple[str, int], dict[int, dict[int, tuple[int, float]]]] = {}
-        # group name -> its members as each rank reported them -> reporting rank -> when,
-        # kept once two ranks disagree (else only the first list and who reported it): torch
-        # names a group by how many the process made before it, so a rank that skipped a
-        # new_group call gives a later group another group's name (rules.desync)
+        # group name -> its members as each rank reported them -> reporting rank -> when (as
+        # many entries as the groups have members): torch names a group by how many the
+        # process made before it, so a rank that skipped a new_group call gives a later group
+        # another group's name (rules.desync)
         self.group_views: dict[str, dict[tuple[int, ...], dict[int, float]]] = {}
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
