@@ -377,6 +377,25 @@ def test_config_mismatch_blames_the_minority():
     assert found["world_size"]["ranks"] == [2] and found["world_size"]["severity"] == "critical"
 
 
+def test_a_logging_setting_on_one_rank_is_no_mismatch():
+    """Corpus: healthy_nccl_debug_one_rank. One node exports NCCL_DEBUG=INFO to look at its
+    network: what it logs, not how it talks. A setting that changes behaviour still counts."""
+    log = Log()
+    for r in range(3):
+        h = hello(r, world=3)
+        h["env"] = {"MASTER_PORT": "29500",
+                    **({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+                        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"} if r == 1 else {})}
+        log.add(f"s{r}", "hello", h, t=10 + r)
+    assert diagnose(log.state(), 20, S) == []
+    log.add("s2", "hello", {**hello(2, world=3),
+                            "env": {"MASTER_PORT": "29500", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}},
+            t=20)
+    (f,) = diagnose(log.state(), 21, S)
+    assert (f["kind"], f["ranks"], f["evidence"]["key"]) == (
+        "config_mismatch", [2], "TORCH_DISTRIBUTED_DEBUG")
+
+
 def test_replay_gives_the_same_findings_at_the_same_moment():
     log = running(3)
     for r in (0, 1):

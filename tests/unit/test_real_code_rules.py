@@ -419,6 +419,24 @@ def test_ranks_of_one_host_killed_together_are_one_finding():
     assert f["hint"].startswith("Every rank of node1 went at the same moment")
 
 
+def test_ranks_of_one_host_killed_apart_by_a_crowded_scheduler_went_together_with_no_launcher():
+    """Corpus: node_lost_two_ranks (processes started by hand). Both ranks of node1 killed
+    at one step, 18 ms apart on a loaded host: no launcher stops a job's other processes
+    there, so the second went with the first, not because of it. Under torchrun the same
+    timing is its stop of the rest after it saw the first die."""
+    for launcher, named in (("python", [[2, 3]]), ("torchrun", [[2]])):
+        log = running(4)
+        for r in range(4):
+            log.add(f"s{r}", "hello", {**hello(r, world=4, host="node1" if r > 1 else "node0"),
+                                       "launcher": launcher}, t=100.5)
+        log.add("s2", "disconnect", {}, t=110.0)
+        log.add("s3", "disconnect", {}, t=110.018)
+        for r in (0, 1):
+            progress(log, r, 112.0, ("0", 5, 5, None, None))
+        found = diagnose(log.state(), 112.0, S)
+        assert [f["ranks"] for f in found if f["kind"] == "rank_lost"] == named, launcher
+
+
 def test_ranks_of_a_host_whose_other_ranks_still_report_are_not_blamed_on_the_host():
     log = running(4)
     for r in (1, 2):

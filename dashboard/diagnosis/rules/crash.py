@@ -107,7 +107,24 @@ def _consequence(state: JobState, r: RankState, s: Settings) -> bool:
     if r.status != RankStatus.LOST or r.exit_at is None:
         return False
     first = next(((t, rank) for t, rank in ends(state) if rank != r.rank), None)
-    return first is not None and r.exit_at >= first[0] + CONSEQUENCE_AFTER_S
+    if first is None or r.exit_at < first[0] + CONSEQUENCE_AFTER_S:
+        return False
+    return not _died_with(state, r, first[1])
+
+
+def _died_with(state: JobState, r: RankState, other: int) -> bool:
+    """Whether ``r``, lost after ``other`` was, went with it rather than because of it: both
+    killed on one host, in a job whose processes no launcher watches (started by hand or by
+    a scheduler's per-process command: no torchrun, mp.spawn or srun to stop the rest when
+    one dies). Two processes killed at once (a node's power, the OOM killer taking a
+    host's ranks) end milliseconds apart on a crowded host; only a launcher's reaction
+    makes the later one a consequence."""
+    first = state.rank_index().get(other)
+    if first is None or first.status != RankStatus.LOST or not r.host or first.host != r.host:
+        return False
+    if r.exit_at - (first.exit_at or 0.0) > LOST_TOGETHER_S:
+        return False
+    return all(x.launcher == "python" for x in state.ranks())
 
 
 def _running_seen(state: JobState) -> list[float]:

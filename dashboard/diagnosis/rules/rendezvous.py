@@ -201,6 +201,14 @@ def init_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
 _CRITICAL_KEYS = ("world_size", "backend", "MASTER_ADDR", "MASTER_PORT")
 RENDEZVOUS_KEYS = ("world_size", "MASTER_ADDR", "MASTER_PORT")  # a mismatch: init never ends
 _ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
+# Settings of those families that only say what a rank logs or dumps: one node exporting
+# NCCL_DEBUG=INFO to look at its network is debugging, not a mismatch.
+_LOGGING_ONLY = frozenset({
+    "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "NCCL_DEBUG_TIMESTAMP_FORMAT",
+    "NCCL_DEBUG_TIMESTAMP_LEVELS", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_TRACE_CPP_STACK", "TORCH_NCCL_DESYNC_DEBUG",
+    "TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN"})
 
 
 def _settings_of(r: RankState, init: dict[str, Any]) -> dict[str, Any]:
@@ -216,7 +224,7 @@ def _settings_of(r: RankState, init: dict[str, Any]) -> dict[str, Any]:
     for name in ("torch", "cuda", "nccl"):
         values[f"{name} version"] = r.versions.get(name)
     for key, value in r.env.items():
-        if key.startswith(_ENV_PREFIXES):
+        if key.startswith(_ENV_PREFIXES) and key not in _LOGGING_ONLY:
             values[key] = value
     return values
 
