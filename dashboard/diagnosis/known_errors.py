@@ -307,6 +307,12 @@ RULES: tuple[Rule, ...] = (
           "addr_in_use", "port {port} is already in use", False,
           "Another process holds port {port} on this host, often a previous run still alive: find "
           "it with `ss -ltnp | grep :{port}`, stop it, or pick another MASTER_PORT."),
+    _rule(r"\[Errno 98\] Address already in use",
+          "addr_in_use", "a port its own code listens on is already in use", False,
+          "A socket this rank's own code binds (a metrics or debugging server, a store of its "
+          "own) found its port taken: two ranks of one host computing the same port (from "
+          "`rank % N`, or from RANK where LOCAL_RANK was meant), or a previous run still "
+          "alive. The traceback shows the call; `ss -ltnp` names the process that holds it."),
     _rule(r"EADDRINUSE|address already in use",
           "addr_in_use", "a port is already in use", False,
           "Another process holds the port this rank tried to listen on, often a previous run "

@@ -30,6 +30,9 @@ SIZE_MISMATCH = ("terminate called after throwing an instance of 'gloo::EnforceN
 # c10d's Work::wait(timeout) (torch/csrc/distributed/c10d/Work.cpp), an async collective's
 # wait(timeout=timedelta(seconds=6)) on gloo, as torch 2.13 raised it in bench/corpus.
 WORK_WAIT = "Operation timed out!"
+# Python's own socket (a metrics server the training code starts), bench/corpus
+# metrics_port_in_use_one_rank: not the rendezvous's port.
+OWN_PORT = "[Errno 98] Address already in use"
 STORE_CLIENTS = "Timed out after 5 seconds waiting for clients. 1/2 clients joined."
 CONNECT_TIMEOUT = ("The client socket has timed out after 4000ms while trying to connect to "
                    "(127.0.0.1, 29602).")
@@ -214,6 +217,7 @@ QUOTA = "[Errno 122] Disk quota exceeded: '/home/u/ckpt/step_4000.pt'"
      {"peers": [1], "peer": 1, "timeout_ms": 2000}),
     (MONITORED_BARRIER_RANK, "monitored_barrier_timeout", True, {"runner": "0"}),
     (WORK_WAIT, "work_wait_timeout", True, {}),
+    (OWN_PORT, "addr_in_use", False, {}),
     (LOADER_KILLED, "dataloader_killed", False, {"worker": "2017"}),
     (LOADER_BUS, "dataloader_shm", False, {"worker": "2017"}),
     (LOADER_SEGV, "dataloader_worker_died", False, {"signal": "Segmentation fault"}),
