@@ -15,6 +15,7 @@ The rules import it; it imports no rule.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, NamedTuple
 
 from dashboard.statuses import RankStatus
@@ -213,8 +214,9 @@ def stopped_text(state: JobState, frame: Frame) -> str:
     if stop.timed_out:
         rank, title = min(stop.timed_out.items())
         gave_up = f" Rank {rank}'s own timeout ended the wait ({title})."
+    at = time.strftime("%H:%M:%S UTC", time.gmtime(stop.at))
     return (f"{gave_up} The job was then stopped ({ranks_label(stop.ranks)} ended from "
-            f"{stop.at:.0f} s, Unix time, on): this stays its verdict.")
+            f"{at} on): this stays its verdict.")
 
 
 def stop_evidence(frame: Frame) -> dict[str, Any]:
