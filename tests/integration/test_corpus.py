@@ -24,7 +24,7 @@ from tests.helpers.procs import ROOT
 # fingerprints decide), a process a non-daemon thread keeps alive after its script ended.
 SUBSET = ["p2p_isend_irecv_freeze", "ddp_early_return", "hang_stopped_sigint", "healthy_fsdp",
           "broadcast_src_mismatch", "store_wait_rank0_hangs", "allreduce_op_mismatch",
-          "hang_at_exit_nondaemon_thread", "new_group_skipped_one_rank", "init_duplicate_rank"]
+          "hang_at_exit_nondaemon_thread", "init_duplicate_rank"]
 
 KINDS = {"init_incomplete", "init_failed", "config_mismatch", "hang", "stall", "desync",
          "straggler", "rank_lost", "rank_failed", "gpu_fault", "gpu_throttle",
