@@ -281,20 +281,22 @@ def one_cycle(state: JobState, found: list[Finding]) -> list[Finding]:
         return found
     ranks = sorted({r for f in cycle for r in f["ranks"]}
                    | {r for f in cycle for r in f["evidence"].get("waiting", ())})
-    for why in ("out_of_step", "outvoted"):
-        odd = out_of_step(state, ranks) if why == "out_of_step" else _outvoted(cycle, ranks)
-        kept = [f for f in cycle if odd and set(f["ranks"]) <= set(odd)]
-        if kept:
-            break
-    else:
-        return found
-    if why == "out_of_step":
+    def naming(odd: list[int]) -> list[Finding]:  # the cycle's findings that name only odd
+        return [f for f in cycle if odd and set(f["ranks"]) <= set(odd)]
+
+    odd, why = out_of_step(state, ranks), "out_of_step"
+    kept = naming(odd)
+    if kept:
         text = (f" {ranks_label(odd).capitalize()} {agree(odd, 'is', 'are')} out of step: "
                 f"{agree(odd, 'its', 'their')} counts of collectives per group no longer "
                 "match what every other rank kept all along (one of them called a collective "
                 "on another group than its peers did: a wrong mesh dimension or process group "
                 "in a branch), and the others wait in the cycle it left.")
     else:
+        odd, why = _outvoted(cycle, ranks), "outvoted"
+        kept = naming(odd)
+        if not kept:
+            return found
         text = (f" Most of the cycle's ranks wait in one collective; {ranks_label(odd)} "
                 f"{agree(odd, 'waits', 'wait')} in another group's instead (a collective "
                 "called on another group than its peers did: a wrong process group or mesh "
