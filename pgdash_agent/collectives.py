@@ -23,6 +23,8 @@ from pgdash_agent.wire import LatencySummary
 
 
 RECENT_COLLECTIVES = 256  # collectives a snapshot shows, the newest (all groups together)
+# The fingerprints of this many of a process's newest new_group calls go in each heartbeat.
+GROUPS_MADE_KEPT = 8
 # Collectives whose payload size every rank must match: their bytes go into the call
 # fingerprint and into what a failure reports of its last calls (all_gather's and
 # all_to_all's may differ by rank: uneven gathers, MoE token splits).
@@ -124,6 +126,12 @@ class CollectiveTracker:
         # future was taken leaves (its waiter is elsewhere: DDP's reducer, for the agent's
         # comm hook), and is timed from issue to completion, as before.
         self.async_blocked: dict[int, float] = {}
+        # new_group calls this process made (every rank of the job must make the same ones,
+        # in the same order, members or not) and, after each of the newest, a fingerprint of
+        # all of them so far: what a heartbeat sends (``groups_made``), so that a rank that
+        # skipped or changed one is seen even when its call then hangs.
+        self.groups_made = 0
+        self.groups_made_fp: collections.deque[int] = collections.deque(maxlen=GROUPS_MADE_KEPT)
         self._lock = threading.Lock()  # guards slow-path registration only
 
     # -- groups ------------------------------------------------------------------------------
@@ -149,6 +157,17 @@ class CollectiveTracker:
 
     def set_default(self, pg: Any) -> None:
         self.default_track = self.track_for(pg) if pg is not None else None
+
+    def made_group(self, ranks: tuple[int, ...]) -> None:
+        """Count a new_group call of these (global) ranks, before it is made."""
+        last = self.groups_made_fp[-1] if self.groups_made_fp else 0
+        self.groups_made += 1
+        self.groups_made_fp.append(hash((last, len(ranks), *ranks)) & 0xFFFFFFFF)
+
+    def new_world(self) -> None:
+        """The process made its world (again): torch numbers its groups afresh."""
+        self.groups_made = 0
+        self.groups_made_fp.clear()
 
     # -- background thread (and the wrappers' slow paths) ------------------------------------
 

@@ -3,8 +3,9 @@
 :func:`describe_group` reads a group's name, backend and ranks from c10d's registry (the
 collective tracker names its groups with it). :class:`ProcessGroupWatch` announces each group
 this rank belongs to (``group``), replaces ``init_process_group`` (the rendezvous:
-``init_start``, then ``init_done`` or ``init_failed``) and ``destroy_process_group`` (a rank
-that ``left``), and puts the originals back at detach. Its own room because it is the one
+``init_start``, then ``init_done`` or ``init_failed``), ``destroy_process_group`` (a rank
+that ``left``) and ``new_group`` (each call counted before it is made: the heartbeat's
+``groups_made``), and puts the originals back at detach. Its own room because it is the one
 place that patches torch.distributed's setup functions, apart from the collectives
 (``pgdash_agent.collective_wrappers``) and DDP (``pgdash_agent.ddp``). Like every hook of the
 agent, these never raise into the training code: what goes wrong inside them is counted in
@@ -78,9 +79,10 @@ class ProcessGroupWatch:
                                                    "ranks": track.ranks})
 
     def install(self, *modules: Any) -> None:
-        """Replace both functions in ``modules`` (``torch.distributed`` and its c10d)."""
+        """Replace the three functions in ``modules`` (``torch.distributed`` and its c10d)."""
         self._patch_init(*modules)
         self._patch_destroy(*modules)
+        self._patch_new_group(*modules)
 
     def uninstall(self) -> None:
         """Put the originals back, in every module that was given the replacement."""
@@ -138,6 +140,36 @@ class ProcessGroupWatch:
 
         self._replace(modules, destroy_process_group, original)
 
+    def _patch_new_group(self, *modules: Any) -> None:
+        """Count each ``new_group`` call before it is made (``CollectiveTracker.made_group``):
+        every rank of the job must make the same calls in the same order, members or not, and
+        a rank that skipped one, or passed other ranks, hangs in its next one, or makes groups
+        that never meet, before any group of it is registered."""
+        original = getattr(modules[0], "new_group", None)
+        if original is None or getattr(original, "__pgdash_wrapped__", False):
+            return
+        signature = inspect.signature(original)
+        agent = self
+
+        def new_group(*args, **kwargs):
+            agent._new_group(signature, args, kwargs)
+            return original(*args, **kwargs)
+
+        self._replace(modules, new_group, original)
+
+    def _new_group(self, signature: inspect.Signature, args: tuple, kwargs: dict) -> None:
+        try:
+            bound = signature.bind_partial(*args, **kwargs).arguments
+            if bound.get("use_local_synchronization"):
+                return  # only the members call it
+            ranks = bound.get("ranks")
+            ranks = range(c10d().get_world_size()) if ranks is None else ranks
+            ranks = tuple(int(r) for r in ranks)
+            self.tracker.made_group(tuple(sorted(ranks)) if bound.get("sort_ranks", True)
+                                    else ranks)
+        except Exception:
+            self.tracker.internal_errors += 1
+
     def _left(self, group: Any) -> None:
         try:
             track = None if group is None else self.tracker.track_for(group)
@@ -176,6 +208,7 @@ class ProcessGroupWatch:
                 return
             dist_c10d = c10d()
             self.tracker.set_default(dist_c10d._world.default_pg)
+            self.tracker.new_world()
             self._send_hello()  # rank and world size are certain now
             self.outbox.put(now, "init_done", {"rank": dist_c10d.get_rank(),
                                                "world_size": dist_c10d.get_world_size(),

@@ -320,6 +320,12 @@ class Heartbeat(_Shape):
     # the non-daemon threads the interpreter waits for before it exits (rules.idle)
     main_done: bool = False
     holding: _limited(list[_Name], max_length=8) = []
+    # Optional (newer agents): how many new_group calls the process made (every rank must
+    # make the same, in the same order), and a fingerprint of all of them after each of the
+    # newest (oldest first, the last after call ``groups_made``): ranks that differ at one
+    # number made another call there
+    groups_made: Optional[_Count] = None
+    groups_made_fp: _limited(list[_Count], max_length=16) = []
 
 
 MAX_TRACEBACK_FRAMES = 40  # agent.frames keeps the first few and the innermost rest

@@ -103,6 +103,10 @@ class Fold:
         # process made before it, so a rank that skipped a new_group call gives a later group
         # another group's name (rules.desync)
         self.group_views: dict[str, dict[tuple[int, ...], dict[int, float]]] = {}
+        # rank -> (new_group calls its process made, the fingerprints of all its calls after
+        # each of the newest, when it first reported that many): every rank must make the
+        # same calls in the same order (rules.desync)
+        self.groups_made: dict[int, tuple[int, tuple[int, ...], float]] = {}
         self.errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_ERRORS)
         self.init: dict[str, dict[str, Any]] = {}  # session -> rendezvous timeline
         self.stacks: dict[tuple[str, int], dict[str, Any]] = {}  # (group, rank) -> last stack
@@ -172,6 +176,7 @@ class Fold:
         self.__dict__.setdefault("cpu_since_move", {})
         self.__dict__.setdefault("fingerprints", {})
         self.__dict__.setdefault("group_views", {})
+        self.__dict__.setdefault("groups_made", {})
         self.__dict__.pop("_kept", None)  # what views kept beside the fold (stored empty)
         for rank, history in self.gpu_history.items():  # earlier versions: a deque of lists
             if not isinstance(history, GpuHistory):
@@ -272,7 +277,7 @@ class Fold:
         for table in (self.progress, self._recent, self.fr_tallies, self.stacks,
                       self.gpu_faults, self.throttled_since, self.moved_at,
                       self.count_spread, self.cpu_since_move, self.fingerprints,
-                      self.group_views):
+                      self.group_views, self.groups_made):
             table.clear()
         self.longest_pause = 0.0
         self._progress_index = None
@@ -307,6 +312,7 @@ class Fold:
             for views in self.group_views.values():  # a process that made its world
                 for who in views.values():           # again numbers its groups afresh
                     who.pop(r.rank, None)
+            self.groups_made.pop(r.rank, None)
         r.backend = body.get("backend") or r.backend
         self.init.setdefault(r.session, {"arrived_at": t - body["duration_s"]})["done_at"] = t
         if r.status not in TERMINAL_RANK:
@@ -347,6 +353,9 @@ class Fold:
         r.dropped = dict(body.get("dropped") or {})
         if r.rank is None or self._stale(r):
             return
+        made = body.get("groups_made")
+        if made and (self.groups_made.get(r.rank) or (None,))[0] != made:
+            self.groups_made[r.rank] = (made, tuple(body.get("groups_made_fp") or ()), t)
         moved = False
         for row in body["groups"]:
             key = (row["group"], r.rank)

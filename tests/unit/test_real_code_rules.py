@@ -1046,6 +1046,55 @@ def test_group_names_that_differ_with_no_majority_name_nobody_and_a_new_world_st
     assert diagnose(log.state(), 106.5, S) == []
 
 
+def made_beat(log, rank, t, count, marks):
+    """A heartbeat saying the rank's process made ``count`` new_group calls, with the
+    fingerprints after its newest (the last after call ``count``)."""
+    log.add(f"s{rank}", "heartbeat", {"groups": [], "groups_made": count,
+                                      "groups_made_fp": list(marks)}, t=t)
+
+
+def test_a_rank_whose_new_group_call_differs_is_named_before_any_group_of_it_exists():
+    """Corpus: new_group_skipped_one_rank (rank 2 skipped call #1 and hangs inside its next
+    one, which the others make as their #2) and new_group_ranks_differ (rank 3 passes other
+    ranks to call #2). Each agent counts a call before it is made; the ranks are compared at
+    the numbers their fingerprints share."""
+    log = running(3)
+    made_beat(log, 0, 105.0, 2, [11, 12])
+    made_beat(log, 1, 105.1, 1, [11])  # slower: call #2 not made yet, no disagreement
+    assert diagnose(log.state(), 105.2, S) == []
+    made_beat(log, 2, 105.3, 1, [13])
+    (f,) = diagnose(log.state(), 105.4, S)
+    assert (f["kind"], f["severity"], f["ranks"], f["group"]) == ("desync", "critical", [2], None)
+    assert f["summary"].startswith(
+        "The new_group call #1 of rank 2 is not the one ranks 0, 1 made at that number: rank "
+        "2 skipped a new_group call before it, or passed other ranks."), f["summary"]
+    assert "use_local_synchronization=True" in f["hint"] and f["first_seen"] == 105.3
+    assert f["evidence"] == {"source": "new_group_calls", "call": 1, "views": [[0, 1], [2]]}
+
+    log = running(4)
+    for r in range(4):
+        made_beat(log, r, 106.0 + r / 10, 4, [21, 22, 23 if r == 3 else 24, 25 + (r == 3)])
+    (f,) = diagnose(log.state(), 107.0, S)
+    assert (f["ranks"], f["evidence"]["call"]) == ([3], 3)  # the first number they part at
+
+
+def test_new_group_calls_apart_with_no_majority_name_nobody_and_a_new_world_starts_afresh():
+    log = running(2)
+    made_beat(log, 0, 105.0, 1, [11])
+    made_beat(log, 1, 105.1, 1, [12])
+    (f,) = diagnose(log.state(), 105.5, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("desync", "warning", [])
+    assert f["summary"].startswith("The ranks made new_group call #1 apart: rank 0 one "
+                                   "sequence, rank 1 another of calls up to it."), f["summary"]
+    for r in (0, 1):  # each rank makes its world again: its calls are counted afresh
+        log.add(f"s{r}", "init_done", {"rank": r, "world_size": 2, "backend": "gloo",
+                                       "duration_s": 0.1}, t=106.0)
+    assert diagnose(log.state(), 106.5, S) == []
+    made_beat(log, 0, 107.0, 1, [11])
+    made_beat(log, 1, 107.1, 1, [11])
+    assert diagnose(log.state(), 107.5, S) == []
+
+
 RESET = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
          "[127.0.0.1]:34007: Connection reset by peer.")
 

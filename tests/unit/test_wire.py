@@ -53,6 +53,7 @@ GOOD = [
     ev("heartbeat", {"groups": [{"group": "0", "entered": 3, "completed": 2,
                                  "inflight_op": "all_reduce", "inflight_since": 1.5}],
                      "dropped": {"coll_stats": 2}}),
+    ev("heartbeat", {"groups": [], "groups_made": 9, "groups_made_fp": [7, 2**32 - 1]}),
     ev("error", {"where": "collective", "error_type": "RuntimeError", "error": "boom"}),
     ev("exit", {"clean": True}),
     ev("gpu", {"uuid": "GPU-0", "lost": False, "values": {"temp_c": 61.0, "power_w": None},
@@ -134,6 +135,8 @@ BAD_EVENTS = [
         {"group": "0", "op": "a", "count": 1, "bytes": 0, "sum_us": 1, "max_us": 1,
          "hist": [[5]]}]}), r"rows\[0\].hist\[0\]: Expected `array` of at least length 2"),
     (ev("heartbeat", {"groups": [], "dropped": {"x": -1}}), r"body.dropped\[...\]: Expected `int` >= 0"),
+    (ev("heartbeat", {"groups": [], "groups_made": 20, "groups_made_fp": [1] * 17}),
+     "body.groups_made_fp: .* length <= 16"),
     ("not an object", "event: Expected `object`, got `str`"),
     (ev("exit", {"clean": True}, t=math.nan), "event.t: Expected `float`"),
 ]

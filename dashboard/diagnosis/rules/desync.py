@@ -14,13 +14,60 @@ CPP = "a C++ collective"  # DDP's or FSDP's, seen only by the Flight Recorder
 
 
 def desync(state: JobState, now: float, s: Settings) -> list[Finding]:
-    out = _numbered_apart(state)
+    out = _made_apart(state) or _numbered_apart(state)
     seen = {f["group"] for f in out}
     out += [f for f in _inside(state, now, s) if f["group"] not in seen]
     seen = {f["group"] for f in out}
     out += [f for f in _failed_together(state) if f["group"] not in seen]
     seen = {f["group"] for f in out}
     return out + [f for f in _fingerprints(state) if f["group"] not in seen]
+
+
+def _made_apart(state: JobState) -> list[Finding]:
+    """Ranks whose new_group calls part from the others' (``JobState.groups_made``): every
+    rank of the job must make the same calls, in the same order, members or not. Each agent
+    counts a call before it is made, and sends a fingerprint of all its calls after each of
+    its newest; at the first number where the ranks that reached it disagree, the ranks
+    outside the fingerprint most of them share are named (a rank that skipped a call, or
+    passed other ranks). Where none has most, nobody is named (a warning). Seen even when
+    the odd call then hangs, before torch registers any group of it (``_numbered_apart``
+    reads the groups registered)."""
+    at: dict[int, dict[int, list[int]]] = collections.defaultdict(
+        lambda: collections.defaultdict(list))
+    since: dict[int, float] = {}
+    for rank, (count, marks, t) in state.groups_made.items():
+        for n, mark in enumerate(marks, start=count - len(marks) + 1):
+            at[n][mark].append(rank)
+        since[rank] = t
+    for n in sorted(at):
+        if len(at[n]) < 2:
+            continue
+        views = sorted(at[n].values(), key=lambda who: (-len(who), who))
+        reached = sum(map(len, views))
+        odd = sorted(r for who in views[1:] for r in who) if 2 * len(views[0]) > reached else []
+        first = max(since[r] for who in views[1:] for r in who)
+        if odd:
+            text = (f"The new_group call #{n} of {ranks_label(odd)} is not the one "
+                    f"{ranks_label(sorted(views[0]))} made at that number: "
+                    f"{ranks_label(odd)} skipped a new_group call before it, or passed other "
+                    "ranks")
+        else:
+            text = (f"The ranks made new_group call #{n} apart: " + ", ".join(
+                f"{ranks_label(sorted(who))} {'one sequence' if i == 0 else 'another'}"
+                for i, who in enumerate(views)) + " of calls up to it")
+        return [finding(
+            "desync", Severity.CRITICAL if odd else Severity.WARNING, odd, None,
+            f"{text}. Every rank of the job must make the same new_group calls in the same "
+            "order, members or not, so the groups made since do not meet: their new_group "
+            "or collectives hang or mix.",
+            "Call `dist.new_group(ranks)` on every rank of the job, in the same order and "
+            "with the same `ranks`, also on ranks that are not in `ranks` (not under `if rank "
+            "in ranks:`), or pass `use_local_synchronization=True` so that only its members "
+            "call it; `DeviceMesh` and `new_subgroups` make their groups this way for you.",
+            {"source": "new_group_calls", "call": n,
+             "views": [sorted(who) for who in views]},
+            first, key="new_group_calls")]
+    return []
 
 
 def _numbered_apart(state: JobState) -> list[Finding]:
