@@ -56,6 +56,7 @@ import random
 import sqlite3
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -71,6 +72,11 @@ try:
 except ImportError:  # a pgdash from before keyframes
     keyframe = keyframe_answer = None
 from dashboard.storage.store import Store
+
+try:
+    from dashboard import garbage
+except ImportError:  # an earlier pgdash (PYTHONPATH): CPython's collector, as its server's
+    garbage = None
 
 try:
     from dashboard.storage.compaction import Compactor, Policy
@@ -350,9 +356,17 @@ def main() -> None:
                              "PYTHONSAFEPATH=1 PYTHONPATH=<another checkout>:$PWD, that "
                              "pgdash's scrub of it")
     parser.add_argument("--db", type=Path, help="keep the database here (default: a temp dir)")
+    parser.add_argument("--python-gc", action="store_true",
+                        help="CPython's default garbage collection, not pgdash serve's "
+                             "(dashboard.garbage: on a timer), which the bench runs under "
+                             "otherwise")
     args = parser.parse_args()
     if args.hang_at + args.hang_for > args.minutes:
         parser.error("--hang-at + --hang-for must lie inside --minutes")
+    if garbage is not None and not args.python_gc:  # what the server's process runs under
+        garbage.tune()
+        threading.Thread(target=garbage.collect_every, args=(threading.Event(),),
+                         daemon=True).start()
     if args.scrub_only:
         if args.db is None or not args.db.exists():
             parser.error("--scrub-only needs --db FILE, written by a run with the same flags")

@@ -1,8 +1,8 @@
 """The commands that run a server until Ctrl-C: ``pgdash serve`` and ``pgdash demo``.
 
 Here live the checks ``serve`` makes before it listens (a token beyond loopback, TLS given
-whole), how it starts and stops (SIGTERM as Ctrl-C), and the garbage-collector tuning of a
-long-running server; what the server is made of lives in dashboard/server.py.
+whole), how it starts and stops (SIGTERM as Ctrl-C), with the garbage collector on a timer
+(dashboard.garbage); what the server is made of lives in dashboard/server.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from dashboard import allocator
+from dashboard import allocator, garbage
 from dashboard.commands.inputs import BadInput, db_option, shown
 from dashboard.config import DEFAULT_HOST, DEFAULT_PORT, DEFAULTS
 from dashboard.demo.run import DEMO_HANG_AFTER, SCENARIOS
@@ -95,7 +95,7 @@ def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
                     lease_s=lease, notify=notify, stall_after=stall_after,
                     keep_full_s=keep_full, keep_around_findings_s=keep_around_findings,
                     tls=(tls_cert, tls_key) if tls_cert else None, log_incidents=True)
-    _tune_gc()
+    garbage.tune()
     allocator.fix_mmap_threshold()  # big transient buffers are given back when freed
     # A service manager stops with SIGTERM: stop as on Ctrl-C, so that with --queue this
     # process hands its jobs over at once instead of after its leases run out.
@@ -106,7 +106,7 @@ def serve(host: str, port: int, db: str, token: str | None, insecure: bool,
     if notify:
         click.echo(f"pgdash: incidents are posted to {notify}")
     try:
-        _collect_garbage(threading.Event())  # until Ctrl-C or SIGTERM
+        garbage.collect_every(threading.Event())  # until Ctrl-C or SIGTERM
     except KeyboardInterrupt:
         click.echo("pgdash: stopping")
     finally:
@@ -172,42 +172,6 @@ def demo(ranks: int, port: int, scenario: str, hang_after: float, steps: int, db
     except ServerError as exc:
         raise BadInput(str(exc)) from None
     sys.exit(code)
-
-
-def _tune_gc() -> None:
-    """Garbage collection on a timer, not by allocations.
-
-    CPython collects the young generation each time the tracked objects made outnumber those
-    freed by the first threshold. In this server the events between an agent's frame and
-    their fold (dicts, the latency histograms' [bucket, count] lists: ~150,000 at 1,024
-    ranks, held a second or two) are such a surplus: at a threshold of 50,000 three
-    collections a second scanned them, ~9% of a core, and found next to no garbage
-    (bench/capacity.py). Reference counting frees almost everything; the collector is only
-    for cycles, which pgdash's data does not make in steady state. So the threshold is set
-    far above that surplus (a safety net for a burst of cycles) and the main thread collects
-    every GC_EVERY_S (:func:`_collect_garbage`).
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()  # what start-up built is never collected again
-    gc.set_threshold(GC_THRESHOLD, 50, 1000)
-
-
-GC_THRESHOLD = 2_000_000  # tracked objects made, net, between young collections (CPython's 700)
-GC_EVERY_S = 10.0  # the young and middle generations collected this often
-GC_FULL_EVERY = 30  # ... and every generation at every 30th (5 minutes)
-
-
-def _collect_garbage(stop: threading.Event) -> None:
-    """Collect cyclic garbage every GC_EVERY_S until ``stop`` is set (``_tune_gc``): the main
-    thread's work while the server runs."""
-    import gc
-
-    rounds = 0
-    while not stop.wait(GC_EVERY_S):
-        rounds += 1
-        gc.collect(2 if rounds % GC_FULL_EVERY == 0 else 1)
 
 
 def _interrupt(_signum, _frame) -> None:

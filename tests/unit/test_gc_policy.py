@@ -1,6 +1,6 @@
-"""pgdash serve's garbage collection (dashboard.commands.serving): after ``_tune_gc`` the
-allocations of a busy server no longer start collections, and ``_collect_garbage`` collects
-cyclic garbage on its timer. In a process of its own: the policy is process-wide."""
+"""pgdash serve's garbage collection (dashboard.garbage): after ``tune`` the allocations of
+a busy server no longer start collections, and ``collect_every`` collects cyclic garbage on
+its timer. In a process of its own: the policy is process-wide."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tests.helpers.procs import ROOT
 
 PROBE = """
 import gc, threading, time, weakref
-from dashboard.commands import serving
+from dashboard import garbage
 
 class Node:
     pass
@@ -24,25 +24,25 @@ def cycles(n):
         made.append(weakref.ref(a))
     return made
 
-serving._tune_gc()
-garbage = cycles(1000)
+garbage.tune()
+dead = cycles(1000)
 # Then many more tracked objects than CPython's threshold of 700 (and the old 50,000),
 # held: what a busy server holds between an agent's frame and its fold.
 held = [[i] for i in range(200_000)]
 time.sleep(0.3)
-assert all(r() is not None for r in garbage), "an allocation started a collection"
+assert all(r() is not None for r in dead), "an allocation started a collection"
 
-serving.GC_EVERY_S = 0.05
+garbage.GC_EVERY_S = 0.05
 stop = threading.Event()
-timer = threading.Thread(target=serving._collect_garbage, args=(stop,))
+timer = threading.Thread(target=garbage.collect_every, args=(stop,))
 timer.start()
 deadline = time.monotonic() + 10
-while any(r() is not None for r in garbage) and time.monotonic() < deadline:
+while any(r() is not None for r in dead) and time.monotonic() < deadline:
     time.sleep(0.05)
 stop.set()
 timer.join(5)
 assert not timer.is_alive(), "the collector did not stop when told"
-assert all(r() is None for r in garbage), "the timer did not collect the cycles"
+assert all(r() is None for r in dead), "the timer did not collect the cycles"
 assert len(held) == 200_000
 print("ok")
 """
