@@ -298,6 +298,8 @@ class Fold:
             r.status = "running"  # attached after init_process_group
 
     def _on_init_start(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        if (self.init.get(r.session) or {}).get("done_at"):
+            self._new_world(r)
         self.init[r.session] = {"arrived_at": t, "done_at": None, "error": None,
                                 **{k: body.get(k) for k in ("init_method", "backend", "rank",
                                                             "world_size", "master_addr",
@@ -308,15 +310,20 @@ class Fold:
 
     def _on_init_done(self, r: RankState, body: dict[str, Any], t: float) -> None:
         r.rank, r.world_size = body["rank"], body["world_size"]
-        if (self.init.get(r.session) or {}).get("done_at"):
-            for views in self.group_views.values():  # a process that made its world
-                for who in views.values():           # again numbers its groups afresh
-                    who.pop(r.rank, None)
-            self.groups_made.pop(r.rank, None)
+        if (self.init.get(r.session) or {}).get("done_at"):  # (its init_start not seen)
+            self._new_world(r)
         r.backend = body.get("backend") or r.backend
         self.init.setdefault(r.session, {"arrived_at": t - body["duration_s"]})["done_at"] = t
         if r.status not in TERMINAL_RANK:
             r.status = "running"
+
+    def _new_world(self, r: RankState) -> None:
+        """A process that makes its world again numbers its groups and counts its new_group
+        calls afresh: what it reported of its groups before goes."""
+        for views in self.group_views.values():
+            for who in views.values():
+                who.pop(r.rank, None)
+        self.groups_made.pop(r.rank, None)
 
     def _on_init_failed(self, r: RankState, body: dict[str, Any], t: float) -> None:
         self.init.setdefault(r.session, {"arrived_at": t - body["duration_s"]})["error"] = body
@@ -354,8 +361,10 @@ class Fold:
         if r.rank is None or self._stale(r):
             return
         made = body.get("groups_made")
-        if made and (self.groups_made.get(r.rank) or (None,))[0] != made:
-            self.groups_made[r.rank] = (made, tuple(body.get("groups_made_fp") or ()), t)
+        if made:
+            marks = tuple(body.get("groups_made_fp") or ())
+            if self.groups_made.get(r.rank, (None, None))[:2] != (made, marks):
+                self.groups_made[r.rank] = (made, marks, t)
         moved = False
         for row in body["groups"]:
             key = (row["group"], r.rank)

@@ -1087,12 +1087,34 @@ def test_new_group_calls_apart_with_no_majority_name_nobody_and_a_new_world_star
     assert f["summary"].startswith("The ranks made new_group call #1 apart: rank 0 one "
                                    "sequence, rank 1 another of calls up to it."), f["summary"]
     for r in (0, 1):  # each rank makes its world again: its calls are counted afresh
-        log.add(f"s{r}", "init_done", {"rank": r, "world_size": 2, "backend": "gloo",
-                                       "duration_s": 0.1}, t=106.0)
+        make_world_again(log, r, 106.0)
     assert diagnose(log.state(), 106.5, S) == []
     made_beat(log, 0, 107.0, 1, [11])
     made_beat(log, 1, 107.1, 1, [11])
     assert diagnose(log.state(), 107.5, S) == []
+    made_beat(log, 1, 108.0, 1, [14])  # the same number of calls, another call: seen
+    assert [f["severity"] for f in diagnose(log.state(), 108.5, S)] == ["warning"]
+
+
+def make_world_again(log, rank, t, world=2):
+    """The rank's process destroys its world and makes it again, as the agent reports it."""
+    log.add(f"s{rank}", "init_start", {"rank": rank, "world_size": world}, t=t)
+    log.add(f"s{rank}", "init_done", {"rank": rank, "world_size": world, "backend": "gloo",
+                                      "duration_s": 0.1}, t=t + 0.05)
+
+
+def test_groups_of_a_world_made_again_are_not_compared_with_those_of_the_one_before():
+    """Corpus: healthy_reinit_between_phases. Phase 1 makes group "2" of ranks 0, 1; phase 2,
+    after destroy_process_group and init_process_group on every rank, makes its group "2"
+    of ranks 1, 2: one name, two worlds, nothing wrong."""
+    log = running(3)
+    for r in (0, 1):
+        log.add(f"s{r}", "group", {"name": "2", "ranks": [0, 1]}, t=105.0)
+    for r in range(3):
+        make_world_again(log, r, 106.0, world=3)
+    for r in (1, 2):
+        log.add(f"s{r}", "group", {"name": "2", "ranks": [1, 2]}, t=106.5)
+    assert diagnose(log.state(), 107.0, S) == []
 
 
 RESET = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
