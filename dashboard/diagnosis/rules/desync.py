@@ -63,7 +63,8 @@ def _made_apart(state: JobState) -> list[Finding]:
             "Call `dist.new_group(ranks)` on every rank of the job, in the same order and "
             "with the same `ranks`, also on ranks that are not in `ranks` (not under `if rank "
             "in ranks:`), or pass `use_local_synchronization=True` so that only its members "
-            "call it; `DeviceMesh` and `new_subgroups` make their groups this way for you.",
+            "call it. Groups made by `init_device_mesh` or `new_subgroups` need the same "
+            "mesh shape and group size on every rank (read from one config, not a node's).",
             {"source": "new_group_calls", "call": n,
              "views": [sorted(who) for who in views]},
             first, key="new_group_calls")]
