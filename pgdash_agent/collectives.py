@@ -126,12 +126,12 @@ class CollectiveTracker:
         # future was taken leaves (its waiter is elsewhere: DDP's reducer, for the agent's
         # comm hook), and is timed from issue to completion, as before.
         self.async_blocked: dict[int, float] = {}
-        # new_group calls this process made (every rank of the job must make the same ones,
-        # in the same order, members or not) and, after each of the newest, a fingerprint of
-        # all of them so far: what a heartbeat sends (``groups_made``), so that a rank that
-        # skipped or changed one is seen even when its call then hangs.
-        self.groups_made = 0
-        self.groups_made_fp: collections.deque[int] = collections.deque(maxlen=GROUPS_MADE_KEPT)
+        # (new_group calls this process made, after each of the newest a fingerprint of all
+        # of them so far): every rank of the job must make the same calls, in the same order,
+        # members or not. What a heartbeat sends (``groups_made``), so that a rank that
+        # skipped or changed one is seen even when its call then hangs. Replaced whole by the
+        # training thread, read whole by the agent's.
+        self.groups_made: tuple[int, tuple[int, ...]] = (0, ())
         self._lock = threading.Lock()  # guards slow-path registration only
 
     # -- groups ------------------------------------------------------------------------------
@@ -160,14 +160,13 @@ class CollectiveTracker:
 
     def made_group(self, ranks: tuple[int, ...]) -> None:
         """Count a new_group call of these (global) ranks, before it is made."""
-        last = self.groups_made_fp[-1] if self.groups_made_fp else 0
-        self.groups_made += 1
-        self.groups_made_fp.append(hash((last, len(ranks), *ranks)) & 0xFFFFFFFF)
+        made, marks = self.groups_made
+        mark = hash((marks[-1] if marks else 0, len(ranks), *ranks)) & 0xFFFFFFFF
+        self.groups_made = (made + 1, (*marks, mark)[-GROUPS_MADE_KEPT:])
 
     def new_world(self) -> None:
         """The process made its world (again): torch numbers its groups afresh."""
-        self.groups_made = 0
-        self.groups_made_fp.clear()
+        self.groups_made = (0, ())
 
     # -- background thread (and the wrappers' slow paths) ------------------------------------
 

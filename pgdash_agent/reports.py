@@ -108,9 +108,9 @@ class Reporter:
         io = io_bytes()
         if io is not None:
             body["io_b"] = io
-        if self.tracker.groups_made:
-            body["groups_made"] = self.tracker.groups_made
-            body["groups_made_fp"] = list(self.tracker.groups_made_fp)
+        made, marks = self.tracker.groups_made
+        if made:
+            body["groups_made"], body["groups_made_fp"] = made, list(marks)
         holding = threads_holding_exit()
         if holding is not None:
             body["main_done"], body["holding"] = True, holding

@@ -33,23 +33,23 @@ def world():
                             world_size=1)
 
 world()
-seen["start"] = tracker.groups_made
+seen["start"] = tracker.groups_made[0]
 dist.new_group([0])
-seen["one"] = list(tracker.groups_made_fp)
+seen["one"] = list(tracker.groups_made[1])
 dist.new_group()  # the world: the same ranks as [0]
 dist.new_group([0], use_local_synchronization=True)  # only members call it: not counted
-seen["same"] = list(tracker.groups_made_fp)
+seen["same"] = list(tracker.groups_made[1])
 try:
     dist.new_group([0, 5])  # rank 5 is not in this world: raises, counted before
 except Exception as exc:
     seen["raised"] = type(exc).__name__
-seen["made"] = tracker.groups_made
-seen["kept"] = len(tracker.groups_made_fp)
+seen["made"] = tracker.groups_made[0]
+seen["kept"] = len(tracker.groups_made[1])
 dist.destroy_process_group()
 world()
-seen["again"] = [tracker.groups_made, list(tracker.groups_made_fp)]
+seen["again"] = [tracker.groups_made[0], list(tracker.groups_made[1])]
 dist.new_group([0])
-seen["again_one"] = list(tracker.groups_made_fp)
+seen["again_one"] = list(tracker.groups_made[1])
 dist.destroy_process_group()
 watch.uninstall()
 seen["errors"] = tracker.internal_errors
