@@ -377,6 +377,18 @@ def test_config_mismatch_blames_the_minority():
     assert found["world_size"]["ranks"] == [2] and found["world_size"]["severity"] == "critical"
 
 
+def test_a_tie_without_rank_0_names_nobody_until_rank_0_breaks_it():
+    """Corpus: master_port_stale. Rank 1 reads a stale MASTER_PORT; its hello and rank 2's
+    come before rank 0's: one each, and rank 0, which serves the store, breaks the tie."""
+    log = Log()
+    for r, port in ((1, "25600"), (2, "25599")):
+        log.add(f"s{r}", "hello", {**hello(r, world=3), "env": {"MASTER_PORT": port}}, t=10 + r)
+    assert diagnose(log.state(), 13, S) == []
+    log.add("s0", "hello", {**hello(0, world=3), "env": {"MASTER_PORT": "25599"}}, t=14)
+    (f,) = diagnose(log.state(), 15, S)
+    assert (f["kind"], f["ranks"], f["severity"]) == ("config_mismatch", [1], "critical")
+
+
 def test_a_logging_setting_on_one_rank_is_no_mismatch():
     """Corpus: healthy_nccl_debug_one_rank. One node exports NCCL_DEBUG=INFO to look at its
     network: what it logs, not how it talks. A setting that changes behaviour still counts."""

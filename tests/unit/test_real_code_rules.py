@@ -912,6 +912,19 @@ def test_ranks_that_raise_the_same_error_at_the_same_line_are_one_finding():
     assert alike["id"].endswith(":r0") and alike["first_seen"] == 101.0
 
 
+def test_ranks_that_fail_at_one_instant_while_a_rank_runs_wait_for_its_report():
+    """Corpus: broadcast_object_list_len_mismatch. Ranks 1 and 2 receive rank 0's object list
+    of another length and fail at once, each on the garbage sizes it read, both with a
+    RuntimeError; rank 0 still runs, and its report may name it. Held TOGETHER_WAIT_S, then
+    named if none came."""
+    log = running(3)
+    _raises_at(log, 1, "DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+               "4287808591550398870 bytes.", 51, 101.0)
+    _raises_at(log, 2, "SymIntArrayRef expected to contain only concrete integers", 51, 101.02)
+    assert diagnose(log.state(), 101.5, S) == []
+    assert {r for f in diagnose(log.state(), 102.5, S) for r in f["ranks"]} == {1, 2}
+
+
 MESH = (("0", None), ("1", [0, 1]), ("2", [2, 3]), ("3", [0, 2]), ("4", [1, 3]))
 TP, DP = {0: "1", 1: "1", 2: "2", 3: "2"}, {0: "3", 1: "4", 2: "3", 3: "4"}
 

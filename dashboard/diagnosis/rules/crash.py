@@ -543,25 +543,20 @@ def _ddp_vote_pending(state: JobState, culprits: list[RankState],
 
 def _together_pending(state: JobState, culprits: list[RankState],
                       causes: dict[int, tuple[Any, Any]], now: float) -> list[RankState]:
-    """The culprits less those that failed within FAILED_TOGETHER_S of another with another
-    error, while a rank of the job still runs, for TOGETHER_WAIT_S after the last of them:
-    ranks that fail at the same instant with different errors were likely ended by one thing
-    (a broadcast_object_list of another length on the rank still running: its receivers
-    fail unpickling garbage), and that rank's report, a moment later, says which
-    (rules.desync). bench/corpus/broadcast_object_list_len_mismatch.py: ranks 1 and 2 failed
-    0.43 s before rank 0's broadcast failed on their closed connections."""
-    raised = sorted((causes[r.rank][0]["t"], causes[r.rank][0].get("error_type"), r.rank)
-                    for r in culprits if causes[r.rank][0])
-    if len({kind for _, kind, _ in raised}) < 2:
-        return culprits  # (one error alike everywhere: nothing ended them from elsewhere)
-    together: dict[int, float] = {}
-    for order in (raised, raised[::-1]):  # each failure against the nearest of another kind
-        newest: dict[Any, float] = {}  # error type -> its nearest time on this side
-        for t, kind, rank in order:
-            if any(other != kind and abs(t - seen) <= FAILED_TOGETHER_S
-                   for other, seen in newest.items()):
-                together[rank] = t
-            newest[kind] = t
+    """The culprits less those that failed within FAILED_TOGETHER_S of another, while a rank
+    of the job still runs, for TOGETHER_WAIT_S after the last of them: ranks that fail at the
+    same instant were likely ended by one thing (a broadcast_object_list of another length on
+    the rank still running: its receivers fail unpickling garbage, or allocating a garbage
+    size, each with an error of its own or with one alike), and that rank's report, a moment
+    later, says which (rules.desync). bench/corpus/broadcast_object_list_len_mismatch.py:
+    ranks 1 and 2 failed 0.43 s before rank 0's broadcast failed on their closed
+    connections; in another run both raised RuntimeError (an absurd allocation, a size that
+    is not a concrete integer), which the rule, then holding only failures of different
+    exception types, named as two culprits."""
+    raised = sorted((causes[r.rank][0]["t"], r.rank) for r in culprits if causes[r.rank][0])
+    together = {rank: t for i, (t, rank) in enumerate(raised)
+                if (i and t - raised[i - 1][0] <= FAILED_TOGETHER_S)
+                or (i + 1 < len(raised) and raised[i + 1][0] - t <= FAILED_TOGETHER_S)}
     if not together or now - max(together.values()) >= TOGETHER_WAIT_S or \
             not any(r.status == RankStatus.RUNNING for r in state.ranks()):
         return culprits

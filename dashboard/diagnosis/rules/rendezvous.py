@@ -245,8 +245,13 @@ def config_mismatch(state: JobState, now: float, s: Settings) -> list[Finding]:
             continue
         counts = collections.Counter(map(str, values.values()))
         top = max(counts.values())
-        majority = min((v for v, n in counts.items() if n == top),
-                       key=lambda v: min(r for r, x in values.items() if str(x) == v))
+        tied = [v for v, n in counts.items() if n == top]
+        if len(tied) == 1:
+            majority = tied[0]
+        elif 0 in values and str(values[0]) in tied:
+            majority = str(values[0])  # rank 0 serves the store: its settings break a tie
+        else:  # no majority among the ranks that said hello so far (master_port_stale: ranks
+            continue  # 1 and 2 before rank 0, whose port then named rank 1, not rank 2)
         odd = sorted(r for r, v in values.items() if str(v) != majority)
         shown = {str(r): v if v is not None else "(unset)" for r, v in sorted(values.items())}
         odd_values = ", ".join(f"{shown[str(r)]} on rank {r}" for r in odd[:4])
