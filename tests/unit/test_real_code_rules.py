@@ -1085,7 +1085,10 @@ def test_a_rank_whose_new_group_call_differs_is_named_before_any_group_of_it_exi
     assert f["evidence"] == {"source": "new_group_calls", "call": 1, "views": [[0, 1], [2]]}
 
     log = running(4)
-    for r in range(4):
+    for r in (0, 3):  # one each: the ranks not heard yet decide
+        made_beat(log, r, 106.0 + r / 10, 4, [21, 22, 23 if r == 3 else 24, 25 + (r == 3)])
+    assert diagnose(log.state(), 106.5, S) == []
+    for r in (1, 2):
         made_beat(log, r, 106.0 + r / 10, 4, [21, 22, 23 if r == 3 else 24, 25 + (r == 3)])
     (f,) = diagnose(log.state(), 107.0, S)
     assert (f["ranks"], f["evidence"]["call"]) == ([3], 3)  # the first number they part at

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+from typing import Any
 
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
@@ -28,23 +29,27 @@ def _made_apart(state: JobState) -> list[Finding]:
     rank of the job must make the same calls, in the same order, members or not. Each agent
     counts a call before it is made, and sends a fingerprint of all its calls after each of
     its newest; at the first number where the ranks that reached it disagree, the ranks
-    outside the fingerprint most of them share are named (a rank that skipped a call, or
-    passed other ranks). Where none has most, nobody is named (a warning). Seen even when
+    outside the fingerprint more than half of the job's ranks share are named (a rank that
+    skipped a call, or passed other ranks), as the call fingerprints are (``_vote``). Where
+    none has that many, nobody is named (a warning) once every rank reached it. Seen even when
     the odd call then hangs, before torch registers any group of it (``_numbered_apart``
     reads the groups registered)."""
-    at: dict[int, dict[int, list[int]]] = collections.defaultdict(
-        lambda: collections.defaultdict(list))
+    at: dict[int, dict[int, int]] = collections.defaultdict(dict)  # number -> rank -> mark
     since: dict[int, float] = {}
     for rank, (count, marks, t) in state.groups_made.items():
         for n, mark in enumerate(marks, start=count - len(marks) + 1):
-            at[n][mark].append(rank)
+            at[n][rank] = mark
         since[rank] = t
+    world = max(state.world_size or 0, len(state.groups_made))
     for n in sorted(at):
-        if len(at[n]) < 2:
+        vote = _vote(at[n], world)
+        if vote is None:
             continue
-        views = sorted(at[n].values(), key=lambda who: (-len(who), who))
-        reached = sum(map(len, views))
-        odd = sorted(r for who in views[1:] for r in who) if 2 * len(views[0]) > reached else []
+        odd = vote[0]
+        by_mark: dict[int, list[int]] = collections.defaultdict(list)
+        for rank, mark in sorted(at[n].items()):
+            by_mark[mark].append(rank)
+        views = sorted(by_mark.values(), key=lambda who: (-len(who), who))
         first = max(since[r] for who in views[1:] for r in who)
         if odd:
             text = (f"The new_group call #{n} of {ranks_label(odd)} is not the one "
@@ -69,6 +74,23 @@ def _made_apart(state: JobState) -> list[Finding]:
              "views": [sorted(who) for who in views]},
             first, key="new_group_calls")]
     return []
+
+
+def _vote(seen: dict[int, Any], members: int) -> tuple[list[int], list[int]] | None:
+    """Ranks that reported different values at one place where every one of ``members``
+    ranks must report the same: (the ranks outside the value more than half of the members
+    share, the rest); ([], all heard) where no value has that many and every member was
+    heard (nobody named); None where all agree, or the ranks not heard yet decide."""
+    counts = collections.Counter(seen.values())
+    if len(counts) < 2:
+        return None
+    top, n = counts.most_common(1)[0]
+    if n * 2 > members:
+        odd = sorted(r for r, v in seen.items() if v != top)
+        return odd, sorted(r for r in seen if r not in odd)
+    if len(seen) >= members:
+        return [], sorted(seen)
+    return None
 
 
 def _numbered_apart(state: JobState) -> list[Finding]:
@@ -356,17 +378,10 @@ def _fingerprints(state: JobState) -> list[Finding]:
         for seq in sorted(by_seq):
             seen = by_seq[seq]
             members = members or sorted(seen)  # (a group not described yet: who reported)
-            counts = collections.Counter(fp for fp, _ in seen.values())
-            if len(counts) < 2:
+            vote = _vote({r: fp for r, (fp, _) in seen.items()}, len(members))
+            if vote is None:
                 continue
-            top, n = counts.most_common(1)[0]
-            if n * 2 > len(members):
-                odd = sorted(r for r, (fp, _) in seen.items() if fp != top)
-                others = sorted(r for r in seen if r not in odd)
-            elif len(seen) == len(members):  # no majority, every rank heard: name none
-                odd, others = [], sorted(seen)
-            else:
-                continue  # the ranks not heard yet decide
+            odd, others = vote
             at = max(t for _, t in seen.values())
             who = (f"{ranks_label(odd).capitalize()} called" if odd else
                    f"{ranks_label(others).capitalize()} called")
