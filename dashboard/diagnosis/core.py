@@ -107,6 +107,12 @@ class Settings:
     straggler_together: float = 0.25
     straggler_ratio: float = 3.0  # the others wait this many times longer than the straggler
     straggler_min_wait_us: float = 2000.0  # ... and at least this much longer per collective
+    # ... and the others' waiting for it (beyond its own waits) at least this share of the
+    # window's time: less costs the job next to nothing, and a crowded host's scheduler
+    # makes that much (corpus healthy_async_allreduce_overlap: 3 ranks computing 0.3 s per
+    # step on 2 cores, one waited for 2 ms at a fifth of the steps, 2.5% of the time, and was
+    # named; the corpus's stragglers cost the others 20-55% when they are named)
+    straggler_min_cost: float = 0.05
     slow_history: int = 10  # intervals of history before slow_collective can judge
     slow_persist: int = 3  # consecutive slow intervals before it is a finding
     slow_min_calls: int = 3  # intervals with fewer collectives on the fastest rank don't count

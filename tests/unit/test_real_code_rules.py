@@ -393,6 +393,10 @@ def test_a_job_whose_ranks_all_vanish_at_once_was_stopped_from_outside_and_blame
     assert (f["kind"], f["severity"], f["ranks"]) == ("rank_lost", "info", [])
     assert f["summary"].startswith("All 3 ranks vanished within 12 ms"), f["summary"]
     assert set(f["evidence"]["lost"]) == {"0", "1", "2"} and "scancel" in f["hint"]
+    log = running(3)  # corpus healthy_scancel: evenly spaced inside one millisecond
+    for r, t in ((1, 110.0), (2, 110.0005), (0, 110.0009)):
+        log.add(f"s{r}", "disconnect", {}, t=t)
+    assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [])]
     log = running(3)  # one rank first, the launcher's stop of the others 60 ms later
     log.add("s1", "disconnect", {}, t=110.0)
     for r in (0, 2):
@@ -1164,6 +1168,31 @@ def test_a_rank_whose_size_changed_is_named_not_the_rank_gloo_aborted_over_it():
                                    "reduce_scatter_single with 3072 bytes (float32); ranks "
                                    "1, 2 then failed or vanished")
     assert f["evidence"]["consequences"] == [1, 2]
+
+
+def test_a_rank_that_repeated_a_collective_is_named_by_the_heartbeats_of_ranks_inside_it():
+    """Corpus: oom_retry_repeats_allreduce. Rank 1 repeats its step after an OOM: its
+    #152 is the gradients' all_reduce (4,096 bytes) where ranks 0 and 2 all-reduce the loss
+    (4 bytes). Gloo aborts rank 0 (no report), rank 2 fails on the closed connection (the
+    one failure reported), and rank 1 waits inside #152 until the launcher kills it: the
+    heartbeats of ranks 0 and 1 say what they called there."""
+    log = running(3)
+    for r, nbytes in ((0, 4), (1, 4096), (2, 4)):
+        progress(log, r, 104.9, ("0", 152, 151, "all_reduce", 104.8, "float32", nbytes))
+    log.add("s0", "disconnect", {}, t=105.0)
+    log.add("s2", "error", {
+        "where": "collective", "error_type": "RuntimeError", "error": RESET, "group": "0",
+        "op": "all_reduce", "seq": 152, "dtype": "float32", "bytes": 4,
+        "before": ["all_reduce", "float32", 4096]}, t=105.002)
+    log.add("s2", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.01)
+    log.add("s1", "disconnect", {}, t=105.1)  # torchrun's SIGTERM
+    found = diagnose(log.state(), 109.0, S)
+    assert [f["ranks"] for f in found if f["severity"] == "critical"] == [[1]], found
+    (f,) = [f for f in found if f["kind"] == "desync"]
+    assert f["summary"].startswith("Rank 1 called all_reduce #152 on group 0 with 4096 bytes "
+                                   "(float32), where ranks 0, 2 called all_reduce with 4 "
+                                   "bytes"), f["summary"]
+    assert f["evidence"]["consequences"] == [0, 2]
 
 
 def test_ranks_that_fail_on_what_the_odd_rank_broadcast_are_its_consequences():

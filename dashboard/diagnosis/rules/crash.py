@@ -49,6 +49,10 @@ SILENT_TOGETHER_S = 2.0
 # alone before the others' burst (mp.spawn's parent: 0, then 17.8 and 19.7 ms; torchrun, up
 # to its --monitor-interval, 0.1 s, later).
 STOPPED_TOGETHER_S = 0.025
+# A first death stands alone only this far at least before the next: three ranks that all
+# died within 0.9 ms of each other (scancel, 0.5 then 0.4 ms apart) are one burst, however
+# the kernel spaced them inside it.
+ALONE_BEFORE_S = 0.005
 
 
 # Exceptions of torch.distributed and its launcher: never a plain bug of the training code.
@@ -190,7 +194,7 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
     first, last = gone[0], gone[-1]
     if last - first > STOPPED_TOGETHER_S or now - last < s.reconnect_grace:
         return None
-    if gone[1] - first > (last - first) / 2:
+    if gone[1] - first > max((last - first) / 2, ALONE_BEFORE_S):
         return None  # the first went alone, the rest after it: a launcher's reaction
     if job_stop(state, s) is not None or any(_connection_alive(r, last, now, s) for r in ranks):
         return None

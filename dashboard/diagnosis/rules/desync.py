@@ -139,7 +139,8 @@ def _failed_together(state: JobState) -> list[Finding]:
     """Ranks that failed after calling a collective with another size (or op, or dtype) than
     their peers at the same number. Each failure reports what it knows: a collective that
     raised, its own call and the one before it; an exception that ended the program, the
-    last collective completed on each group. A size mismatch often ends a peer, not the odd
+    last collective completed on each group; and the ranks whose newest heartbeat has them
+    inside one of those collectives say what they called there. A size mismatch often ends a peer, not the odd
     rank: gloo aborts the rank that receives more than it expects (SIGABRT, before its agent
     says anything); a broadcast_object_list of another length hands its receivers garbage
     sizes, and they fail unpickling it. So the ranks are compared at each collective number
@@ -168,6 +169,16 @@ def _failed_together(state: JobState) -> list[Finding]:
         for group, seq, sig in reported:
             calls[(group, seq)].setdefault(r, sig)
             times[(group, seq)].append(e["t"])
+    # The ranks still inside a collective a failure reported (their newest heartbeat) vote
+    # too: the odd rank is often one that never fails by itself (oom_retry_repeats_allreduce:
+    # rank 1 repeated its gradients' all_reduce where the others all-reduced the loss; rank 0
+    # aborted, rank 2 failed on its closed connection, and rank 1 waited until the launcher
+    # killed it: one failure reported the call, the heartbeats of ranks 0 and 1 the others).
+    for group, seq in list(calls):
+        for rank, row in state.progress_of(group).items():
+            if row.get("inflight_op") and row.get("entered") == seq:
+                calls[(group, seq)].setdefault(rank, (
+                    row["inflight_op"], row.get("inflight_dtype"), row.get("inflight_bytes")))
     out = []
     named: set[str] = set()
     for (group, seq), sigs in sorted(calls.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):

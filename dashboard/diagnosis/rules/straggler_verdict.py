@@ -68,6 +68,25 @@ def stragglers_in(windows: Windows, back: int, s: Settings) -> list[StragglerVer
     return verdicts
 
 
+def cost_share(v: StragglerVerdict) -> float:
+    """The share of the window's time the other ranks spent waiting inside collectives beyond
+    what the stragglers did (their mean, against the most any straggler waited): what the
+    slowness costs the job. Infinite where a rank's window is one summary (no span to tell)."""
+    c = v.recent.cols
+    held = v.recent.held()
+    waited = np.where(held, c.sums, 0.0).sum(axis=1)
+    sizes = held.sum(axis=1)
+    if sizes.min() < 2:
+        return math.inf
+    first = np.where(held, c.ends, np.inf).min(axis=1)
+    last = c.ends[:, -1]
+    span_us = float(np.median((last - first) * sizes / (sizes - 1))) * 1e6
+    late = np.array([r in v.ranks for r in v.recent.ranks])
+    if late.all() or span_us <= 0:
+        return math.inf
+    return max(0.0, float(waited[~late].mean() - waited[late].max())) / span_us
+
+
 def _behind(windows: Windows, rank: int, slack_s: float) -> bool:
     """Whether ``rank``'s newest summary ends more than ``slack_s`` before another's."""
     newest = windows.newest_ends()

@@ -14,7 +14,7 @@ import numpy as np
 
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.rules.straggler_chains import hidden_chain, late_chain
-from dashboard.diagnosis.rules.straggler_verdict import StragglerVerdict, stragglers_in
+from dashboard.diagnosis.rules.straggler_verdict import StragglerVerdict, cost_share, stragglers_in
 from dashboard.diagnosis.rules.windows import stacked_windows
 from dashboard.diagnosis.text import backend_of, group_label, process_label, ranks_label
 from dashboard.state import JobState
@@ -69,7 +69,10 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
             if seen[-1].intervals < s.straggler_min_span and before[g] is None:
                 continue
             slow = seen[0].rank if seen[0].rank in late else min(late)
-            found[group] = seen[0]._replace(rank=slow, ranks=late)
+            verdict = seen[0]._replace(rank=slow, ranks=late)
+            if cost_share(verdict) < s.straggler_min_cost:
+                continue
+            found[group] = verdict
     verdicts = {group: found[group] for group in sorted(found, key=str)}
     out = []
     for group, (slow, means, typical, n, recent, share, late) in verdicts.items():
@@ -108,7 +111,8 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
                     "late_share": share,
                     "mean_wait_us": {str(k): round(v, 1)
                                      for k, v in sorted(zip(recent.ranks, recent.means()))},
-                    "intervals": n, "collectives": recent.calls(slow)}
+                    "intervals": n, "collectives": recent.calls(slow),
+                    "cost_share": round(min(cost_share(verdicts[group]), 1.0), 3)}
         if hidden:
             evidence["waits_in_cpp"] = hidden
         if chain:
