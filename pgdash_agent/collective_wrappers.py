@@ -258,6 +258,8 @@ class CollectiveWrappers:
                         track.p2p_wait = seq + (t0,)
                 else:
                     t0 = track.inflight_since = clock()
+                    if tracker.board is not None:
+                        tracker.board.enter(track, seq, op, dtype, nbytes, t0, root)
             except Exception:
                 tracker.internal_errors += 1
                 return fn(*args, **kwargs)
@@ -299,6 +301,8 @@ class CollectiveWrappers:
                 track.completed = seq
                 track.done_root = root
                 track.done, track.inflight = track.inflight, None
+                if tracker.board is not None:
+                    tracker.board.complete(track, seq)
             if len(records) < cap:
                 records.append((track, op, nbytes, t0, clock(), lo, hi))
             else:

@@ -75,6 +75,10 @@ class GroupTrack:
     # of each of FP_MARKS: what ranks compare to find one that called something different.
     fp: int = 0
     fp_marks: list = dataclasses.field(default_factory=lambda: [None, None, None])
+    # Its slot on this process's board (pgdash_agent.board), once taken (-1: none free), and
+    # the last call written there as (op, dtype, its text)
+    board_off: int | None = None
+    board_sig: tuple = (None, None, b"")
 
 
 
@@ -132,6 +136,9 @@ class CollectiveTracker:
         # skipped or changed one is seen even when its call then hangs. Replaced whole by the
         # training thread, read whole by the agent's.
         self.groups_made: tuple[int, tuple[int, ...]] = (0, ())
+        # Where each collective stands, for the host reader to tell after this process is
+        # gone (pgdash_agent.board): set by the agent when its host runs a reader.
+        self.board = None
         self._lock = threading.Lock()  # guards slow-path registration only
 
     # -- groups ------------------------------------------------------------------------------
@@ -193,6 +200,8 @@ class CollectiveTracker:
                 t0 = now - blocked
             if not p2p and seq > track.completed:
                 track.completed = seq
+                if self.board is not None:
+                    self.board.complete(track, seq)
                 if track.entered == seq:
                     track.done_root = track.inflight[3] if track.inflight else None
                     track.inflight = None

@@ -26,7 +26,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping
 
-from pgdash_agent import identity, native, reader
+from pgdash_agent import board, identity, native, reader
 from pgdash_agent.collective_wrappers import CollectiveWrappers
 from pgdash_agent.collectives import CollectiveTracker
 from pgdash_agent.config import AgentConfig
@@ -135,11 +135,16 @@ class Agent:
         self.sender.start()
         self.loop.start()
         # (PGDASH_PEER_READ=0: this rank does not let other processes read it)
-        if self.config.server and self.config.wire != "v1" and reader.wanted(
-                self.environ, self.snapshots.py_spy,
-                self.config.host_reader and self.config.peer_read, self._claim_host):
-            self.host_reader = reader.start(self.config.server, self._auth(),
-                                            self.config.ca_file)
+        readers = bool(self.config.server and self.config.wire != "v1"
+                       and self.config.host_reader and self.config.peer_read
+                       and self.snapshots.py_spy)
+        if readers:  # (every rank of a host has a board where its host runs a reader)
+            self.tracker.board = board.Board.make(self._launch_key(), self._rank_now())
+        if readers and reader.wanted(self.environ, self.snapshots.py_spy, True,
+                                     self._claim_host):
+            self.host_reader = reader.start(
+                self.config.server, self._auth(), self.config.ca_file,
+                board.directory(self._launch_key()) if self.tracker.board else None)
             if self.host_reader is None:  # a rank of the host that attaches later may
                 reader.release(self._host_claim)
                 self._host_claim = None
@@ -191,8 +196,10 @@ class Agent:
             log.warning("pgdash: detach failed: %s", exc)
             return False
         finally:
-            reader.stop(self.host_reader)  # (these two never raise)
+            reader.stop(self.host_reader)  # (these three never raise)
             reader.release(self._host_claim)
+            if self.tracker.board is not None:
+                self.tracker.board.close()
 
     def _claim_host(self) -> bool:
         """Whether this rank is the first of its job's launch on this host to ask (where the
@@ -200,13 +207,32 @@ class Agent:
         name and attempt, the process that started the ranks (mp.spawn's parent, a launching
         shell; a job named by nothing but its script may run twice at once) and the host (a
         temporary directory may be shared between hosts)."""
-        try:
-            key = json.dumps([self.config.server, self.job, self._identity.get("attempt"),
-                              os.getppid(), socket.gethostname()], default=str)
-        except Exception:  # (never into training code: no claim, no reader)
+        key = self._launch_key()
+        if key is None:  # (never into training code: no claim, no reader)
             return False
         self._host_claim = reader.claim(key)
         return self._host_claim is not None
+
+    def _launch_key(self) -> str | None:
+        """This job's launch on this host (see _claim_host), as text; None if it cannot be
+        told."""
+        try:
+            return json.dumps([self.config.server, self.job, self._identity.get("attempt"),
+                               os.getppid(), socket.gethostname()], default=str)
+        except Exception:
+            return None
+
+    def _rank_now(self) -> int | None:
+        """This process's global rank: its process group's once there is one, else what its
+        launcher said."""
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return dist.get_rank()
+        except Exception:
+            pass
+        return self._identity.get("rank")
 
     def stats(self) -> dict[str, Any]:
         """Counters a user (or a test) can read: what was dropped, buffered, rejected."""

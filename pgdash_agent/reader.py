@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pgdash_agent import native, snapshots
-from pgdash_agent.wire import READ_FRAME, READER_PATH
+from pgdash_agent import board, native, snapshots
+from pgdash_agent.wire import BOARDS_FRAME, READ_FRAME, READER_PATH
 
 log = logging.getLogger("pgdash.reader")
 
@@ -151,10 +151,11 @@ def release(held: tuple[int, str] | None) -> None:
             pass
 
 
-def start(server: str, auth: dict[str, Any], ca_file: str | None = None
-          ) -> subprocess.Popen | None:
+def start(server: str, auth: dict[str, Any], ca_file: str | None = None,
+          boards: Path | None = None) -> subprocess.Popen | None:
     """Start the host reader for the rank whose ``auth`` (its v2 hello, with its token) is
-    given. Never raises: None when it could not be started."""
+    given; ``boards``: its launch's boards directory (pgdash_agent.board), which it sends when
+    it ends. Never raises: None when it could not be started."""
     try:
         env = dict(os.environ)
         # The package as this process imported it, wherever that is.
@@ -165,7 +166,8 @@ def start(server: str, auth: dict[str, Any], ca_file: str | None = None
         # any user may read): /proc/<pid>/environ is readable by this user and root only.
         env[ENV] = json.dumps({"server": server, "auth": auth,
                                "ca_file": ca_file and os.path.abspath(ca_file),
-                               "parent": os.getpid()})
+                               "parent": os.getpid(),
+                               "boards": boards and str(boards)})
         proc = subprocess.Popen([sys.executable, "-m", "pgdash_agent.reader"], env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, close_fds=True)
@@ -215,10 +217,13 @@ class Reader:
     """The reader's loop: connect, answer questions, reconnect, until the parent is gone."""
 
     def __init__(self, server: str, auth: dict[str, Any], parent: int,
-                 ca_file: str | None = None, py_spy: str | None = None):
+                 ca_file: str | None = None, py_spy: str | None = None,
+                 boards: str | None = None):
         self.server, self.auth, self.parent = server, auth, parent
         self.ca_file = ca_file
         self.py_spy = py_spy
+        self.boards = Path(boards) if boards else None
+        self.told = False  # the boards were sent (last_words)
         self.questions: queue.Queue = queue.Queue(MAX_PENDING)
         self.client = None
         self.answered = 0
@@ -283,7 +288,25 @@ class Reader:
                 self.answered += 1
             except Exception:
                 break
+        if client.connected and not self.alive():
+            self.last_words()
         client.disconnect()
+
+    def last_words(self) -> None:
+        """Send the boards of this launch's ranks on this host (pgdash_agent.board), once: when
+        the parent is gone, or this process was told to stop (the launcher's SIGTERM reaches
+        it with the ranks). What each rank was inside when it died is on its board, however
+        it died. Never raises."""
+        if self.boards is None or self.told:
+            return
+        self.told = True
+        try:
+            boards = board.read_all(self.boards)
+            client = self.client
+            if boards and client is not None and client.connected:
+                client.send({BOARDS_FRAME: {"t": time.time(), "boards": boards}})
+        except Exception as exc:
+            log.debug("pgdash reader: boards not sent (%s)", exc)
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -304,8 +327,12 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     # detach's terminate: SystemExit, so a read in progress is cleaned up (subprocess.run kills
     # its py-spy, peer_dump wakes a rank py-spy left stopped) before it exits.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    return Reader(server, auth, parent, given.get("ca_file"),
-                  native.find_py_spy(env)).run()
+    reader = Reader(server, auth, parent, given.get("ca_file"), native.find_py_spy(env),
+                    given.get("boards"))
+    try:
+        return reader.run()
+    finally:  # (its parent gone, or SIGTERM: the launcher stopping the job, or detach)
+        reader.last_words()
 
 
 if __name__ == "__main__":

@@ -539,9 +539,44 @@ class Read(_Shape):
 
 READ_FRAME = "read"
 
+
+class BoardGroup(_Shape):
+    """Where one group's collectives stood on a rank's board (pgdash_agent.board): the fields
+    of a heartbeat's GroupProgress that say so."""
+
+    group: _Name
+    entered: _Count
+    completed: _Count
+    inflight_op: Optional[_Name] = None
+    inflight_dtype: Optional[_Name] = None
+    inflight_bytes: Optional[_Count] = None
+    inflight_root: Optional[_Count] = None
+    inflight_since: Optional[_Num] = None
+
+
+class BoardRank(_Shape):
+    rank: _Rank
+    pid: _limited(int, ge=1, le=2**22)
+    alive: bool  # whether the process still ran when its board was read
+    groups: _limited(list[BoardGroup], max_length=64)
+
+
+class Boards(_Shape):
+    """A host reader's last words: the boards of its launch's ranks on its host, read when
+    its parent ended or it was told to stop (pgdash_agent.board). Sent as
+    ``{BOARDS_FRAME: body}`` on the reader's connection, stored by the server as a
+    ``boards`` event of the session that started the reader, with ``reader_pid`` added."""
+
+    t: _Num
+    boards: _limited(list[BoardRank], max_length=256)
+    reader_pid: Optional[_limited(int, ge=1, le=2**22)] = None  # set by the server
+
+
+BOARDS_FRAME = "boards"
+
 #: Event kinds the server itself records (never accepted from an agent), and their bodies.
 SERVER_KINDS: dict[str, type[_Shape]] = {"connect": _Connected, "disconnect": _Disconnected,
-                                         "read": Read}
+                                         "read": Read, "boards": Boards}
 
 
 def _check(value: Any, shape: type, where: str) -> Any:
@@ -610,6 +645,13 @@ def validate_read(body: Any) -> dict[str, Any]:
     read = _builtins(_check(body, Read, READ_FRAME))
     _encodable(read, READ_FRAME)
     return read
+
+
+def validate_boards(body: Any) -> dict[str, Any]:
+    """Check a host reader's boards (:class:`Boards`); raise WireError naming the bad field."""
+    boards = _builtins(_check(body, Boards, BOARDS_FRAME))
+    _encodable(boards, BOARDS_FRAME)
+    return boards
 
 
 def validate_server_event(ev: Any, where: str = "event") -> dict[str, Any]:

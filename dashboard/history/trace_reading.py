@@ -23,7 +23,9 @@ from dashboard.state import FLIGHT_OP, JobState, RankState, StoredEvent
 # Kinds JobState folds that the timeline does not draw, and why. tests/unit/test_trace.py holds
 # every other kind the fold folds to a reading here, so a new kind is drawn by decision.
 NOT_DRAWN = {"left": "destroy_process_group: the trace predates the kind, and drawing it "
-                     "changes the file, for a change of its own"}
+                     "changes the file, for a change of its own",
+             "boards": "a host reader's last words (the collective each rank was in when it "
+                       "ended): not drawn yet, a change of the file of its own"}
 MAX_PENDING = 10_000  # events held back while their session's rank is still unknown
 # Seconds of slack when matching an interval's longest call to a collective's known bounds:
 # the agent rounds inflight_since to microseconds.

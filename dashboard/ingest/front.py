@@ -29,8 +29,8 @@ from websockets.protocol import State
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
-from pgdash_agent.wire import (AGENT_V2_PATH, READ_FRAME, READER_PATH, WireError, decode_v2,
-                               decode_v2_batch, encode_v2)
+from pgdash_agent.wire import (AGENT_V2_PATH, BOARDS_FRAME, READ_FRAME, READER_PATH, WireError,
+                               decode_v2, decode_v2_batch, encode_v2)
 from dashboard.ingest.tls import READ_BUFFER, route_tls, small_read_buffers
 
 log = logging.getLogger("pgdash.server")
@@ -415,10 +415,12 @@ class AgentLink(asyncio.BufferedProtocol):
                 self.ingest.counters["rate_limited_batches"] += 1
                 self._refused_reading(refusal.reason)
                 return
-        if READ_FRAME not in message:
-            self._refused_reading(f"a host reader sends only {READ_FRAME!r} frames")
-            return
-        error = self.ingest.reader_read(self.reader, message[READ_FRAME])
+        if BOARDS_FRAME in message:
+            error = self.ingest.reader_boards(self.reader, message[BOARDS_FRAME])
+        elif READ_FRAME in message:
+            error = self.ingest.reader_read(self.reader, message[READ_FRAME])
+        else:
+            error = f"a host reader sends only {READ_FRAME!r} and {BOARDS_FRAME!r} frames"
         if error is not None:
             self._refused_reading(error)
 

@@ -24,8 +24,8 @@ import queue
 import time
 from typing import Any, Callable, TypeVar
 
-from pgdash_agent.wire import (Ack, WireError, validate_batch_envelope, validate_events,
-                               validate_read)
+from pgdash_agent.wire import (Ack, WireError, validate_batch_envelope, validate_boards,
+                               validate_events, validate_read)
 from dashboard.ingest.admission import Admission, Refused
 from dashboard.ingest.asks import Asks, ReaderLink
 from dashboard.console import RefusalLog, listeners
@@ -346,6 +346,19 @@ class Ingest:
                     f"{read['ask']!r:.70} (or was answered already)")
         read["reader_pid"] = reader.pid
         self._record_server_event(reader.session, reader.job_id, "read", read)
+        return None
+
+    def reader_boards(self, reader: ReaderLink, body: Any) -> str | None:
+        """A host reader's last words (pgdash_agent.board): checked, then stored as a
+        ``boards`` event of the session that started the reader. Returns why it was refused,
+        or None."""
+        try:
+            boards = validate_boards(body)
+        except WireError as exc:
+            self.counters["rejected_readings"] += 1
+            return str(exc)
+        boards["reader_pid"] = reader.pid
+        self._record_server_event(reader.session, reader.job_id, "boards", boards)
         return None
 
     def stop(self) -> None:

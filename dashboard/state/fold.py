@@ -25,9 +25,12 @@ from dashboard.state.totals import LatencyTable
 # has ended (its end time then follows the last event).
 ROUTINE_KINDS = frozenset({"heartbeat", "coll_stats", "stack", "gpu", "group", "snapshot"})
 # Server events that say nothing of the session's own agent being alive: its connection
-# closed, or its host reader read a rank (the session that started the reader may be the
-# one frozen).
-UNHEARD_KINDS = frozenset({"disconnect", "read"})
+# closed, or its host reader read a rank or sent the boards of its host's ranks (the session
+# that started the reader may be the one frozen, or gone).
+UNHEARD_KINDS = frozenset({"disconnect", "read", "boards"})
+# What a board's row replaces of a heartbeat's (the call in flight: none, unless it says so).
+_BOARD_CLEARED = {"inflight_op": None, "inflight_since": None, "inflight_dtype": None,
+                  "inflight_bytes": None, "inflight_root": None}
 FR_TALLIES = 30  # heartbeats of Flight Recorder busy tallies kept per (group, rank)
 GPU_HISTORY = 120  # GPU readings kept per rank (about two minutes)
 # Clock-event reasons that mean the GPU is slowed by heat or power trouble (not just busy).
@@ -398,6 +401,28 @@ class Fold:
             use = [t, cpu or 0.0, body.get("io_b") or 0]
             r.main_done = use + use if r.main_done is None else r.main_done[:3] + use
             r.holding = tuple(body.get("holding") or ())
+
+    def _on_boards(self, r: RankState, body: dict[str, Any], t: float) -> None:
+        """A host reader's last words (pgdash_agent.board): where each rank of its host stood
+        in each group when the reader ended, written by the rank itself at every collective,
+        so still there after a death that let its agent say nothing (gloo's abort, the
+        launcher's SIGTERM). A group's row replaces the rank's heartbeat's where the board has
+        it as far or further, for the process that heartbeat came from (the same pid): the
+        rank's progress as it ended. Marked ``board`` (not a heartbeat: nothing moved)."""
+        by_rank = {s.rank: s for s in self.sessions.values()
+                   if s.rank is not None and s.attempt == r.attempt}
+        for board in body["boards"]:
+            owner = by_rank.get(board["rank"])
+            if owner is None or owner.pid != board["pid"] or self._stale(owner):
+                continue
+            for row in board["groups"]:
+                key = (row["group"], board["rank"])
+                old = self.progress.get(key)
+                if old is not None and row["entered"] < old["entered"]:
+                    continue
+                stored = dict(old or {}, **_BOARD_CLEARED)
+                stored.update(row, t=t, board=True)
+                self.progress[key] = stored
 
     def _on_stack(self, r: RankState, body: dict[str, Any], t: float) -> None:
         if r.rank is not None and not self._stale(r):

@@ -327,3 +327,26 @@ def test_slurm_tasks_form_one_job_named_after_the_step(server, tmp_path):
                 if "event" in line and line["event"]["kind"] == "connect"]
     assert sorted(c["rank"] for c in connects) == [0, 1]
     assert counts(server, job["id"]) == {("0", "all_reduce", 0): 3, ("0", "all_reduce", 1): 3}
+
+
+def test_a_rank_in_another_collective_when_torchrun_stopped_the_job_is_named_from_its_board(
+        server, tmp_path):
+    """Rank 2 skips validation (an empty slice) and all-reduces gradients where ranks 0 and 1
+    all-reduce a loss: gloo aborts a rank over the sizes, torchrun SIGTERMs the rest a tenth of a
+    second later, and no rank reports anything. The host reader sends every rank's board
+    (pgdash_agent.board) as the SIGTERM reaches it: the collective each was inside names rank 2,
+    and the rank gloo aborted is its consequence, not a finding of its own."""
+    done = torchrun("uneven_eval.py", 3, "tut-boards", server, tmp_path)
+    assert done.returncode != 0, done.stderr[-2000:]
+    job = wait_for(lambda: job_by_name(server, "uneven_eval.py \u00b7 tut-boards"), 30, "the job")
+
+    def verdict():
+        found = serious(server, job["id"])
+        return found if any(f["kind"] == "desync" for f in found) else None
+
+    found = wait_for(verdict, 30, "the desync finding")
+    assert [(f["kind"], f["ranks"]) for f in found if f["severity"] == "critical"] == \
+        [("desync", [2])], found
+    (f,) = found
+    assert "2048" in f["summary"] or "8192 bytes" in f["summary"], f["summary"]
+    assert f["evidence"]["consequences"], f["evidence"]

@@ -1195,6 +1195,42 @@ def test_a_rank_that_repeated_a_collective_is_named_by_the_heartbeats_of_ranks_i
     assert f["evidence"]["consequences"] == [0, 2]
 
 
+def test_the_boards_of_ranks_killed_without_a_word_name_the_one_in_another_collective():
+    """Corpus: val_shard_empty_one_rank. Rank 3 skips validation and all-reduces its gradients
+    (8,192 bytes) where the others all-reduce a loss (4 bytes): gloo aborts rank 2, torchrun
+    SIGTERMs the rest, nobody reports, and every heartbeat predates the mismatch. The host
+    reader's boards (read after the SIGTERM) say where each was."""
+    log = running(4)
+    for r in range(4):  # a second before: all inside gradients' all_reduce #120
+        progress(log, r, 104.0, ("0", 120, 119, "all_reduce", 103.9, "float32", 8192))
+    log.add("s2", "disconnect", {}, t=105.0)  # gloo's abort
+    for r in (0, 1, 3):
+        log.add(f"s{r}", "disconnect", {}, t=105.03)  # torchrun's SIGTERM
+    assert kinds(diagnose(log.state(), 109.0, S)) == [("rank_lost", [2])]  # (without boards)
+
+    def row(r, nbytes):
+        return {"group": "0", "entered": 124, "completed": 123, "inflight_op": "all_reduce",
+                "inflight_dtype": "float32", "inflight_bytes": nbytes, "inflight_since": 104.9}
+
+    boards = [{"rank": r, "pid": 100 + r, "alive": r == 0, "groups": [row(r, 4)]}
+              for r in range(3)]
+    boards.append({"rank": 3, "pid": 103, "alive": False, "groups": [row(3, 8192)]})
+    boards.append({"rank": 1, "pid": 999, "alive": False, "groups": [row(1, 8192)]})  # not its
+    log.add("s0", "boards", {"t": 105.04, "boards": boards, "reader_pid": 77}, t=105.04)
+    found = diagnose(log.state(), 109.0, S)
+    assert kinds(found) == [("desync", [3])], found
+    assert found[0]["summary"].startswith("Rank 3 called all_reduce (float32, 8192 bytes) as "
+                                          "collective #124 on group 0"), found[0]["summary"]
+    assert found[0]["evidence"]["consequences"] == [0, 1, 2]
+    # an older board than the heartbeat changes nothing
+    log = running(2)
+    progress(log, 1, 104.0, ("0", 50, 49, "all_reduce", 103.9))
+    log.add("s0", "boards", {"t": 104.5, "boards": [
+        {"rank": 1, "pid": 101, "alive": True, "groups": [
+            {"group": "0", "entered": 40, "completed": 40}]}]}, t=104.5)
+    assert log.state().progress[("0", 1)]["entered"] == 50
+
+
 def test_ranks_that_fail_on_what_the_odd_rank_broadcast_are_its_consequences():
     """Rank 0 broadcasts a list of 2 objects where ranks 1 and 2 expect 3 (corpus:
     broadcast_object_list_len_mismatch): gloo accepts the shorter size broadcast, ranks 1 and

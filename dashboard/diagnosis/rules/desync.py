@@ -199,10 +199,7 @@ def _failed_together(state: JobState) -> list[Finding]:
                 continue
             top = sigs[steady[0]]
         when = times[(group, seq)]
-        consequences = sorted(
-            r.rank for r in state.ranks() if r.rank not in odd and r.rank in members
-            and r.status in (RankStatus.LOST, RankStatus.FAILED) and r.exit_at is not None
-            and min(when) - ABORT_SLACK_S <= r.exit_at <= max(when) + ABORT_SLACK_S)
+        consequences = _consequences(state, odd, members, min(when), max(when))
         op, dtype, nbytes = sigs[odd[0]]
         others = sorted(r for r in sigs if r not in odd)
         summary = (f"{ranks_label(odd).capitalize()} called {op} #{seq} on "
@@ -224,6 +221,17 @@ def _failed_together(state: JobState) -> list[Finding]:
             max(when), key="failed"))
         named.add(group)
     return out
+
+
+def _consequences(state: JobState, odd: list[int], members: Any, first: float,
+                  last: float) -> list[int]:
+    """The other members that failed or vanished within ABORT_SLACK_S of ``first`` .. ``last``
+    (the mismatch's moments): what a size mismatch did to them (gloo aborts the rank that
+    receives the odd message; its peers then fail on its closed connection)."""
+    return sorted(
+        r.rank for r in state.ranks() if r.rank not in odd and r.rank in members
+        and r.status in (RankStatus.LOST, RankStatus.FAILED) and r.exit_at is not None
+        and first - ABORT_SLACK_S <= r.exit_at <= last + ABORT_SLACK_S)
 
 
 def _inside(state: JobState, now: float, s: Settings) -> list[Finding]:
@@ -261,17 +269,25 @@ def _inside(state: JobState, now: float, s: Settings) -> list[Finding]:
             described = {str(r): {"op": sig[0], "dtype": sig[1], "bytes": sig[2]}
                          for r, sig in sorted(sigs.items())}
             odd_sig = sigs[odd[0]]
+            # Ranks that died of it (their boards, read by their host's reader after they
+            # were gone, say where they were: pgdash_agent.board) are its consequences.
+            consequences = _consequences(state, odd, members, since[seq], since[seq])
+            summary = (f"{ranks_label(odd).capitalize()} called {odd_sig[0]} ({odd_sig[1]}, "
+                       f"{odd_sig[2]} bytes) as collective #{seq} on "
+                       f"{group_label(state, group)}, where the others called {majority[0]} "
+                       f"({majority[1]}, {majority[2]} bytes)")
+            if consequences:
+                summary += (f"; {ranks_label(consequences)} then failed or vanished (a size "
+                            "mismatch ends the ranks that receive what they do not expect)")
             out.append(finding(
-                "desync", Severity.CRITICAL, odd, group,
-                f"{ranks_label(odd).capitalize()} called {odd_sig[0]} ({odd_sig[1]}, "
-                f"{odd_sig[2]} bytes) as collective #{seq} on {group_label(state, group)}, "
-                f"where the others called {majority[0]} ({majority[1]}, {majority[2]} bytes).",
+                "desync", Severity.CRITICAL, odd, group, summary + ".",
                 "Ranks must issue the same collectives in the same order with the same shapes. "
                 f"Look for a rank-dependent branch before collective #{seq} on "
                 f"{ranks_label(odd)} (an `if rank == ...`, uneven data, a skipped step). "
                 "TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective (slowly).",
-                {"seq": seq, "signatures": described, "expected": {
-                    "op": majority[0], "dtype": majority[1], "bytes": majority[2]}},
+                {"seq": seq, "signatures": described, "consequences": consequences,
+                 "expected": {"op": majority[0], "dtype": majority[1],
+                              "bytes": majority[2]}},
                 since[seq], key=f"{seq}"))
     return out
 

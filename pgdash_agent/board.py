@@ -1,0 +1,223 @@
+"""The board: where each rank's collectives stand, in a page of shared memory that its host's
+reader still reads after the rank is gone.
+
+A rank that dies without a word takes with it what only it knew: the collective it was in.
+Gloo aborts a rank that receives a message of another size than it expects (SIGABRT, in
+C++), and a launcher then stops the others within a tenth of a second (torchrun's SIGTERM to
+each rank's process group), none of them able to report, all of them seen last by a heartbeat
+up to a second old. Yet the collective each was in names the rank at fault: the one that
+called something else (bench/corpus: val_shard_empty_one_rank, oom_retry_repeats_allreduce).
+
+So each agent writes, on the training thread as it enters and completes each collective, the
+group's numbers and the call in flight into its board: a 4 KiB file under /dev/shm (memory,
+never written to disk), one per process, in a directory of its launch on this host. The host
+reader (pgdash_agent.reader), a process of its own that the launcher's SIGTERM reaches with the
+ranks and that outlives a rank that was killed alone, sends every board of the directory when
+it ends or its parent does (:func:`read_all`; a ``boards`` frame, stored by the server as a
+``boards`` event and folded as those ranks' last progress), and removes those of processes
+that are gone. A rank removes its own at a clean exit.
+
+What a call costs the training thread: one ``struct.pack_into`` on entry and one on
+completion (about half a microsecond together). Never raises into the caller; a board that
+cannot be made (no writable shared memory) is simply absent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import mmap
+import os
+import stat
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("pgdash.board")
+
+MAGIC = b"PGDBRD1\0"
+SIZE = 4096
+HEADER = struct.Struct("<8siiI")  # magic, rank, pid, slots in use
+SLOT_BYTES = 128
+SLOTS = (SIZE - 64) // SLOT_BYTES  # groups a board holds (31); more are not written
+NAME = struct.Struct("<24s")  # at a slot's start
+ENTER = struct.Struct("<Q40sqdq")  # at +24: entered, "op\0dtype", bytes, since, root
+COMPLETE = struct.Struct("<Q")  # at +96: completed
+SLOT = struct.Struct("<24sQ40sqdqQ")
+NONE = -1  # bytes or root not given
+
+
+def directory(key: str) -> Path | None:
+    """The boards' directory of one launch (``key``: what pgdash_agent.core's host claim is made
+    of), created if need be: under /dev/shm where it exists, else the temporary directory.
+    None where it cannot be made safely (not this user's alone)."""
+    try:
+        root = Path("/dev/shm") if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
+            else Path(tempfile.gettempdir())
+        base = root / f"pgdash-boards-{os.getuid()}"
+        base.mkdir(mode=0o700, exist_ok=True)
+        st = base.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return None
+        where = base / hashlib.sha256(key.encode()).hexdigest()[:16]
+        where.mkdir(mode=0o700, exist_ok=True)
+        return where
+    except Exception:
+        return None
+
+
+class Board:
+    """This process's board (written by its training thread; see the module's docstring)."""
+
+    def __init__(self, where: Path, rank: int, pid: int | None = None):
+        self.pid = os.getpid() if pid is None else pid
+        self.path = where / f"{self.pid}.board"
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, SIZE)
+            self.mm = mmap.mmap(fd, SIZE)
+        finally:
+            os.close(fd)
+        self.rank = rank
+        self.used = 0
+        HEADER.pack_into(self.mm, 0, MAGIC, rank, self.pid, 0)
+        self.slots: dict[str, int] = {}  # group name -> slot offset
+
+    @classmethod
+    def make(cls, key: str | None, rank: int | None) -> "Board | None":
+        """A board for this process in the directory of launch ``key``, or None. Never raises."""
+        if rank is None or key is None:
+            return None
+        try:
+            where = directory(key)
+            return cls(where, rank) if where is not None else None
+        except Exception as exc:
+            log.debug("pgdash: no board (%s)", exc)
+            return None
+
+    def slot(self, group: str) -> int:
+        """The offset of ``group``'s slot (taken on first sight), or -1 when all are taken."""
+        off = self.slots.get(group)
+        if off is None:
+            if self.used >= SLOTS:
+                off = -1
+            else:
+                off = 64 + self.used * SLOT_BYTES
+                NAME.pack_into(self.mm, off, group.encode()[:24])
+                self.used += 1
+                HEADER.pack_into(self.mm, 0, MAGIC, self.rank, self.pid, self.used)
+            self.slots[group] = off
+        return off
+
+    def enter(self, track: Any, seq: int, op: str, dtype: Any, nbytes: int | None,
+              since: float, root: int | None) -> None:
+        """Collective ``seq`` of ``track`` (a pgdash_agent.collectives.GroupTrack, which keeps
+        its slot and its last call's text) entered, on the training thread. Never raises."""
+        try:
+            off = track.board_off
+            if off is None:
+                off = track.board_off = self.slot(track.name)
+            if off < 0:
+                return
+            last = track.board_sig
+            if last[0] is not op or last[1] is not dtype:
+                name = "" if dtype is None else str(dtype).removeprefix("torch.")
+                last = track.board_sig = (op, dtype, f"{op}\0{name}".encode()[:40])
+            ENTER.pack_into(self.mm, off + 24, seq, last[2], NONE if nbytes is None else nbytes,
+                            since, NONE if root is None else root)
+        except Exception:  # (closed at exit while another thread still calls)
+            pass
+
+    def complete(self, track: Any, seq: int) -> None:
+        """Collective ``seq`` of ``track`` completed. Never raises."""
+        try:
+            off = track.board_off
+            if off is not None and off >= 0:
+                COMPLETE.pack_into(self.mm, off + 96, seq)
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        """The process ends cleanly: nothing to tell after it."""
+        try:
+            self.mm.close()
+            self.path.unlink(missing_ok=True)
+            self.path.parent.rmdir()  # (the launch's last board: otherwise not empty)
+        except Exception:
+            pass
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    """One board as the ``boards`` frame carries it (pgdash_agent.wire.BoardRank), or None for a
+    file that is not a board. Times are Unix seconds (the board holds the monotonic clock,
+    the same in every process of the host)."""
+    try:
+        data = path.read_bytes()[:SIZE]
+    except OSError:
+        return None
+    if len(data) < SIZE or data[:8] != MAGIC:
+        return None
+    _, rank, pid, used = HEADER.unpack_from(data, 0)
+    to_wall = time.time() - time.perf_counter()
+    groups = []
+    for i in range(min(used, SLOTS)):
+        name, entered, sig, nbytes, since, root, completed = SLOT.unpack_from(
+            data, 64 + i * SLOT_BYTES)
+        group = name.rstrip(b"\0").decode("utf-8", "replace")
+        if not group:
+            continue
+        row: dict[str, Any] = {"group": group, "entered": entered, "completed": completed}
+        if entered > completed:
+            op, _, dtype = sig.rstrip(b"\0").decode("utf-8", "replace").partition("\0")
+            row.update(inflight_op=op, inflight_dtype=dtype or None,
+                       inflight_bytes=None if nbytes < 0 else nbytes,
+                       inflight_since=round(since + to_wall, 6))
+            if root >= 0:
+                row["inflight_root"] = root
+        groups.append(row)
+    return {"rank": rank, "pid": pid, "alive": _alive(pid), "groups": groups}
+
+
+def read_all(where: Path, clean: bool = True) -> list[dict[str, Any]]:
+    """Every board of a launch's directory; with ``clean`` (the reader's last words: nobody
+    reads them after it), the directory is removed once they are read. A rank still running
+    keeps writing to its board's memory; it removes nothing that is not there at its exit."""
+    boards = []
+    try:
+        paths = sorted(where.glob("*.board"))
+    except OSError:
+        return boards
+    for path in paths[:MAX_BOARDS]:
+        board = read(path)
+        if board is not None:
+            boards.append(board)
+    if clean:
+        for path in paths:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        try:
+            where.rmdir()
+        except OSError:
+            pass
+    return boards
+
+
+MAX_BOARDS = 256  # boards one frame carries (one host's ranks of one launch)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    try:  # a zombie (its parent, the launcher, not done with it) is gone too
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return True

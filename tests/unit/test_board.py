@@ -1,0 +1,94 @@
+"""The board (pgdash_agent.board): what a rank writes as it enters and completes collectives,
+read back by another process after the rank is gone, and the frame the server takes it in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from pgdash_agent import board
+from pgdash_agent.collectives import GroupTrack
+from pgdash_agent.wire import WireError, validate_boards
+
+
+def track(name):
+    return GroupTrack(name, None, "gloo", [0, 1])
+
+
+def test_a_board_says_what_each_group_is_inside_and_what_it_completed(tmp_path):
+    b = board.Board(tmp_path, rank=3)
+    t0 = time.perf_counter()
+    world, seven = track("0"), track("7")
+    b.enter(world, 1, "all_reduce", torch.float32, 8192, t0, None)
+    b.complete(world, 1)
+    b.enter(world, 2, "all_reduce", torch.float32, 4, t0, None)  # inside #2
+    b.enter(seven, 5, "broadcast", torch.int64, 16, t0, 1)
+    b.complete(seven, 5)
+    (read,) = board.read_all(tmp_path, clean=False)
+    assert (read["rank"], read["pid"], read["alive"]) == (3, os.getpid(), True)
+    inside, done = read["groups"]
+    assert {k: v for k, v in inside.items() if k != "inflight_since"} == {
+        "group": "0", "entered": 2, "completed": 1, "inflight_op": "all_reduce",
+        "inflight_dtype": "float32", "inflight_bytes": 4}
+    assert abs(inside["inflight_since"] - time.time()) < 5  # the monotonic clock, made wall
+    assert done == {"group": "7", "entered": 5, "completed": 5}
+    assert validate_boards({"t": time.time(), "boards": [read]})["boards"][0] == read
+    b.close()
+    assert board.read_all(tmp_path) == [] and not (tmp_path / f"{os.getpid()}.board").exists()
+
+
+def test_a_board_outlives_its_process_and_the_last_read_removes_it(tmp_path):
+    """The rank dies inside a collective (here, killed by its own SIGKILL right after entering
+    it): its board still says so, and the process reads as gone."""
+    code = ("import os, signal, sys, time, torch; from pathlib import Path; "
+            "from pgdash_agent import board; from pgdash_agent.collectives import GroupTrack; "
+            "b = board.Board(Path(sys.argv[1]), rank=1); "
+            "b.enter(GroupTrack('0', None, None, [0, 1]), 9, 'all_gather', torch.bfloat16, 64, "
+            "time.perf_counter(), None); "
+            "os.kill(os.getpid(), signal.SIGKILL)")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=120)
+    (read,) = board.read_all(tmp_path, clean=False)
+    assert read["rank"] == 1 and read["alive"] is False
+    assert read["groups"][0]["inflight_op"] == "all_gather"
+    assert read["groups"][0]["inflight_dtype"] == "bfloat16"
+    assert board.read_all(tmp_path)  # the last words: read once more, then removed
+    assert not tmp_path.exists()
+
+
+def test_a_board_holds_so_many_groups_and_ignores_what_is_not_a_board(tmp_path):
+    b = board.Board(tmp_path, rank=0)
+    tracks = [track(str(g)) for g in range(board.SLOTS + 5)]
+    for t in tracks:
+        b.enter(t, 1, "barrier", None, 0, 0.0, None)
+    (tmp_path / "junk.board").write_bytes(b"not a board")
+    (read,) = board.read_all(tmp_path, clean=False)
+    assert len(read["groups"]) == board.SLOTS
+    assert read["groups"][0] == {"group": "0", "entered": 1, "completed": 0,
+                                 "inflight_op": "barrier", "inflight_dtype": None,
+                                 "inflight_bytes": 0, "inflight_since": read["groups"][0][
+                                     "inflight_since"]}
+    assert tracks[-1].board_off == -1  # no slot left: not written
+    b.close()
+    b.enter(tracks[0], 2, "barrier", None, 0, 0.0, None)  # closed: a late call changes nothing
+    b.complete(tracks[0], 2)
+
+
+def test_no_board_without_a_rank_or_a_launch():
+    assert board.Board.make(None, 0) is None and board.Board.make("k", None) is None
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"t": 1.0, "boards": [{"rank": -1, "pid": 5, "alive": False, "groups": []}]}, "rank"),
+    ({"t": 1.0, "boards": [{"rank": 0, "pid": 5, "alive": False,
+                            "groups": [{"group": "0", "entered": "x", "completed": 0}]}]},
+     "entered"),
+    ({"boards": []}, "t"),
+])
+def test_a_bad_boards_frame_is_refused_naming_its_field(bad, field):
+    with pytest.raises(WireError, match=field):
+        validate_boards(bad)
