@@ -9,7 +9,7 @@ up to a second old. Yet the collective each was in names the rank at fault: the 
 called something else (bench/corpus: val_shard_empty_one_rank, oom_retry_repeats_allreduce).
 
 So each agent writes, on the training thread as it enters and completes each collective, the
-group's numbers and the call in flight into its board: a 4 KiB file under /dev/shm (memory,
+group's numbers, the call in flight and the call completed last into its board: a 4 KiB file under /dev/shm (memory,
 never written to disk), one per process, in a directory of its launch on this host. The host
 reader (pgdash_agent.reader), a process of its own that the launcher's SIGTERM reaches with the
 ranks and that outlives a rank that was killed alone, sends every board of the directory when
@@ -40,12 +40,15 @@ log = logging.getLogger("pgdash.board")
 MAGIC = b"PGDBRD1\0"
 SIZE = 4096
 HEADER = struct.Struct("<8siiI")  # magic, rank, pid, slots in use
-SLOT_BYTES = 128
-SLOTS = (SIZE - 64) // SLOT_BYTES  # groups a board holds (31); more are not written
+SLOT_BYTES = 192
+SLOTS = (SIZE - 64) // SLOT_BYTES  # groups a board holds (21); more are not written
 NAME = struct.Struct("<24s")  # at a slot's start
 ENTER = struct.Struct("<Q40sqdq")  # at +24: entered, "op\0dtype", bytes, since, root
 COMPLETE = struct.Struct("<Q")  # at +96: completed
-SLOT = struct.Struct("<24sQ40sqdqQ")
+# ... or, for a call that returned (not an async one), with what it was: at +96 completed,
+# then the number, "op\0dtype" and bytes of the call completed last
+DONE = struct.Struct("<QQ40sq")
+SLOT = struct.Struct("<24sQ40sqdqQQ40sq")
 NONE = -1  # bytes or root not given
 
 
@@ -131,11 +134,24 @@ class Board:
             pass
 
     def complete(self, track: Any, seq: int) -> None:
-        """Collective ``seq`` of ``track`` completed. Never raises."""
+        """Async collective ``seq`` of ``track`` seen completed (its call is long returned).
+        Never raises."""
         try:
             off = track.board_off
             if off is not None and off >= 0:
                 COMPLETE.pack_into(self.mm, off + 96, seq)
+        except Exception:
+            pass
+
+    def done(self, track: Any, seq: int, nbytes: int | None) -> None:
+        """Collective ``seq`` of ``track``, the one :meth:`enter` wrote last, returned: what
+        it was stays beside its number (the ranks past a collective say what they called
+        there, against one that died inside it with another size). Never raises."""
+        try:
+            off = track.board_off
+            if off is not None and off >= 0:
+                DONE.pack_into(self.mm, off + 96, seq, seq, track.board_sig[2],
+                               NONE if nbytes is None else nbytes)
         except Exception:
             pass
 
@@ -163,21 +179,30 @@ def read(path: Path) -> dict[str, Any] | None:
     to_wall = time.time() - time.perf_counter()
     groups = []
     for i in range(min(used, SLOTS)):
-        name, entered, sig, nbytes, since, root, completed = SLOT.unpack_from(
-            data, 64 + i * SLOT_BYTES)
+        name, entered, sig, nbytes, since, root, completed, done_seq, done_sig, done_bytes = \
+            SLOT.unpack_from(data, 64 + i * SLOT_BYTES)
         group = name.rstrip(b"\0").decode("utf-8", "replace")
         if not group:
             continue
         row: dict[str, Any] = {"group": group, "entered": entered, "completed": completed}
         if entered > completed:
-            op, _, dtype = sig.rstrip(b"\0").decode("utf-8", "replace").partition("\0")
-            row.update(inflight_op=op, inflight_dtype=dtype or None,
+            op, dtype = _call(sig)
+            row.update(inflight_op=op, inflight_dtype=dtype,
                        inflight_bytes=None if nbytes < 0 else nbytes,
                        inflight_since=round(since + to_wall, 6))
             if root >= 0:
                 row["inflight_root"] = root
+        if completed and done_seq == completed:
+            op, dtype = _call(done_sig)
+            row.update(done_op=op, done_dtype=dtype,
+                       done_bytes=None if done_bytes < 0 else done_bytes)
         groups.append(row)
     return {"rank": rank, "pid": pid, "alive": _alive(pid), "groups": groups}
+
+
+def _call(sig: bytes) -> tuple[str, str | None]:
+    op, _, dtype = sig.rstrip(b"\0").decode("utf-8", "replace").partition("\0")
+    return op, dtype or None
 
 
 def read_all(where: Path, clean: bool = True) -> list[dict[str, Any]]:

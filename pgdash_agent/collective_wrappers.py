@@ -302,7 +302,7 @@ class CollectiveWrappers:
                 track.done_root = root
                 track.done, track.inflight = track.inflight, None
                 if tracker.board is not None:
-                    tracker.board.complete(track, seq)
+                    tracker.board.done(track, seq, nbytes)
             if len(records) < cap:
                 records.append((track, op, nbytes, t0, clock(), lo, hi))
             else:

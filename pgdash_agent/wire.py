@@ -552,6 +552,10 @@ class BoardGroup(_Shape):
     inflight_bytes: Optional[_Count] = None
     inflight_root: Optional[_Count] = None
     inflight_since: Optional[_Num] = None
+    # the call numbered ``completed``, where the board knows it (a call that returned)
+    done_op: Optional[_Name] = None
+    done_dtype: Optional[_Name] = None
+    done_bytes: Optional[_Count] = None
 
 
 class BoardRank(_Shape):

@@ -30,7 +30,8 @@ ROUTINE_KINDS = frozenset({"heartbeat", "coll_stats", "stack", "gpu", "group", "
 UNHEARD_KINDS = frozenset({"disconnect", "read", "boards"})
 # What a board's row replaces of a heartbeat's (the call in flight: none, unless it says so).
 _BOARD_CLEARED = {"inflight_op": None, "inflight_since": None, "inflight_dtype": None,
-                  "inflight_bytes": None, "inflight_root": None}
+                  "inflight_bytes": None, "inflight_root": None, "done_op": None,
+                  "done_dtype": None, "done_bytes": None}
 FR_TALLIES = 30  # heartbeats of Flight Recorder busy tallies kept per (group, rank)
 GPU_HISTORY = 120  # GPU readings kept per rank (about two minutes)
 # Clock-event reasons that mean the GPU is slowed by heat or power trouble (not just busy).

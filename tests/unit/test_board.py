@@ -25,16 +25,17 @@ def test_a_board_says_what_each_group_is_inside_and_what_it_completed(tmp_path):
     t0 = time.perf_counter()
     world, seven = track("0"), track("7")
     b.enter(world, 1, "all_reduce", torch.float32, 8192, t0, None)
-    b.complete(world, 1)
+    b.done(world, 1, 8192)  # returned
     b.enter(world, 2, "all_reduce", torch.float32, 4, t0, None)  # inside #2
     b.enter(seven, 5, "broadcast", torch.int64, 16, t0, 1)
-    b.complete(seven, 5)
+    b.complete(seven, 5)  # an async call seen complete: its number only
     (read,) = board.read_all(tmp_path, clean=False)
     assert (read["rank"], read["pid"], read["alive"]) == (3, os.getpid(), True)
     inside, done = read["groups"]
     assert {k: v for k, v in inside.items() if k != "inflight_since"} == {
         "group": "0", "entered": 2, "completed": 1, "inflight_op": "all_reduce",
-        "inflight_dtype": "float32", "inflight_bytes": 4}
+        "inflight_dtype": "float32", "inflight_bytes": 4, "done_op": "all_reduce",
+        "done_dtype": "float32", "done_bytes": 8192}
     assert abs(inside["inflight_since"] - time.time()) < 5  # the monotonic clock, made wall
     assert done == {"group": "7", "entered": 5, "completed": 5}
     assert validate_boards({"t": time.time(), "boards": [read]})["boards"][0] == read

@@ -1231,6 +1231,38 @@ def test_the_boards_of_ranks_killed_without_a_word_name_the_one_in_another_colle
     assert log.state().progress[("0", 1)]["entered"] == 50
 
 
+def test_the_boards_of_ranks_past_a_collective_say_what_they_called_there():
+    """Corpus: broadcast_state_extra_buffer. Rank 2's state_dict holds an extra buffer: its
+    broadcast #505 sends 128 bytes where rank 0 (the root) broadcasts 4,096. Gloo aborts rank
+    2 inside #505; ranks 0 and 1 got past it, and rank 0's next broadcast fails on the closed
+    connection (the one failure reported, with its call before). Rank 1's board says what it
+    completed as #505; rank 2's, what it died inside."""
+    log = running(3)
+    log.add("s2", "disconnect", {}, t=105.0)
+    log.add("s0", "error", {
+        "where": "collective", "error_type": "RuntimeError", "error": RESET, "group": "0",
+        "op": "broadcast", "seq": 506, "dtype": "float32", "bytes": 128,
+        "before": ["broadcast", "float32", 4096]}, t=105.02)
+    log.add("s0", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.03)
+    log.add("s1", "disconnect", {}, t=105.1)  # torchrun's SIGTERM
+    assert kinds(diagnose(log.state(), 109.0, S)) == [("rank_lost", [2])]  # (no boards)
+    log.add("s0", "boards", {"t": 105.11, "boards": [
+        {"rank": 1, "pid": 101, "alive": False, "groups": [
+            {"group": "0", "entered": 506, "completed": 505, "inflight_op": "broadcast",
+             "inflight_dtype": "float32", "inflight_bytes": 128, "inflight_since": 105.0,
+             "done_op": "broadcast", "done_dtype": "float32", "done_bytes": 4096}]},
+        {"rank": 2, "pid": 102, "alive": False, "groups": [
+            {"group": "0", "entered": 505, "completed": 504, "inflight_op": "broadcast",
+             "inflight_dtype": "float32", "inflight_bytes": 128, "inflight_since": 104.99,
+             "done_op": "broadcast", "done_dtype": "float32", "done_bytes": 16}]}]},
+        t=105.11)
+    found = diagnose(log.state(), 109.0, S)
+    assert kinds(found) == [("desync", [2])], found
+    assert found[0]["summary"].startswith("Rank 2 called broadcast #505 on group 0 with 128 "
+                                          "bytes (float32), where ranks 0, 1 called broadcast "
+                                          "with 4096 bytes"), found[0]["summary"]
+
+
 def test_ranks_that_fail_on_what_the_odd_rank_broadcast_are_its_consequences():
     """Rank 0 broadcasts a list of 2 objects where ranks 1 and 2 expect 3 (corpus:
     broadcast_object_list_len_mismatch): gloo accepts the shorter size broadcast, ranks 1 and

@@ -58,8 +58,12 @@ def diagnose(state: JobState, now: float, settings: Settings = Settings()) -> li
     # are the desync's consequences.
     ended = {r for f in found if f["kind"] == "desync"
              for r in f["evidence"].get("consequences") or ()}
+    # A rank that vanished inside its own odd collective (gloo aborted the rank it sent to
+    # less than it expected) is the desync's rank: the desync says why it went.
+    odd = {r for f in found if f["kind"] == "desync" for r in f["ranks"]}
     found = [f for f in found if not (f["kind"] in ("rank_lost", "rank_failed")
-                                      and f["ranks"] and set(f["ranks"]) <= ended)]
+                                      and f["ranks"] and set(f["ranks"]) <= ended)
+             and not (f["kind"] == "rank_lost" and f["ranks"] and set(f["ranks"]) <= odd)]
     # A mismatched collective usually hangs every rank of its group on gloo: say desync, not
     # hang (whichever view's sequence number the hang was seen at).
     found = [f for f in found if not (f["kind"] in ("hang", "stall") and f["group"] in desyncs)]

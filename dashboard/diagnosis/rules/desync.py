@@ -174,11 +174,15 @@ def _failed_together(state: JobState) -> list[Finding]:
     # rank 1 repeated its gradients' all_reduce where the others all-reduced the loss; rank 0
     # aborted, rank 2 failed on its closed connection, and rank 1 waited until the launcher
     # killed it: one failure reported the call, the heartbeats of ranks 0 and 1 the others).
+    # So do the ranks past it whose board (pgdash_agent.board) says what they called there.
     for group, seq in list(calls):
         for rank, row in state.progress_of(group).items():
             if row.get("inflight_op") and row.get("entered") == seq:
                 calls[(group, seq)].setdefault(rank, (
                     row["inflight_op"], row.get("inflight_dtype"), row.get("inflight_bytes")))
+            elif row.get("done_op") and row.get("completed") == seq:
+                calls[(group, seq)].setdefault(rank, (
+                    row["done_op"], row.get("done_dtype"), row.get("done_bytes")))
     out = []
     named: set[str] = set()
     for (group, seq), sigs in sorted(calls.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
