@@ -136,12 +136,10 @@ class Agent:
         self.loop.start()
         # (PGDASH_PEER_READ=0: this rank does not let other processes read it)
         readers = bool(self.config.server and self.config.wire != "v1"
-                       and self.config.host_reader and self.config.peer_read
-                       and self.snapshots.py_spy)
+                       and self.config.host_reader and self.config.peer_read)
         if readers:  # (every rank of a host has a board where its host runs a reader)
             self.tracker.board = board.Board.make(self._launch_key(), self._rank_now())
-        if readers and reader.wanted(self.environ, self.snapshots.py_spy, True,
-                                     self._claim_host):
+        if readers and reader.wanted(self.environ, True, self._claim_host):
             self.host_reader = reader.start(
                 self.config.server, self._auth(), self.config.ca_file,
                 board.directory(self._launch_key()) if self.tracker.board else None)

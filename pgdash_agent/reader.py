@@ -6,16 +6,19 @@ pgdash_agent.native.peer_dump). Where no other rank of the host answers (a rank 
 host, or every rank of the host blocked at once) nobody could. So the agent of the host's
 first rank (``LOCAL_RANK`` 0, or a rank alone: ``LOCAL_WORLD_SIZE`` 1; where the launcher
 sets neither, as ``mp.spawn`` and a bare ``python``, the first of the job's ranks on the host
-to :func:`claim` it) starts this process where py-spy is installed (:func:`start`;
-``PGDASH_HOST_READER=0`` turns it off). It runs no training code and imports no torch, so it
-answers whatever the ranks are doing.
+to :func:`claim` it) starts this process (:func:`start`; ``PGDASH_HOST_READER=0`` turns it
+off). It runs no training code and imports no torch, so it answers whatever the ranks are
+doing.
 
 It holds one protocol v2 connection (a hello with the starting rank's auth and ``reader``: its
-own pid) and only answers the server's ``peer`` questions, each with a
-``{"read": body}`` frame (pgdash_agent.wire.Read); the server stores the reading as a ``read``
-event of the starting rank's session. It reads only a process of its own user and launch
-(``same_launch``: its environment is its parent's), sends nothing else, executes nothing it is
-sent, and exits when its parent does (or is told to: ``detach``). A server that does not know
+own pid) and answers the server's ``peer`` questions, each with a ``{"read": body}`` frame
+(pgdash_agent.wire.Read: py-spy's dump, or why there is none, such as py-spy not installed);
+the server stores the reading as a ``read`` event of the starting rank's session. When it
+ends (its parent gone, or the launcher's SIGTERM, which reaches it with its rank) it sends its
+launch's boards, where each rank of the host was (pgdash_agent.board: ``{"boards": body}``).
+It reads only a process of its own user and launch (``same_launch``: its environment is its
+parent's), sends nothing else, executes nothing it is sent, and exits when its parent does
+(or is told to: ``detach``). A server that does not know
 readers (an older pgdash) refuses its hello: it then gives up, quietly.
 """
 
@@ -50,14 +53,15 @@ NOT_YET = "has not connected to this server process"
 SWEEP = 32  # claims left behind by killed ranks removed at each claim, at most
 
 
-def wanted(environ: Mapping[str, str], py_spy: str | None, enabled: bool,
+def wanted(environ: Mapping[str, str], enabled: bool,
            claim: Callable[[], bool] = lambda: False) -> bool:
     """Whether this rank starts its host's reader: the host's first rank (or one alone),
-    where py-spy is installed, unless PGDASH_HOST_READER=0 (or PGDASH_PEER_READ=0: the
-    agent passes ``enabled`` False then). Where the launcher does not say which rank is first
-    on its host (no ``LOCAL_RANK``: ``mp.spawn``, a bare ``python``), the first to ``claim``
-    it (:func:`claim`, called only then)."""
-    if not enabled or py_spy is None:
+    unless PGDASH_HOST_READER=0 (or PGDASH_PEER_READ=0: the agent passes ``enabled`` False
+    then). Where the launcher does not say which rank is first on its host (no
+    ``LOCAL_RANK``: ``mp.spawn``, a bare ``python``), the first to ``claim`` it (:func:`claim`,
+    called only then). Without py-spy it still sends the boards; its readings say why they
+    have no dump."""
+    if not enabled:
         return False
     if "LOCAL_RANK" not in environ and "LOCAL_WORLD_SIZE" not in environ:
         return claim()

@@ -15,6 +15,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.procs import ROOT, free_port, job_by_name, wait_for
 
 TUTORIAL = Path(__file__).resolve().parents[1] / "jobs" / "tutorial"
@@ -329,16 +331,21 @@ def test_slurm_tasks_form_one_job_named_after_the_step(server, tmp_path):
     assert counts(server, job["id"]) == {("0", "all_reduce", 0): 3, ("0", "all_reduce", 1): 3}
 
 
+@pytest.mark.parametrize("py_spy", ["installed", "missing"])
 def test_a_rank_in_another_collective_when_torchrun_stopped_the_job_is_named_from_its_board(
-        server, tmp_path):
+        server, tmp_path, py_spy):
     """Rank 2 skips validation (an empty slice) and all-reduces gradients where ranks 0 and 1
     all-reduce a loss: gloo aborts a rank over the sizes, torchrun SIGTERMs the rest a tenth of a
     second later, and no rank reports anything. The host reader sends every rank's board
-    (pgdash_agent.board) as the SIGTERM reaches it: the collective each was inside names rank 2,
-    and the rank gloo aborted is its consequence, not a finding of its own."""
-    done = torchrun("uneven_eval.py", 3, "tut-boards", server, tmp_path)
+    (pgdash_agent.board) as the SIGTERM reaches it, py-spy or not: the collective each was
+    inside names rank 2, and the rank gloo aborted is its consequence, not a finding of its
+    own."""
+    name = f"tut-boards-{py_spy}"
+    env = _env(server.url, **({"PGDASH_PY_SPY": "/nonexistent/py-spy"}
+                              if py_spy == "missing" else {}))
+    done = torchrun("uneven_eval.py", 3, name, server, tmp_path, env=env)
     assert done.returncode != 0, done.stderr[-2000:]
-    job = wait_for(lambda: job_by_name(server, "uneven_eval.py \u00b7 tut-boards"), 30, "the job")
+    job = wait_for(lambda: job_by_name(server, f"uneven_eval.py \u00b7 {name}"), 30, "the job")
 
     def verdict():
         found = serious(server, job["id"])

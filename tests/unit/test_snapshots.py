@@ -354,17 +354,16 @@ def test_a_host_readers_questions_and_readings_are_checked():
             validate_read(bad)
     # Which rank starts its host's reader.
     wanted = host_reader.wanted
-    assert wanted({"LOCAL_RANK": "0"}, "/bin/py-spy", True)
-    assert wanted({"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "1"}, "/bin/py-spy", True)
-    assert not wanted({"LOCAL_RANK": "1"}, "/bin/py-spy", True)
+    assert wanted({"LOCAL_RANK": "0"}, True)  # (with py-spy or not: it sends the boards)
+    assert wanted({"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "1"}, True)
+    assert not wanted({"LOCAL_RANK": "1"}, True)
     # mp.spawn, a bare python: which rank is first on its host is not known, so the first
     # to claim it starts the reader (reader.claim).
-    assert not wanted({}, "/bin/py-spy", True)
-    assert wanted({}, "/bin/py-spy", True, lambda: True)
-    assert not wanted({"LOCAL_RANK": "1"}, "/bin/py-spy", True, lambda: True)
-    assert not wanted({}, "/bin/py-spy", False, lambda: True)
-    assert not wanted({"LOCAL_RANK": "0"}, None, True)  # no py-spy: nothing it could read
-    assert not wanted({"LOCAL_RANK": "0"}, "/bin/py-spy", False)  # PGDASH_HOST_READER=0
+    assert not wanted({}, True)
+    assert wanted({}, True, lambda: True)
+    assert not wanted({"LOCAL_RANK": "1"}, True, lambda: True)
+    assert not wanted({}, False, lambda: True)
+    assert not wanted({"LOCAL_RANK": "0"}, False)  # PGDASH_HOST_READER=0
 
 
 def test_at_most_eight_silent_ranks_a_request_are_read_from_outside_and_the_rest_say_so():
