@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pgdash_agent.wire import SIZED
+
 log = logging.getLogger("pgdash.board")
 
 MAGIC = b"PGDBRD1\0"
@@ -187,17 +189,21 @@ def read(path: Path) -> dict[str, Any] | None:
         row: dict[str, Any] = {"group": group, "entered": entered, "completed": completed}
         if entered > completed:
             op, dtype = _call(sig)
-            row.update(inflight_op=op, inflight_dtype=dtype,
-                       inflight_bytes=None if nbytes < 0 else nbytes,
+            row.update(inflight_op=op, inflight_dtype=dtype, inflight_bytes=_size(op, nbytes),
                        inflight_since=round(since + to_wall, 6))
             if root >= 0:
                 row["inflight_root"] = root
         if completed and done_seq == completed:
             op, dtype = _call(done_sig)
-            row.update(done_op=op, done_dtype=dtype,
-                       done_bytes=None if done_bytes < 0 else done_bytes)
+            row.update(done_op=op, done_dtype=dtype, done_bytes=_size(op, done_bytes))
         groups.append(row)
     return {"rank": rank, "pid": pid, "alive": _alive(pid), "groups": groups}
+
+
+def _size(op: str, nbytes: int) -> int | None:
+    """The bytes ranks must agree on (0 for a collective whose size may differ by rank, as
+    what a failure reports says: pgdash_agent.collectives.call_signature)."""
+    return None if nbytes < 0 else nbytes if op in SIZED else 0
 
 
 def _call(sig: bytes) -> tuple[str, str | None]:

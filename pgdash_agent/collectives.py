@@ -19,18 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pgdash_agent.flight_stats import WrappedIntervals
-from pgdash_agent.wire import LatencySummary
+from pgdash_agent.wire import SIZED, LatencySummary
 
 
 RECENT_COLLECTIVES = 256  # collectives a snapshot shows, the newest (all groups together)
 # The fingerprints of this many of a process's newest new_group calls go in each heartbeat.
 GROUPS_MADE_KEPT = 8
-# Collectives whose payload size every rank must match: their bytes go into the call
-# fingerprint and into what a failure reports of its last calls (all_gather's and
-# all_to_all's may differ by rank: uneven gathers, MoE token splits).
-SIZED = frozenset({"broadcast", "all_reduce", "all_reduce_coalesced", "reduce",
-                   "all_gather_single", "gather", "scatter", "reduce_scatter",
-                   "reduce_scatter_single"})
 MAX_LAST_CALLS = 8  # groups whose last collective a failure reports
 
 

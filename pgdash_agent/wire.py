@@ -55,6 +55,13 @@ MAX_TIME = 1e11  # event times are Unix seconds: anything past the year 5138 is 
 # Latency histograms: bucket i holds latencies in [2**(i/8), 2**((i+1)/8)) microseconds,
 # about 9% wide, so merged percentiles stay within ~9% of the truth at any scale.
 HIST_BUCKETS_PER_OCTAVE = 8
+# Collectives whose payload size every rank must match: their bytes go into the call
+# fingerprint and into what a failure reports of its calls, and only theirs are compared
+# between ranks (all_gather's and all_to_all's may differ by rank: uneven gathers, MoE token
+# splits; what is reported of them says 0 bytes, or the server reads it so).
+SIZED = frozenset({"broadcast", "all_reduce", "all_reduce_coalesced", "reduce",
+                   "all_gather_single", "gather", "scatter", "reduce_scatter",
+                   "reduce_scatter_single"})
 HIST_MAX_BUCKET = 8 * 40  # 2**40 us is ~12 days; anything longer is clamped
 
 

@@ -1263,6 +1263,21 @@ def test_the_boards_of_ranks_past_a_collective_say_what_they_called_there():
                                           "with 4096 bytes"), found[0]["summary"]
 
 
+def test_uneven_all_to_alls_caught_in_flight_are_no_desync():
+    """A MoE job's token exchange is uneven by design (corpus: healthy_moe_uneven_alltoall):
+    ranks caught inside one all_to_all_single with different sizes (a scancel mid-step, read
+    from their boards; or heartbeats that caught it) called the same collective. Only the
+    sizes of collectives every rank's must match are compared."""
+    log = running(3)
+    for r, nbytes in ((0, 4096), (1, 1536), (2, 8192)):
+        progress(log, r, 104.0, ("0", 60, 59, "all_to_all_single", 103.9, "float32", nbytes))
+    assert diagnose(log.state(), 104.5, S) == []
+    log = running(3)
+    for r, nbytes in ((0, 4096), (1, 1536), (2, 4096)):  # all_reduce sizes must match
+        progress(log, r, 104.0, ("0", 60, 59, "all_reduce", 103.9, "float32", nbytes))
+    assert kinds(diagnose(log.state(), 104.5, S)) == [("desync", [1])]
+
+
 def test_ranks_that_fail_on_what_the_odd_rank_broadcast_are_its_consequences():
     """Rank 0 broadcasts a list of 2 objects where ranks 1 and 2 expect 3 (corpus:
     broadcast_object_list_len_mismatch): gloo accepts the shorter size broadcast, ranks 1 and

@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from pgdash_agent.wire import SIZED
+
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
 from dashboard.diagnosis.text import agree, group_label, ranks_label
@@ -178,10 +180,10 @@ def _failed_together(state: JobState) -> list[Finding]:
     for group, seq in list(calls):
         for rank, row in state.progress_of(group).items():
             if row.get("inflight_op") and row.get("entered") == seq:
-                calls[(group, seq)].setdefault(rank, (
+                calls[(group, seq)].setdefault(rank, _signature(
                     row["inflight_op"], row.get("inflight_dtype"), row.get("inflight_bytes")))
             elif row.get("done_op") and row.get("completed") == seq:
-                calls[(group, seq)].setdefault(rank, (
+                calls[(group, seq)].setdefault(rank, _signature(
                     row["done_op"], row.get("done_dtype"), row.get("done_bytes")))
     out = []
     named: set[str] = set()
@@ -227,6 +229,13 @@ def _failed_together(state: JobState) -> list[Finding]:
     return out
 
 
+def _signature(op: str, dtype: str | None, nbytes: int | None) -> tuple:
+    """What ranks must agree on at one collective: its op, dtype and, where every rank's must
+    match (SIZED: not all_gather's or all_to_all's, uneven by rank in healthy jobs), its bytes;
+    as a failure reports it (pgdash_agent.collectives.call_signature)."""
+    return (op, dtype, nbytes if op in SIZED else 0)
+
+
 def _consequences(state: JobState, odd: list[int], members: Any, first: float,
                   last: float) -> list[int]:
     """The other members that failed or vanished within ABORT_SLACK_S of ``first`` .. ``last``
@@ -252,8 +261,8 @@ def _inside(state: JobState, now: float, s: Settings) -> list[Finding]:
         rows = state.progress_of(group)
         for rank, row in rows.items():
             if row.get("inflight_op"):
-                sig = (row["inflight_op"], row.get("inflight_dtype"), row.get("inflight_bytes"))
-                by_seq[row["entered"]][rank] = sig
+                by_seq[row["entered"]][rank] = _signature(
+                    row["inflight_op"], row.get("inflight_dtype"), row.get("inflight_bytes"))
                 since[row["entered"]] = max(since.get(row["entered"], 0),
                                             row.get("inflight_since") or 0)
         for seq, sigs in by_seq.items():
