@@ -1257,10 +1257,28 @@ def test_the_boards_of_ranks_past_a_collective_say_what_they_called_there():
              "done_op": "broadcast", "done_dtype": "float32", "done_bytes": 16}]}]},
         t=105.11)
     found = diagnose(log.state(), 109.0, S)
-    assert kinds(found) == [("desync", [2])], found
+    assert kinds(found) == [("desync", [2])], found  # (not also "rank 2 vanished")
     assert found[0]["summary"].startswith("Rank 2 called broadcast #505 on group 0 with 128 "
                                           "bytes (float32), where ranks 0, 1 called broadcast "
                                           "with 4096 bytes"), found[0]["summary"]
+
+
+def test_the_odd_rank_and_its_consequence_vanishing_together_are_the_desync_alone():
+    """Corpus: allreduce_size_mismatch. Rank 2's gradient is smaller: gloo aborts rank 2 and
+    then rank 1, 8 ms apart, both on node0 ("ranks 1, 2 vanished together"), while rank 0
+    fails on their closed connections; their heartbeats had all three inside #98."""
+    log = running(3)
+    for r, nbytes in ((0, 4000), (1, 4000), (2, 2400)):
+        progress(log, r, 104.9, ("0", 98, 97, "all_reduce", 104.8, "float32", nbytes))
+    log.add("s2", "disconnect", {}, t=105.0)
+    log.add("s1", "disconnect", {}, t=105.008)
+    log.add("s0", "error", {"where": "collective", "error_type": "RuntimeError",
+                            "error": RESET, "group": "0", "op": "all_reduce", "seq": 98,
+                            "dtype": "float32", "bytes": 4000,
+                            "before": ["all_reduce", "float32", 4000]}, t=105.01)
+    log.add("s0", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.02)
+    found = diagnose(log.state(), 109.0, S)
+    assert kinds(found) == [("desync", [2])], found
 
 
 def test_uneven_all_to_alls_caught_in_flight_are_no_desync():

@@ -59,8 +59,9 @@ def diagnose(state: JobState, now: float, settings: Settings = Settings()) -> li
     ended = {r for f in found if f["kind"] == "desync"
              for r in f["evidence"].get("consequences") or ()}
     # A rank that vanished inside its own odd collective (gloo aborted the rank it sent to
-    # less than it expected) is the desync's rank: the desync says why it went.
-    odd = {r for f in found if f["kind"] == "desync" for r in f["ranks"]}
+    # less than it expected) is the desync's rank: the desync says why it went (also when it
+    # went with its consequences: "ranks 1, 2 vanished together").
+    odd = ended | {r for f in found if f["kind"] == "desync" for r in f["ranks"]}
     found = [f for f in found if not (f["kind"] in ("rank_lost", "rank_failed")
                                       and f["ranks"] and set(f["ranks"]) <= ended)
              and not (f["kind"] == "rank_lost" and f["ranks"] and set(f["ranks"]) <= odd)]
