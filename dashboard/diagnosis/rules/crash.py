@@ -44,14 +44,17 @@ SILENT_TOGETHER_S = 2.0
 
 # Every rank of a job vanishing within this of each other, none with an error, and no rank
 # first alone, is the job stopped from outside (a scheduler's SIGTERM reaches every rank at
-# once: 0, 0.1 and 11.6 ms on a loaded 2-core machine), not a rank's fault. A launcher that
-# stops the others when it sees a rank die does so after it saw it: the first death stands
-# alone before the others' burst (mp.spawn's parent: 0, then 17.8 and 19.7 ms; torchrun, up
-# to its --monitor-interval, 0.1 s, later).
-STOPPED_TOGETHER_S = 0.025
-# A first death stands alone only this far at least before the next: three ranks that all
-# died within 0.9 ms of each other (scancel, 0.5 then 0.4 ms apart) are one burst, however
-# the kernel spaced them inside it.
+# once: 0, 0.1 and 11.6 ms on a loaded 2-core machine; 0, 15 and 27.5 ms with a host reader
+# stopped beside them), not a rank's fault. A launcher that stops the others when it sees a
+# rank die does so after it saw it: the first death stands alone before the others' burst
+# (mp.spawn's parent: 0, then 17.8 and 19.7 ms; torchrun, up to its --monitor-interval, 0.1 s,
+# later).
+STOPPED_TOGETHER_S = 0.05
+# A first death stands alone when the next comes at least this long after it, and more than
+# twice as long after it as the rest take among themselves: three ranks that died 0.5 then
+# 0.4 ms apart (scancel), or 15 then 12.5 ms apart (the same beside a CPU hog), are one burst,
+# however the kernel spaced them inside it; mp.spawn's 17.8 then 1.9 ms is a death and the
+# launcher's reaction.
 ALONE_BEFORE_S = 0.005
 
 
@@ -194,7 +197,7 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
     first, last = gone[0], gone[-1]
     if last - first > STOPPED_TOGETHER_S or now - last < s.reconnect_grace:
         return None
-    if gone[1] - first > max((last - first) / 2, ALONE_BEFORE_S):
+    if gone[1] - first > max(2 * (last - gone[1]), ALONE_BEFORE_S):
         return None  # the first went alone, the rest after it: a launcher's reaction
     if job_stop(state, s) is not None or any(_connection_alive(r, last, now, s) for r in ranks):
         return None
