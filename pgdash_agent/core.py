@@ -139,10 +139,10 @@ class Agent:
                        and self.config.host_reader and self.config.peer_read)
         if readers:  # (every rank of a host has a board where its host runs a reader)
             self.tracker.board = board.Board.make(self._launch_key(), self._rank_now())
-        if readers and reader.wanted(self.environ, True, self._claim_host):
-            self.host_reader = reader.start(
-                self.config.server, self._auth(), self.config.ca_file,
-                board.directory(self._launch_key()) if self.tracker.board else None)
+        if reader.wanted(self.environ, readers, self._claim_host):
+            own = self.tracker.board
+            self.host_reader = reader.start(self.config.server, self._auth(),
+                                            self.config.ca_file, own and own.path.parent)
             if self.host_reader is None:  # a rank of the host that attaches later may
                 reader.release(self._host_claim)
                 self._host_claim = None
