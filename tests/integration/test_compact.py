@@ -274,10 +274,26 @@ def test_a_host_reader_is_admitted_only_for_a_rank_placed_here_and_sends_only_wh
     assert answer["ok"] is False and "read.for_rank" in answer["error"], answer
     reader.send_binary(encode_v2({"id": 1, "events": [ev(1, "heartbeat", {})]}))
     answer = decode_v2(reader.recv())
-    assert answer["ok"] is False and "only 'read' frames" in answer["error"], answer
+    assert answer["ok"] is False and "only 'read' and 'boards' frames" in answer["error"], \
+        answer
+    # Its last words: the boards of its host's ranks (pgdash_agent.board), checked and stored.
+    reader.send_binary(encode_v2({"boards": {"t": 5.0, "boards": [
+        {"rank": 0, "pid": 7, "alive": True, "groups": [{"group": "0", "entered": -1,
+                                                          "completed": 0}]}]}}))
+    answer = decode_v2(reader.recv())
+    assert answer["ok"] is False and "boards.boards[0].groups[0].entered" in answer["error"], \
+        answer
+    reader.send_binary(encode_v2({"boards": {"t": 5.0, "boards": [
+        {"rank": 0, "pid": 7, "alive": False, "groups": [{"group": "0", "entered": 3,
+                                                           "completed": 2}]}]}}))
     assert send(agent, 1, [ev(1, "hello", HELLO)])["ok"] is True
     job = job_by_name(server, "rd")
-    kinds = [e["kind"] for e in stored_events(server.db_url, [job["id"]])]
+    events = wait_for(lambda: (got := stored_events(server.db_url, [job["id"]])) and any(
+        e["kind"] == "boards" for e in got) and got, 30, "the boards event")
+    kinds = [e["kind"] for e in events]
     assert "read" not in kinds and kinds.count("connect") == 1, kinds
+    (boards,) = [e for e in events if e["kind"] == "boards"]
+    assert boards["body"]["boards"][0]["groups"] == [{"group": "0", "entered": 3,
+                                                     "completed": 2}], boards
     reader.close()
     agent.close()
