@@ -68,6 +68,7 @@ def directory(key: str) -> Path | None:
             return None
         where = base / hashlib.sha256(key.encode()).hexdigest()[:16]
         where.mkdir(mode=0o700, exist_ok=True)
+        _sweep(base)
         return where
     except Exception:
         return None
@@ -165,6 +166,32 @@ class Board:
             self.path.parent.rmdir()  # (the launch's last board: otherwise not empty)
         except Exception:
             pass
+
+
+SWEEP = 32  # boards left behind by launches killed whole removed at each new board, at most
+SWEEP_AFTER_S = 60.0
+
+
+def _sweep(base: Path) -> None:
+    """Remove boards nobody will read: a launch whose every process, its reader too, was
+    SIGKILLed leaves them (4 KiB a rank in shared memory); those of processes that are gone,
+    untouched for a minute, SWEEP at a time, and the directories they leave empty."""
+    removed = 0
+    now = time.time()
+    try:
+        for path in base.glob("*/*.board"):
+            if removed >= SWEEP:
+                break
+            try:
+                stale = now - path.stat().st_mtime > SWEEP_AFTER_S
+                if stale and not _alive(int(path.stem)):
+                    path.unlink()
+                    removed += 1
+                    path.parent.rmdir()  # (only once empty)
+            except (OSError, ValueError):
+                pass
+    except OSError:
+        pass
 
 
 def read(path: Path) -> dict[str, Any] | None:

@@ -93,3 +93,20 @@ def test_no_board_without_a_rank_or_a_launch():
 def test_a_bad_boards_frame_is_refused_naming_its_field(bad, field):
     with pytest.raises(WireError, match=field):
         validate_boards(bad)
+
+
+def test_boards_of_launches_killed_whole_are_swept_by_the_next_board(tmp_path, monkeypatch):
+    """Every process SIGKILLed, the reader too: nobody reads or removes their boards. A new
+    board removes those of processes that are gone, a minute untouched, and their folders."""
+    monkeypatch.setattr(board.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(board.os.path, "isdir", lambda p: False)  # (not /dev/shm)
+    old = board.directory("killed launch")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    for pid in (dead, str(os.getpid())):
+        (old / f"{pid}.board").write_bytes(b"\0" * board.SIZE)
+        os.utime(old / f"{pid}.board", (time.time() - 120, time.time() - 120))
+    fresh = old / "1.board"
+    fresh.write_bytes(b"\0" * board.SIZE)  # gone, but touched just now: kept
+    board.directory("another launch")
+    assert sorted(p.name for p in old.iterdir()) == sorted(["1.board", f"{os.getpid()}.board"])
