@@ -45,6 +45,7 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
     stops a straggler that hops between ranks. README, "Stragglers", has the figures.
     """
     found: dict[str, StragglerVerdict] = {}
+    costs: dict[str, float] = {}  # each verdict's cost_share, for its evidence
     for groups, windows in stacked_windows(state, now):
         if windows.size < 2:
             continue
@@ -70,9 +71,10 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
                 continue
             slow = seen[0].rank if seen[0].rank in late else min(late)
             verdict = seen[0]._replace(rank=slow, ranks=late)
-            if cost_share(verdict) < s.straggler_min_cost:
+            cost = cost_share(verdict)
+            if cost < s.straggler_min_cost:
                 continue
-            found[group] = verdict
+            found[group], costs[group] = verdict, cost
     verdicts = {group: found[group] for group in sorted(found, key=str)}
     out = []
     for group, (slow, means, typical, n, recent, share, late) in verdicts.items():
@@ -112,7 +114,7 @@ def straggler(state: JobState, now: float, s: Settings) -> list[Finding]:
                     "mean_wait_us": {str(k): round(v, 1)
                                      for k, v in sorted(zip(recent.ranks, recent.means()))},
                     "intervals": n, "collectives": recent.calls(slow),
-                    "cost_share": round(min(cost_share(verdicts[group]), 1.0), 3)}
+                    "cost_share": round(min(costs[group], 1.0), 3)}
         if hidden:
             evidence["waits_in_cpp"] = hidden
         if chain:
