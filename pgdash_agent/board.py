@@ -24,10 +24,12 @@ cannot be made (no writable shared memory) is simply absent.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import logging
 import mmap
 import os
+import signal
 import stat
 import struct
 import tempfile
@@ -90,6 +92,7 @@ class Board:
         self.used = 0
         HEADER.pack_into(self.mm, 0, MAGIC, rank, self.pid, 0)
         self.slots: dict[str, int] = {}  # group name -> slot offset
+        self.term_fd = _mark_stop(self.path.with_suffix(TERM)) if pid is None else None
 
     @classmethod
     def make(cls, key: str | None, rank: int | None) -> "Board | None":
@@ -160,12 +163,75 @@ class Board:
 
     def close(self) -> None:
         """The process ends cleanly: nothing to tell after it."""
+        _unmark_stop(self.term_fd)
         try:
             self.mm.close()
+            self.path.with_suffix(TERM).unlink(missing_ok=True)
             self.path.unlink(missing_ok=True)
             self.path.parent.rmdir()  # (the launch's last board: otherwise not empty)
         except Exception:
             pass
+
+
+# A SIGTERM that ends a rank is marked beside its board: ``<pid>.term`` holds the traceback
+# faulthandler writes as the signal arrives (a C handler, no GIL, no Python code run), before
+# it lets the signal's default action end the process as before. Its launcher may reap the
+# process before the reader can read its wait status (how_ended); the mark stays. Set only
+# where SIGTERM has its default action (a program's own handler decides what SIGTERM does,
+# and pgdash_agent.failures reports it), and taken off in processes forked from the rank
+# (DataLoader's workers, which their loader may SIGTERM).
+TERM = ".term"
+_marked: list[int] = []  # the fd of this process's mark, while set
+
+
+def _mark_stop(path: Path) -> int | None:
+    try:
+        if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL or _marked:
+            return None
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        faulthandler.register(signal.SIGTERM, file=fd, all_threads=False, chain=True)
+        if not _fork_hook:
+            os.register_at_fork(after_in_child=_forked)
+            _fork_hook.append(True)
+        _marked.append(fd)
+        return fd
+    except Exception:
+        return None
+
+
+def _unmark_stop(fd: int | None) -> None:
+    """Take the mark off (where the program set no SIGTERM handler since: unregistering puts
+    back the action faulthandler found, and would undo the program's)."""
+    if fd is None or fd not in _marked:
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            faulthandler.unregister(signal.SIGTERM)
+            _marked.remove(fd)
+            os.close(fd)  # (kept open otherwise: faulthandler may still write to it)
+    except Exception:
+        pass
+
+
+_fork_hook: list[bool] = []
+
+
+def _forked() -> None:
+    if _marked:
+        try:
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                faulthandler.unregister(signal.SIGTERM)
+            os.close(_marked.pop())
+        except Exception:
+            pass
+        _marked.clear()
+
+
+def _term_marked(board: Path) -> bool:
+    try:
+        return board.with_suffix(TERM).stat().st_size > 0
+    except OSError:
+        return False
 
 
 SWEEP = 32  # boards left behind by launches killed whole removed at each new board, at most
@@ -184,7 +250,8 @@ def _sweep(base: Path) -> None:
                 break
             try:
                 stale = now - path.stat().st_mtime > SWEEP_AFTER_S
-                if stale and not _alive(int(path.stem)):
+                if stale and not how_ended(int(path.stem))[0]:
+                    path.with_suffix(TERM).unlink(missing_ok=True)
                     path.unlink()
                     removed += 1
                     path.parent.rmdir()  # (only once empty)
@@ -194,10 +261,11 @@ def _sweep(base: Path) -> None:
         pass
 
 
-def read(path: Path) -> dict[str, Any] | None:
+def read(path: Path, ended: dict[int, dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """One board as the ``boards`` frame carries it (pgdash_agent.wire.BoardRank), or None for a
     file that is not a board. Times are Unix seconds (the board holds the monotonic clock,
-    the same in every process of the host)."""
+    the same in every process of the host). ``ended``: how processes seen end earlier ended
+    (:func:`settle`), for those reaped since."""
     try:
         data = path.read_bytes()[:SIZE]
     except OSError:
@@ -224,7 +292,11 @@ def read(path: Path) -> dict[str, Any] | None:
             op, dtype = _call(done_sig)
             row.update(done_op=op, done_dtype=dtype, done_bytes=_size(op, done_bytes))
         groups.append(row)
-    return {"rank": rank, "pid": pid, "alive": _alive(pid), "groups": groups}
+    alive, how = how_ended(pid)
+    how = how or (ended or {}).get(pid) or \
+        ({"signal": "SIGTERM"} if not alive and _term_marked(path) else None)
+    return {"rank": rank, "pid": pid, "alive": alive, "groups": groups,
+            **({"ended": how} if how and not alive else {})}
 
 
 def _size(op: str, nbytes: int) -> int | None:
@@ -238,22 +310,26 @@ def _call(sig: bytes) -> tuple[str, str | None]:
     return op, dtype or None
 
 
-def read_all(where: Path, clean: bool = True) -> list[dict[str, Any]]:
+def read_all(where: Path, clean: bool = True, settle_s: float = 0.0) -> list[dict[str, Any]]:
     """Every board of a launch's directory; with ``clean`` (the reader's last words: nobody
     reads them after it), the directory is removed once they are read. A rank still running
-    keeps writing to its board's memory; it removes nothing that is not there at its exit."""
-    boards = []
+    keeps writing to its board's memory; it removes nothing that is not there at its exit.
+    ``settle_s``: wait up to this long for the boards' processes to end first (:func:`settle`),
+    so that ranks stopped with the reader say how they ended."""
+    boards: list[dict[str, Any]] = []
     try:
         paths = sorted(where.glob("*.board"))
     except OSError:
         return boards
+    ended = settle([_pid_of(path) for path in paths[:MAX_BOARDS]], settle_s) if settle_s else {}
     for path in paths[:MAX_BOARDS]:
-        board = read(path)
+        board = read(path, ended)
         if board is not None:
             boards.append(board)
     if clean:
         for path in paths:
             try:
+                path.with_suffix(TERM).unlink(missing_ok=True)
                 path.unlink()
             except OSError:
                 pass
@@ -267,15 +343,67 @@ def read_all(where: Path, clean: bool = True) -> list[dict[str, Any]]:
 MAX_BOARDS = 256  # boards one frame carries (one host's ranks of one launch)
 
 
-def _alive(pid: int) -> bool:
+def how_ended(pid: int) -> tuple[bool, dict[str, Any] | None]:
+    """Whether a process of this host still runs, and how it ended where that can be read: a
+    process its parent (the launcher) has not reaped yet is a zombie, whose wait status
+    ``/proc/<pid>/stat`` shows (Linux 3.5+): ``{"signal": "SIGTERM"}`` (stopped from outside:
+    a scheduler's cancel, a launcher stopping the job), ``{"signal": "SIGKILL"}`` (the OOM
+    killer, ``kill -9``), ``{"signal": "SIGABRT"}`` (a C++ abort) or ``{"code": 1}``. A process
+    reaped already, or another user's, ended without saying how (None)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return False, None
     except OSError:
-        return True
-    try:  # a zombie (its parent, the launcher, not done with it) is gone too
+        return True, None
+    try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+            fields = f.read().rsplit(b")", 1)[-1].split()
     except OSError:
-        return True
+        return True, None
+    if not fields or fields[0] != b"Z":
+        return True, None
+    try:
+        status = int(fields[EXIT_CODE_FIELD])
+    except (IndexError, ValueError):
+        return False, None
+    if status & 0x7F == 0:
+        return False, {"code": (status >> 8) & 0xFF}
+    number = status & 0x7F
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"SIG{number}"
+    return False, {"signal": name}
+
+
+# exit_code, the 52nd field of /proc/<pid>/stat, counted from the state (the 3rd)
+EXIT_CODE_FIELD = 52 - 3
+SETTLE_POLL_S = 0.005
+
+
+def settle(pids: list[int | None], seconds: float) -> dict[int, dict[str, Any]]:
+    """Wait up to ``seconds`` for these processes to end (a launcher's or a scheduler's SIGTERM
+    reaches the reader and the ranks at once), noting how each ended as soon as it shows: its
+    parent may reap it a moment later, and with it what it died of."""
+    ended: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + seconds
+    while True:
+        running = False
+        for pid in pids:
+            if pid is None or pid in ended:
+                continue
+            alive, how = how_ended(pid)
+            if how is not None:
+                ended[pid] = how
+            running = running or alive
+        if not running or time.monotonic() >= deadline:
+            return ended
+        time.sleep(SETTLE_POLL_S)
+
+
+def _pid_of(path: Path) -> int | None:
+    try:
+        return int(path.stem)
+    except ValueError:
+        return None

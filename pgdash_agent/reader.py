@@ -15,7 +15,9 @@ own pid) and answers the server's ``peer`` questions, each with a ``{"read": bod
 (pgdash_agent.wire.Read: py-spy's dump, or why there is none, such as py-spy not installed);
 the server stores the reading as a ``read`` event of the starting rank's session. When it
 ends (its parent gone, or the launcher's SIGTERM, which reaches it with its rank) it sends its
-launch's boards, where each rank of the host was (pgdash_agent.board: ``{"boards": body}``).
+launch's boards, where each rank of the host was (pgdash_agent.board: ``{"boards": body}``), and
+how each rank that ended meanwhile did (the signal or exit status of a rank its launcher has not
+reaped yet: SIGTERM from a scheduler's cancel, SIGKILL, SIGABRT).
 It reads only a process of its own user and launch (``same_launch``: its environment is its
 parent's), sends nothing else, executes nothing it is sent, and exits when its parent does
 (or is told to: ``detach``). A server that does not know
@@ -51,6 +53,9 @@ RETRY_S = (1.0, 10.0)  # reconnection back-off, first and most
 # The server's refusal of a reader whose rank it has not placed (yet): asked again later.
 NOT_YET = "has not connected to this server process"
 SWEEP = 32  # claims left behind by killed ranks removed at each claim, at most
+# At its end the reader waits up to this long for its launch's ranks to end too, to read how
+# each did (pgdash_agent.board.settle): a scheduler's or launcher's SIGTERM reaches them together.
+END_SETTLE_S = 0.5
 
 
 def wanted(environ: Mapping[str, str], enabled: bool,
@@ -305,7 +310,7 @@ class Reader:
             return
         self.told = True
         try:
-            boards = board.read_all(self.boards)
+            boards = board.read_all(self.boards, settle_s=END_SETTLE_S)
             client = self.client
             if boards and client is not None and client.connected:
                 client.send({BOARDS_FRAME: {"t": time.time(), "boards": boards}})
@@ -316,6 +321,11 @@ class Reader:
         deadline = time.monotonic() + seconds
         while self.alive() and time.monotonic() < deadline:
             time.sleep(min(PARENT_POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+def _stop(*_: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(0)
 
 
 def main(environ: Mapping[str, str] | None = None) -> int:
@@ -329,8 +339,9 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for training; it follows its parent
     # detach's terminate: SystemExit, so a read in progress is cleaned up (subprocess.run kills
-    # its py-spy, peer_dump wakes a rank py-spy left stopped) before it exits.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # its py-spy, peer_dump wakes a rank py-spy left stopped) before it exits. Once: a scancel
+    # SIGTERMs it, then torchrun's teardown again, which must not cut its last words short.
+    signal.signal(signal.SIGTERM, _stop)
     reader = Reader(server, auth, parent, given.get("ca_file"), native.find_py_spy(env),
                     given.get("boards"))
     try:

@@ -565,11 +565,20 @@ class BoardGroup(_Shape):
     done_bytes: Optional[_Count] = None
 
 
+class Ended(_Shape):
+    """How a process ended, as its wait status said (pgdash_agent.board.how_ended): the signal
+    that killed it (its name: ``SIGTERM``), or its exit status."""
+
+    signal: Optional[_Name] = None
+    code: Optional[_limited(int, ge=0, le=255)] = None
+
+
 class BoardRank(_Shape):
     rank: _Rank
     pid: _limited(int, ge=1, le=2**22)
     alive: bool  # whether the process still ran when its board was read
     groups: _limited(list[BoardGroup], max_length=64)
+    ended: Optional[Ended] = None  # how it ended, where its reader saw (not alive)
 
 
 class Boards(_Shape):
@@ -661,6 +670,11 @@ def validate_read(body: Any) -> dict[str, Any]:
 def validate_boards(body: Any) -> dict[str, Any]:
     """Check a host reader's boards (:class:`Boards`); raise WireError naming the bad field."""
     boards = _builtins(_check(body, Boards, BOARDS_FRAME))
+    for i, one in enumerate(boards["boards"]):
+        ended = one.get("ended")
+        if ended is not None and ("signal" in ended) == ("code" in ended):
+            raise WireError(f"{BOARDS_FRAME}.boards[{i}].ended: give one of signal and code, "
+                            f"not {sorted(ended) or 'neither'}")
     _encodable(boards, BOARDS_FRAME)
     return boards
 

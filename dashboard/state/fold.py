@@ -409,13 +409,16 @@ class Fold:
         so still there after a death that let its agent say nothing (gloo's abort, the
         launcher's SIGTERM). A group's row replaces the rank's heartbeat's where the board has
         it as far or further, for the process that heartbeat came from (the same pid): the
-        rank's progress as it ended. Marked ``board`` (not a heartbeat: nothing moved)."""
+        rank's progress as it ended. Marked ``board`` (not a heartbeat: nothing moved). How
+        the process ended, where the reader saw, is the rank's ``ended``."""
         by_rank = {s.rank: s for s in self.sessions.values()
                    if s.rank is not None and s.attempt == r.attempt}
         for board in body["boards"]:
             owner = by_rank.get(board["rank"])
             if owner is None or owner.pid != board["pid"] or self._stale(owner):
                 continue
+            if board.get("ended") and not board["alive"]:
+                owner.ended = board["ended"]
             for row in board["groups"]:
                 key = (row["group"], board["rank"])
                 old = self.progress.get(key)

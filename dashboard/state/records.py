@@ -50,6 +50,9 @@ class RankState:
     closed_owed_s: float = 0.0
     # Whether its agent closed that connection itself (``goodbye``): its process was alive.
     closed_goodbye: bool = False
+    # How its process ended, where its host's reader saw it end (its board's ``ended``:
+    # ``{"signal": "SIGTERM"}`` or ``{"code": 1}``; pgdash_agent.board.how_ended).
+    ended: dict[str, Any] | None = None
     # How the process was started, as its hello said (pgdash_agent.identity.Launch); None from
     # older agents (and in checkpoints stored before: the class default stands in).
     command: str | None = None

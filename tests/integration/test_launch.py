@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.detect import descendants
 from tests.helpers.procs import ROOT, free_port, job_by_name, wait_for
 
 TUTORIAL = Path(__file__).resolve().parents[1] / "jobs" / "tutorial"
@@ -357,3 +359,46 @@ def test_a_rank_in_another_collective_when_torchrun_stopped_the_job_is_named_fro
     (f,) = found
     assert "2048" in f["summary"] or "8192 bytes" in f["summary"], f["summary"]
     assert f["evidence"]["consequences"], f["evidence"]
+
+
+def test_a_job_cancelled_by_its_scheduler_blames_no_rank_and_says_how_each_ended(server,
+                                                                                 tmp_path):
+    """``scancel`` SIGTERMs every process of the job step at once: torchrun, its ranks and the
+    host reader. The reader waits a moment for its ranks to end and reads each one's signal
+    while torchrun has not reaped it yet: a stop from outside, which no rank is blamed for,
+    however the deaths were spaced."""
+    name = "tut-cancelled"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+           "--nproc-per-node", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+           "127.0.0.1:0", "--rdzv-id", name, "-m", "pgdash_agent",
+           str(TUTORIAL / "until_cancelled.py")]
+    with open(tmp_path / f"{name}.log", "w+") as out:
+        launcher = subprocess.Popen(cmd, env=_env(server.url), cwd=ROOT, stdout=out,
+                                    stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for(lambda: "steps" in (tmp_path / f"{name}.log").read_text(), DEADLINE,
+                     "the ranks to step")
+            job = wait_for(lambda: job_by_name(server, f"until_cancelled.py \u00b7 {name}"),
+                           30, "the job")
+            everyone = [launcher.pid, *descendants(launcher.pid)]
+            for pid in everyone:  # the scheduler's SIGTERM, to each process of the step
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            launcher.wait(60)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait(60)
+
+    def stopped():
+        found = server.api(f"/api/jobs/{job['id']}/findings")["findings"]
+        return found if any(f["kind"] == "rank_lost" for f in found) else None
+
+    found = wait_for(stopped, 60, "the job's end to be judged")
+    assert [(f["kind"], f["severity"], f["ranks"]) for f in found] == \
+        [("rank_lost", "info", [])], found
+    ended = {r: v.get("ended") for r, v in found[0]["evidence"]["lost"].items()}
+    assert set(ended) == {"0", "1", "2"} and set(ended.values()) <= {"SIGTERM", None}, ended
+    assert "SIGTERM" in ended.values(), ended  # (a rank reaped before its reader looked: None)

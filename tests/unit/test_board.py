@@ -4,6 +4,7 @@ read back by another process after the rank is gone, and the frame the server ta
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -83,8 +84,86 @@ def test_no_board_without_a_rank_or_a_launch():
     assert board.Board.make(None, 0) is None and board.Board.make("k", None) is None
 
 
+def test_the_last_read_says_how_each_rank_ended_before_or_after_its_launcher_reaps_it(tmp_path):
+    """A scheduler's cancel SIGTERMs the ranks and the reader together: the reader waits a
+    moment for its ranks to end and reads each one's wait status while it is a zombie (this
+    test, its launcher, reaps none until the read), or, for a SIGTERM, the mark faulthandler
+    left beside the board as the signal arrived (the launcher reaped it first). A process
+    forked from a rank (a DataLoader worker) that is SIGTERMed leaves no mark of the rank's.
+    A rank still running when the wait runs out, or SIGKILLed and reaped, says nothing."""
+    code = ("import os, signal, sys, time; from pathlib import Path; "
+            "from pgdash_agent import board; "
+            "b = board.Board(Path(sys.argv[1]), rank=int(sys.argv[2])); how = sys.argv[3]; "
+            "r, w = os.pipe(); kid = os.fork() if how == 'fork' else 1; "
+            "kid or (os.write(w, b'.'), time.sleep(60)); "
+            "kid != 1 and (os.read(r, 1), os.kill(kid, signal.SIGTERM), os.waitpid(kid, 0)); "
+            "print('ready', flush=True); "
+            "time.sleep(60) if how in ('wait', 'fork') else "
+            "os.kill(os.getpid(), signal.SIGABRT) if how == 'abort' else os._exit(3)")
+    hows = ("wait", "abort", "exit", "wait", "wait", "wait", "fork")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(rank), how],
+                              stdout=subprocess.PIPE, text=True)
+             for rank, how in enumerate(hows)]
+    waiting, _, _, reaped, _, killed, forked = procs
+    try:
+        for p in procs:
+            assert p.stdout.readline() == "ready\n"
+        for p, sig in ((waiting, signal.SIGTERM), (reaped, signal.SIGTERM),
+                       (killed, signal.SIGKILL), (forked, signal.SIGKILL)):
+            os.kill(p.pid, sig)
+        reaped.wait(60)  # reaped: its wait status is gone, its mark stays
+        killed.wait(60)
+        forked.wait(60)
+        reads = {b["rank"]: b for b in board.read_all(tmp_path, clean=False, settle_s=0.3)}
+        assert {r: reads[r].get("ended") for r in reads} == {
+            0: {"signal": "SIGTERM"}, 1: {"signal": "SIGABRT"}, 2: {"code": 3},
+            3: {"signal": "SIGTERM"}, 4: None, 5: None, 6: None}
+        assert [reads[r]["alive"] for r in range(7)] == [False] * 4 + [True] + [False] * 2
+        frame = validate_boards({"t": time.time(), "boards": list(reads.values())})
+        assert frame["boards"][0]["ended"] == {"signal": "SIGTERM"}
+        board.read_all(tmp_path)  # the last words remove the marks with the boards
+        assert not list(tmp_path.glob(f"{reaped.pid}.*"))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(60)
+            p.stdout.close()
+
+
+def test_a_rank_that_ends_cleanly_or_handles_sigterm_itself_is_left_as_it_was(tmp_path):
+    """The mark changes nothing a program sees: SIGTERM still ends it (by SIGTERM, as its
+    launcher reads it), a handler set before the board keeps it unmarked, and a clean close
+    gives SIGTERM its default action back."""
+    b = board.Board(tmp_path, rank=0)
+    assert (tmp_path / f"{os.getpid()}.term").exists()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    b.close()
+    assert not list(tmp_path.glob("*")) and board._marked == []
+    code = ("import signal, sys, time; from pathlib import Path; from pgdash_agent import board; "
+            "signal.signal(signal.SIGTERM, lambda *_: sys.exit(5)) if sys.argv[2] == 'own' "
+            "else None; board.Board(Path(sys.argv[1]), rank=0); print('ready', flush=True); "
+            "time.sleep(60)")
+    for own, returncode, marked in (("own", 5, False), ("default", -signal.SIGTERM, True)):
+        tmp_path.mkdir(exist_ok=True)  # (the clean close removed it: its last board)
+        p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), own],
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline() == "ready\n"
+            p.terminate()
+            assert p.wait(60) == returncode
+        finally:
+            p.kill()
+            p.wait(60)
+            p.stdout.close()
+        assert board._term_marked(tmp_path / f"{p.pid}.board") is marked
+
+
 @pytest.mark.parametrize("bad, field", [
     ({"t": 1.0, "boards": [{"rank": -1, "pid": 5, "alive": False, "groups": []}]}, "rank"),
+    ({"t": 1.0, "boards": [{"rank": 0, "pid": 5, "alive": False, "groups": [],
+                            "ended": {"signal": "SIGTERM", "code": 1}}]}, "ended"),
+    ({"t": 1.0, "boards": [{"rank": 0, "pid": 5, "alive": False, "groups": [],
+                            "ended": {"code": 300}}]}, "code"),
     ({"t": 1.0, "boards": [{"rank": 0, "pid": 5, "alive": False,
                             "groups": [{"group": "0", "entered": "x", "completed": 0}]}]},
      "entered"),

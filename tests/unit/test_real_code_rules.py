@@ -409,6 +409,103 @@ def test_a_job_whose_ranks_all_vanish_at_once_was_stopped_from_outside_and_blame
     assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [1])]
 
 
+def ended_boards(log, t, ended):
+    """The host reader's last words with how each rank's process ended (no groups)."""
+    log.add("s0", "boards", {"t": t, "reader_pid": 77, "boards": [
+        {"rank": r, "pid": 100 + r, "alive": False, "groups": [],
+         **({"ended": how} if how else {})} for r, how in ended.items()]}, t=t)
+
+
+def test_how_each_rank_ended_tells_a_cancelled_job_from_a_crash_and_the_launchers_stop():
+    """Corpus: healthy_moe_scancel. Three ranks SIGTERMed together on a loaded host died 0,
+    24.9 and 36.1 ms apart: by timing alone the first went alone and the launcher stopped the
+    rest (a critical rank_lost on a cancelled healthy job). The host reader saw each end by
+    SIGTERM (each a zombie until torchrun reaped it): a stop from outside."""
+    spaced = ((1, 110.0), (0, 110.0249), (2, 110.0361))
+    log = running(3)
+    for r, t in spaced:
+        log.add(f"s{r}", "disconnect", {}, t=t)
+    assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [1])]  # (timing alone)
+    ended_boards(log, 110.3, {r: {"signal": "SIGTERM"} for r in range(3)})
+    (f,) = diagnose(log.state(), 112.0, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("rank_lost", "info", []), f
+    assert "saw each end by SIGTERM" in f["summary"], f["summary"]
+    assert f["evidence"]["lost"]["1"]["ended"] == "SIGTERM"
+    # one of them reaped before its reader looked (unknown): the first's SIGTERM still says
+    # it was stopped, not crashed
+    log = running(3)
+    for r, t in spaced:
+        log.add(f"s{r}", "disconnect", {}, t=t)
+    ended_boards(log, 110.3, {0: None, 1: {"signal": "SIGTERM"}, 2: {"signal": "SIGTERM"}})
+    assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [])]
+    # a crash, then the launcher's SIGTERM to the rest within a millisecond: by timing a
+    # burst, but rank 1's reader saw it abort: it is named, with what SIGABRT means
+    log = running(3)
+    for r, t in ((1, 110.0), (0, 110.0004), (2, 110.0008)):
+        log.add(f"s{r}", "disconnect", {}, t=t)
+    assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [])]  # (timing alone)
+    ended_boards(log, 110.3, {0: {"signal": "SIGTERM"}, 1: {"signal": "SIGABRT"},
+                              2: {"signal": "SIGTERM"}})
+    (f,) = diagnose(log.state(), 112.0, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("rank_lost", "critical", [1]), f
+    assert f["evidence"]["ended"] == "SIGABRT" and "it ended by SIGABRT" in f["summary"]
+    assert "C++ abort" in f["hint"] and "process 101" in f["hint"]
+
+
+def test_a_rank_that_failed_on_its_cancelled_peers_before_its_own_sigterm_is_no_culprit():
+    """scancel signals one process after another: on a loaded host rank 2 read its peers'
+    closed connections (gloo's error, reported) before its own SIGTERM came. Ranks 0 and 1
+    were seen to end by SIGTERM: the job was stopped, and rank 2's error is a consequence."""
+    log = running(3)
+    for r, t in ((0, 110.0), (1, 110.004)):
+        log.add(f"s{r}", "disconnect", {}, t=t)
+    log.add("s2", "error", {"where": "collective", "error_type": "RuntimeError", "error": RESET,
+                            "group": "0", "op": "all_reduce", "seq": 9}, t=110.01)
+    log.add("s2", "exit", {"clean": False, "reason": "uncaught exception"}, t=110.02)
+    log.add("s2", "disconnect", {}, t=110.03)
+    assert [f["severity"] for f in diagnose(log.state(), 112.0, S)] == ["critical"]  # no boards
+    ended_boards(log, 110.3, {0: {"signal": "SIGTERM"}, 1: {"signal": "SIGTERM"},
+                              2: {"code": 1}})
+    (f,) = diagnose(log.state(), 112.0, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("rank_lost", "info", []), f
+    assert f["summary"] == ("Ranks 0, 1 vanished within 4 ms (their host's reader saw each end "
+                            "by SIGTERM), and rank 2 failed on their closed connections before "
+                            "its own stop came: the job was stopped from outside."), f["summary"]
+    assert f["evidence"]["failed_on_peers"] == [2]
+    # one rank SIGTERMed (``kill``), the others failing on it, not stopped themselves: lost
+    log = running(3)
+    log.add("s0", "disconnect", {}, t=110.0)
+    for r in (1, 2):
+        log.add(f"s{r}", "error", {"where": "collective", "error_type": "RuntimeError",
+                                   "error": RESET, "group": "0", "op": "all_reduce", "seq": 9},
+                t=110.01)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=110.02)
+        log.add(f"s{r}", "disconnect", {}, t=110.03)
+    ended_boards(log, 110.3, {0: {"signal": "SIGTERM"}, 1: {"code": 1}, 2: {"code": 1}})
+    assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [0])]
+    ended_boards(log, 110.4, {1: {"signal": "SIGTERM"}})  # ... unless one of them was
+    assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [])]
+
+
+def test_a_rank_killed_alone_says_what_its_signal_means():
+    log = running(3)
+    log.add("s1", "disconnect", {}, t=110.0)  # the OOM killer
+    for r in (0, 2):  # torchrun's stop, 80 ms later
+        log.add(f"s{r}", "disconnect", {}, t=110.08)
+    ended_boards(log, 110.3, {0: {"signal": "SIGTERM"}, 1: {"signal": "SIGKILL"},
+                              2: {"signal": "SIGTERM"}})
+    (f,) = diagnose(log.state(), 112.0, S)
+    assert (f["kind"], f["ranks"], f["evidence"]["ended"]) == ("rank_lost", [1], "SIGKILL")
+    assert "OOM killer" in f["hint"] and "kill -9" in f["hint"]
+    log = running(3)  # exited with a status, its agent silent (os._exit)
+    log.add("s1", "disconnect", {}, t=110.0)
+    ended_boards(log, 110.3, {1: {"code": 7}})
+    for r in (0, 2):  # the others still report
+        progress(log, r, 112.0, ("0", 5, 5, None, None))
+    (f,) = diagnose(log.state(), 112.0, S)
+    assert f["ranks"] == [1] and "exited with status 7" in f["hint"], f
+
+
 def test_ranks_of_one_host_killed_together_are_one_finding():
     # a node that loses power takes all its ranks at once: one critical, not one per rank
     log = running(4)

@@ -58,6 +58,63 @@ STOPPED_TOGETHER_S = 0.05
 ALONE_BEFORE_S = 0.005
 
 
+# How a rank's process ended, where its host's reader saw it end (RankState.ended): the signals
+# a scheduler or launcher stops a job with (scancel, a preemption or time limit, Kubernetes,
+# torchrun's teardown, Ctrl-C to a launcher), and what each signal says of the process.
+STOP_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
+ENDED_HINTS = {
+    "SIGKILL": "SIGKILL comes from the OOM killer (`dmesg -T | grep -iE 'killed process|out of "
+               "memory'` on {host}), a scheduler's kill after its grace period, or `kill -9`",
+    "SIGABRT": "SIGABRT is a C++ abort: gloo's \"Received data size doesn't match expected "
+               "size\" or a `gloo::EnforceNotMet` in that rank's log means ranks passed one "
+               "collective tensors of different sizes (gloo aborts the rank that received the "
+               "odd message, not always the one that sent it: compare the shapes every rank "
+               "passes to that collective); NCCL's watchdog aborts a rank whose collective "
+               "timed out",
+    "SIGSEGV": "SIGSEGV is a crash in native code (a C extension, a CUDA library, a driver): "
+               "run it with `PYTHONFAULTHANDLER=1` to print the Python stack at the crash, and "
+               "look for a core dump (`coredumpctl list` on {host})",
+    "stop": "{signal} is a stop from outside: a scheduler that cancelled or preempted it "
+            "(`sacct -j <job>`, `kubectl describe pod`), a launcher, or `kill`",
+}
+ENDED_HINTS.update(dict.fromkeys(("SIGBUS", "SIGILL", "SIGFPE"), ENDED_HINTS["SIGSEGV"]))
+
+
+def ended_label(ended: dict[str, Any] | None) -> str | None:
+    """``SIGKILL`` or ``exit status 1``; None where nobody saw how the process ended."""
+    if not ended:
+        return None
+    return ended.get("signal") or f"exit status {ended.get('code')}"
+
+
+def told_to_stop(ended: dict[str, Any] | None) -> bool | None:
+    """Whether a process ended by a stop signal (True), on its own (False: a crash signal or an
+    exit status), or as nobody can say (None: not seen, or SIGKILL, which both a scheduler's
+    stop and the OOM killer send)."""
+    if not ended:
+        return None
+    if ended.get("signal") == "SIGKILL":
+        return None
+    return ended.get("signal") in STOP_SIGNALS
+
+
+def ended_hint(r: RankState) -> str:
+    """What the signal or exit status a rank's process ended by says, as a sentence; "" when
+    not known."""
+    label = ended_label(r.ended)
+    if label is None:
+        return ""
+    signal = r.ended.get("signal")
+    text = ENDED_HINTS.get("stop" if signal in STOP_SIGNALS else signal or "", "")
+    if not text and signal is None:
+        text = (f"it exited with status {r.ended.get('code')} without its agent's exit report "
+                "(`os._exit`, a C library's `exit()`): the end of its own log says why")
+    elif not text:
+        text = f"{signal} was sent to it (`kill -l`), or raised by the process itself"
+    return (f"Its host's reader saw process {r.pid} end by {label}: "
+            + text.format(host=r.host or "its host", signal=signal) + ". ")
+
+
 # Exceptions of torch.distributed and its launcher: never a plain bug of the training code.
 DISTRIBUTED_ERRORS = frozenset({
     "DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "QueueEmptyError",
@@ -113,6 +170,11 @@ def _consequence(state: JobState, r: RankState, s: Settings) -> bool:
         return True  # someone stopped the job: a rank killed or cut off on its way out
     if r.status != RankStatus.LOST or r.exit_at is None:
         return False
+    if told_to_stop(r.ended):  # SIGTERMed after a peer ended otherwise: the launcher's stop
+        index = state.rank_index()
+        if any(rank != r.rank and t <= r.exit_at and told_to_stop(index[rank].ended) is not True
+               for t, rank in ends(state) if rank in index):
+            return True
     first = next(((t, rank) for t, rank in ends(state) if rank != r.rank), None)
     if first is None or r.exit_at < first[0] + CONSEQUENCE_AFTER_S:
         return False
@@ -190,23 +252,50 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
     ranks = state.ranks()
     if len(ranks) < max(3, state.world_size or 0):  # (fewer: no burst to tell a lone first by)
         return None
-    if any(r.status != RankStatus.LOST or r.exit_at is None or r.closed_goodbye
-           or r.closed_owed_s >= s.owed_close_after for r in ranks):
+    lost = [r for r in ranks if r.status == RankStatus.LOST]
+    if not lost or any(r.exit_at is None or r.closed_goodbye
+                       or r.closed_owed_s >= s.owed_close_after for r in lost):
         return None
-    gone = sorted(r.exit_at for r in ranks)  # (not ``ends``: departures' function)
+    told = {r.rank: told_to_stop(r.ended) for r in lost}
+    if False in told.values():
+        return None  # a rank's reader saw it crash or exit on its own
+    signalled = all(told.values())
+    gone = sorted(r.exit_at for r in lost)  # (not ``ends``: departures' function)
     first, last = gone[0], gone[-1]
-    if last - first > STOPPED_TOGETHER_S or now - last < s.reconnect_grace:
+    # Where every lost rank's reader saw it stopped, the others may have failed on their
+    # closed connections before their own SIGTERM came (a scheduler signals one process
+    # after another): consequences, not errors of their own.
+    # A rank SIGTERMed alone (``kill``), whose peers failed without being stopped themselves,
+    # is a rank lost: two processes at least must have been seen stopped.
+    waited = [r for r in ranks if r.status != RankStatus.LOST]
+    if waited and not (signalled and all(_failed_on_peers(state, r, first) for r in waited)
+                       and (len(lost) > 1 or any(told_to_stop(r.ended) for r in waited))):
         return None
-    if gone[1] - first > max(2 * (last - gone[1]), ALONE_BEFORE_S):
+    if last - first > (LOST_TOGETHER_S if signalled else STOPPED_TOGETHER_S) or \
+            now - last < s.reconnect_grace:
+        return None
+    first_told = told[min(lost, key=lambda r: r.exit_at).rank]
+    if not first_told and gone[1] - first > max(2 * (last - gone[1]), ALONE_BEFORE_S):
         return None  # the first went alone, the rest after it: a launcher's reaction
-    if job_stop(state, s) is not None or any(_connection_alive(r, last, now, s) for r in ranks):
+    if job_stop(state, s) is not None or any(_connection_alive(r, last, now, s) for r in lost):
         return None
     hosts = sorted({r.host for r in ranks if r.host})
     where = ", ".join(hosts[:4]) + (" and more" if len(hosts) > 4 else "")
+    seen = sorted({ended_label(r.ended) for r in lost if r.ended})
+    saw = (f" ({'their hosts' if len(hosts) > 1 else 'their host' + chr(39) + 's'} reader saw "
+           f"{'each' if signalled else 'some'} end by {' or '.join(seen)})" if seen else "")
+    if waited:
+        others = [r.rank for r in waited]
+        what = (f"{ranks_label([r.rank for r in lost]).capitalize()} vanished within "
+                f"{(last - first) * 1000:.0f} ms{saw}, and {ranks_label(others)} failed on "
+                f"their closed connections before {agree(others, 'its', 'their')} own stop "
+                "came")
+    else:
+        what = (f"All {len(ranks)} ranks vanished within {(last - first) * 1000:.0f} ms, none "
+                f"with an exit or an error of its own{saw}")
     return finding(
         "rank_lost", Severity.INFO, [], None,  # (it blames no rank: they are evidence)
-        f"All {len(ranks)} ranks vanished within {(last - first) * 1000:.0f} ms, none with an "
-        "exit or an error of its own: the job was stopped from outside.",
+        f"{what}: the job was stopped from outside.",
         "Nothing in the training points at one rank: every connection closed at once. A "
         "scheduler or launcher ended the whole job (`scancel`, a preemption, the allocation's "
         "time limit, SIGTERM or SIGKILL to the launcher's process group), or the job's host "
@@ -215,9 +304,21 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
         f"{'s' if len(hosts) > 1 else ''} ({where or 'unknown'}): `last -x`, `journalctl -k "
         "-b -1`. To end cleanly on such a stop, catch SIGTERM and save a checkpoint.",
         {"how": "stopped", "spread_s": last - first, "hosts": hosts,
-         "lost": {str(r.rank): {"pid": r.pid, "host": r.host, "at": r.exit_at}
-                  for r in ranks}},
+         "lost": {str(r.rank): {"pid": r.pid, "host": r.host, "at": r.exit_at,
+                                **({"ended": ended_label(r.ended)} if r.ended else {})}
+                  for r in lost},
+         **({"failed_on_peers": [r.rank for r in waited]} if waited else {})},
         last, key="job")
+
+
+def _failed_on_peers(state: JobState, r: RankState, first_lost: float) -> bool:
+    """Whether a rank failed with an error that only says a peer was gone (a victim's: gloo's
+    closed connection, a reset), raised after the first rank of the job vanished."""
+    if r.status != RankStatus.FAILED:
+        return False
+    err = state.last_error(r.rank)
+    cause = classify_error(err, backend_of(state)) if err else None
+    return cause is not None and cause.victim and err["t"] >= first_lost - FAILED_TOGETHER_S
 
 
 def _together(state: JobState, found: list[Finding]) -> list[Finding]:
@@ -279,7 +380,11 @@ def _lost_host(state: JobState, host: str, how: str, alike: list[Finding]) -> Fi
     else:
         hint = (f"Every rank of {host} went at the same moment: look at the host before the "
                 f"processes. {host_text}")
-    if how == "killed":
+    ended = {ended_label(state.rank_index()[k].ended) for k in ranks
+             if k in state.rank_index()}
+    if how == "killed" and len(ended) == 1 and None not in ended:
+        hint += f"Their host's reader saw each end by {ended.pop()}. "
+    elif how == "killed":
         hint += f"The launcher's exit codes for {who} say how they ended (-9 is SIGKILL). "
     return finding(
         "rank_lost", Severity.CRITICAL, ranks, None, summary,
@@ -341,7 +446,12 @@ def _lost_each(state: JobState, now: float, s: Settings) -> list[Finding]:
                     "how": "killed" if killed else "silent" if r.status != RankStatus.LOST
                     else "gave up",
                     "victims": {str(k): v for k, v in victims.items()}}
-        dead = (f"Look for why process {r.pid} on {r.host} died: `dmesg -T | grep -iE "
+        ended = ended_label(r.ended) if r.status == RankStatus.LOST else None
+        if ended:
+            evidence["ended"] = ended
+            how += f"; it ended by {ended}"
+        dead = ended_hint(r) + "The end of that rank's own log says more. " if ended else (
+                f"Look for why process {r.pid} on {r.host} died: `dmesg -T | grep -iE "
                 f"'killed process|out of memory'` on {r.host} (OOM killer), the launcher's "
                 f"exit code for rank {r.rank} (-9 is SIGKILL; -15, SIGTERM, a scheduler that "
                 "preempted or cancelled it: `sacct -j <job>`, `kubectl describe pod`; -6, "
