@@ -429,8 +429,13 @@ def test_how_each_rank_ended_tells_a_cancelled_job_from_a_crash_and_the_launcher
     ended_boards(log, 110.3, {r: {"signal": "SIGTERM"} for r in range(3)})
     (f,) = diagnose(log.state(), 112.0, S)
     assert (f["kind"], f["severity"], f["ranks"]) == ("rank_lost", "info", []), f
-    assert "saw each end by SIGTERM" in f["summary"], f["summary"]
+    assert f["summary"] == ("All 3 ranks vanished within 36 ms, none with an exit or an error "
+                            "of its own (their host's reader saw each end by SIGTERM), rank 1 "
+                            "first, 25 ms before the others: the job was stopped from "
+                            "outside."), f["summary"]
     assert f["evidence"]["lost"]["1"]["ended"] == "SIGTERM"
+    # judged after the first death's grace, before the last one's: nobody named meanwhile
+    assert diagnose(log.state(), 110.0 + S.reconnect_grace + 0.01, S) == []
     # one of them reaped before its reader looked (unknown): the first's SIGTERM still says
     # it was stopped, not crashed
     log = running(3)

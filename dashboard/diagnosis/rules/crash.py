@@ -239,16 +239,25 @@ def _connection_alive(r: RankState, since: float, now: float, s: Settings) -> bo
 
 def rank_lost(state: JobState, now: float, s: Settings) -> list[Finding]:
     whole = _job_stopped(state, now, s)
+    if whole is _PENDING:
+        return []  # (each lost rank would be named the moment its own grace ran out)
     return [whole] if whole is not None else _together(state, _lost_each(state, now, s))
 
 
-def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
+# _job_stopped: the job reads as stopped once the last death's grace has run out
+_PENDING: Any = object()
+
+
+def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None | Any:
     """Every rank of the job vanished within STOPPED_TOGETHER_S, none with an error or an exit of
     its own, and no hang stood: the job was ended from outside (``scancel``, a preemption, the
     allocation's time limit, a signal to the launcher's process group), or its only host went
     down. Not a rank's fault: one finding for information, never a culprit. A rank killed by
     the kernel (the OOM killer) ends first and alone: its peers' collectives fail on its
-    closed connection, or the launcher stops them, all at once, after it saw the death."""
+    closed connection, or the launcher stops them, all at once, after it saw the death.
+    _PENDING while it would read so once the last death's reconnect grace has run out (until
+    then the ranks that died first are named by nobody: healthy_scancel's rank 0 was lost for
+    half a second, a judgement between its grace and the last one's)."""
     ranks = state.ranks()
     if len(ranks) < max(3, state.world_size or 0):  # (fewer: no burst to tell a lone first by)
         return None
@@ -271,14 +280,19 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
     if waited and not (signalled and all(_failed_on_peers(state, r, first) for r in waited)
                        and (len(lost) > 1 or any(told_to_stop(r.ended) for r in waited))):
         return None
-    if last - first > (LOST_TOGETHER_S if signalled else STOPPED_TOGETHER_S) or \
-            now - last < s.reconnect_grace:
+    if last - first > (LOST_TOGETHER_S if signalled else STOPPED_TOGETHER_S):
         return None
-    first_told = told[min(lost, key=lambda r: r.exit_at).rank]
-    if not first_told and gone[1] - first > max(2 * (last - gone[1]), ALONE_BEFORE_S):
-        return None  # the first went alone, the rest after it: a launcher's reaction
+    # A first death alone before the others' burst is a launcher's reaction to it, unless its
+    # reader saw it stopped too (a loaded host spaces one cancel's deaths as unevenly): then
+    # the summary says who went first.
+    alone = len(gone) > 1 and gone[1] - first > max(2 * (last - gone[1]), ALONE_BEFORE_S)
+    head = min(lost, key=lambda r: r.exit_at)
+    if alone and not told[head.rank]:
+        return None
     if job_stop(state, s) is not None or any(_connection_alive(r, last, now, s) for r in lost):
         return None
+    if now - last < s.reconnect_grace:
+        return _PENDING
     hosts = sorted({r.host for r in ranks if r.host})
     where = ", ".join(hosts[:4]) + (" and more" if len(hosts) > 4 else "")
     seen = sorted({ended_label(r.ended) for r in lost if r.ended})
@@ -293,6 +307,9 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None:
     else:
         what = (f"All {len(ranks)} ranks vanished within {(last - first) * 1000:.0f} ms, none "
                 f"with an exit or an error of its own{saw}")
+    if alone:
+        what += (f", rank {head.rank} first, {(gone[1] - first) * 1000:.0f} ms before the "
+                 "others")
     return finding(
         "rank_lost", Severity.INFO, [], None,  # (it blames no rank: they are evidence)
         f"{what}: the job was stopped from outside.",
