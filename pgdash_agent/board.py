@@ -227,11 +227,14 @@ def _forked() -> None:
         _marked.clear()
 
 
-def _term_marked(board: Path) -> bool:
+def _term_mark(board: Path) -> dict[str, Any] | None:
+    """What the SIGTERM mark beside a gone process's board says: it died of SIGTERM (written),
+    or of something else (set, and still empty: SIGKILL, a crash); None where none was set."""
     try:
-        return board.with_suffix(TERM).stat().st_size > 0
+        return {"signal": "SIGTERM"} if board.with_suffix(TERM).stat().st_size > 0 else \
+            {"not_sigterm": True}
     except OSError:
-        return False
+        return None
 
 
 SWEEP = 32  # boards left behind by launches killed whole removed at each new board, at most
@@ -294,7 +297,7 @@ def read(path: Path, ended: dict[int, dict[str, Any]] | None = None) -> dict[str
         groups.append(row)
     alive, how = how_ended(pid)
     how = how or (ended or {}).get(pid) or \
-        ({"signal": "SIGTERM"} if not alive and _term_marked(path) else None)
+        (_term_mark(path) if not alive else None)
     return {"rank": rank, "pid": pid, "alive": alive, "groups": groups,
             **({"ended": how} if how and not alive else {})}
 

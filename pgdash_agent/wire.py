@@ -566,11 +566,13 @@ class BoardGroup(_Shape):
 
 
 class Ended(_Shape):
-    """How a process ended, as its wait status said (pgdash_agent.board.how_ended): the signal
-    that killed it (its name: ``SIGTERM``), or its exit status."""
+    """How a process ended (pgdash_agent.board.how_ended), one of: the signal that killed it
+    (its name: ``SIGTERM``), or its exit status, as its wait status said; or
+    ``not_sigterm``: not by SIGTERM (its SIGTERM mark stayed empty), how not known."""
 
     signal: Optional[_Name] = None
     code: Optional[_limited(int, ge=0, le=255)] = None
+    not_sigterm: Optional[bool] = None
 
 
 class BoardRank(_Shape):
@@ -672,9 +674,9 @@ def validate_boards(body: Any) -> dict[str, Any]:
     boards = _builtins(_check(body, Boards, BOARDS_FRAME))
     for i, one in enumerate(boards["boards"]):
         ended = one.get("ended")
-        if ended is not None and ("signal" in ended) == ("code" in ended):
-            raise WireError(f"{BOARDS_FRAME}.boards[{i}].ended: give one of signal and code, "
-                            f"not {sorted(ended) or 'neither'}")
+        if ended is not None and len(ended) != 1:
+            raise WireError(f"{BOARDS_FRAME}.boards[{i}].ended: give one of signal, code and "
+                            f"not_sigterm, not {sorted(ended) or 'none'}")
     _encodable(boards, BOARDS_FRAME)
     return boards
 

@@ -90,7 +90,8 @@ def test_the_last_read_says_how_each_rank_ended_before_or_after_its_launcher_rea
     test, its launcher, reaps none until the read), or, for a SIGTERM, the mark faulthandler
     left beside the board as the signal arrived (the launcher reaped it first). A process
     forked from a rank (a DataLoader worker) that is SIGTERMed leaves no mark of the rank's.
-    A rank still running when the wait runs out, or SIGKILLed and reaped, says nothing."""
+    A rank SIGKILLed and reaped says only that it did not die of SIGTERM; one still running
+    when the wait runs out says nothing."""
     code = ("import os, signal, sys, time; from pathlib import Path; "
             "from pgdash_agent import board; "
             "b = board.Board(Path(sys.argv[1]), rank=int(sys.argv[2])); how = sys.argv[3]; "
@@ -117,7 +118,8 @@ def test_the_last_read_says_how_each_rank_ended_before_or_after_its_launcher_rea
         reads = {b["rank"]: b for b in board.read_all(tmp_path, clean=False, settle_s=0.3)}
         assert {r: reads[r].get("ended") for r in reads} == {
             0: {"signal": "SIGTERM"}, 1: {"signal": "SIGABRT"}, 2: {"code": 3},
-            3: {"signal": "SIGTERM"}, 4: None, 5: None, 6: None}
+            3: {"signal": "SIGTERM"}, 4: None, 5: {"not_sigterm": True},
+            6: {"not_sigterm": True}}
         assert [reads[r]["alive"] for r in range(7)] == [False] * 4 + [True] + [False] * 2
         frame = validate_boards({"t": time.time(), "boards": list(reads.values())})
         assert frame["boards"][0]["ended"] == {"signal": "SIGTERM"}
@@ -155,7 +157,8 @@ def test_a_rank_that_ends_cleanly_or_handles_sigterm_itself_is_left_as_it_was(tm
             p.kill()
             p.wait(60)
             p.stdout.close()
-        assert board._term_marked(tmp_path / f"{p.pid}.board") is marked
+        assert board._term_mark(tmp_path / f"{p.pid}.board") == (
+            {"signal": "SIGTERM"} if marked else None)
 
 
 @pytest.mark.parametrize("bad, field", [
@@ -164,6 +167,8 @@ def test_a_rank_that_ends_cleanly_or_handles_sigterm_itself_is_left_as_it_was(tm
                             "ended": {"signal": "SIGTERM", "code": 1}}]}, "ended"),
     ({"t": 1.0, "boards": [{"rank": 0, "pid": 5, "alive": False, "groups": [],
                             "ended": {"code": 300}}]}, "code"),
+    ({"t": 1.0, "boards": [{"rank": 0, "pid": 5, "alive": False, "groups": [],
+                            "ended": {}}]}, "ended"),
     ({"t": 1.0, "boards": [{"rank": 0, "pid": 5, "alive": False,
                             "groups": [{"group": "0", "entered": "x", "completed": 0}]}]},
      "entered"),

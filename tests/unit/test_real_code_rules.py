@@ -492,6 +492,22 @@ def test_a_rank_that_failed_on_its_cancelled_peers_before_its_own_sigterm_is_no_
     assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [])]
 
 
+def test_a_rank_killed_then_the_launchers_sigterm_to_the_rest_is_named_however_spaced():
+    """Corpus: ddp_kill9 on a loaded host. Rank 3 SIGKILLed, torchrun SIGTERMs the rest: the
+    deaths came 0, 13.4, 31.4 and 38.3 ms apart, one burst by timing (the job stopped from
+    outside). Rank 3's SIGTERM mark stayed empty (torchrun had reaped it: how, not known)
+    while the others' say SIGTERM: it went otherwise, first, and the rest because of it."""
+    log = running(4)
+    for r, t in ((3, 110.0), (0, 110.0134), (1, 110.0314), (2, 110.0383)):
+        log.add(f"s{r}", "disconnect", {}, t=t)
+    assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [])]  # (timing alone)
+    ended_boards(log, 110.1, {0: {"signal": "SIGTERM"}, 1: {"signal": "SIGTERM"},
+                              2: {"signal": "SIGTERM"}, 3: {"not_sigterm": True}})
+    (f,) = diagnose(log.state(), 112.0, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("rank_lost", "critical", [3]), f
+    assert "ended" not in f["evidence"], f["evidence"]  # (how, nobody saw)
+
+
 def test_a_rank_killed_alone_says_what_its_signal_means():
     log = running(3)
     log.add("s1", "disconnect", {}, t=110.0)  # the OOM killer

@@ -81,19 +81,18 @@ ENDED_HINTS.update(dict.fromkeys(("SIGBUS", "SIGILL", "SIGFPE"), ENDED_HINTS["SI
 
 
 def ended_label(ended: dict[str, Any] | None) -> str | None:
-    """``SIGKILL`` or ``exit status 1``; None where nobody saw how the process ended."""
-    if not ended:
+    """``SIGKILL`` or ``exit status 1``; None where nobody saw how the process ended (or only
+    that it was not by SIGTERM)."""
+    if not ended or ended.get("not_sigterm"):
         return None
     return ended.get("signal") or f"exit status {ended.get('code')}"
 
 
 def told_to_stop(ended: dict[str, Any] | None) -> bool | None:
     """Whether a process ended by a stop signal (True), on its own (False: a crash signal or an
-    exit status), or as nobody can say (None: not seen, or SIGKILL, which both a scheduler's
-    stop and the OOM killer send)."""
-    if not ended:
-        return None
-    if ended.get("signal") == "SIGKILL":
+    exit status), or as nobody can say (None: not seen; SIGKILL, which both a scheduler's stop
+    and the OOM killer send; or only not by SIGTERM)."""
+    if not ended or ended.get("not_sigterm") or ended.get("signal") == "SIGKILL":
         return None
     return ended.get("signal") in STOP_SIGNALS
 
@@ -289,6 +288,8 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None | A
     head = min(lost, key=lambda r: r.exit_at)
     if alone and not told[head.rank]:
         return None
+    if (head.ended or {}).get("not_sigterm") and any(told.values()):
+        return None  # the first died otherwise (SIGKILL, a crash), the rest of a SIGTERM after
     if job_stop(state, s) is not None or any(_connection_alive(r, last, now, s) for r in lost):
         return None
     if now - last < s.reconnect_grace:
