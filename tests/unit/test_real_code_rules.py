@@ -490,6 +490,26 @@ def test_a_rank_that_failed_on_its_cancelled_peers_before_its_own_sigterm_is_no_
     assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [0])]
     ended_boards(log, 110.4, {1: {"signal": "SIGTERM"}})  # ... unless one of them was
     assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [])]
+    # a node preempted (its ranks SIGTERMed), the other node's ranks failing on it: that
+    # node's ranks are named, with how they ended
+    log = running(4)
+    for r in range(4):
+        log.add(f"s{r}", "hello", hello(r, world=4, host=f"node{r // 2}"), t=100.5)
+        progress(log, r, 109.5, ("0", 5, 5, None, None))
+    for r, t in ((2, 110.0), (3, 110.003)):
+        log.add(f"s{r}", "disconnect", {}, t=t)
+    for r in (0, 1):
+        log.add(f"s{r}", "error", {"where": "collective", "error_type": "RuntimeError",
+                                   "error": RESET, "group": "0", "op": "all_reduce", "seq": 9},
+                t=110.01)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=110.02)
+        log.add(f"s{r}", "disconnect", {}, t=110.03)
+    log.add("s2", "boards", {"t": 110.3, "reader_pid": 78, "boards": [
+        {"rank": r, "pid": 100 + r, "alive": False, "groups": [],
+         "ended": {"signal": "SIGTERM"}} for r in (2, 3)]}, t=110.3)
+    (f,) = diagnose(log.state(), 112.0, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("rank_lost", "critical", [2, 3]), f
+    assert "node1" in f["summary"] and "saw each end by SIGTERM" in f["hint"], f
 
 
 def test_a_rank_killed_then_the_launchers_sigterm_to_the_rest_is_named_however_spaced():

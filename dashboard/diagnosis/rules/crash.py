@@ -274,10 +274,14 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None | A
     # closed connections before their own SIGTERM came (a scheduler signals one process
     # after another): consequences, not errors of their own.
     # A rank SIGTERMed alone (``kill``), whose peers failed without being stopped themselves,
-    # is a rank lost: two processes at least must have been seen stopped.
+    # is a rank lost: two processes at least must have been seen stopped; and a host stopped
+    # whole (a node preempted) whose peers on other hosts failed on it is a host lost: each
+    # host must have had a rank seen stopped.
     waited = [r for r in ranks if r.status != RankStatus.LOST]
+    stopped_hosts = {r.host for r in ranks if told_to_stop(r.ended)}
     if waited and not (signalled and all(_failed_on_peers(state, r, first) for r in waited)
-                       and (len(lost) > 1 or any(told_to_stop(r.ended) for r in waited))):
+                       and (len(lost) > 1 or any(told_to_stop(r.ended) for r in waited))
+                       and all(r.host in stopped_hosts for r in waited)):
         return None
     if last - first > (LOST_TOGETHER_S if signalled else STOPPED_TOGETHER_S):
         return None
