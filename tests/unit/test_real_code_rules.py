@@ -1529,3 +1529,26 @@ def test_ranks_that_end_in_their_own_sigterm_handler_are_a_stop_not_an_early_exi
         log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=105.06)
     for now in (105.5, 110.0):
         assert diagnose(log.state(), now, S) == [], now
+
+
+def test_ranks_that_exit_143_to_be_requeued_after_their_sigterm_handler_are_not_failures():
+    """Corpus: healthy_preempt_requeue_exit_143. SLURM's requeue convention: the SIGTERM
+    handler sets a flag, each rank saves at the next step and calls ``sys.exit(143)``: a
+    status, not a failure (it was "Ranks 0-2 failed the same way", critical). A rank that
+    exits so without being stopped still fails."""
+    log = running(3)
+    for r in range(3):
+        log.add(f"s{r}", "error", {"where": "signal", "error_type": "SIGTERM",
+                                   "error": "the process received SIGTERM"}, t=105.0 + r / 1e3)
+    for r in range(3):
+        log.add(f"s{r}", "error", {"where": "exit", "error_type": "SystemExit",
+                                   "error": "the program exited with status 143"},
+                t=105.2 + r / 1e2)
+        log.add(f"s{r}", "exit", {"clean": False, "reason": "exit status 143"}, t=105.21 + r / 1e2)
+    for now in (105.5, 110.0):
+        assert diagnose(log.state(), now, S) == [], now
+    log = running(3)
+    log.add("s1", "error", {"where": "exit", "error_type": "SystemExit",
+                            "error": "the program exited with status 3"}, t=105.2)
+    log.add("s1", "exit", {"clean": False, "reason": "exit status 3"}, t=105.21)
+    assert kinds(diagnose(log.state(), 110.0, S)) == [("rank_failed", [1])]

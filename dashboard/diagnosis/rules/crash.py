@@ -549,10 +549,15 @@ def rank_failed(state: JobState, now: float, s: Settings) -> list[Finding]:
         causes[r.rank] = (err, cause)
     # After a rank left early, or a hung job was stopped, failures that only waited on a peer
     # (or said nothing) are that cause's evidence: not findings, and nobody to blame here.
-    # A rank interrupted by Ctrl-C was stopped by someone, not at fault.
+    # A rank interrupted by Ctrl-C was stopped by someone, not at fault; so is one that ended
+    # itself with a status once the job was being stopped (a preemption handler's
+    # ``sys.exit(143)``, SLURM's requeue convention: 128 + SIGTERM).
+    stopped = interrupted_at(state)
     failed = [r for r in failed if not ((causes[r.rank][1] is None or causes[r.rank][1].victim)
                                         and _consequence(state, r, s))
-              and (causes[r.rank][1] is None or causes[r.rank][1].cause != "interrupted")]
+              and (causes[r.rank][1] is None or causes[r.rank][1].cause != "interrupted")
+              and not (stopped is not None and (causes[r.rank][0] or {}).get("where") == "exit"
+                       and causes[r.rank][0]["t"] >= stopped - INTERRUPT_BEFORE_S)]
     if not failed:
         return []
     lost = [r.rank for r in state.ranks() if r.status == RankStatus.LOST]
