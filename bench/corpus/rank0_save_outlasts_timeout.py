@@ -1,4 +1,4 @@
-"""Training under torchrun, 3 ranks, with a 15 s process-group timeout (set short so that a hang fails fast); every 40 steps rank 0 alone saves a checkpoint while the others wait at a barrier. Once the shared filesystem stalls and rank 0's save takes 40 s: the others' barrier times out (gloo's "Timed out waiting") and they fail, though nothing is wrong with them.
+"""Training under torchrun, 3 ranks, with a 25 s process-group timeout (set short so that a hang fails fast); every 40 steps rank 0 alone saves a checkpoint while the others wait at a barrier. Once the shared filesystem stalls and rank 0's save takes 40 s: the others' barrier times out (gloo's "Timed out waiting") and they fail, though nothing is wrong with them.
 EXPECT kind=hang|rank_failed|stall culprit=0 ranks=3 launch=torchrun class=hang
 """
 import datetime
@@ -24,7 +24,7 @@ def save(state, path, stall_s):
             f.flush()
 
 
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=15))
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=25))
 rank = dist.get_rank()
 slow_save = random.Random(int(os.environ.get("CORPUS_SEED", "0"))).randint(2, 4)
 where = os.path.join(tempfile.mkdtemp(prefix="corpus-ckpt-"), "last.pt")
@@ -38,7 +38,7 @@ for step in range(40 * (slow_save + 4)):
         if rank == 0:
             stalled = step // 40 == slow_save
             if stalled:
-                fault("the filesystem stalls: this save takes 40 s, the barrier's timeout is 15 s")
+                fault("the filesystem stalls: this save takes 40 s, the barrier's timeout is 25 s")
             save({"w": w}, where, 40.0 if stalled else 0.0)
         dist.barrier()
 dist.destroy_process_group()
