@@ -1,5 +1,5 @@
-"""Training under torchrun, 3 ranks, with a 25 s process-group timeout (set short so that a hang fails fast); every 40 steps rank 0 alone saves a checkpoint while the others wait at a barrier. Once the shared filesystem stalls and rank 0's save takes 40 s: the others' barrier times out (gloo's "Timed out waiting") and they fail, though nothing is wrong with them.
-EXPECT kind=hang|rank_failed|stall culprit=0 ranks=3 launch=torchrun class=hang
+"""Training under torchrun, 3 ranks, with a 25 s process-group timeout (set short so that a hang fails fast); every 40 steps rank 0 alone saves a checkpoint while the others wait at a barrier. Once the shared filesystem stalls and rank 0's save takes 40 s: the others' barrier times out (gloo's "Timed out waiting") and they fail, though nothing is wrong with them. (Goal 30 s: a wait at a barrier for one rank's own work is a stall only after stall_barrier_after, 30 s, since saves and evaluations there are long; the group's timeout ends this one at 25 s.)
+EXPECT kind=hang|rank_failed|stall culprit=0 ranks=3 launch=torchrun class=hang goal=30
 """
 import datetime
 import os
