@@ -186,7 +186,8 @@ _marked: list[int] = []  # the fd of this process's mark, while set
 
 def _mark_stop(path: Path) -> int | None:
     try:
-        if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL or _marked:
+        if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL or _marked or \
+                not _default_action(signal.SIGTERM):
             return None
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         faulthandler.register(signal.SIGTERM, file=fd, all_threads=False, chain=True)
@@ -197,6 +198,23 @@ def _mark_stop(path: Path) -> int | None:
         return fd
     except Exception:
         return None
+
+
+def _default_action(signum: int) -> bool:
+    """Whether the process's action for ``signum`` is the default one as the kernel holds it
+    (``sigaction``): a handler set outside Python's signal module (a ``faulthandler.register``
+    of the program's own, a C library's) leaves ``signal.getsignal`` at SIG_DFL, and
+    registering the mark would replace it. False where it cannot be read."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        action = ctypes.create_string_buffer(256)  # a struct sigaction, the handler first
+        if libc.sigaction(signum, None, action) != 0:
+            return False
+        return ctypes.c_void_p.from_buffer(action).value in (None, 0)
+    except Exception:
+        return False
 
 
 def _unmark_stop(fd: int | None) -> None:
