@@ -416,6 +416,14 @@ def ended_boards(log, t, ended):
          **({"ended": how} if how else {})} for r, how in ended.items()]}, t=t)
 
 
+def failed_on_peer(log, r, t):
+    """Rank ``r``'s all_reduce fails on a peer's closed connection at ``t``; it exits so."""
+    log.add(f"s{r}", "error", {"where": "collective", "error_type": "RuntimeError",
+                               "error": RESET, "group": "0", "op": "all_reduce", "seq": 9}, t=t)
+    log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=t + 0.01)
+    log.add(f"s{r}", "disconnect", {}, t=t + 0.02)
+
+
 def test_how_each_rank_ended_tells_a_cancelled_job_from_a_crash_and_the_launchers_stop():
     """Corpus: healthy_moe_scancel. Three ranks SIGTERMed together on a loaded host died 0,
     24.9 and 36.1 ms apart: by timing alone the first went alone and the launcher stopped the
@@ -464,10 +472,7 @@ def test_a_rank_that_failed_on_its_cancelled_peers_before_its_own_sigterm_is_no_
     log = running(3)
     for r, t in ((0, 110.0), (1, 110.004)):
         log.add(f"s{r}", "disconnect", {}, t=t)
-    log.add("s2", "error", {"where": "collective", "error_type": "RuntimeError", "error": RESET,
-                            "group": "0", "op": "all_reduce", "seq": 9}, t=110.01)
-    log.add("s2", "exit", {"clean": False, "reason": "uncaught exception"}, t=110.02)
-    log.add("s2", "disconnect", {}, t=110.03)
+    failed_on_peer(log, 2, 110.01)
     assert [f["severity"] for f in diagnose(log.state(), 112.0, S)] == ["critical"]  # no boards
     ended_boards(log, 110.3, {0: {"signal": "SIGTERM"}, 1: {"signal": "SIGTERM"},
                               2: {"code": 1}})
@@ -481,11 +486,7 @@ def test_a_rank_that_failed_on_its_cancelled_peers_before_its_own_sigterm_is_no_
     log = running(3)
     log.add("s0", "disconnect", {}, t=110.0)
     for r in (1, 2):
-        log.add(f"s{r}", "error", {"where": "collective", "error_type": "RuntimeError",
-                                   "error": RESET, "group": "0", "op": "all_reduce", "seq": 9},
-                t=110.01)
-        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=110.02)
-        log.add(f"s{r}", "disconnect", {}, t=110.03)
+        failed_on_peer(log, r, 110.01)
     ended_boards(log, 110.3, {0: {"signal": "SIGTERM"}, 1: {"code": 1}, 2: {"code": 1}})
     assert kinds(diagnose(log.state(), 112.0, S)) == [("rank_lost", [0])]
     ended_boards(log, 110.4, {1: {"signal": "SIGTERM"}})  # ... unless one of them was
@@ -499,11 +500,7 @@ def test_a_rank_that_failed_on_its_cancelled_peers_before_its_own_sigterm_is_no_
     for r, t in ((2, 110.0), (3, 110.003)):
         log.add(f"s{r}", "disconnect", {}, t=t)
     for r in (0, 1):
-        log.add(f"s{r}", "error", {"where": "collective", "error_type": "RuntimeError",
-                                   "error": RESET, "group": "0", "op": "all_reduce", "seq": 9},
-                t=110.01)
-        log.add(f"s{r}", "exit", {"clean": False, "reason": "uncaught exception"}, t=110.02)
-        log.add(f"s{r}", "disconnect", {}, t=110.03)
+        failed_on_peer(log, r, 110.01)
     log.add("s2", "boards", {"t": 110.3, "reader_pid": 78, "boards": [
         {"rank": r, "pid": 100 + r, "alive": False, "groups": [],
          "ended": {"signal": "SIGTERM"}} for r in (2, 3)]}, t=110.3)
