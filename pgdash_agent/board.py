@@ -173,7 +173,7 @@ class Board:
             pass
 
 
-# A SIGTERM that ends a rank is marked beside its board: ``<pid>.term`` holds the traceback
+# A SIGTERM that ends a rank is marked beside its board: ``<pid>.term`` holds the tracebacks
 # faulthandler writes as the signal arrives (a C handler, no GIL, no Python code run), before
 # it lets the signal's default action end the process as before. Its launcher may reap the
 # process before the reader can read its wait status (how_ended); the mark stays. Set only
@@ -190,7 +190,9 @@ def _mark_stop(path: Path) -> int | None:
                 not _default_action(signal.SIGTERM):
             return None
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        faulthandler.register(signal.SIGTERM, file=fd, all_threads=False, chain=True)
+        # (every thread's: with only the receiving thread's, a SIGTERM delivered to a thread
+        # Python does not know, such as gloo's, would leave the mark empty)
+        faulthandler.register(signal.SIGTERM, file=fd, all_threads=True, chain=True)
         if not _fork_hook:
             os.register_at_fork(after_in_child=_forked)
             _fork_hook.append(True)
