@@ -35,7 +35,7 @@ import struct
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pgdash_agent.wire import SIZED
 
@@ -333,18 +333,22 @@ def _call(sig: bytes) -> tuple[str, str | None]:
     return op, dtype or None
 
 
-def read_all(where: Path, clean: bool = True, settle_s: float = 0.0) -> list[dict[str, Any]]:
+def read_all(where: Path, clean: bool = True, settle_s: float = 0.0,
+             seen: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Every board of a launch's directory; with ``clean`` (the reader's last words: nobody
     reads them after it), the directory is removed once they are read. A rank still running
     keeps writing to its board's memory; it removes nothing that is not there at its exit.
     ``settle_s``: wait up to this long for the boards' processes to end first (:func:`settle`),
-    so that ranks stopped with the reader say how they ended."""
+    so that ranks stopped with the reader say how they ended; ``seen``: how processes ended
+    that a :class:`Watch` saw end earlier."""
     boards: list[dict[str, Any]] = []
     try:
         paths = sorted(where.glob("*.board"))
     except OSError:
         return boards
-    ended = settle([_pid_of(path) for path in paths[:MAX_BOARDS]], settle_s) if settle_s else {}
+    ended = dict(seen or {})
+    if settle_s:
+        ended.update(settle([_pid_of(path) for path in paths[:MAX_BOARDS]], settle_s))
     for path in paths[:MAX_BOARDS]:
         board = read(path, ended)
         if board is not None:
@@ -423,6 +427,63 @@ def settle(pids: list[int | None], seconds: float) -> dict[int, dict[str, Any]]:
         if not running or time.monotonic() >= deadline:
             return ended
         time.sleep(SETTLE_POLL_S)
+
+
+class Watch:
+    """How each process of a launch's boards ended, read the moment it ended: a launcher reaps
+    a dead rank within its monitor interval (torchrun's 0.1 s), and with it its wait status
+    (SIGABRT, SIGSEGV, SIGKILL, an exit status), long before the reader's last words. The
+    host reader runs :meth:`run` on a thread of its own: a process file descriptor
+    (``pidfd_open``, Linux 5.3+) per board's process, polled, so it wakes only when one ends;
+    boards that appear are picked up every ``rescan_s``; ``ended(pid)`` is called as each
+    ends. Where pidfds are not available it does nothing (``ended`` stays empty)."""
+
+    def __init__(self, where: Path, ended: Callable[[int], None] = lambda pid: None,
+                 rescan_s: float = 1.0):
+        self.where, self.on_end, self.rescan_s = where, ended, rescan_s
+        self.ended: dict[int, dict[str, Any]] = {}  # by pid
+        self._fds: dict[int, int] = {}  # pidfd -> pid
+
+    def run(self, going: Callable[[], bool]) -> None:
+        """Watch while ``going()``; never raises."""
+        try:
+            import select
+
+            poller = select.poll()
+            while going():
+                self._scan(poller)
+                for fd, _ in poller.poll(self.rescan_s * 1000):
+                    pid = self._fds.get(fd)
+                    if pid is None:
+                        continue
+                    alive, how = how_ended(pid)
+                    if not alive:
+                        if how is not None:
+                            self.ended[pid] = how
+                        poller.unregister(fd)
+                        self.on_end(pid)
+        except Exception as exc:
+            log.debug("pgdash board watch stopped: %s", exc)
+        finally:
+            for fd in self._fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _scan(self, poller: Any) -> None:
+        known = set(self._fds.values())
+        for path in sorted(self.where.glob("*.board"))[:MAX_BOARDS]:
+            pid = _pid_of(path)
+            if pid is None or pid in known:
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            self._fds[fd] = pid
+            known.add(pid)
+            poller.register(fd, 1)  # POLLIN: the process ended
 
 
 def _pid_of(path: Path) -> int | None:

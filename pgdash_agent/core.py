@@ -102,6 +102,7 @@ class Agent:
         self.tracker.wake = self.loop.wake.set
         self._detached = False
         self.peer_readable = False  # see start()
+        self._readers = False  # its host runs a reader: this rank keeps a board (see start())
         self.host_reader = None  # the host reader process this rank started (pgdash_agent.reader)
         self._host_claim = None  # held while this rank is its host's first (reader.claim)
         self.ddp = DDPHooks()
@@ -137,12 +138,15 @@ class Agent:
         # (PGDASH_PEER_READ=0: this rank does not let other processes read it)
         readers = bool(self.config.server and self.config.wire != "v1"
                        and self.config.host_reader and self.config.peer_read)
+        self._readers = readers
         if readers:  # (every rank of a host has a board where its host runs a reader)
-            self.tracker.board = board.Board.make(self._launch_key(), self._rank_now())
+            self._make_board()
         if reader.wanted(self.environ, readers, self._claim_host):
-            own = self.tracker.board
+            # (its rank may not be known yet, as under mp.spawn: the board comes with it)
+            key = self._launch_key()
+            where = board.directory(key) if key else None
             self.host_reader = reader.start(self.config.server, self._auth(),
-                                            self.config.ca_file, own and own.path.parent)
+                                            self.config.ca_file, where)
             if self.host_reader is None:  # a rank of the host that attaches later may
                 reader.release(self._host_claim)
                 self._host_claim = None
@@ -256,6 +260,13 @@ class Agent:
         launch = identity.launch_of(self.environ, init_method=self.groups.init_method)
         self._identity = identity.hello(self.job, self.environ, launch)
         self.outbox.put(time.time(), "hello", self._identity)
+        if self._readers and self.tracker.board is None:  # the rank known at last
+            self._make_board()
+
+    def _make_board(self) -> None:
+        """This process's board (pgdash_agent.board), once its rank is known: at attach where
+        its launcher said it (torchrun, SLURM), else when its world group appears."""
+        self.tracker.board = board.Board.make(self._launch_key(), self._rank_now())
 
     def _announce(self) -> None:
         """Rank 0 says once, on its console, which job it reports to and where its page is,

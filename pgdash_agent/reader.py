@@ -233,6 +233,9 @@ class Reader:
         self.py_spy = py_spy
         self.boards = Path(boards) if boards else None
         self.told = False  # the boards were sent (last_words)
+        # how its ranks ended, read as each ended (pgdash_agent.board.Watch), and sent then
+        self.watch = board.Watch(self.boards, self._ended) if self.boards else None
+        self._sending = threading.Lock()  # (the watch's thread sends too)
         self.questions: queue.Queue = queue.Queue(MAX_PENDING)
         self.client = None
         self.answered = 0
@@ -242,6 +245,9 @@ class Reader:
         return os.getppid() == self.parent
 
     def run(self) -> int:
+        if self.watch is not None:
+            threading.Thread(target=self.watch.run, args=(lambda: not self.told,),
+                             name="pgdash-board-watch", daemon=True).start()
         wait = RETRY_S[0]
         while self.alive():
             try:
@@ -293,7 +299,7 @@ class Reader:
                 continue
             body = reading(*q, py_spy=self.py_spy)
             try:
-                client.send({READ_FRAME: body})
+                self._send(client, {READ_FRAME: body})
                 self.answered += 1
             except Exception:
                 break
@@ -310,12 +316,30 @@ class Reader:
             return
         self.told = True
         try:
-            boards = board.read_all(self.boards, settle_s=END_SETTLE_S)
+            boards = board.read_all(self.boards, settle_s=END_SETTLE_S,
+                                    seen=self.watch and self.watch.ended)
             client = self.client
             if boards and client is not None and client.connected:
-                client.send({BOARDS_FRAME: {"t": time.time(), "boards": boards}})
+                self._send(client, {BOARDS_FRAME: {"t": time.time(), "boards": boards}})
         except Exception as exc:
             log.debug("pgdash reader: boards not sent (%s)", exc)
+
+    def _send(self, client: Any, frame: dict[str, Any]) -> None:
+        with self._sending:
+            client.send(frame)
+
+    def _ended(self, pid: int) -> None:
+        """A rank of this launch on this host ended (the watch's thread): its board, with how it
+        ended, is sent at once, not only with the last words (which do not come while this
+        reader's own rank waits on the dead one: a job without a launcher to stop it). Never
+        raises."""
+        try:
+            one = board.read(self.boards / f"{pid}.board", self.watch.ended)
+            client = self.client
+            if one is not None and not one["alive"] and client is not None and client.connected:
+                self._send(client, {BOARDS_FRAME: {"t": time.time(), "boards": [one]}})
+        except Exception as exc:
+            log.debug("pgdash reader: a board not sent (%s)", exc)
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -402,3 +402,37 @@ def test_a_job_cancelled_by_its_scheduler_blames_no_rank_and_says_how_each_ended
     ended = {r: v.get("ended") for r, v in found[0]["evidence"]["lost"].items()}
     assert set(ended) == {"0", "1", "2"} and set(ended.values()) <= {"SIGTERM", None}, ended
     assert "SIGTERM" in ended.values(), ended  # (a rank reaped before its reader looked: None)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mp.spawn"])
+def test_a_rank_that_crashes_in_native_code_is_named_with_its_signal(server, tmp_path,
+                                                                      launcher):
+    """Rank 1 dies of SIGSEGV; its launcher reaps it (torchrun within its monitor interval,
+    mp.spawn's parent at once) and stops the others. Under torchrun the host reader's watch
+    read the signal as the rank ended, so the finding says what killed it (and points at
+    native code), not only that it vanished."""
+    if launcher == "torchrun":
+        name = "tut-segv"
+        done = torchrun("native_crash.py", 3, name, server, tmp_path)
+        job_name = f"native_crash.py \u00b7 {name}"
+    else:
+        port = free_port()
+        done = run([sys.executable, "-m", "pgdash_agent", str(TUTORIAL / "spawn_native_crash.py"),
+                    str(port)], _env(server.url), tmp_path, "spawn-segv.log")
+        job_name = f"spawn_native_crash.py \u00b7 127.0.0.1:{port}"
+    assert done.returncode != 0, done.stderr[-2000:]
+    job = wait_for(lambda: job_by_name(server, job_name), 30, "the job")
+
+    def named():
+        found = serious(server, job["id"])
+        return found if any(f["kind"] == "rank_lost" for f in found) else None
+
+    found = wait_for(named, 30, "the lost rank")
+    assert [(f["kind"], f["ranks"]) for f in found] == [("rank_lost", [1])], found
+    if launcher == "torchrun":
+        assert found[0]["evidence"].get("ended") == "SIGSEGV", found[0]["evidence"]
+        assert "native code" in found[0]["hint"], found[0]["hint"]
+    # (mp.spawn's parent reaps the dead rank the moment it ends, usually before the watch
+    # reads it: how it ended is then not known, but its peers' SIGTERM marks say that the
+    # parent stopped them after it, however close together they died: before the ranks got
+    # boards under mp.spawn, "ranks 0-2 vanished together")

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -130,6 +131,45 @@ def test_the_last_read_says_how_each_rank_ended_before_or_after_its_launcher_rea
             p.kill()
             p.wait(60)
             p.stdout.close()
+
+
+def test_the_watch_reads_how_a_rank_ended_before_its_launcher_reaps_it(tmp_path):
+    """torchrun reaps a dead rank within 0.1 s, long before the reader's last words: the host
+    reader's watch wakes as each rank ends and reads its wait status while it is a zombie."""
+    code = ("import os, signal, sys, time; from pathlib import Path; "
+            "from pgdash_agent import board; "
+            "board.Board(Path(sys.argv[1]), rank=int(sys.argv[2])); print('ready', flush=True); "
+            "time.sleep(float(sys.argv[3])); os.kill(os.getpid(), signal.SIGSEGV)")
+    told = []
+    watch = board.Watch(tmp_path, told.append, rescan_s=0.05)
+    going = threading.Event()
+    going.set()
+    thread = threading.Thread(target=watch.run, args=(going.is_set,), daemon=True)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(rank), wait],
+                              stdout=subprocess.PIPE, text=True)
+             for rank, wait in ((0, "1.0"), (1, "60"))]
+    try:
+        for p in procs:
+            assert p.stdout.readline() == "ready\n"
+        thread.start()
+        crashed = procs[0]
+        deadline = time.monotonic() + 60
+        while crashed.pid not in watch.ended and time.monotonic() < deadline:
+            time.sleep(0.05)
+        crashed.wait(60)  # the launcher reaps it
+        assert watch.ended == {crashed.pid: {"signal": "SIGSEGV"}} and told == [crashed.pid]
+        reads = {b["rank"]: b.get("ended") for b in board.read_all(tmp_path, clean=False)}
+        assert reads == {0: {"not_sigterm": True}, 1: None}  # (what is left without the watch)
+        reads = {b["rank"]: b.get("ended")
+                 for b in board.read_all(tmp_path, clean=False, seen=watch.ended)}
+        assert reads == {0: {"signal": "SIGSEGV"}, 1: None}
+    finally:
+        going.clear()
+        for p in procs:
+            p.kill()
+            p.wait(60)
+            p.stdout.close()
+        thread.join(10) if thread.is_alive() else None
 
 
 def test_a_rank_that_ends_cleanly_or_handles_sigterm_itself_is_left_as_it_was(tmp_path):
