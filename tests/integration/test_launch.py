@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench.detect import descendants
-from tests.helpers.procs import ROOT, free_port, job_by_name, wait_for
+from tests.helpers.procs import ROOT, free_port, job_by_name, stored_events, wait_for
 
 TUTORIAL = Path(__file__).resolve().parents[1] / "jobs" / "tutorial"
 DEADLINE = 240  # torchrun and its ranks start torch several times over on a busy machine
@@ -436,3 +436,5 @@ def test_a_rank_that_crashes_in_native_code_is_named_with_its_signal(server, tmp
     # reads it: how it ended is then not known, but its peers' SIGTERM marks say that the
     # parent stopped them after it, however close together they died: before the ranks got
     # boards under mp.spawn, "ranks 0-2 vanished together")
+    boards = [e for e in stored_events(server.db_url, [job["id"]]) if e["kind"] == "boards"]
+    assert {b["rank"] for e in boards for b in e["body"]["boards"]} == {0, 1, 2}, boards
