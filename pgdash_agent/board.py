@@ -237,14 +237,8 @@ _fork_hook: list[bool] = []
 
 
 def _forked() -> None:
-    if _marked:
-        try:
-            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-                faulthandler.unregister(signal.SIGTERM)
-            os.close(_marked.pop())
-        except Exception:
-            pass
-        _marked.clear()
+    if _marked:  # (the parent's mark is not the child's)
+        _unmark_stop(_marked[0])
 
 
 def _term_mark(board: Path) -> dict[str, Any] | None:

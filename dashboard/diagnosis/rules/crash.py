@@ -264,7 +264,8 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None | A
     if not lost or any(r.exit_at is None or r.closed_goodbye
                        or r.closed_owed_s >= s.owed_close_after for r in lost):
         return None
-    told = {r.rank: told_to_stop(r.ended) for r in lost}
+    told_any = {r.rank: told_to_stop(r.ended) for r in ranks}
+    told = {r.rank: told_any[r.rank] for r in lost}
     if False in told.values():
         return None  # a rank's reader saw it crash or exit on its own
     signalled = all(told.values())
@@ -278,9 +279,9 @@ def _job_stopped(state: JobState, now: float, s: Settings) -> Finding | None | A
     # whole (a node preempted) whose peers on other hosts failed on it is a host lost: each
     # host must have had a rank seen stopped.
     waited = [r for r in ranks if r.status != RankStatus.LOST]
-    stopped_hosts = {r.host for r in ranks if told_to_stop(r.ended)}
+    stopped_hosts = {r.host for r in ranks if told_any[r.rank]}
     if waited and not (signalled and all(_failed_on_peers(state, r, first) for r in waited)
-                       and (len(lost) > 1 or any(told_to_stop(r.ended) for r in waited))
+                       and (len(lost) > 1 or any(told_any[r.rank] for r in waited))
                        and all(r.host in stopped_hosts for r in waited)):
         return None
     if last - first > (LOST_TOGETHER_S if signalled else STOPPED_TOGETHER_S):
