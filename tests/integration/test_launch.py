@@ -435,6 +435,9 @@ def test_a_rank_that_crashes_in_native_code_is_named_with_its_signal(server, tmp
     # (mp.spawn's parent reaps the dead rank the moment it ends, usually before the watch
     # reads it: how it ended is then not known, but its peers' SIGTERM marks say that the
     # parent stopped them after it, however close together they died: before the ranks got
-    # boards under mp.spawn, "ranks 0-2 vanished together")
+    # boards under mp.spawn, "ranks 0-2 vanished together"). The dead rank's board is always
+    # sent; a peer's only where it was stopped too: one that failed on the closed connection
+    # first exits through Python, reports its error and takes its board away (CI once).
     boards = [e for e in stored_events(server.db_url, [job["id"]]) if e["kind"] == "boards"]
-    assert {b["rank"] for e in boards for b in e["body"]["boards"]} == {0, 1, 2}, boards
+    sent = {b["rank"] for e in boards for b in e["body"]["boards"]}
+    assert 1 in sent and sent <= {0, 1, 2}, boards
