@@ -317,8 +317,9 @@ class Heartbeat(_Shape):
     groups: _limited(list[GroupProgress], max_length=MAX_LIST)
     dropped: _CountMap = {}  # events the agent had to drop, by kind
     buffered: _Count = 0
-    # Optional (newer agents): the process's CPU seconds so far (every thread): whether a rank
-    # that issues no collectives is working (an evaluation) or blocked (rules.idle)
+    # Optional (newer agents): the process's CPU seconds so far (every thread, and its child
+    # processes': DataLoader's workers): whether a rank that issues no collectives is working
+    # (an evaluation) or blocked (rules.idle)
     cpu_s: Optional[_Num] = None
     # ... and the bytes it read and wrote through system calls so far (Linux: files, pipes,
     # sockets): whether it moves data (a checkpoint written to slow storage) or is blocked

@@ -176,6 +176,48 @@ def test_the_agent_reads_its_io_bytes_where_linux_has_them(tmp_path):
     assert io_bytes(str(tmp_path / "io")) is None
 
 
+def test_the_agents_cpu_counts_its_child_processes_live_and_ended():
+    """A validation loop whose DataLoader workers do the decoding waits on them in its main
+    thread: its own CPU is small, its workers' is the work (bench/corpus/
+    healthy_long_validation_no_collectives.py was a stall before)."""
+    import subprocess
+    import sys
+
+    from pgdash_agent.reports import cpu_seconds
+
+    burn = ("import sys, time\n"
+            "sys.stdin.readline()\n"
+            "t = time.process_time()\n"
+            "while time.process_time() - t < 0.4: pass\n"
+            "print('burnt', flush=True)\n"
+            "sys.stdin.read()\n")  # (lives on, idle, until its stdin closes)
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        before = cpu_seconds()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "burnt\n"
+        live = cpu_seconds()
+        # (0.4 s of the child's however loaded the machine: it burns until its own clock says
+        # so; less a clock tick each side)
+        assert live - before >= 0.4 - 0.02, (before, live)
+    finally:
+        child.stdin.close()
+        child.wait(30)
+        child.stdout.close()
+    assert cpu_seconds() >= live - 0.02  # ended and reaped: counted still (os.times)
+
+
+def test_cpu_seconds_without_proc_is_the_process_and_its_reaped_children(tmp_path):
+    import os
+
+    from pgdash_agent.reports import cpu_seconds
+
+    t = os.times()
+    assert cpu_seconds(str(tmp_path)) >= t.user + t.system + t.children_user + t.children_system
+
+
 def test_a_still_job_that_is_stopped_keeps_its_verdict_and_blames_no_one_for_the_stop():
     """The user kills the job that stood still (scancel; torchrun's teardown after a kill):
     its ranks vanish one after another, and the stall stays the verdict, not a rank_lost."""
