@@ -6,6 +6,7 @@ from dashboard.diagnosis import Settings, diagnose
 from tests.helpers.events import Log, half_seconds, hello, intervals, kinds, progress, running
 
 S = Settings(hang_after=10.0, lost_after=15.0, init_grace=3.0)
+DEFAULTS = Settings()  # the server's: a hang after 60 s
 
 
 def test_healthy_job_is_silent():
@@ -327,6 +328,66 @@ def test_a_rendezvous_that_timed_out_names_the_rank_that_came_late_not_those_tha
     (g,) = diagnose(log.state(), 40.0, S)
     assert (g["id"], g["ranks"]) == (f["id"], [2])
     assert g["summary"].endswith("; rank 2 arrived 11 s after.")
+
+
+def _rank_0_before_init(cores, io_bps=0.0):
+    """Ranks 1 and 2 in their rendezvous since t = 10; rank 0's agent (attached before
+    init_process_group, as the launcher wrapper does) reports it running, using ``cores`` of
+    a core, without having called it."""
+    log = Log()
+    for r in range(3):
+        log.add(f"s{r}", "hello", hello(r, world=3), t=10.0)
+    for r in (1, 2):
+        log.add(f"s{r}", "init_start", {"rank": r, "world_size": 3}, t=10.0)
+
+    def beat(t):
+        log.add("s0", "heartbeat", {"groups": [], "cpu_s": 1.0 + cores * (t - 10.0),
+                                    "io_b": int(io_bps * (t - 10.0))}, t=t)
+        for r in (1, 2):
+            log.add(f"s{r}", "heartbeat", {"groups": [], "cpu_s": 1.0 + 0.01 * (t - 10.0)}, t=t)
+    return log, beat
+
+
+def test_a_missing_rank_that_works_before_init_is_given_five_times_hang_after():
+    """bench/corpus/healthy_rank0_prepares_data_before_init.py: rank 0 prepares the data before
+    init_process_group while the others wait in the rendezvous (a critical at 60 s on a
+    healthy job before). Its process is here and works: a warning that says so, critical at
+    5 x --hang-after."""
+    log, beat = _rank_0_before_init(0.9)
+    for t in range(10, 80, 5):
+        beat(float(t))
+    (f,) = diagnose(log.state(), 80.0, DEFAULTS)
+    assert (f["kind"], f["ranks"], f["severity"]) == ("init_incomplete", [0], "warning")
+    assert f["evidence"]["here"] == {"0": 0.9}
+    assert "Rank 0 runs (its agent reports) but has not called init_process_group yet: " \
+        "working (rank 0: 90% of a core)" in f["hint"], f["hint"]
+    assert "critical once it has waited 300 s" in f["summary"], f["summary"]
+    for t in range(80, 320, 5):
+        beat(float(t))
+    (f,) = diagnose(log.state(), 320.0, DEFAULTS)
+    assert f["severity"] == "critical" and "Rank 0 never arrived" in f["summary"]
+
+
+def test_a_missing_rank_that_moves_data_before_init_works_too():
+    """Downloading the dataset: little CPU, tens of MB a second."""
+    log, beat = _rank_0_before_init(0.05, 40e6)
+    for t in range(10, 80, 5):
+        beat(float(t))
+    (f,) = diagnose(log.state(), 80.0, DEFAULTS)
+    assert f["severity"] == "warning" and "working (rank 0: 40.0 MB/s of I/O)" in f["hint"]
+
+
+def test_a_missing_rank_blocked_before_init_is_critical_at_hang_after():
+    """The same rank using no CPU (blocked before init_process_group: a lock, a dead
+    filesystem): critical at --hang-after as a rank that never came, and the hint says it
+    runs and where to look."""
+    log, beat = _rank_0_before_init(0.0)
+    for t in range(10, 75, 5):
+        beat(float(t))
+    (f,) = diagnose(log.state(), 75.0, DEFAULTS)
+    assert (f["kind"], f["ranks"], f["severity"]) == ("init_incomplete", [0], "critical")
+    assert f["evidence"]["here"] == {"0": None}
+    assert "using no CPU and moving no data, blocked before it" in f["hint"], f["hint"]
 
 
 def test_init_incomplete_names_the_missing_rank_after_the_grace():

@@ -842,6 +842,57 @@ def test_others_waiting_at_a_barrier_for_rank_0s_checkpoint_is_no_stall_for_30_s
     assert f["evidence"]["barrier"] is True and f["evidence"]["threshold_s"] == 30.0
 
 
+def _rank_0_alone_at_work(log, t, cores):
+    """Ranks 1 and 2 wait at a barrier since t = 100 while rank 0, out of collectives since
+    then, uses ``cores`` of a core (its agent's cpu_s)."""
+    for r in (1, 2):
+        log.add(f"s{r}", "heartbeat", {"groups": [
+            {"group": "0", "entered": 41, "completed": 40, "inflight_op": "barrier",
+             "inflight_since": 100.0}], "cpu_s": 5.0 + 0.01 * (t - 100.0)}, t=t)
+    log.add("s0", "heartbeat", {"groups": [
+        {"group": "0", "entered": 40, "completed": 40, "inflight_op": None,
+         "inflight_since": None}], "cpu_s": 5.0 + cores * (t - 100.0)}, t=t)
+
+
+def test_others_waiting_for_rank_0_at_work_is_a_stall_until_five_times_hang_after():
+    """Rank 0 evaluates alone for minutes (bench/corpus/healthy_rank0_long_eval_barrier.py: a
+    critical hang at 60 s on a healthy job before): while it works, the others' wait stays a
+    stall, which says so, until 5 x --hang-after; a loop that never ends is named all along."""
+    log = running(3)
+    history(log, 3)
+
+    def at(t):
+        for beat in range(100, int(t), 10):
+            if beat > at.last:
+                _rank_0_alone_at_work(log, float(beat), 0.95)
+                at.last = beat
+        _rank_0_alone_at_work(log, t, 0.95)
+        return diagnose(log.state(), t, S)
+    at.last = 0
+
+    (f,) = at(131.0)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("stall", "warning", [0])
+    assert f["evidence"]["working"] == {"0": 0.95}, f["evidence"]
+    assert "95% of a core" in f["hint"] and "after 300 s" in f["hint"], f["hint"]
+    (f,) = at(250.0)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("stall", "warning", [0])
+    (f,) = at(401.0)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("hang", "critical", [0])
+    assert f["first_seen"] == 400.0
+
+
+def test_others_waiting_for_rank_0_blocked_is_a_hang_at_hang_after():
+    """The same wait where rank 0 uses no CPU (blocked: a lock, a dead filesystem): a hang at
+    --hang-after, as before."""
+    log = running(3)
+    history(log, 3)
+    for t in (100.0, 120.0, 140.0, 161.0):
+        _rank_0_alone_at_work(log, t, 0.01)
+    (f,) = diagnose(log.state(), 161.0, S)
+    assert (f["kind"], f["severity"], f["ranks"]) == ("hang", "critical", [0])
+    assert f["first_seen"] == 160.0
+
+
 # torch/csrc/distributed/c10d/reducer.cpp's check at DDP's construction, as each rank of a real
 # 3-rank job raised it when rank 2 built one more layer (bench/corpus/ddp_model_mismatch.py).
 def _ddp_counts(rank, params, peer, peer_params):

@@ -46,7 +46,7 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
             if p2p is not None:
                 out.append(p2p)
             continue
-        seq, waiting, rows = found
+        seq, waiting, rows, after = found
         op = view.op(rows[min(waiting)])
         since = min(rows[r][view.since] for r in waiting)
         behind = ranks_behind(state, group, seq, waiting, view, rows)
@@ -94,7 +94,7 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
                                  (view.seq, "completed", "inflight_op")} for b in behind},
              "chain": chain, "stacks": stacks, **stop_evidence(frame),
              **({"cycle": True} if cycle else {})},
-            since + s.hang_after, key=f"{seq}" if view is PYTHON else f"fr{seq}"))
+            since + after, key=f"{seq}" if view is PYTHON else f"fr{seq}"))
     return one_cycle(state, out)
 
 

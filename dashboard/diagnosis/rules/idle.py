@@ -172,6 +172,23 @@ def exit_held(state: JobState, now: float, s: Settings) -> list[Finding]:
                     first_seen, key="exit_held")]
 
 
+def works(state: JobState, rank: int) -> tuple[float, float] | None:
+    """A rank's (share of a core, I/O bytes a second) since its collectives last moved, where
+    that is work (rank 0's evaluation while the others wait for it at a barrier; a loop that
+    never ends looks the same); None where it is not, or its agent does not say."""
+    use = _use(state.cpu_since_move.get(rank))
+    return use if _working(use) else None
+
+
+def work_text(uses: list[tuple[float, float] | None]) -> str:
+    """What the busiest of these uses (of :func:`works`) was: a share of a core, or else
+    bytes of I/O a second."""
+    cores = max(u[0] for u in uses if u is not None)
+    if cores >= BUSY_CORES:
+        return f"{cores:.0%} of a core"
+    return f"{max(u[1] for u in uses if u is not None) / 1e6:.1f} MB/s of I/O"
+
+
 def _use(kept: list[float] | None) -> tuple[float, float] | None:
     """(share of a core, bytes read and written a second) of a process between two
     readings, ``[t, CPU s, I/O bytes]`` then the same again (``JobState.cpu_since_move``:

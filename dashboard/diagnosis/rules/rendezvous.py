@@ -8,6 +8,8 @@ from typing import Any, NamedTuple
 
 from dashboard.diagnosis.errors import classify_error
 from dashboard.diagnosis.core import Finding, Settings, Severity, finding
+from dashboard.diagnosis.rules.idle import work_text, works
+from dashboard.diagnosis.rules.waits import WORKING_HANG_FACTOR
 from dashboard.diagnosis.text import (agree, backend_of, have, process_label, ranks_label,
                                       stack_commands, them)
 from dashboard.state import TERMINAL_RANK, JobState, RankState
@@ -83,10 +85,19 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
     # Waited for as long as a collective is before it is a hang: a rank that never comes.
     # Until then a warning: a rank only slow to start (its imports on a cold file system,
     # its container still pulling) arrives late and the finding ends. Two live processes
-    # claiming one rank never finish, however long they wait: critical at once.
-    never = bool(twice) or now - last_arrival >= s.hang_after
+    # claiming one rank never finish, however long they wait: critical at once. Missing
+    # ranks whose processes are here and work before init_process_group (rank 0 preparing
+    # the data first) are given what a collective gives a rank at work (rules.waits).
+    here = _here_before_init(state, missing, claims)
+    working = {rank: works(state, rank) for rank in here}
+    after = s.hang_after * (WORKING_HANG_FACTOR if here and len(here) == len(missing)
+                            and all(working.values()) else 1.0)
+    never = bool(twice) or now - last_arrival >= after
     evidence = {"world_size": world, "arrived": sorted(arrived), "missing": missing,
                 "waiting_since": min(e["arrived_at"] for e in waiting), "master": target}
+    if here:
+        evidence["here"] = {str(rank): None if use is None else round(use[0], 3)
+                            for rank, use in working.items()}
     if twice:
         evidence["claimed_twice"] = {str(rank): [{"pid": r.pid, "host": r.host,
                                                   "started_as": r.rank} for r in rs]
@@ -104,20 +115,42 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
             "that copies one process's environment for the next, or a script that sets RANK "
             "from LOCAL_RANK on a multi-node job, starts two processes with one rank.",
             evidence, last_arrival)]
+    hint = (f"Check that {ranks_label(missing)} {agree(missing, 'was', 'were')} launched at "
+            "all (the launcher's log, "
+            f"`squeue`/`kubectl get pods`), that {agree(missing, 'it uses', 'they use')} "
+            f"WORLD_SIZE={world} and {agree(missing, 'reaches', 'reach')} {target} "
+            f"(`nc -zv {addr or '<MASTER_ADDR>'} {port or '<MASTER_PORT>'}` from "
+            f"{agree(missing, 'its host', 'their hosts')}).")
+    if here:
+        hint = (f"{ranks_label(sorted(here)).capitalize()} {agree(here, 'runs', 'run')} "
+                f"(its agent reports) but {agree(here, 'has', 'have')} not called init_process_group "
+                "yet: "
+                + ("working (" + ", ".join(f"rank {rank}: {work_text([use])}"
+                                          for rank, use in working.items() if use)
+                   + "), as a script that prepares its data on one rank before "
+                   "init_process_group does. " if any(working.values()) else
+                   "using no CPU and moving no data, blocked before it. ")
+                + f"{stack_commands(state, sorted(here)).capitalize()} "
+                f"{agree(here, 'shows', 'show')} where. "
+                + ("" if len(here) == len(missing) else hint))
     return [finding(
         "init_incomplete", Severity.CRITICAL if never else Severity.WARNING, missing, None,
         f"{ranks_label(missing).capitalize()} "
         f"{'never arrived' if never else agree(missing, 'has', 'have') + ' not arrived'} "
         f"at rendezvous: {len(arrived)} of {world} ranks did, and init_process_group waits "
         f"for {them(missing)}"
-        + ("." if never else f" (critical once it has waited {s.hang_after:g} s)."),
-        f"Check that {ranks_label(missing)} {agree(missing, 'was', 'were')} launched at all "
-        "(the launcher's log, "
-        f"`squeue`/`kubectl get pods`), that {agree(missing, 'it uses', 'they use')} "
-        f"WORLD_SIZE={world} and {agree(missing, 'reaches', 'reach')} {target} "
-        f"(`nc -zv {addr or '<MASTER_ADDR>'} {port or '<MASTER_PORT>'}` from "
-        f"{agree(missing, 'its host', 'their hosts')}).",
-        evidence, last_arrival + s.init_grace)]
+        + ("." if never else f" (critical once it has waited {after:g} s)."),
+        hint, evidence, last_arrival + s.init_grace)]
+
+
+def _here_before_init(state: JobState, missing: list[int],
+                      claims: dict[str, int | None]) -> dict[int, RankState]:
+    """The missing ranks whose processes run and report (an agent attached before
+    init_process_group, as the launcher wrapper does) without having called it."""
+    index = state.rank_index()
+    return {rank: index[rank] for rank in missing
+            if rank in index and index[rank].status not in TERMINAL_RANK
+            and index[rank].session not in claims}
 
 
 def _gave_up_finding(state: JobState, stopped: GaveUp, world: int) -> Finding:

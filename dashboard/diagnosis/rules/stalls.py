@@ -17,7 +17,8 @@ from dashboard.diagnosis.rules.p2p import in_p2p, p2p_finding
 from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, View, blamed, chain_text,
                                              cycle_text, follow_waits, is_running, one_cycle,
                                              ranks_behind, rows_at, stop_evidence, stopped_text,
-                                             stuck_collective)
+                                             stuck_collective, WORKING_HANG_FACTOR)
+from dashboard.diagnosis.rules.idle import work_text, works
 from dashboard.diagnosis.text import agree, group_label, have, ranks_label, stack_commands, them
 from dashboard.state import JobState
 
@@ -81,8 +82,10 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
             continue  # the hang rule speaks for this group now
         rows = rows_at(state, group, frame)
         for view in (PYTHON, FLIGHT):
+            # (past --hang-after only where the ranks waited for work: stuck_collective)
+            longest = WORKING_HANG_FACTOR * s.hang_after
             busy = {rank: row for rank, row in rows.items()
-                    if view.busy(row) and now - row[view.since] < s.hang_after
+                    if view.busy(row) and now - row[view.since] < longest
                     and is_running(state, rank, frame)}
             if not busy:
                 continue
@@ -107,6 +110,11 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
             roots = blamed(roots, behind, waiting)
             if roots is None:
                 continue
+            use = [works(state, rank) for rank in behind]
+            hang_after = s.hang_after * (WORKING_HANG_FACTOR if all(use) else 1.0)
+            working = (f" {ranks_label(behind).capitalize()} {have(behind)} used "
+                       f"{work_text(use)} since {agree(behind, 'its', 'their')} "
+                       "collectives last moved: working, not blocked." if all(use) else "")
             out.append(finding(
                 "stall", Severity.WARNING, roots, group,
                 f"{ranks_label(roots).capitalize()} {have(roots)} not reached {op} #{seq} on "
@@ -116,15 +124,20 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
                 f"(stall after {threshold:.0f} s)." + stopped_text(state, frame),
                 f"{ranks_label(roots).capitalize()} {have(roots)} not reached that "
                 f"collective yet. See what {agree(roots, 'it does', 'they do')}: "
-                f"{stack_commands(state, roots)}. A checkpoint or an "
+                f"{stack_commands(state, roots)}.{working} A checkpoint or an "
                 "evaluation that runs on one rank only looks like this too; if it is not one, "
-                f"this becomes a hang after {s.hang_after:g} s (--hang-after)."
+                f"this becomes a hang after {hang_after:g} s"
+                + (f" ({WORKING_HANG_FACTOR:g} x --hang-after while "
+                   f"{agree(behind, 'it works', 'they work')}: a loop that never ends looks "
+                   "like work too)" if all(use) else " (--hang-after)") + "."
                 + cycle_text(chain, roots),
                 {"seq": seq, "op": op, "source": view.source, "waiting": sorted(waiting),
                  "since": since, "threshold_s": round(threshold, 3), **basis,
                  "behind": {str(b): {k: (rows.get(b) or {}).get(k) for k in
                                      (view.seq, "completed", "inflight_op")} for b in behind},
                  "chain": chain, **stop_evidence(frame),
+                 **({"working": {str(b): round(u[0], 3) for b, u in zip(behind, use)}}
+                    if all(use) else {}),
                  **({"cycle": True} if cycle else {})},
                 since + threshold, key=f"{seq}" if view is PYTHON else f"fr{seq}"))
             break

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from dashboard.statuses import RankStatus
 from dashboard.diagnosis.core import Finding, Settings
+from dashboard.diagnosis.rules.idle import works
 from dashboard.diagnosis.text import agree, group_label, ranks_label
 from dashboard.state import JobState
 from dashboard.state.fold import pair_differences
@@ -131,16 +132,26 @@ def p2p_label(row: dict[str, Any]) -> str:
 
 
 class Stuck(NamedTuple):
-    """A collective some ranks have been inside past ``hang_after``."""
+    """A collective some ranks have been inside past ``hang_after`` (``after``)."""
 
     seq: int  # its sequence number in the group
     waiting: set[int]  # the ranks inside it
     rows: dict[int, dict[str, Any]]  # the group's progress rows, by rank
+    after: float  # the seconds it took to be a hang: hang_after, or WORKING_HANG_FACTOR x it
+
+
+# A collective whose every awaited rank works outside it (a quarter of a core or 1 MB/s of
+# I/O since its collectives last moved: rules.idle.works) is a hang only after this many
+# times --hang-after (a stall, warning, meanwhile): rank 0 evaluating or saving alone for
+# minutes while the others wait at a barrier is what the code asks for (gloo's timeout is
+# 30 minutes, NCCL's 10); a loop that never ends looks the same, and its stall names it.
+WORKING_HANG_FACTOR = 5.0
 
 
 def stuck_collective(state: JobState, group: str, frame: Frame, s: Settings,
                      view: View) -> Stuck | None:
-    """The collective of ``group`` stuck past hang_after, or None."""
+    """The collective of ``group`` stuck past hang_after (WORKING_HANG_FACTOR x that where
+    every rank it waits for works), or None."""
     rows = rows_at(state, group, frame)
     stuck = {rank: row for rank, row in rows.items()
              if view.busy(row) and frame.now - row[view.since] >= s.hang_after
@@ -148,7 +159,14 @@ def stuck_collective(state: JobState, group: str, frame: Frame, s: Settings,
     if not stuck:
         return None
     seq = max(row.get(view.seq, 0) for row in stuck.values())
-    return Stuck(seq, {rank for rank, row in stuck.items() if row.get(view.seq, 0) == seq}, rows)
+    waiting = {rank for rank, row in stuck.items() if row.get(view.seq, 0) == seq}
+    after = s.hang_after
+    behind = ranks_behind(state, group, seq, waiting, view, rows)
+    if behind and all(works(state, rank) for rank in behind):
+        after = WORKING_HANG_FACTOR * s.hang_after
+        if frame.now - min(rows[r][view.since] for r in waiting) < after:
+            return None  # (the stall's, meanwhile: rules.stalls)
+    return Stuck(seq, waiting, rows, after)
 
 
 def follow_waits(state: JobState, group: str, behind: list[int], frame: Frame,
