@@ -878,6 +878,7 @@ def test_others_waiting_for_rank_0_at_work_is_a_stall_until_five_times_hang_afte
     assert (f["kind"], f["severity"], f["ranks"]) == ("stall", "warning", [0])
     (f,) = at(401.0)
     assert (f["kind"], f["severity"], f["ranks"]) == ("hang", "critical", [0])
+    assert "Rank 0 has worked all along (the hang waited 300 s" in f["hint"], f["hint"]
     assert f["first_seen"] == 400.0
 
 

@@ -22,7 +22,7 @@ from dashboard.diagnosis.rules.stalls import find_stalls
 from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, Stop, View, blamed,
                                              chain_text, cycle_text, follow_waits, one_cycle,
                                              ranks_behind, stop_evidence, stopped_text,
-                                             stuck_collective)
+                                             stuck_collective, WORKING_HANG_FACTOR)
 from dashboard.diagnosis.text import (agree, backend_of, group_label, have, ranks_label,
                                       stack_commands, them, what_ends_the_wait)
 from dashboard.state import JobState, RankState
@@ -82,9 +82,13 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
                        f"{group_label(state, group)}: {ranks_label(waiting)} "
                        f"{have(waiting)} waited {now - since:.0f} s for "
                        f"{them(roots)}{chain_text(state, chain)}.")
+            worked = (f" {ranks_label(behind).capitalize()} {have(behind)} worked all along "
+                      f"(the hang waited {after:g} s, {WORKING_HANG_FACTOR:g} x --hang-after, "
+                      "for it): a loop that never ends, or work far longer than its "
+                      "evaluations and checkpoints take." if after > s.hang_after else "")
             hint = (f"{ranks_label(roots).capitalize()} never reached that collective: look "
                     "for data loading, a rank-dependent branch that skips a collective, or "
-                    f"compute that never ends.{cycle_text(chain, roots)} "
+                    f"compute that never ends.{worked}{cycle_text(chain, roots)} "
                     f"{_stacks_text(state, roots, stacks)} {what_ends_the_wait(state, group)}")
         out.append(finding(
             "hang", Severity.CRITICAL, roots, group, summary + stopped_text(state, frame), hint,

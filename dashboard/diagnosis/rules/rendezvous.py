@@ -123,8 +123,8 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
             f"{agree(missing, 'its host', 'their hosts')}).")
     if here:
         hint = (f"{ranks_label(sorted(here)).capitalize()} {agree(here, 'runs', 'run')} "
-                f"(its agent reports) but {agree(here, 'has', 'have')} not called init_process_group "
-                "yet: "
+                f"(its agent reports) but {agree(here, 'has', 'have')} not called "
+                "init_process_group yet: "
                 + ("working (" + ", ".join(f"rank {rank}: {work_text([use])}"
                                           for rank, use in working.items() if use)
                    + "), as a script that prepares its data on one rank before "
