@@ -377,10 +377,8 @@ def how_ended(pid: int) -> tuple[bool, dict[str, Any] | None]:
         return False, None
     except OSError:
         return True, None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[-1].split()
-    except OSError:
+    fields = proc_stat(pid)
+    if fields is None:
         return True, None
     if not fields or fields[0] != b"Z":
         return True, None
@@ -396,6 +394,16 @@ def how_ended(pid: int) -> tuple[bool, dict[str, Any] | None]:
     except ValueError:
         name = f"SIG{number}"
     return False, {"signal": name}
+
+
+def proc_stat(pid: int | str, proc: str = "/proc") -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` from the state (the 3rd) on, past the command name
+    (which may hold spaces and parentheses); None where it cannot be read."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()
+    except OSError:
+        return None
 
 
 # exit_code, the 52nd field of /proc/<pid>/stat, counted from the state (the 3rd)

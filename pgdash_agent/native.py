@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
+from pgdash_agent.board import proc_stat
 from pgdash_agent.wire import MAX_TEXT
 
 NATIVE_TIMEOUT_S = 5.0  # py-spy's whole run; the agent's thread waits for it (reports wait)
@@ -133,12 +134,8 @@ def _late(timeout: float) -> str:
 
 def _stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (SIGSTOP, a debugger): its state in /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2:][:1] in (b"T", b"t")
-    except (OSError, ValueError):
-        return False
+    fields = proc_stat(pid)
+    return bool(fields) and fields[0] in (b"T", b"t")
 
 
 def _wake_if_left_stopped(pid: int, was_stopped: bool) -> None:

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from pgdash_agent.board import proc_stat
 from pgdash_agent.collectives import CollectiveTracker
 from pgdash_agent.config import AgentConfig
 from pgdash_agent.flight import FlightRecorderProbe
@@ -207,18 +208,17 @@ def cpu_seconds(proc: str = "/proc") -> float:
         except OSError:
             continue
     for pid in children[:MAX_CHILDREN]:
+        fields = proc_stat(pid, proc)
         try:
-            with open(f"{proc}/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[-1].split()
             total += (int(fields[STAT_UTIME]) + int(fields[STAT_UTIME + 1])) / _TICKS
-        except (OSError, IndexError, ValueError):
-            continue
+        except (TypeError, IndexError, ValueError):
+            continue  # (ended since, or not readable)
     return total
 
 
 MAX_CHILDREN = 64
-STAT_UTIME = 14 - 3  # utime, the 14th field of /proc/<pid>/stat (stime follows), counted
-# from the state (the 3rd)
+# utime, the 14th field of /proc/<pid>/stat (stime follows), counted from the state (the 3rd)
+STAT_UTIME = 14 - 3
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 

@@ -21,8 +21,8 @@ from dashboard.diagnosis.rules.p2p import p2p_finding
 from dashboard.diagnosis.rules.stalls import find_stalls
 from dashboard.diagnosis.rules.waits import (FLIGHT, PYTHON, Frame, Stop, View, blamed,
                                              chain_text, cycle_text, follow_waits, one_cycle,
-                                             ranks_behind, stop_evidence, stopped_text,
-                                             stuck_collective, WORKING_HANG_FACTOR)
+                                             stop_evidence, stopped_text, stuck_collective,
+                                             WORKING_HANG_FACTOR)
 from dashboard.diagnosis.text import (agree, backend_of, group_label, have, ranks_label,
                                       stack_commands, them, what_ends_the_wait)
 from dashboard.state import JobState, RankState
@@ -46,10 +46,9 @@ def _hangs(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
             if p2p is not None:
                 out.append(p2p)
             continue
-        seq, waiting, rows, after = found
+        seq, waiting, rows, after, behind = found
         op = view.op(rows[min(waiting)])
         since = min(rows[r][view.since] for r in waiting)
-        behind = ranks_behind(state, group, seq, waiting, view, rows)
         chain, roots = follow_waits(state, group, behind, frame, view)
         all_inside = not behind  # every member is inside the collective: nobody to wait for
         cycle = bool(behind) and not roots

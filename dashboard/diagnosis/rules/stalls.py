@@ -77,13 +77,13 @@ def find_stalls(state: JobState, frame: Frame, s: Settings) -> list[Finding]:
     """
     out = []
     now = frame.now
+    # (past --hang-after only where the ranks wait for work: stuck_collective)
+    longest = WORKING_HANG_FACTOR * s.hang_after
     for group in sorted(state.groups, key=str):
         if any(stuck_collective(state, group, frame, s, v) is not None for v in (PYTHON, FLIGHT)):
             continue  # the hang rule speaks for this group now
         rows = rows_at(state, group, frame)
         for view in (PYTHON, FLIGHT):
-            # (past --hang-after only where the ranks waited for work: stuck_collective)
-            longest = WORKING_HANG_FACTOR * s.hang_after
             busy = {rank: row for rank, row in rows.items()
                     if view.busy(row) and now - row[view.since] < longest
                     and is_running(state, rank, frame)}

@@ -138,6 +138,7 @@ class Stuck(NamedTuple):
     waiting: set[int]  # the ranks inside it
     rows: dict[int, dict[str, Any]]  # the group's progress rows, by rank
     after: float  # the seconds it took to be a hang: hang_after, or WORKING_HANG_FACTOR x it
+    behind: list[int]  # the members not inside it (ranks_behind)
 
 
 # A collective whose every awaited rank works outside it (a quarter of a core or 1 MB/s of
@@ -166,7 +167,7 @@ def stuck_collective(state: JobState, group: str, frame: Frame, s: Settings,
         after = WORKING_HANG_FACTOR * s.hang_after
         if frame.now - min(rows[r][view.since] for r in waiting) < after:
             return None  # (the stall's, meanwhile: rules.stalls)
-    return Stuck(seq, waiting, rows, after)
+    return Stuck(seq, waiting, rows, after, behind)
 
 
 def follow_waits(state: JobState, group: str, behind: list[int], frame: Frame,
