@@ -88,7 +88,7 @@ import websockets
 from bench.common import (OPS_PER_SECOND, ROOT, agent_schedule, fmt, members, mesh_groups, pct,
                           second_events, snapshot_answer, start_events, start_servers,
                           stop_servers, summary_event)
-from pgdash_agent import wire
+from pgdash_agent import relay, wire
 from pgdash_agent.config import AgentConfig
 from pgdash_agent.outbox import Outbox
 from pgdash_agent.sender import SLOW_ACK_LIMIT
@@ -113,7 +113,8 @@ class Agent:
 
     def __init__(self, bench: "Bench", rank: int):
         self.bench, self.rank = bench, rank
-        self.server = rank % len(bench.ws_urls)  # round robin, as a TCP balancer places them
+        # round robin, as a TCP balancer places them (through relays: their hosts)
+        self.server = (rank // bench.per_host if bench.relays else rank) % len(bench.ws_urls)
         self.ws_url = bench.ws_urls[self.server]
         self.session = uuid.uuid4().hex
         self.outbox = Outbox(bench.agent.max_buffered_events)
@@ -362,11 +363,155 @@ class CompactAgent(Agent):
                 self._acked(ack["id"], ack)
 
 
+class HostRelay:
+    """A host's relay as pgdash_agent.relay runs it: one websocket to ``RELAY_PATH`` carrying
+    the frames of the host's agents (each agent connection a channel), a frame held up to
+    ``relay.HOLD_S`` for the others (an agent's hello and a closed connection go at once); it
+    answers its agents' pings itself. Bytes on the wire are counted here: what the server
+    gets and sends."""
+
+    def __init__(self, bench: "Bench", host: int):
+        self.bench, self.host = bench, host
+        self.ws_url = bench.ws_urls[host % len(bench.ws_urls)]
+        self.ws = None
+        self.lock = asyncio.Lock()
+        self.channels: dict[int, asyncio.Queue] = {}
+        self.next = 0
+        self.pending: list = []
+        self.gone: list = []
+        self.any, self.now = asyncio.Event(), asyncio.Event()
+        self.tasks: list[asyncio.Task] = []
+
+    async def up(self) -> None:
+        """Connected to the server (again, after losing it)."""
+        async with self.lock:
+            if self.ws is not None:
+                return
+            ws = await websockets.connect(f"{self.ws_url}{wire.RELAY_PATH}", max_size=None,
+                                          open_timeout=60, ping_interval=None,
+                                          ssl=self.bench.ssl)
+            auth = {"v": 2, "session": f"relay-{self.host}", "job": self.bench.job,
+                    "host": f"node{self.host:04d}", "pid": 1, "reader": 1 + self.host}
+            await ws.send(wire.encode_v2({"auth": auth}))
+            reply = wire.decode_v2(await asyncio.wait_for(ws.recv(), 60))
+            if not reply.get("ok"):
+                raise OSError(f"relay refused: {reply}")
+            self.ws = ws
+            self.tasks = [asyncio.create_task(self._flush_loop(ws)),
+                          asyncio.create_task(self._down(ws))]
+
+    def open(self) -> tuple[int, asyncio.Queue]:
+        self.next += 1
+        inbox: asyncio.Queue = asyncio.Queue()
+        self.channels[self.next] = inbox
+        return self.next, inbox
+
+    def carry(self, number: int, frame: bytes, now: bool = False) -> None:
+        self.pending.append((number, frame))
+        if now:
+            self.now.set()
+        self.any.set()
+
+    def close(self, number: int) -> None:
+        if self.channels.pop(number, None) is not None:
+            self.gone.append((number, True))
+            self.now.set()
+            self.any.set()
+
+    async def _flush_loop(self, ws) -> None:
+        while True:
+            await self.any.wait()
+            try:
+                await asyncio.wait_for(self.now.wait(), relay.HOLD_S)
+            except asyncio.TimeoutError:
+                pass
+            self.any.clear()
+            self.now.clear()
+            frames, self.pending = self.pending, []
+            gone, self.gone = self.gone, []
+            if frames or gone:
+                data = wire.encode_relay(frames, gone)
+                self.bench.count(len(data), 0)
+                try:
+                    await ws.send(data)
+                except websockets.ConnectionClosed:
+                    return
+
+    async def _down(self, ws) -> None:
+        try:
+            async for frame in ws:
+                self.bench.count(0, len(frame))
+                carried = wire.decode_relay(frame)
+                for number, data in carried.relay:
+                    inbox = self.channels.get(number)
+                    if inbox is not None:
+                        inbox.put_nowait(data)
+                for number, _reason in carried.closed:
+                    inbox = self.channels.pop(number, None)
+                    if inbox is not None:
+                        inbox.put_nowait(None)
+        except websockets.ConnectionClosed:
+            pass
+        finally:  # lost: its agents' connections end with it
+            self.ws = None
+            self.tasks[0].cancel()
+            channels, self.channels = self.channels, {}
+            for inbox in channels.values():
+                inbox.put_nowait(None)
+
+
+class _Link:
+    """What RelayedAgent has for a websocket: the relay answers pings; closing says goodbye."""
+
+    def __init__(self, relay: HostRelay, number: int):
+        self.relay, self.number = relay, number
+
+    async def ping(self):
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def close(self) -> None:
+        self.relay.close(self.number)
+
+
+class RelayedAgent(CompactAgent):
+    """Protocol v2 through its host's relay (``--wire relay``): ``--per-host`` ranks a host."""
+
+    async def _connect(self) -> None:
+        host = self.bench.relays[self.rank // self.bench.per_host]
+        await host.up()
+        number, self.inbox = host.open()
+        self.ws = _Link(host, number)
+        host.carry(number, wire.encode_v2({"auth": {**self.auth(), "v": 2}}), now=True)
+        reply = await asyncio.wait_for(self.inbox.get(), 60)
+        if reply is None or not wire.decode_v2(reply).get("ok"):
+            raise OSError(f"connect refused: {reply}")
+
+    async def _send(self, events) -> None:
+        self.next_id += 1
+        self.sent[self.next_id] = (time.monotonic(), events)
+        self.ws.relay.carry(self.ws.number, wire.encode_v2({"id": self.next_id,
+                                                            "events": events}))
+
+    async def _read(self) -> None:
+        while (frame := await self.inbox.get()) is not None:
+            ack = wire.decode_v2(frame)
+            if wire.ASK_EVENT in ack:
+                self.answer(ack)
+            elif isinstance(ack.get("id"), int):
+                self._acked(ack["id"], ack)
+        raise websockets.ConnectionClosedError(None, None)
+
+
 async def launch(bench: "Bench", wire_name: str,
                  stop: asyncio.Event) -> tuple[list["Agent"], list[asyncio.Task]]:
     """Start the bench's simulated agents as a launch does: the ranks arrive over a few
     seconds (64 every 0.2 s). They run until ``stop`` is set. Returns (agents, tasks)."""
-    cls = CompactAgent if wire_name == "v2" else SocketIOAgent
+    cls = {"v2": CompactAgent, "v1": SocketIOAgent, "relay": RelayedAgent}[wire_name]
+    if wire_name == "relay":
+        bench.relays = [HostRelay(bench, host)
+                        for host in range(-(-bench.world // bench.per_host))]
     agents, tasks = [], []
     for rank in range(bench.world):
         agents.append(cls(bench, rank))
@@ -378,7 +523,7 @@ async def launch(bench: "Bench", wire_name: str,
 
 class Bench:
     def __init__(self, urls: list[str], world: int, ops: int, job: str,
-                 ssl_context: ssl.SSLContext | None = None):
+                 ssl_context: ssl.SSLContext | None = None, per_host: int = 8):
         self.urls = urls
         self.ws_urls = ["ws" + u[len("http"):] for u in urls]  # https -> wss
         self.ssl = ssl_context  # --tls: the agents trust the servers' certificate
@@ -396,6 +541,8 @@ class Bench:
         # payloads: no TCP, TLS or websocket framing).
         self.bytes_up = self.bytes_down = 0
         self.hung = False  # the job hangs: agents send what a hung rank sends (bench.snapshots)
+        self.per_host = per_host  # --wire relay: ranks a host, one relay each
+        self.relays: list[HostRelay] = []
 
     def count(self, up: int, down: int) -> None:
         if self.measuring:
@@ -528,7 +675,7 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
     pids = [srv.proc.pid for srv in servers]
     try:
         bench = Bench(urls, world, args.ops, f"capacity-{world}-k{k}-{uuid.uuid4().hex[:6]}",
-                      CONTEXT)
+                      CONTEXT, args.per_host)
         stop = asyncio.Event()
         t_connect = time.monotonic()
         agents, tasks = await launch(bench, wire_name, stop)
@@ -776,7 +923,10 @@ def main() -> None:
     p.add_argument("--ranks", default="64,256,1024",
                    help="comma-separated numbers of simulated ranks; the first is the reference")
     p.add_argument("--wire", default="v2",
-                   help="v1, v2 or both (v1,v2): the protocol(s) the simulated agents speak")
+                   help="v1, v2, relay (v2 through a relay per host: pgdash_agent.relay), or "
+                        "several (v2,relay): how the simulated agents reach the server")
+    p.add_argument("--per-host", type=int, default=8,
+                   help="with --wire relay: ranks per host, one relay each (8: a GPU node)")
     p.add_argument("--tls", action="store_true",
                    help="serve https and wss (a self-signed certificate made here), as "
                         "`pgdash serve --tls-cert` does")
@@ -806,8 +956,10 @@ def main() -> None:
                         "with the same simulated agents (this checkout's agent's behaviour)")
     args = p.parse_args()
     wires = args.wire.split(",")
-    if not wires or any(w not in ("v1", "v2") for w in wires):
-        p.error(f"--wire takes v1, v2 or v1,v2, not {args.wire!r}")
+    if not wires or any(w not in ("v1", "v2", "relay") for w in wires):
+        p.error(f"--wire takes v1, v2, relay or several of them, not {args.wire!r}")
+    if args.per_host < 1:
+        p.error("--per-host must be at least 1")
     worlds = parse_list(args.ranks, "--ranks")
     processes = parse_list(args.processes, "--processes") if args.processes else [1]
     check_engines(args, processes)

@@ -32,6 +32,19 @@ def _websocket_url(server: str, path: str = AGENT_V2_PATH) -> str:
     raise ValueError(f"PGDASH_SERVER must start with http:// or https://, got {server!r}")
 
 
+def _unix(where: str, timeout: float) -> Any:
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(where)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class CompactClient:
     """One v2 connection, owned by the sender thread; a reader thread delivers acks."""
 
@@ -61,13 +74,21 @@ class CompactClient:
         return handler
 
     def connect(self, server: str, *, auth: dict[str, Any], wait_timeout: float = 5.0,
-                **_ignored: Any) -> None:
+                via: str | None = None, **_ignored: Any) -> None:
+        """Connect to ``server``, or through its host's relay listening at ``via`` (a Unix
+        socket: pgdash_agent.relay), which carries this connection to it."""
         import websocket  # websocket-client, a dependency of python-socketio's client
 
         try:
-            ws = websocket.create_connection(_websocket_url(server, self._path),
-                                             timeout=wait_timeout,
-                                             sslopt=self._sslopt, enable_multithread=True)
+            if via is None:
+                ws = websocket.create_connection(_websocket_url(server, self._path),
+                                                 timeout=wait_timeout,
+                                                 sslopt=self._sslopt, enable_multithread=True)
+            else:
+                ws = websocket.create_connection(f"ws://localhost{self._path}",
+                                                 timeout=wait_timeout,
+                                                 socket=_unix(via, wait_timeout),
+                                                 enable_multithread=True)
         except websocket.WebSocketBadStatusException as exc:
             if exc.status_code == 404:
                 raise NotServed(f"{server} does not serve {self._path}") from None

@@ -53,6 +53,10 @@ class AgentConfig:
     # started by the host's first rank where py-spy is installed, that reads this host's ranks
     # blocked with the GIL held when no other rank of the host can)
     host_reader: bool = True
+    # PGDASH_RELAY: 0 sends every rank straight to the server. Otherwise the host reader also
+    # relays its host's ranks (pgdash_agent.relay): one connection to the server per host,
+    # their frames held up to 0.2 s to travel together.
+    relay: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":

@@ -133,12 +133,19 @@ class Agent:
         # A rank blocked with the GIL held cannot name a tracer then: it names one now.
         self.peer_readable = bool(self.config.peer_read and self.snapshots.py_spy
                                   and native.allow_peer_reads())
-        self.sender.start()
-        self.loop.start()
         # (PGDASH_PEER_READ=0: this rank does not let other processes read it)
         readers = bool(self.config.server and self.config.wire != "v1"
                        and self.config.host_reader and self.config.peer_read)
         self._readers = readers
+        relay_at = None
+        if readers and self.config.relay and self.environ.get("LOCAL_WORLD_SIZE") != "1":
+            from pgdash_agent.relay import path as relay_path
+
+            key = self._launch_key()  # (its host's ranks share it)
+            relay_at = key and relay_path(key)
+            self.sender.relay_path = relay_at
+        self.sender.start()
+        self.loop.start()
         if readers:  # (every rank of a host has a board where its host runs a reader)
             self._make_board()
         if reader.wanted(self.environ, readers, self._claim_host):
@@ -146,7 +153,7 @@ class Agent:
             key = self._launch_key()
             where = board.directory(key) if key else None
             self.host_reader = reader.start(self.config.server, self._auth(),
-                                            self.config.ca_file, where)
+                                            self.config.ca_file, where, relay_at)
             if self.host_reader is None:  # a rank of the host that attaches later may
                 reader.release(self._host_claim)
                 self._host_claim = None

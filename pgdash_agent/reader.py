@@ -52,6 +52,7 @@ PARENT_POLL_S = 1.0  # how often it checks that the rank that started it still r
 RETRY_S = (1.0, 10.0)  # reconnection back-off, first and most
 # The server's refusal of a reader whose rank it has not placed (yet): asked again later.
 NOT_YET = "has not connected to this server process"
+NOT_YET_S, NOT_YET_TRIES = 0.1, 50  # asked again that soon, that many times, then RETRY_S
 SWEEP = 32  # claims left behind by killed ranks removed at each claim, at most
 # At its end the reader waits up to this long for its launch's ranks to end too, to read how
 # each did (pgdash_agent.board.settle): a scheduler's or launcher's SIGTERM reaches them together.
@@ -80,20 +81,34 @@ def claim(key: str) -> tuple[int, str] | None:
     process holds it, or no claim can be made here (then nobody starts a reader: never two).
     Never raises; never waits."""
     try:
-        base = Path(tempfile.gettempdir()) / f"pgdash-{os.getuid()}"
-        base.mkdir(mode=0o700, exist_ok=True)
-        st = base.lstat()  # (not a link, nor a directory another user made or may write to)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-            log.warning("pgdash: %s is not a directory of this user's alone: no host reader "
-                        "is started from this rank (set TMPDIR elsewhere)", base)
+        base = private_dir()
+        if base is None:
             return None
-        name = base / f"reader-{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock"
+        name = base / f"reader-{launch_hash(key)}.lock"
         _sweep(base, name)
         fd = _lock(name)
         return None if fd is None else (fd, str(name))
     except Exception as exc:
         log.debug("pgdash: no host reader claim (%s)", exc)
         return None
+
+
+def private_dir() -> Path | None:
+    """This user's directory for what the ranks of a host share (claims, the relay's
+    socket), made if needed; None (said once in the log) where it is not this user's alone."""
+    base = Path(tempfile.gettempdir()) / f"pgdash-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    st = base.lstat()  # (not a link, nor a directory another user made or may write to)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        log.warning("pgdash: %s is not a directory of this user's alone: no host reader "
+                    "or relay is started from this rank (set TMPDIR elsewhere)", base)
+        return None
+    return base
+
+
+def launch_hash(key: str) -> str:
+    """A launch's key (pgdash_agent.core's _launch_key) as a short file name part."""
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def _lock(name: Path) -> int | None:
@@ -161,10 +176,11 @@ def release(held: tuple[int, str] | None) -> None:
 
 
 def start(server: str, auth: dict[str, Any], ca_file: str | None = None,
-          boards: Path | None = None) -> subprocess.Popen | None:
+          boards: Path | None = None, relay: str | None = None) -> subprocess.Popen | None:
     """Start the host reader for the rank whose ``auth`` (its v2 hello, with its token) is
     given; ``boards``: its launch's boards directory (pgdash_agent.board), which it sends when
-    it ends. Never raises: None when it could not be started."""
+    it ends; ``relay``: where it relays the host's agents (pgdash_agent.relay.path), if it
+    does. Never raises: None when it could not be started."""
     try:
         env = dict(os.environ)
         # The package as this process imported it, wherever that is.
@@ -176,7 +192,7 @@ def start(server: str, auth: dict[str, Any], ca_file: str | None = None,
         env[ENV] = json.dumps({"server": server, "auth": auth,
                                "ca_file": ca_file and os.path.abspath(ca_file),
                                "parent": os.getpid(),
-                               "boards": boards and str(boards)})
+                               "boards": boards and str(boards), "relay": relay})
         proc = subprocess.Popen([sys.executable, "-m", "pgdash_agent.reader"], env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, close_fds=True)
@@ -190,12 +206,13 @@ def start(server: str, auth: dict[str, Any], ca_file: str | None = None,
 
 
 def stop(proc: subprocess.Popen | None) -> None:
-    """End a reader :func:`start` started (never waits more than a second; never raises)."""
+    """End a reader :func:`start` started (never waits more than two seconds: its last
+    words and its relay's hand-over take under one; never raises)."""
     if proc is None or proc.poll() is not None:
         return
     try:
         proc.terminate()  # a read in progress ends first: its py-spy killed, its rank woken
-        proc.wait(timeout=1.0)
+        proc.wait(timeout=2.0)
     except Exception:
         try:
             proc.kill()
@@ -248,7 +265,7 @@ class Reader:
         if self.watch is not None:
             threading.Thread(target=self.watch.run, args=(lambda: not self.told,),
                              name="pgdash-board-watch", daemon=True).start()
-        wait = RETRY_S[0]
+        wait, not_yet = RETRY_S[0], 0
         while self.alive():
             try:
                 self._connect()
@@ -261,6 +278,13 @@ class Reader:
                 if isinstance(exc, NotServed) or (isinstance(exc, Refused)
                                                   and NOT_YET not in str(exc)):
                     return 0
+                if NOT_YET in str(exc) and not_yet < NOT_YET_TRIES:
+                    # its rank connects in a moment (through the relay started beside this
+                    # reader, whose own connection comes first): asked again soon, since a
+                    # job may be over within a second
+                    not_yet += 1
+                    self._sleep(NOT_YET_S)
+                    continue
                 self._sleep(wait)
                 wait = min(RETRY_S[1], wait * 2)
                 continue
@@ -368,10 +392,22 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     reader = Reader(server, auth, parent, given.get("ca_file"), native.find_py_spy(env),
                     given.get("boards"))
+    carrier = None
+    if isinstance(given.get("relay"), str):
+        try:
+            from pgdash_agent.relay import Relay
+
+            carrier = Relay(server, auth, given["relay"], given.get("ca_file")).start()
+        except Exception as exc:  # the host's ranks then connect to the server themselves
+            log.warning("pgdash reader: no relay (%s)", exc)
     try:
         return reader.run()
     finally:  # (its parent gone, or SIGTERM: the launcher stopping the job, or detach)
+        if carrier is not None:  # its agents' last words still go up meanwhile
+            carrier.leave()
         reader.last_words()
+        if carrier is not None:  # the host's agents that still run are handed back
+            carrier.stop()
 
 
 if __name__ == "__main__":

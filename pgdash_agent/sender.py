@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import queue
 import random
 import threading
@@ -28,6 +29,13 @@ log = logging.getLogger("pgdash.agent")
 # An ack this many PGDASH_ACK_TIMEOUT_S late drops the connection even from a server that
 # answers pings (a batch it may have lost is sent again on a new one).
 SLOW_ACK_LIMIT = 6
+# Its host's relay (pgdash_agent.relay): a rank connected to the server itself (the relay was
+# not there yet: the host's first rank starts it as the ranks attach, and a rank's first
+# reports do not wait for it) looks for it this often, and moves to it once nothing it sent
+# is unacknowledged; after the relay failed it (it could not connect through it, or an ack
+# came late through it), it goes to the server itself for this long.
+RELAY_LOOK_S = 2.0
+RELAY_AVOID_S = 60.0
 GOODBYE_WAIT_S = 1.0  # how long a v1 disconnect waits for its goodbye to be written
 
 
@@ -141,6 +149,12 @@ class Sender(threading.Thread):
         self._quiet_until = 0.0  # monotonic; the server asked us to wait (rate limit)
         self._probed_at: float | None = None  # monotonic: the last liveness probe (_why_drop)
         self.slow_acks = 0  # times an ack was late from a server that still answered
+        # Where its host's relay listens, when it has one (set before start: pgdash_agent.core);
+        # whether this connection goes through it; when to look for it or try it again.
+        self.relay_path: str | None = None
+        self.relayed = False
+        self._relay_look_at = 0.0
+        self._relay_avoid_until = 0.0
 
     # -- public, any thread ------------------------------------------------------------------
 
@@ -183,8 +197,16 @@ class Sender(threading.Thread):
             self._probed_at = None  # acks are on time (again)
         elif (why := self._why_drop(now, oldest)) is not None:
             self._note_error(why)
+            if self.relayed:  # the relay answers pings, not its server: go there directly
+                self._relay_avoid_until = now + RELAY_AVOID_S
             self._drop_connection()
             return
+        if oldest is None and self.relay_path is not None and not self.relayed \
+                and now >= self._relay_look_at:
+            self._relay_look_at = now + RELAY_LOOK_S
+            if self._relay() is not None:  # its host's relay is there now: move to it
+                self._drop_connection()
+                return
         linger = self.config.interval_s
         while len(self._inflight) < self.config.max_inflight_batches and \
                 now >= self._quiet_until and self.outbox.due(linger):
@@ -284,11 +306,20 @@ class Sender(threading.Thread):
             client.on(ASK_EVENT, self._on_ask, namespace=AGENT_NAMESPACE)
         refusals: list[Any] = []  # the server's reason, when it refuses us
         client.on("connect_error", refusals.append, namespace=AGENT_NAMESPACE)
+        via = self._relay()
         try:
             client.connect(self.config.server, namespaces=[AGENT_NAMESPACE],
                            auth=self._auth(), transports=["websocket"],
-                           wait_timeout=self.config.connect_timeout_s)
+                           wait_timeout=self.config.connect_timeout_s,
+                           **({} if via is None else {"via": via}))
         except Exception as exc:
+            if via is not None and not refusals:  # the relay's fault: the server itself
+                self._relay_avoid_until = time.monotonic() + RELAY_AVOID_S
+                try:
+                    client.disconnect()
+                except Exception:
+                    pass
+                return self._connect()
             if self._may_fall_back and isinstance(exc, NotServed):
                 log.info("pgdash: %s is an older server; speaking protocol v1 to it",
                          self.config.server)
@@ -316,6 +347,8 @@ class Sender(threading.Thread):
             return False
         self._client = client
         self._probed_at = None
+        self.relayed = via is not None
+        self._relay_look_at = time.monotonic() + RELAY_LOOK_S
         self.connected = True
         self.refused = False
         self._note_job(getattr(client, "job_id", None))
@@ -323,6 +356,14 @@ class Sender(threading.Thread):
         self._warned = False
         log.info("pgdash: connected to %s", self.config.server)
         return True
+
+    def _relay(self) -> str | None:
+        """Where to connect through its host's relay now, or None: to the server itself (no
+        relay here yet, it failed lately, protocol v1)."""
+        where = self.relay_path
+        if where is None or self.wire == "v1" or time.monotonic() < self._relay_avoid_until:
+            return None
+        return where if os.path.exists(where) else None
 
     def _note_job(self, job_id: Any) -> None:
         if isinstance(job_id, int) and not isinstance(job_id, bool) and job_id > 0:

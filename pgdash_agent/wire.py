@@ -24,6 +24,10 @@ PROTOCOL_V2 = 2  # the compact path: MessagePack frames on a plain websocket (se
 PROTOCOL_VERSIONS = (PROTOCOL_VERSION, PROTOCOL_V2)
 AGENT_V2_PATH = "/agent/v2"
 READER_PATH = "/agent/v2/reader"  # a host reader's connection (pgdash_agent.reader)
+# A host relay's connection (pgdash_agent.relay): the v2 connections of a host's ranks
+# carried on one websocket. Its hello is a host reader's (the auth of the rank that started
+# it, with ``reader``: the relay's pid); then, either way, RelayFrame maps.
+RELAY_PATH = "/agent/v2/relay"
 AGENT_NAMESPACE = "/agent"
 UI_NAMESPACE = "/ui"
 DEFAULT_PORT = 8686  # `pgdash serve`, and where an agent reports when PGDASH_SERVER is unset
@@ -50,6 +54,10 @@ MAX_RANKS = 1_048_576
 MAX_LIST = 10_000
 MAX_ENV = 512
 MAX_COMMAND = 512  # a Hello's command line
+MAX_RELAY_FRAMES = 4096  # agents' frames (or gone channels) in one relay frame
+# A relay's frame holds agents' frames up to this many bytes, or one larger frame alone: so it
+# is at most this much larger than the largest frame an agent may send.
+RELAY_FRAME_BYTES = 1 << 20
 MAX_TIME = 1e11  # event times are Unix seconds: anything past the year 5138 is garbage
 
 # Latency histograms: bucket i holds latencies in [2**(i/8), 2**((i+1)/8)) microseconds,
@@ -596,6 +604,44 @@ class Boards(_Shape):
 
 
 BOARDS_FRAME = "boards"
+
+
+class RelayFrame(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """What a host relay (pgdash_agent.relay) and the server send each other after its hello.
+
+    ``relay``: frames of the agents it carries, each ``[channel, frame]``: the very v2 frame
+    the agent sent (its hello, its batches) or the server's answer to it (acks, questions);
+    a channel is one agent's connection to the relay, numbered by the relay. ``gone`` (relay
+    to server): channels whose agent's connection ended, ``[channel, goodbye]`` (goodbye: the
+    agent closed it itself: its process is alive; not when the relay closed it, leaving).
+    ``closed`` (server to relay): channels the server closed, ``[channel, reason]`` (a
+    refused agent)."""
+
+    relay: _limited(list[tuple[_limited(int, ge=0, le=2**31), bytes]],
+                    max_length=MAX_RELAY_FRAMES) = []
+    gone: _limited(list[tuple[_limited(int, ge=0, le=2**31), bool]],
+                   max_length=MAX_RELAY_FRAMES) = []
+    closed: _limited(list[tuple[_limited(int, ge=0, le=2**31), _Name]],
+                     max_length=MAX_RELAY_FRAMES) = []
+
+
+_relay_decoder = msgspec.msgpack.Decoder(RelayFrame)
+_relay_encoder = msgspec.msgpack.Encoder()
+
+
+def decode_relay(frame: bytes | str) -> RelayFrame:
+    """A relay's frame; raise WireError naming what is wrong with it."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise WireError("protocol v2 frames are binary MessagePack; got a text frame")
+    try:
+        return _relay_decoder.decode(frame)
+    except msgspec.DecodeError as exc:
+        raise WireError(f"not a relay frame: {exc}") from None
+
+
+def encode_relay(relay: list | None = None, gone: list | None = None,
+                 closed: list | None = None) -> bytes:
+    return _relay_encoder.encode(RelayFrame(relay or [], gone or [], closed or []))
 
 #: Event kinds the server itself records (never accepted from an agent), and their bodies.
 SERVER_KINDS: dict[str, type[_Shape]] = {"connect": _Connected, "disconnect": _Disconnected,

@@ -29,8 +29,9 @@ from websockets.protocol import State
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
-from pgdash_agent.wire import (AGENT_V2_PATH, BOARDS_FRAME, READ_FRAME, READER_PATH, WireError,
-                               decode_v2, decode_v2_batch, encode_v2)
+from pgdash_agent.wire import (AGENT_V2_PATH, BOARDS_FRAME, READ_FRAME, READER_PATH,
+                               RELAY_FRAME_BYTES, RELAY_PATH, WireError, decode_relay,
+                               decode_v2, decode_v2_batch, encode_relay, encode_v2)
 from dashboard.ingest.tls import READ_BUFFER, route_tls, small_read_buffers
 
 log = logging.getLogger("pgdash.server")
@@ -41,6 +42,9 @@ PEEK_BYTES = 64
 PEEK_TIMEOUT_S = 10.0  # a client that says nothing this long goes to Werkzeug (it times out)
 _ROUTE = f"GET {AGENT_V2_PATH}".encode()
 MAX_READER_REFUSALS = 16  # frames of a host reader's refused before its connection is closed
+# Agents one host relay carries at once (pgdash_agent.relay: a host's ranks, 8 on a GPU node).
+MAX_RELAY_CHANNELS = 64
+_PATHS = (AGENT_V2_PATH, READER_PATH, RELAY_PATH)
 
 
 class Front:
@@ -186,21 +190,32 @@ class AgentLink(asyncio.BufferedProtocol):
     buffer serves all of them."""
 
     def __init__(self, front: Front):
-        self.front = front
-        self.ingest = front.ingest
+        self._agent(front)
         self.ws = ServerProtocol(max_size=front.max_frame_bytes, logger=_quiet)
         self.transport: asyncio.Transport | None = None
         self.closed = front.loop.create_future()
-        self.rate = front.new_limits() if front.new_limits is not None else None
-        self.session: str | None = None
-        self.job_id: int | None = None
-        self._admitting = False
         self.address: str | None = None  # the client's, for token guessing (dashboard.ingest.guard)
         # A host reader's connection (READER_PATH: pgdash_agent.reader): once admitted, the
         # session of the rank that started it, and its link in the server's questions.
         self.is_reader = False
         self.reader: Any = None
         self.reader_refusals = 0
+        # A host relay's (RELAY_PATH: pgdash_agent.relay): once admitted, the agents it
+        # carries by channel, and what is to be sent to them at the end of this loop turn.
+        self.is_relay = False
+        self.relay_admitted = False
+        self.channels: dict[int, Channel] = {}
+        self._carried: list[tuple[int, bytes]] = []
+        self._closing: list[tuple[int, str]] = []
+
+    def _agent(self, front: Front) -> None:
+        """What this link knows of the agent it serves."""
+        self.front = front
+        self.ingest = front.ingest
+        self.rate = front.new_limits() if front.new_limits is not None else None
+        self.session: str | None = None
+        self.job_id: int | None = None
+        self._admitting = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -219,8 +234,8 @@ class AgentLink(asyncio.BufferedProtocol):
             if isinstance(event, Request):
                 self._handshake(event)
             elif event.opcode is Opcode.BINARY or event.opcode is Opcode.TEXT:
-                self._message(event.data if event.opcode is Opcode.BINARY
-                              else event.data.decode("utf-8", "replace"))
+                self._frame(event.data if event.opcode is Opcode.BINARY
+                            else event.data.decode("utf-8", "replace"))
         self._flush()
 
     def eof_received(self) -> bool | None:
@@ -232,14 +247,28 @@ class AgentLink(asyncio.BufferedProtocol):
         if self.reader is not None:
             self.ingest.asks.unlink_reader(self.reader)
             self.reader = None
+        if self.relay_admitted:
+            self.relay_admitted = False
+            self.ingest.counters["relays_lost"] += 1
+        channels, self.channels = self.channels, {}
+        for channel in channels.values():  # the relay went without saying: as if killed
+            channel._ended(goodbye=False)
+        # a close frame received: the agent closed it itself
+        self._ended(goodbye=self.ws.close_rcvd is not None)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def _ended(self, goodbye: bool) -> None:
+        """The agent's connection ended; ``goodbye``: it closed it itself (alive)."""
         if self.session is not None:
             self.ingest.agent_connections -= 1
             session, self.session = self.session, None
             self.ingest.asks.unlink(session, self._ask)
-            # queued, never waited for; a close frame received: the agent closed it itself
-            self.ingest.disconnect(session, goodbye=self.ws.close_rcvd is not None)
-        if not self.closed.done():
-            self.closed.set_result(None)
+            self.ingest.disconnect(session, goodbye=goodbye)  # queued, never waited for
+
+    def _open(self) -> bool:
+        """Whether what is sent to the agent can still reach it."""
+        return self.transport is not None and not self.transport.is_closing()
 
     # -- websocket ---------------------------------------------------------------------------
 
@@ -254,7 +283,7 @@ class AgentLink(asyncio.BufferedProtocol):
                 return
 
     def _send(self, message: dict[str, Any]) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        if self._open():
             self.ws.send_binary(encode_v2(message))
             self._flush()
 
@@ -268,10 +297,13 @@ class AgentLink(asyncio.BufferedProtocol):
 
     def _handshake(self, request: Request) -> None:
         path = request.path.split("?", 1)[0]
-        if path not in (AGENT_V2_PATH, READER_PATH):
+        if path not in _PATHS:
             self.ws.send_response(self.ws.reject(404, "no such endpoint\n"))
             return
         self.is_reader = path == READER_PATH
+        self.is_relay = path == RELAY_PATH
+        if self.is_relay:  # several agents' frames, or one of the largest alone
+            self.ws.max_size = self.front.max_frame_bytes + 2 * RELAY_FRAME_BYTES
         guard = self.ingest.admission.guard
         if self.transport is not None:
             peer = self.transport.get_extra_info("peername")
@@ -281,11 +313,16 @@ class AgentLink(asyncio.BufferedProtocol):
 
     # -- pgdash ------------------------------------------------------------------------------
 
-    def _message(self, frame: bytes | str) -> None:
+    def _frame(self, frame: bytes | str) -> None:
         self.ingest.counters["received_bytes"] += len(frame)
         if self.is_reader:
             self._reader_message(frame)
-            return
+        elif self.is_relay:
+            self._relay_message(frame)
+        else:
+            self._message(frame)
+
+    def _message(self, frame: bytes | str) -> None:
         # An admitted agent's batch, all valid: its events come checked (wire.decode_v2_batch).
         batch = decode_v2_batch(frame) if self.session is not None else None
         if batch is None:
@@ -381,7 +418,7 @@ class AgentLink(asyncio.BufferedProtocol):
         except Exception as exc:
             self._refuse_for(exc)
             return
-        if self.transport is None or self.transport.is_closing():
+        if not self._open():
             self.ingest.disconnect(session)
             return
         self.session, self.job_id = session, job_id
@@ -435,3 +472,97 @@ class AgentLink(asyncio.BufferedProtocol):
     def _ask(self, message: dict[str, Any]) -> None:
         """The server's question to this agent (dashboard.ingest.asks), from any thread."""
         self._hand_back(self._send, message)
+
+    # -- a host relay (pgdash_agent.relay) ---------------------------------------------------
+
+    def _relay_message(self, frame: bytes | str) -> None:
+        """A host relay's frame: its hello, then its agents' frames (wire.RelayFrame), each
+        served by that agent's Channel as its own connection's would be."""
+        if not self.relay_admitted:
+            message = self._map_of(frame, "rejected_relay_frames")
+            if message is None:
+                return
+            from dashboard.ingest.pipeline import Refused
+
+            try:
+                self.ingest.connect_relay(message.get("auth"), self.address)
+            except Refused as exc:
+                self._send({"ok": False, "error": str(exc), "retry": False})
+                self._close("refused")
+                return
+            self.relay_admitted = True
+            self._send({"ok": True})
+            return
+        try:
+            carried = decode_relay(frame)
+        except WireError as exc:
+            self.ingest.counters["rejected_relay_frames"] += 1
+            self._send({"ok": False, "error": str(exc), "retry": False})
+            return
+        for number, inner in carried.relay:
+            channel = self.channels.get(number)
+            if channel is None:
+                if len(self.channels) >= MAX_RELAY_CHANNELS:
+                    self._closing.append((number, f"this relay carries {MAX_RELAY_CHANNELS} "
+                                                  "agents already: connect to the server"))
+                    self._carry_soon()
+                    continue
+                channel = self.channels[number] = Channel(self, number)
+            channel._message(inner)
+        for number, goodbye in carried.gone:
+            channel = self.channels.pop(number, None)
+            if channel is not None:
+                channel._ended(goodbye)
+
+    def _carry(self, number: int, data: bytes) -> None:
+        """Send ``data`` to the relay's agent on channel ``number``, with whatever else this
+        turn of the loop sends it (the acks of one commit go in one frame)."""
+        self._carried.append((number, data))
+        self._carry_soon()
+
+    def _carry_soon(self) -> None:
+        if len(self._carried) + len(self._closing) == 1:
+            self.front.loop.call_soon(self._carry_now)
+
+    def _carry_now(self) -> None:
+        carried, self._carried = self._carried, []
+        closing, self._closing = self._closing, []
+        if (carried or closing) and self._open():
+            self.ws.send_binary(encode_relay(carried, closed=closing))
+            self._flush()
+
+
+class Channel(AgentLink):
+    """One agent carried by a host relay: served as an agent's own connection is, its frames
+    inside the relay's (``_carry``)."""
+
+    def __init__(self, relay: AgentLink, number: int):
+        self._agent(relay.front)
+        self.relay, self.number = relay, number
+        self.address = relay.address
+        self.transport = relay.transport
+        self.is_reader = self.is_relay = False
+
+    def _open(self) -> bool:
+        return self.relay.channels.get(self.number) is self and self.relay._open()
+
+    def _admitted(self, session: str, job: concurrent.futures.Future) -> None:
+        super()._admitted(session, job)
+        if self.session is not None:
+            self.ingest.counters["relayed_agents"] += 1
+
+    def _ended(self, goodbye: bool) -> None:
+        if self.session is not None:
+            self.ingest.counters["relayed_agents"] -= 1
+        super()._ended(goodbye)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._open():
+            self.relay._carry(self.number, encode_v2(message))
+
+    def _close(self, reason: str) -> None:
+        if self.relay.channels.get(self.number) is self:
+            self.relay._closing.append((self.number, reason[:120]))
+            self.relay._carry_soon()
+            del self.relay.channels[self.number]
+            self._ended(goodbye=False)

@@ -332,6 +332,19 @@ class Ingest:
         self.asks.link_reader(reader)
         return reader
 
+    def connect_relay(self, auth: Any, address: str | None) -> None:
+        """Admit a host relay (pgdash_agent.relay) whose hello carries the auth of the rank
+        that started it (the same token) and ``reader``: the relay's pid. Each agent it
+        carries is admitted as on its own connection (its hello, its token).
+
+        Raises:
+            Refused: bad token, or not a relay's hello.
+        """
+        auth = self._admissible(auth, address)
+        if not auth.get("reader"):
+            raise Refused("pgdash refused the host relay: its auth has no relay pid (reader)")
+        self.counters["relays_admitted"] += 1
+
     def reader_read(self, reader: ReaderLink, body: Any) -> str | None:
         """A host reader's reading: checked, then stored as a ``read`` event of the session
         that started the reader. Returns why it was refused, or None."""

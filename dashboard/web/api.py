@@ -148,7 +148,8 @@ def metrics():
         ingest.store.jobs.newest(limit=10_000), live_jobs(ingest), counters,
         ingest.store.writer.commits, ingest.store.writer.write_errors, ingest.lag.current(),
         ingest.agent_connections, per_rank=parts.metrics_per_rank,
-        host_readers=ingest.asks.readers_connected()))
+        host_readers=ingest.asks.readers_connected(),
+        host_relays=ingest.counters["relays_admitted"] - ingest.counters["relays_lost"]))
     if parts.cluster is not None:
         body += parts.cluster.exposition()
     return body, 200, {"Content-Type": METRICS_CONTENT_TYPE}

@@ -62,6 +62,7 @@ class Snapshot:
     agent_connections: int = 0
     per_rank: bool = False
     host_readers: int = 0
+    host_relays: int = 0
 
 
 def _bucket_upper_s(index: int) -> float:
@@ -139,6 +140,15 @@ class _Collector:
                                     "(pgdash_agent.reader: they read a host's blocked ranks).")
         readers.add_metric([], s.host_readers)
         yield readers
+        relays = GaugeMetricFamily("pgdash_host_relays", "Open host relay connections "
+                                   "(pgdash_agent.relay: each carries its host's agents; they "
+                                   "count among pgdash_agent_connections).")
+        relays.add_metric([], s.host_relays)
+        yield relays
+        relayed = GaugeMetricFamily("pgdash_relayed_agents", "Agent connections carried by "
+                                    "host relays (of pgdash_agent_connections).")
+        relayed.add_metric([], s.counters.get("relayed_agents", 0))
+        yield relayed
         commits = CounterMetricFamily("pgdash_store_commits", "Transactions committed by the "
                                       "writer.")
         commits.add_metric([], s.commits)

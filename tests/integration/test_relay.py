@@ -1,0 +1,135 @@
+"""The host relay (pgdash_agent.relay): a host's agents reach the server on one connection,
+every event arrives once, and when the relay goes its agents reach the server themselves."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from pgdash_agent.compact import CompactClient
+from pgdash_agent.relay import Relay
+from pgdash_agent.wire import PROTOCOL_V2
+from tests.helpers.agents import HELLO, ev
+from tests.helpers.procs import (get_body, job_by_name, launch_job, stored_events, wait_for,
+                                 wait_job)
+
+
+def metric(server, name: str) -> float:
+    for line in get_body(server.url + "/metrics", timeout=10).decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def auth(rank: int, job: str) -> dict:
+    return {"v": PROTOCOL_V2, "session": f"{job}-{rank}", "job": job, "rank": rank,
+            "host": "h", "pid": 100 + rank}
+
+
+class Agent:
+    """A v2 client as the agent's sender drives it, through ``via`` (a relay) or not."""
+
+    def __init__(self, server, rank: int, job: str, via: str | None):
+        self.client = CompactClient()
+        self.lost = threading.Event()
+        self.client.on("disconnect", self.lost.set)
+        self.client.connect(server.url, auth=auth(rank, job), via=via, wait_timeout=20)
+        self.acks: list = []
+        self.acked = threading.Condition()
+
+    def send(self, events: list) -> dict:
+        def got(ack):
+            with self.acked:
+                self.acks.append(ack)
+                self.acked.notify_all()
+
+        before = len(self.acks)
+        self.client.emit("batch", {"events": events}, callback=got)
+        with self.acked:
+            assert self.acked.wait_for(lambda: len(self.acks) > before, 30), "no ack"
+        return self.acks[-1]
+
+
+def start_relay(server, tmp_path, job: str) -> Relay:
+    where = str(tmp_path / "relay.sock")
+    relay = Relay(server.url, auth(0, job), where).start()
+    wait_for(lambda: os.path.exists(where), 30, "the relay to listen")
+    return relay
+
+
+def test_agents_through_a_relay_are_stored_once_and_let_go_when_it_leaves(server, tmp_path):
+    relay = start_relay(server, tmp_path, "relayed")
+    agents = [Agent(server, rank, "relayed", relay.sock_path) for rank in (0, 1)]
+    try:
+        assert metric(server, "pgdash_host_relays") == 1
+        assert metric(server, "pgdash_relayed_agents") == 2
+        for rank, agent in enumerate(agents):
+            ack = agent.send([ev(1, "hello", {**HELLO, "rank": rank}),
+                              ev(2, "group", {"name": "0", "ranks": [0, 1]})])
+            assert ack["ok"] and ack["stored"] == 2
+            # sent again (its ack lost, say): nothing doubles
+            assert agents[rank].send([ev(2, "group", {"name": "0", "ranks": [0, 1]})])[
+                "stored"] == 0
+        assert relay.carried >= 6 and relay.served == 2
+        relay.stop(timeout=5)
+        for agent in agents:  # handed back: each must connect to the server itself
+            assert agent.lost.wait(10)
+    finally:
+        relay.stop()
+        for agent in agents:
+            agent.client.disconnect()
+    job = job_by_name(server, "relayed")
+    events = stored_events(server.db_url, [job["id"]])
+    kinds = sorted((e["session"], e["kind"]) for e in events if e["kind"] != "connect")
+    assert kinds == [("relayed-0", "disconnect"), ("relayed-0", "group"), ("relayed-0", "hello"),
+                     ("relayed-1", "disconnect"), ("relayed-1", "group"), ("relayed-1", "hello")]
+    # let go by the relay, which cannot tell whether they live: closed sockets, no goodbye
+    assert not any(e["body"].get("goodbye") for e in events if e["kind"] == "disconnect")
+    wait_for(lambda: metric(server, "pgdash_host_relays") == 0, 10, "the relay to be gone")
+
+
+def test_a_refused_agent_behind_a_relay_is_told_why_and_its_neighbour_carries_on(tmp_path):
+    from tests.helpers.procs import ServerProcess
+
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'p.db'}", extra=["--token", "sesame"],
+                        log_path=tmp_path / "server.log").start()
+    try:
+        where = str(tmp_path / "relay.sock")
+        relay = Relay(srv.url, {**auth(0, "tok"), "token": "sesame"}, where).start()
+        wait_for(lambda: os.path.exists(where), 30, "the relay to listen")
+        good = CompactClient()
+        good.connect(srv.url, auth={**auth(0, "tok"), "token": "sesame"}, via=where)
+        bad = CompactClient()
+        try:
+            bad.connect(srv.url, auth={**auth(1, "tok"), "token": "wrong"}, via=where)
+        except ConnectionError as exc:
+            assert "wrong or missing token" in str(exc)
+        else:
+            raise AssertionError("an agent with the wrong token was admitted through a relay")
+        assert good.connected
+        relay.stop()
+        good.disconnect()
+    finally:
+        srv.stop()
+
+
+def test_a_real_job_goes_through_its_hosts_relay_and_to_the_server_when_it_goes(server,
+                                                                                tmp_path):
+    """Both ranks of a real gloo job (one host) send through the relay that rank 0's host
+    reader runs: every collective arrives, once, and the healthy job raises nothing."""
+    procs = launch_job("loop_job.py", 2, server.url, "through-relay", tmp_path,
+                       args=["250", "0.04"])
+    try:
+        wait_for(lambda: metric(server, "pgdash_relayed_agents") == 2, 60,
+                 "both ranks carried by the relay")
+        assert metric(server, "pgdash_host_relays") == 1
+    finally:
+        assert wait_job(procs, 180, tmp_path) == [0, 0]
+    job = wait_for(lambda: (j := job_by_name(server, "through-relay")) and
+                   j["status"] == "finished" and j, 30, "the job to finish")
+    rows = server.api(f"/api/jobs/{job['id']}/collectives?group=0&op=all_reduce")["collectives"]
+    assert sorted((r["rank"], r["count"]) for r in rows) == [(0, 250), (1, 250)]
+    seqs = [(e["session"], e["seq"]) for e in stored_events(server.db_url, [job["id"]])
+            if e["seq"]]
+    assert len(seqs) == len(set(seqs))
+    assert server.api(f"/api/jobs/{job['id']}/findings")["findings"] == []
