@@ -15,7 +15,8 @@ from tests.helpers.procs import (get_body, job_by_name, launch_job, stored_event
 
 
 def metric(server, name: str) -> float:
-    for line in get_body(server.url + "/metrics", timeout=10).decode().splitlines():
+    text = get_body(server.url + "/metrics", timeout=10, context=server.ssl_context).decode()
+    for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not in /metrics")
@@ -133,3 +134,28 @@ def test_a_real_job_goes_through_its_hosts_relay_and_to_the_server_when_it_goes(
             if e["seq"]]
     assert len(seqs) == len(set(seqs))
     assert server.api(f"/api/jobs/{job['id']}/findings")["findings"] == []
+
+
+def test_a_relay_reaches_a_tls_server_with_the_agents_ca_file(tmp_path):
+    """Over https the relay verifies the server as the agents do (PGDASH_CA_FILE), and a job's
+    ranks move to it."""
+    from tests.helpers.procs import ServerProcess
+    from tests.helpers.tls import make_cert
+
+    cert, key = make_cert(tmp_path)
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'tls.db'}", log_path=tmp_path / "server.log",
+                        extra=["--tls-cert", str(cert), "--tls-key", str(key)]).start()
+    try:
+        procs = launch_job("loop_job.py", 2, srv.url, "relay-tls", tmp_path,
+                           env={"PGDASH_CA_FILE": str(cert)}, args=["150", "0.04"])
+        try:
+            wait_for(lambda: metric(srv, "pgdash_relayed_agents") == 2, 60,
+                     "both ranks carried by the relay over TLS")
+        finally:
+            assert wait_job(procs, 180, tmp_path) == [0, 0]
+        job = wait_for(lambda: (j := job_by_name(srv, "relay-tls")) and
+                       j["status"] == "finished" and j, 30, "the job to finish")
+        rows = srv.api(f"/api/jobs/{job['id']}/collectives?group=0&op=all_reduce")["collectives"]
+        assert sorted((r["rank"], r["count"]) for r in rows) == [(0, 150), (1, 150)]
+    finally:
+        srv.stop()
