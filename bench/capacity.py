@@ -4,7 +4,10 @@ What runs: a real ``pgdash serve`` process (this repository's, on 127.0.0.1, a f
 file), and N simulated agents in one asyncio process speaking the real agent protocol over
 real websockets (the ``websockets`` package): ``--wire v1`` is the Socket.IO ``/agent``
 namespace every agent up to 0.1 speaks, ``--wire v2`` the compact path beside it
-(``pgdash_agent.wire`` ``AGENT_V2_PATH``, MessagePack frames). Each simulated agent sends what
+(``pgdash_agent.wire`` ``AGENT_V2_PATH``, MessagePack frames), ``--wire relay`` that path
+through a relay per host of ``--per-host`` ranks (8), as the agents' host reader runs it by
+default (``pgdash_agent.relay``: one websocket per host, each rank's frames held up to
+``HOLD_S`` to travel with its neighbours'; bytes on the wire are then the relay's frames). Each simulated agent sends what
 the real agent sends **at its defaults** (``pgdash_agent.config.AgentConfig``, read here, so
 the figures follow them): at start hello, the rendezvous and its process groups of a DP x PP x
 TP mesh; then, at its own random phase, every heartbeat period (``PGDASH_INTERVAL_S``, 1 s) a
@@ -60,6 +63,7 @@ A measurement, not a test: exit status 0 whatever the figures. From the reposito
 
     python -m bench.capacity                         # 256 and 1,024 ranks, v2
     python -m bench.capacity --ranks 64,256,1024 --wire v1 --seconds 40
+    python -m bench.capacity --ranks 1024 --wire v2,relay --seconds 60 --settle 20
     python -m bench.capacity --processes 1,2 --ranks 256,512     # throwaway PostgreSQL+Redis
     python -m bench.capacity --processes 1,2 --ranks 512 \
         --db postgresql+psycopg://pgdash@127.0.0.1:5432/pgdash --queue redis://127.0.0.1:6379/0

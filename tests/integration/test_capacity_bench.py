@@ -46,6 +46,24 @@ def test_two_processes_report_each_ones_figures(pg_url, redis_url, tmp_path):
     assert "| 2 | 6 | #1 | 3 |" in run.stdout and "| 2 | 6 | #2 | 3 |" in run.stdout
 
 
+def test_hosts_relayed_to_two_processes_show_every_rank_on_each(pg_url, redis_url, tmp_path):
+    """--wire relay: each host's ranks on one relay connection (pgdash_agent.relay), the hosts
+    spread over the processes; each process's API shows all six ranks, none found at fault."""
+    rows_file = tmp_path / "rows.json"
+    run = bench("--processes", "2", "--ranks", "6", "--wire", "relay", "--per-host", "3",
+                "--seconds", "4", "--settle", "2", "--probe", "1", "--db", pg_url, "--queue",
+                redis_url, "--json", str(rows_file))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    [row] = json.loads(rows_file.read_text())
+    assert (row["server"], row["connected"], row["findings"]) == ("", True, []), row
+    # Two hosts of three: the first host's relay on the first process, the second's on the
+    # second; every rank fresh on both.
+    assert [p["ranks_connected_here"] for p in row["per_process"]] == [3, 3]
+    for p in row["per_process"]:
+        assert p["acks"] > 0 and math.isfinite(p["fresh_p95"]), p
+    assert row["up_bytes_rank_s"] > 0 and row["reconnects"] == 0, row
+
+
 def test_several_processes_without_a_queue_are_refused_with_what_to_do():
     run = bench("--processes", "1,2", "--ranks", "4",
                 "--db", "postgresql+psycopg://pgdash@127.0.0.1:1/none", timeout=60)
