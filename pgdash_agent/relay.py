@@ -137,6 +137,8 @@ class Relay:
 
     async def _main(self) -> None:
         self._any, self._now, self._stop = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        if self._linger is not None:  # told to leave before it began
+            self._stop.set()
         wait = RETRY_S[0]
         while not self._stop.is_set():
             try:
@@ -264,6 +266,8 @@ class Relay:
         self._any.set()
 
     async def _flush_loop(self, up: Any) -> None:
+        from websockets.exceptions import ConnectionClosed
+
         while True:
             await self._any.wait()
             try:
@@ -272,7 +276,10 @@ class Relay:
                 pass
             self._any.clear()
             self._now.clear()
-            await self._flush(up)
+            try:
+                await self._flush(up)
+            except ConnectionClosed:  # (_down sees it too: its agents send again elsewhere)
+                return
 
     async def _flush(self, up: Any) -> None:
         """Send what waits: RELAY_FRAME_BYTES of frames a relay frame at most (or one larger

@@ -293,6 +293,15 @@ def test_two_processes_claiming_one_rank_name_the_rank_nobody_is_at_once():
     assert f["evidence"]["claimed_twice"] == {"1": [
         {"pid": 101, "host": "node0", "started_as": 1},
         {"pid": 102, "host": "node0", "started_as": 2}]}
+    # rank 0 late as well (slow to start on a busy host): not named with rank 2, whom the
+    # duplicate explains; it is in the evidence's missing
+    late = Log()
+    for r, claimed, t in ((1, 1, 10.2), (2, 1, 10.1)):
+        late.add(f"s{r}", "hello", hello(r, world=3), t=t)
+        late.add(f"s{r}", "init_start", {"rank": claimed, "world_size": 3}, t=t)
+    (f0,) = diagnose(late.state(), 10.3, S)
+    assert (f0["ranks"], f0["evidence"]["missing"]) == ([2], [0, 2]), f0
+    assert "so nobody is rank 2 " in f0["summary"], f0["summary"]
     # the duplicate that ended (a launcher started it again as rank 2) claims nothing: rank 2
     # is then only late, a warning after the grace as for any rank not arrived
     log.add("s2", "exit", {"clean": False}, t=11.0)

@@ -102,6 +102,11 @@ def init_incomplete(state: JobState, now: float, s: Settings) -> list[Finding]:
         evidence["claimed_twice"] = {str(rank): [{"pid": r.pid, "host": r.host,
                                                   "started_as": r.rank} for r in rs]
                                      for rank, rs in twice.items()}
+        # The ranks the duplicates were started as are the ones nobody will be; another rank
+        # not here yet is only late so far (rank 0 spawning its host reader on a busy host
+        # arrived a second after the duplicate was seen, and was named with rank 2).
+        missing = sorted({r.rank for rs in twice.values() for r in rs
+                          if r.rank in missing}) or missing
         return [finding(
             "init_incomplete", Severity.CRITICAL, missing, None,
             f"{ranks_label(missing).capitalize()} never arrived at rendezvous: "
