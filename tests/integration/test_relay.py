@@ -119,7 +119,7 @@ def test_a_real_job_goes_through_its_hosts_relay_and_to_the_server_when_it_goes(
     """Both ranks of a real gloo job (one host) send through the relay that rank 0's host
     reader runs: every collective arrives, once, and the healthy job raises nothing."""
     procs = launch_job("loop_job.py", 2, server.url, "through-relay", tmp_path,
-                       args=["250", "0.04"])
+                       env={"PGDASH_RELAY": "1"}, args=["250", "0.04"])
     try:
         wait_for(lambda: metric(server, "pgdash_relayed_agents") == 2, 60,
                  "both ranks carried by the relay")
@@ -147,7 +147,8 @@ def test_a_relay_reaches_a_tls_server_with_the_agents_ca_file(tmp_path):
                         extra=["--tls-cert", str(cert), "--tls-key", str(key)]).start()
     try:
         procs = launch_job("loop_job.py", 2, srv.url, "relay-tls", tmp_path,
-                           env={"PGDASH_CA_FILE": str(cert)}, args=["150", "0.04"])
+                           env={"PGDASH_CA_FILE": str(cert), "PGDASH_RELAY": "1"},
+                           args=["150", "0.04"])
         try:
             wait_for(lambda: metric(srv, "pgdash_relayed_agents") == 2, 60,
                      "both ranks carried by the relay over TLS")
