@@ -132,3 +132,32 @@ def test_a_relay_frame_holds_a_megabyte_of_frames_or_one_larger_frame_alone():
     assert [[n for n, _ in part] for part in parts] == [[1, 2], [3], [4], [5]]
     assert [item for part in parts for item in part] == frames  # in order, none lost
     assert chunks([], 10) == []
+
+
+def test_sockets_other_relays_left_behind_are_swept_and_live_ones_kept(tmp_path):
+    import socket
+
+    from pgdash_agent.relay import sweep
+
+    def bound(name: str) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(tmp_path / name))
+        return sock
+
+    dead = bound("relay-dead.sock")
+    dead.close()  # its file stays, nobody listens: a relay killed outright
+    live = bound("relay-live.sock")
+    live.listen()
+    new = bound("relay-new.sock")
+    new.close()
+    (tmp_path / "reader-x.lock").write_text("")
+    an_hour_ago = time.time() - 3600
+    for name in ("relay-dead.sock", "relay-live.sock", "reader-x.lock"):
+        os.utime(tmp_path / name, (an_hour_ago, an_hour_ago))
+    try:
+        assert sweep(str(tmp_path), str(tmp_path / "relay-mine.sock")) == 1
+    finally:
+        live.close()
+    # the dead one gone; the live one, one too new to judge and what is not a relay's kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        ["reader-x.lock", "relay-live.sock", "relay-new.sock"]
