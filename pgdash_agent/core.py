@@ -137,20 +137,18 @@ class Agent:
         readers = bool(self.config.server and self.config.wire != "v1"
                        and self.config.host_reader and self.config.peer_read)
         self._readers = readers
+        key = self._launch_key() if readers else None  # (its host's ranks share it)
         relay_at = None
-        if readers and self.config.relay and self.environ.get("LOCAL_WORLD_SIZE") != "1":
+        if key and self.config.relay and self.environ.get("LOCAL_WORLD_SIZE") != "1":
             from pgdash_agent.relay import path as relay_path
 
-            key = self._launch_key()  # (its host's ranks share it)
-            relay_at = key and relay_path(key)
-            self.sender.relay_path = relay_at
+            relay_at = self.sender.relay_path = relay_path(key)
         self.sender.start()
         self.loop.start()
         if readers:  # (every rank of a host has a board where its host runs a reader)
             self._make_board()
         if reader.wanted(self.environ, readers, self._claim_host):
             # (its rank may not be known yet, as under mp.spawn: the board comes with it)
-            key = self._launch_key()
             where = board.directory(key) if key else None
             self.host_reader = reader.start(self.config.server, self._auth(),
                                             self.config.ca_file, where, relay_at)

@@ -85,7 +85,7 @@ def claim(key: str) -> tuple[int, str] | None:
         if base is None:
             return None
         name = base / f"reader-{launch_hash(key)}.lock"
-        _sweep(base, name)
+        sweep(base, "reader-*.lock", name, _remove_unheld)
         fd = _lock(name)
         return None if fd is None else (fd, str(name))
     except Exception as exc:
@@ -140,26 +140,37 @@ def _still_at(fd: int, name: Path) -> bool:
     return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
 
 
-def _sweep(base: Path, mine: Path) -> None:
-    """Remove claims their holders left behind (a rank killed keeps no lock, but its file
-    stays): at most SWEEP of them, each older than a minute, so that a launch that is
-    claiming right now is never swept from under it."""
-    old, tried = time.time() - 60, 0
-    for path in base.glob("reader-*.lock"):
+def sweep(base: Path, pattern: str, mine: Path, remove_if_left: Callable[[Path], bool]) -> int:
+    """Remove the files matching ``pattern`` in ``base`` that their processes left behind
+    (``remove_if_left`` removes one if so and says whether it did: a claim nobody holds, a
+    killed rank's; a relay's socket nobody listens on): at most SWEEP of them looked at, each
+    older than a minute, so that a launch that is claiming or listening right now is never
+    swept from under it. Returns how many went; never raises."""
+    old, tried, removed = time.time() - 60, 0, 0
+    for path in base.glob(pattern):
         try:
             if path == mine or path.lstat().st_mtime > old:
                 continue
             if tried >= SWEEP:
-                return
+                break
             tried += 1
-            fd = _lock(path)
-            if fd is not None:  # nobody holds it: left behind
-                try:
-                    path.unlink()
-                finally:
-                    os.close(fd)
+            removed += remove_if_left(path)
         except OSError:
             continue
+    return removed
+
+
+def _remove_unheld(path: Path) -> bool:
+    """Remove the claim at ``path`` if nobody holds it (locked by this process until it is
+    gone, so nobody takes it meanwhile)."""
+    fd = _lock(path)
+    if fd is None:
+        return False
+    try:
+        path.unlink()
+        return True
+    finally:
+        os.close(fd)
 
 
 def release(held: tuple[int, str] | None) -> None:

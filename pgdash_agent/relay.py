@@ -33,7 +33,7 @@ import logging
 import os
 import ssl
 import threading
-import time
+from pathlib import Path
 from typing import Any
 
 from pgdash_agent.wire import RELAY_FRAME_BYTES, RELAY_PATH, WireError, decode_relay, decode_v2, \
@@ -49,8 +49,7 @@ HOLD_S = 0.2
 RETRY_S = (1.0, 10.0)  # reconnection back-off to the server, first and most
 CLOSE_S = 0.2  # an agent's connection closed by the relay: its answer waited for this long
 PING_S = 20.0  # the server is pinged this often, and given this long to answer
-MAX_PATH = 100
-SWEEP = 32  # sockets left behind by other relays removed at a relay's start, at most  # a Unix socket's path is at most 107 bytes on Linux
+MAX_PATH = 100  # a Unix socket's path is at most 107 bytes on Linux
 
 
 def path(key: str) -> str | None:
@@ -199,7 +198,7 @@ class Relay:
 
         self.up = up
         self._unlink()  # one left behind by a relay that was killed
-        sweep(os.path.dirname(self.sock_path), self.sock_path)
+        _sweep(self.sock_path)
         server = await unix_serve(self._agent, self.sock_path, max_size=None,
                                   ping_interval=None, compression=None,
                                   close_timeout=CLOSE_S)
@@ -324,37 +323,30 @@ class Relay:
             pass
 
 
-def sweep(base: str, mine: str, most: int = SWEEP) -> int:
-    """Remove the sockets other relays left behind in ``base`` (a relay killed outright, or
-    whose process ended before its thread did): those a minute old or more that nobody
-    listens on, ``most`` at most. Returns how many. Never raises."""
+def _sweep(mine: str) -> int:
+    """Remove the sockets other relays left behind beside ``mine`` (a relay killed outright,
+    or whose process ended before its thread did), as the reader's claims are swept
+    (pgdash_agent.reader.sweep). Returns how many. Never raises."""
+    from pgdash_agent import reader
+
+    where = Path(mine)
+    return reader.sweep(where.parent, "relay-*.sock", where, _remove_unheard)
+
+
+def _remove_unheard(where: Path) -> bool:
+    """Remove the relay socket at ``where`` if nobody listens on it (a live relay's stays)."""
     import socket
 
-    old, removed = time.time() - 60, 0
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        names = sorted(os.listdir(base))
-    except OSError:
-        return 0
-    for name in names:
-        where = os.path.join(base, name)
-        if removed >= most or not (name.startswith("relay-") and name.endswith(".sock")) \
-                or where == mine:
-            continue
-        try:
-            if os.lstat(where).st_mtime > old:
-                continue
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.settimeout(0.2)
-                probe.connect(where)  # a live relay: left alone
-            except ConnectionRefusedError:
-                os.unlink(where)
-                removed += 1
-            finally:
-                probe.close()
-        except OSError:
-            continue
-    return removed
+        probe.settimeout(0.2)
+        probe.connect(str(where))
+        return False
+    except ConnectionRefusedError:
+        where.unlink()
+        return True
+    finally:
+        probe.close()
 
 
 def chunks(frames: list[tuple[int, bytes]], most: int) -> list[list[tuple[int, bytes]]]:

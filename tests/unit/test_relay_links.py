@@ -137,7 +137,7 @@ def test_a_relay_frame_holds_a_megabyte_of_frames_or_one_larger_frame_alone():
 def test_sockets_other_relays_left_behind_are_swept_and_live_ones_kept(tmp_path):
     import socket
 
-    from pgdash_agent.relay import sweep
+    from pgdash_agent.relay import _sweep
 
     def bound(name: str) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -155,7 +155,7 @@ def test_sockets_other_relays_left_behind_are_swept_and_live_ones_kept(tmp_path)
     for name in ("relay-dead.sock", "relay-live.sock", "reader-x.lock"):
         os.utime(tmp_path / name, (an_hour_ago, an_hour_ago))
     try:
-        assert sweep(str(tmp_path), str(tmp_path / "relay-mine.sock")) == 1
+        assert _sweep(str(tmp_path / "relay-mine.sock")) == 1
     finally:
         live.close()
     # the dead one gone; the live one, one too new to judge and what is not a relay's kept
