@@ -7,6 +7,9 @@ import os
 from typing import Any, Mapping
 
 ENV_PREFIX = "PGDASH_"
+# PGDASH_RELAY=auto relays jobs of this many ranks or more (those whose page keeps keyframes
+# too: the server's big jobs), each host's ranks on one connection
+RELAY_AUTO_RANKS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,12 +56,12 @@ class AgentConfig:
     # started by the host's first rank where py-spy is installed, that reads this host's ranks
     # blocked with the GIL held when no other rank of the host can)
     host_reader: bool = True
-    # PGDASH_RELAY: 1 has the host reader also relay its host's ranks (pgdash_agent.relay): one
-    # connection to the server per host, their frames held up to 0.2 s to travel together.
-    # Off by default for now: beside a CPU hog, the relay's work in the reader's process
-    # delayed its reading of how a rank died (SIGSEGV, a scheduler's SIGTERM) past its
-    # launcher's reaping (two launch tests failed so); 0 sends every rank to the server.
-    relay: bool = False
+    # PGDASH_RELAY: whether the host reader also starts the host's relay (pgdash_agent.relay, a
+    # process of its own): one connection to the server per host, its ranks' frames held up to
+    # 0.2 s to travel together. auto: in jobs of RELAY_AUTO_RANKS ranks or more, where the
+    # server's per-connection work counts (a smaller job gains nothing from it and would only
+    # see each rank move to it); 1: in any job of more than one rank on the host; 0: never.
+    relay: str = "auto"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":
@@ -86,6 +89,12 @@ class AgentConfig:
         config = cls(**values)
         if config.wire not in ("auto", "v1", "v2"):
             raise ValueError(f"{ENV_PREFIX}WIRE must be auto, v1 or v2, got {config.wire!r}")
+        relay = config.relay.strip().lower()
+        relay = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
+                 "no": "off"}.get(relay, relay)
+        if relay not in ("auto", "on", "off"):
+            raise ValueError(f"{ENV_PREFIX}RELAY must be auto, 1 or 0, got {config.relay!r}")
+        config = dataclasses.replace(config, relay=relay)
         if config.ca_file is not None:
             try:
                 with open(config.ca_file, "rb"):
@@ -122,3 +131,12 @@ def _parse(field: dataclasses.Field, raw: Any, source: str) -> Any:
         return str(raw)
     except (TypeError, ValueError):
         raise ValueError(f"{source} must be a {kind.split(' ')[0]}, got {raw!r}") from None
+
+
+def relays(setting: str, world: int | None, local_world: str | None) -> bool:
+    """Whether a job of ``world`` ranks (None: not known) whose host runs ``local_world`` of
+    them (``LOCAL_WORLD_SIZE``, None when not set) relays its host's ranks, at ``setting``
+    (AgentConfig.relay)."""
+    if setting == "off" or local_world == "1":
+        return False
+    return setting == "on" or (world is not None and world >= RELAY_AUTO_RANKS)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 from pgdash_agent import board, identity, native, reader
 from pgdash_agent.collective_wrappers import CollectiveWrappers
 from pgdash_agent.collectives import CollectiveTracker
-from pgdash_agent.config import AgentConfig
+from pgdash_agent.config import AgentConfig, relays
 from pgdash_agent.ddp import DDPHooks
 from pgdash_agent.failures import FailureReports
 from pgdash_agent.flight import FlightRecorderProbe
@@ -139,7 +139,9 @@ class Agent:
         self._readers = readers
         key = self._launch_key() if readers else None  # (its host's ranks share it)
         relay_at = None
-        if key and self.config.relay and self.environ.get("LOCAL_WORLD_SIZE") != "1":
+        if key and relays(self.config.relay, self._world_now(),
+                          self.environ.get("LOCAL_WORLD_SIZE")
+                          or self.environ.get("SLURM_NTASKS_PER_NODE")):
             from pgdash_agent.relay import path as relay_path
 
             relay_at = self.sender.relay_path = relay_path(key)
@@ -240,6 +242,19 @@ class Agent:
         except Exception:
             pass
         return self._identity.get("rank")
+
+    def _world_now(self) -> int | None:
+        """The job's number of ranks: its process group's once there is one, else what its
+        launcher said (None: not known)."""
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return dist.get_world_size()
+        except Exception:
+            pass
+        world = self._identity.get("world_size")
+        return world if isinstance(world, int) else None
 
     def stats(self) -> dict[str, Any]:
         """Counters a user (or a test) can read: what was dropped, buffered, rejected."""

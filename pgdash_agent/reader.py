@@ -190,8 +190,20 @@ def start(server: str, auth: dict[str, Any], ca_file: str | None = None,
           boards: Path | None = None, relay: str | None = None) -> subprocess.Popen | None:
     """Start the host reader for the rank whose ``auth`` (its v2 hello, with its token) is
     given; ``boards``: its launch's boards directory (pgdash_agent.board), which it sends when
-    it ends; ``relay``: where it relays the host's agents (pgdash_agent.relay.path), if it
-    does. Never raises: None when it could not be started."""
+    it ends; ``relay``: where its relay carries the host's agents (pgdash_agent.relay.path),
+    if it starts one. Never raises: None when it could not be started."""
+    return spawn("pgdash_agent.reader", ENV,
+                 {"server": server, "auth": auth, "ca_file": ca_file and os.path.abspath(ca_file),
+                  "boards": boards and str(boards), "relay": relay},
+                 "the host reader did not start ({}); a rank of this host blocked with the GIL "
+                 "held is read only by another rank's agent")
+
+
+def spawn(module: str, env_name: str, given: dict[str, Any],
+          failed: str) -> subprocess.Popen | None:
+    """Run ``python -m module`` beside this process, ``given`` and this pid (``parent``: it
+    ends when this process does) as JSON in ``env_name``; reaped whenever it ends. Never
+    raises: ``failed`` (with a ``{}`` for why) is logged and None returned."""
     try:
         env = dict(os.environ)
         # The package as this process imported it, wherever that is.
@@ -200,19 +212,15 @@ def start(server: str, auth: dict[str, Any], ca_file: str | None = None,
         env["PYTHONSAFEPATH"] = "1"  # -m would put the working directory first (3.11+)
         # The token is in the environment, as PGDASH_TOKEN usually is, never in argv (which
         # any user may read): /proc/<pid>/environ is readable by this user and root only.
-        env[ENV] = json.dumps({"server": server, "auth": auth,
-                               "ca_file": ca_file and os.path.abspath(ca_file),
-                               "parent": os.getpid(),
-                               "boards": boards and str(boards), "relay": relay})
-        proc = subprocess.Popen([sys.executable, "-m", "pgdash_agent.reader"], env=env,
+        env[env_name] = json.dumps({**given, "parent": os.getpid()})
+        proc = subprocess.Popen([sys.executable, "-m", module], env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, close_fds=True)
         # Reaped whenever it ends (it gives up on a server that does not take it): no zombie.
-        threading.Thread(target=proc.wait, name="pgdash-reader-reap", daemon=True).start()
+        threading.Thread(target=proc.wait, name=f"pgdash-reap-{proc.pid}", daemon=True).start()
         return proc
     except Exception as exc:
-        log.warning("pgdash: the host reader did not start (%s); a rank of this host blocked "
-                    "with the GIL held is read only by another rank's agent", exc)
+        log.warning("pgdash: " + failed.format(exc))
         return None
 
 
@@ -263,6 +271,7 @@ class Reader:
         self.told = False  # the boards were sent (last_words)
         # how its ranks ended, read as each ended (pgdash_agent.board.Watch), and sent then
         self.watch = board.Watch(self.boards, self._ended) if self.boards else None
+        self._watching = False
         self._sending = threading.Lock()  # (the watch's thread sends too)
         self.questions: queue.Queue = queue.Queue(MAX_PENDING)
         self.client = None
@@ -272,10 +281,16 @@ class Reader:
     def alive(self) -> bool:
         return os.getppid() == self.parent
 
-    def run(self) -> int:
-        if self.watch is not None:
+    def start_watch(self) -> None:
+        """Watch how the launch's ranks on this host end (pgdash_agent.board.Watch), on a
+        thread of its own, until the last words."""
+        if self.watch is not None and not self._watching:
+            self._watching = True
             threading.Thread(target=self.watch.run, args=(lambda: not self.told,),
                              name="pgdash-board-watch", daemon=True).start()
+
+    def run(self) -> int:
+        self.start_watch()
         wait, not_yet = RETRY_S[0], 0
         while self.alive():
             try:
@@ -403,22 +418,33 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     reader = Reader(server, auth, parent, given.get("ca_file"), native.find_py_spy(env),
                     given.get("boards"))
+    # Watching first: a rank that dies while the relay starts is read all the same.
+    reader.start_watch()
     carrier = None
     if isinstance(given.get("relay"), str):
-        try:
-            from pgdash_agent.relay import Relay
+        # The relay is a process of its own (this one's child): its event loop never holds
+        # this process's interpreter lock while the watch must read a rank that just died
+        # (run as a thread here, beside a CPU hog, the watch missed launchers' reaping: the
+        # likely reason). Without it the host's ranks connect to the server themselves.
+        from pgdash_agent import relay
 
-            carrier = Relay(server, auth, given["relay"], given.get("ca_file")).start()
-        except Exception as exc:  # the host's ranks then connect to the server themselves
-            log.warning("pgdash reader: no relay (%s)", exc)
+        carrier = relay.spawn(server, auth, given["relay"], given.get("ca_file"))
     try:
         return reader.run()
     finally:  # (its parent gone, or SIGTERM: the launcher stopping the job, or detach)
-        if carrier is not None:  # its agents' last words still go up meanwhile
-            carrier.leave()
+        if carrier is not None:  # told to leave: its agents' last words still go up meanwhile
+            _signal(carrier, signal.SIGTERM)
         reader.last_words()
         if carrier is not None:  # the host's agents that still run are handed back
-            carrier.stop()
+            relay.finish(carrier)
+
+
+def _signal(proc: subprocess.Popen, signum: int) -> None:
+    try:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+    except Exception:
+        pass
 
 
 if __name__ == "__main__":

@@ -23,15 +23,22 @@ rest: the server takes them as closed sockets, whose ranks it gives a reconnect'
 they reconnect to the server themselves at once. When it loses the server, it closes them
 too, and takes its socket away until it is back.
 
-It runs on one asyncio loop in a thread of the reader process, never in a training process.
+It runs on one asyncio loop in a process of its own (:func:`main`), which the host reader
+starts (:func:`spawn`) and tells to leave (SIGTERM, :func:`finish`), never in a training
+process; it leaves by itself when the reader is gone (killed: it checks every
+``PARENT_POLL_S``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import signal
 import ssl
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -50,6 +57,8 @@ RETRY_S = (1.0, 10.0)  # reconnection back-off to the server, first and most
 CLOSE_S = 0.2  # an agent's connection closed by the relay: its answer waited for this long
 PING_S = 20.0  # the server is pinged this often, and given this long to answer
 MAX_PATH = 100  # a Unix socket's path is at most 107 bytes on Linux
+ENV = "PGDASH_RELAY_FOR"  # what the relay process is started with: {"server", "auth", "path"}
+PARENT_POLL_S = 0.2  # how often the relay process checks that its reader still runs
 
 
 def path(key: str) -> str | None:
@@ -369,3 +378,56 @@ async def _quietly(call: Any) -> None:
         await call
     except Exception:
         pass
+
+
+# -- the relay's process -------------------------------------------------------------------------
+
+def spawn(server: str, auth: dict[str, Any], sock_path: str,
+          ca_file: str | None = None) -> subprocess.Popen | None:
+    """Start a relay process for the host's agents (the host reader's child). Never raises:
+    None when it could not start (the host's ranks then connect to the server themselves)."""
+    from pgdash_agent import reader
+
+    return reader.spawn("pgdash_agent.relay", ENV,
+                        {"server": server, "auth": auth, "path": sock_path, "ca_file": ca_file},
+                        "no host relay ({}); the host's ranks connect to the server themselves")
+
+
+def finish(proc: subprocess.Popen) -> None:
+    """Wait for a relay process told to leave (SIGTERM) to hand its agents back; killed if it
+    takes longer than its linger and a little more. Never raises."""
+    try:
+        proc.wait(timeout=LINGER_S + CLOSE_S + 0.5)
+    except Exception:
+        try:
+            proc.kill()
+            proc.wait(timeout=1.0)
+        except Exception:
+            pass
+
+
+def main(environ: dict[str, str] | None = None) -> int:
+    env = os.environ if environ is None else environ
+    try:
+        given = json.loads(env[ENV])
+        server, auth, where = given["server"], dict(given["auth"]), str(given["path"])
+        parent = int(given["parent"])
+    except (KeyError, ValueError, TypeError):
+        print(f"pgdash relay: started without a valid {ENV}; the host reader starts it",
+              file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for training; it follows its reader
+    relay = Relay(server, auth, where, given.get("ca_file"))
+    # Told to stop (its reader leaving, or a scheduler's SIGTERM to the whole step): it leaves
+    # as the reader's thread did, its agents carried a moment more.
+    signal.signal(signal.SIGTERM, lambda *_: relay.leave())
+    relay.start()
+    while relay._thread.is_alive():
+        relay._thread.join(PARENT_POLL_S)
+        if os.getppid() != parent and relay._linger is None:  # its reader is gone (killed)
+            relay.leave()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -360,6 +360,8 @@ AGENT_CASES = [
     ("server-not-http", {"PGDASH_SERVER": "ftp://x"},
      "PGDASH_SERVER must look like http://host:port, got 'ftp://x'"),
     ("wire-unknown", {"PGDASH_WIRE": "v9"}, "PGDASH_WIRE must be auto, v1 or v2"),
+    ("relay-unknown", {"PGDASH_RELAY": "sometimes"},
+     "PGDASH_RELAY must be auto, 1 or 0, got 'sometimes'"),
     ("batch-negative", {"PGDASH_MAX_BATCH_EVENTS": "-3"},
      "PGDASH_MAX_BATCH_EVENTS must be positive, got -3"),
 ]

@@ -4,7 +4,9 @@ every event arrives once, and when the relay goes its agents reach the server th
 from __future__ import annotations
 
 import os
+import signal
 import threading
+from pathlib import Path
 
 from pgdash_agent.compact import CompactClient
 from pgdash_agent.relay import Relay
@@ -130,6 +132,57 @@ def test_a_real_job_goes_through_its_hosts_relay_and_to_the_server_when_it_goes(
                    j["status"] == "finished" and j, 30, "the job to finish")
     rows = server.api(f"/api/jobs/{job['id']}/collectives?group=0&op=all_reduce")["collectives"]
     assert sorted((r["rank"], r["count"]) for r in rows) == [(0, 250), (1, 250)]
+    seqs = [(e["session"], e["seq"]) for e in stored_events(server.db_url, [job["id"]])
+            if e["seq"]]
+    assert len(seqs) == len(set(seqs))
+    assert server.api(f"/api/jobs/{job['id']}/findings")["findings"] == []
+
+
+def children(pid: int, module: str) -> list[int]:
+    """The processes ``pid`` started that run ``python -m module``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and module.encode() in argv:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def ended(pid: int) -> bool:
+    """The process has exited (gone, or a zombie nobody reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_relay_whose_reader_is_killed_leaves_and_its_ranks_carry_on_directly(server,
+                                                                              tmp_path):
+    """The relay is a process of its own, the host reader's child: with the reader killed
+    (SIGKILL: no word to it) it leaves by itself, and both ranks report to the server
+    themselves; every collective arrives once and nothing is blamed."""
+    procs = launch_job("loop_job.py", 2, server.url, "relay-orphaned", tmp_path,
+                       env={"PGDASH_RELAY": "1"}, args=["500", "0.04"])
+    try:
+        wait_for(lambda: metric(server, "pgdash_relayed_agents") == 2, 60,
+                 "both ranks carried by the relay")
+        reader = wait_for(lambda: children(procs[0].pid, "pgdash_agent.reader"), 10,
+                          "rank 0's host reader")[0]
+        relay = wait_for(lambda: children(reader, "pgdash_agent.relay"), 10, "its relay")[0]
+        os.kill(reader, signal.SIGKILL)
+        wait_for(lambda: ended(relay), 20, "the relay to leave")
+        wait_for(lambda: metric(server, "pgdash_host_relays") == 0
+                 and metric(server, "pgdash_relayed_agents") == 0, 20, "the relay to be gone")
+    finally:
+        assert wait_job(procs, 180, tmp_path) == [0, 0]
+    job = wait_for(lambda: (j := job_by_name(server, "relay-orphaned")) and
+                   j["status"] == "finished" and j, 30, "the job to finish")
+    rows = server.api(f"/api/jobs/{job['id']}/collectives?group=0&op=all_reduce")["collectives"]
+    assert sorted((r["rank"], r["count"]) for r in rows) == [(0, 500), (1, 500)]
     seqs = [(e["session"], e["seq"]) for e in stored_events(server.db_url, [job["id"]])
             if e["seq"]]
     assert len(seqs) == len(set(seqs))

@@ -12,7 +12,7 @@ import pytest
 from websockets.sync.server import serve, unix_serve
 
 from pgdash_agent import sender as sender_module
-from pgdash_agent.config import AgentConfig
+from pgdash_agent.config import RELAY_AUTO_RANKS, AgentConfig, relays
 from pgdash_agent.outbox import Outbox
 from pgdash_agent.sender import Sender
 from pgdash_agent.wire import WireError, decode_relay, decode_v2, encode_relay, encode_v2
@@ -161,3 +161,19 @@ def test_sockets_other_relays_left_behind_are_swept_and_live_ones_kept(tmp_path)
     # the dead one gone; the live one, one too new to judge and what is not a relay's kept
     assert sorted(p.name for p in tmp_path.iterdir()) == \
         ["reader-x.lock", "relay-live.sock", "relay-new.sock"]
+
+
+def test_big_jobs_relay_by_default_and_the_setting_is_checked():
+    """PGDASH_RELAY=auto (the default) relays jobs of RELAY_AUTO_RANKS ranks or more; 1 any job
+    with more than one rank on the host; 0 none; anything else is refused with the choices."""
+    assert AgentConfig.from_env({}).relay == "auto"
+    assert [AgentConfig.from_env({"PGDASH_RELAY": v}).relay
+            for v in ("1", "on", "0", "False", " AUTO ")] == ["on", "on", "off", "off", "auto"]
+    with pytest.raises(ValueError, match="PGDASH_RELAY must be auto, 1 or 0, got 'maybe'"):
+        AgentConfig.from_env({"PGDASH_RELAY": "maybe"})
+    big, small = RELAY_AUTO_RANKS, RELAY_AUTO_RANKS - 1
+    assert relays("auto", big, "8") and relays("auto", big, None)
+    assert not relays("auto", small, "8") and not relays("auto", None, "8")
+    assert not relays("auto", big, "1")  # a rank alone on its host: nothing to carry
+    assert relays("on", 2, "2") and relays("on", None, None) and not relays("on", 2, "1")
+    assert not relays("off", big, "8")
