@@ -802,18 +802,23 @@ def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(t
         # Resting there, the page asks for the next second and the incident marks on either
         # side (exact moments): once it has, only Play asks.
         expect(shown).to_have_attribute("data-ahead-marks", re.compile(r".*"), timeout=LIVE_MS)
-        # Play at 10x: keyframes too (each tick moves 5 s); at 1x the exact moments.
+        # Play at 10x: keyframes too (each tick moves 5 s); at 1x the exact moments. What
+        # resting on the exact moment asked ahead (the second after it) may come late on a
+        # loaded machine, after Play began: not Play's.
+        rested = tuple(aheads) + (f"at={_js_number(at + 1)}",)
         for speed, near in (("10", True), ("1", False)):
             page.select_option("#replay-speed", speed)
             del asked[:]
             page.click("#replay-play")
+            plays: list = []
             for _ in range(50):
-                if len(asked) >= 2:
+                plays = [url for url in asked if not url.endswith(rested)]
+                if len(plays) >= 2:
                     break
                 page.wait_for_timeout(200)
             page.click("#replay-play")  # pause
             # The first two are Play's (resting after the pause may ask a second ahead).
-            assert len(asked) >= 2 and all(("&within=" in url) == near for url in asked[:2]), \
+            assert len(plays) >= 2 and all(("&within=" in url) == near for url in plays[:2]), \
                 asked
     finally:
         srv.stop()
