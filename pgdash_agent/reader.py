@@ -231,7 +231,15 @@ def stop(proc: subprocess.Popen | None) -> None:
         return
     try:
         proc.terminate()  # a read in progress ends first: its py-spy killed, its rank woken
-        proc.wait(timeout=2.0)
+    except Exception:
+        pass
+    wait_or_kill(proc, 2.0)
+
+
+def wait_or_kill(proc: subprocess.Popen, seconds: float) -> None:
+    """Wait up to ``seconds`` for a process told to end; then kill it. Never raises."""
+    try:
+        proc.wait(timeout=seconds)
     except Exception:
         try:
             proc.kill()

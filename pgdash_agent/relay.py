@@ -396,14 +396,9 @@ def spawn(server: str, auth: dict[str, Any], sock_path: str,
 def finish(proc: subprocess.Popen) -> None:
     """Wait for a relay process told to leave (SIGTERM) to hand its agents back; killed if it
     takes longer than its linger and a little more. Never raises."""
-    try:
-        proc.wait(timeout=LINGER_S + CLOSE_S + 0.5)
-    except Exception:
-        try:
-            proc.kill()
-            proc.wait(timeout=1.0)
-        except Exception:
-            pass
+    from pgdash_agent import reader
+
+    reader.wait_or_kill(proc, LINGER_S + CLOSE_S + 0.5)
 
 
 def main(environ: dict[str, str] | None = None) -> int:
