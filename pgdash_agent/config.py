@@ -7,9 +7,10 @@ import os
 from typing import Any, Mapping
 
 ENV_PREFIX = "PGDASH_"
-# PGDASH_RELAY=auto relays jobs of this many ranks or more (those whose page keeps keyframes
-# too: the server's big jobs), each host's ranks on one connection
-RELAY_AUTO_RANKS = 128
+# PGDASH_RELAY=auto relays jobs of this many ranks or more, each host's ranks on one
+# connection: there it took 17% off the server's CPU; at 512 ranks 2%, for a page 0.2-0.3 s
+# staler (each frame held for its neighbours'): bench/capacity.py --wire v2,relay
+RELAY_AUTO_RANKS = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +60,8 @@ class AgentConfig:
     # PGDASH_RELAY: whether the host reader also starts the host's relay (pgdash_agent.relay, a
     # process of its own): one connection to the server per host, its ranks' frames held up to
     # 0.2 s to travel together. auto: in jobs of RELAY_AUTO_RANKS ranks or more, where the
-    # server's per-connection work counts (a smaller job gains nothing from it and would only
-    # see each rank move to it); 1: in any job of more than one rank on the host; 0: never.
+    # server's per-connection work counts (a smaller job would gain little and see its page a
+    # little staler); 1: in any job of more than one rank on the host; 0: never.
     relay: str = "auto"
 
     @classmethod
