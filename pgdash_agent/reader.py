@@ -434,9 +434,12 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         # this process's interpreter lock while the watch must read a rank that just died
         # (run as a thread here, beside a CPU hog, the watch missed launchers' reaping: the
         # likely reason). Without it the host's ranks connect to the server themselves.
-        from pgdash_agent import relay
+        try:
+            from pgdash_agent import relay
 
-        carrier = relay.spawn(server, auth, given["relay"], given.get("ca_file"))
+            carrier = relay.spawn(server, auth, given["relay"], given.get("ca_file"))
+        except Exception as exc:
+            log.warning("pgdash reader: no relay (%s)", exc)
     try:
         return reader.run()
     finally:  # (its parent gone, or SIGTERM: the launcher stopping the job, or detach)
