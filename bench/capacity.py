@@ -5,8 +5,8 @@ file), and N simulated agents in one asyncio process speaking the real agent pro
 real websockets (the ``websockets`` package): ``--wire v1`` is the Socket.IO ``/agent``
 namespace every agent up to 0.1 speaks, ``--wire v2`` the compact path beside it
 (``pgdash_agent.wire`` ``AGENT_V2_PATH``, MessagePack frames), ``--wire relay`` that path
-through a relay per host of ``--per-host`` ranks (8), as the agents' host reader runs it by
-default (``pgdash_agent.relay``: one websocket per host, each rank's frames held up to
+through a relay per host of ``--per-host`` ranks (8), as the agents' host reader starts it by
+default in jobs of 1,024 ranks or more (``pgdash_agent.relay``: one websocket per host, each rank's frames held up to
 ``HOLD_S`` to travel with its neighbours'; bytes on the wire are then the relay's frames). Each simulated agent sends what
 the real agent sends **at its defaults** (``pgdash_agent.config.AgentConfig``, read here, so
 the figures follow them): at start hello, the rendezvous and its process groups of a DP x PP x

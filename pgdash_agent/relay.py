@@ -414,7 +414,7 @@ def main(environ: dict[str, str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for training; it follows its reader
     relay = Relay(server, auth, where, given.get("ca_file"))
     # Told to stop (its reader leaving, or a scheduler's SIGTERM to the whole step): it leaves
-    # as the reader's thread did, its agents carried a moment more.
+    # with its agents carried a moment more.
     signal.signal(signal.SIGTERM, lambda *_: relay.leave())
     relay.start()
     while relay._thread.is_alive():
