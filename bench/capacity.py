@@ -424,13 +424,7 @@ class HostRelay:
 
     async def _flush_loop(self, ws) -> None:
         while True:
-            await self.any.wait()
-            try:
-                await asyncio.wait_for(self.now.wait(), relay.HOLD_S)
-            except asyncio.TimeoutError:
-                pass
-            self.any.clear()
-            self.now.clear()
+            await relay.held(self.any, self.now, relay.HOLD_S)
             frames, self.pending = self.pending, []
             gone, self.gone = self.gone, []
             if frames or gone:

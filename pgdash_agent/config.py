@@ -91,10 +91,11 @@ class AgentConfig:
         if config.wire not in ("auto", "v1", "v2"):
             raise ValueError(f"{ENV_PREFIX}WIRE must be auto, v1 or v2, got {config.wire!r}")
         relay = config.relay.strip().lower()
-        relay = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
-                 "no": "off"}.get(relay, relay)
-        if relay not in ("auto", "on", "off"):
-            raise ValueError(f"{ENV_PREFIX}RELAY must be auto, 1 or 0, got {config.relay!r}")
+        if relay != "auto":
+            on = _switch(relay)
+            if on is None:
+                raise ValueError(f"{ENV_PREFIX}RELAY must be auto, 1 or 0, got {config.relay!r}")
+            relay = "on" if on else "off"
         config = dataclasses.replace(config, relay=relay)
         if config.ca_file is not None:
             try:
@@ -121,10 +122,10 @@ def _parse(field: dataclasses.Field, raw: Any, source: str) -> Any:
     kind = field.type if isinstance(field.type, str) else field.type.__name__
     try:
         if kind == "bool":
-            text = str(raw).strip().lower()
-            if text not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise ValueError(text)
-            return text in ("1", "true", "yes", "on")
+            on = _switch(str(raw).strip().lower())
+            if on is None:
+                raise ValueError(raw)
+            return on
         if kind.startswith("int"):
             return int(raw)
         if kind.startswith("float"):
@@ -132,6 +133,13 @@ def _parse(field: dataclasses.Field, raw: Any, source: str) -> Any:
         return str(raw)
     except (TypeError, ValueError):
         raise ValueError(f"{source} must be a {kind.split(' ')[0]}, got {raw!r}") from None
+
+
+def _switch(text: str) -> bool | None:
+    """A setting's on/off word (lower case) as True or False; None for any other."""
+    if text in ("1", "true", "yes", "on"):
+        return True
+    return False if text in ("0", "false", "no", "off") else None
 
 
 def relays(setting: str, world: int | None, local_world: str | None) -> bool:

@@ -229,11 +229,17 @@ def stop(proc: subprocess.Popen | None) -> None:
     words and its relay's hand-over take under one; never raises)."""
     if proc is None or proc.poll() is not None:
         return
+    terminate(proc)  # a read in progress ends first: its py-spy killed, its rank woken
+    wait_or_kill(proc, 2.0)
+
+
+def terminate(proc: subprocess.Popen) -> None:
+    """SIGTERM to a process this one started, if it still runs. Never raises."""
     try:
-        proc.terminate()  # a read in progress ends first: its py-spy killed, its rank woken
+        if proc.poll() is None:
+            proc.terminate()
     except Exception:
         pass
-    wait_or_kill(proc, 2.0)
 
 
 def wait_or_kill(proc: subprocess.Popen, seconds: float) -> None:
@@ -444,18 +450,10 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         return reader.run()
     finally:  # (its parent gone, or SIGTERM: the launcher stopping the job, or detach)
         if carrier is not None:  # told to leave: its agents' last words still go up meanwhile
-            _signal(carrier, signal.SIGTERM)
+            terminate(carrier)
         reader.last_words()
         if carrier is not None:  # the host's agents that still run are handed back
             relay.finish(carrier)
-
-
-def _signal(proc: subprocess.Popen, signum: int) -> None:
-    try:
-        if proc.poll() is None:
-            proc.send_signal(signum)
-    except Exception:
-        pass
 
 
 if __name__ == "__main__":

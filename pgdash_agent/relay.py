@@ -280,13 +280,7 @@ class Relay:
         from websockets.exceptions import ConnectionClosed
 
         while True:
-            await self._any.wait()
-            try:
-                await asyncio.wait_for(self._now.wait(), self.hold_s)
-            except asyncio.TimeoutError:
-                pass
-            self._any.clear()
-            self._now.clear()
+            await held(self._any, self._now, self.hold_s)
             try:
                 await self._flush(up)
             except ConnectionClosed:  # (_down sees it too: its agents send again elsewhere)
@@ -356,6 +350,18 @@ def _remove_unheard(where: Path) -> bool:
         return True
     finally:
         probe.close()
+
+
+async def held(waiting: asyncio.Event, now: asyncio.Event, hold_s: float) -> None:
+    """Wait until a frame waits to go up (``waiting``), then up to ``hold_s`` more for others
+    to go with it, or until one must go at once (``now``); both are cleared for the next."""
+    await waiting.wait()
+    try:
+        await asyncio.wait_for(now.wait(), hold_s)
+    except asyncio.TimeoutError:
+        pass
+    waiting.clear()
+    now.clear()
 
 
 def chunks(frames: list[tuple[int, bytes]], most: int) -> list[list[tuple[int, bytes]]]:

@@ -8,6 +8,7 @@ import signal
 import threading
 from pathlib import Path
 
+from pgdash_agent import board
 from pgdash_agent.compact import CompactClient
 from pgdash_agent.relay import Relay
 from pgdash_agent.wire import PROTOCOL_V2
@@ -147,23 +148,15 @@ def assert_every_collective_once(server, name: str, steps: int) -> None:
 def children(pid: int, module: str) -> list[int]:
     """The processes ``pid`` started that run ``python -m module``."""
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid and module.encode() in argv:
-            found.append(int(stat.parent.name))
+    for where in Path("/proc").glob("[0-9]*"):
+        fields = board.proc_stat(where.name)  # from the state on: the parent's pid second
+        if fields and fields[1:2] == [str(pid).encode()]:
+            try:
+                if module.encode() in (where / "cmdline").read_bytes().split(b"\0"):
+                    found.append(int(where.name))
+            except OSError:
+                continue
     return found
-
-
-def ended(pid: int) -> bool:
-    """The process has exited (gone, or a zombie nobody reaped yet)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_a_relay_whose_reader_is_killed_leaves_and_its_ranks_carry_on_directly(server,
@@ -180,7 +173,7 @@ def test_a_relay_whose_reader_is_killed_leaves_and_its_ranks_carry_on_directly(s
                           "rank 0's host reader")[0]
         relay = wait_for(lambda: children(reader, "pgdash_agent.relay"), 10, "its relay")[0]
         os.kill(reader, signal.SIGKILL)
-        wait_for(lambda: ended(relay), 20, "the relay to leave")
+        wait_for(lambda: not board.how_ended(relay)[0], 20, "the relay to leave")
         wait_for(lambda: metric(server, "pgdash_host_relays") == 0
                  and metric(server, "pgdash_relayed_agents") == 0, 20, "the relay to be gone")
     finally:

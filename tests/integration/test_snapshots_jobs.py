@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pgdash_agent import board
+
 from dashboard.ingest.asks import MIN_INTERVAL_S
 from tests.helpers.procs import (ROOT, ServerProcess, get_body, job_by_name, launch_job,
                                  wait_for)
@@ -281,5 +283,4 @@ def test_ranks_started_without_local_rank_have_a_host_reader_too(tmp_path):
 
 def _gone(pid: int) -> None:
     """The reader follows the rank that started it."""
-    wait_for(lambda: not Path(f"/proc/{pid}").exists() or
-             "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], 10, "the reader gone")
+    wait_for(lambda: not board.how_ended(pid)[0], 10, "the reader gone")
