@@ -252,27 +252,28 @@ def make_compactor(args, store: Store, ingest: Ingest, clock: Clock):
 WITHIN_S = 30.0  # what the page asks while its slider moves (static/js/job/replay.js)
 
 
-def scrub_near(ingest: Ingest, job_id: int, moments: list[float]) -> tuple[list[float], int]:
-    """``state?at=T&within=30`` at each moment, as the API answers it: the keyframe's JSON,
-    or a fold of T without one. (times, moments answered by a keyframe)"""
-    times, hits = [], 0
+def scrub_near(ingest: Ingest, job_id: int, moments: list[float],
+               within: float = WITHIN_S) -> tuple[list[float], int, list[float]]:
+    """``state?at=T&within=S`` at each moment, as the API answers it (``within`` 0: the
+    exact moment, ``state?at=T`` alone): the keyframe's JSON, or a fold of T without one.
+    (times, moments answered by a keyframe, the moment each answer shows)"""
+    times, hits, shown = [], 0, []
     for at in moments:
         start = time.perf_counter()
-        found = ingest.keyframes.near(job_id, at, WITHIN_S)
-        if found is None:
-            json.dumps(state_at(ingest, job_id, at))
-        else:
+        found = ingest.keyframes.near(job_id, at, within)
+        answer = json.dumps(state_at(ingest, job_id, at)) if found is None else \
             keyframe_answer(found)
         times.append(time.perf_counter() - start)
         hits += found is not None
-    return times, hits
+        shown.append(json.loads(answer)["at"])
+    return times, hits, shown
 
 
 def report_near(ingest: Ingest, store: Store, job_id: int, moments: list[float],
                 rank_hours: float) -> None:
     if not hasattr(ingest, "keyframes"):
         return
-    times, hits = scrub_near(ingest, job_id, moments)
+    times, hits, _ = scrub_near(ingest, job_id, moments)
     with store.engine.connect() as conn:
         n, size = conn.exec_driver_sql(
             "SELECT COUNT(*), COALESCE(SUM(LENGTH(answer)), 0) FROM keyframes").first()
@@ -282,6 +283,46 @@ def report_near(ingest: Ingest, store: Store, job_id: int, moments: list[float],
           f"{hits} of {len(times)} moments from a keyframe [goal p50 <= 100 ms, p95 <= 200]")
     print(f"keyframes stored: {n} ({size / 1e6:.1f} MB, {size / rank_hours / 1e3:.0f} kB per "
           f"rank-hour; made {ingest.keyframes.made} by this process's scrubs)")
+
+
+STEPS_BACK = 10  # one-second steps back from each incident mark (the page's ←)
+
+
+def report_marks(args, store: Store, job_id: int, end: float) -> None:
+    """The page at the job's incident marks (where incidents began and, once resolved,
+    ended: its Shift+←/→ stops) after a restart, as the API answers: each mark's exact
+    moment, the first visit and again on a fresh server; STEPS_BACK one-second steps back
+    from each (←); and ``&within=30`` 3.5 s before each (the slider dragged past it): how
+    far before the moment asked the moment shown is."""
+    ingest = make_ingest(args, store, Clock(end))
+    if not hasattr(ingest, "keyframes"):
+        return
+    found = ingest.incidents(job_id) or []
+    marks = sorted({i["first_seen"] for i in found}
+                   | {i["last_seen"] for i in found if not i["active"]})
+    if not marks:
+        print("incident marks: none (the job raised no incident)")
+        return
+    first, hits_first, _ = scrub_near(ingest, job_id, marks, 0.0)
+    store.writer.wait_idle()
+    again, hits_again, _ = scrub_near(make_ingest(args, store, Clock(end)), job_id, marks, 0.0)
+    back = [m - k for m in marks for k in range(1, STEPS_BACK + 1)]
+    steps, hits_steps, _ = scrub_near(make_ingest(args, store, Clock(end)), job_id, back, 0.0)
+    near = [m - 3.5 for m in marks]
+    _, _, shown = scrub_near(make_ingest(args, store, Clock(end)), job_id, near)
+    late = [at - s for at, s in zip(near, shown)]
+
+    def ms(times: list[float]) -> str:
+        return f"p50 {statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms"
+
+    print(f"incident marks ({len(marks)}), exact, after a restart: first visit {ms(first)} "
+          f"({hits_first} from a keyframe); again, a fresh server: {ms(again)} ({hits_again} "
+          f"from a keyframe)")
+    print(f"  {STEPS_BACK} one-second steps back from each: {ms(steps)}, p95 "
+          f"{pct(steps, 0.95) * 1000:.0f} ms ({hits_steps} of {len(steps)} from a keyframe)")
+    print(f"  &within={WITHIN_S:g} 3.5 s before each: the moment shown is "
+          f"{statistics.median(late):.1f} s (median), {max(late):.1f} s (most) before the "
+          f"one asked")
 
 
 def random_moments(args, t0: float, end: float) -> list[float]:
@@ -314,6 +355,7 @@ def scrub_again(args) -> None:
         store.writer.wait_idle()
         report_near(make_ingest(args, store, Clock(end)), store, job_id, moments,
                     args.ranks * args.minutes / 60)
+        report_marks(args, store, job_id, end)
     finally:
         store.close()
 
@@ -418,6 +460,7 @@ def main() -> None:
         store.writer.wait_idle()
         report_near(make_ingest(args, store, Clock(run["end"])), store, job_id, moments,
                     rank_hours)
+        report_marks(args, store, job_id, run["end"])
         size, used = disk_bytes(db)
         with store.engine.connect() as conn:
             kept = conn.exec_driver_sql(

@@ -175,5 +175,17 @@ def incidents(findings: Iterable[Finding]) -> list[Incident]:
     return sorted(out, key=lambda i: (-i["first_seen"], i["id"]))
 
 
+def marks(found: Iterable[Incident]) -> list[float]:
+    """The moments where a job's incidents began, and ended where resolved, oldest first:
+    where the page's Shift+arrows stop (static/js/job/replay.js, ``learnMarks``), and around
+    which keyframes are stored second by second (dashboard.history.keyframes)."""
+    out: set[float] = set()
+    for inc in found:
+        out.add(inc["first_seen"])
+        if not inc["active"]:
+            out.add(inc["last_seen"])
+    return sorted(out)
+
+
 def active_count(found: list[Incident]) -> int:
     return sum(1 for i in found if i["active"])

@@ -24,6 +24,16 @@ page's answer: dashboard.web.live.keyframe) with the book as of K:
 - by a fold for ``state?at=`` that passes K (``passing``): what live skipped, jobs stored before
   keyframes, and clustered jobs (their owner folds the log's tail, which makes none).
 
+Around each incident (where it began, and where it ended once resolved: the marks the page's
+Shift+arrows stop at) a fold toward a moment near a mark stores more: the mark itself and the
+moments FINE_S apart from FINE_BEFORE_S before it to FINE_AFTER_S after, aligned on the mark
+(so that the page's one-second steps from it land on them). The first visit to a mark folds
+there as before and stores those before it on its way, stepping on stores those after; from
+then on the incident forms second by second while the slider moves near it, Play steps
+through it and ←/→ step from it, each moment a read. A live server cannot make them (an
+incident begins before it is judged: the moments are past); the marks are the job's stored
+findings', read again after MARKS_TTL_S.
+
 It is encoded and compressed on the folding thread (the answer may share objects with the
 state that the next event changes): the live fold stores it in its own transaction, a scrub
 through the writer. A keyframe keeps the moment as
@@ -35,6 +45,7 @@ window and away from findings it keeps only those at multiples of ``PGDASH_KEYFR
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import math
@@ -47,6 +58,7 @@ from typing import Callable
 import sqlalchemy as sa
 
 from dashboard.diagnosis.book import Book
+from dashboard.diagnosis.incidents import incidents, marks
 from dashboard.state import JobState
 from dashboard.storage.store import Store
 from dashboard.storage.writer import WriterStopped
@@ -68,6 +80,15 @@ KNOWN_JOBS = 16
 # at 1,024 ranks one every 10 s raised freshness p95 by half a second). A moment left out
 # is stored by a scrub that passes it; the page takes a keyframe up to 30 s back.
 LIVE_SHARE = 0.02
+# Around each incident's marks: a moment every FINE_S from FINE_BEFORE_S before the mark to
+# FINE_AFTER_S after (a hang's first mark is its stall's, ~10 s after the ranks stopped:
+# the 30 s before show it form). At 1,024 ranks 41 keyframes, ~4 MB, a mark; the first
+# MAX_MARKS marks of a job get them. A running job's marks are read again after MARKS_TTL_S.
+FINE_S = 1.0
+FINE_BEFORE_S = 30.0
+FINE_AFTER_S = 10.0
+MAX_MARKS = 16
+MARKS_TTL_S = 30.0
 
 
 class Keyframes:
@@ -92,6 +113,11 @@ class Keyframes:
         self._moments: collections.OrderedDict[int, set[float]] = collections.OrderedDict()
         self._live_period: dict[int, float] = {}  # by job held: the period of its last batch
         self._live_after: dict[int, float] = {}  # by job held: no live keyframe before this
+        # By job, the most recently folded last: (when read, its incident marks).
+        self._marks: collections.OrderedDict[int, tuple[float, list[float]]] = \
+            collections.OrderedDict()
+        # ((job, moment a fold goes toward), the moments around the marks near it)
+        self._fine_for: tuple[tuple[int, float] | None, list[float]] = (None, [])
 
     def made_for(self, state: JobState) -> bool:
         """Whether keyframes are made for this job (on, and it is big enough)."""
@@ -133,25 +159,57 @@ class Keyframes:
         self.take(job_id, at, state, book, conn)
         self._live_after[job_id] = at + (time.perf_counter() - start) / self.live_share
 
-    def passing(self, job_id: int, state: JobState, last_at: float,
-                until: float) -> list[float]:
-        """The grid moments from ``last_at`` (when the last event folded into ``state``
-        arrived) to ``until`` (exclusive: the next event's arrival) that have no keyframe
-        yet: the state holds exactly what arrived by each."""
+    def passing(self, job_id: int, state: JobState, last_at: float, until: float,
+                toward: float | None = None) -> list[float]:
+        """The moments from ``last_at`` (when the last event folded into ``state`` arrived)
+        to ``until`` (exclusive: the next event's arrival) that have no keyframe yet: on the
+        grid, and, for a fold toward moment ``toward``, around the incident marks it is
+        near. The state holds exactly what arrived by each."""
         every = self.every_s
         if not every or not math.isfinite(last_at):
             return []
         first = math.ceil(last_at / every) * every
-        if first >= until or not self.made_for(state):  # (most events pass none: cheap first)
+        fine = () if toward is None else self._fine_moments(job_id, toward)
+        i = bisect.bisect_left(fine, last_at)
+        # (most events pass none: cheap first)
+        if first >= until and (i == len(fine) or fine[i] >= until):
             return []
-        known, wanted = self._known(job_id), self.store.keyframes.wanted
-        out = []
+        if not self.made_for(state):
+            return []
+        moments = set()
         k = first
         while k < until:
-            if k not in known and wanted(job_id, k):  # (not one compaction removed)
-                out.append(k)
+            moments.add(k)
             k = round(k + every, 6)
-        return out
+        while i < len(fine) and fine[i] < until:
+            moments.add(fine[i])
+            i += 1
+        known, wanted = self._known(job_id), self.store.keyframes.wanted
+        # (not one compaction removed)
+        return [k for k in sorted(moments) if k not in known and wanted(job_id, k)]
+
+    def _fine_moments(self, job_id: int, toward: float) -> list[float]:
+        """The moments around those of the job's first MAX_MARKS incident marks that
+        ``toward`` is near (FINE_BEFORE_S before the mark to FINE_AFTER_S after), sorted:
+        a scrub to an incident stores that incident's, not every one it passes on its way.
+        Folding thread (one fold at a time)."""
+        if self._fine_for[0] == (job_id, toward):
+            return self._fine_for[1]
+        now = time.monotonic()
+        held = self._marks.get(job_id)
+        if held is None or now - held[0] >= MARKS_TTL_S:
+            held = (now, marks(incidents(self.store.findings.of_job(job_id)))[:MAX_MARKS])
+            with self._lock:
+                self._marks[job_id] = held
+                self._marks.move_to_end(job_id)
+                while len(self._marks) > KNOWN_JOBS:
+                    self._marks.popitem(last=False)
+        steps = range(-round(FINE_BEFORE_S / FINE_S), round(FINE_AFTER_S / FINE_S) + 1)
+        fine = sorted({mark + k * FINE_S for mark in held[1]
+                       if mark - FINE_BEFORE_S <= toward <= mark + FINE_AFTER_S
+                       for k in steps})
+        self._fine_for = ((job_id, toward), fine)
+        return fine
 
     def near(self, job_id: int, at: float, within: float) -> bytes | None:
         """What ``render`` made of the job's newest keyframe in [at - within, at], or None."""

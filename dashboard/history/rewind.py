@@ -244,7 +244,7 @@ class Rewind:
             if keyframes is not None and last_id:
                 # The moments passed up to the one asked for (none of the log is missing).
                 until = min(ev["received_at"], math.nextafter(at, math.inf))
-                for moment in keyframes.passing(job_id, state.state, last_at, until):
+                for moment in keyframes.passing(job_id, state.state, last_at, until, at):
                     keyframes.take(job_id, moment, state.state, state.settled_book(moment))
             if ev["received_at"] > at:
                 break

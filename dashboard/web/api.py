@@ -229,15 +229,16 @@ MAX_WITHIN_S = 300.0
 def api_state(job_id: int):
     """The job at moment ``at``; with ``within=S``, the newest stored keyframe in
     [at - S, at] will do (its ``at`` says which moment it is; dashboard.history.keyframes), and
-    without one the moment is folded."""
+    without one the moment is folded. Without ``within`` a keyframe at that very moment is
+    its answer (the page's stops at incidents and its steps from them), else it is folded."""
     at = _moment(job_id, "at")
     raw = request.args.get("within")
-    if raw is None:
-        return _state_at(job_id, at)
-    try:
-        within = float(raw)
-    except ValueError:
-        within = -1.0
+    within = 0.0
+    if raw is not None:
+        try:
+            within = float(raw)
+        except ValueError:
+            within = -1.0
     if not 0 <= within <= MAX_WITHIN_S:
         raise _BadMoment(f"within must be seconds from 0 to {MAX_WITHIN_S:g}: how far before "
                          f"at a stored moment may be, e.g. &within=10; got {raw!r:.40}")

@@ -25,13 +25,13 @@ def store(tmp_path):
 
 
 def _live_job(ingest: Ingest, clock: list[float], seconds: int, min_ranks: int = RANKS,
-              offset: float = 0.5, share: float = 1.0) -> int:
+              offset: float = 0.5, share: float = 1.0, hang_at: float = T0 + 40) -> int:
     """A RANKS-rank job with a hang, sent through the live path a second's batch at a time
     (keyframes made for it although it is small, unless ``min_ranks`` says otherwise, and
     each period's, whatever a busy machine makes rendering cost)."""
     ingest.keyframes.min_ranks = min_ranks
     ingest.keyframes.live_share = share
-    return _send_live(ingest, clock, _job_events(seconds, hang=(T0 + 40, T0 + 90)), "kf",
+    return _send_live(ingest, clock, _job_events(seconds, hang=(hang_at, T0 + 90)), "kf",
                       offset)
 
 
@@ -70,9 +70,11 @@ def test_the_live_fold_stores_the_answer_of_each_period_start(store, offset):
         assert kept[at]["at"] == at
 
 
-def test_a_fold_for_a_moment_stores_the_keyframes_it_passes(store):
+def test_a_fold_for_a_moment_stores_the_keyframes_it_passes(store, monkeypatch):
     """Where live made none (a job stored before keyframes, a clustered job), a scrub that
-    folds through grid moments stores them, the same answers the live fold would have."""
+    folds through grid moments stores them, the same answers the live fold would have.
+    (The grid alone: none around the hang's marks, the next test's.)"""
+    monkeypatch.setattr("dashboard.history.keyframes.MAX_MARKS", 0)
     clock = [T0]
     quiet = Ingest(store, clock=lambda: clock[0], keyframe_every_s=0).start()
     job_id = _live_job(quiet, clock, 100)
@@ -94,6 +96,58 @@ def test_a_fold_for_a_moment_stores_the_keyframes_it_passes(store):
     state_at(scrub, job_id, T0 + 99.0)
     assert sorted(_stored(scrub, store, job_id)) == [T0 + k * EVERY for k in range(0, 10)]
     assert scrub.keyframes.made == made
+
+
+def test_a_fold_past_an_incident_stores_its_moments_second_by_second(store):
+    """Around each incident's marks (where it began; where it ended, once resolved: the
+    page's Shift+arrow stops) a fold stores a moment every FINE_S from FINE_BEFORE_S before
+    the mark to FINE_AFTER_S after, aligned on the mark so that the page's one-second steps
+    from it land on them: the hang forms second by second, each moment a read, each the
+    answer a fold of it gives."""
+    from dashboard.diagnosis.incidents import marks
+    from dashboard.history.keyframes import FINE_AFTER_S, FINE_BEFORE_S
+
+    clock = [T0]
+    live = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
+                  render_keyframe=keyframe).start()
+    job_id = _live_job(live, clock, 130, hang_at=T0 + 40.25)
+    begun, ended = marks(live.incidents(job_id))  # the hang of rank 0, resolved
+    assert T0 + 40 < begun < T0 + 90 <= ended < T0 + 130
+    assert begun % 1 == 0.25  # between the grid's moments: the seconds around it too
+    grid = set(_stored(live, store, job_id))
+    assert grid == {T0 + k * EVERY for k in range(1, 13)}  # the live server makes no others
+    scrub = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
+                   render_keyframe=keyframe).start()
+    scrub.keyframes.min_ranks = RANKS
+    state_at(scrub, job_id, begun)  # the page's Shift+→ to the hang
+    kept = _stored(scrub, store, job_id)
+    before = [begun + k for k in range(-int(FINE_BEFORE_S), 1)]
+    grid.add(T0)  # (the agents connected then: live had no batch before it)
+    assert set(kept) == grid | set(before)
+    for at in (before[0], begun - 7, begun):
+        assert kept[at] == _folded(store, job_id, at), at
+        assert kept[at]["at"] == at
+    def waiting(at):  # the ranks in an all_reduce at that moment
+        return sorted(row["rank"] for row in kept[at]["progress"] if row["inflight_op"])
+
+    assert waiting(begun - 11) == [] and waiting(begun) == [1, 2, 3]  # the hang formed
+    # Stepping on from the mark stores the seconds after it; a scrub toward the resolution
+    # those around it; one away from every mark, none.
+    state_at(scrub, job_id, begun + FINE_AFTER_S)
+    state_at(scrub, job_id, ended + FINE_AFTER_S)
+    state_at(scrub, job_id, ended + FINE_AFTER_S + 15)
+    kept = _stored(scrub, store, job_id)
+    after = [begun + k for k in range(1, int(FINE_AFTER_S) + 1)]
+    around_end = [ended + k for k in range(-int(FINE_BEFORE_S), int(FINE_AFTER_S) + 1)]
+    assert set(kept) == grid | set(before) | set(after) | set(around_end)
+    assert kept[ended + 3] == _folded(store, job_id, ended + 3)
+    assert any(f["active"] for f in kept[begun + 1]["findings"])  # judged at the next second
+    # The exact moment one second-step from a mark is a keyframe: the API reads it.
+    made = scrub.keyframes.made
+    assert json.loads(keyframe_answer(scrub.keyframes.near(job_id, begun - 1, 0))) == \
+        kept[begun - 1]
+    state_at(scrub, job_id, begun + 2)
+    assert scrub.keyframes.made == made  # nothing stored twice
 
 
 def test_near_reads_the_newest_keyframe_within_the_span_and_never_a_later_one(store):
@@ -155,10 +209,12 @@ def test_an_answer_that_cannot_be_rendered_costs_the_fold_nothing(store):
     assert ingest.state(job_id).last_event_id == stored[-1]["id"]  # every batch was folded
 
 
-def test_compaction_keeps_old_keyframes_every_30_s_and_a_scrub_stores_none_again(store):
+def test_compaction_keeps_old_keyframes_every_30_s_and_a_scrub_stores_none_again(
+        store, monkeypatch):
     """Beyond the window and away from findings, the keyframes at multiples of
     PGDASH_KEYFRAME_KEEP_S stay (the page takes one up to 30 s before a moment); a scrub
-    through that stretch does not store the others again."""
+    through that stretch does not store the others again. (The grid alone.)"""
+    monkeypatch.setattr("dashboard.history.keyframes.MAX_MARKS", 0)
     from dashboard.storage.compaction import Compactor, Policy
 
     clock = [T0]
