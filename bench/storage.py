@@ -28,6 +28,12 @@ Printed:
   slider moves on a big job (``&within=30``: the newest keyframe up to 30 s before, stored
   by the live fold every ``--keyframe-every`` seconds, dashboard.history.keyframes; a moment
   without one is folded), and the keyframes' bytes per rank-hour;
+* **incident marks**: the page at the job's incident marks (where incidents began and ended:
+  Shift+←/→) after a restart, as the API answers (a keyframe at exactly the moment asked,
+  else a fold): the first visit and again on a fresh server, ten one-second steps back from
+  each (←), and how far before the moment asked the ``&within=30`` answer 3.5 s before each
+  lies (dragging past it); with ``--prepare-marks``, the server first prepares them as the
+  page's opening of an ended job asks (dashboard.history.incident_frames), timed;
 * **export / import**: ``pgdash export``'s lines of the job into a file, and that file
   imported as a new job (dashboard.history.archive), in seconds.
 
@@ -43,6 +49,8 @@ A measurement, not a test: exit status 0 whatever the figures. From the reposito
         # scrub time they buy against the bytes they cost
     python -m bench.storage --ranks 256 --no-export --db job.db      # keep the job, then
     python -m bench.storage --ranks 256 --scrub-only --db job.db --at 1250 950 --verbose
+    python -m bench.storage --ranks 1024 --minutes 10 --hang-at 5.0062 --hang-for 2 \
+        --scrub-only --db copy.db --prepare-marks   # incidents prepared before the visits
         # scrub it again; PYTHONSAFEPATH=1 PYTHONPATH=<another checkout>:$PWD scrubs with
         # that pgdash (on a copy of the file, since scrubs store the checkpoints they pass)
 """
@@ -253,14 +261,15 @@ WITHIN_S = 30.0  # what the page asks while its slider moves (static/js/job/repl
 
 
 def scrub_near(ingest: Ingest, job_id: int, moments: list[float],
-               within: float = WITHIN_S) -> tuple[list[float], int, list[float]]:
+               within: float | None = WITHIN_S) -> tuple[list[float], int, list[float]]:
     """``state?at=T&within=S`` at each moment, as the API answers it (``within`` 0: the
-    exact moment, ``state?at=T`` alone): the keyframe's JSON, or a fold of T without one.
-    (times, moments answered by a keyframe, the moment each answer shows)"""
+    exact moment, ``state?at=T`` alone, where the API reads a keyframe at exactly T; None:
+    a fold, as it did before): the keyframe's JSON, or a fold of T without one. (times,
+    moments answered by a keyframe, the moment each answer shows)"""
     times, hits, shown = [], 0, []
     for at in moments:
         start = time.perf_counter()
-        found = ingest.keyframes.near(job_id, at, within)
+        found = None if within is None else ingest.keyframes.near(job_id, at, within)
         answer = json.dumps(state_at(ingest, job_id, at)) if found is None else \
             keyframe_answer(found)
         times.append(time.perf_counter() - start)
@@ -303,11 +312,28 @@ def report_marks(args, store: Store, job_id: int, end: float) -> None:
     if not marks:
         print("incident marks: none (the job raised no incident)")
         return
-    first, hits_first, _ = scrub_near(ingest, job_id, marks, 0.0)
+    # A pgdash whose API answers state?at=T from a keyframe at exactly T (its keyframes
+    # know the moments a scrub goes toward); before, T was always folded.
+    exact = 0.0 if "toward" in inspect.signature(ingest.keyframes.passing).parameters else None
+    if args.prepare_marks:
+        frames = getattr(ingest, "incident_frames", None)
+        if frames is None:
+            print("incident marks: this pgdash does not prepare them (no incident_frames)")
+        else:
+            start = time.perf_counter()
+            frames.ask(job_id)
+            frames.wait_idle(timeout=3600)
+            store.writer.wait_idle()
+            print(f"incident marks prepared in the background (GET /incidents, as the page "
+                  f"opens the job): {time.perf_counter() - start:.1f} s, "
+                  f"{frames.marks_folded} of {len(marks)} marks folded")
+    first, hits_first, _ = scrub_near(ingest, job_id, marks, exact)
     store.writer.wait_idle()
-    again, hits_again, _ = scrub_near(make_ingest(args, store, Clock(end)), job_id, marks, 0.0)
+    again, hits_again, _ = scrub_near(make_ingest(args, store, Clock(end)), job_id, marks,
+                                      exact)
     back = [m - k for m in marks for k in range(1, STEPS_BACK + 1)]
-    steps, hits_steps, _ = scrub_near(make_ingest(args, store, Clock(end)), job_id, back, 0.0)
+    steps, hits_steps, _ = scrub_near(make_ingest(args, store, Clock(end)), job_id, back,
+                                      exact)
     near = [m - 3.5 for m in marks]
     _, _, shown = scrub_near(make_ingest(args, store, Clock(end)), job_id, near)
     late = [at - s for at, s in zip(near, shown)]
@@ -382,6 +408,9 @@ def main() -> None:
     parser.add_argument("--keyframe-every", type=float, default=10.0, metavar="SECONDS",
                         help="PGDASH_KEYFRAME_S: the page's answer stored every this many "
                              "seconds (default: the server's, 10; 0: none)")
+    parser.add_argument("--prepare-marks", action="store_true",
+                        help="before visiting the incident marks, have the server prepare "
+                             "them as the page's opening of an ended job asks")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--end", action="store_true",
                         help="every rank exits cleanly at the end (the job ends; without it "

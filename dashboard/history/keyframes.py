@@ -116,8 +116,9 @@ class Keyframes:
         # By job, the most recently folded last: (when read, its incident marks).
         self._marks: collections.OrderedDict[int, tuple[float, list[float]]] = \
             collections.OrderedDict()
-        # ((job, moment a fold goes toward), the moments around the marks near it)
-        self._fine_for: tuple[tuple[int, float] | None, list[float]] = (None, [])
+        # Per folding thread (a scrub's, dashboard.history.incident_frames'): ``held``, ((job,
+        # the moment its fold goes toward), the moments around the marks near it).
+        self._fine_for = threading.local()
 
     def made_for(self, state: JobState) -> bool:
         """Whether keyframes are made for this job (on, and it is big enough)."""
@@ -189,12 +190,22 @@ class Keyframes:
         return [k for k in sorted(moments) if k not in known and wanted(job_id, k)]
 
     def _fine_moments(self, job_id: int, toward: float) -> list[float]:
-        """The moments around those of the job's first MAX_MARKS incident marks that
-        ``toward`` is near (FINE_BEFORE_S before the mark to FINE_AFTER_S after), sorted:
-        a scrub to an incident stores that incident's, not every one it passes on its way.
-        Folding thread (one fold at a time)."""
-        if self._fine_for[0] == (job_id, toward):
-            return self._fine_for[1]
+        """The moments around those of the job's incident marks that ``toward`` is near
+        (FINE_BEFORE_S before the mark to FINE_AFTER_S after), sorted: a scrub to an
+        incident stores that incident's, not every one it passes on its way."""
+        held = getattr(self._fine_for, "held", None)
+        if held is not None and held[0] == (job_id, toward):
+            return held[1]
+        steps = range(-round(FINE_BEFORE_S / FINE_S), round(FINE_AFTER_S / FINE_S) + 1)
+        fine = sorted({mark + k * FINE_S for mark in self.marks_of(job_id)
+                       if mark - FINE_BEFORE_S <= toward <= mark + FINE_AFTER_S
+                       for k in steps})
+        self._fine_for.held = ((job_id, toward), fine)
+        return fine
+
+    def marks_of(self, job_id: int) -> list[float]:
+        """The job's first MAX_MARKS incident marks (its stored findings'; a running job's
+        are read again after MARKS_TTL_S)."""
         now = time.monotonic()
         held = self._marks.get(job_id)
         if held is None or now - held[0] >= MARKS_TTL_S:
@@ -204,12 +215,11 @@ class Keyframes:
                 self._marks.move_to_end(job_id)
                 while len(self._marks) > KNOWN_JOBS:
                     self._marks.popitem(last=False)
-        steps = range(-round(FINE_BEFORE_S / FINE_S), round(FINE_AFTER_S / FINE_S) + 1)
-        fine = sorted({mark + k * FINE_S for mark in held[1]
-                       if mark - FINE_BEFORE_S <= toward <= mark + FINE_AFTER_S
-                       for k in steps})
-        self._fine_for = ((job_id, toward), fine)
-        return fine
+        return held[1]
+
+    def stored(self, job_id: int, at: float) -> bool:
+        """Whether the job has a keyframe at ``at`` (stored or on its way)."""
+        return at in self._known(job_id)
 
     def near(self, job_id: int, at: float, within: float) -> bytes | None:
         """What ``render`` made of the job's newest keyframe in [at - within, at], or None."""

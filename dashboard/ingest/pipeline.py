@@ -38,8 +38,9 @@ from dashboard.ingest.fold import LiveFold, newest_sent
 from dashboard.ingest.follow import LogFollower
 from dashboard.ingest.guard import LoginGuard
 from dashboard.ingest.heard import Heard
-from dashboard.ingest.lag import IngestLag
+from dashboard.ingest.lag import LAG_WARN_S, IngestLag
 from dashboard.ingest.livebooks import LiveBooks
+from dashboard.history.incident_frames import IncidentFrames
 from dashboard.history.keyframes import Keyframes
 from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
@@ -127,9 +128,16 @@ class Ingest:
         self.keyframes = Keyframes(
             store, keyframe_every_s, None if render_keyframe is None else
             lambda state, book, at: render_keyframe(state, book, at, self.settings))
-        self.rewind = Rewind(store, persist_every_s=checkpoint_every_s,
-                             new_state=lambda job_id, name: Timeline(job_id, name, self.settings),
+        def timeline(job_id: int, name: str) -> Timeline:
+            return Timeline(job_id, name, self.settings)
+
+        self.rewind = Rewind(store, persist_every_s=checkpoint_every_s, new_state=timeline,
                              keyframes=self.keyframes)
+        self.incident_frames = IncidentFrames(
+            store, self.keyframes, Rewind(store, max_jobs=1, copies_bytes=0,
+                                          persist_every_s=checkpoint_every_s,
+                                          new_state=timeline, keyframes=self.keyframes),
+            self._replay_prepare, lambda: self.lag.current() > LAG_WARN_S)
         self.fold = LiveFold(store, self.admission, self.cache, self.books, self.rewind,
                              self.keyframes, self.lag, self.counters, self.changed, cluster)
         self.diagnosis = LiveDiagnosis(self.cache, self.books, self.lag, self.owns)
@@ -230,9 +238,14 @@ class Ingest:
         job = self.store.jobs.get(job_id)
         if job is None:
             return None
-        log = self.books.book_log(job_id)
         return self.rewind.view(job_id, job["name"], at, view,
-                                prepare=lambda timeline: timeline.use_log(log))
+                                prepare=self._replay_prepare(job_id))
+
+    def _replay_prepare(self, job_id: int) -> Callable[[Timeline], bool]:
+        """What readies a replay's first Timeline: the job's stored book log, read where it
+        covers the moments (see Timeline.use_log)."""
+        log = self.books.book_log(job_id)
+        return lambda timeline: timeline.use_log(log)
 
     def each_held(self, view: Callable[[int, JobState, list[Finding]], T]) -> list[T]:
         """``view(job id, state, its findings)`` of every job held in memory, while no event
@@ -380,6 +393,7 @@ class Ingest:
         overloaded server from exiting for many seconds; a restart folds the stored log)."""
         self.stopping = True
         self.fold.draining = True
+        self.incident_frames.stop()
 
     def disconnect(self, session: str, goodbye: bool = False) -> None:
         """The connection of ``session`` closed; ``goodbye``: its agent closed it (a killed

@@ -265,6 +265,9 @@ def api_compare(job_id: int):
 def api_incidents(job_id: int):
     ingest = _ingest()
     found = found_or_404(ingest.incidents(job_id), job_id)
+    # The page asks as it opens a job: an ended big job's incidents are made ready to scrub
+    # (the keyframes around them stored in the background: dashboard.history.incident_frames).
+    ingest.incident_frames.ask(job_id)
     return {"incidents": ingest.read(job_id, lambda s: snapshots.with_snapshots(s, found))
             or found}
 

@@ -349,6 +349,44 @@ def test_state_at_within_answers_the_keyframe_before_the_moment(tmp_path):
         srv.stop()
 
 
+def test_opening_an_ended_big_job_prepares_its_incidents_in_the_background(tmp_path):
+    """GET /incidents (the page opening the job) has the server fold toward each incident
+    mark and store the keyframes a second apart around it; the exact moments there are then
+    answered from them, the same answers a fold gives."""
+    from tests.helpers.storedjob import keyframe_moments, stored_job
+
+    db = tmp_path / "kf.sqlite"
+    job_id, start, end = stored_job(db, 128, 40)
+    srv = ServerProcess(f"sqlite:///{db}", log_path=tmp_path / "server.log").start()
+    try:
+        found = srv.api(f"/api/jobs/{job_id}/incidents")["incidents"]
+        marks = sorted({i["first_seen"] for i in found}
+                       | {i["last_seen"] for i in found if not i["active"]})
+        assert marks and all(start + 10 < m < end for m in marks)
+        wanted = {m + k for m in marks for k in range(-10, 1)}  # (all inside the job)
+        deadline = time.monotonic() + 120
+        while not wanted <= set(keyframe_moments(db, job_id)):
+            assert time.monotonic() < deadline, sorted(wanted - set(keyframe_moments(db, job_id)))
+            time.sleep(0.5)
+        path = f"/api/jobs/{job_id}/state?at="
+        moments = (marks[0] - 4, marks[-1])
+        read = [srv.api(f"{path}{at!r}") for at in moments]
+    finally:
+        srv.stop()
+    import sqlite3
+
+    con = sqlite3.connect(db)  # the same moments folded: by a server that has no keyframes
+    con.execute("DELETE FROM keyframes")
+    con.commit()
+    con.close()
+    srv = ServerProcess(f"sqlite:///{db}", log_path=tmp_path / "server2.log").start()
+    try:
+        for at, answer in zip(moments, read):
+            assert answer["at"] == at and srv.api(f"{path}{at!r}") == answer
+    finally:
+        srv.stop()
+
+
 def test_a_test_server_whose_free_port_was_taken_meanwhile_starts_on_another(tmp_path):
     """tests.helpers.procs: another process can bind the port free_port() found before the
     server does (CI failed two tests so); the helper finds another one."""

@@ -1,0 +1,143 @@
+"""Incident frames: an ended job folded toward each of its incident marks in the background,
+so that the keyframes around them (dashboard.history.keyframes: a second apart, from
+FINE_BEFORE_S before each mark to FINE_AFTER_S after) are stored before anyone scrubs there.
+
+The page asks for it as it opens a job (``GET /api/jobs/<id>/incidents``): the first visit to
+an incident of a big job then shows it at once, second by second, where it would fold seconds
+of log first (~20 s at 1,024 ranks). Jobs that get no keyframes (too small: their moments fold
+in a fraction of a second), and running ones (their incidents are still being judged), are
+left alone.
+
+Its folds run on a Rewind of their own (no in-memory copies, its own lock), so a user's
+scrub never waits for one; they share the process, and so its CPU, with ingest: one job at a
+time, at most JOBS waiting, each asked once per process; a mark whose moments are stored
+already is skipped (after a restart a job costs a read per mark); and while the server is
+behind its agents it waits, live ingest first, giving the job up after BEHIND_WAIT_S.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from dashboard.history.keyframes import FINE_AFTER_S, FINE_BEFORE_S, FINE_S, Keyframes
+from dashboard.history.rewind import Rewind
+from dashboard.storage.store import Store
+
+log = logging.getLogger("pgdash.incident_frames")
+
+JOBS = 8  # jobs waiting at most; more are not asked (the page asks again on its next visit)
+BEHIND_WAIT_S = 120.0
+
+
+class IncidentFrames:
+    """Args:
+        store: the database.
+        keyframes: the server's (what it stores, which marks a job has, whether a job is big
+            enough).
+        rewind: the folds' own (Ingest makes it like its own, without copies).
+        prepare: ``job id -> `` what readies a fold's first state (Ingest.replay's: the
+            job's stored book log).
+        behind: whether the server is behind its agents now.
+    """
+
+    def __init__(self, store: Store, keyframes: Keyframes, rewind: Rewind,
+                 prepare: Callable[[int], Callable[[Any], bool]],
+                 behind: Callable[[], bool]):
+        self.store, self.keyframes, self.rewind = store, keyframes, rewind
+        self.prepare, self.behind = prepare, behind
+        self.marks_folded = 0  # marks whose moments a fold here stored (tests, the bench)
+        self._asked: set[int] = set()
+        self._queue: queue.Queue[int | None] = queue.Queue(JOBS)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def ask(self, job_id: int) -> bool:
+        """Have the moments around the job's incident marks stored, in the background (once
+        per process); False if it was asked before, the job gets none (running, or too
+        small for keyframes) or there is no room now."""
+        with self._lock:
+            if job_id in self._asked or self._stop.is_set():
+                return False
+            if self._job_row(job_id) is None:
+                return False
+            try:
+                self._queue.put_nowait(job_id)
+            except queue.Full:
+                return False
+            self._asked.add(job_id)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="pgdash-incident-frames")
+                self._thread.start()
+        return True
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Wait until every job asked so far is done (tests, the bench); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """No more jobs; the one under way stops at its next mark."""
+        self._stop.set()
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            try:
+                self._queue.put_nowait(None)
+            except queue.Full:
+                pass
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            job_id = self._queue.get()
+            try:
+                if job_id is None or self._stop.is_set():
+                    return
+                self._job(job_id)
+            except Exception:  # an optimisation: the page folds the moments instead
+                log.exception("pgdash: the moments around job %s's incidents were not "
+                              "prepared; scrubbing there folds them instead", job_id)
+            finally:
+                self._queue.task_done()
+
+    def _job_row(self, job_id: int) -> dict[str, Any] | None:
+        """The job's row if it ended and is big enough for keyframes, else None."""
+        job = self.store.jobs.get(job_id)
+        frames = self.keyframes
+        if (job is None or job["ended_at"] is None or not frames.every_s
+                or frames.render is None or (job["world_size"] or 0) < frames.min_ranks):
+            return None
+        return job
+
+    def _job(self, job_id: int) -> None:
+        job = self._job_row(job_id)
+        if job is None:
+            return
+        frames = self.keyframes
+        for mark in frames.marks_of(job_id):
+            # Done before (by this, or a scrub there) when the seconds just before it are
+            # stored: the live server stores none of those, but for one on its grid.
+            if self._stop.is_set() or all(frames.stored(job_id, mark - k * FINE_S)
+                                          for k in (1, 2, 3)):
+                continue
+            waited = 0.0
+            while self.behind():
+                if waited >= BEHIND_WAIT_S or self._stop.wait(1.0):
+                    return
+                waited += 1.0
+            # From before the first moment (a fold starts from the checkpoint before where
+            # it goes), then on through the last: the fold stores those it passes.
+            for at in (mark - FINE_BEFORE_S, mark + FINE_AFTER_S):
+                self.rewind.view(job_id, job["name"], at, lambda _: None,
+                                 prepare=self.prepare(job_id))
+            self.marks_folded += 1
