@@ -7,6 +7,7 @@ answers JSON whatever goes wrong, with what to do in the message.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from typing import Any, Callable
@@ -242,23 +243,38 @@ def api_state(job_id: int):
     if not 0 <= within <= MAX_WITHIN_S:
         raise _BadMoment(f"within must be seconds from 0 to {MAX_WITHIN_S:g}: how far before "
                          f"at a stored moment may be, e.g. &within=10; got {raw!r:.40}")
-    found = _ingest().keyframes.near(job_id, at, within)
+    found = _keyframe(job_id, at, within)
     if found is not None:
-        try:
-            return current_app.response_class(keyframe_answer(found),
-                                              mimetype="application/json")
-        except (ValueError, KeyError, TypeError):  # not what this pgdash stores: folded
-            log.error("pgdash: a keyframe of job %s before %s is unreadable; folding the "
-                      "moment instead (DELETE FROM keyframes WHERE job_id = %s drops them)",
-                      job_id, at, job_id)
+        return current_app.response_class(found, mimetype="application/json")
     return _state_at(job_id, at)
+
+
+def _keyframe(job_id: int, at: float, within: float) -> bytes | None:
+    """The answer's JSON of the job's newest keyframe in [at - within, at], or None (none,
+    or one this pgdash cannot read: the moment is folded instead)."""
+    found = _ingest().keyframes.near(job_id, at, within)
+    if found is None:
+        return None
+    try:
+        return keyframe_answer(found)
+    except (ValueError, KeyError, TypeError):  # not what this pgdash stores
+        log.error("pgdash: a keyframe of job %s before %s is unreadable; folding the "
+                  "moment instead (DELETE FROM keyframes WHERE job_id = %s drops them)",
+                  job_id, at, job_id)
+        return None
 
 
 @api.get("/api/jobs/<int:job_id>/compare")
 def api_compare(job_id: int):
-    """What changed from moment ``a`` to moment ``b`` (dashboard.web.compare)."""
+    """What changed from moment ``a`` to moment ``b`` (dashboard.web.compare); a moment with
+    a keyframe at exactly it (around incidents) is read from it."""
     a, b = _moment(job_id, "a"), _moment(job_id, "b")
-    return compare(_state_at(job_id, a), _state_at(job_id, b))
+
+    def answer(at: float) -> dict[str, Any]:
+        found = _keyframe(job_id, at, 0.0)
+        return _state_at(job_id, at) if found is None else json.loads(found)
+
+    return compare(answer(a), answer(b))
 
 
 @api.get("/api/jobs/<int:job_id>/incidents")

@@ -371,6 +371,11 @@ def test_opening_an_ended_big_job_prepares_its_incidents_in_the_background(tmp_p
         path = f"/api/jobs/{job_id}/state?at="
         moments = (marks[0] - 4, marks[-1])
         read = [srv.api(f"{path}{at!r}") for at in moments]
+        # Before the hang and as its incident began, compared (both moments read).
+        compared = f"/api/jobs/{job_id}/compare?a={marks[0] - 15!r}&b={marks[0] + 2!r}"
+        changes = srv.api(compared)
+        assert {r["rank"] for r in changes["ranks"]} == set(range(128))  # stuck, or the one
+        assert changes["findings"]["appeared"]  # holding them up
     finally:
         srv.stop()
     import sqlite3
@@ -383,6 +388,7 @@ def test_opening_an_ended_big_job_prepares_its_incidents_in_the_background(tmp_p
     try:
         for at, answer in zip(moments, read):
             assert answer["at"] == at and srv.api(f"{path}{at!r}") == answer
+        assert srv.api(compared) == changes
     finally:
         srv.stop()
 
