@@ -2,8 +2,9 @@
 so that the keyframes around them (dashboard.history.keyframes: a second apart, from
 FINE_BEFORE_S before each mark to FINE_AFTER_S after) are stored before anyone scrubs there.
 
-The page asks for it as it opens a job (``GET /api/jobs/<id>/incidents``): the first visit to
-an incident of a big job then shows it at once, second by second, where it would fold seconds
+The live fold asks for it as a job ends, and the page as it opens one (``GET
+/api/jobs/<id>/incidents``: a job stored before, or by another server): the first visit to an
+incident of a big job then shows it at once, second by second, where it would fold seconds
 of log first (~20 s at 1,024 ranks). Jobs that get no keyframes (too small: their moments fold
 in a fraction of a second), and running ones (their incidents are still being judged), are
 left alone.
@@ -31,6 +32,7 @@ log = logging.getLogger("pgdash.incident_frames")
 
 JOBS = 8  # jobs waiting at most; more are not asked (the page asks again on its next visit)
 BEHIND_WAIT_S = 120.0
+SETTLE_S = 5.0  # a job the live fold saw end is prepared this much later (stored by then)
 
 
 class IncidentFrames:
@@ -51,7 +53,8 @@ class IncidentFrames:
         self.prepare, self.behind = prepare, behind
         self.marks_folded = 0  # marks whose moments a fold here stored (tests, the bench)
         self._asked: set[int] = set()
-        self._queue: queue.Queue[int | None] = queue.Queue(JOBS)
+        self._queue: queue.Queue[tuple[int, float] | None] = queue.Queue(JOBS)  # (job, when)
+        self.settle_s = SETTLE_S
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -60,13 +63,19 @@ class IncidentFrames:
         """Have the moments around the job's incident marks stored, in the background (once
         per process); False if it was asked before, the job gets none (running, or too
         small for keyframes) or there is no room now."""
+        return self._ask(job_id, self._job_row(job_id) is not None, 0.0)
+
+    def ended(self, job_id: int) -> None:
+        """The live fold saw the job end (writer thread, its row not committed yet): asked
+        SETTLE_S later, when its row and findings are stored."""
+        self._ask(job_id, True, self.settle_s)
+
+    def _ask(self, job_id: int, wanted: bool, after_s: float) -> bool:
         with self._lock:
-            if job_id in self._asked or self._stop.is_set():
-                return False
-            if self._job_row(job_id) is None:
+            if not wanted or job_id in self._asked or self._stop.is_set():
                 return False
             try:
-                self._queue.put_nowait(job_id)
+                self._queue.put_nowait((job_id, time.monotonic() + after_s))
             except queue.Full:
                 return False
             self._asked.add(job_id)
@@ -99,14 +108,17 @@ class IncidentFrames:
 
     def _run(self) -> None:
         while True:
-            job_id = self._queue.get()
+            asked = self._queue.get()
             try:
-                if job_id is None or self._stop.is_set():
+                if asked is None or self._stop.is_set():
+                    return
+                job_id, due = asked
+                if self._stop.wait(max(0.0, due - time.monotonic())):
                     return
                 self._job(job_id)
             except Exception:  # an optimisation: the page folds the moments instead
                 log.exception("pgdash: the moments around job %s's incidents were not "
-                              "prepared; scrubbing there folds them instead", job_id)
+                              "prepared; scrubbing there folds them instead", asked[0])
             finally:
                 self._queue.task_done()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Any
+from typing import Any, Callable
 
 from dashboard.history.keyframes import Keyframes
 from dashboard.history.rewind import Rewind
@@ -49,6 +49,9 @@ class LiveFold:
         # Set as the server stops: batches still queued are stored, not folded or judged (a
         # restart folds the log from the last checkpoint, as after a crash).
         self.draining = False
+        # Told of each job big enough for keyframes that ended (its summary's ended_at set
+        # by a batch), on the writer thread before the batch is committed; must not block.
+        self.ended: Callable[[int], None] | None = None
 
     def write(self, conn, session: str, job_id: int, evs: list[dict[str, Any]]) -> int:
         """Writer thread: drop what is already stored, insert the rest, fold it into state."""
@@ -96,10 +99,14 @@ class LiveFold:
                                            "body": ev["body"]}
                     state.apply(stored)
                 after = state.summary()
+                ended = (after["ended_at"] is not None and before["ended_at"] is None
+                         and self.keyframes.made_for(state))
         if newest is not None:
             self.lag.folded(session, newest, now)
         if after != before:
             self.store.jobs.update(conn, job_id, after)
+            if ended and self.ended is not None:
+                self.ended(job_id)
         self.changed.job(job_id, list_changed=after != before)
         return len(fresh)
 

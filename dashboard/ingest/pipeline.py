@@ -140,6 +140,7 @@ class Ingest:
             self._replay_prepare, lambda: self.lag.current() > LAG_WARN_S)
         self.fold = LiveFold(store, self.admission, self.cache, self.books, self.rewind,
                              self.keyframes, self.lag, self.counters, self.changed, cluster)
+        self.fold.ended = self.incident_frames.ended
         self.diagnosis = LiveDiagnosis(self.cache, self.books, self.lag, self.owns)
         self.follower = None if cluster is None else LogFollower(
             store, self.cache, self.books, self.lag, lambda: self.clock(), self.counters,

@@ -18,7 +18,8 @@ def stored_job(db: Path, ranks: int, seconds: int) -> tuple[int, float, float]:
     args = argparse.Namespace(ranks=ranks, minutes=minutes, hang_at=minutes / 3,
                               hang_for=minutes / 3, ops=4, seed=1, end=True, keep_full=0,
                               keep_around_findings=0, pack_after=None, checkpoint_keep=0,
-                              checkpoint_every=None, keyframe_every=10.0)
+                              checkpoint_every=None, keyframe_every=10.0,
+                              prepare_end=False)  # (the grid's keyframes alone: those tests')
     run = simulate(args, db)
     run["store"].writer.wait_idle()
     run["store"].close()

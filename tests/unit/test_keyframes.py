@@ -151,10 +151,10 @@ def test_a_fold_past_an_incident_stores_its_moments_second_by_second(store):
 
 
 def test_an_ended_jobs_incidents_are_made_ready_in_the_background(store):
-    """As the page opens an ended job (GET /incidents asks), the moments around each of its
-    incident marks are folded and stored on a fold of their own: every second from 30 s
-    before each mark to 10 s after, each the answer a fold gives, each asked once; running
-    jobs and jobs too small for keyframes are left alone."""
+    """As a job ends (and as the page opens an ended one: GET /incidents asks), the moments
+    around each of its incident marks are folded and stored on a fold of their own: every
+    second from 30 s before each mark to 10 s after, each the answer a fold gives, each job
+    once; running jobs and jobs too small for keyframes are left alone."""
     from dashboard.diagnosis.incidents import marks
     from dashboard.history.keyframes import FINE_AFTER_S, FINE_BEFORE_S
 
@@ -162,6 +162,7 @@ def test_an_ended_jobs_incidents_are_made_ready_in_the_background(store):
     ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
                     render_keyframe=keyframe).start()
     ingest.keyframes.min_ranks = RANKS
+    ingest.incident_frames.settle_s = 0.0
     events = _job_events(130, hang=(T0 + 40.25, T0 + 90))
     last = max(ev["received_at"] for ev in events)
     exits = [{"session": f"s{r}", "t": last + 1, "received_at": last + 1.01, "kind": "exit",
@@ -174,7 +175,7 @@ def test_an_ended_jobs_incidents_are_made_ready_in_the_background(store):
     running = _send_live(ingest, clock, later, "running")
     assert not ingest.incident_frames.ask(running)  # its incidents are still being judged
     begun, ended = marks(ingest.incidents(job_id))
-    assert ingest.incident_frames.ask(job_id) and ingest.incident_frames.wait_idle()
+    assert ingest.incident_frames.wait_idle()  # the live fold saw it end: asked
     assert ingest.incident_frames.marks_folded == 2
     kept = _stored(ingest, store, job_id)
     steps = range(-int(FINE_BEFORE_S), int(FINE_AFTER_S) + 1)
@@ -182,7 +183,6 @@ def test_an_ended_jobs_incidents_are_made_ready_in_the_background(store):
     for at in (begun - FINE_BEFORE_S, begun - 1, begun + FINE_AFTER_S, ended + 4):
         assert kept[at] == _folded(store, job_id, at), at
     assert not ingest.incident_frames.ask(job_id)  # once
-    ingest.keyframes.min_ranks = RANKS + 1
     fresh = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
                    render_keyframe=keyframe).start()
     assert not fresh.incident_frames.ask(job_id)  # too small for keyframes (MIN_RANKS)
