@@ -10,10 +10,12 @@ in a fraction of a second), and running ones (their incidents are still being ju
 left alone.
 
 Its folds run on a Rewind of their own (no in-memory copies, its own lock), so a user's
-scrub never waits for one; they share the process, and so its CPU, with ingest: one job at a
-time, at most JOBS waiting, each asked once per process; a mark whose moments are stored
-already is skipped (after a restart a job costs a read per mark); and while the server is
-behind its agents it waits, live ingest first, giving the job up after BEHIND_WAIT_S.
+scrub never waits for one; they share the process (its CPU, its interpreter lock) with
+ingest, so they run at DUTY of the time they take (a slice of work, then a pause three times
+as long), one job at a time, at most JOBS waiting, each asked once per process; a mark whose
+moments are stored already is skipped (after a restart a job costs a read per mark); and
+while the server is behind its agents they wait, live ingest first, giving the job up after
+BEHIND_WAIT_S.
 """
 
 from __future__ import annotations
@@ -33,6 +35,16 @@ log = logging.getLogger("pgdash.incident_frames")
 JOBS = 8  # jobs waiting at most; more are not asked (the page asks again on its next visit)
 BEHIND_WAIT_S = 120.0
 SETTLE_S = 5.0  # a job the live fold saw end is prepared this much later (stored by then)
+DUTY = 0.25  # the share of the time its folds work, in slices of about SLICE_S
+SLICE_S = 0.05
+
+
+class _Stopped(Exception):
+    """The server stops: the fold under way is given up."""
+
+
+class _GaveUp(Exception):
+    """The server stayed behind its agents for BEHIND_WAIT_S: the job is given up."""
 
 
 class IncidentFrames:
@@ -51,6 +63,9 @@ class IncidentFrames:
                  behind: Callable[[], bool]):
         self.store, self.keyframes, self.rewind = store, keyframes, rewind
         self.prepare, self.behind = prepare, behind
+        rewind.pace = self._pace
+        self.duty = DUTY  # (tests lift it)
+        self._slice_from = time.monotonic()
         self.marks_folded = 0  # marks whose moments a fold here stored (tests, the bench)
         self._asked: set[int] = set()
         self._queue: queue.Queue[tuple[int, float] | None] = queue.Queue(JOBS)  # (job, when)
@@ -116,6 +131,11 @@ class IncidentFrames:
                 if self._stop.wait(max(0.0, due - time.monotonic())):
                     return
                 self._job(job_id)
+            except _Stopped:
+                return
+            except _GaveUp:
+                log.info("pgdash: job %s's incidents not prepared: the server stayed behind "
+                         "its agents for %g s", asked[0], BEHIND_WAIT_S)
             except Exception:  # an optimisation: the page folds the moments instead
                 log.exception("pgdash: the moments around job %s's incidents were not "
                               "prepared; scrubbing there folds them instead", asked[0])
@@ -142,14 +162,30 @@ class IncidentFrames:
             if self._stop.is_set() or all(frames.stored(job_id, mark - k * FINE_S)
                                           for k in (1, 2, 3)):
                 continue
-            waited = 0.0
-            while self.behind():
-                if waited >= BEHIND_WAIT_S or self._stop.wait(1.0):
-                    return
-                waited += 1.0
+            self._wait_while_behind()
             # From before the first moment (a fold starts from the checkpoint before where
             # it goes), then on through the last: the fold stores those it passes.
+            self._slice_from = time.monotonic()
             for at in (mark - FINE_BEFORE_S, mark + FINE_AFTER_S):
                 self.rewind.view(job_id, job["name"], at, lambda _: None,
                                  prepare=self.prepare(job_id))
             self.marks_folded += 1
+
+    def _pace(self) -> None:
+        """Between events of a fold here: after a slice of work, a pause (DUTY), and none
+        while the server is behind its agents."""
+        busy = time.monotonic() - self._slice_from
+        if busy >= SLICE_S:
+            if self._stop.wait(busy * (1 - self.duty) / self.duty):
+                raise _Stopped
+            self._wait_while_behind()
+            self._slice_from = time.monotonic()
+
+    def _wait_while_behind(self) -> None:
+        waited = 0.0
+        while self.behind():
+            if self._stop.wait(1.0):
+                raise _Stopped
+            waited += 1.0
+            if waited >= BEHIND_WAIT_S:
+                raise _GaveUp

@@ -75,7 +75,11 @@ class Rewind:
         new_state: ``(job_id, name) -> `` an empty fold: a JobState by default; Ingest
             folds a ``dashboard.diagnosis.timeline.Timeline`` (state and findings book), which
             dashboard.storage.codec stores like one. Stored checkpoints hold what it makes.
+        pace: called every PACE_EVENTS events a fold reads (a background fold's: it may
+            sleep, or raise to give the fold up); None: folds run flat out.
     """
+
+    PACE_EVENTS = 500
 
     # Copies this many events folded per agent session apart cost a scrub about a seventh
     # more than the fold alone: a 256-rank state copies in ~0.35 s (pickle and zlib 1) and
@@ -86,8 +90,8 @@ class Rewind:
                  spacing: int = 2000, copies_bytes: int = COPIES_BYTES,
                  persist_every_s: float = 300.0,
                  new_state: Callable[[int, str], Any] = JobState,
-                 keyframes: Keyframes | None = None):
-        self.store = store
+                 keyframes: Keyframes | None = None, pace: Callable[[], None] | None = None):
+        self.store, self.pace = store, pace
         self.new_state = new_state
         self.keyframes = keyframes  # stored where a fold of Timelines passes their moments
         self.persist_every_s = persist_every_s  # PGDASH_CHECKPOINT_S; 0: none stored
@@ -235,8 +239,11 @@ class Rewind:
         state, last_id, last_at, folded = point.state, point.last_id, point.at, point.folded
         every = self.persist_every_s
         keyframes = self.keyframes if isinstance(state, Timeline) else None
+        pace = self.pace
         for ev in self.store.log.events(job_id, after=last_id, keep=True):
             self.events_read += 1
+            if pace is not None and not self.events_read % self.PACE_EVENTS:
+                pace()
             if every and last_id:
                 boundary = math.floor(ev["received_at"] / every) * every
                 if last_at < boundary:  # the state holds exactly what arrived before it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import zlib
 
 import pytest
@@ -163,6 +164,7 @@ def test_an_ended_jobs_incidents_are_made_ready_in_the_background(store):
                     render_keyframe=keyframe).start()
     ingest.keyframes.min_ranks = RANKS
     ingest.incident_frames.settle_s = 0.0
+    ingest.incident_frames.duty = 1.0  # (no pauses between slices of work)
     events = _job_events(130, hang=(T0 + 40.25, T0 + 90))
     last = max(ev["received_at"] for ev in events)
     exits = [{"session": f"s{r}", "t": last + 1, "received_at": last + 1.01, "kind": "exit",
@@ -189,6 +191,37 @@ def test_an_ended_jobs_incidents_are_made_ready_in_the_background(store):
     fresh.keyframes.min_ranks = RANKS
     assert fresh.incident_frames.ask(job_id) and fresh.incident_frames.wait_idle()
     assert fresh.incident_frames.marks_folded == 0  # a restart reads what is stored
+
+
+def test_preparing_incidents_waits_while_the_server_is_behind_and_stops_with_it(
+        store, monkeypatch):
+    """Live ingest first: while the server is behind its agents no fold of this kind works
+    (given up after BEHIND_WAIT_S), and a server that stops is not held up by one."""
+    monkeypatch.setattr("dashboard.history.incident_frames.BEHIND_WAIT_S", 2.0)
+    clock = [T0]
+    ingest = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
+                    render_keyframe=keyframe).start()
+    ingest.keyframes.min_ranks = RANKS
+    frames = ingest.incident_frames
+    frames.settle_s, frames.behind = 0.0, lambda: True
+    events = _job_events(60, hang=(T0 + 20.25, T0 + 40))
+    last = max(ev["received_at"] for ev in events)
+    job_id = _send_live(ingest, clock, events + [
+        {"session": f"s{r}", "t": last + 1, "received_at": last + 1.01, "kind": "exit",
+         "body": {"clean": True, "code": 0}} for r in range(RANKS)], "behind")
+    assert frames.wait_idle(timeout=30) and frames.marks_folded == 0
+    kept = set(_stored(ingest, store, job_id))
+    assert all(at % EVERY == 0 for at in kept)  # the grid's alone
+    # Asked again (a fresh server), and stopped while it waits: at once.
+    fresh = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
+                   render_keyframe=keyframe).start()
+    fresh.keyframes.min_ranks = RANKS
+    fresh.incident_frames.behind = lambda: True
+    assert fresh.incident_frames.ask(job_id)
+    time.sleep(0.3)
+    fresh.stop()
+    assert not fresh.incident_frames._thread.is_alive()  # gone within stop's second
+    assert fresh.incident_frames.marks_folded == 0
 
 
 def test_near_reads_the_newest_keyframe_within_the_span_and_never_a_later_one(store):
@@ -221,7 +254,6 @@ def test_a_small_job_gets_none(store):
 def test_live_keyframes_take_at_most_their_share_of_the_writer(store):
     """A render that takes d seconds puts the job's next live keyframe d / live_share
     seconds later (the job's batches wait while one renders); scrubs store the others."""
-    import time
 
     def slow(*args):
         time.sleep(0.2)
