@@ -52,7 +52,8 @@ class IncidentFrames:
         store: the database.
         keyframes: the server's (what it stores, which marks a job has, whether a job is big
             enough).
-        rewind: the folds' own (Ingest makes it like its own, without copies).
+        rewind: the folds' own (Ingest makes it like its own, without copies); its pace
+            becomes this object's.
         prepare: ``job id -> `` what readies a fold's first state (Ingest.replay's: the
             job's stored book log).
         behind: whether the server is behind its agents now.

@@ -128,6 +128,7 @@ class Ingest:
         self.keyframes = Keyframes(
             store, keyframe_every_s, None if render_keyframe is None else
             lambda state, book, at: render_keyframe(state, book, at, self.settings))
+
         def timeline(job_id: int, name: str) -> Timeline:
             return Timeline(job_id, name, self.settings)
 
