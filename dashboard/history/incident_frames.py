@@ -67,7 +67,7 @@ class IncidentFrames:
         rewind.pace = self._pace
         self.duty = DUTY  # (tests lift it)
         self._slice_from = time.monotonic()
-        self.marks_folded = 0  # marks whose moments a fold here stored (tests, the bench)
+        self.marks_folded = 0  # marks whose moments a fold here stored (/metrics, the bench)
         self._asked: set[int] = set()
         self._queue: queue.Queue[tuple[int, float] | None] = queue.Queue(JOBS)  # (job, when)
         self.settle_s = SETTLE_S
@@ -100,6 +100,11 @@ class IncidentFrames:
                                                 name="pgdash-incident-frames")
                 self._thread.start()
         return True
+
+    @property
+    def jobs(self) -> int:
+        """Jobs waiting or under way (/metrics)."""
+        return self._queue.unfinished_tasks
 
     def wait_idle(self, timeout: float = 60.0) -> bool:
         """Wait until every job asked so far is done (tests, the bench); False on timeout."""

@@ -144,7 +144,9 @@ def metrics():
     counters.update({f"rule_errors:{rule}": n for rule, n in RULE_ERRORS.items()})
     frames = ingest.keyframes
     counters.update(keyframes_made=frames.made, keyframes_skipped=frames.skipped,
-                    keyframes_failed=frames.failed)
+                    keyframes_failed=frames.failed,
+                    incident_marks_prepared=ingest.incident_frames.marks_folded,
+                    incident_frames_jobs=ingest.incident_frames.jobs)
     body = exposition(Snapshot(
         ingest.store.jobs.newest(limit=10_000), live_jobs(ingest), counters,
         ingest.store.writer.commits, ingest.store.writer.write_errors, ingest.lag.current(),

@@ -224,6 +224,15 @@ class _Collector:
         for outcome in ("made", "skipped", "failed"):
             frames.add_metric([outcome], s.counters.get(f"keyframes_{outcome}", 0))
         yield frames
+        marks = CounterMetricFamily("pgdash_incident_marks_prepared", "Incident marks whose "
+                                    "keyframes a second apart the server stored in the "
+                                    "background (as a job ended, or as the page opened it).")
+        marks.add_metric([], s.counters.get("incident_marks_prepared", 0))
+        yield marks
+        preparing = GaugeMetricFamily("pgdash_incident_frames_jobs", "Ended jobs whose "
+                                      "incidents the server is preparing, or will.")
+        preparing.add_metric([], s.counters.get("incident_frames_jobs", 0))
+        yield preparing
         rules = CounterMetricFamily("pgdash_rule_errors", "Diagnosis rules that raised, by rule "
                                     "(a defect of pgdash: that rule's findings were left out, "
                                     "the others and the events kept; the server's log has the "

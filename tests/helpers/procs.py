@@ -90,6 +90,16 @@ def get_body(url: str, timeout: float = 5.0, token: str | None = None,
         conn.close()
 
 
+def metric(server, name: str) -> float | None:
+    """The value of the unlabelled sample ``name`` on the server's /metrics, or None."""
+    text = get_body(server.url + "/metrics", timeout=10,
+                    context=getattr(server, "ssl_context", None)).decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
     """Poll ``predicate`` until it returns something truthy; fail with ``what`` on timeout."""
     deadline = time.monotonic() + timeout

@@ -25,7 +25,8 @@ import pytest
 
 from pgdash_agent.wire import AGENT_NAMESPACE, PROTOCOL_VERSION
 from tests.helpers.closing import disconnect
-from tests.helpers.procs import ServerProcess, job_by_name, launch_job, wait_for, wait_job
+from tests.helpers.procs import (ServerProcess, job_by_name, launch_job, metric, wait_for,
+                                 wait_job)
 from tests.helpers.browser import (CHROMIUM_ARGS, COLLECTIVES, DEVICE, HOST, LIVE_MS, STATUS,
                                    FakeAgent, Watched, agent_client, chromium_path, rank_row)
 
@@ -745,7 +746,6 @@ def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(t
     from tests.helpers.storedjob import keyframe_moments, stored_job
 
     job_id, _, _ = stored_job(tmp_path / "big.sqlite", 256, 60)
-    kept = keyframe_moments(tmp_path / "big.sqlite", job_id)
     srv = ServerProcess(f"sqlite:///{tmp_path / 'big.sqlite'}",
                         log_path=tmp_path / "big-server.log").start()
     try:
@@ -754,6 +754,12 @@ def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(t
         page.on("request", lambda r: asked.append(r.url) if "/state?at=" in r.url else None)
         page.goto(f"{srv.url}/jobs/{job_id}")
         expect(page.locator("#job-status")).to_have_text("finished", timeout=LIVE_MS)
+        # Opening the ended job had the server store the seconds around its incident (in the
+        # background, a quarter of the time): once it is done, those are keyframes too.
+        wait_for(lambda: (metric(srv, "pgdash_incident_marks_prepared_total") or 0) >= 1
+                 and metric(srv, "pgdash_incident_frames_jobs") == 0, 120,
+                 "the incident's moments prepared")
+        kept = keyframe_moments(tmp_path / "big.sqlite", job_id)
         job = srv.api(f"/api/jobs/{job_id}")
         start, end = job["started_at"], job["ended_at"]
         slider, shown = page.locator("#replay-at"), page.locator("#job-page")
@@ -763,6 +769,9 @@ def test_dragging_a_big_stored_job_shows_keyframes_then_the_moment_it_stops_at(t
         aheads = [f"at={_js_number(t)}" for inc in incidents
                   for t in (inc["first_seen"], inc["last_seen"]) if t is not None]
         for value in (300, 500):
+            # (a position between keyframes: around the incident there is one every second)
+            value = next(v for v in range(value, value + 20)
+                         if start + (end - start) * v / 1000 not in kept)
             slider.evaluate("(el, v) => { el.value = String(v); "
                             "el.dispatchEvent(new Event('input')); }", value)
             at = start + (end - start) * value / 1000

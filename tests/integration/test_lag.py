@@ -20,7 +20,7 @@ from dashboard.state import JobState
 from tests.helpers.clock import Clock
 from tests.helpers.closing import disconnect
 from tests.helpers.events import hello
-from tests.helpers.procs import get_body, job_by_name, launch_job, wait_for, wait_job
+from tests.helpers.procs import job_by_name, launch_job, metric, wait_for, wait_job
 
 
 def test_lag_is_how_much_later_than_usual_batches_are_folded():
@@ -172,7 +172,7 @@ def test_a_server_stopped_for_longer_than_lost_after_blames_no_rank(server, tmp_
             time.sleep(20)
         finally:
             os.kill(server.proc.pid, signal.SIGCONT)
-        lag = wait_for(lambda: _metric(server, "pgdash_ingest_lag_seconds"), 30,
+        lag = wait_for(lambda: metric(server, "pgdash_ingest_lag_seconds"), 30,
                        "the server to report its lag")
         assert lag >= 15  # it says how far behind it was, on /metrics and to the page
         wait_for(lambda: any((m.get("server_behind_s") or 0) >= 15 for m in pushed), 30,
@@ -188,13 +188,6 @@ def test_a_server_stopped_for_longer_than_lost_after_blames_no_rank(server, tmp_
         for p in procs:
             p.kill()
         wait_job(procs, 30)
-
-
-def _metric(server, name: str) -> float | None:
-    for line in get_body(server.url + "/metrics", timeout=10).decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
 
 
 def test_metrics_per_rank_only_when_asked_and_escaped():

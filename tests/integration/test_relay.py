@@ -13,16 +13,8 @@ from pgdash_agent.compact import CompactClient
 from pgdash_agent.relay import Relay
 from pgdash_agent.wire import PROTOCOL_V2
 from tests.helpers.agents import HELLO, ev
-from tests.helpers.procs import (get_body, job_by_name, launch_job, stored_events, wait_for,
+from tests.helpers.procs import (job_by_name, launch_job, metric, stored_events, wait_for,
                                  wait_job)
-
-
-def metric(server, name: str) -> float:
-    text = get_body(server.url + "/metrics", timeout=10, context=server.ssl_context).decode()
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
 
 
 def auth(rank: int, job: str) -> dict:
