@@ -320,6 +320,7 @@ def report_marks(args, store: Store, job_id: int, end: float) -> None:
     if not hasattr(ingest, "keyframes"):
         return
     found = ingest.incidents(job_id) or []
+    # (dashboard.diagnosis.incidents.marks, spelt out: an older pgdash measured has none)
     marks = sorted({i["first_seen"] for i in found}
                    | {i["last_seen"] for i in found if not i["active"]})
     if not marks:

@@ -211,10 +211,7 @@ class Keyframes:
         if held is None or now - held[0] >= MARKS_TTL_S:
             held = (now, marks(incidents(self.store.findings.of_job(job_id)))[:MAX_MARKS])
             with self._lock:
-                self._marks[job_id] = held
-                self._marks.move_to_end(job_id)
-                while len(self._marks) > KNOWN_JOBS:
-                    self._marks.popitem(last=False)
+                _remember(self._marks, job_id, held)
         return held[1]
 
     def stored(self, job_id: int, at: float) -> bool:
@@ -242,10 +239,8 @@ class Keyframes:
         with self._lock:
             known = self._moments.get(job_id)
             if known is None:
-                known = self._moments[job_id] = self.store.keyframes.moments(job_id)
-                while len(self._moments) > KNOWN_JOBS:
-                    self._moments.popitem(last=False)
-            self._moments.move_to_end(job_id)
+                known = self.store.keyframes.moments(job_id)
+            _remember(self._moments, job_id, known)
             return known
 
     def take(self, job_id: int, at: float, state: JobState, book: Book,
@@ -280,3 +275,12 @@ class Keyframes:
             self.failed += 1
             with self._lock:
                 self._moments.get(job_id, set()).discard(at)
+
+
+def _remember(cache: collections.OrderedDict, job_id: int, value: object) -> None:
+    """``value`` as the job's entry of ``cache``, the most recently used of its KNOWN_JOBS
+    (the least recently used beyond them let go). The caller holds the lock."""
+    cache[job_id] = value
+    cache.move_to_end(job_id)
+    while len(cache) > KNOWN_JOBS:
+        cache.popitem(last=False)

@@ -353,15 +353,14 @@ def test_opening_an_ended_big_job_prepares_its_incidents_in_the_background(tmp_p
     """GET /incidents (the page opening the job) has the server fold toward each incident
     mark and store the keyframes a second apart around it; the exact moments there are then
     answered from them, the same answers a fold gives."""
+    from dashboard.diagnosis.incidents import marks as incident_marks
     from tests.helpers.storedjob import keyframe_moments, stored_job
 
     db = tmp_path / "kf.sqlite"
     job_id, start, end = stored_job(db, 128, 40)
     srv = ServerProcess(f"sqlite:///{db}", log_path=tmp_path / "server.log").start()
     try:
-        found = srv.api(f"/api/jobs/{job_id}/incidents")["incidents"]
-        marks = sorted({i["first_seen"] for i in found}
-                       | {i["last_seen"] for i in found if not i["active"]})
+        marks = incident_marks(srv.api(f"/api/jobs/{job_id}/incidents")["incidents"])
         assert marks and all(start + 10 < m < end for m in marks)
         wanted = {m + k for m in marks for k in range(-10, 1)}  # (all inside the job)
         deadline = time.monotonic() + 120
