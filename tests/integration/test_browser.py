@@ -923,8 +923,16 @@ def test_scrubbing_by_keys_by_incident_and_comparing_two_moments(hang_server, wa
         expect(shown).to_have_attribute("data-replayed", str(job["started_at"]))
         page.keyboard.press("Shift+ArrowRight")
         expect(shown).to_have_attribute("data-replayed", _js_number(incident["first_seen"]))
+        # Where the wait crossed the threshold the server had not judged it yet: the page
+        # says an incident begins there, not "no active incidents"; a second on, it is named.
+        verdict = page.locator("#job-verdict")
+        expect(verdict).to_have_attribute("data-forming", incident["id"])
+        expect(verdict).to_have_text(
+            "an incident begins here (hang), named at the next judgement \u00b7 at fault: rank 0")
         page.keyboard.press("ArrowRight")
         expect(shown).to_have_attribute("data-replayed", _js_number(incident["first_seen"] + 1))
+        expect(verdict).to_have_text("1 critical incident \u00b7 at fault: rank 0")
+        expect(verdict).to_have_attribute("data-forming", "")
         assert "at=" in page.url
         # Resting there, the page asks for the second after it, and the incident marks on
         # either side (a small job).

@@ -18,6 +18,7 @@ export const state = {
   progress: null, // rows; only arrives over the socket
   findings: null, // rows
   incidents: null, // rows: findings grouped by root cause (dashboard/incidents.py)
+  jobIncidents: null, // replay: every incident of the job, as GET /incidents says now
   ops: null, // rows per group family and op (socket)
   grid: null, // timeline_grid (socket)
   rendezvous: null,

@@ -56,7 +56,7 @@ function renderSections() {
   if (job) showReplayBar();
   showIndicator(); // "Replay" or "Ended" instead of "Live" when that is what the page shows
   if (state.incidents !== null) {
-    renderVerdict(state.incidents);
+    renderVerdict(state.incidents, state.replay ? forming(state.replay.at) : []);
     const stableInc = state.incidents.map((i) => Object.assign({}, i, { last_seen: i.active ? null : i.last_seen }));
     if (PG.changed("incidents", [stableInc, selKey])) renderIncidents(state.incidents);
   }
@@ -81,6 +81,20 @@ function renderSections() {
     performance.mark("pgdash:first-render"); // bench/page.py reads this
     page.dataset.rendered = "1";
   }
+}
+
+/**
+ * Replay: the job's incidents under way at `at` that the findings judged then do not name
+ * yet. An incident begins where its evidence does (a hang where the wait crossed its
+ * threshold), the moment Shift+→ stops at; the server names it at its next judgement, a
+ * moment later: the page says so instead of "no active incidents".
+ */
+function forming(at) {
+  const named = new Set((state.findings || []).filter((f) => f.active).map((f) => f.id));
+  return (state.jobIncidents || []).filter(
+    (inc) => PG.isNum(inc.first_seen) && inc.first_seen <= at && (inc.active || at <= inc.last_seen) &&
+      !(inc.findings || []).some((id) => named.has(id))
+  );
 }
 
 function showError(msg) {

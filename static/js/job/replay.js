@@ -347,7 +347,8 @@ function stepKey(ev) {
 async function learnMarks() {
   const body = await PG.fetchJSON("/api/jobs/" + JOB_ID + "/incidents");
   const found = new Set();
-  for (const inc of body.incidents || []) {
+  state.jobIncidents = body.incidents || [];
+  for (const inc of state.jobIncidents) {
     if (PG.isNum(inc.first_seen)) found.add(inc.first_seen);
     if (!inc.active && PG.isNum(inc.last_seen)) found.add(inc.last_seen);
   }

@@ -93,21 +93,27 @@ export function renderAttempts(attempts) {
   );
 }
 
-export function renderVerdict(incidents) {
+/** The verdict pill: the active incidents' count and whom they blame; in replay, with none
+ *  named yet, an incident `forming` at that moment (main.js) instead of "no active incidents". */
+export function renderVerdict(incidents, forming) {
   const findings = incidents;
   const active = (incidents || []).filter((f) => f.active);
   const box = $("job-verdict");
   const crit = active.filter((f) => severityOf(f)[1] === 0).length;
   const warn = active.filter((f) => severityOf(f)[1] === 1).length;
-  box.className = "verdict " + (crit ? "v-crit" : warn ? "v-warn" : "v-ok");
+  const soon = !crit && !warn && forming && forming.length ? forming[0] : null;
+  box.className = "verdict " + (crit ? "v-crit" : warn ? "v-warn" : soon ? "v-forming" : "v-ok");
+  box.dataset.forming = soon ? String(soon.id) : "";
   // Who the most severe incidents blame, in one phrase.
   const worst = active.filter((f) => severityOf(f)[1] === (crit ? 0 : 1));
   const blamed = Array.from(new Set(worst.flatMap((f) => (Array.isArray(f.ranks) ? f.ranks : []))));
-  const who = blamed.length ? " \u00b7 at fault: " + (blamed.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(blamed) : "";
+  const who = (ranks) => (ranks.length ? " \u00b7 at fault: " + (ranks.length === 1 ? "rank " : "ranks ") + PG.fmtRanks(ranks) : "");
   box.textContent = crit
-    ? crit + (crit === 1 ? " critical incident" : " critical incidents") + (warn ? ", " + warn + " warning" + (warn === 1 ? "" : "s") : "") + who
+    ? crit + (crit === 1 ? " critical incident" : " critical incidents") + (warn ? ", " + warn + " warning" + (warn === 1 ? "" : "s") : "") + who(blamed)
     : warn
-    ? warn + (warn === 1 ? " warning" : " warnings") + who
+    ? warn + (warn === 1 ? " warning" : " warnings") + who(blamed)
+    : soon
+    ? "an incident begins here (" + String(soon.kind).replace(/_/g, " ") + "), named at the next judgement" + who(Array.isArray(soon.ranks) ? soon.ranks : [])
     : findings === null
     ? ""
     : "no active incidents";
