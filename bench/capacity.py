@@ -43,6 +43,15 @@ Measured per N, over ``--seconds`` of steady state after everybody connected:
 Reference in the same run: the first N given (e.g. 64) is a load any version holds, so a
 busy machine shows up as worse figures there too.
 
+A server that keeps history (``--stored FILE``, SQLite only): each run's database starts as a
+copy of FILE (ended jobs a ``python -m bench.storage ... --end --no-prepare --db FILE`` left),
+and every configuration runs twice, one after the other: "stored", those jobs left alone, and
+"opened", each ended job of 128 ranks or more opened as the page opens it when the measured
+window begins (``GET /api/jobs/<id>``, then ``/incidents``: the server folds the job, then
+prepares its incidents in the background, dashboard.history.incident_frames), not waited
+for: what that costs the live job, in one run. The row says how long the opening took and
+how many incident marks the server prepared in the window.
+
 Several server processes (issue 11): ``--processes 1,2`` runs every N on K = 1 and then 2
 ``pgdash serve --db postgresql+psycopg://... --queue redis://...`` processes sharing one
 database and one Redis (the K = 1 row runs the same cluster code path, so the rows differ only
@@ -64,6 +73,7 @@ A measurement, not a test: exit status 0 whatever the figures. From the reposito
     python -m bench.capacity                         # 256 and 1,024 ranks, v2
     python -m bench.capacity --ranks 64,256,1024 --wire v1 --seconds 40
     python -m bench.capacity --ranks 1024 --wire v2,relay --seconds 60 --settle 20
+    python -m bench.capacity --ranks 1024 --wire relay --seconds 120 --stored job.db
     python -m bench.capacity --processes 1,2 --ranks 256,512     # throwaway PostgreSQL+Redis
     python -m bench.capacity --processes 1,2 --ranks 512 \
         --db postgresql+psycopg://pgdash@127.0.0.1:5432/pgdash --queue redis://127.0.0.1:6379/0
@@ -81,6 +91,7 @@ import shutil
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -645,7 +656,10 @@ class Engines:
             return self.pg.new_database()  # every run on an empty database, like the SQLite runs
         if self.args.db:
             return self.args.db  # yours: runs share it, each under its own job name
-        return f"sqlite:///{self.workdir / f'capacity-{world}{label}.db'}"
+        path = self.workdir / f'capacity-{world}{label}.db'
+        if self.args.stored:  # a server that keeps history: its ended jobs
+            shutil.copyfile(self.args.stored, path)
+        return f"sqlite:///{path}"
 
     def pids(self) -> dict[str, int]:
         """Engine processes whose CPU is measured (those started here)."""
@@ -662,8 +676,22 @@ class Engines:
                 srv.stop()
 
 
+def open_stored(url: str, live_job: str, opened: dict[int, float | None]) -> None:
+    """Open every ended job of 128 ranks or more as the page does (the job, then its
+    incidents: the server prepares them in the background), one after the other; ``opened``
+    gets each job's seconds until both answered (None while waiting)."""
+    for job in get(url + "/api/jobs")["jobs"]:
+        if job["name"] != live_job and job["ended_at"] and (job["world_size"] or 0) >= 128:
+            opened[job["id"]] = None
+            t0 = time.monotonic()
+            get(f"{url}/api/jobs/{job['id']}", 600)
+            get(f"{url}/api/jobs/{job['id']}/incidents", 600)
+            opened[job["id"]] = time.monotonic() - t0
+
+
 async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
-                  root: Path = ROOT, label: str = "", wire_name: str = "v2") -> dict:
+                  root: Path = ROOT, label: str = "", wire_name: str = "v2",
+                  opens: bool = False) -> dict:
     db = engines.db_url(world, k, label)
     extra = [*(["--queue", engines.queue] if engines.queue else []), *args.server_args.split(),
              *(["--tls-cert", str(args.tls[0]), "--tls-key", str(args.tls[1])]
@@ -699,6 +727,12 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
         owned: list[float | None] = [None] * k
         loop = asyncio.get_running_loop()
         probe_errors: list[str] = []
+        prepared0 = metric(get(urls[0] + "/metrics").decode(),
+                           "pgdash_incident_marks_prepared_total") or 0.0
+        opened: dict[int, float | None] = {}  # as a user opens them: not waited for
+        if opens:
+            threading.Thread(target=open_stored, args=(urls[0], bench.job, opened),
+                             daemon=True).start()
 
         async def probe(i: int, url: str) -> None:
             try:
@@ -732,6 +766,8 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
                       for name, pid in engine_pids.items()}
         own_cpu = (time.process_time() - own_cpu0) / window
         bench.measuring = False
+        prepared = (metric(get(urls[0] + "/metrics").decode(),
+                           "pgdash_incident_marks_prepared_total") or 0.0) - prepared0
         kinds: set[str] = set()
         for url in urls:  # stored findings are shared; each process is asked all the same
             try:
@@ -783,6 +819,7 @@ async def run_one(world: int, k: int, args, workdir: Path, engines: Engines,
             "probe_errors": probe_errors[:3] + ([f"... {len(probe_errors)} in all"]
                                                if len(probe_errors) > 3 else []),
             "per_process": per, "stop_s": stop_s,
+            "stored_opened": dict(opened), "marks_prepared": prepared,
         }
         row["held"] = bool(all_connected and worst_p95 is not None
                            and worst_p95 <= args.goal and not row["findings"])
@@ -852,6 +889,12 @@ def table(rows: list[dict]) -> None:
                   f"| {r['ack_timeouts']} / {r['retries']} / {r['reconnects']} "
                   f"| {stopped(r.get('stop_s'))} "
                   f"| {r['agents_stalled']} ({fmt(r['agent_stall_max'], '.1f')} s) |")
+        for r in rows:
+            if r["stored_opened"]:
+                took = ", ".join(f"job {job} in {'(still loading)' if s is None else fmt(s)} s"
+                                 for job, s in r["stored_opened"].items())
+                print(f"{r['ranks']} {r['server']}: opened stored {took}; incident marks "
+                      f"prepared in the window: {r['marks_prepared']:.0f}")
         cost_table(rows)
         return
     print("| K | ranks | process | ranks on it | owns job | freshness p50 / p95 on its API "
@@ -943,6 +986,10 @@ def main() -> None:
     p.add_argument("--db", metavar="URL",
                    help="postgresql+psycopg://USER@HOST:PORT/DB the servers share (yours; runs "
                         "share it under distinct job names)")
+    p.add_argument("--stored", metavar="FILE",
+                   help="a SQLite file with ended jobs each run's database starts as a copy "
+                        "of; every run is made twice: those jobs left alone, then opened as "
+                        "the page opens them (their incidents prepared in the background)")
     p.add_argument("--queue", metavar="URL",
                    help="redis://HOST:PORT/DB between the processes (needed with K > 1)")
     p.add_argument("--goal", type=float, default=2.0,
@@ -961,6 +1008,11 @@ def main() -> None:
     worlds = parse_list(args.ranks, "--ranks")
     processes = parse_list(args.processes, "--processes") if args.processes else [1]
     check_engines(args, processes)
+    if args.stored and (args.db or args.processes):
+        p.error("--stored is a SQLite file: it goes without --db and --processes")
+    if args.stored and not Path(args.stored).is_file():
+        p.error(f"--stored {args.stored}: no such file (make one with python -m "
+                "bench.storage --ranks 1024 --minutes 3 --end --no-prepare --db FILE)")
     where = ("SQLite" if not (args.processes or args.db) else
              f"PostgreSQL{' + Redis' if args.queue or not args.db else ''}"
              f" ({'yours' if args.db else 'throwaway, started here'})")
@@ -981,11 +1033,15 @@ def main() -> None:
                 if args.compare else [(ROOT, "")]
             for world in worlds:
                 for k in processes:
-                    for (root, label), wire_name in itertools.product(servers, wires):
+                    for (root, label), wire_name, opens in itertools.product(
+                            servers, wires, [False, True] if args.stored else [False]):
                         if len(wires) > 1:
                             label = f"{label}-{wire_name}" if label else wire_name
+                        if args.stored:
+                            label = "-".join(filter(None, (label, "opened" if opens
+                                                           else "stored")))
                         row = asyncio.run(run_one(world, k, args, Path(tmp), engines, root,
-                                                  label, wire_name))
+                                                  label, wire_name, opens))
                         rows.append(row)
                         print(json.dumps(row), flush=True)
         finally:

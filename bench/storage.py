@@ -34,6 +34,8 @@ Printed:
   each (←), and how far before the moment asked the ``&within=30`` answer 3.5 s before each
   lies (dragging past it); with ``--prepare-marks``, the server first prepares them as the
   page's opening of an ended job asks (dashboard.history.incident_frames), timed;
+* **opening** (``--scrub-only``): the job opened on a restarted server (``GET
+  /api/jobs/<id>``: its state folded from its newest checkpoint, or its whole log), first;
 * **export / import**: ``pgdash export``'s lines of the job into a file, and that file
   imported as a new job (dashboard.history.archive), in seconds.
 
@@ -310,6 +312,22 @@ def report_near(ingest: Ingest, store: Store, job_id: int, moments: list[float],
 STEPS_BACK = 10  # one-second steps back from each incident mark (the page's ←)
 
 
+def report_open(args, store: Store, job_id: int, end: float) -> None:
+    """Opening the job on a server restarted since (the page's ``GET /api/jobs/<id>``: its
+    state folded from its log, and held from then on)."""
+    from dashboard.web import views
+
+    ingest = make_ingest(args, store, Clock(end))
+    start = time.perf_counter()
+    ingest.read(job_id, views.detail)
+    took = time.perf_counter() - start
+    from_checkpoint = ingest.counters.get("checkpoints_loaded_live")
+    print(f"opening the job after a restart (GET /api/jobs/<id>): {took:.2f} s"
+          + ("" if from_checkpoint is None else
+             f" ({'from its newest checkpoint' if from_checkpoint else 'its whole log'})"))
+    store.writer.wait_idle()
+
+
 def report_marks(args, store: Store, job_id: int, end: float) -> None:
     """The page at the job's incident marks (where incidents began and, once resolved,
     ended: its Shift+←/→ stops) after a restart, as the API answers: each mark's exact
@@ -386,6 +404,7 @@ def scrub_again(args) -> None:
         else:
             moments = random_moments(args, T0, end)
             random.Random(args.seed).shuffle(moments)
+        report_open(args, store, job_id, end)
         ingest = make_ingest(args, store, Clock(end))
         compactor = make_compactor(args, store, ingest, Clock(end))
         if compactor is not None:  # as a server's: it knows where it thinned checkpoints
@@ -425,6 +444,10 @@ def main() -> None:
     parser.add_argument("--prepare-marks", action="store_true",
                         help="before visiting the incident marks, have the server prepare "
                              "them as the page's opening of an ended job asks")
+    parser.add_argument("--no-prepare", dest="prepare_end", action="store_false",
+                        help="with --end: the server does not prepare the ended job's "
+                             "incidents (as a job stored by an older pgdash, or on another "
+                             "server: bench.capacity --stored opens such jobs)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--end", action="store_true",
                         help="every rank exits cleanly at the end (the job ends; without it "
@@ -448,6 +471,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.hang_at + args.hang_for > args.minutes:
         parser.error("--hang-at + --hang-for must lie inside --minutes")
+    if args.moments < 2 and not args.at:
+        parser.error("--moments must be at least 2 (the first is timed apart from the rest)")
     if garbage is not None and not args.python_gc:  # what the server's process runs under
         garbage.tune()
         threading.Thread(target=garbage.collect_every, args=(threading.Event(),),

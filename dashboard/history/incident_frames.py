@@ -29,6 +29,7 @@ from typing import Any, Callable
 from dashboard.history.keyframes import FINE_AFTER_S, FINE_BEFORE_S, FINE_S, Keyframes
 from dashboard.history.rewind import Rewind
 from dashboard.storage.store import Store
+from dashboard.storage.writer import WriterStopped
 
 log = logging.getLogger("pgdash.incident_frames")
 
@@ -83,8 +84,13 @@ class IncidentFrames:
 
     def ended(self, job_id: int) -> None:
         """The live fold saw the job end (writer thread, its row not committed yet): asked
-        SETTLE_S later, when its row and findings are stored."""
-        self._ask(job_id, True, self.settle_s)
+        once the writer committed that (a task queued behind it is done), and SETTLE_S
+        later, when its findings are stored too."""
+        try:
+            committed = self.store.writer.submit_nowait(lambda conn: None, bounded=False)
+        except WriterStopped:
+            return
+        committed.add_done_callback(lambda _: self._ask(job_id, True, self.settle_s))
 
     def _ask(self, job_id: int, wanted: bool, after_s: float) -> bool:
         with self._lock:

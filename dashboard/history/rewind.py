@@ -199,6 +199,23 @@ class Rewind:
             return
         self._save(state.job_id, state.last_event_id, boundary, state)
 
+    def checkpoint_end(self, state: Any, received_at: float) -> None:
+        """Writer thread, states lock held, a job's end just folded from a batch that
+        arrived at ``received_at``: store the state as a checkpoint just after that, so that
+        opening the job on a restarted server decodes it (~0.5 s at 1,024 ranks) instead of
+        folding up to PGDASH_CHECKPOINT_S of its log (a minute at that size). Events that
+        arrive later (a rank's exit after the others') are folded on from it."""
+        if not self.persist_every_s or state is None or not state.last_event_id:
+            return
+        # A book that did not judge every moment before the batch (verdicts held back while
+        # the server was behind its agents) would judge them with the job's end folded
+        # already; a fold from the job's log judges them as they were.
+        if state.book is None or state.book.due(state.state,
+                                                math.nextafter(received_at, -math.inf)):
+            return
+        self._persist(state.job_id, math.nextafter(received_at, math.inf),
+                      state.last_event_id, state)
+
     def _save(self, job_id: int, last_id: int, at: float, state: Any) -> None:
         """Store ``state`` as the checkpoint at ``at``: pickled here (before the fold goes
         on), compressed and queued for the writer on another thread (zlib 6 of a 1,024-rank

@@ -14,18 +14,25 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
+import math
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.book import Book, Changes, LogRow
 from dashboard.diagnosis.incidents import Incident
 from dashboard.diagnosis.timeline import BookLog, Timeline
 from dashboard.state import JobState, StoredEvent
+from dashboard.storage.codec import decode_state
 from dashboard.storage.store import Store
 from dashboard.storage.writer import WriterStopped
+
+log = logging.getLogger("pgdash.ingest")
+
+PACE_EVENTS = 500  # LiveBooks.fold's pace: ~10 ms of folding at 1,024 ranks
 
 
 class LiveBooks:
@@ -43,8 +50,8 @@ class LiveBooks:
     # running across a restart) has its book rebuilt from its log, on the grid, as replay
     # builds it (the moments its book log covers are read, not judged), unless that takes
     # more than this many diagnoses (a long job: about an hour of moments) or this long (a
-    # big job: 256 ranks judge ~15 moments a second, and ingest waits meanwhile): then the
-    # findings stored by earlier runs are its book.
+    # big job: 256 ranks judge ~15 moments a second, and a running job's load holds up
+    # ingest meanwhile): then the findings stored by earlier runs are its book.
     RECOMPUTE_MAX_DIAGNOSES = 7200
     RECOMPUTE_MAX_S = 10.0
 
@@ -144,41 +151,80 @@ class LiveBooks:
 
     # -- books -------------------------------------------------------------------------------
 
-    def load(self, job_id: int, name: str, events: Iterable[StoredEvent]) -> JobState:
-        """Fold a job's log into its state and its book (states lock held): the moments its
-        stored book log covers are read, the others judged while affordable; past
-        RECOMPUTE_MAX_DIAGNOSES or RECOMPUTE_MAX_S the book starts from the stored findings."""
-        timeline: Timeline | None = Timeline(job_id, name, self.settings)
-        timeline.use_log(self.book_log(job_id))
+    def load(self, job_id: int, name: str, events: Callable[[int], Iterable[StoredEvent]],
+             upto: int | None = None) -> JobState:
+        """Fold a job's log into its state and its book (states lock held): :meth:`fold`,
+        then :meth:`adopt`."""
+        return self.adopt(job_id, self.fold(job_id, name, events, upto))
+
+    def fold(self, job_id: int, name: str, events: Callable[[int], Iterable[StoredEvent]],
+             upto: int | None = None, pace: Callable[[], None] | None = None) -> "Loaded":
+        """A job's state and book folded from its log, from the newest stored checkpoint on
+        (``events(after)``: the log after that id, up to id ``upto`` when given); no lock
+        needed, nothing here changed; ``pace()`` is called every PACE_EVENTS events.
+        The moments its stored book log covers are read, the others judged while
+        affordable; past RECOMPUTE_MAX_DIAGNOSES or RECOMPUTE_MAX_S the book starts from the
+        stored findings (:meth:`adopt`)."""
+        book_log = self.book_log(job_id)
+        timeline = self._checkpoint(job_id, book_log, upto)
+        if timeline is None:
+            timeline = Timeline(job_id, name, self.settings)
+            timeline.use_log(book_log)
         timeline.record()
         state = timeline.state
         deadline = time.monotonic() + self.RECOMPUTE_MAX_S
-
-        def too_dear(book: Book | None) -> bool:
-            return book is not None and book.diagnosed > 0 and (
-                book.diagnosed > self.RECOMPUTE_MAX_DIAGNOSES or time.monotonic() > deadline)
-
-        for ev in events:
-            if timeline is not None and too_dear(timeline.book):
-                timeline = None
-            if timeline is not None:
-                timeline.apply(ev)
+        folding: Timeline | None = timeline
+        for n, ev in enumerate(events(state.last_event_id), 1):
+            if pace is not None and not n % PACE_EVENTS:
+                pace()
+            if folding is not None and _too_dear(folding.book, deadline):
+                folding = None
+            if folding is not None:
+                folding.apply(ev)
             else:
                 state.apply(ev)
-        if timeline is not None and state.applied:
-            book = timeline.current_book()
-            # A job still "running" whose agents went silent long ago (the server was down,
-            # or the whole job lost its network): catching up would judge every moment since,
-            # 86,400 a day. Its book then starts from the stored findings, as above.
-            if book.diagnosed + book.due(state, self.judged_at()) > \
-                    self.RECOMPUTE_MAX_DIAGNOSES:
-                return state
-            self._tick_now()(book, state)
-            if not too_dear(book):
-                book.keep(self.store.findings.of_job(job_id))
-                self._books[job_id] = book
-                if book.active_incidents:
-                    self.active_incidents[job_id] = book.active_incidents
+        book = folding.current_book() if folding is not None and state.applied else None
+        return Loaded(state, book, deadline)
+
+    def _checkpoint(self, job_id: int, book_log: BookLog | None,
+                    upto: int | None) -> Timeline | None:
+        """The job's newest stored checkpoint (dashboard.history.rewind stores them every
+        PGDASH_CHECKPOINT_S of the log, live and by scrubs), ready to fold on from; None
+        where there is none, or it cannot be read or go on with the stored book log."""
+        try:
+            found = self.store.checkpoints.before(job_id, math.inf)
+            timeline = None if found is None or (upto is not None and found[0] > upto) \
+                else decode_state(found[2])
+        except ValueError:
+            log.exception("pgdash: the newest checkpoint of job %s is unreadable; folding its "
+                          "log from the start", job_id)
+            return None
+        if not isinstance(timeline, Timeline) or not timeline.use_log(book_log):
+            return None
+        if timeline.book is not None:
+            timeline.book.diagnosed = 0  # what this load costs is counted (_too_dear)
+        self.counters["checkpoints_loaded_live"] += 1
+        return timeline
+
+    def adopt(self, job_id: int, loaded: "Loaded") -> JobState:
+        """States lock held: a state :meth:`fold` made is held from now on; its book is
+        judged up to now and becomes the job's (unless rebuilding it cost too much: then
+        the stored findings are its book, made when first asked)."""
+        state, book, deadline = loaded
+        if book is None:
+            return state
+        book.settings = self.settings  # one from a checkpoint has its own, and no `heard`
+        # A job still "running" whose agents went silent long ago (the server was down,
+        # or the whole job lost its network): catching up would judge every moment since,
+        # 86,400 a day. Its book then starts from the stored findings, as above.
+        if book.diagnosed + book.due(state, self.judged_at()) > self.RECOMPUTE_MAX_DIAGNOSES:
+            return state
+        self._tick_now()(book, state)
+        if not _too_dear(book, deadline):
+            book.keep(self.store.findings.of_job(job_id))
+            self._books[job_id] = book
+            if book.active_incidents:
+                self.active_incidents[job_id] = book.active_incidents
         return state
 
     def book_log(self, job_id: int) -> BookLog | None:
@@ -282,3 +328,16 @@ class LiveBooks:
 def changed_rows(found: list[Changes]) -> list[Finding]:
     """The findings that ticks changed, each once, as it was last."""
     return list({f["id"]: f for changes in found for _, f in changes.findings}.values())
+
+
+class Loaded(NamedTuple):
+    """A job folded from its log (LiveBooks.fold), not held yet."""
+
+    state: JobState
+    book: Book | None  # None: the stored findings are its book
+    deadline: float  # time.monotonic() past which rebuilding its book cost too much
+
+
+def _too_dear(book: Book | None, deadline: float) -> bool:
+    return book is not None and book.diagnosed > 0 and (
+        book.diagnosed > LiveBooks.RECOMPUTE_MAX_DIAGNOSES or time.monotonic() > deadline)

@@ -21,6 +21,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import queue
+import threading
 import time
 from typing import Any, Callable, TypeVar
 
@@ -44,6 +45,7 @@ from dashboard.history.incident_frames import IncidentFrames
 from dashboard.history.keyframes import Keyframes
 from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
+from dashboard.statuses import ENDED
 from dashboard.ingest.statecache import Changed, StateCache
 from dashboard.storage.database import describe_write_error
 from dashboard.storage.store import Store
@@ -59,6 +61,10 @@ log = logging.getLogger("pgdash.server")
 # reconnects, and at 1,024 ranks behind a 50 s backlog that made 700-800 reconnects a run,
 # a thread held per waiting batch, and the crowd of reconnecting ranks a rank_lost critical.
 V1_ACK_WAIT_S = 5.0
+# An ended job opened beside running ones (Ingest._ready) is folded this share of the time,
+# in slices this long: the checkpoint its end stored makes that a decode and a short fold.
+OPEN_DUTY = 0.25
+OPEN_SLICE_S = 0.05
 
 __all__ = ["Ingest", "Refused"]
 
@@ -121,6 +127,7 @@ class Ingest:
                                listeners(self.asks.on_incident, on_incident), self.counters,
                                self.changed.job)
         self.cache = StateCache(store, self._load, max_cached_jobs, evicted=self._evicted)
+        self._loading = threading.Lock()  # _ready
         self.admission = Admission(store, token, lambda: self.clock(), self.counters,
                                    self.state, lambda job_id, state:
                                    (self.cache.add(job_id, state), self.changed.jobs_list.set()),
@@ -185,6 +192,7 @@ class Ingest:
              timeout: float | None = None) -> Any:
         """Run ``view(state)`` while no event is being applied; None if the job is unknown.
         Raises TimeoutError if that takes longer than ``timeout`` seconds to begin."""
+        self._ready(job_id)
         if not self.cache.lock.acquire(timeout=-1 if timeout is None else timeout):
             raise TimeoutError(f"job {job_id}'s state was busy for {timeout} s")
         try:
@@ -199,11 +207,51 @@ class Ingest:
         """The folded state of a job (loaded from the log on first use)."""
         return self.cache.state(job_id)
 
+    def _ready(self, job_id: int) -> None:
+        """Hold an ended job that is not held yet, folded from its log without the states
+        lock (an old job opened on the page: at 1,024 ranks that fold takes seconds, from
+        its newest checkpoint, and the live ingest of every other job waited for it behind
+        the lock; bench/capacity.py --stored). A running job, a clustered one and one whose
+        log grew meanwhile are loaded under the lock, as before, when first read."""
+        if self.cluster is not None or self.cache.held(job_id) is not None:
+            return
+        job = self.store.jobs.get(job_id)
+        if job is None or job["status"] not in ENDED:
+            return
+        with self._loading:  # one such fold at a time: a second reader of it waits here
+            if self.cache.held(job_id) is not None:
+                return
+            slice_from = [time.monotonic()]
+
+            def pace() -> None:
+                # Beside running jobs, it gives them the interpreter: it works OPEN_DUTY of
+                # the time, in slices of OPEN_SLICE_S, and not at all while ingest is behind
+                # its agents (flat out, the fold took half of the GIL from a 1,024-rank job's
+                # ingest, which fell a minute behind: bench/capacity.py --stored).
+                busy = time.monotonic() - slice_from[0]
+                if busy < OPEN_SLICE_S or not self._running_jobs():
+                    return
+                time.sleep(busy * (1 - OPEN_DUTY) / OPEN_DUTY)
+                while self.lag.current() > LAG_WARN_S and not self.stopping:
+                    time.sleep(0.2)
+                slice_from[0] = time.monotonic()
+
+            loaded = self.books.fold(job_id, job["name"], lambda after: self.store.log.events(
+                job_id, after=after), pace=pace)
+            with self.cache.lock:
+                if self.cache.held(job_id) is None and not self.store.log.any_after(
+                        job_id, loaded.state.last_event_id):
+                    self.cache.add(job_id, self.books.adopt(job_id, loaded))
+
+    def _running_jobs(self) -> bool:
+        return any(state.status not in ENDED for _, state in self.cache.items())
+
     def _load(self, job_id: int, name: str) -> JobState:
         # Clustered, the tail applies what comes after its cursor (read under the states
         # lock), so the load stops there.
         upto = self.cluster.tail.cursor if self.cluster else None
-        return self.books.load(job_id, name, self.store.log.events(job_id, upto=upto))
+        return self.books.load(job_id, name, lambda after: self.store.log.events(
+            job_id, after=after, upto=upto), upto)
 
     def _evicted(self, job_id: int) -> None:
         """A job's state let go from memory: so are its book and its live keyframe period."""
@@ -220,6 +268,7 @@ class Ingest:
             if self.store.jobs.get(job_id) is None:
                 return None
             return sorted(self.store.findings.of_job(job_id), key=lambda f: -f["first_seen"])
+        self._ready(job_id)
         with self.cache.lock:
             return None if self.state(job_id) is None else self.books.findings(job_id)
 
@@ -228,6 +277,7 @@ class Ingest:
         if self.cluster is not None and not self.cluster.owns(job_id):
             found = self.findings(job_id)
             return None if found is None else incidents_of(found)
+        self._ready(job_id)
         with self.cache.lock:
             return None if self.state(job_id) is None else self.books.incidents(job_id)
 

@@ -57,6 +57,7 @@ class StateCache:
     def add(self, job_id: int, state: JobState) -> None:
         with self.lock:
             self._held[job_id] = state
+            self._evict()
 
     def items(self) -> Iterator[tuple[int, JobState]]:
         """The held states (a copy of the list: callers may load others meanwhile)."""

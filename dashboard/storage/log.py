@@ -174,6 +174,15 @@ class EventLog:
                 return
             after = cutoff
 
+    def any_after(self, job_id: int, after: int) -> bool:
+        """Whether the job's log holds an event with an id above ``after`` (a row or a pack)."""
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(events.c.id).where(
+                events.c.job_id == job_id, events.c.id > after).limit(1)).first() is not None \
+                or conn.execute(sa.select(event_packs.c.first_id).where(
+                    event_packs.c.job_id == job_id, event_packs.c.last_id > after)
+                    .limit(1)).first() is not None
+
     def events_until(self, job_id: int, after: int, end: float,
                      raw: bool = False) -> Iterator[dict[str, Any]]:
         """The job's events after id ``after`` that arrived before ``end``, in log order."""

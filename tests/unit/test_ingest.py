@@ -418,3 +418,99 @@ def test_a_full_writer_refuses_unread_batches_and_the_agents_later_ones_wait_as_
     for part in (beats[3:4], beats[4:]):  # the agent sends them again, in order
         assert ingest.batch(session, job, batch(*part))["ok"]
     assert [e["seq"] for e in ingest.store.log.events(job) if e["seq"]] == list(range(1, 8))
+
+
+def _reopened(store, job, **kwargs):
+    """A restarted server opening the ended job: (its Ingest, what it showed, whether
+    another thread could take the states lock while the job was folded)."""
+    from dashboard.diagnosis import Settings
+
+    fresh = Ingest(store, clock=lambda: 500.0, settings=Settings(hang_after=10.0),
+                   **kwargs).start()
+    fold, free = fresh.books.fold, []
+
+    def watched(*args, **kwargs):
+        def take():  # what the writer does for every live batch
+            if fresh.cache.lock.acquire(timeout=5):
+                free.append(True)
+                fresh.cache.lock.release()
+        taker = threading.Thread(target=take)
+        taker.start()
+        taker.join()
+        return fold(*args, **kwargs)
+
+    fresh.books.fold = watched
+    shown = (fresh.read(job, views.detail),
+             [(f["kind"], f["ranks"], f["first_seen"], f["active"])
+              for f in fresh.findings(job)])
+    return fresh, shown, bool(free)
+
+
+def test_an_ended_job_opened_after_a_restart_is_folded_without_the_states_lock(hang_job):
+    """Opening an old job folds its log (at 1,024 ranks, seconds); the writer must not wait
+    for that behind the states lock: a live 1,024-rank job beside it fell 108 s behind its
+    agents (bench/capacity.py --stored). What the job shows is what a fold under the lock
+    (a running job's load) shows."""
+    store, _live, job = hang_job
+    locked = Ingest(store, clock=lambda: 500.0, settings=_live.settings).start()
+    locked._ready = lambda job_id: None
+    before = (locked.read(job, views.detail),
+              [(f["kind"], f["ranks"], f["first_seen"], f["active"])
+               for f in locked.findings(job)])
+    fresh, shown, free = _reopened(store, job)
+    assert free, "the states lock was held while the job was folded"
+    assert shown == before
+    assert ("hang", [0], 114.0, False) in shown[1]
+    assert fresh.cache.held(job) is not None  # folded once: held from now on
+
+
+def test_a_job_that_ends_stores_a_checkpoint_that_opening_it_starts_from(hang_job):
+    """As a job ends, the live fold stores its state just after the batch that ended it;
+    a restarted server opening the job decodes that instead of folding the log up to
+    PGDASH_CHECKPOINT_S back (at 1,024 ranks a minute, beside the live jobs), and shows what
+    folding all of its log shows."""
+    import math
+
+    import sqlalchemy as sa
+
+    from dashboard.storage.schema import checkpoints
+
+    from dashboard.diagnosis import Settings
+
+    store, _held_back, _ = hang_job  # (its server fell behind: no checkpoint at its end)
+    assert store.checkpoints.before(1, math.inf) is None
+    # The same hang on a server that keeps up: every rank reports every second.
+    now = [100.0]
+    live = Ingest(store, clock=lambda: now[0], settings=Settings(hang_after=10.0)).start()
+    sessions = {r: live.connect(auth(f"k{r}", r, job="kept-up")) for r in (0, 1)}
+    job = sessions[0][1]
+    for r in (0, 1):
+        live.batch(*sessions[r], batch(
+            ev(1, "hello", {"job": "kept-up", "rank": r, "world_size": 2, "host": "h",
+                            "pid": 1, "backend": "gloo"}, t=100.0),
+            ev(2, "group", {"name": "0", "ranks": [0, 1]}, t=100.0)))
+    rows = {0: {"group": "0", "entered": 7, "completed": 7, "inflight_op": None},
+            1: {"group": "0", "entered": 8, "completed": 7, "inflight_op": "all_reduce",
+                "inflight_since": 104.0, "inflight_dtype": "float32", "inflight_bytes": 4}}
+    for second in range(104, 130):
+        now[0] = float(second)
+        for r in (0, 1):
+            live.batch(*sessions[r], batch(ev(second, "heartbeat", {"groups": [rows[r]]},
+                                              t=now[0])))
+    now[0] = 130.0
+    for r in (0, 1):
+        live.batch(*sessions[r], batch(ev(200, "exit", {"clean": True}, t=130.0)))
+    assert live.read(job, lambda s: s.status) == "finished"
+    live.rewind.wait_saved()
+    store.writer.wait_idle()
+    stored = store.checkpoints.before(job, math.inf)
+    assert stored is not None and stored[1] == math.nextafter(130.0, math.inf)
+    fresh, shown, _ = _reopened(store, job)
+    assert fresh.counters["checkpoints_loaded_live"] == 1
+    with store.engine.begin() as conn:
+        conn.execute(sa.delete(checkpoints))
+    full, from_start, _ = _reopened(store, job)
+    assert full.counters["checkpoints_loaded_live"] == 0
+    assert shown == from_start
+    assert ("hang", [0], 114.0, False) in shown[1]
+    assert [f["kind"] for f in live.findings(job)] == ["hang"]
