@@ -200,11 +200,14 @@ class Rewind:
         self._save(state.job_id, state.last_event_id, boundary, state)
 
     def checkpoint_end(self, state: Any, received_at: float) -> None:
-        """Writer thread, states lock held, a job's end just folded from a batch that
-        arrived at ``received_at``: store the state as a checkpoint just after that, so that
+        """A job's end just folded from a batch that arrived at ``received_at`` (the writer
+        thread, states lock held; or an ended job folded from its log as it is opened, whose
+        last event arrived then): store the state as a checkpoint just after that, so that
         opening the job on a restarted server decodes it (~0.5 s at 1,024 ranks) instead of
-        folding up to PGDASH_CHECKPOINT_S of its log (a minute at that size). Events that
-        arrive later (a rank's exit after the others') are folded on from it."""
+        folding up to PGDASH_CHECKPOINT_S of its log (half a minute at that size, more
+        beside live jobs). Pickled here, as a period's checkpoint is (0.2-0.5 s at 1,024
+        ranks, once a job). Events that arrive later (a rank's exit after the others') are
+        folded on from it."""
         if not self.persist_every_s or state is None or not state.last_event_id:
             return
         # A book that did not judge every moment before the batch (verdicts held back while

@@ -174,6 +174,7 @@ class LiveBooks:
         state = timeline.state
         deadline = time.monotonic() + self.RECOMPUTE_MAX_S
         folding: Timeline | None = timeline
+        received_at = None
         for n, ev in enumerate(events(state.last_event_id), 1):
             if pace is not None and not n % PACE_EVENTS:
                 pace()
@@ -183,8 +184,9 @@ class LiveBooks:
                 folding.apply(ev)
             else:
                 state.apply(ev)
+            received_at = ev["received_at"]
         book = folding.current_book() if folding is not None and state.applied else None
-        return Loaded(state, book, deadline)
+        return Loaded(state, book, deadline, received_at)
 
     def _checkpoint(self, job_id: int, book_log: BookLog | None,
                     upto: int | None) -> Timeline | None:
@@ -210,7 +212,7 @@ class LiveBooks:
         """States lock held: a state :meth:`fold` made is held from now on; its book is
         judged up to now and becomes the job's (unless rebuilding it cost too much: then
         the stored findings are its book, made when first asked)."""
-        state, book, deadline = loaded
+        state, book, deadline, _ = loaded
         if book is None:
             return state
         book.settings = self.settings  # one from a checkpoint has its own, and no `heard`
@@ -336,6 +338,7 @@ class Loaded(NamedTuple):
     state: JobState
     book: Book | None  # None: the stored findings are its book
     deadline: float  # time.monotonic() past which rebuilding its book cost too much
+    received_at: float | None  # the arrival of the last event folded (None: none was)
 
 
 def _too_dear(book: Book | None, deadline: float) -> bool:

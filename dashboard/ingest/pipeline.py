@@ -238,6 +238,11 @@ class Ingest:
 
             loaded = self.books.fold(job_id, job["name"], lambda after: self.store.log.events(
                 job_id, after=after), pace=pace)
+            if loaded.book is not None and loaded.received_at is not None:
+                # What the next opening starts from, as if its end had stored it (a job
+                # stored by an older pgdash, or whose server was behind as it ended).
+                self.rewind.checkpoint_end(Timeline.of(loaded.state, loaded.book),
+                                           loaded.received_at)
             with self.cache.lock:
                 if self.cache.held(job_id) is None and not self.store.log.any_after(
                         job_id, loaded.state.last_event_id):

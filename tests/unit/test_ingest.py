@@ -514,3 +514,11 @@ def test_a_job_that_ends_stores_a_checkpoint_that_opening_it_starts_from(hang_jo
     assert shown == from_start
     assert ("hang", [0], 114.0, False) in shown[1]
     assert [f["kind"] for f in live.findings(job)] == ["hang"]
+    # A job stored without one (an older pgdash's) gets it as it is first opened: the next
+    # server to open it decodes it too.
+    full.rewind.wait_saved()
+    store.writer.wait_idle()
+    assert store.checkpoints.before(job, math.inf)[1] == stored[1]
+    again, shown_again, _ = _reopened(store, job)
+    assert again.counters["checkpoints_loaded_live"] == 1
+    assert shown_again == from_start
