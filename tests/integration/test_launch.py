@@ -392,11 +392,12 @@ def test_a_job_cancelled_by_its_scheduler_blames_no_rank_and_says_how_each_ended
                 launcher.kill()
                 launcher.wait(60)
 
-    def stopped():
+    def stopped():  # each rank's end, as the judgements after each one's say
         found = server.api(f"/api/jobs/{job['id']}/findings")["findings"]
-        return found if any(f["kind"] == "rank_lost" for f in found) else None
+        return found if any(f["kind"] == "rank_lost" and len(f["evidence"]["lost"]) == 3
+                            for f in found) else None
 
-    found = wait_for(stopped, 60, "the job's end to be judged")
+    found = wait_for(stopped, 60, "the job's end to be judged, with each rank's")
     assert [(f["kind"], f["severity"], f["ranks"]) for f in found] == \
         [("rank_lost", "info", [])], found
     ended = {r: v.get("ended") for r, v in found[0]["evidence"]["lost"].items()}
