@@ -99,10 +99,10 @@ class LiveFold:
                                            "body": ev["body"]}
                     state.apply(stored)
                 after = state.summary()
-                ended = after["ended_at"] is not None and before["ended_at"] is None
-                if ended:  # what opening it later starts from (Ingest._ready)
+                ends_now = after["ended_at"] is not None and before["ended_at"] is None
+                if ends_now:  # what opening it later starts from (Ingest._ready)
                     self.rewind.checkpoint_end(self.books.timeline(job_id, state), now)
-                ended = ended and self.keyframes.made_for(state)
+                ended = ends_now and self.keyframes.made_for(state)  # incident frames
         if newest is not None:
             self.lag.folded(session, newest, now)
         if after != before:
