@@ -11,10 +11,10 @@ left alone.
 
 Its folds run on a Rewind of their own (no in-memory copies, its own lock), so a user's
 scrub never waits for one; they share the process (its CPU, its interpreter lock) with
-ingest, so they run at DUTY of the time they take (a slice of work, then a pause three times
-as long), one job at a time, at most JOBS waiting, each asked once per process; a mark whose
-moments are stored already is skipped (after a restart a job costs a read per mark); and
-while the server is behind its agents they wait, live ingest first, giving the job up after
+ingest, so they are paced (dashboard.pacing: a quarter of the time, in slices of work), one
+job at a time, at most JOBS waiting, each asked once per process; a mark whose moments are
+stored already is skipped (after a restart a job costs a read per mark); and while the
+server is behind its agents they wait, live ingest first, giving the job up after
 BEHIND_WAIT_S.
 """
 
@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from dashboard.history.keyframes import FINE_AFTER_S, FINE_BEFORE_S, FINE_S, Keyframes
 from dashboard.history.rewind import Rewind
+from dashboard.pacing import GaveUp, Pace, Stopped
 from dashboard.storage.store import Store
 from dashboard.storage.writer import WriterStopped
 
@@ -36,16 +37,6 @@ log = logging.getLogger("pgdash.incident_frames")
 JOBS = 8  # jobs waiting at most; more are not asked (the page asks again on its next visit)
 BEHIND_WAIT_S = 120.0
 SETTLE_S = 5.0  # a job the live fold saw end is prepared this much later (stored by then)
-DUTY = 0.25  # the share of the time its folds work, in slices of about SLICE_S
-SLICE_S = 0.05
-
-
-class _Stopped(Exception):
-    """The server stops: the fold under way is given up."""
-
-
-class _GaveUp(Exception):
-    """The server stayed behind its agents for BEHIND_WAIT_S: the job is given up."""
 
 
 class IncidentFrames:
@@ -64,17 +55,15 @@ class IncidentFrames:
                  prepare: Callable[[int], Callable[[Any], bool]],
                  behind: Callable[[], bool]):
         self.store, self.keyframes, self.rewind = store, keyframes, rewind
-        self.prepare, self.behind = prepare, behind
-        rewind.pace = self._pace
-        self.duty = DUTY  # (tests lift it)
-        self._slice_from = time.monotonic()
+        self.prepare = prepare
+        self._stop = threading.Event()
+        self.pace = rewind.pace = Pace(behind, self._stop, give_up_s=BEHIND_WAIT_S)
         self.marks_folded = 0  # marks whose moments a fold here stored (/metrics, the bench)
         self._asked: set[int] = set()
         self._queue: queue.Queue[tuple[int, float] | None] = queue.Queue(JOBS)  # (job, when)
         self.settle_s = SETTLE_S
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
 
     def ask(self, job_id: int) -> bool:
         """Have the moments around the job's incident marks stored, in the background (once
@@ -143,9 +132,9 @@ class IncidentFrames:
                 if self._stop.wait(max(0.0, due - time.monotonic())):
                     return
                 self._job(job_id)
-            except _Stopped:
+            except Stopped:
                 return
-            except _GaveUp:
+            except GaveUp:
                 log.info("pgdash: job %s's incidents not prepared: the server stayed behind "
                          "its agents for %g s", asked[0], BEHIND_WAIT_S)
             except Exception:  # an optimisation: the page folds the moments instead
@@ -174,30 +163,11 @@ class IncidentFrames:
             if self._stop.is_set() or all(frames.stored(job_id, mark - k * FINE_S)
                                           for k in (1, 2, 3)):
                 continue
-            self._wait_while_behind()
+            self.pace.wait_while_behind()
             # From before the first moment (a fold starts from the checkpoint before where
             # it goes), then on through the last: the fold stores those it passes.
-            self._slice_from = time.monotonic()
+            self.pace.start()
             for at in (mark - FINE_BEFORE_S, mark + FINE_AFTER_S):
                 self.rewind.view(job_id, job["name"], at, lambda _: None,
                                  prepare=self.prepare(job_id))
             self.marks_folded += 1
-
-    def _pace(self) -> None:
-        """Between events of a fold here: after a slice of work, a pause (DUTY), and none
-        while the server is behind its agents."""
-        busy = time.monotonic() - self._slice_from
-        if busy >= SLICE_S:
-            if self._stop.wait(busy * (1 - self.duty) / self.duty):
-                raise _Stopped
-            self._wait_while_behind()
-            self._slice_from = time.monotonic()
-
-    def _wait_while_behind(self) -> None:
-        waited = 0.0
-        while self.behind():
-            if self._stop.wait(1.0):
-                raise _Stopped
-            waited += 1.0
-            if waited >= BEHIND_WAIT_S:
-                raise _GaveUp

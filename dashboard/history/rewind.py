@@ -155,17 +155,11 @@ class Rewind:
         """The stored checkpoint nearest before ``at``, if it is ahead of id ``above``."""
         if not self.persist_every_s:
             return None
-        found = self.store.checkpoints.before(job_id, at, above)
+        found = self.store.checkpoints.load(job_id, at, above)
         if found is None:
             return None
-        try:
-            state = decode_state(found[2])
-        except ValueError:
-            log.exception("pgdash: checkpoint %s of job %s unreadable; folding without it",
-                          found[0], job_id)
-            return None
         self.checkpoints_loaded += 1
-        return _Point(found[1], found[0], state)
+        return _Point(found[1], found[0], found[2])
 
     def _persist(self, job_id: int, boundary: float, last_id: int, state: Any) -> None:
         """Store the state as the checkpoint at ``boundary`` (once; never waits for it)."""

@@ -26,7 +26,6 @@ from dashboard.diagnosis.book import Book, Changes, LogRow
 from dashboard.diagnosis.incidents import Incident
 from dashboard.diagnosis.timeline import BookLog, Timeline
 from dashboard.state import JobState, StoredEvent
-from dashboard.storage.codec import decode_state
 from dashboard.storage.store import Store
 from dashboard.storage.writer import WriterStopped
 
@@ -190,17 +189,12 @@ class LiveBooks:
 
     def _checkpoint(self, job_id: int, book_log: BookLog | None,
                     upto: int | None) -> Timeline | None:
-        """The job's newest stored checkpoint (dashboard.history.rewind stores them every
-        PGDASH_CHECKPOINT_S of the log, live and by scrubs), ready to fold on from; None
-        where there is none, or it cannot be read or go on with the stored book log."""
-        try:
-            found = self.store.checkpoints.before(job_id, math.inf)
-            timeline = None if found is None or (upto is not None and found[0] > upto) \
-                else decode_state(found[2])
-        except ValueError:
-            log.exception("pgdash: the newest checkpoint of job %s is unreadable; folding its "
-                          "log from the start", job_id)
-            return None
+        """The job's newest stored checkpoint up to id ``upto`` (dashboard.history.rewind
+        stores them every PGDASH_CHECKPOINT_S of the log, live and by scrubs), ready to fold
+        on from; None where there is none, or it cannot be read or go on with the stored
+        book log."""
+        found = self.store.checkpoints.load(job_id, math.inf, upto=upto)
+        timeline = None if found is None else found[2]
         if not isinstance(timeline, Timeline) or not timeline.use_log(book_log):
             return None
         if timeline.book is not None:

@@ -44,6 +44,7 @@ from dashboard.ingest.livebooks import LiveBooks
 from dashboard.history.incident_frames import IncidentFrames
 from dashboard.history.keyframes import Keyframes
 from dashboard.history.rewind import Rewind
+from dashboard.pacing import Pace, Stopped
 from dashboard.state import JobState
 from dashboard.statuses import ENDED
 from dashboard.ingest.statecache import Changed, StateCache
@@ -61,10 +62,6 @@ log = logging.getLogger("pgdash.server")
 # reconnects, and at 1,024 ranks behind a 50 s backlog that made 700-800 reconnects a run,
 # a thread held per waiting batch, and the crowd of reconnecting ranks a rank_lost critical.
 V1_ACK_WAIT_S = 5.0
-# An ended job opened beside running ones (Ingest._ready) is folded this share of the time,
-# in slices this long: the checkpoint its end stored makes that a decode and a short fold.
-OPEN_DUTY = 0.25
-OPEN_SLICE_S = 0.05
 
 __all__ = ["Ingest", "Refused"]
 
@@ -118,6 +115,7 @@ class Ingest:
         # not because the ranks did, so their disconnects are not recorded (a rolling restart
         # must not mark every rank lost).
         self.stopping = False
+        self._stopped = threading.Event()  # the same, for what waits (Pace)
         self.cluster = cluster
         # The server's questions to agents; an incident that opens asks for its ranks' stacks.
         # Clustered, agents connected to the other processes are asked through Redis.
@@ -221,23 +219,16 @@ class Ingest:
         with self._loading:  # one such fold at a time: a second reader of it waits here
             if self.cache.held(job_id) is not None:
                 return
-            slice_from = [time.monotonic()]
-
-            def pace() -> None:
-                # Beside running jobs, it gives them the interpreter: it works OPEN_DUTY of
-                # the time, in slices of OPEN_SLICE_S, and not at all while ingest is behind
-                # its agents (flat out, the fold took half of the GIL from a 1,024-rank job's
-                # ingest, which fell a minute behind: bench/capacity.py --stored).
-                busy = time.monotonic() - slice_from[0]
-                if busy < OPEN_SLICE_S or not self._running_jobs():
-                    return
-                time.sleep(busy * (1 - OPEN_DUTY) / OPEN_DUTY)
-                while self.lag.current() > LAG_WARN_S and not self.stopping:
-                    time.sleep(0.2)
-                slice_from[0] = time.monotonic()
-
-            loaded = self.books.fold(job_id, job["name"], lambda after: self.store.log.events(
-                job_id, after=after), pace=pace)
+            # Beside running jobs it gives them the interpreter (dashboard.pacing: the fold
+            # works a quarter of the time, and not at all while ingest is behind its agents);
+            # the checkpoint a job's end stored makes it a decode and a short fold.
+            pace = Pace(lambda: self.lag.current() > LAG_WARN_S, self._stopped,
+                        wanted=self._running_jobs)
+            try:
+                loaded = self.books.fold(job_id, job["name"], lambda after: self.store.log.events(
+                    job_id, after=after), pace=pace)
+            except Stopped:
+                return
             if loaded.book is not None and loaded.received_at is not None:
                 # What the next opening starts from, as if its end had stored it (a job
                 # stored by an older pgdash, or whose server was behind as it ended).
@@ -449,6 +440,7 @@ class Ingest:
         holds is stored without being folded (the fold and its judging were what kept an
         overloaded server from exiting for many seconds; a restart folds the stored log)."""
         self.stopping = True
+        self._stopped.set()
         self.fold.draining = True
         self.incident_frames.stop()
 

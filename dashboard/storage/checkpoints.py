@@ -3,12 +3,16 @@ makes and reads them; dashboard.storage.compaction thins them beyond its window)
 
 from __future__ import annotations
 
-from typing import Callable
+import logging
+from typing import Any, Callable
 
 import sqlalchemy as sa
 
+from dashboard.storage.codec import decode_state
 from dashboard.storage.database import delete_in
 from dashboard.storage.schema import checkpoints
+
+log = logging.getLogger("pgdash.checkpoints")
 
 
 class Checkpoints:
@@ -32,16 +36,35 @@ class Checkpoints:
             return {r[0] for r in conn.execute(sa.select(checkpoints.c.at)
                                                .where(checkpoints.c.job_id == job_id))}
 
-    def before(self, job_id: int, at: float, above: int = 0) -> tuple[int, float, bytes] | None:
+    def before(self, job_id: int, at: float, above: int = 0,
+               upto: int | None = None) -> tuple[int, float, bytes] | None:
         """The newest stored checkpoint usable at moment ``at`` (last id, its moment, state
-        bytes), if one holds more of the log than id ``above``."""
+        bytes), if one holds more of the log than id ``above`` (and no more than id ``upto``,
+        when given)."""
+        where = [checkpoints.c.job_id == job_id, checkpoints.c.at <= at,
+                 checkpoints.c.last_id > above]
+        if upto is not None:
+            where.append(checkpoints.c.last_id <= upto)
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(checkpoints.c.last_id, checkpoints.c.at,
                                          checkpoints.c.state)
-                               .where(checkpoints.c.job_id == job_id, checkpoints.c.at <= at,
-                                      checkpoints.c.last_id > above)
+                               .where(*where)
                                .order_by(checkpoints.c.last_id.desc()).limit(1)).first()
         return (row[0], row[1], bytes(row[2])) if row else None
+
+    def load(self, job_id: int, at: float, above: int = 0,
+             upto: int | None = None) -> tuple[int, float, Any] | None:
+        """:meth:`before`, its state decoded (None where there is none or it cannot be read:
+        the caller folds without it, and the log says which)."""
+        found = self.before(job_id, at, above, upto)
+        if found is None:
+            return None
+        try:
+            return found[0], found[1], decode_state(found[2])
+        except ValueError:
+            log.exception("pgdash: checkpoint %s of job %s is unreadable; folding without it",
+                          found[0], job_id)
+            return None
 
     def wanted(self, job_id: int, last_id: int, at: float) -> bool:
         """Whether a checkpoint of the job's log up to ``last_id`` at moment ``at`` would be

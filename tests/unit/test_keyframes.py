@@ -164,7 +164,7 @@ def test_an_ended_jobs_incidents_are_made_ready_in_the_background(store):
                     render_keyframe=keyframe).start()
     ingest.keyframes.min_ranks = RANKS
     ingest.incident_frames.settle_s = 0.0
-    ingest.incident_frames.duty = 1.0  # (no pauses between slices of work)
+    ingest.incident_frames.pace.duty = 1.0  # (no pauses between slices of work)
     events = _job_events(130, hang=(T0 + 40.25, T0 + 90))
     last = max(ev["received_at"] for ev in events)
     exits = [{"session": f"s{r}", "t": last + 1, "received_at": last + 1.01, "kind": "exit",
@@ -203,7 +203,7 @@ def test_preparing_incidents_waits_while_the_server_is_behind_and_stops_with_it(
                     render_keyframe=keyframe).start()
     ingest.keyframes.min_ranks = RANKS
     frames = ingest.incident_frames
-    frames.settle_s, frames.behind = 0.0, lambda: True
+    frames.settle_s, frames.pace.behind = 0.0, lambda: True
     events = _job_events(60, hang=(T0 + 20.25, T0 + 40))
     last = max(ev["received_at"] for ev in events)
     job_id = _send_live(ingest, clock, events + [
@@ -216,7 +216,7 @@ def test_preparing_incidents_waits_while_the_server_is_behind_and_stops_with_it(
     fresh = Ingest(store, clock=lambda: clock[0], keyframe_every_s=EVERY,
                    render_keyframe=keyframe).start()
     fresh.keyframes.min_ranks = RANKS
-    fresh.incident_frames.behind = lambda: True
+    fresh.incident_frames.pace.behind = lambda: True
     assert fresh.incident_frames.ask(job_id)
     time.sleep(0.3)
     fresh.stop()
