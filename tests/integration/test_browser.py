@@ -968,6 +968,11 @@ def test_scrubbing_by_keys_by_incident_and_comparing_two_moments(hang_server, wa
         page.unroute(re.compile(r"/state\?at="))
         expect(shown).to_have_attribute("data-replayed", str(asked))
 
+        # A link to where the incident begins (the page's address there) says so too, once
+        # the page has learnt the job's incidents after the moment itself came.
+        page.goto(f"{hang_server.url}/jobs/{jid}?at={incident['first_seen']}")
+        expect(verdict).to_have_attribute("data-forming", incident["id"])
+
         # A inside the hang, B at the end.
         inside = found["last_seen"]
         page.goto(f"{hang_server.url}/jobs/{jid}?at={inside}")

@@ -353,7 +353,7 @@ def test_a_rank_in_another_collective_when_torchrun_stopped_the_job_is_named_fro
         found = serious(server, job["id"])
         return found if any(f["kind"] == "desync" for f in found) else None
 
-    found = wait_for(verdict, 30, "the desync finding")
+    found = wait_for(verdict, 90, "the desync finding")
     assert [(f["kind"], f["ranks"]) for f in found if f["severity"] == "critical"] == \
         [("desync", [2])], found
     (f,) = found
@@ -428,7 +428,7 @@ def test_a_rank_that_crashes_in_native_code_is_named_with_its_signal(server, tmp
         found = serious(server, job["id"])
         return found if any(f["kind"] == "rank_lost" for f in found) else None
 
-    found = wait_for(named, 30, "the lost rank")
+    found = wait_for(named, 90, "the lost rank")
     assert [(f["kind"], f["ranks"]) for f in found] == [("rank_lost", [1])], found
     if launcher == "torchrun":
         assert found[0]["evidence"].get("ended") == "SIGSEGV", found[0]["evidence"]

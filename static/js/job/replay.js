@@ -353,6 +353,9 @@ async function learnMarks() {
     if (!inc.active && PG.isNum(inc.last_seen)) found.add(inc.last_seen);
   }
   marks = Array.from(found).sort((x, y) => x - y);
+  // A moment shown before they came (the page opened at ?at=, where an incident begins)
+  // says now whether one is forming there.
+  if (state.replay && state.job) replayHooks.render();
   const b = bounds();
   const list = $("replay-marks");
   while (list.firstChild) list.removeChild(list.firstChild);
