@@ -1,7 +1,7 @@
 """The pace of the server's background folds: work a share of the time, live ingest first.
 
 Some folds have nobody waiting on them live: an ended job opened on the page
-(dashboard.ingest.pipeline's ``Ingest._ready``), the moments around an ended job's incidents
+(dashboard.ingest.pipeline's ``Ingest.ready``), the moments around an ended job's incidents
 (dashboard.history.incident_frames). They are CPU-bound Python sharing the interpreter with
 ingest: flat out, one took half of it from a live 1,024-rank job, whose ingest fell a minute
 behind and whose agents' resends then kept it there (bench/capacity.py --stored). Such a fold
@@ -34,15 +34,19 @@ class Pace:
 
     Args:
         behind: whether the server is behind its agents now (the fold then waits).
-        stop: set when the server stops (the fold then raises :class:`Stopped`).
+        stop: set when the server stops: the fold then raises :class:`Stopped`, or with
+            ``finish``, goes on flat out (someone waits for its result).
         wanted: whether pausing is needed now (an opening with no job running goes flat out).
         give_up_s: after waiting this long for ingest, :class:`GaveUp` (None: wait on).
     """
 
     def __init__(self, behind: Callable[[], bool], stop: threading.Event, *,
-                 wanted: Callable[[], bool] = lambda: True, give_up_s: float | None = None):
+                 wanted: Callable[[], bool] = lambda: True, give_up_s: float | None = None,
+                 finish: bool = False):
         self.behind, self.stop, self.wanted, self.give_up_s = behind, stop, wanted, give_up_s
+        self.finish = finish
         self.duty = DUTY  # (tests lift it)
+        self.paused_s = 0.0  # time given away so far (a fold's deadlines leave it out)
         self._from = time.monotonic()
 
     def start(self) -> None:
@@ -50,20 +54,37 @@ class Pace:
         self._from = time.monotonic()
 
     def __call__(self) -> None:
-        busy = time.monotonic() - self._from
-        if busy < SLICE_S or not self.wanted():
+        now = time.monotonic()
+        busy = now - self._from
+        if busy < SLICE_S:
+            return
+        if not self.wanted():  # nothing to give way to: this slice ends unpaused
+            self._from = now
             return
         if self.stop.wait(busy * (1 - self.duty) / self.duty):
-            raise Stopped
+            self._stopped()
+        self._account(now)
         self.wait_while_behind()
-        self._from = time.monotonic()
 
     def wait_while_behind(self) -> None:
-        """Return once the server keeps up with its agents."""
-        waited = 0.0
-        while self.behind():
+        """Return once the server keeps up with its agents (or it stops, with ``finish``)."""
+        start = time.monotonic()
+        give_up = None if self.give_up_s is None else start + self.give_up_s
+        while not self.stop.is_set() and self.behind():
             if self.stop.wait(BEHIND_STEP_S):
-                raise Stopped
-            waited += BEHIND_STEP_S
-            if self.give_up_s is not None and waited >= self.give_up_s:
+                break
+            if give_up is not None and time.monotonic() >= give_up:
+                self._account(start)
                 raise GaveUp
+        self._account(start)
+        if self.stop.is_set():
+            self._stopped()
+
+    def _account(self, since: float) -> None:
+        now = time.monotonic()
+        self.paused_s += now - since
+        self._from = now
+
+    def _stopped(self) -> None:
+        if not self.finish:
+            raise Stopped

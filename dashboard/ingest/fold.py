@@ -100,7 +100,7 @@ class LiveFold:
                     state.apply(stored)
                 after = state.summary()
                 ends_now = after["ended_at"] is not None and before["ended_at"] is None
-                if ends_now:  # what opening it later starts from (Ingest._ready)
+                if ends_now:  # what opening it later starts from (Ingest.ready)
                     self.rewind.checkpoint_end(self.books.timeline(job_id, state), now)
                 ended = ends_now and self.keyframes.made_for(state)  # incident frames
         if newest is not None:

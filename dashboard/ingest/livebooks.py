@@ -25,6 +25,7 @@ from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.book import Book, Changes, LogRow
 from dashboard.diagnosis.incidents import Incident
 from dashboard.diagnosis.timeline import BookLog, Timeline
+from dashboard.pacing import Pace
 from dashboard.state import JobState, StoredEvent
 from dashboard.storage.store import Store
 from dashboard.storage.writer import WriterStopped
@@ -157,13 +158,13 @@ class LiveBooks:
         return self.adopt(job_id, self.fold(job_id, name, events, upto))
 
     def fold(self, job_id: int, name: str, events: Callable[[int], Iterable[StoredEvent]],
-             upto: int | None = None, pace: Callable[[], None] | None = None) -> "Loaded":
+             upto: int | None = None, pace: Pace | None = None) -> "Loaded":
         """A job's state and book folded from its log, from the newest stored checkpoint on
         (``events(after)``: the log after that id, up to id ``upto`` when given); no lock
         needed, nothing here changed; ``pace()`` is called every PACE_EVENTS events.
         The moments its stored book log covers are read, the others judged while
-        affordable; past RECOMPUTE_MAX_DIAGNOSES or RECOMPUTE_MAX_S the book starts from the
-        stored findings (:meth:`adopt`)."""
+        affordable; past RECOMPUTE_MAX_DIAGNOSES or RECOMPUTE_MAX_S of work (the pace's
+        pauses left out) the book starts from the stored findings (:meth:`adopt`)."""
         book_log = self.book_log(job_id)
         timeline = self._checkpoint(job_id, book_log, upto)
         if timeline is None:
@@ -171,12 +172,13 @@ class LiveBooks:
             timeline.use_log(book_log)
         timeline.record()
         state = timeline.state
-        deadline = time.monotonic() + self.RECOMPUTE_MAX_S
+        start = deadline = time.monotonic() + self.RECOMPUTE_MAX_S
         folding: Timeline | None = timeline
         received_at = None
         for n, ev in enumerate(events(state.last_event_id), 1):
             if pace is not None and not n % PACE_EVENTS:
                 pace()
+                deadline = start + pace.paused_s
             if folding is not None and _too_dear(folding.book, deadline):
                 folding = None
             if folding is not None:

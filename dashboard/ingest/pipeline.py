@@ -44,7 +44,7 @@ from dashboard.ingest.livebooks import LiveBooks
 from dashboard.history.incident_frames import IncidentFrames
 from dashboard.history.keyframes import Keyframes
 from dashboard.history.rewind import Rewind
-from dashboard.pacing import Pace, Stopped
+from dashboard.pacing import Pace
 from dashboard.state import JobState
 from dashboard.statuses import ENDED
 from dashboard.ingest.statecache import Changed, StateCache
@@ -114,8 +114,7 @@ class Ingest:
         # Set when the server stops (stop()): its connections then close because it leaves,
         # not because the ranks did, so their disconnects are not recorded (a rolling restart
         # must not mark every rank lost).
-        self.stopping = False
-        self._stopped = threading.Event()  # the same, for what waits (Pace)
+        self._stopped = threading.Event()
         self.cluster = cluster
         # The server's questions to agents; an incident that opens asks for its ranks' stacks.
         # Clustered, agents connected to the other processes are asked through Redis.
@@ -125,7 +124,7 @@ class Ingest:
                                listeners(self.asks.on_incident, on_incident), self.counters,
                                self.changed.job)
         self.cache = StateCache(store, self._load, max_cached_jobs, evicted=self._evicted)
-        self._loading = threading.Lock()  # _ready
+        self._loading = threading.Lock()  # ready
         self.admission = Admission(store, token, lambda: self.clock(), self.counters,
                                    self.state, lambda job_id, state:
                                    (self.cache.add(job_id, state), self.changed.jobs_list.set()),
@@ -151,6 +150,11 @@ class Ingest:
         self.follower = None if cluster is None else LogFollower(
             store, self.cache, self.books, self.lag, lambda: self.clock(), self.counters,
             self.changed, self.owns)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the server is stopping (stop() was called)."""
+        return self._stopped.is_set()
 
     @property
     def settings(self) -> Settings:
@@ -190,7 +194,7 @@ class Ingest:
              timeout: float | None = None) -> Any:
         """Run ``view(state)`` while no event is being applied; None if the job is unknown.
         Raises TimeoutError if that takes longer than ``timeout`` seconds to begin."""
-        self._ready(job_id)
+        self.ready(job_id, timeout)
         if not self.cache.lock.acquire(timeout=-1 if timeout is None else timeout):
             raise TimeoutError(f"job {job_id}'s state was busy for {timeout} s")
         try:
@@ -205,30 +209,36 @@ class Ingest:
         """The folded state of a job (loaded from the log on first use)."""
         return self.cache.state(job_id)
 
-    def _ready(self, job_id: int) -> None:
+    def ready(self, job_id: int, timeout: float | None = None) -> None:
         """Hold an ended job that is not held yet, folded from its log without the states
         lock (an old job opened on the page: at 1,024 ranks that fold takes seconds, from
         its newest checkpoint, and the live ingest of every other job waited for it behind
         the lock; bench/capacity.py --stored). A running job, a clustered one and one whose
-        log grew meanwhile are loaded under the lock, as before, when first read."""
+        log grew meanwhile are loaded under the lock, as before, when first read. What
+        reads a job calls it first, outside its own locks (the live push's: every page's
+        deltas would wait for the fold). Raises TimeoutError if another such fold keeps it
+        from beginning for ``timeout`` seconds."""
         if self.cluster is not None or self.cache.held(job_id) is not None:
+            return
+        if self.cache.lock._is_owned():  # a reader under the states lock: loads under it
             return
         job = self.store.jobs.get(job_id)
         if job is None or job["status"] not in ENDED:
             return
-        with self._loading:  # one such fold at a time: a second reader of it waits here
+        # One such fold at a time: a second reader of it waits here.
+        if not self._loading.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError(f"job {job_id}'s state was busy for {timeout} s")
+        try:
             if self.cache.held(job_id) is not None:
                 return
             # Beside running jobs it gives them the interpreter (dashboard.pacing: the fold
             # works a quarter of the time, and not at all while ingest is behind its agents);
             # the checkpoint a job's end stored makes it a decode and a short fold.
+            # A request waits for it: once the server stops it finishes flat out.
             pace = Pace(lambda: self.lag.current() > LAG_WARN_S, self._stopped,
-                        wanted=self._running_jobs)
-            try:
-                loaded = self.books.fold(job_id, job["name"], lambda after: self.store.log.events(
-                    job_id, after=after), pace=pace)
-            except Stopped:
-                return
+                        wanted=self._running_jobs, finish=True)
+            loaded = self.books.fold(job_id, job["name"], lambda after: self.store.log.events(
+                job_id, after=after), pace=pace)
             if loaded.book is not None and loaded.received_at is not None:
                 # What the next opening starts from, as if its end had stored it (a job
                 # stored by an older pgdash, or whose server was behind as it ended).
@@ -238,6 +248,8 @@ class Ingest:
                 if self.cache.held(job_id) is None and not self.store.log.any_after(
                         job_id, loaded.state.last_event_id):
                     self.cache.add(job_id, self.books.adopt(job_id, loaded))
+        finally:
+            self._loading.release()
 
     def _running_jobs(self) -> bool:
         return any(state.status not in ENDED for _, state in self.cache.items())
@@ -264,7 +276,7 @@ class Ingest:
             if self.store.jobs.get(job_id) is None:
                 return None
             return sorted(self.store.findings.of_job(job_id), key=lambda f: -f["first_seen"])
-        self._ready(job_id)
+        self.ready(job_id)
         with self.cache.lock:
             return None if self.state(job_id) is None else self.books.findings(job_id)
 
@@ -273,7 +285,7 @@ class Ingest:
         if self.cluster is not None and not self.cluster.owns(job_id):
             found = self.findings(job_id)
             return None if found is None else incidents_of(found)
-        self._ready(job_id)
+        self.ready(job_id)
         with self.cache.lock:
             return None if self.state(job_id) is None else self.books.incidents(job_id)
 
@@ -439,7 +451,6 @@ class Ingest:
         """The server is stopping: disconnects are not recorded, and what the writer still
         holds is stored without being folded (the fold and its judging were what kept an
         overloaded server from exiting for many seconds; a restart folds the stored log)."""
-        self.stopping = True
         self._stopped.set()
         self.fold.draining = True
         self.incident_frames.stop()

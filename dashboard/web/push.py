@@ -84,6 +84,7 @@ class LivePush:
             join_room(self._room(job_id), sid=sid, namespace=UI_NAMESPACE)
             self.cluster.request_snapshot(job_id, sid)
             return True
+        self.ingest.ready(job_id)  # an ended job's fold, before every page's deltas wait
         with self._lock:
             if not self._push(job_id):
                 return False
@@ -171,6 +172,7 @@ class LivePush:
                     if time.monotonic() - self._pushed_at.get(job_id, 0.0) < self.interval:
                         continue
                     waiting.discard(job_id)
+                    self.ingest.ready(job_id)
                     with self._lock:
                         if self._watched(job_id):
                             self._push(job_id)

@@ -949,12 +949,12 @@ def test_scrubbing_by_keys_by_incident_and_comparing_two_moments(hang_server, wa
         for value in ("100", "400", "700"):
             slider.evaluate("(el, v) => { el.value = v; el.dispatchEvent(new Event('input')); }",
                             value)
-        def routed(n):  # route handlers run while Playwright has the thread
+        def routed(n, requests=held):  # route handlers run while Playwright has the thread
             for _ in range(50):
-                if len(held) >= n:
+                if len(requests) >= n:
                     return
                 page.wait_for_timeout(200)
-            raise AssertionError(f"{len(held)} moments asked, not {n}")
+            raise AssertionError(f"{len(requests)} requests held, not {n}")
 
         routed(1)
         page.wait_for_timeout(300)
@@ -970,7 +970,14 @@ def test_scrubbing_by_keys_by_incident_and_comparing_two_moments(hang_server, wa
 
         # A link to where the incident begins (the page's address there) says so too, once
         # the page has learnt the job's incidents after the moment itself came.
+        late = []
+        page.route(re.compile(r"/incidents$"), lambda route: late.append(route))
         page.goto(f"{hang_server.url}/jobs/{jid}?at={incident['first_seen']}")
+        expect(shown).to_have_attribute("data-replayed", _js_number(incident["first_seen"]))
+        routed(1, late)
+        expect(verdict).to_have_attribute("data-forming", "")  # not known yet
+        late[0].continue_()
+        page.unroute(re.compile(r"/incidents$"))
         expect(verdict).to_have_attribute("data-forming", incident["id"])
 
         # A inside the hang, B at the end.

@@ -453,7 +453,7 @@ def test_an_ended_job_opened_after_a_restart_is_folded_without_the_states_lock(h
     (a running job's load) shows."""
     store, _live, job = hang_job
     locked = Ingest(store, clock=lambda: 500.0, settings=_live.settings).start()
-    locked._ready = lambda job_id: None
+    locked.ready = lambda job_id, timeout=None: None
     before = (locked.read(job, views.detail),
               [(f["kind"], f["ranks"], f["first_seen"], f["active"])
                for f in locked.findings(job)])

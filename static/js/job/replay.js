@@ -353,18 +353,17 @@ async function learnMarks() {
     if (!inc.active && PG.isNum(inc.last_seen)) found.add(inc.last_seen);
   }
   marks = Array.from(found).sort((x, y) => x - y);
-  // A moment shown before they came (the page opened at ?at=, where an incident begins)
-  // says now whether one is forming there.
-  if (state.replay && state.job) replayHooks.render();
   const b = bounds();
   const list = $("replay-marks");
   while (list.firstChild) list.removeChild(list.firstChild);
-  if (!b) return;
-  for (const t of marks) {
+  for (const t of b ? marks : []) {
     const option = document.createElement("option");
     option.value = String(Math.round(((t - b[0]) / (b[1] - b[0])) * REPLAY_STEPS));
     list.appendChild(option);
   }
+  // A moment shown before they came (the page opened at ?at=, where an incident begins)
+  // says now whether one is forming there.
+  if (state.replay && state.job) replayHooks.render();
 }
 
 function pause() {
