@@ -464,6 +464,32 @@ def test_an_ended_job_opened_after_a_restart_is_folded_without_the_states_lock(h
     assert fresh.cache.held(job) is not None  # folded once: held from now on
 
 
+def test_an_ended_job_whose_log_grew_while_it_was_folded_is_loaded_again(hang_job):
+    """A late event (a rank's last words after the others ended) stored while an ended job
+    is folded off the states lock: that fold is not held (it lacks the event); the job is
+    loaded under the lock instead, with it."""
+    store, _live, job = hang_job
+    fresh = Ingest(store, clock=lambda: 500.0, settings=_live.settings).start()
+    fold = fresh.books.fold
+
+    def then_a_late_event(*args, **kwargs):
+        loaded = fold(*args, **kwargs)
+
+        def late(conn):
+            store.log.insert(conn, job, "s0", [{"seq": 9, "t": 131.0, "kind": "heartbeat",
+                                                "body": {"groups": []}}], 131.0)
+
+        store.writer.submit(late)
+        fresh.books.fold = fold  # once
+        return loaded
+
+    fresh.books.fold = then_a_late_event
+    fresh.ready(job)
+    assert fresh.cache.held(job) is None  # the fold without the late event was dropped
+    newest = store.log.max_id()
+    assert fresh.read(job, lambda s: s.last_event_id) == newest  # loaded with it
+
+
 def test_a_job_that_ends_stores_a_checkpoint_that_opening_it_starts_from(hang_job):
     """As a job ends, the live fold stores its state just after the batch that ended it;
     a restarted server opening the job decodes that instead of folding the log up to
