@@ -18,6 +18,7 @@ from typing import Callable
 DUTY = 0.25  # the share of the time a paced fold works ...
 SLICE_S = 0.05  # ... in slices about this long
 BEHIND_STEP_S = 0.2  # how often a fold waiting for ingest to catch up looks again
+PACE_EVENTS = 500  # a fold calls its pace every this many events (~10 ms at 1,024 ranks)
 
 
 class Stopped(Exception):

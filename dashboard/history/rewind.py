@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from dashboard.diagnosis.timeline import Timeline
 from dashboard.history.keyframes import Keyframes
+from dashboard.pacing import PACE_EVENTS
 from dashboard.storage.codec import compress_state, decode_state, encode_state, pickle_state
 from dashboard.state import JobState
 from dashboard.storage.store import Store
@@ -75,11 +76,10 @@ class Rewind:
         new_state: ``(job_id, name) -> `` an empty fold: a JobState by default; Ingest
             folds a ``dashboard.diagnosis.timeline.Timeline`` (state and findings book), which
             dashboard.storage.codec stores like one. Stored checkpoints hold what it makes.
-        pace: called every PACE_EVENTS events a fold reads (a background fold's: it may
-            sleep, or raise to give the fold up); None: folds run flat out.
+        pace: called every PACE_EVENTS (dashboard.pacing) events a fold reads (a
+            background fold's: it may sleep, or raise to give the fold up); None: folds run
+            flat out.
     """
-
-    PACE_EVENTS = 500
 
     # Copies this many events folded per agent session apart cost a scrub about a seventh
     # more than the fold alone: a 256-rank state copies in ~0.35 s (pickle and zlib 1) and
@@ -256,7 +256,7 @@ class Rewind:
         pace = self.pace
         for ev in self.store.log.events(job_id, after=last_id, keep=True):
             self.events_read += 1
-            if pace is not None and not self.events_read % self.PACE_EVENTS:
+            if pace is not None and not self.events_read % PACE_EVENTS:
                 pace()
             if every and last_id:
                 boundary = math.floor(ev["received_at"] / every) * every

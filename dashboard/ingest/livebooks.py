@@ -25,14 +25,12 @@ from dashboard.diagnosis import Finding, Settings
 from dashboard.diagnosis.book import Book, Changes, LogRow
 from dashboard.diagnosis.incidents import Incident
 from dashboard.diagnosis.timeline import BookLog, Timeline
-from dashboard.pacing import Pace
+from dashboard.pacing import PACE_EVENTS, Pace
 from dashboard.state import JobState, StoredEvent
 from dashboard.storage.store import Store
 from dashboard.storage.writer import WriterStopped
 
 log = logging.getLogger("pgdash.ingest")
-
-PACE_EVENTS = 500  # LiveBooks.fold's pace: ~10 ms of folding at 1,024 ranks
 
 
 class LiveBooks:
@@ -179,7 +177,7 @@ class LiveBooks:
             if pace is not None and not n % PACE_EVENTS:
                 pace()
                 deadline = start + pace.paused_s
-            if folding is not None and _too_dear(folding.book, deadline):
+            if folding is not None and self._too_dear(folding.book, deadline):
                 folding = None
             if folding is not None:
                 folding.apply(ev)
@@ -218,12 +216,17 @@ class LiveBooks:
         if book.diagnosed + book.due(state, self.judged_at()) > self.RECOMPUTE_MAX_DIAGNOSES:
             return state
         self._tick_now()(book, state)
-        if not _too_dear(book, deadline):
+        if not self._too_dear(book, deadline):
             book.keep(self.store.findings.of_job(job_id))
             self._books[job_id] = book
             if book.active_incidents:
                 self.active_incidents[job_id] = book.active_incidents
         return state
+
+    def _too_dear(self, book: Book | None, deadline: float) -> bool:
+        """Whether rebuilding ``book`` has cost more judgements or time than allowed."""
+        return book is not None and book.diagnosed > 0 and (
+            book.diagnosed > self.RECOMPUTE_MAX_DIAGNOSES or time.monotonic() > deadline)
 
     def book_log(self, job_id: int) -> BookLog | None:
         """The job's stored book log (None if it has none)."""
@@ -335,8 +338,3 @@ class Loaded(NamedTuple):
     book: Book | None  # None: the stored findings are its book
     deadline: float  # time.monotonic() past which rebuilding its book cost too much
     received_at: float | None  # the arrival of the last event folded (None: none was)
-
-
-def _too_dear(book: Book | None, deadline: float) -> bool:
-    return book is not None and book.diagnosed > 0 and (
-        book.diagnosed > LiveBooks.RECOMPUTE_MAX_DIAGNOSES or time.monotonic() > deadline)
