@@ -188,36 +188,49 @@ def _row_key(row: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def cpu_seconds(proc: str = "/proc") -> float:
-    """CPU seconds so far of this process (every thread) and of its child processes, live or
-    ended: a loop whose work is done by DataLoader's workers (decoding, augmenting) while its
-    main thread waits for their batches uses little CPU of its own, and is working, not
-    blocked (rules.idle on the server). Children that ended count once their parent reaped
-    them (``os.times``: DataLoader joins its workers), live ones from ``/proc/<pid>/stat``
-    (a few reads a heartbeat: direct children only, at most MAX_CHILDREN)."""
+    """CPU seconds so far of this process (every thread) and of its descendants, live or
+    ended: a loop whose work is done by DataLoader's workers (decoding, augmenting), or by
+    processes those start (a decoder's own pool), while its main thread waits for their
+    batches uses little CPU of its own, and is working, not blocked (rules.idle on the
+    server). Children that ended count once their parent reaped them (``os.times``:
+    DataLoader joins its workers; a live child's reaped ones are in its ``cutime``), live
+    ones from ``/proc/<pid>/stat`` (a few reads a heartbeat: at most MAX_CHILDREN
+    processes, nearest first)."""
     own = os.times()
     total = own.user + own.system + own.children_user + own.children_system
-    try:
-        tasks = os.listdir(f"{proc}/self/task")
-    except OSError:
-        return total
-    children: list[str] = []
-    for task in tasks:
-        try:
-            with open(f"{proc}/self/task/{task}/children", "rb") as f:
-                children += f.read().decode().split()
-        except OSError:
-            continue
-    for pid in children[:MAX_CHILDREN]:
+    waiting = _children("self", proc)
+    read = 0
+    while waiting and read < MAX_CHILDREN:
+        pid = waiting.pop(0)
+        read += 1
         fields = proc_stat(pid, proc)
-        try:
-            total += (int(fields[STAT_UTIME]) + int(fields[STAT_UTIME + 1])) / _TICKS
-        except (TypeError, IndexError, ValueError):
+        try:  # its own time and its reaped children's (utime, stime, cutime, cstime)
+            total += sum(int(f) for f in fields[STAT_UTIME:STAT_UTIME + 4]) / _TICKS
+        except (TypeError, ValueError):
             continue  # (ended since, or not readable)
+        waiting += _children(pid, proc)
     return total
 
 
+def _children(pid: str, proc: str) -> list[str]:
+    """The live child processes of ``pid`` (any of its threads' children)."""
+    try:
+        tasks = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return []
+    children: list[str] = []
+    for task in tasks:
+        try:
+            with open(f"{proc}/{pid}/task/{task}/children", "rb") as f:
+                children += f.read().decode().split()
+        except OSError:
+            continue
+    return children
+
+
 MAX_CHILDREN = 64
-# utime, the 14th field of /proc/<pid>/stat (stime follows), counted from the state (the 3rd)
+# utime, the 14th field of /proc/<pid>/stat (stime, cutime and cstime follow), counted from
+# the state (the 3rd)
 STAT_UTIME = 14 - 3
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

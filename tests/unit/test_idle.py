@@ -209,6 +209,38 @@ def test_the_agents_cpu_counts_its_child_processes_live_and_ended():
     assert cpu_seconds() >= live - 0.02  # ended and reaped: counted still (os.times)
 
 
+def test_cpu_seconds_count_the_work_of_a_workers_own_processes():
+    """A DataLoader worker that hands its decoding to a process of its own (a decoder's
+    pool, ffmpeg) idles itself: the rank is working all the same, in its grandchild."""
+    import subprocess
+    import sys
+
+    from pgdash_agent.reports import cpu_seconds
+
+    burn = ("import sys, time\n"
+            "sys.stdin.readline()\n"
+            "t = time.process_time()\n"
+            "while time.process_time() - t < 0.4: pass\n"
+            "print('burnt', flush=True)\n"
+            "sys.stdin.read()\n")
+    # The child starts the burner with its own stdin and stdout and waits for it, idle.
+    worker = ("import subprocess, sys\n"
+              f"subprocess.run([sys.executable, '-c', {burn!r}])\n")
+    child = subprocess.Popen([sys.executable, "-c", worker], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        before = cpu_seconds()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "burnt\n"
+        live = cpu_seconds()
+        assert live - before >= 0.4 - 0.02, (before, live)
+    finally:
+        child.stdin.close()
+        child.wait(30)
+        child.stdout.close()
+
+
 def test_cpu_seconds_without_proc_is_the_process_and_its_reaped_children(tmp_path):
     import os
 
