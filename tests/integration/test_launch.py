@@ -392,12 +392,20 @@ def test_a_job_cancelled_by_its_scheduler_blames_no_rank_and_says_how_each_ended
                 launcher.kill()
                 launcher.wait(60)
 
+    seen = []
+
     def stopped():  # each rank's end, as the judgements after each one's say
         found = server.api(f"/api/jobs/{job['id']}/findings")["findings"]
+        seen[:] = [found]
         return found if any(f["kind"] == "rank_lost" and len(f["evidence"]["lost"]) == 3
                             for f in found) else None
 
-    found = wait_for(stopped, 60, "the job's end to be judged, with each rank's")
+    try:
+        found = wait_for(stopped, 120, "the job's end to be judged, with each rank's")
+    except AssertionError as exc:  # what was judged instead
+        ranks = server.api(f"/api/jobs/{job['id']}")["ranks"]
+        raise AssertionError(f"{exc}; findings: {seen}; ranks: "
+                             f"{[(r['rank'], r['status'], r.get('ended')) for r in ranks]}")
     assert [(f["kind"], f["severity"], f["ranks"]) for f in found] == \
         [("rank_lost", "info", [])], found
     ended = {r: v.get("ended") for r, v in found[0]["evidence"]["lost"].items()}
