@@ -397,7 +397,7 @@ def test_a_job_cancelled_by_its_scheduler_blames_no_rank_and_says_how_each_ended
     def stopped():  # each rank's end, as the judgements after each one's say
         found = server.api(f"/api/jobs/{job['id']}/findings")["findings"]
         seen[:] = [found]
-        return found if any(f["kind"] == "rank_lost" and len(f["evidence"]["lost"]) == 3
+        return found if any(f["kind"] == "rank_lost" and len(_ended(f["evidence"])) == 3
                             for f in found) else None
 
     try:
@@ -408,9 +408,19 @@ def test_a_job_cancelled_by_its_scheduler_blames_no_rank_and_says_how_each_ended
                              f"{[(r['rank'], r['status'], r.get('ended')) for r in ranks]}")
     assert [(f["kind"], f["severity"], f["ranks"]) for f in found] == \
         [("rank_lost", "info", [])], found
-    ended = {r: v.get("ended") for r, v in found[0]["evidence"]["lost"].items()}
-    assert set(ended) == {"0", "1", "2"} and set(ended.values()) <= {"SIGTERM", None}, ended
+    evidence = found[0]["evidence"]
+    assert evidence["how"] == "stopped", evidence
+    assert set(_ended(evidence)) == {"0", "1", "2"}, evidence
+    ended = {r: v.get("ended") for r, v in evidence["lost"].items()}
+    assert set(ended.values()) <= {"SIGTERM", None}, ended
     assert "SIGTERM" in ended.values(), ended  # (a rank reaped before its reader looked: None)
+
+
+def _ended(evidence):
+    """The ranks whose end a job-stopped rank_lost accounts for: those lost (each with how
+    it ended) and those that failed on their peers' closed connections before their own
+    stop came (on a loaded machine the signals are spaced enough for that)."""
+    return {*evidence["lost"], *map(str, evidence.get("failed_on_peers", []))}
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "mp.spawn"])
