@@ -176,69 +176,58 @@ def test_the_agent_reads_its_io_bytes_where_linux_has_them(tmp_path):
     assert io_bytes(str(tmp_path / "io")) is None
 
 
-def test_the_agents_cpu_counts_its_child_processes_live_and_ended():
-    """A validation loop whose DataLoader workers do the decoding waits on them in its main
-    thread: its own CPU is small, its workers' is the work (bench/corpus/
-    healthy_long_validation_no_collectives.py was a stall before)."""
+# Burns 0.4 s of its own CPU once a line comes on stdin, says so, then idles until stdin
+# closes (0.4 s however loaded the machine: it burns until its own clock says so).
+_BURN = ("import sys, time\n"
+         "sys.stdin.readline()\n"
+         "t = time.process_time()\n"
+         "while time.process_time() - t < 0.4: pass\n"
+         "print('burnt', flush=True)\n"
+         "sys.stdin.read()\n")
+
+
+def _cpu_around_a_burn(script: str) -> tuple[float, float]:
+    """cpu_seconds() before and after a child process running ``script`` (a _BURN, or one
+    that runs a _BURN on its own stdin and stdout) burnt; the child has ended and been
+    reaped on return."""
     import subprocess
     import sys
 
     from pgdash_agent.reports import cpu_seconds
 
-    burn = ("import sys, time\n"
-            "sys.stdin.readline()\n"
-            "t = time.process_time()\n"
-            "while time.process_time() - t < 0.4: pass\n"
-            "print('burnt', flush=True)\n"
-            "sys.stdin.read()\n")  # (lives on, idle, until its stdin closes)
-    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     try:
         before = cpu_seconds()
         child.stdin.write("go\n")
         child.stdin.flush()
         assert child.stdout.readline() == "burnt\n"
-        live = cpu_seconds()
-        # (0.4 s of the child's however loaded the machine: it burns until its own clock says
-        # so; less a clock tick each side)
-        assert live - before >= 0.4 - 0.02, (before, live)
+        return before, cpu_seconds()
     finally:
         child.stdin.close()
         child.wait(30)
         child.stdout.close()
+
+
+def test_the_agents_cpu_counts_its_child_processes_live_and_ended():
+    """A validation loop whose DataLoader workers do the decoding waits on them in its main
+    thread: its own CPU is small, its workers' is the work (bench/corpus/
+    healthy_long_validation_no_collectives.py was a stall before)."""
+    from pgdash_agent.reports import cpu_seconds
+
+    before, live = _cpu_around_a_burn(_BURN)
+    # (less a clock tick each side)
+    assert live - before >= 0.4 - 0.02, (before, live)
     assert cpu_seconds() >= live - 0.02  # ended and reaped: counted still (os.times)
 
 
 def test_cpu_seconds_count_the_work_of_a_workers_own_processes():
     """A DataLoader worker that hands its decoding to a process of its own (a decoder's
     pool, ffmpeg) idles itself: the rank is working all the same, in its grandchild."""
-    import subprocess
-    import sys
-
-    from pgdash_agent.reports import cpu_seconds
-
-    burn = ("import sys, time\n"
-            "sys.stdin.readline()\n"
-            "t = time.process_time()\n"
-            "while time.process_time() - t < 0.4: pass\n"
-            "print('burnt', flush=True)\n"
-            "sys.stdin.read()\n")
     # The child starts the burner with its own stdin and stdout and waits for it, idle.
-    worker = ("import subprocess, sys\n"
-              f"subprocess.run([sys.executable, '-c', {burn!r}])\n")
-    child = subprocess.Popen([sys.executable, "-c", worker], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        before = cpu_seconds()
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        assert child.stdout.readline() == "burnt\n"
-        live = cpu_seconds()
-        assert live - before >= 0.4 - 0.02, (before, live)
-    finally:
-        child.stdin.close()
-        child.wait(30)
-        child.stdout.close()
+    worker = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {_BURN!r}])\n"
+    before, live = _cpu_around_a_burn(worker)
+    assert live - before >= 0.4 - 0.02, (before, live)
 
 
 def test_cpu_seconds_without_proc_is_the_process_and_its_reaped_children(tmp_path):
