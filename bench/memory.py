@@ -19,6 +19,11 @@ server writes one JSON line:
 * ``traced``: with ``--tracemalloc``, what tracemalloc traces (the Python heap, requested
   sizes), and the top growing allocation sites (filename:lineno) against the snapshot taken
   at ``--mark`` seconds (once a minute: a snapshot is costly, and its memory shows in RSS);
+* ``attributed``: with ``+at`` after a configuration's name, which of the server's periodic
+  tasks (ATTRIBUTED) raised RSS to a new high while it ran, by how much in all, and how much
+  it rose inside them at all: the bursts that leave free space behind, named (RSS read from
+  /proc/self/statm around each call, ~20 us; tasks on other threads overlap, so a raise is
+  the task's or its neighbours'; ``outside`` is what rose between the tasks);
 * thread count and the SQLite file, WAL and SHM sizes (from outside).
 
 Configurations (``--configs``, run one after another, each on its own fresh server):
@@ -112,6 +117,76 @@ def _sqlite():
 
 _STDERR_LOCK = threading.Lock()
 
+# The server's periodic tasks whose bursts ``+at`` attributes: module, attribute path.
+ATTRIBUTED = (
+    ("dashboard.storage.compaction", "Compactor.compact_job"),  # a job's cells packed
+    ("dashboard.history.keyframes", "Keyframes.take"),  # a moment rendered and stored
+    ("dashboard.history.rewind", "Rewind._save"),  # a checkpoint pickled
+    ("dashboard.history.rewind", "Rewind._save_compressed"),  # ... and compressed
+    ("dashboard.ingest.diagnosing", "LiveDiagnosis.run"),  # a round of judgements
+    ("dashboard.storage.writer", "Writer._run"),  # a batch of writes (ingest's folds)
+    ("dashboard.ingest.pipeline", "Ingest.read"),  # an API read of a job's state
+)
+
+
+class _Attribution:
+    """RSS raised to a new high inside each wrapped task (see ``attributed`` above)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.peak = self.rss()
+        self.rows: dict[str, dict[str, float]] = {}
+
+    def rss(self) -> int:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def note(self, name: str, before: int, after: int, seconds: float) -> None:
+        with self.lock:
+            row = self.rows.setdefault(name, {"calls": 0, "seconds": 0.0, "rose": 0,
+                                              "raised_peak": 0, "largest_raise": 0})
+            row["calls"] += 1
+            row["seconds"] += seconds
+            row["rose"] += max(0, after - before)
+            if after > self.peak:
+                raise_ = after - self.peak
+                row["raised_peak"] += raise_
+                row["largest_raise"] = max(row["largest_raise"], raise_)
+                self.peak = after
+
+    def wrap(self) -> None:
+        import importlib
+
+        for module, path in ATTRIBUTED:
+            owner = importlib.import_module(module)
+            *outer, attr = path.split(".")
+            for part in outer:
+                owner = getattr(owner, part)
+            setattr(owner, attr, self._wrapped(path, getattr(owner, attr)))
+
+    def _wrapped(self, name: str, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            before, t = self.rss(), time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.note(name, before, self.rss(), time.perf_counter() - t)
+        return call
+
+    def sample(self) -> dict:
+        """The rows so far, and the probe's own look: a new high between the tasks."""
+        now = self.rss()
+        self.note("outside", now, now, 0.0)
+        with self.lock:
+            return {k: dict(v) for k, v in self.rows.items()}
+
+
+_ATTRIBUTION: _Attribution | None = None
+
 
 def _pymalloc_bytes() -> tuple[int | None, int | None, int | None]:
     """Bytes in pymalloc's arenas now, of them in objects alive, and in free blocks or pools
@@ -192,6 +267,8 @@ def _probe(out: Path, every: float, trim: bool, frames: int, mark_s: float) -> N
                                "count_diff": s.count_diff}
                               for s in stats[:25]]
                 del snap, stats
+        if _ATTRIBUTION is not None:
+            row["attributed"] = _ATTRIBUTION.sample()
         with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -205,8 +282,13 @@ def serve(argv: list[str]) -> None:
     p.add_argument("--trim", action="store_true")
     p.add_argument("--tracemalloc", type=int, default=0)
     p.add_argument("--mark", type=float, default=120.0)
+    p.add_argument("--attribute", action="store_true")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
+    if args.attribute:
+        global _ATTRIBUTION
+        _ATTRIBUTION = _Attribution()
+        _ATTRIBUTION.wrap()
     if args.tracemalloc:
         import tracemalloc
 
@@ -239,7 +321,7 @@ async def run_one(name: str, args, workdir: Path, root: Path = ROOT) -> dict:
 
     base = name.split("+")[0]
     env_extra, trim = CONFIGS[base]
-    traced = name.endswith("+tm")
+    traced, attributed = name.endswith("+tm"), name.endswith("+at")
     workdir.mkdir(parents=True, exist_ok=True)
     db = workdir / f"memory-{name}.db"
     stats = workdir / f"memory-{name}.jsonl"
@@ -251,6 +333,7 @@ async def run_one(name: str, args, workdir: Path, root: Path = ROOT) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "_serve", "--stats", str(stats),
            "--every", str(args.sample), "--mark", str(args.mark),
            *(["--trim"] if trim else []), *(["--tracemalloc", "1"] if traced else []),
+           *(["--attribute"] if attributed else []),
            "--", "--port", str(port), "--db", f"sqlite:///{db}", *args.server_args.split()]
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, cwd=root, stdout=out, stderr=subprocess.STDOUT,
@@ -338,6 +421,21 @@ def report(results: list[dict], args) -> None:
               f"{_mb(b.get('pymalloc_free'))}) | {_mb(b['sqlite'])} | {_mb(b.get('traced'))} "
               f"| {b['threads']} | {r['reconnects']} |")
     for r in results:
+        last = next((s for s in reversed(r["samples"]) if s.get("attributed")), None)
+        if last:
+            first = _at(r["samples"], args.mark).get("attributed") or {}
+            print(f"\n## {r['config']}: RSS raised to a new high inside each task, from "
+                  f"t={args.mark:.0f}s (in all) to t={last['t']:.0f}s\n")
+            print("| task | calls | seconds inside | raised the high (MB), from mark / all "
+                  "| largest raise (MB) | rose inside it (MB, all) |")
+            print("|---|---|---|---|---|---|")
+            for name, row in sorted(last["attributed"].items(),
+                                    key=lambda kv: -kv[1]["raised_peak"]):
+                since = row["raised_peak"] - first.get(name, {}).get("raised_peak", 0)
+                print(f"| {name} | {row['calls']} | {row['seconds']:.1f} | {_mb(since)} / "
+                      f"{_mb(row['raised_peak'])} | {_mb(row['largest_raise'])} "
+                      f"| {_mb(row['rose'])} |")
+    for r in results:
         tops = [s for s in r["samples"] if s.get("top")]
         if tops:
             print(f"\n## {r['config']}: top growing allocation sites, t={args.mark:.0f}s -> "
@@ -363,7 +461,8 @@ def main() -> None:
                    help="seconds into the run from which growth is measured")
     p.add_argument("--configs", default="baseline",
                    help=f"comma-separated, of {', '.join(CONFIGS)}; '+tm' after one "
-                        "also runs tracemalloc in its server")
+                        "also runs tracemalloc in its server, '+at' names the tasks that "
+                        "raise its RSS")
     p.add_argument("--wire", default="v2", choices=("v1", "v2"))
     p.add_argument("--ops", type=int, default=None, help="coll_stats rows per rank-second")
     p.add_argument("--server-args", default="", help="extra arguments to pgdash serve")
@@ -379,7 +478,8 @@ def main() -> None:
         args.ops = OPS_PER_SECOND
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
     for n in names:
-        if n.split("+")[0] not in CONFIGS or n.count("+") > 1 or ("+" in n and not n.endswith("+tm")):
+        if (n.split("+")[0] not in CONFIGS or n.count("+") > 1
+                or ("+" in n and not n.endswith(("+tm", "+at")))):
             p.error(f"unknown configuration {n!r}")
     print(f"pgdash memory: {args.ranks} ranks, wire {args.wire}, {args.minutes:g} min per "
           f"configuration, a sample every {args.sample:g} s, {os.cpu_count()} CPUs", flush=True)

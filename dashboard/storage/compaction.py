@@ -52,7 +52,7 @@ import math
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Collection, ContextManager, Iterator
 
 from dashboard import allocator
 from dashboard.storage.thinning import Plan, gpu_throttled
@@ -360,11 +360,11 @@ class Compactor:
                         gone += len(deletes)
                         if not packing and (updates or deletes):
                             writes.append(lambda conn, u=updates, d=deletes:
-                                          self.store.log.compact(conn, u, d))
+                                          self.store.log.compact(conn, u, list(d)))
                 if packing:
                     for i, run in enumerate(self._runs(job_id, after, end)):
-                        updates, deletes = plans[i] if final else ({}, [])
-                        packer = _Packer(self.store, job_id, updates, set(deletes), newest,
+                        updates, deletes = plans[i] if final else ({}, ())
+                        packer = _Packer(self.store, job_id, updates, deletes, newest,
                                          packs, final)
                         for ev in run:
                             packer.add(ev)
@@ -460,7 +460,8 @@ class _Packer:
     deleted go."""
 
     def __init__(self, store: "Store", job_id: int, updates: dict[int, dict],
-                 deletes: set[int], newest: set[int], stored: dict[int, dict], final: bool):
+                 deletes: Collection[int], newest: set[int], stored: dict[int, dict],
+                 final: bool):
         self.store, self.job_id, self.final = store, job_id, final
         self.updates, self.deletes, self.newest, self.stored = updates, deletes, newest, stored
         self.made: list[dict[str, Any]] = []  # pack rows (compressed)

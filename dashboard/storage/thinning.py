@@ -10,8 +10,12 @@ event is kept whole, as is a range the caller keeps at full resolution.
 
 from __future__ import annotations
 
+import bisect
 import math
-from typing import Any, Iterable
+from array import array
+from typing import Any, Iterable, Iterator
+
+import numpy as np
 
 from dashboard.state import THROTTLE_REASONS
 from dashboard.storage.codec import body_of
@@ -22,14 +26,17 @@ COMPACTABLE = frozenset({"heartbeat", "coll_stats", "gpu"})
 
 class _MergedSummary:
     """Consecutive latency summaries of a session (same shape) merged into one, a body at a
-    time (what compaction stores in place of a cell's summaries)."""
+    time (what compaction stores in place of a cell's summaries). Each row's histogram is
+    summed in a dict while merging and written out as pairs once, by :meth:`body`: rebuilt
+    as pairs at every body, a 1,024-rank cell's plan held 166,000 two-item lists at a time
+    and spent most of its time making them (bench/memory.py, ``+at``)."""
 
     __slots__ = ("start", "last", "rows")
 
     def __init__(self) -> None:
         self.start: Any = None
         self.last: dict[str, Any] = {}  # the newest body without its rows (not kept whole)
-        self.rows: dict[tuple, dict[str, Any]] = {}
+        self.rows: dict[tuple, tuple[dict[str, Any], dict[int, int]]] = {}  # row, histogram
 
     def add(self, body: dict[str, Any]) -> None:
         if not self.last:
@@ -38,10 +45,11 @@ class _MergedSummary:
         rows = self.rows
         for row in body["rows"]:
             key = (row["group"], row["op"], row.get("source"), row.get("timing"))
-            into = rows.get(key)
-            if into is None:
-                rows[key] = dict(row, hist=[list(b) for b in row["hist"]])
+            merged = rows.get(key)
+            if merged is None:
+                rows[key] = (dict(row, hist=None), dict(row["hist"]))
                 continue
+            into, hist = merged
             into["count"] += row["count"]
             into["bytes"] += row["bytes"]
             into["sum_us"] += row["sum_us"]
@@ -49,13 +57,42 @@ class _MergedSummary:
             if "resolution_us" in row:
                 into["resolution_us"] = max(into.get("resolution_us", 0.0),
                                             row["resolution_us"])
-            hist = dict((b, n) for b, n in into["hist"])
             for b, n in row["hist"]:
                 hist[b] = hist.get(b, 0) + n
-            into["hist"] = [[b, hist[b]] for b in sorted(hist)]
 
     def body(self) -> dict[str, Any]:
-        return {**self.last, "start": self.start, "rows": list(self.rows.values())}
+        return {**self.last, "start": self.start,
+                "rows": [dict(into, hist=[[b, hist[b]] for b in sorted(hist)])
+                         for into, hist in self.rows.values()]}
+
+
+class SortedIds:
+    """Event ids in ascending order, 8 bytes each (a plan's deletions: a 1,024-rank cell
+    deletes ~240,000 events, as a set of ints ~16 MB of small objects and table). Membership
+    is asked in ascending order as the compactor reads the cell again: a step forward each,
+    a binary search where asked out of order."""
+
+    __slots__ = ("_ids", "_at")
+
+    def __init__(self, ids: array) -> None:
+        self._ids = ids
+        self._at = 0
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids)
+
+    def __contains__(self, i: object) -> bool:
+        ids, at = self._ids, self._at
+        if at and ids[at - 1] >= i:  # type: ignore[operator]
+            at = bisect.bisect_left(ids, i)
+        end = len(ids)
+        while at < end and ids[at] < i:  # type: ignore[operator]
+            at += 1
+        self._at = at
+        return at < end and ids[at] == i
 
 
 def _gpu_notable(body: dict[str, Any]) -> bool:
@@ -72,7 +109,7 @@ def gpu_throttled(body: dict[str, Any]) -> bool:
 def plan(events: Iterable[dict[str, Any]], cell_s: float,
          keep: list[tuple[float, float]] = (),
          throttled: dict[str, bool] | None = None,
-         session_floor: dict[str, float] | None = None) -> tuple[dict[int, dict], list[int]]:
+         session_floor: dict[str, float] | None = None) -> tuple[dict[int, dict], SortedIds]:
     """What to rewrite and delete to compact whole cells of one job's log (a pure function).
 
     Args:
@@ -85,7 +122,7 @@ def plan(events: Iterable[dict[str, Any]], cell_s: float,
         session_floor: per session, the arrival time from which its events are all kept.
 
     Returns:
-        (event id -> new body, ids to delete).
+        (event id -> new body, ids to delete in ascending order).
     """
     planned = Plan(cell_s, keep, throttled, session_floor)
     for ev in events:
@@ -106,8 +143,8 @@ class Plan:
         self.throttled = {} if throttled is None else throttled
         self.floor = session_floor or {}
         # cell -> whether it holds a kind thinning never touches, and per (session, kind)
-        # its events before the session's floor: ids (gpu: (id, kept)), and the merged
-        # summary of its coll_stats
+        # its events before the session's floor: ids (an array: 8 bytes each, not an int
+        # object each), and the merged summary of its coll_stats (gpu: whether each is kept)
         self._cells: dict[int, list] = {}
 
     def add(self, ev: dict[str, Any]) -> None:
@@ -131,15 +168,18 @@ class Plan:
             return
         group = cell[1].get((session, kind))
         if group is None:
-            group = cell[1][(session, kind)] = [[], _MergedSummary() if kind == "coll_stats"
-                                                else None]
-        group[0].append((ev["id"], kept) if kind == "gpu" else ev["id"])
+            group = cell[1][(session, kind)] = [
+                array("q"), _MergedSummary() if kind == "coll_stats"
+                else bytearray() if kind == "gpu" else None]
+        group[0].append(ev["id"])
         if kind == "coll_stats":
             group[1].add(body_of(ev["body"]))
+        elif kind == "gpu":
+            group[1].append(kept)
 
-    def result(self) -> tuple[dict[int, dict], list[int]]:
+    def result(self) -> tuple[dict[int, dict], SortedIds]:
         updates: dict[int, dict] = {}
-        deletes: list[int] = []
+        deletes = array("q")
         for index, (whole, groups) in self._cells.items():
             start, end = index * self.cell_s, (index + 1) * self.cell_s
             if whole or any(a < end and b >= start for a, b in self.keep):
@@ -153,5 +193,7 @@ class Plan:
                 elif kind == "heartbeat":
                     deletes.extend(ids[:-1])
                 else:
-                    deletes.extend(i for i, kept in ids[:-1] if not kept)
-        return updates, deletes
+                    deletes.extend(i for i, kept in zip(ids[:-1], merged) if not kept)
+        ordered = array("q")
+        ordered.frombytes(np.sort(np.frombuffer(deletes, np.int64)).tobytes())
+        return updates, SortedIds(ordered)

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from dashboard.history import archive
 from dashboard.storage.codec import decode_body, decode_state, encode_body, encode_state
 from dashboard.storage.compaction import Compactor, Policy
-from dashboard.storage.thinning import COMPACTABLE, plan
+from dashboard.storage.thinning import COMPACTABLE, SortedIds, plan
 from dashboard.history.rewind import Rewind
 from dashboard.state import JobState
 from dashboard.storage.database import upgrade
@@ -21,6 +21,35 @@ from dashboard.storage.store import Store
 from dashboard.web import views
 from tests.helpers.simjob import (RANKS, T0, _fold, _job_events, _send_live, _store_job, _views,
                                   insert_old_job)
+
+
+def test_a_plans_deletions_answer_membership_asked_in_order_and_out_of_order():
+    """The compactor asks of each event of a cell, in id order, whether the plan deleted it;
+    asked out of order (or again), the answer is the same."""
+    from array import array
+
+    ids = SortedIds(array("q", [3, 5, 6, 10, 40]))
+    assert [i for i in range(45) if i in ids] == [3, 5, 6, 10, 40]
+    assert [i in ids for i in (40, 6, 7, 3, 2, 41, 10)] == [True, True, False, True, False,
+                                                              False, True]
+    assert len(ids) == 5 and list(ids) == [3, 5, 6, 10, 40]
+    assert not SortedIds(array("q")) and 1 not in SortedIds(array("q"))
+
+
+def test_a_merged_summary_sums_each_buckets_count_over_the_cells_summaries():
+    from dashboard.storage.thinning import _MergedSummary
+
+    merged = _MergedSummary()
+    row = {"group": "0", "op": "all_reduce", "count": 3, "bytes": 30, "sum_us": 9.0,
+           "max_us": 4.0}
+    merged.add({"start": 1.0, "end": 1.5, "rows": [dict(row, hist=[[20, 1], [22, 2]])]})
+    merged.add({"start": 1.5, "end": 2.0, "rows": [dict(row, hist=[[22, 1], [21, 2]],
+                                                        max_us=5.0)]})
+    body = merged.body()
+    assert (body["start"], body["end"]) == (1.0, 2.0)
+    (out,) = body["rows"]
+    assert out["hist"] == [[20, 1], [21, 2], [22, 3]]
+    assert (out["count"], out["bytes"], out["sum_us"], out["max_us"]) == (6, 60, 18.0, 5.0)
 
 
 def _compacted(events: list[dict], updates: dict, deletes: list[int]) -> list[dict]:
@@ -142,8 +171,9 @@ def test_a_compacted_log_folds_to_the_same_newest_state_and_keeps_every_lifecycl
     assert views.collective_rows(early_comp) == views.collective_rows(early_full)
     assert views.progress_rows(early_comp) == views.progress_rows(early_full)
     # Compacting again changes nothing.
-    assert plan([ev for ev in compacted if ev["received_at"] < (cutoff // 60) * 60],
-                60.0, keep=[], session_floor=floors) == ({}, [])
+    again, gone_again = plan([ev for ev in compacted if ev["received_at"] < (cutoff // 60) * 60],
+                             60.0, keep=[], session_floor=floors)
+    assert again == {} and list(gone_again) == []
 
 
 def test_full_resolution_is_kept_around_a_finding():
