@@ -24,6 +24,9 @@ server writes one JSON line:
   it rose inside them at all: the bursts that leave free space behind, named (RSS read from
   /proc/self/statm around each call, ~20 us; tasks on other threads overlap, so a raise is
   the task's or its neighbours'; ``outside`` is what rose between the tasks);
+* ``cpu_s``: the server's CPU time so far (all its threads): a run this long includes what a
+  60-second ``bench/capacity.py`` run leaves out, such as the compactor's thinning of the
+  cells that leave the full-resolution window after ``PGDASH_KEEP_FULL_S``;
 * thread count and the SQLite file, WAL and SHM sizes (from outside).
 
 Configurations (``--configs``, run one after another, each on its own fresh server):
@@ -246,6 +249,7 @@ def _probe(out: Path, every: float, trim: bool, frames: int, mark_s: float) -> N
             row["trim_ms"] = round((time.perf_counter() - t) * 1000, 2)
         mi = libc.mallinfo2()
         row.update(rss=_status("VmRSS") * 1024, threads=_status("Threads"),
+                   cpu_s=round(time.process_time(), 2),
                    glibc_arena=mi.arena, glibc_inuse=mi.uordblks + mi.hblkhd,
                    glibc_free=mi.fordblks, glibc_mmap=mi.hblkhd,
                    glibc_arenas=_arenas(libc, info_path),
@@ -402,9 +406,8 @@ def report(results: list[dict], args) -> None:
     print("\n## growth and breakdown\n")
     print("| config | RSS at mark / end (MB) | growth mark->end, MB per rank-hour | KB per rank "
           "at end | glibc in use / free / arenas | pymalloc (live / free) | SQLite | traced | "
-          "threads | "
-          "reconnects |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "threads | reconnects | CPU-s per rank-hour, mark->end |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         rows = r["samples"]
         if not rows:
@@ -414,12 +417,15 @@ def report(results: list[dict], args) -> None:
         hours = max(1e-9, (b["t"] - a["t"]) / 3600)
         rate = (b["rss"] - a["rss"]) / 2**20 / (r["ranks"] * hours)
         per_rank = (b["rss"] - rows[0]["rss"]) / 1024 / r["ranks"]
+        cpu = ((b["cpu_s"] - a["cpu_s"]) / (r["ranks"] * hours)
+               if "cpu_s" in a and "cpu_s" in b else None)
         print(f"| {r['config']} | {_mb(a['rss'])} / {_mb(b['rss'])} | {rate:.2f} "
               f"| {per_rank:.0f} (above the first sample) "
               f"| {_mb(b['glibc_inuse'])} / {_mb(b['glibc_free'])} / {b['glibc_arenas']} "
               f"| {_mb(b['pymalloc'])} ({_mb(b.get('pymalloc_live'))} / "
               f"{_mb(b.get('pymalloc_free'))}) | {_mb(b['sqlite'])} | {_mb(b.get('traced'))} "
-              f"| {b['threads']} | {r['reconnects']} |")
+              f"| {b['threads']} | {r['reconnects']} "
+              f"| {'-' if cpu is None else f'{cpu:.2f}'} |")
     for r in results:
         last = next((s for s in reversed(r["samples"]) if s.get("attributed")), None)
         if last:
