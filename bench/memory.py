@@ -23,7 +23,8 @@ server writes one JSON line:
   tasks (ATTRIBUTED) raised RSS to a new high while it ran, by how much in all, and how much
   it rose inside them at all: the bursts that leave free space behind, named (RSS read from
   /proc/self/statm around each call, ~20 us; tasks on other threads overlap, so a raise is
-  the task's or its neighbours'; ``outside`` is what rose between the tasks);
+  the task's or its neighbours'; ``outside`` is what rose between the tasks; the first
+  raises, counted in "all", hold the server's start-up: read "from mark");
 * ``cpu_s``: the server's CPU time so far (all its threads): a run this long includes what a
   60-second ``bench/capacity.py`` run leaves out, such as the compactor's thinning of the
   cells that leave the full-resolution window after ``PGDASH_KEEP_FULL_S``;
@@ -57,7 +58,9 @@ import argparse
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import gc
+import importlib
 import json
 import os
 import re
@@ -159,8 +162,6 @@ class _Attribution:
                 self.peak = after
 
     def wrap(self) -> None:
-        import importlib
-
         for module, path in ATTRIBUTED:
             owner = importlib.import_module(module)
             *outer, attr = path.split(".")
@@ -169,8 +170,6 @@ class _Attribution:
             setattr(owner, attr, self._wrapped(path, getattr(owner, attr)))
 
     def _wrapped(self, name: str, fn):
-        import functools
-
         @functools.wraps(fn)
         def call(*args, **kwargs):
             before, t = self.rss(), time.perf_counter()

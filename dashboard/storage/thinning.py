@@ -184,16 +184,17 @@ class Plan:
             start, end = index * self.cell_s, (index + 1) * self.cell_s
             if whole or any(a < end and b >= start for a, b in self.keep):
                 continue
-            for (_, kind), (ids, merged) in groups.items():
+            # (coll_stats: with their merged summary; gpu: with whether each is kept)
+            for (_, kind), (ids, beside) in groups.items():
                 if len(ids) < 2:
                     continue
                 if kind == "coll_stats":
-                    updates[ids[-1]] = merged.body()
+                    updates[ids[-1]] = beside.body()
                     deletes.extend(ids[:-1])
                 elif kind == "heartbeat":
                     deletes.extend(ids[:-1])
                 else:
-                    deletes.extend(i for i, kept in zip(ids[:-1], merged) if not kept)
+                    deletes.extend(i for i, kept in zip(ids[:-1], beside) if not kept)
         ordered = array("q")
         ordered.frombytes(np.sort(np.frombuffer(deletes, np.int64)).tobytes())
         return updates, SortedIds(ordered)
